@@ -1,0 +1,71 @@
+"""lakemq: RocketMQ and QMQ semantics on Delta Lake tables, with Spark as the broker.
+
+The public names of the engine; everything else is internal.
+"""
+
+from engine.client.admin import Admin
+from engine.client.producer import Producer
+from engine.client.pull import PullConsumer
+from engine.config import EngineConfig, load_config
+from engine.errors import (
+    CommitConflictError,
+    CommitStateUnknownError,
+    ConfigError,
+    ConsumerError,
+    InvalidArgumentError,
+    InvalidMessageError,
+    InvalidTopicError,
+    MQError,
+    OffsetOutOfRangeError,
+    ProducerClosedError,
+    StoreError,
+    TopicExistsError,
+    TopicNotFoundError,
+    TransactionError,
+)
+from engine.model import (
+    Message,
+    MessageExt,
+    PullResult,
+    PullStatus,
+    QueueStats,
+    SendResult,
+    SendStatus,
+    SysFlag,
+    TopicConfig,
+)
+from engine.store import Store
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Admin",
+    "CommitConflictError",
+    "CommitStateUnknownError",
+    "ConfigError",
+    "ConsumerError",
+    "EngineConfig",
+    "InvalidArgumentError",
+    "InvalidMessageError",
+    "InvalidTopicError",
+    "MQError",
+    "Message",
+    "MessageExt",
+    "OffsetOutOfRangeError",
+    "ProducerClosedError",
+    "Producer",
+    "PullConsumer",
+    "PullResult",
+    "PullStatus",
+    "QueueStats",
+    "SendResult",
+    "SendStatus",
+    "Store",
+    "StoreError",
+    "SysFlag",
+    "TopicConfig",
+    "TopicExistsError",
+    "TopicNotFoundError",
+    "TransactionError",
+    "load_config",
+]

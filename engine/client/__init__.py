@@ -1,0 +1,1 @@
+"""Thin clients (no JVM): producer, consumers, admin."""

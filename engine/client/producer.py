@@ -1,0 +1,325 @@
+"""The producer: validates messages, chooses queues and appends them through the sequencer."""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import Future
+from types import TracebackType
+
+from engine.delays import delay_due_ms, validate_delay_level
+from engine.errors import InvalidArgumentError, InvalidMessageError, MQError, ProducerClosedError, StoreError
+from engine.model import Message, SendResult, SendStatus
+from engine.protocol import (
+    MAX_BODY_BYTES,
+    PROPERTY_DELAY,
+    PROPERTY_KEYS,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_TIMER_DELIVER_MS,
+    SCHEDULE_TOPIC,
+    UniqKeyGenerator,
+    is_system_topic,
+    select_queue_by_hash,
+    validate_message_fields,
+)
+from engine.store.sequencer import CommitLogWriter, PendingMessage, Stamped
+from engine.store.store import Store, now_ms
+
+# Timer messages: how far ahead a deliver_at_ms may be (RocketMQ 5 default timerMaxDelaySec).
+MAX_TIMER_DELAY_MS = 7 * 24 * 3600 * 1000
+
+
+def _result(s: Stamped) -> SendResult:
+    return SendResult(
+        status=SendStatus.SEND_OK,
+        msg_id=s.msg_id,
+        uniq_key=s.uniq_key,
+        topic=s.topic,
+        queue_id=s.queue_id,
+        queue_offset=s.queue_offset,
+        physical_offset=s.physical_offset,
+    )
+
+
+class Producer:
+    """Sends messages to a store.
+
+    Args:
+        store: an open :class:`~engine.store.Store`.
+        group: producer group name (informational, as in RocketMQ).
+        linger_ms: how long :meth:`send_async` waits to fill a micro-batch.
+        batch_size: most messages per async micro-batch.
+
+    A producer is thread-safe and may be used as a context manager; :meth:`close` flushes.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        group: str = "DEFAULT_PRODUCER",
+        *,
+        linger_ms: int | None = None,
+        batch_size: int | None = None,
+    ) -> None:
+        self._store = store
+        self.group = group
+        self.linger_ms = store.config.producer_linger_ms if linger_ms is None else linger_ms
+        self.batch_size = store.config.producer_batch_size if batch_size is None else batch_size
+        if self.linger_ms < 0 or self.batch_size <= 0:
+            raise InvalidArgumentError("linger_ms must be >= 0 and batch_size > 0")
+        self._writer = CommitLogWriter(store)
+        self._ids = UniqKeyGenerator()
+        self._round_robin: dict[str, itertools.count[int]] = {}
+        self._rr_lock = threading.Lock()
+        self._closed = False
+        self._pending: queue.Queue[tuple[PendingMessage, Future[SendResult]] | None] = queue.Queue()
+        self._inflight = 0
+        self._inflight_cv = threading.Condition()
+        self._worker: threading.Thread | None = None
+
+    # ----------------------------------------------------------------- preparing
+    def _choose_queue(self, topic: str, queues: int, queue_id: int | None, sharding_key: str | None) -> int:
+        if queue_id is not None:
+            if isinstance(queue_id, bool) or not isinstance(queue_id, int) or not 0 <= queue_id < queues:
+                raise InvalidArgumentError(
+                    f"queue_id {queue_id!r} is out of range; topic {topic!r} has queues 0..{queues - 1}",
+                    topic=topic,
+                    queue_id=queue_id,
+                )
+            return queue_id
+        if sharding_key is not None:
+            if not isinstance(sharding_key, str) or not sharding_key:
+                raise InvalidArgumentError("sharding_key must be a non-empty string", topic=topic)
+            return select_queue_by_hash(sharding_key, queues)
+        with self._rr_lock:
+            counter = self._round_robin.setdefault(topic, itertools.count())
+            return next(counter) % queues
+
+    def _prepare(
+        self,
+        message: Message,
+        queue_id: int | None = None,
+        sharding_key: str | None = None,
+        delay_level: int = 0,
+        *,
+        internal: bool = False,
+    ) -> PendingMessage:
+        if not isinstance(message, Message):
+            raise InvalidMessageError(f"expected engine.Message, got {type(message).__name__}")
+        validate_message_fields(
+            message.topic, message.body, message.tags, message.keys, message.properties, message.deliver_at_ms
+        )
+        if not internal and is_system_topic(message.topic):
+            raise InvalidMessageError(
+                f"topic {message.topic!r} is a system topic; producers cannot send to it", topic=message.topic
+            )
+        topic = self._store.topic(message.topic)
+        if not topic.perm & 2:
+            raise InvalidMessageError(f"topic {topic.name!r} is not writable (perm {topic.perm})", topic=topic.name)
+        validate_delay_level(delay_level)
+        qid = self._choose_queue(topic.name, topic.queues, queue_id, sharding_key)
+        props = dict(message.properties)
+        keys = tuple(message.keys)
+        if keys:
+            props[PROPERTY_KEYS] = " ".join(keys)
+        born = now_ms()
+        uniq = self._ids.next()
+        if delay_level or message.deliver_at_ms is not None:
+            # Delayed and timer messages wait in the schedule topic; the schedule job re-puts them.
+            if delay_level:
+                due = delay_due_ms(delay_level, born)
+                props[PROPERTY_DELAY] = str(delay_level)
+                level = delay_level
+            else:
+                assert message.deliver_at_ms is not None
+                if message.deliver_at_ms > born + MAX_TIMER_DELAY_MS:
+                    raise InvalidMessageError(
+                        "deliver_at_ms is more than 7 days ahead; timers reach at most 7 days",
+                        topic=topic.name,
+                    )
+                due = message.deliver_at_ms
+                props[PROPERTY_TIMER_DELIVER_MS] = str(due)
+                level = 0
+            props[PROPERTY_REAL_TOPIC] = topic.name
+            props[PROPERTY_REAL_QUEUE_ID] = str(qid)
+            schedule_qid = level - 1 if level else 18  # queue 18 holds arbitrary-time timers
+            return PendingMessage(
+                topic=SCHEDULE_TOPIC,
+                queue_id=schedule_qid,
+                body=bytes(message.body),
+                uniq_key=uniq,
+                tags=message.tags,
+                keys=keys,
+                properties=props,
+                born_ts_ms=born,
+                delay_level=level,
+                deliver_at_ms=due,
+                tags_code=due,
+            )
+        return PendingMessage(
+            topic=topic.name,
+            queue_id=qid,
+            body=bytes(message.body),
+            uniq_key=uniq,
+            tags=message.tags,
+            keys=keys,
+            properties=props,
+            born_ts_ms=born,
+        )
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ProducerClosedError("producer is closed")
+
+    # ----------------------------------------------------------------- sending
+    def send(
+        self,
+        message: Message,
+        queue_id: int | None = None,
+        sharding_key: str | None = None,
+        *,
+        delay_level: int = 0,
+    ) -> SendResult:
+        """Send one message synchronously: it is stored in one Delta commit when this returns.
+
+        Args:
+            message: what to send.
+            queue_id: an explicit queue; default round robin over the topic's queues.
+            sharding_key: choose the queue by a stable hash of this key (ordered messages).
+            delay_level: 1..18, RocketMQ's delay levels; 0 sends at once.
+
+        Returns:
+            Where the message was stored.
+
+        Raises:
+            InvalidMessageError, InvalidTopicError, TopicNotFoundError, InvalidArgumentError: bad
+                input; nothing is written.
+            CommitConflictError, StoreError, CommitStateUnknownError: the store refused the write.
+        """
+        self._check_open()
+        pending = self._prepare(message, queue_id, sharding_key, delay_level)
+        return _result(self._writer.append([pending])[0])
+
+    def send_batch(self, messages: Sequence[Message], queue_id: int | None = None) -> list[SendResult]:
+        """Send several messages of one topic in one Delta commit; results in input order.
+
+        As RocketMQ's batch send: one topic, no delay, at most ``max_batch_bytes`` (4 MiB) in all.
+        Without ``queue_id`` the whole batch goes to one queue, chosen round robin.
+
+        Raises:
+            InvalidMessageError: mixed topics, a delayed message, or a batch too large; nothing is written.
+        """
+        self._check_open()
+        if isinstance(messages, Message) or not isinstance(messages, Sequence):
+            raise InvalidMessageError("send_batch takes a sequence of Message")
+        if not messages:
+            return []
+        topics = {m.topic for m in messages if isinstance(m, Message)}
+        if len(topics) != 1 or not all(isinstance(m, Message) for m in messages):
+            raise InvalidMessageError(f"a batch holds messages of exactly one topic, got {sorted(topics)}")
+        if any(m.deliver_at_ms is not None for m in messages):
+            raise InvalidMessageError("a batch cannot hold delayed or timer messages")
+        total = sum(len(m.body) if isinstance(m.body, bytes | bytearray) else MAX_BODY_BYTES for m in messages)
+        limit = self._store.config.max_batch_bytes
+        if total > limit:
+            raise InvalidMessageError(f"batch bodies total {total} bytes; at most {limit} are allowed")
+        first = self._prepare(messages[0], queue_id)
+        rest = [self._prepare(m, first.queue_id) for m in messages[1:]]
+        return [_result(s) for s in self._writer.append([first, *rest])]
+
+    def send_async(
+        self, message: Message, queue_id: int | None = None, sharding_key: str | None = None
+    ) -> Future[SendResult]:
+        """Queue a message for a micro-batch; the future resolves once its commit lands.
+
+        Messages are grouped by ``linger_ms`` and ``batch_size`` into one commit each. Validation
+        errors raise here, before anything is queued; store errors resolve the future.
+        """
+        self._check_open()
+        pending = self._prepare(message, queue_id, sharding_key)
+        future: Future[SendResult] = Future()
+        with self._inflight_cv:
+            self._inflight += 1
+        self._ensure_worker()
+        self._pending.put((pending, future))
+        return future
+
+    def _send_internal(self, messages: Sequence[PendingMessage]) -> list[Stamped]:
+        """Append already-prepared messages (system topics included): the broker jobs' path."""
+        return self._writer.append(list(messages))
+
+    def _ensure_worker(self) -> None:
+        if self._worker is None:
+            with self._rr_lock:
+                if self._worker is None:
+                    self._worker = threading.Thread(target=self._run_async, name="mq-producer", daemon=True)
+                    self._worker.start()
+
+    def _run_async(self) -> None:
+        stop = False
+        while not stop:
+            item = self._pending.get()
+            if item is None:
+                break
+            batch = [item]
+            deadline = time.monotonic() + self.linger_ms / 1000
+            while len(batch) < self.batch_size:
+                timeout = deadline - time.monotonic()
+                try:
+                    nxt = self._pending.get(timeout=max(timeout, 0)) if timeout > 0 else self._pending.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stop = True
+                    break
+                batch.append(nxt)
+            self._commit_async(batch)
+
+    def _commit_async(self, batch: list[tuple[PendingMessage, Future[SendResult]]]) -> None:
+        try:
+            stamped = self._writer.append([p for p, _ in batch])
+        except MQError as exc:
+            for _, fut in batch:
+                fut.set_exception(exc)
+        except Exception as exc:  # keep the worker alive; surface as a store error
+            err = StoreError(f"async send failed: {exc}", cause=exc)
+            for _, fut in batch:
+                fut.set_exception(err)
+        else:
+            for (_, fut), s in zip(batch, stamped, strict=True):
+                fut.set_result(_result(s))
+        with self._inflight_cv:
+            self._inflight -= len(batch)
+            self._inflight_cv.notify_all()
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every message given to :meth:`send_async` is committed or failed."""
+        end = None if timeout is None else time.monotonic() + timeout
+        with self._inflight_cv:
+            while self._inflight > 0:
+                remaining = None if end is None else end - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    raise TimeoutError(f"{self._inflight} async sends still in flight")
+                self._inflight_cv.wait(remaining)
+
+    def close(self) -> None:
+        """Flush pending async sends and stop; later sends raise :class:`ProducerClosedError`."""
+        if self._closed:
+            return
+        self.flush()
+        self._closed = True
+        if self._worker is not None:
+            self._pending.put(None)
+            self._worker.join(timeout=10)
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()

@@ -1,0 +1,168 @@
+"""The pull consumer: RocketMQ's pull API over the consume queue, with long polling."""
+
+from __future__ import annotations
+
+import time
+
+from engine.client.offsets import OffsetStore
+from engine.errors import InvalidArgumentError
+from engine.model import MessageExt, PullResult, PullStatus
+from engine.protocol import TagFilter, parse_tag_expression, validate_group_name
+from engine.store.queues import QueueIndex
+from engine.store.store import Store
+
+# How many consume-queue entries one pull examines at most while filtering (RocketMQ reads up to
+# 16000 bytes of 20-byte entries, i.e. 800, before answering NO_MATCHED_MSG).
+MAX_SCAN_ENTRIES = 800
+MAX_PULL_NUMS = 1024
+
+
+def pull_status(offset: int, min_offset: int, max_offset: int) -> tuple[PullStatus | None, int]:
+    """RocketMQ's broker-side checks before reading: a status and next offset, or (None, offset).
+
+    Pure function: the table of REFERENCE.md "Pull (broker side)".
+    """
+    if max_offset == 0:
+        return (PullStatus.NO_NEW_MSG, 0) if offset == 0 else (PullStatus.OFFSET_ILLEGAL, 0)
+    if offset < min_offset:
+        return PullStatus.OFFSET_ILLEGAL, min_offset
+    if offset == max_offset:
+        return PullStatus.NO_NEW_MSG, offset
+    if offset > max_offset:
+        return PullStatus.OFFSET_ILLEGAL, max_offset
+    return None, offset
+
+
+class PullConsumer:
+    """Pulls messages by queue offset, as RocketMQ's ``DefaultMQPullConsumer``.
+
+    Args:
+        store: an open store.
+        group: consumer group; offsets committed with :meth:`commit_offset` are the group's.
+    """
+
+    def __init__(self, store: Store, group: str) -> None:
+        self._store = store
+        self.group = validate_group_name(group)
+        self._index = QueueIndex(store)
+        self._offsets = OffsetStore(store, self.group)
+
+    def _check_queue(self, topic: str, queue_id: int) -> None:
+        config = self._store.topic(topic)
+        if isinstance(queue_id, bool) or not isinstance(queue_id, int) or not 0 <= queue_id < config.queues:
+            raise InvalidArgumentError(
+                f"queue_id {queue_id!r} is out of range; topic {topic!r} has queues 0..{config.queues - 1}",
+                topic=topic,
+                queue_id=queue_id,
+            )
+
+    def pull(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_nums: int = 32,
+        expression: str = "*",
+        suspend_ms: int = 0,
+    ) -> PullResult:
+        """Pull up to ``max_nums`` messages from ``offset`` of one queue.
+
+        Statuses and offset corrections are RocketMQ's: FOUND (next = past the entries examined),
+        NO_NEW_MSG (offset == max_offset; next = offset), NO_MATCHED_MSG (every examined entry was
+        filtered out; next = past them), OFFSET_ILLEGAL (below min: next = min; above max: next = max).
+
+        Args:
+            topic: the topic.
+            queue_id: the queue.
+            offset: first queue offset wanted.
+            max_nums: most messages returned (1..1024).
+            expression: tag expression, ``"*"`` or ``"TagA || TagB"``.
+            suspend_ms: long polling: when there is nothing new, wait up to this long for a matching
+                message to be dispatched.
+
+        Raises:
+            TopicNotFoundError, InvalidArgumentError: bad arguments.
+        """
+        self._check_queue(topic, queue_id)
+        if isinstance(offset, bool) or not isinstance(offset, int):
+            raise InvalidArgumentError(f"offset {offset!r} must be an int", offset=offset)
+        if isinstance(max_nums, bool) or not isinstance(max_nums, int) or not 1 <= max_nums <= MAX_PULL_NUMS:
+            raise InvalidArgumentError(f"max_nums {max_nums!r} must be 1..{MAX_PULL_NUMS}", max_nums=max_nums)
+        if isinstance(suspend_ms, bool) or not isinstance(suspend_ms, int) or suspend_ms < 0:
+            raise InvalidArgumentError(f"suspend_ms {suspend_ms!r} must be an int >= 0", suspend_ms=suspend_ms)
+        suspend_ms = min(suspend_ms, self._store.config.long_poll_max_ms)
+        tag_filter = parse_tag_expression(expression)
+        self._index.refresh()
+        result = self._pull_once(topic, queue_id, offset, max_nums, tag_filter)
+        if suspend_ms == 0 or result.status is PullStatus.FOUND or result.status is PullStatus.OFFSET_ILLEGAL:
+            return result
+        # Long polling: parked until dispatch adds a matching entry to this queue, or the time is up.
+        deadline = time.monotonic() + suspend_ms / 1000
+        interval = self._store.config.long_poll_interval_ms / 1000
+        seen_max = result.max_offset
+        while time.monotonic() < deadline:
+            time.sleep(min(interval, max(deadline - time.monotonic(), 0)))
+            if not self._index.refresh():
+                continue
+            if self._index.bounds(topic, queue_id)[1] == seen_max:
+                continue
+            result = self._pull_once(topic, queue_id, offset, max_nums, tag_filter)
+            seen_max = result.max_offset
+            if result.status is not PullStatus.NO_NEW_MSG and result.status is not PullStatus.NO_MATCHED_MSG:
+                return result
+        return result
+
+    def _pull_once(self, topic: str, queue_id: int, offset: int, max_nums: int, tag_filter: TagFilter) -> PullResult:
+        min_offset, max_offset = self._index.bounds(topic, queue_id)
+        status, next_offset = pull_status(offset, min_offset, max_offset)
+        if status is not None:
+            return PullResult(status, [], next_offset, min_offset, max_offset)
+        messages: list[MessageExt] = []
+        position = offset
+        window = max_nums if tag_filter.matches_all else MAX_SCAN_ENTRIES
+        end = min(max_offset, offset + window)
+        entries = self._index.entries(topic, queue_id, offset, end)
+        if tag_filter.matches_all:
+            wanted = entries
+        else:
+            codes = entries["tags_code"].to_pylist()
+            keep = [i for i, c in enumerate(codes) if tag_filter.match_code(c)]
+            wanted = entries.take(keep)
+        rows = self._index.messages(wanted["physical_offset"].to_pylist()) if wanted.num_rows else None
+        matched_offsets = wanted["queue_offset"].to_pylist()
+        if rows is not None:
+            for row, queue_offset in zip(rows.to_pylist(), matched_offsets, strict=True):
+                if not tag_filter.match_tag(row["tags"]):
+                    continue  # hash collision on the tags code
+                messages.append(MessageExt.from_row(row))
+                position = queue_offset + 1
+                if len(messages) >= max_nums:
+                    break
+        if len(messages) < max_nums:
+            position = end  # examined the whole window
+        if not messages:
+            return PullResult(PullStatus.NO_MATCHED_MSG, [], end, min_offset, max_offset)
+        return PullResult(PullStatus.FOUND, messages, position, min_offset, max_offset)
+
+    def commit_offset(self, topic: str, queue_id: int, offset: int) -> None:
+        """Record the group's consume progress of one queue (the next offset to consume)."""
+        self._check_queue(topic, queue_id)
+        self._offsets.commit([(topic, queue_id, offset)])
+
+    def committed_offset(self, topic: str, queue_id: int) -> int | None:
+        """The group's last committed offset of one queue, or None if it never committed."""
+        self._check_queue(topic, queue_id)
+        return self._offsets.read(topic).get((topic, queue_id))
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        """Next offset to be dispatched in a queue."""
+        self._check_queue(topic, queue_id)
+        self._index.refresh()
+        return self._index.bounds(topic, queue_id)[1]
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        """Smallest offset still stored in a queue."""
+        self._check_queue(topic, queue_id)
+        self._index.refresh()
+        return self._index.bounds(topic, queue_id)[0]
+

@@ -1,0 +1,110 @@
+"""The engine's one configuration object.
+
+Precedence: explicit argument > ``MQ_*`` environment variable > ``conf/engine.toml`` > default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from engine.errors import ConfigError
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Settings shared by clients and jobs (see ``conf/engine.toml`` for what each means)."""
+
+    store: str = "./mqdata"
+    default_queues: int = 4
+    max_batch_bytes: int = 4 * 1024 * 1024
+    max_commit_attempts: int = 64
+    producer_linger_ms: int = 5
+    producer_batch_size: int = 512
+    pull_batch_size: int = 32
+    long_poll_interval_ms: int = 20
+    long_poll_max_ms: int = 20_000
+    dispatch_trigger_ms: int = 200
+    checkpoint_dir: str = ""
+    file_reserved_hours: int = 72
+    max_reconsume_times: int = 16
+    log_level: str = "WARN"
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type in ("int", int) and (not isinstance(value, int) or isinstance(value, bool)):
+                raise ConfigError(f"config {f.name} must be an integer, got {value!r}", key=f.name)
+        positive = (
+            "default_queues",
+            "max_batch_bytes",
+            "max_commit_attempts",
+            "producer_batch_size",
+            "pull_batch_size",
+            "long_poll_interval_ms",
+            "dispatch_trigger_ms",
+        )
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"config {name} must be > 0, got {getattr(self, name)}", key=name)
+        if self.producer_linger_ms < 0 or self.long_poll_max_ms < 0 or self.file_reserved_hours < 0:
+            raise ConfigError("linger, long-poll and retention settings must be >= 0")
+
+    def replace(self, **changes: Any) -> EngineConfig:
+        return dataclasses.replace(self, **changes)
+
+
+def _coerce(name: str, raw: Any, kind: Any) -> Any:
+    if kind in ("int", int) and isinstance(raw, str):
+        try:
+            return int(raw)
+        except ValueError as exc:
+            raise ConfigError(f"{name} must be an integer, got {raw!r}", key=name) from exc
+    return raw
+
+
+def config_file() -> Path:
+    """The ``engine.toml`` in effect: ``MQ_CONF_DIR`` if set, else the project's ``conf/``."""
+    conf_dir = os.environ.get("MQ_CONF_DIR")
+    return Path(conf_dir) / "engine.toml" if conf_dir else PROJECT_ROOT / "conf" / "engine.toml"
+
+
+def load_config(path: str | Path | None = None, **overrides: Any) -> EngineConfig:
+    """Load the configuration with its precedence rules and validate it.
+
+    Args:
+        path: an ``engine.toml`` to read instead of the default one.
+        **overrides: explicit values; ``None`` values are ignored.
+
+    Raises:
+        ConfigError: an unknown key or a value of the wrong type.
+    """
+    known = {f.name: f.type for f in fields(EngineConfig)}
+    values: dict[str, Any] = {}
+    file = Path(path) if path else config_file()
+    if file.exists():
+        try:
+            data = tomllib.loads(file.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"{file} is not valid TOML: {exc}") from exc
+        section = data.get("engine", data)
+        for key, value in section.items():
+            if key not in known:
+                raise ConfigError(f"{file}: unknown key {key!r}; known: {', '.join(sorted(known))}", key=key)
+            values[key] = value
+    for key, kind in known.items():
+        env = os.environ.get(f"MQ_{key.upper()}")
+        if env is not None and env != "":
+            values[key] = _coerce(key, env, kind)
+    for key, value in overrides.items():
+        if key not in known:
+            raise ConfigError(f"unknown config key {key!r}", key=key)
+        if value is not None:
+            values[key] = value
+    return EngineConfig(**values)

@@ -1,0 +1,78 @@
+"""One error hierarchy for the whole engine.
+
+Every error carries the context it is about (topic, queue, offset, cause) and says what was wrong and
+what is allowed. Errors that mean "the operation failed and changed nothing" are distinct from
+errors that mean "the outcome is unknown" (:class:`CommitStateUnknownError`), as pyiceberg does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class MQError(Exception):
+    """Base class of every error the engine raises on purpose."""
+
+    def __init__(self, message: str, **context: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.context: dict[str, Any] = context
+        for key, value in context.items():
+            setattr(self, key, value)
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class ConfigError(MQError):
+    """A configuration value is missing or invalid."""
+
+
+class InvalidMessageError(MQError):
+    """A message (body, tags, keys, properties) breaks a rule; nothing was written."""
+
+
+class InvalidTopicError(MQError):
+    """A topic name breaks RocketMQ's naming rules or is reserved for the system."""
+
+
+class TopicNotFoundError(MQError):
+    """The topic does not exist in this store."""
+
+
+class TopicExistsError(MQError):
+    """A topic with this name already exists with a different configuration."""
+
+
+class InvalidArgumentError(MQError):
+    """An argument (queue id, offset, batch size, expression, group, …) is out of range."""
+
+
+class OffsetOutOfRangeError(InvalidArgumentError):
+    """An offset lies outside what a queue holds."""
+
+
+class StoreError(MQError):
+    """The store is unreadable or a table is not what the engine expects."""
+
+
+class CommitConflictError(MQError):
+    """A commit lost every race for the next table version; nothing was written. Retryable."""
+
+    retryable = True
+
+
+class CommitStateUnknownError(MQError):
+    """A commit may or may not have happened (I/O failed mid-commit). Check before retrying."""
+
+
+class ProducerClosedError(MQError):
+    """The producer (or consumer) was closed; it accepts no more work."""
+
+
+class ConsumerError(MQError):
+    """A consumer was used out of order (not subscribed, not started, …)."""
+
+
+class TransactionError(MQError):
+    """A transactional send or its check-back failed."""

@@ -1,0 +1,151 @@
+"""Public value types and statuses (RocketMQ vocabulary)."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class SendStatus(str, enum.Enum):
+    """Outcome of a send, as RocketMQ's ``SendStatus``."""
+
+    SEND_OK = "SEND_OK"
+    FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
+    FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
+    SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
+
+
+class PullStatus(str, enum.Enum):
+    """Outcome of a pull, as RocketMQ's client-side ``PullStatus``."""
+
+    FOUND = "FOUND"
+    NO_NEW_MSG = "NO_NEW_MSG"
+    NO_MATCHED_MSG = "NO_MATCHED_MSG"
+    OFFSET_ILLEGAL = "OFFSET_ILLEGAL"
+
+
+class SysFlag(enum.IntEnum):
+    """Transaction state of a commit-log row (RocketMQ ``MessageSysFlag`` transaction bits)."""
+
+    NOT_TYPE = 0
+    PREPARED = 1 << 2
+    COMMIT = 2 << 2
+    ROLLBACK = 3 << 2
+
+
+# Rows with these flags are stored but never dispatched, and take no queue offset.
+UNDISPATCHED_FLAGS: frozenset[int] = frozenset({int(SysFlag.PREPARED), int(SysFlag.ROLLBACK)})
+
+
+@dataclass(frozen=True)
+class Message:
+    """A message to send.
+
+    Args:
+        topic: destination topic.
+        body: payload, 1 byte to 4 MiB.
+        tags: one tag (no ``||``), used for server-side filtering.
+        keys: business keys, indexed for ``query_by_key``.
+        properties: user properties, string to string.
+        deliver_at_ms: deliver no earlier than this epoch-millisecond time (timer message).
+    """
+
+    topic: str
+    body: bytes
+    tags: str | None = None
+    keys: Sequence[str] = ()
+    properties: Mapping[str, str] = field(default_factory=dict)
+    deliver_at_ms: int | None = None
+
+
+@dataclass(frozen=True)
+class SendResult:
+    """Where a sent message was stored."""
+
+    status: SendStatus
+    msg_id: str
+    uniq_key: str
+    topic: str
+    queue_id: int
+    queue_offset: int
+    physical_offset: int
+
+
+@dataclass(frozen=True)
+class MessageExt:
+    """A stored message as a consumer sees it."""
+
+    topic: str
+    queue_id: int
+    queue_offset: int
+    physical_offset: int
+    msg_id: str
+    uniq_key: str
+    body: bytes
+    tags: str | None
+    keys: tuple[str, ...]
+    properties: Mapping[str, str]
+    born_ts_ms: int
+    store_ts_ms: int
+    reconsume_times: int
+    sys_flag: int = 0
+    size: int = 0
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> MessageExt:
+        """Build from a commit-log row (a mapping by column name)."""
+        props = row.get("properties") or {}
+        if not isinstance(props, Mapping):  # Arrow maps come back as lists of pairs
+            props = dict(props)
+        return cls(
+            topic=row["topic"],
+            queue_id=int(row["queue_id"]),
+            queue_offset=int(row["queue_offset"]),
+            physical_offset=int(row["physical_offset"]),
+            msg_id=row["msg_id"],
+            uniq_key=row["uniq_key"],
+            body=bytes(row["body"]),
+            tags=row.get("tags"),
+            keys=tuple(row.get("keys") or ()),
+            properties=dict(props),
+            born_ts_ms=int(row["born_ts_ms"]),
+            store_ts_ms=int(row["store_ts_ms"]),
+            reconsume_times=int(row.get("reconsume_times") or 0),
+            sys_flag=int(row.get("sys_flag") or 0),
+            size=int(row.get("size") or 0),
+        )
+
+
+@dataclass(frozen=True)
+class PullResult:
+    """Result of :meth:`PullConsumer.pull`, with RocketMQ's offset corrections."""
+
+    status: PullStatus
+    messages: list[MessageExt]
+    next_begin_offset: int
+    min_offset: int
+    max_offset: int
+
+
+@dataclass(frozen=True)
+class QueueStats:
+    """Offsets of one queue: ``max_offset`` is the next offset to be written."""
+
+    topic: str
+    queue_id: int
+    min_offset: int
+    max_offset: int
+    last_store_ts_ms: int | None
+
+
+@dataclass(frozen=True)
+class TopicConfig:
+    """A topic's configuration, one row of the ``topics`` table."""
+
+    name: str
+    queues: int
+    perm: int = 6
+    type: str = "NORMAL"
+    created_ts_ms: int = 0

@@ -1,0 +1,1 @@
+"""Spark integration: data sources, sessions, SQL views."""

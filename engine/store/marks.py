@@ -1,0 +1,77 @@
+"""Markers kept in Delta commitInfo: the latest value of a key as of a table version."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from deltalake import DeltaTable
+
+CQ_KEY = "mq.cq"
+
+
+def latest_commit_value(dt: DeltaTable, key: str) -> str | None:
+    """Value of ``key`` in the newest commitInfo (at or before ``dt``'s version) that has it."""
+    version = int(dt.version())
+    depth = 8
+    while True:
+        history = dt.history(depth)
+        for info in history:
+            if int(info.get("version", -1)) <= version and key in info:
+                return str(info[key])
+        if len(history) < depth or depth >= 4096:
+            return None
+        depth *= 4
+
+
+@dataclass
+class QueueMarks:
+    """Consume-queue bounds per queue: next offset to dispatch and minimum retained offset."""
+
+    next: dict[str, list[int]] = field(default_factory=dict)
+    min: dict[str, list[int]] = field(default_factory=dict)
+    log_version: int = -1
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        offsets = self.next.get(topic)
+        return offsets[queue_id] if offsets is not None and queue_id < len(offsets) else 0
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        offsets = self.min.get(topic)
+        return offsets[queue_id] if offsets is not None and queue_id < len(offsets) else 0
+
+    def set_next(self, topic: str, queue_id: int, value: int) -> None:
+        offsets = self.next.setdefault(topic, [])
+        while len(offsets) <= queue_id:
+            offsets.append(0)
+        offsets[queue_id] = value
+
+    def set_min(self, topic: str, queue_id: int, value: int) -> None:
+        offsets = self.min.setdefault(topic, [])
+        while len(offsets) <= queue_id:
+            offsets.append(0)
+        offsets[queue_id] = value
+
+    def to_json(self) -> str:
+        data: dict[str, Any] = {"q": self.next, "m": self.min, "v": self.log_version}
+        return json.dumps(data, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | None) -> QueueMarks:
+        if not text:
+            return cls()
+        data = json.loads(text)
+        return cls(
+            {k: list(v) for k, v in data.get("q", {}).items()},
+            {k: list(v) for k, v in data.get("m", {}).items()},
+            int(data.get("v", -1)),
+        )
+
+    def copy(self) -> QueueMarks:
+        return QueueMarks.from_json(self.to_json())
+
+
+def queue_marks(dt: DeltaTable) -> QueueMarks:
+    """Consume-queue marks as of ``dt``'s version."""
+    return QueueMarks.from_json(latest_commit_value(dt, CQ_KEY))

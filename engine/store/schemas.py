@@ -1,0 +1,145 @@
+"""Fixed schemas of the store's Delta tables (DESIGN.md §2)."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+COMMIT_LOG = "commit_log"
+CONSUME_QUEUE = "consume_queue"
+INDEX = "index"
+CONSUMER_OFFSET = "consumer_offset"
+ACTION_LOG = "action_log"
+PULL_LOG = "pull_log"
+TOPICS = "topics"
+GROUPS = "groups"
+
+_str = pa.string()
+_i32 = pa.int32()
+_i64 = pa.int64()
+
+COMMIT_LOG_SCHEMA = pa.schema(
+    [
+        pa.field("physical_offset", _i64, nullable=False),
+        pa.field("topic", _str, nullable=False),
+        pa.field("queue_id", _i32, nullable=False),
+        pa.field("queue_offset", _i64, nullable=False),
+        pa.field("msg_id", _str, nullable=False),
+        pa.field("uniq_key", _str, nullable=False),
+        pa.field("tags", _str),
+        pa.field("tags_code", _i64, nullable=False),
+        pa.field("keys", pa.list_(_str)),
+        pa.field("properties", pa.map_(_str, _str)),
+        pa.field("body", pa.binary(), nullable=False),
+        pa.field("size", _i32, nullable=False),
+        pa.field("born_ts_ms", _i64, nullable=False),
+        pa.field("store_ts_ms", _i64, nullable=False),
+        pa.field("sys_flag", _i32, nullable=False),
+        pa.field("delay_level", _i32, nullable=False),
+        pa.field("deliver_at_ms", _i64),
+        pa.field("reconsume_times", _i32, nullable=False),
+    ]
+)
+
+CONSUME_QUEUE_SCHEMA = pa.schema(
+    [
+        pa.field("topic", _str, nullable=False),
+        pa.field("queue_id", _i32, nullable=False),
+        pa.field("queue_offset", _i64, nullable=False),
+        pa.field("physical_offset", _i64, nullable=False),
+        pa.field("size", _i32, nullable=False),
+        pa.field("tags_code", _i64, nullable=False),
+        pa.field("store_ts_ms", _i64, nullable=False),
+        # commit_log version the entry was dispatched from: the dispatch job's resume point.
+        pa.field("log_version", _i64, nullable=False),
+    ]
+)
+
+INDEX_SCHEMA = pa.schema(
+    [
+        pa.field("topic", _str, nullable=False),
+        pa.field("kind", _str, nullable=False),  # KEY or UNIQ_KEY
+        pa.field("key", _str, nullable=False),
+        pa.field("physical_offset", _i64, nullable=False),
+        pa.field("queue_id", _i32, nullable=False),
+        pa.field("queue_offset", _i64, nullable=False),
+        pa.field("store_ts_ms", _i64, nullable=False),
+        pa.field("log_version", _i64, nullable=False),
+    ]
+)
+
+CONSUMER_OFFSET_SCHEMA = pa.schema(
+    [
+        pa.field("group", _str, nullable=False),
+        pa.field("topic", _str, nullable=False),
+        pa.field("queue_id", _i32, nullable=False),
+        pa.field("offset", _i64, nullable=False),
+        pa.field("ts_ms", _i64, nullable=False),
+        # Empty for clustering groups; the instance id for broadcasting consumers.
+        pa.field("consumer_id", _str, nullable=False),
+    ]
+)
+
+ACTION_LOG_SCHEMA = pa.schema(
+    [
+        pa.field("group", _str, nullable=False),
+        pa.field("consumer_id", _str, nullable=False),
+        pa.field("sequence", _i64, nullable=False),
+        pa.field("action", _str, nullable=False),  # PULL, ACK, NACK, CHANGE_INVISIBLE, OFFLINE
+        pa.field("topic", _str, nullable=False),
+        pa.field("queue_id", _i32, nullable=False),
+        pa.field("queue_offset", _i64, nullable=False),
+        pa.field("physical_offset", _i64, nullable=False),
+        pa.field("msg_id", _str),
+        pa.field("reconsume_times", _i32, nullable=False),
+        pa.field("deadline_ms", _i64),
+        pa.field("ts_ms", _i64, nullable=False),
+    ]
+)
+
+PULL_LOG_SCHEMA = pa.schema(
+    [
+        pa.field("group", _str, nullable=False),
+        pa.field("consumer_id", _str, nullable=False),
+        pa.field("pull_sequence", _i64, nullable=False),
+        pa.field("topic", _str, nullable=False),
+        pa.field("queue_id", _i32, nullable=False),
+        pa.field("queue_offset", _i64, nullable=False),
+        pa.field("physical_offset", _i64, nullable=False),
+        pa.field("ts_ms", _i64, nullable=False),
+    ]
+)
+
+TOPICS_SCHEMA = pa.schema(
+    [
+        pa.field("name", _str, nullable=False),
+        pa.field("queues", _i32, nullable=False),
+        pa.field("perm", _i32, nullable=False),
+        pa.field("type", _str, nullable=False),
+        pa.field("created_ts_ms", _i64, nullable=False),
+    ]
+)
+
+GROUPS_SCHEMA = pa.schema(
+    [
+        pa.field("group", _str, nullable=False),
+        pa.field("consumer_id", _str, nullable=False),
+        pa.field("event", _str, nullable=False),  # HEARTBEAT, LEAVE, LOCK, UNLOCK
+        pa.field("model", _str, nullable=False),
+        pa.field("subscriptions", _str),  # JSON: topic -> expression
+        pa.field("topic", _str),
+        pa.field("queue_id", _i32),
+        pa.field("ts_ms", _i64, nullable=False),
+        pa.field("expire_ms", _i64),
+    ]
+)
+
+SCHEMAS: dict[str, pa.Schema] = {
+    COMMIT_LOG: COMMIT_LOG_SCHEMA,
+    CONSUME_QUEUE: CONSUME_QUEUE_SCHEMA,
+    INDEX: INDEX_SCHEMA,
+    CONSUMER_OFFSET: CONSUMER_OFFSET_SCHEMA,
+    ACTION_LOG: ACTION_LOG_SCHEMA,
+    PULL_LOG: PULL_LOG_SCHEMA,
+    TOPICS: TOPICS_SCHEMA,
+    GROUPS: GROUPS_SCHEMA,
+}

@@ -6,8 +6,7 @@ from engine.errors import InvalidArgumentError
 
 # messageDelayLevel = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
 DELAY_LEVELS_MS: tuple[int, ...] = tuple(
-    s * 1000
-    for s in (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
+    s * 1000 for s in (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
 )
 MAX_DELAY_LEVEL = len(DELAY_LEVELS_MS)
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-class SendStatus(str, enum.Enum):
+class SendStatus(enum.StrEnum):
     """Outcome of a send, as RocketMQ's ``SendStatus``."""
 
     SEND_OK = "SEND_OK"
@@ -17,7 +17,7 @@ class SendStatus(str, enum.Enum):
     SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
 
 
-class PullStatus(str, enum.Enum):
+class PullStatus(enum.StrEnum):
     """Outcome of a pull, as RocketMQ's client-side ``PullStatus``."""
 
     FOUND = "FOUND"

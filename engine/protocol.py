@@ -72,9 +72,7 @@ def validate_topic_name(name: object) -> str:
             f"topic name is {len(name)} characters; at most {MAX_TOPIC_LENGTH} are allowed", topic=name
         )
     if not TOPIC_PATTERN.match(name):
-        raise InvalidTopicError(
-            f"topic name {name!r} has characters outside [%|a-zA-Z0-9_-]", topic=name
-        )
+        raise InvalidTopicError(f"topic name {name!r} has characters outside [%|a-zA-Z0-9_-]", topic=name)
     return name
 
 

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from engine.delays import MAX_DELAY_LEVEL
 from engine.errors import InvalidArgumentError, InvalidTopicError, TopicExistsError
 from engine.model import QueueStats, TopicConfig
 from engine.protocol import MAX_QUEUES, SCHEDULE_TOPIC, is_system_topic, validate_topic_name
-from engine.delays import MAX_DELAY_LEVEL
 from engine.store.queues import QueueIndex
 from engine.store.store import Store, now_ms
 
@@ -19,7 +19,9 @@ class Admin:
         self._store = store
         self._index = QueueIndex(store)
 
-    def create_topic(self, name: str, queues: int | None = None, *, type: str = "NORMAL", perm: int = 6) -> TopicConfig:
+    def create_topic(
+        self, name: str, queues: int | None = None, *, type: str = "NORMAL", perm: int = 6
+    ) -> TopicConfig:
         """Create a topic with ``queues`` queues (default 4); idempotent for the same settings.
 
         Raises:
@@ -36,7 +38,9 @@ class Admin:
 
     def _create(self, name: str, queues: int, type: str, perm: int) -> TopicConfig:
         if isinstance(queues, bool) or not isinstance(queues, int) or not 1 <= queues <= MAX_QUEUES:
-            raise InvalidArgumentError(f"queues {queues!r} must be 1..{MAX_QUEUES}", topic=name, queues=queues)
+            raise InvalidArgumentError(
+                f"queues {queues!r} must be 1..{MAX_QUEUES}", topic=name, queues=queues
+            )
         if type not in TOPIC_TYPES:
             raise InvalidArgumentError(f"type {type!r} must be one of {', '.join(TOPIC_TYPES)}", topic=name)
         if perm not in (2, 4, 6):
@@ -46,7 +50,8 @@ class Admin:
             if (existing.queues, existing.type, existing.perm) == (queues, type, perm):
                 return existing
             raise TopicExistsError(
-                f"topic {name!r} exists with queues={existing.queues}, type={existing.type}, perm={existing.perm}",
+                f"topic {name!r} exists with queues={existing.queues}, type={existing.type}, "
+                f"perm={existing.perm}",
                 topic=name,
             )
         config = TopicConfig(name, queues, perm, type, now_ms())
@@ -67,7 +72,9 @@ class Admin:
     def topics(self, *, include_system: bool = False) -> list[TopicConfig]:
         """Every topic, sorted by name (system topics only when asked)."""
         configs = self._store.topic_configs(refresh=True).values()
-        return sorted((c for c in configs if include_system or not is_system_topic(c.name)), key=lambda c: c.name)
+        return sorted(
+            (c for c in configs if include_system or not is_system_topic(c.name)), key=lambda c: c.name
+        )
 
     def topic_stats(self, topic: str) -> list[QueueStats]:
         """Per queue: min offset, max offset (the next to be written) and last store time.

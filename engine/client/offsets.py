@@ -37,7 +37,9 @@ class OffsetStore:
         rows = []
         for topic, queue_id, offset in entries:
             if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-                raise InvalidArgumentError(f"offset {offset!r} must be an int >= 0", topic=topic, offset=offset)
+                raise InvalidArgumentError(
+                    f"offset {offset!r} must be an int >= 0", topic=topic, offset=offset
+                )
             rows.append(
                 {
                     "group": self.group,
@@ -49,7 +51,9 @@ class OffsetStore:
                 }
             )
         if rows:
-            self._store.append(schemas.CONSUMER_OFFSET, pa.Table.from_pylist(rows, schema=schemas.CONSUMER_OFFSET_SCHEMA))
+            self._store.append(
+                schemas.CONSUMER_OFFSET, pa.Table.from_pylist(rows, schema=schemas.CONSUMER_OFFSET_SCHEMA)
+            )
 
     def read(self, topic: str | None = None) -> dict[tuple[str, int], int]:
         """Latest committed offset per (topic, queue_id)."""

@@ -119,7 +119,9 @@ class Producer:
             )
         topic = self._store.topic(message.topic)
         if not topic.perm & 2:
-            raise InvalidMessageError(f"topic {topic.name!r} is not writable (perm {topic.perm})", topic=topic.name)
+            raise InvalidMessageError(
+                f"topic {topic.name!r} is not writable (perm {topic.perm})", topic=topic.name
+            )
         validate_delay_level(delay_level)
         qid = self._choose_queue(topic.name, topic.queues, queue_id, sharding_key)
         props = dict(message.properties)
@@ -223,7 +225,9 @@ class Producer:
             raise InvalidMessageError(f"a batch holds messages of exactly one topic, got {sorted(topics)}")
         if any(m.deliver_at_ms is not None for m in messages):
             raise InvalidMessageError("a batch cannot hold delayed or timer messages")
-        total = sum(len(m.body) if isinstance(m.body, bytes | bytearray) else MAX_BODY_BYTES for m in messages)
+        total = sum(
+            len(m.body) if isinstance(m.body, bytes | bytearray) else MAX_BODY_BYTES for m in messages
+        )
         limit = self._store.config.max_batch_bytes
         if total > limit:
             raise InvalidMessageError(f"batch bodies total {total} bytes; at most {limit} are allowed")
@@ -270,7 +274,11 @@ class Producer:
             while len(batch) < self.batch_size:
                 timeout = deadline - time.monotonic()
                 try:
-                    nxt = self._pending.get(timeout=max(timeout, 0)) if timeout > 0 else self._pending.get_nowait()
+                    nxt = (
+                        self._pending.get(timeout=max(timeout, 0))
+                        if timeout > 0
+                        else self._pending.get_nowait()
+                    )
                 except queue.Empty:
                     break
                 if nxt is None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pyarrow as pa
+
 from engine.client.offsets import OffsetStore
 from engine.errors import InvalidArgumentError
 from engine.model import MessageExt, PullResult, PullStatus
@@ -89,7 +91,9 @@ class PullConsumer:
         if isinstance(max_nums, bool) or not isinstance(max_nums, int) or not 1 <= max_nums <= MAX_PULL_NUMS:
             raise InvalidArgumentError(f"max_nums {max_nums!r} must be 1..{MAX_PULL_NUMS}", max_nums=max_nums)
         if isinstance(suspend_ms, bool) or not isinstance(suspend_ms, int) or suspend_ms < 0:
-            raise InvalidArgumentError(f"suspend_ms {suspend_ms!r} must be an int >= 0", suspend_ms=suspend_ms)
+            raise InvalidArgumentError(
+                f"suspend_ms {suspend_ms!r} must be an int >= 0", suspend_ms=suspend_ms
+            )
         suspend_ms = min(suspend_ms, self._store.config.long_poll_max_ms)
         tag_filter = parse_tag_expression(expression)
         self._index.refresh()
@@ -112,7 +116,9 @@ class PullConsumer:
                 return result
         return result
 
-    def _pull_once(self, topic: str, queue_id: int, offset: int, max_nums: int, tag_filter: TagFilter) -> PullResult:
+    def _pull_once(
+        self, topic: str, queue_id: int, offset: int, max_nums: int, tag_filter: TagFilter
+    ) -> PullResult:
         min_offset, max_offset = self._index.bounds(topic, queue_id)
         status, next_offset = pull_status(offset, min_offset, max_offset)
         if status is not None:
@@ -127,7 +133,7 @@ class PullConsumer:
         else:
             codes = entries["tags_code"].to_pylist()
             keep = [i for i, c in enumerate(codes) if tag_filter.match_code(c)]
-            wanted = entries.take(keep)
+            wanted = entries.take(pa.array(keep, pa.int64()))
         rows = self._index.messages(wanted["physical_offset"].to_pylist()) if wanted.num_rows else None
         matched_offsets = wanted["queue_offset"].to_pylist()
         if rows is not None:
@@ -165,4 +171,3 @@ class PullConsumer:
         self._check_queue(topic, queue_id)
         self._index.refresh()
         return self._index.bounds(topic, queue_id)[0]
-

@@ -100,7 +100,7 @@ def dispatch_rows(store: Store, rows: pa.Table, attempts: int = 8) -> int:
             )
         except CommitConflictError:
             continue
-        return entries.num_rows
+        return int(entries.num_rows)
     raise CommitConflictError("dispatch lost every race for the consume queue", table=schemas.CONSUME_QUEUE)
 
 
@@ -115,7 +115,9 @@ def dispatch_pending(store: Store, max_versions: int = 1000) -> int:
     start = dispatched_version(store) + 1
     while start <= latest:
         end = min(latest, start + max_versions - 1)
-        rows = read_versions(store.uri(schemas.COMMIT_LOG), start, end, schemas.COMMIT_LOG_SCHEMA, store.storage_options)
+        rows = read_versions(
+            store.uri(schemas.COMMIT_LOG), start, end, schemas.COMMIT_LOG_SCHEMA, store.storage_options
+        )
         total += dispatch_rows(store, rows)
         # Versions with nothing to dispatch (only transaction halves) leave no marker; move on anyway.
         start = end + 1

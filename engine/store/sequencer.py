@@ -43,12 +43,16 @@ class HighWaterMarks:
     queues: dict[str, list[int]] = field(default_factory=dict)
 
     def to_json(self) -> str:
-        return json.dumps({"p": self.physical, "t": self.store_ts_ms, "q": self.queues}, separators=(",", ":"))
+        return json.dumps(
+            {"p": self.physical, "t": self.store_ts_ms, "q": self.queues}, separators=(",", ":")
+        )
 
     @classmethod
     def from_json(cls, text: str) -> HighWaterMarks:
         data = json.loads(text)
-        return cls(int(data.get("p", 0)), int(data.get("t", 0)), {k: list(v) for k, v in data.get("q", {}).items()})
+        return cls(
+            int(data.get("p", 0)), int(data.get("t", 0)), {k: list(v) for k, v in data.get("q", {}).items()}
+        )
 
     def copy(self) -> HighWaterMarks:
         return HighWaterMarks(self.physical, self.store_ts_ms, {k: list(v) for k, v in self.queues.items()})
@@ -116,7 +120,9 @@ def read_hwm(dt: DeltaTable) -> HighWaterMarks:
 
 def recover_hwm_by_scan(dt: DeltaTable) -> HighWaterMarks:
     """Rebuild the marks from the rows themselves (slow; only when the log lost them)."""
-    table = dt.to_pyarrow_table(columns=["physical_offset", "size", "topic", "queue_id", "queue_offset", "store_ts_ms"])
+    table = dt.to_pyarrow_table(
+        columns=["physical_offset", "size", "topic", "queue_id", "queue_offset", "store_ts_ms"]
+    )
     hwm = HighWaterMarks()
     if table.num_rows == 0:
         return hwm
@@ -243,7 +249,9 @@ class CommitLogWriter:
                     if committed is None:
                         self._dt = None
                         raise StoreError(
-                            f"commit-log write failed, nothing was stored: {exc}", table="commit_log", cause=exc
+                            f"commit-log write failed, nothing was stored: {exc}",
+                            table="commit_log",
+                            cause=exc,
                         ) from exc
                     version = committed
                 else:
@@ -256,8 +264,16 @@ class CommitLogWriter:
                         )
                 self._hwm = after
                 return [
-                    Stamped(r.msg_id, r.uniq_key, r.topic, r.queue_id, r.queue_offset, r.physical_offset,
-                            r.store_ts_ms, version)
+                    Stamped(
+                        r.msg_id,
+                        r.uniq_key,
+                        r.topic,
+                        r.queue_id,
+                        r.queue_offset,
+                        r.physical_offset,
+                        r.store_ts_ms,
+                        version,
+                    )
                     for r in results
                 ]
             raise CommitConflictError(

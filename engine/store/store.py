@@ -48,9 +48,7 @@ def sql_literal(value: str) -> str:
 class Store:
     """A message store rooted at ``path``; open it with :meth:`Store.open`."""
 
-    def __init__(
-        self, root: str, storage_options: Mapping[str, str] | None, config: EngineConfig
-    ) -> None:
+    def __init__(self, root: str, storage_options: Mapping[str, str] | None, config: EngineConfig) -> None:
         self.root = root
         self.storage_options: dict[str, str] | None = dict(storage_options) if storage_options else None
         self.config = config
@@ -130,9 +128,7 @@ class Store:
         existing = {f.name for f in pa.schema(dt.schema().to_arrow())}
         missing = [f.name for f in schema if f.name not in existing]
         if missing:
-            raise StoreError(
-                f"table {uri} is not a {name} table: columns {missing} are missing", table=name
-            )
+            raise StoreError(f"table {uri} is not a {name} table: columns {missing} are missing", table=name)
 
     # ----------------------------------------------------------------- tables
     def table(self, name: str, *, fresh: bool = True) -> DeltaTable:

@@ -1,0 +1,140 @@
+"""Store.open and Admin: tables, topics, stats."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+from engine import (
+    Admin,
+    InvalidArgumentError,
+    InvalidTopicError,
+    Message,
+    Producer,
+    Store,
+    StoreError,
+    TopicExistsError,
+    TopicNotFoundError,
+)
+from engine.store import schemas
+from engine.store.dispatch import dispatch_pending
+from tests.helpers import versions
+
+
+def test_open_creates_every_table_with_its_schema(tmp_path: Path) -> None:
+    store = Store.open(tmp_path / "s")
+    for name, schema in schemas.SCHEMAS.items():
+        dt = DeltaTable(str(tmp_path / "s" / name))
+        assert pa.schema(dt.schema().to_arrow()).names == schema.names
+        assert dt.protocol().min_reader_version == 1  # readable by any Delta reader
+    assert len(store.store_id) == 16
+
+
+def test_reopen_is_idempotent_and_keeps_store_id(tmp_path: Path) -> None:
+    a = Store.open(tmp_path / "s")
+    before = versions(a)
+    b = Store.open(tmp_path / "s")
+    assert versions(b) == before and a.store_id == b.store_id
+
+
+def _open(root: str) -> None:
+    Store.open(root)
+
+
+def test_concurrent_first_open_is_safe(tmp_path: Path) -> None:
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_open, args=(str(tmp_path / "s"),)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    assert all(v == 0 for v in versions(Store.open(tmp_path / "s")).values())
+
+
+def test_open_rejects_a_table_with_another_schema(tmp_path: Path) -> None:
+    write_deltalake(str(tmp_path / "s" / "commit_log"), pa.table({"x": [1]}))
+    with pytest.raises(StoreError, match="not a commit_log table"):
+        Store.open(tmp_path / "s")
+
+
+def test_open_rejects_an_empty_path() -> None:
+    with pytest.raises(StoreError):
+        Store.open("")
+
+
+def test_create_topic_and_list(admin: Admin) -> None:
+    cfg = admin.create_topic("Orders", 8)
+    assert (cfg.name, cfg.queues, cfg.perm) == ("Orders", 8, 6)
+    admin.create_topic("Audit")
+    assert [(t.name, t.queues) for t in admin.topics()] == [("Audit", 4), ("Orders", 8)]
+
+
+def test_create_topic_is_idempotent_for_same_settings(store: Store, admin: Admin) -> None:
+    admin.create_topic("A", 2)
+    v = store.version("topics")
+    admin.create_topic("A", 2)
+    assert store.version("topics") == v
+    with pytest.raises(TopicExistsError):
+        admin.create_topic("A", 3)
+
+
+@pytest.mark.parametrize(
+    ("name", "queues", "error"),
+    [
+        ("bad name", 4, InvalidTopicError),
+        ("x" * 128, 4, InvalidTopicError),
+        ("SCHEDULE_TOPIC_XXXX", 4, InvalidTopicError),
+        ("%RETRY%g", 1, InvalidTopicError),
+        ("%DLQ%g", 1, InvalidTopicError),
+        ("rmq_sys_x", 1, InvalidTopicError),
+        ("Ok", 0, InvalidArgumentError),
+        ("Ok", 1025, InvalidArgumentError),
+        ("Ok", "4", InvalidArgumentError),
+    ],
+)
+def test_create_topic_bad_input_writes_nothing(
+    store: Store, admin: Admin, name: str, queues: object, error: type[Exception]
+) -> None:
+    before = versions(store)
+    with pytest.raises(error):
+        admin.create_topic(name, queues)  # type: ignore[arg-type]
+    assert versions(store) == before
+
+
+def test_topic_stats_report_dispatched_bounds_and_last_store_time(
+    store: Store, admin: Admin, topic: str
+) -> None:
+    with Producer(store) as p:
+        results = [p.send(Message(topic, b"x"), queue_id=1) for _ in range(3)]
+    stats = admin.topic_stats(topic)
+    assert [(s.queue_id, s.min_offset, s.max_offset) for s in stats] == [(q, 0, 0) for q in range(4)]
+    dispatch_pending(store)
+    stats = admin.topic_stats(topic)
+    assert (stats[1].min_offset, stats[1].max_offset) == (0, 3)
+    assert stats[1].last_store_ts_ms is not None and stats[1].last_store_ts_ms >= results[-1].queue_offset
+    assert stats[0].max_offset == 0 and stats[0].last_store_ts_ms is None
+
+
+def test_topic_stats_of_unknown_topic_raises(admin: Admin) -> None:
+    with pytest.raises(TopicNotFoundError):
+        admin.topic_stats("Nope")
+
+
+def test_schedule_topic_has_a_queue_per_delay_level_plus_timers(admin: Admin) -> None:
+    assert admin.ensure_schedule_topic().queues == 19
+    assert "SCHEDULE_TOPIC_XXXX" not in [t.name for t in admin.topics()]
+    assert "SCHEDULE_TOPIC_XXXX" in [t.name for t in admin.topics(include_system=True)]
+
+
+def test_store_time_never_goes_backwards_in_commit_order(store: Store, topic: str) -> None:
+    with Producer(store) as p:
+        for _ in range(20):
+            p.send(Message(topic, b"x"))
+    rows = sorted(store.read(schemas.COMMIT_LOG).to_pylist(), key=lambda r: r["physical_offset"])
+    ts = [r["store_ts_ms"] for r in rows]
+    assert ts == sorted(ts)

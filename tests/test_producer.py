@@ -1,0 +1,138 @@
+"""Producer: sends, batches, async micro-batches, queue selection, validation."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine import (
+    Admin,
+    InvalidArgumentError,
+    InvalidMessageError,
+    InvalidTopicError,
+    Message,
+    Producer,
+    ProducerClosedError,
+    SendStatus,
+    Store,
+    TopicNotFoundError,
+)
+from engine.protocol import parse_msg_id, select_queue_by_hash
+from tests.helpers import commit_log_rows, versions
+
+
+def test_send_returns_offsets_and_ids(store: Store, topic: str) -> None:
+    with Producer(store) as p:
+        r = p.send(Message(topic, b"hello", tags="TagA", keys=("k1",), properties={"a": "b"}))
+    assert r.status is SendStatus.SEND_OK
+    assert (r.topic, r.queue_offset, r.physical_offset) == (topic, 0, 0)
+    assert parse_msg_id(r.msg_id) == (store.store_id, 0)
+    assert len(r.uniq_key) == 32
+    [row] = commit_log_rows(store)
+    assert row["body"] == b"hello" and row["tags"] == "TagA" and row["keys"] == ["k1"]
+    assert dict(row["properties"])["a"] == "b"  # type: ignore[call-overload]
+    assert dict(row["properties"])["KEYS"] == "k1"  # type: ignore[call-overload]
+    assert row["msg_id"] == r.msg_id and row["uniq_key"] == r.uniq_key
+
+
+def test_round_robin_spreads_over_queues(store: Store, topic: str) -> None:
+    with Producer(store) as p:
+        queues = [p.send(Message(topic, b"x")).queue_id for _ in range(8)]
+    assert queues == [0, 1, 2, 3, 0, 1, 2, 3]
+
+
+def test_explicit_queue_and_sharding_key(store: Store, topic: str) -> None:
+    with Producer(store) as p:
+        assert p.send(Message(topic, b"x"), queue_id=2).queue_id == 2
+        expected = select_queue_by_hash("order-7", 4)
+        got = {p.send(Message(topic, b"x"), sharding_key="order-7").queue_id for _ in range(5)}
+    assert got == {expected}
+
+
+def test_physical_offsets_advance_by_record_size(store: Store, topic: str) -> None:
+    with Producer(store) as p:
+        a = p.send(Message(topic, b"a" * 10), queue_id=0)
+        b = p.send(Message(topic, b"b"), queue_id=0)
+    rows = commit_log_rows(store)
+    assert b.physical_offset == a.physical_offset + int(rows[0]["size"])  # type: ignore[call-overload]
+    assert (a.queue_offset, b.queue_offset) == (0, 1)
+
+
+def test_send_batch_is_one_commit_with_results_in_order(store: Store, topic: str) -> None:
+    before = store.version("commit_log")
+    with Producer(store) as p:
+        results = p.send_batch([Message(topic, f"m{i}".encode()) for i in range(20)], queue_id=1)
+    assert store.version("commit_log") == before + 1
+    assert [r.queue_offset for r in results] == list(range(20))
+    assert [r.physical_offset for r in results] == sorted(r.physical_offset for r in results)
+    bodies = [row["body"] for row in commit_log_rows(store)]
+    assert bodies == [f"m{i}".encode() for i in range(20)]
+
+
+def test_send_batch_rejects_mixed_topics_and_writes_nothing(store: Store, admin: Admin, topic: str) -> None:
+    admin.create_topic("Other", 1)
+    before = versions(store)
+    with Producer(store) as p, pytest.raises(InvalidMessageError):
+        p.send_batch([Message(topic, b"a"), Message("Other", b"b")])
+    assert versions(store) == before
+
+
+def test_send_batch_rejects_oversized_batch(store: Store, topic: str) -> None:
+    big = b"x" * (1024 * 1024)
+    with Producer(store) as p, pytest.raises(InvalidMessageError, match="at most"):
+        p.send_batch([Message(topic, big) for _ in range(5)])
+
+
+def test_send_async_groups_into_micro_batches(store: Store, topic: str) -> None:
+    before = store.version("commit_log")
+    with Producer(store, linger_ms=200, batch_size=1000) as p:
+        futures = [p.send_async(Message(topic, f"{i}".encode()), queue_id=0) for i in range(300)]
+        p.flush()
+        results = [f.result() for f in futures]
+    assert [r.queue_offset for r in results] == list(range(300))
+    assert store.version("commit_log") - before < 300 / 10  # grouped, not one commit each
+
+
+def test_close_flushes_and_then_refuses(store: Store, topic: str) -> None:
+    p = Producer(store, linger_ms=50)
+    fut = p.send_async(Message(topic, b"x"))
+    p.close()
+    assert fut.done() and fut.result().status is SendStatus.SEND_OK
+    with pytest.raises(ProducerClosedError):
+        p.send(Message(topic, b"y"))
+
+
+@pytest.mark.parametrize(
+    ("message", "error"),
+    [
+        (Message("Nope", b"x"), TopicNotFoundError),
+        (Message("T", b""), InvalidMessageError),
+        (Message("T", b"x" * (4 * 1024 * 1024 + 1)), InvalidMessageError),
+        (Message("T", b"x", tags="A||B"), InvalidMessageError),
+        (Message("T", b"x", properties={"a": 1}), InvalidMessageError),  # type: ignore[dict-item]
+        (Message("bad topic", b"x"), InvalidTopicError),
+        (Message("SCHEDULE_TOPIC_XXXX", b"x"), InvalidMessageError),
+    ],
+)
+def test_bad_input_raises_typed_error_and_commits_nothing(
+    store: Store, topic: str, message: Message, error: type[Exception]
+) -> None:
+    before = versions(store)
+    with Producer(store) as p:
+        with pytest.raises(error):
+            p.send(message)
+        with pytest.raises(error):
+            p.send_async(message)
+    assert versions(store) == before
+
+
+@pytest.mark.parametrize("queue_id", [-1, 4, True, "1"])
+def test_bad_queue_id_raises(store: Store, topic: str, queue_id: object) -> None:
+    before = versions(store)
+    with Producer(store) as p, pytest.raises(InvalidArgumentError):
+        p.send(Message(topic, b"x"), queue_id=queue_id)  # type: ignore[arg-type]
+    assert versions(store) == before
+
+
+def test_not_a_message_raises(store: Store, topic: str) -> None:
+    with Producer(store) as p, pytest.raises(InvalidMessageError):
+        p.send("hello")  # type: ignore[arg-type]

@@ -1,0 +1,161 @@
+"""Pure protocol rules: names, ids, tag codes, filters, queue selection, delays."""
+
+from __future__ import annotations
+
+import pytest
+
+from engine.delays import DELAY_LEVELS_MS, delay_due_ms, retry_delay_level, validate_delay_level
+from engine.errors import InvalidArgumentError, InvalidMessageError, InvalidTopicError
+from engine.protocol import (
+    UniqKeyGenerator,
+    is_system_topic,
+    java_string_hashcode,
+    make_msg_id,
+    parse_msg_id,
+    parse_tag_expression,
+    record_size,
+    select_queue_by_hash,
+    tags_code,
+    validate_message_fields,
+    validate_topic_name,
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("", 0), ("a", 97), ("TagA", 2598919), ("hello world", 1794106052), ("中文", 646394)],
+)
+def test_java_string_hashcode_matches_java(text: str, expected: int) -> None:
+    assert java_string_hashcode(text) == expected
+
+
+def test_java_string_hashcode_wraps_to_signed_int() -> None:
+    assert java_string_hashcode("polygenelubricants") == -2147483648
+
+
+def test_tags_code_of_no_tag_is_zero() -> None:
+    assert tags_code(None) == 0
+    assert tags_code("TagA") == java_string_hashcode("TagA")
+
+
+@pytest.mark.parametrize("name", ["T", "Topic_1-a", "%RETRY%g", "a|b", "x" * 127])
+def test_valid_topic_names(name: str) -> None:
+    assert validate_topic_name(name) == name
+
+
+@pytest.mark.parametrize("name", ["", "a b", "topic.name", "x" * 128, "名字", None, 5])
+def test_invalid_topic_names_raise(name: object) -> None:
+    with pytest.raises(InvalidTopicError):
+        validate_topic_name(name)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["SCHEDULE_TOPIC_XXXX", "RMQ_SYS_TRANS_HALF_TOPIC", "rmq_sys_anything", "%RETRY%g", "%DLQ%g", "TBW102"],
+)
+def test_system_topics_are_recognised(name: str) -> None:
+    assert is_system_topic(name)
+
+
+def test_user_topic_is_not_system() -> None:
+    assert not is_system_topic("orders")
+
+
+def test_tag_expression_star_matches_everything() -> None:
+    f = parse_tag_expression("*")
+    assert f.matches_all and f.match_code(123) and f.match_tag(None)
+
+
+def test_tag_expression_or_matches_listed_tags_only() -> None:
+    f = parse_tag_expression("TagA || TagB")
+    assert f.tags == {"TagA", "TagB"}
+    assert f.match_code(java_string_hashcode("TagA")) and f.match_code(java_string_hashcode("TagB"))
+    assert not f.match_code(java_string_hashcode("TagC"))
+    assert f.match_tag("TagB") and not f.match_tag("TagC") and not f.match_tag(None)
+
+
+@pytest.mark.parametrize("expr", ["TagA ||", "|| TagA", "A |||| B", 3])
+def test_bad_tag_expression_raises(expr: object) -> None:
+    with pytest.raises(InvalidArgumentError):
+        parse_tag_expression(expr)  # type: ignore[arg-type]
+
+
+def test_msg_id_round_trip() -> None:
+    msg_id = make_msg_id("0a0b0c0d0e0f1011", 123456)
+    assert len(msg_id) == 32 and msg_id == msg_id.upper()
+    assert parse_msg_id(msg_id) == ("0A0B0C0D0E0F1011", 123456)
+
+
+@pytest.mark.parametrize("bad", ["", "XYZ", "G" * 32, None])
+def test_parse_bad_msg_id_raises(bad: object) -> None:
+    with pytest.raises(InvalidArgumentError):
+        parse_msg_id(bad)  # type: ignore[arg-type]
+
+
+def test_uniq_keys_are_unique_and_32_hex() -> None:
+    gen = UniqKeyGenerator()
+    keys = [gen.next() for _ in range(5000)]
+    assert len(set(keys)) == 5000
+    assert all(len(k) == 32 and int(k, 16) >= 0 for k in keys)
+
+
+def test_record_size_counts_body_topic_and_properties() -> None:
+    base = record_size("T", 10, {})
+    assert record_size("T", 11, {}) == base + 1
+    assert record_size("TT", 10, {}) == base + 1
+    assert record_size("T", 10, {"k": "v"}) == base + len("k\x01v\x02")
+
+
+def test_sharding_key_hash_is_stable_and_in_range() -> None:
+    assert select_queue_by_hash("order-42", 8) == select_queue_by_hash("order-42", 8)
+    assert all(0 <= select_queue_by_hash(f"k{i}", 5) < 5 for i in range(200))
+    assert len({select_queue_by_hash(f"k{i}", 4) for i in range(200)}) == 4
+
+
+def test_validate_message_fields_accepts_a_good_message() -> None:
+    validate_message_fields("T", b"x", "TagA", ("k1", "k2"), {"a": "b"})
+
+
+@pytest.mark.parametrize(
+    ("body", "tags", "keys", "props"),
+    [
+        (b"", None, (), {}),
+        (b"x" * (4 * 1024 * 1024 + 1), None, (), {}),
+        ("text", None, (), {}),
+        (b"x", "A||B", (), {}),
+        (b"x", "", (), {}),
+        (b"x", None, "k1", {}),
+        (b"x", None, ("has space",), {}),
+        (b"x", None, (), {"a": 1}),
+        (b"x", None, (), {1: "a"}),
+        (b"x", None, (), {"a\x01": "b"}),
+    ],
+)
+def test_validate_message_fields_rejects_bad_input(
+    body: object, tags: object, keys: object, props: object
+) -> None:
+    with pytest.raises(InvalidMessageError):
+        validate_message_fields("T", body, tags, keys, props)
+
+
+def test_delay_levels_are_rocketmq_defaults() -> None:
+    assert len(DELAY_LEVELS_MS) == 18
+    assert DELAY_LEVELS_MS[0] == 1000 and DELAY_LEVELS_MS[3] == 30_000 and DELAY_LEVELS_MS[-1] == 7_200_000
+
+
+@pytest.mark.parametrize("level", list(range(1, 19)))
+def test_each_delay_level_due_time(level: int) -> None:
+    expected = [1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200]
+    assert delay_due_ms(level, 1_000_000) == 1_000_000 + expected[level - 1] * 1000
+
+
+@pytest.mark.parametrize("level", [-1, 19, True, "3", 2.0])
+def test_bad_delay_level_raises(level: object) -> None:
+    with pytest.raises(InvalidArgumentError):
+        validate_delay_level(level)
+
+
+def test_retry_delay_level_is_three_plus_reconsume_times_capped() -> None:
+    assert retry_delay_level(0) == 3
+    assert retry_delay_level(5) == 8
+    assert retry_delay_level(40) == 18

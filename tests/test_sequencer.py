@@ -149,3 +149,20 @@ def test_recover_marks_by_scan_on_empty_table(tmp_path: Path) -> None:
     store = Store.open(tmp_path / "s")
     hwm = recover_hwm_by_scan(DeltaTable(store.uri(schemas.COMMIT_LOG)))
     assert (hwm.physical, hwm.queues) == (0, {})
+
+
+def test_app_transaction_makes_a_re_put_exactly_once(store: Store, topic: str) -> None:
+    w1, w2 = CommitLogWriter(store), CommitLogWriter(store)
+    first = w1.append([_pending(topic, 0, b"due")], app_transactions={"mq.schedule.0": 0})
+    assert len(first) == 1
+    # A replay (or a second job instance with a stale snapshot) of the same progress writes nothing.
+    assert w2.append([_pending(topic, 0, b"due")], app_transactions={"mq.schedule.0": 0}) == []
+    assert w1.append([_pending(topic, 0, b"due")], app_transactions={"mq.schedule.0": 0}) == []
+    assert len(w2.append([_pending(topic, 0, b"next")], app_transactions={"mq.schedule.0": 1})) == 1
+    assert [r["body"] for r in _rows_with_versions(store)] == [b"due", b"next"]
+    assert DeltaTable(store.uri(schemas.COMMIT_LOG)).transaction_version("mq.schedule.0") == 1
+
+
+def test_progress_only_commit_records_app_version(store: Store) -> None:
+    assert CommitLogWriter(store).append([], app_transactions={"mq.job": 3}) == []
+    assert DeltaTable(store.uri(schemas.COMMIT_LOG)).transaction_version("mq.job") == 3

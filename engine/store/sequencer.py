@@ -15,13 +15,13 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 
 from engine.errors import CommitConflictError, CommitStateUnknownError, StoreError
@@ -186,6 +186,11 @@ def stamp(
     return table, results, after
 
 
+def _recorded(dt: DeltaTable, app_id: str) -> int:
+    version = dt.transaction_version(app_id)
+    return -1 if version is None else int(version)
+
+
 class CommitLogWriter:
     """Appends batches to ``commit_log`` with sequenced offsets; one per process is enough.
 
@@ -207,16 +212,31 @@ class CommitLogWriter:
         self._hwm = read_hwm(self._dt)
         return self._dt, self._hwm
 
-    def append(self, messages: Sequence[PendingMessage]) -> list[Stamped]:
+    def append(
+        self,
+        messages: Sequence[PendingMessage],
+        *,
+        app_transactions: Mapping[str, int] | None = None,
+        custom_metadata: Mapping[str, str] | None = None,
+    ) -> list[Stamped]:
         """Commit a batch as exactly one new commit-log version; results in input order.
+
+        Args:
+            messages: what to append.
+            app_transactions: Delta app transactions (app id -> version) committed atomically with
+                the batch. A broker job re-putting messages passes its progress here; if the table
+                already records a version >= the one given for any app id (another instance, or a
+                replay, got there first), nothing is written and ``[]`` is returned.
+            custom_metadata: extra commitInfo entries.
 
         Raises:
             CommitConflictError: every attempt lost its race (retryable; nothing written).
             CommitStateUnknownError: the commit may have happened; nothing is acknowledged.
             StoreError: the write failed and nothing was committed.
         """
-        if not messages:
+        if not messages and not app_transactions:
             return []
+        txns = dict(app_transactions or {})
         store_id = self._store.store_id
         attempts = self._store.config.max_commit_attempts
         batch_id = uuid.uuid4().hex
@@ -227,6 +247,8 @@ class CommitLogWriter:
             for attempt in range(attempts):
                 dt, hwm = self._dt, self._hwm
                 base_version = int(dt.version())
+                if any(_recorded(dt, app) >= v for app, v in txns.items()):
+                    return []
                 table, results, after = stamp(messages, hwm, store_id, now_ms())
                 try:
                     write_deltalake(
@@ -234,8 +256,13 @@ class CommitLogWriter:
                         table,
                         mode="append",
                         commit_properties=CommitProperties(
-                            custom_metadata={HWM_KEY: after.to_json(), BATCH_KEY: batch_id},
+                            custom_metadata={
+                                **(custom_metadata or {}),
+                                HWM_KEY: after.to_json(),
+                                BATCH_KEY: batch_id,
+                            },
                             max_commit_retries=0,
+                            app_transactions=[Transaction(app, v) for app, v in txns.items()] or None,
                         ),
                     )
                 except CommitFailedError:

@@ -5,14 +5,15 @@ Nothing here does I/O; every function is tested without a JVM or a disk.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import socket
 import struct
-import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 from engine.errors import InvalidArgumentError, InvalidMessageError, InvalidTopicError
 
@@ -107,6 +108,7 @@ def validate_group_name(group: object) -> str:
     return group
 
 
+@lru_cache(maxsize=4096)
 def java_string_hashcode(s: str) -> int:
     """Java's ``String.hashCode()``: RocketMQ's tags code for a tag."""
     h = 0
@@ -179,7 +181,7 @@ def validate_message_fields(
             properties.
     """
     validate_topic_name(topic)
-    if not isinstance(body, bytes | bytearray | memoryview):
+    if type(body) is not bytes and not isinstance(body, bytearray | memoryview):
         raise InvalidMessageError("body must be bytes", topic=topic)
     size = len(body)
     if size == 0:
@@ -195,14 +197,14 @@ def validate_message_fields(
             raise InvalidMessageError(
                 f"tags {tags!r} contain '||', which separates tags in subscriptions", topic=topic
             )
-    if isinstance(keys, str) or not isinstance(keys, Sequence | frozenset | set):
+    if isinstance(keys, str) or not isinstance(keys, tuple | list | Sequence | frozenset | set):
         raise InvalidMessageError("keys must be a sequence of strings, e.g. ('order-1',)", topic=topic)
     for key in keys:
         if not isinstance(key, str) or not key or any(c.isspace() for c in key):
             raise InvalidMessageError(
                 f"key {key!r} must be a non-empty string without whitespace", topic=topic
             )
-    if not isinstance(properties, Mapping):
+    if type(properties) is not dict and not isinstance(properties, Mapping):
         raise InvalidMessageError("properties must be a mapping of strings to strings", topic=topic)
     for name, value in properties.items():
         if not isinstance(name, str) or not isinstance(value, str):
@@ -230,7 +232,8 @@ def record_size(topic: str, body_len: int, properties: Mapping[str, str]) -> int
 
     The physical offset advances by this much per message.
     """
-    return _RECORD_HEADER_BYTES + body_len + len(topic.encode()) + len(encode_properties(properties))
+    props = len(encode_properties(properties)) if properties else 0
+    return _RECORD_HEADER_BYTES + body_len + len(topic.encode()) + props
 
 
 def make_msg_id(store_id: str, physical_offset: int) -> str:
@@ -262,13 +265,10 @@ class UniqKeyGenerator:
             ip = b"\x7f\x00\x00\x01"
         self._prefix = (ip + struct.pack(">H", os.getpid() & 0xFFFF) + os.urandom(4)).hex().upper()
         self._start = time.time()
-        self._counter = 0
-        self._lock = threading.Lock()
+        self._counter = itertools.count(1)  # next() on a count is atomic under the GIL
 
     def next(self) -> str:
-        with self._lock:
-            self._counter = (self._counter + 1) & 0xFFFF
-            counter = self._counter
+        counter = next(self._counter) & 0xFFFF
         elapsed = int((time.time() - self._start) * 1000) & 0xFFFFFFFF
         return f"{self._prefix}{elapsed:08X}{counter:04X}"
 

@@ -25,8 +25,9 @@ from engine.protocol import (
     is_system_topic,
     select_queue_by_hash,
     validate_message_fields,
+    validate_topic_name,
 )
-from engine.store.sequencer import CommitLogWriter, PendingMessage, Stamped
+from engine.store.sequencer import CommitLogWriter, PendingBatch, PendingMessage, Stamped
 from engine.store.store import Store, now_ms
 
 # Timer messages: how far ahead a deliver_at_ms may be (RocketMQ 5 default timerMaxDelaySec).
@@ -231,9 +232,44 @@ class Producer:
         limit = self._store.config.max_batch_bytes
         if total > limit:
             raise InvalidMessageError(f"batch bodies total {total} bytes; at most {limit} are allowed")
-        first = self._prepare(messages[0], queue_id)
-        rest = [self._prepare(m, first.queue_id) for m in messages[1:]]
-        return [_result(s) for s in self._writer.append([first, *rest])]
+        topic_name = next(iter(topics))
+        if not is_system_topic(topic_name):
+            validate_topic_name(topic_name)
+        else:
+            raise InvalidMessageError(
+                f"topic {topic_name!r} is a system topic; producers cannot send to it", topic=topic_name
+            )
+        topic = self._store.topic(topic_name)
+        if not topic.perm & 2:
+            raise InvalidMessageError(
+                f"topic {topic.name!r} is not writable (perm {topic.perm})", topic=topic.name
+            )
+        qid = self._choose_queue(topic.name, topic.queues, queue_id, None)
+        bodies: list[bytes] = []
+        tags: list[str | None] = []
+        keys: list[list[str]] = []
+        props: list[list[tuple[str, str]]] = []
+        for m in messages:
+            tag = m.tags
+            if (
+                m.keys
+                or m.properties
+                or type(m.body) is not bytes
+                or not 0 < len(m.body) <= MAX_BODY_BYTES
+                or not (tag is None or (type(tag) is str and tag and "||" not in tag))
+            ):  # the slow path names what is wrong
+                validate_message_fields(m.topic, m.body, m.tags, m.keys, m.properties)
+            bodies.append(bytes(m.body))
+            tags.append(m.tags)
+            key_list = list(m.keys)
+            keys.append(key_list)
+            if key_list:
+                props.append([*m.properties.items(), (PROPERTY_KEYS, " ".join(key_list))])
+            else:
+                props.append(list(m.properties.items()) if m.properties else [])
+        uniq = [self._ids.next() for _ in range(len(bodies))]
+        batch = PendingBatch.single_queue(topic.name, qid, bodies, uniq, tags, keys, props, now_ms())
+        return [_result(s) for s in self._writer.append(batch)]
 
     def send_async(
         self, message: Message, queue_id: int | None = None, sharding_key: str | None = None

@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import threading
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
 from deltalake import DeltaTable
 
 from engine.errors import StoreError
 from engine.store import schemas
+from engine.store.files import FileReader, FileStats
 from engine.store.marks import QueueMarks, queue_marks
-from engine.store.store import Store, sql_literal
+from engine.store.store import Store
 
 
 class QueueIndex:
@@ -33,6 +34,10 @@ class QueueIndex:
         self._log: DeltaTable | None = None
         self._marks = QueueMarks()
         self._version = -1
+        self._cq_files = FileStats(-1, [])
+        self._log_files = FileStats(-1, [])
+        self._cq_reader = FileReader(store.uri(schemas.CONSUME_QUEUE), store.storage_options)
+        self._log_reader = FileReader(store.uri(schemas.COMMIT_LOG), store.storage_options)
 
     @property
     def version(self) -> int:
@@ -51,8 +56,19 @@ class QueueIndex:
             if version == self._version:
                 return False
             self._marks = queue_marks(self._cq)
+            self._cq_files = FileStats.of(self._cq, ["queue_id", "queue_offset"])
+            self._cq_reader.forget(set(self._cq_files.paths))
             self._version = version
             return True
+
+    def _refresh_log(self) -> None:
+        with self._lock:
+            if self._log is None:
+                self._log = self._store.open_table(schemas.COMMIT_LOG)
+            else:
+                self._log.update_incremental()
+            self._log_files = FileStats.of(self._log, ["physical_offset"])
+            self._log_reader.forget(set(self._log_files.paths))
 
     def marks(self) -> QueueMarks:
         return self._marks
@@ -63,53 +79,54 @@ class QueueIndex:
 
     def entries(self, topic: str, queue_id: int, start: int, end: int) -> pa.Table:
         """Consume-queue entries with ``start <= queue_offset < end``, in offset order."""
-        predicate = (
-            f"topic = {sql_literal(topic)} AND queue_id = {int(queue_id)} "
-            f"AND queue_offset <= {int(end) - 1} AND queue_offset >= {int(start)}"
-        )
-        row_filter = (
-            (ds.field("topic") == topic)
-            & (ds.field("queue_id") == queue_id)
-            & (ds.field("queue_offset") >= start)
-            & (ds.field("queue_offset") < end)
-        )
-        with self._lock:
-            assert self._cq is not None, "refresh() first"
-            dataset = self._cq.to_pyarrow_dataset(file_pruning_predicate=predicate)
-        table = dataset.to_table(filter=row_filter)
+        files = self._cq_files.overlapping("queue_offset", start, end - 1, {"queue_id": queue_id})
+        for attempt in range(2):
+            try:
+                parts = [self._cq_reader.queue_slice(p, topic, queue_id, start, end) for p in files]
+                break
+            except (OSError, FileNotFoundError):
+                if attempt:
+                    raise
+                self._version = -1  # a file was compacted away under a stale snapshot
+                self.refresh()
+                files = self._cq_files.overlapping("queue_offset", start, end - 1, {"queue_id": queue_id})
+        table = pa.concat_tables(parts) if parts else schemas.CONSUME_QUEUE_SCHEMA.empty_table()
         if table.num_rows > 1:
             table = table.sort_by("queue_offset")
         return table
 
     def messages(self, physical_offsets: list[int]) -> pa.Table:
         """Commit-log rows at the given physical offsets, in the order asked."""
+        schema = schemas.COMMIT_LOG_SCHEMA
         if not physical_offsets:
-            return schemas.COMMIT_LOG_SCHEMA.empty_table()
-        wanted = pa.array(physical_offsets, pa.int64())
-        lo, hi = min(physical_offsets), max(physical_offsets)
-        predicate = f"physical_offset >= {lo} AND physical_offset <= {hi}"
-        row_filter = ds.field("physical_offset").isin(wanted)
+            return schema.empty_table()
+        wanted = np.asarray(physical_offsets, dtype=np.int64)
+        unique = np.unique(wanted)
+        table = schema.empty_table()
         for attempt in range(2):
-            with self._lock:
-                if self._log is None:
-                    self._log = self._store.open_table(schemas.COMMIT_LOG)
-                elif attempt:
-                    self._log.update_incremental()
-                dataset = self._log.to_pyarrow_dataset(file_pruning_predicate=predicate)
+            if attempt or self._log is None or int(unique[-1]) > self._log_max():
+                self._refresh_log()
             try:
-                table = dataset.to_table(filter=row_filter)
+                parts = []
+                for path in self._log_files.overlapping("physical_offset", int(unique[0]), int(unique[-1])):
+                    parts.append(self._log_reader.rows_at(path, "physical_offset", unique, schema))
             except (OSError, FileNotFoundError):
                 if attempt:
                     raise
                 continue  # a file was compacted away under a stale snapshot
-            if table.num_rows >= len(set(physical_offsets)) or attempt:
+            table = pa.concat_tables(parts) if parts else schema.empty_table()
+            if table.num_rows >= len(unique):
                 break
-        if table.num_rows < len(set(physical_offsets)):
-            found = set(table["physical_offset"].to_pylist())
-            missing = [p for p in physical_offsets if p not in found]
+        found = table["physical_offset"]
+        if table.num_rows < len(unique):
+            have = set(found.to_pylist())
+            missing = [int(p) for p in unique if int(p) not in have]
             raise StoreError(
                 f"consume queue points at commit-log offsets that are not readable: {missing[:5]}",
                 offsets=missing,
             )
-        order = pc.index_in(wanted, value_set=table["physical_offset"])
-        return table.take(order)
+        return table.take(pc.index_in(pa.array(wanted), value_set=found))
+
+    def _log_max(self) -> int:
+        maxs = self._log_files.columns.get("max.physical_offset")
+        return int(maxs.max()) if maxs is not None and len(maxs) else -1

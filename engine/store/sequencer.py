@@ -23,7 +23,7 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError
 
 from engine.errors import CommitConflictError, CommitStateUnknownError, StoreError
@@ -138,6 +138,10 @@ def recover_hwm_by_scan(dt: DeltaTable) -> HighWaterMarks:
         offsets[row["queue_id"]] = int(row["queue_offset_max"]) + 1
     return hwm
 
+
+# Small row groups let a pull read a few hundred rows instead of a whole micro-batch file.
+COMMIT_LOG_ROW_GROUP_ROWS = 256
+_WRITER_PROPERTIES = WriterProperties(max_row_group_size=COMMIT_LOG_ROW_GROUP_ROWS)
 
 _OFFSET_FREE = [
     f
@@ -403,6 +407,7 @@ class CommitLogWriter:
                             max_commit_retries=0,
                             app_transactions=[Transaction(app, v) for app, v in txns.items()] or None,
                         ),
+                        writer_properties=_WRITER_PROPERTIES,
                     )
                 except CommitFailedError:
                     self.conflicts += 1

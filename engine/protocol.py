@@ -77,6 +77,12 @@ def validate_topic_name(name: object) -> str:
     return name
 
 
+@lru_cache(maxsize=1024)
+def is_valid_topic_name(name: str) -> bool:
+    """Cached yes/no form of :func:`validate_topic_name` for hot paths."""
+    return 0 < len(name) <= MAX_TOPIC_LENGTH and TOPIC_PATTERN.match(name) is not None
+
+
 def is_system_topic(name: str) -> bool:
     """True for topics the broker owns: schedule, transaction, retry and dead-letter topics."""
     return (

@@ -23,6 +23,7 @@ from engine.protocol import (
     SCHEDULE_TOPIC,
     UniqKeyGenerator,
     is_system_topic,
+    is_valid_topic_name,
     select_queue_by_hash,
     validate_message_fields,
     validate_topic_name,
@@ -43,6 +44,22 @@ def _result(s: Stamped) -> SendResult:
         queue_id=s.queue_id,
         queue_offset=s.queue_offset,
         physical_offset=s.physical_offset,
+    )
+
+
+def _is_plain(m: Message) -> bool:
+    """A message that needs no further checks: a valid topic name (cached), a bytes body of allowed
+    size, at most a simple tag, no keys, properties or timer. The produce hot path."""
+    tag = m.tags
+    return (
+        type(m.body) is bytes
+        and 0 < len(m.body) <= MAX_BODY_BYTES
+        and (tag is None or (type(tag) is str and tag != "" and "||" not in tag))
+        and not m.keys
+        and not m.properties
+        and m.deliver_at_ms is None
+        and type(m.topic) is str
+        and is_valid_topic_name(m.topic)
     )
 
 
@@ -78,8 +95,6 @@ class Producer:
         self._rr_lock = threading.Lock()
         self._closed = False
         self._pending: queue.Queue[tuple[PendingMessage, Future[SendResult]] | None] = queue.Queue()
-        self._inflight = 0
-        self._inflight_cv = threading.Condition()
         self._worker: threading.Thread | None = None
 
     # ----------------------------------------------------------------- preparing
@@ -111,9 +126,15 @@ class Producer:
     ) -> PendingMessage:
         if not isinstance(message, Message):
             raise InvalidMessageError(f"expected engine.Message, got {type(message).__name__}")
-        validate_message_fields(
-            message.topic, message.body, message.tags, message.keys, message.properties, message.deliver_at_ms
-        )
+        if not _is_plain(message):  # the full check names what is wrong
+            validate_message_fields(
+                message.topic,
+                message.body,
+                message.tags,
+                message.keys,
+                message.properties,
+                message.deliver_at_ms,
+            )
         if not internal and is_system_topic(message.topic):
             raise InvalidMessageError(
                 f"topic {message.topic!r} is a system topic; producers cannot send to it", topic=message.topic
@@ -250,14 +271,7 @@ class Producer:
         keys: list[list[str]] = []
         props: list[list[tuple[str, str]]] = []
         for m in messages:
-            tag = m.tags
-            if (
-                m.keys
-                or m.properties
-                or type(m.body) is not bytes
-                or not 0 < len(m.body) <= MAX_BODY_BYTES
-                or not (tag is None or (type(tag) is str and tag and "||" not in tag))
-            ):  # the slow path names what is wrong
+            if not _is_plain(m):  # the full check names what is wrong
                 validate_message_fields(m.topic, m.body, m.tags, m.keys, m.properties)
             bodies.append(bytes(m.body))
             tags.append(m.tags)
@@ -282,8 +296,6 @@ class Producer:
         self._check_open()
         pending = self._prepare(message, queue_id, sharding_key)
         future: Future[SendResult] = Future()
-        with self._inflight_cv:
-            self._inflight += 1
         self._ensure_worker()
         self._pending.put((pending, future))
         return future
@@ -304,6 +316,7 @@ class Producer:
         while not stop:
             item = self._pending.get()
             if item is None:
+                self._pending.task_done()
                 break
             batch = [item]
             deadline = time.monotonic() + self.linger_ms / 1000
@@ -318,6 +331,7 @@ class Producer:
                 except queue.Empty:
                     break
                 if nxt is None:
+                    self._pending.task_done()
                     stop = True
                     break
                 batch.append(nxt)
@@ -336,19 +350,21 @@ class Producer:
         else:
             for (_, fut), s in zip(batch, stamped, strict=True):
                 fut.set_result(_result(s))
-        with self._inflight_cv:
-            self._inflight -= len(batch)
-            self._inflight_cv.notify_all()
+        for _ in batch:
+            self._pending.task_done()
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every message given to :meth:`send_async` is committed or failed."""
-        end = None if timeout is None else time.monotonic() + timeout
-        with self._inflight_cv:
-            while self._inflight > 0:
-                remaining = None if end is None else end - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    raise TimeoutError(f"{self._inflight} async sends still in flight")
-                self._inflight_cv.wait(remaining)
+        if timeout is None:
+            self._pending.join()
+            return
+        end = time.monotonic() + timeout
+        with self._pending.all_tasks_done:
+            while self._pending.unfinished_tasks:
+                remaining = end - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"{self._pending.unfinished_tasks} async sends still in flight")
+                self._pending.all_tasks_done.wait(remaining)
 
     def close(self) -> None:
         """Flush pending async sends and stop; later sends raise :class:`ProducerClosedError`."""

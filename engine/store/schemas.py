@@ -12,6 +12,7 @@ ACTION_LOG = "action_log"
 PULL_LOG = "pull_log"
 TOPICS = "topics"
 GROUPS = "groups"
+TRANSACTIONS = "transactions"
 
 _str = pa.string()
 _i32 = pa.int32()
@@ -133,6 +134,26 @@ GROUPS_SCHEMA = pa.schema(
     ]
 )
 
+# Transaction bookkeeping, append-only: CHECK requests from the check job (answered by the producer
+# group's check-back thread) and the decisions taken (COMMIT / ROLLBACK, informational: the decision
+# of record is the commit log's ``mq.tx.<half_physical_offset>`` app transaction).
+TRANSACTIONS_SCHEMA = pa.schema(
+    [
+        pa.field("half_physical_offset", _i64, nullable=False),
+        pa.field("half_msg_id", _str, nullable=False),
+        pa.field("uniq_key", _str, nullable=False),
+        pa.field("producer_group", _str, nullable=False),
+        pa.field("topic", _str, nullable=False),  # the real topic
+        pa.field("queue_id", _i32, nullable=False),  # the real queue
+        pa.field("event", _str, nullable=False),  # CHECK, COMMIT, ROLLBACK
+        pa.field("check_times", _i32, nullable=False),
+        pa.field("physical_offset", _i64),  # the committed message (COMMIT only)
+        pa.field("queue_offset", _i64),
+        pa.field("reason", _str),  # LOCAL, CHECK, MAX_CHECKS
+        pa.field("ts_ms", _i64, nullable=False),
+    ]
+)
+
 SCHEMAS: dict[str, pa.Schema] = {
     COMMIT_LOG: COMMIT_LOG_SCHEMA,
     CONSUME_QUEUE: CONSUME_QUEUE_SCHEMA,
@@ -142,4 +163,5 @@ SCHEMAS: dict[str, pa.Schema] = {
     PULL_LOG: PULL_LOG_SCHEMA,
     TOPICS: TOPICS_SCHEMA,
     GROUPS: GROUPS_SCHEMA,
+    TRANSACTIONS: TRANSACTIONS_SCHEMA,
 }

@@ -6,6 +6,8 @@ The public names of the engine; everything else is internal.
 from engine.client.admin import Admin
 from engine.client.producer import Producer
 from engine.client.pull import PullConsumer
+from engine.client.push import ConsumeFrom, ConsumeResult, PushConsumer
+from engine.client.rebalance import MessageModel, MessageQueue
 from engine.config import EngineConfig, load_config
 from engine.errors import (
     CommitConflictError,
@@ -43,6 +45,8 @@ __all__ = [
     "CommitConflictError",
     "CommitStateUnknownError",
     "ConfigError",
+    "ConsumeFrom",
+    "ConsumeResult",
     "ConsumerError",
     "EngineConfig",
     "InvalidArgumentError",
@@ -51,12 +55,15 @@ __all__ = [
     "MQError",
     "Message",
     "MessageExt",
+    "MessageModel",
+    "MessageQueue",
     "OffsetOutOfRangeError",
     "Producer",
     "ProducerClosedError",
     "PullConsumer",
     "PullResult",
     "PullStatus",
+    "PushConsumer",
     "QueueStats",
     "SendResult",
     "SendStatus",

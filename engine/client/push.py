@@ -1,0 +1,686 @@
+"""The push consumer: RocketMQ's ``DefaultMQPushConsumer`` over the pull machinery.
+
+Background threads do what RocketMQ's client does: a service thread heartbeats, commits offsets
+and flushes consumer actions; a rebalance thread recomputes this instance's queues from the live
+members and the allocation strategy; one thread per assigned queue long-polls it, calls the
+listener and advances the queue's offset.
+
+Delivery is at least once. Offsets are committed every ``commit_interval_ms``, when a queue is
+reassigned away and at shutdown, always after the consumer actions (NACKs) of the messages they
+pass are durable, so a crash re-delivers rather than loses. Orderly listeners consume a queue only
+while holding its lock, so a queue moving between members is never consumed by two at once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from types import TracebackType
+
+from engine.client.actions import NACK, ActionLogWriter
+from engine.client.admin import Admin
+from engine.client.membership import GroupMembership
+from engine.client.offsets import OffsetStore
+from engine.client.pull import MAX_PULL_NUMS, PullConsumer
+from engine.client.rebalance import (
+    AllocateStrategy,
+    MessageModel,
+    MessageQueue,
+    StrategyName,
+    resolve_strategy,
+)
+from engine.errors import ConsumerError, InvalidArgumentError, MQError
+from engine.model import MessageExt, PullStatus
+from engine.protocol import (
+    PROPERTY_RETRY_TOPIC,
+    RETRY_PREFIX,
+    parse_tag_expression,
+    retry_topic,
+    validate_group_name,
+    validate_topic_name,
+)
+from engine.store.groups import MAX_LEASE_MS
+from engine.store.queues import QueueIndex
+from engine.store.store import Store, now_ms
+
+_log = logging.getLogger(__name__)
+
+
+class ConsumeResult(enum.StrEnum):
+    """What a listener returns (RocketMQ ``ConsumeConcurrentlyStatus`` / ``ConsumeOrderlyStatus``).
+
+    SUCCESS: the messages are consumed. RECONSUME_LATER: a concurrent listener's messages go to the
+    group's retry topic; an orderly listener's queue pauses and the same messages come again.
+    """
+
+    SUCCESS = "SUCCESS"
+    RECONSUME_LATER = "RECONSUME_LATER"
+
+
+class ConsumeFrom(enum.StrEnum):
+    """Where a group with no committed offset for a queue starts (RocketMQ ``ConsumeFromWhere``)."""
+
+    LAST = "LAST"
+    FIRST = "FIRST"
+    TIMESTAMP = "TIMESTAMP"
+
+
+Listener = Callable[[list[MessageExt]], "ConsumeResult | str"]
+
+
+def offset_by_time(index: QueueIndex, topic: str, queue_id: int, timestamp_ms: int) -> int:
+    """First offset of a queue stored at or after ``timestamp_ms`` (max offset if none): binary search.
+
+    Store times never decrease along a queue (the sequencer stamps them monotonically).
+    """
+    index.refresh()
+    lo, hi = index.bounds(topic, queue_id)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        entry = index.entries(topic, queue_id, mid, mid + 1)
+        if entry.num_rows == 0 or int(entry["store_ts_ms"][0].as_py()) >= timestamp_ms:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def _positive(name: str, value: object, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise InvalidArgumentError(f"{name} {value!r} must be an int > 0", **{name: value})
+    if maximum is not None and value > maximum:
+        raise InvalidArgumentError(f"{name} {value!r} must be at most {maximum}", **{name: value})
+    return value
+
+
+def _default_instance_id() -> str:
+    return f"{socket.gethostname()}@{os.getpid()}@{uuid.uuid4().hex[:8]}"
+
+
+class _ProcessQueue:
+    """An assigned queue: its worker thread and offsets (RocketMQ's ``ProcessQueue``)."""
+
+    def __init__(self, mq: MessageQueue, expression: str, offset: int, committed: int | None) -> None:
+        self.mq = mq
+        self.expression = expression
+        self.offset = offset  # next offset to pull
+        self.consumed = offset  # every message before this is consumed (or NACKed)
+        self.committed = committed
+        self.dropped = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.attempts: dict[int, int] = {}  # orderly: queue offset -> reconsume times so far
+
+
+class PushConsumer:
+    """Messages pushed to a listener, with rebalance, offsets, retries and orderly consumption.
+
+    Args:
+        store: an open store.
+        group: the consumer group.
+        model: CLUSTERING (queues divided among the group's members, offsets shared) or
+            BROADCASTING (every instance gets every message and keeps its own offsets).
+        allocate: rebalance strategy, ``"averagely"``, ``"averagely_by_circle"``,
+            ``"consistent_hash"`` or a callable ``(queues, consumer_ids, me) -> queues``.
+        consume_from: where to start a queue the group has no committed offset for.
+        consume_from_timestamp_ms: the time for ``ConsumeFrom.TIMESTAMP`` (default 30 min ago).
+        max_reconsume_times: attempts after which a failing message goes to ``%DLQ%<group>``.
+        pull_batch_size: most messages pulled from a queue at a time (1..1024).
+        consume_batch_size: most messages passed to one listener call.
+        instance_id: this instance's id in the group; give a stable one to a broadcasting
+            consumer so a restart resumes from its offsets.
+        heartbeat_interval_ms, member_timeout_ms: liveness (a member silent for the timeout is
+            dropped from the group).
+        rebalance_interval_ms: how often the queues are reallocated.
+        commit_interval_ms: how often consumed offsets are committed.
+        pull_suspend_ms: long-polling time of one pull.
+        lock_ttl_ms, relock_interval_ms: orderly queue-lock lease and its renewal period (must be
+            under half the lease).
+        suspend_current_queue_ms: orderly: pause of a queue after a failed consume.
+
+    Raises:
+        InvalidArgumentError: a bad group or setting.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        group: str,
+        model: MessageModel | str = MessageModel.CLUSTERING,
+        allocate: StrategyName | AllocateStrategy = "averagely",
+        consume_from: ConsumeFrom | str = ConsumeFrom.LAST,
+        *,
+        consume_from_timestamp_ms: int | None = None,
+        max_reconsume_times: int | None = None,
+        pull_batch_size: int | None = None,
+        consume_batch_size: int = 1,
+        instance_id: str | None = None,
+        heartbeat_interval_ms: int = 1_000,
+        member_timeout_ms: int = 6_000,
+        rebalance_interval_ms: int = 1_000,
+        commit_interval_ms: int = 5_000,
+        pull_suspend_ms: int = 1_000,
+        lock_ttl_ms: int = 60_000,
+        relock_interval_ms: int = 20_000,
+        suspend_current_queue_ms: int = 1_000,
+    ) -> None:
+        self.group = validate_group_name(group)
+        try:
+            self.model = MessageModel(model)
+            self.consume_from = ConsumeFrom(consume_from)
+        except ValueError as exc:
+            raise InvalidArgumentError(
+                f"model must be one of {[m.value for m in MessageModel]} and consume_from one of "
+                f"{[c.value for c in ConsumeFrom]}: {exc}",
+                model=model,
+                consume_from=consume_from,
+            ) from exc
+        self._allocate = resolve_strategy(allocate)
+        if consume_from_timestamp_ms is None:
+            consume_from_timestamp_ms = now_ms() - 30 * 60_000
+        if (
+            isinstance(consume_from_timestamp_ms, bool)
+            or not isinstance(consume_from_timestamp_ms, int)
+            or consume_from_timestamp_ms < 0
+        ):
+            raise InvalidArgumentError(
+                "consume_from_timestamp_ms must be an epoch-millisecond int >= 0",
+                consume_from_timestamp_ms=consume_from_timestamp_ms,
+            )
+        self.consume_from_timestamp_ms = consume_from_timestamp_ms
+        cfg = store.config
+        if max_reconsume_times is None:
+            max_reconsume_times = cfg.max_reconsume_times
+        if (
+            isinstance(max_reconsume_times, bool)
+            or not isinstance(max_reconsume_times, int)
+            or max_reconsume_times < 0
+        ):
+            raise InvalidArgumentError(
+                f"max_reconsume_times {max_reconsume_times!r} must be an int >= 0",
+                max_reconsume_times=max_reconsume_times,
+            )
+        self.max_reconsume_times = max_reconsume_times
+        self.pull_batch_size = _positive(
+            "pull_batch_size",
+            cfg.pull_batch_size if pull_batch_size is None else pull_batch_size,
+            MAX_PULL_NUMS,
+        )
+        self.consume_batch_size = _positive("consume_batch_size", consume_batch_size, MAX_PULL_NUMS)
+        self._heartbeat_s = _positive("heartbeat_interval_ms", heartbeat_interval_ms) / 1000
+        _positive("member_timeout_ms", member_timeout_ms)
+        if member_timeout_ms <= heartbeat_interval_ms:
+            raise InvalidArgumentError(
+                f"member_timeout_ms ({member_timeout_ms}) must exceed heartbeat_interval_ms "
+                f"({heartbeat_interval_ms})",
+                member_timeout_ms=member_timeout_ms,
+            )
+        self._rebalance_s = _positive("rebalance_interval_ms", rebalance_interval_ms) / 1000
+        self._commit_s = _positive("commit_interval_ms", commit_interval_ms) / 1000
+        self._pull_suspend_ms = _positive("pull_suspend_ms", pull_suspend_ms)
+        _positive("lock_ttl_ms", lock_ttl_ms, MAX_LEASE_MS)
+        if _positive("relock_interval_ms", relock_interval_ms) * 2 >= lock_ttl_ms:
+            raise InvalidArgumentError(
+                f"relock_interval_ms ({relock_interval_ms}) must be under half of lock_ttl_ms "
+                f"({lock_ttl_ms}), or held locks lapse between renewals",
+                relock_interval_ms=relock_interval_ms,
+            )
+        self._relock_s = relock_interval_ms / 1000
+        self._suspend_s = _positive("suspend_current_queue_ms", suspend_current_queue_ms) / 1000
+        self.instance_id = _default_instance_id() if instance_id is None else instance_id
+        self._store = store
+        self._membership = GroupMembership(
+            store,
+            self.group,
+            self.instance_id,
+            model=self.model,
+            member_timeout_ms=member_timeout_ms,
+            lock_ttl_ms=lock_ttl_ms,
+        )
+        broadcasting = self.model is MessageModel.BROADCASTING
+        self._offsets = OffsetStore(store, self.group, self.instance_id if broadcasting else "")
+        self._actions = ActionLogWriter(store, self.group, self.instance_id)
+        self._puller = PullConsumer(store, self.group)
+        self._index = QueueIndex(store)
+        self._subscriptions: dict[str, str] = {}
+        self._listener: Listener | None = None
+        self._orderly = False
+        self._pqs: dict[MessageQueue, _ProcessQueue] = {}
+        self._state_lock = threading.RLock()  # guards _pqs, _subscriptions and the lifecycle
+        self._persist_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._started = False
+        self._closed = False
+        self._last_relock = 0.0
+
+    # ----------------------------------------------------------------- setup
+    @property
+    def consumer_id(self) -> str:
+        return self.instance_id
+
+    @property
+    def _uses_locks(self) -> bool:
+        # RocketMQ locks queues for orderly clustering only; a broadcasting instance owns every queue.
+        return self._orderly and self.model is MessageModel.CLUSTERING
+
+    def subscribe(self, topic: str, expression: str = "*") -> None:
+        """Consume ``topic`` messages matching a tag expression (``"*"``, ``"TagA || TagB"``).
+
+        A clustering consumer also subscribes the group's retry topic ``%RETRY%<group>``, created
+        if missing, as RocketMQ does. Subscribing again replaces the expression.
+
+        Raises:
+            InvalidTopicError, TopicNotFoundError: a bad or unknown topic.
+            InvalidArgumentError: a bad expression.
+            ConsumerError: the consumer was shut down.
+        """
+        validate_topic_name(topic)
+        self._store.topic(topic)
+        parse_tag_expression(expression)
+        with self._state_lock:
+            if self._closed:
+                raise ConsumerError("the consumer was shut down; create a new one", group=self.group)
+            if self.model is MessageModel.CLUSTERING:
+                retry = retry_topic(self.group)
+                Admin(self._store)._ensure_system_topic(retry)
+                self._subscriptions[retry] = "*"
+            self._subscriptions[topic] = expression
+
+    def subscriptions(self) -> dict[str, str]:
+        """Subscribed topics and their expressions (the retry topic included)."""
+        with self._state_lock:
+            return dict(self._subscriptions)
+
+    def register_listener(self, listener: Listener, orderly: bool = False) -> None:
+        """Set the function called with each batch of messages; it returns a :class:`ConsumeResult`.
+
+        A concurrent listener is called from one thread per queue at once and must be thread-safe;
+        a failed (RECONSUME_LATER or raising) batch is recorded as NACKs and redelivered later
+        through the retry topic. An orderly listener sees each queue's messages in queue order,
+        one batch at a time, only while this instance holds the queue's lock; a failed batch is
+        retried after ``suspend_current_queue_ms``, never skipped, and a message that fails more
+        than ``max_reconsume_times`` times goes to the dead-letter topic.
+
+        Raises:
+            InvalidArgumentError: not callable.
+            ConsumerError: the consumer is already started.
+        """
+        if not callable(listener):
+            raise InvalidArgumentError("listener must be callable: fn(list[MessageExt]) -> ConsumeResult")
+        with self._state_lock:
+            if self._started:
+                raise ConsumerError("register the listener before start()", group=self.group)
+            self._listener = listener
+            self._orderly = bool(orderly)
+
+    def start(self) -> PushConsumer:
+        """Join the group and start consuming in background threads.
+
+        Raises:
+            ConsumerError: no listener, no subscription, already started or shut down.
+        """
+        with self._state_lock:
+            if self._closed:
+                raise ConsumerError("the consumer was shut down; create a new one", group=self.group)
+            if self._started:
+                raise ConsumerError("the consumer is already started", group=self.group)
+            if self._listener is None:
+                raise ConsumerError("register a listener before start()", group=self.group)
+            if not any(not t.startswith(RETRY_PREFIX) for t in self._subscriptions):
+                raise ConsumerError("subscribe to a topic before start()", group=self.group)
+            self._membership.heartbeat(self._subscriptions)
+            self._started = True
+            for name, target in (("service", self._service_loop), ("rebalance", self._rebalance_loop)):
+                thread = threading.Thread(target=target, name=f"push-{self.group}-{name}", daemon=True)
+                self._threads.append(thread)
+                thread.start()
+        return self
+
+    def assignment(self) -> list[MessageQueue]:
+        """Queues this instance consumes now, sorted."""
+        with self._state_lock:
+            return sorted(self._pqs)
+
+    # ----------------------------------------------------------------- shutdown
+    def shutdown(self) -> None:
+        """Stop consuming: commit offsets, release locks and leave the group. Idempotent."""
+        with self._state_lock:
+            if self._closed:
+                return
+            self._closed = True
+            started = self._started
+        if not started:
+            return
+        self._stop.set()
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join()
+        with self._state_lock:
+            pqs = list(self._pqs.values())
+        self._drop(pqs)
+        try:
+            self._persist()
+            self._actions.close()
+        except MQError as exc:
+            _log.warning("push consumer %s: final commit failed: %s", self.instance_id, exc)
+        try:
+            self._membership.leave()
+        except MQError as exc:
+            _log.warning("push consumer %s: leave failed: %s", self.instance_id, exc)
+
+    def __enter__(self) -> PushConsumer:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.shutdown()
+
+    # ----------------------------------------------------------------- background
+    def _service_loop(self) -> None:
+        next_heartbeat = time.monotonic() + self._heartbeat_s
+        next_commit = time.monotonic() + self._commit_s
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if now >= next_heartbeat:
+                next_heartbeat = now + self._heartbeat_s
+                try:
+                    self._membership.heartbeat(self.subscriptions())
+                except MQError as exc:
+                    _log.warning("push consumer %s: heartbeat failed: %s", self.instance_id, exc)
+            if now >= next_commit:
+                next_commit = now + self._commit_s
+                try:
+                    self._persist()
+                except MQError as exc:
+                    _log.warning("push consumer %s: offset commit failed: %s", self.instance_id, exc)
+            else:
+                try:
+                    self._actions.flush_if_due()
+                except MQError as exc:
+                    _log.warning("push consumer %s: action flush failed: %s", self.instance_id, exc)
+            self._stop.wait(max(0.0, min(next_heartbeat, next_commit) - time.monotonic()))
+
+    def _rebalance_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._rebalance()
+            except MQError as exc:
+                _log.warning("push consumer %s: rebalance failed: %s", self.instance_id, exc)
+            self._stop.wait(self._rebalance_s)
+
+    def _rebalance(self) -> None:
+        """One round of RocketMQ's ``RebalanceImpl.doRebalance``."""
+        subscriptions = self.subscriptions()
+        members: list[str] = []
+        if self.model is MessageModel.CLUSTERING:
+            members = self._membership.live_members()
+            if self.instance_id not in members:
+                members.append(self.instance_id)  # alive by definition; our heartbeat may lag
+        topics = self._store.topic_configs(refresh=True)
+        target: dict[MessageQueue, str] = {}
+        for topic, expression in subscriptions.items():
+            config = topics.get(topic)
+            if config is None:
+                continue
+            queues = [MessageQueue(topic, i) for i in range(config.queues)]
+            mine = (
+                queues
+                if self.model is MessageModel.BROADCASTING
+                else self._allocate(queues, members, self.instance_id)
+            )
+            for mq in mine:
+                target[mq] = expression
+        with self._state_lock:
+            current = dict(self._pqs)
+        removed = [pq for mq, pq in current.items() if mq not in target]
+        changed = [pq for mq, pq in current.items() if mq in target and target[mq] != pq.expression]
+        for pq in changed:
+            pq.expression = target[pq.mq]  # a new expression applies from the next pull
+        if removed:
+            self._drop(removed)
+        added = sorted(mq for mq in target if mq not in current)
+        if self._uses_locks:
+            relock = time.monotonic() - self._last_relock >= self._relock_s
+            kept = [mq for mq in current if mq in target]
+            asked = added + (kept if relock else [mq for mq in kept if not self._membership.is_locked(mq)])
+            if relock:
+                self._last_relock = time.monotonic()
+            granted = self._membership.lock(asked) if asked else set()
+            added = [mq for mq in added if mq in granted]  # the others are retried next round
+            lost = [current[mq] for mq in kept if mq in asked and mq not in granted]
+            if lost:
+                # Another member holds it now: forget our progress (its offsets are the truth) and
+                # start again from the committed offset once the lock comes back.
+                self._drop(lost, commit=False)
+        if added and not self._stop.is_set():
+            self._start_queues(added, target)
+
+    def _start_queues(self, added: Sequence[MessageQueue], target: dict[MessageQueue, str]) -> None:
+        committed: dict[tuple[str, int], int] = {}
+        for topic in sorted({mq.topic for mq in added}):
+            committed.update(self._offsets.read(topic))
+        pqs = []
+        initial = []
+        for mq in added:
+            offset = committed.get((mq.topic, mq.queue_id))
+            if offset is None:
+                offset = self._initial_offset(mq)
+                initial.append((mq.topic, mq.queue_id, offset))
+            pqs.append(_ProcessQueue(mq, target[mq], offset, committed.get((mq.topic, mq.queue_id))))
+        if initial:
+            # Fix "first sight" now, so a queue moving on before it is consumed does not skip ahead.
+            self._offsets.commit(initial)
+            by_mq = {MessageQueue(t, q): o for t, q, o in initial}
+            for pq in pqs:
+                if pq.mq in by_mq:
+                    pq.committed = by_mq[pq.mq]
+        with self._state_lock:
+            if self._stop.is_set():
+                return
+            for pq in pqs:
+                pq.thread = threading.Thread(
+                    target=self._run_queue,
+                    args=(pq,),
+                    name=f"push-{self.group}-{pq.mq.topic}-{pq.mq.queue_id}",
+                    daemon=True,
+                )
+                self._pqs[pq.mq] = pq
+                pq.thread.start()
+
+    def _initial_offset(self, mq: MessageQueue) -> int:
+        """RocketMQ's ``computePullFromWhere`` for a queue without a committed offset."""
+        self._index.refresh()
+        lo, hi = self._index.bounds(mq.topic, mq.queue_id)
+        if mq.topic.startswith(RETRY_PREFIX):
+            return lo  # a group's retries are never skipped
+        if self.consume_from is ConsumeFrom.FIRST:
+            return lo
+        if self.consume_from is ConsumeFrom.LAST:
+            return hi
+        return offset_by_time(self._index, mq.topic, mq.queue_id, self.consume_from_timestamp_ms)
+
+    def _drop(self, pqs: Sequence[_ProcessQueue], *, commit: bool = True) -> None:
+        """Stop consuming queues: wait for their in-flight batch, commit, then unlock them."""
+        for pq in pqs:
+            pq.dropped.set()
+        finished = []
+        for pq in pqs:
+            if pq.thread is not None and pq.thread is not threading.current_thread():
+                pq.thread.join(timeout=max(30.0, self._pull_suspend_ms / 1000 * 2))
+            if pq.thread is None or not pq.thread.is_alive():
+                finished.append(pq.mq)
+        try:
+            if commit:
+                self._persist(pqs)
+        finally:
+            with self._state_lock:
+                for pq in pqs:
+                    if self._pqs.get(pq.mq) is pq:
+                        del self._pqs[pq.mq]
+        if self._uses_locks and finished and commit:
+            # A listener still running keeps its lock until the lease expires.
+            try:
+                self._membership.unlock(finished)
+            except MQError as exc:
+                _log.warning("push consumer %s: unlock failed (leases expire): %s", self.instance_id, exc)
+
+    def _persist(self, pqs: Sequence[_ProcessQueue] | None = None) -> None:
+        """Commit consumed offsets that moved; NACKs of the messages they pass are flushed first."""
+        with self._persist_lock:
+            if pqs is None:
+                with self._state_lock:
+                    pqs = list(self._pqs.values())
+            # Read offsets before flushing: a worker records a NACK before moving its offset.
+            snapshot = [(pq, pq.consumed) for pq in pqs if pq.consumed != pq.committed]
+            self._actions.flush()
+            if not snapshot:
+                return
+            self._offsets.commit([(pq.mq.topic, pq.mq.queue_id, offset) for pq, offset in snapshot])
+            for pq, offset in snapshot:
+                pq.committed = offset
+
+    # ----------------------------------------------------------------- consuming
+    def _active(self, pq: _ProcessQueue) -> bool:
+        return not pq.dropped.is_set() and not self._stop.is_set()
+
+    def _run_queue(self, pq: _ProcessQueue) -> None:
+        mq = pq.mq
+        while self._active(pq):
+            if self._uses_locks and not self._membership.is_locked(mq):
+                pq.dropped.wait(min(self._rebalance_s, 0.2))  # the rebalance thread relocks it
+                continue
+            try:
+                result = self._puller.pull(
+                    mq.topic,
+                    mq.queue_id,
+                    pq.offset,
+                    max_nums=self.pull_batch_size,
+                    expression=pq.expression,
+                    suspend_ms=self._pull_suspend_ms,
+                )
+            except MQError as exc:
+                _log.warning("push consumer %s: pull of %s failed: %s", self.instance_id, mq, exc)
+                pq.dropped.wait(self._suspend_s)
+                continue
+            if result.status is PullStatus.FOUND:
+                if self._orderly:
+                    done = self._consume_orderly(pq, result.messages)
+                else:
+                    done = self._consume_concurrently(pq, result.messages)
+                if done:
+                    pq.consumed = pq.offset = result.next_begin_offset
+                else:
+                    pq.offset = pq.consumed  # interrupted: pull the unconsumed rest again
+            elif result.status is PullStatus.OFFSET_ILLEGAL:
+                _log.warning(
+                    "push consumer %s: offset %d of %s is illegal; corrected to %d",
+                    self.instance_id,
+                    pq.offset,
+                    mq,
+                    result.next_begin_offset,
+                )
+                pq.consumed = pq.offset = result.next_begin_offset
+            else:  # NO_NEW_MSG / NO_MATCHED_MSG: nothing to consume up to next_begin_offset
+                pq.consumed = pq.offset = result.next_begin_offset
+
+    def _view(self, message: MessageExt, reconsume_times: int | None = None) -> MessageExt:
+        """The message as the listener sees it: a retry shows its original topic, as in RocketMQ."""
+        changes: dict[str, object] = {}
+        origin = message.properties.get(PROPERTY_RETRY_TOPIC)
+        if origin and message.topic.startswith(RETRY_PREFIX):
+            changes["topic"] = origin
+        if reconsume_times is not None and reconsume_times != message.reconsume_times:
+            changes["reconsume_times"] = reconsume_times
+        return dataclasses.replace(message, **changes) if changes else message  # type: ignore[arg-type]
+
+    def _call(self, messages: list[MessageExt]) -> ConsumeResult:
+        assert self._listener is not None
+        try:
+            result = self._listener(messages)
+        except Exception as exc:  # a failing listener means "reconsume later", as in RocketMQ
+            _log.warning("push consumer %s: listener raised %r; reconsume later", self.instance_id, exc)
+            return ConsumeResult.RECONSUME_LATER
+        if isinstance(result, ConsumeResult):
+            return result
+        if isinstance(result, str) and result in ConsumeResult.__members__:
+            return ConsumeResult(result)
+        _log.warning("push consumer %s: listener returned %r; reconsume later", self.instance_id, result)
+        return ConsumeResult.RECONSUME_LATER
+
+    def _dead_letter_times(self, reconsume_times: int) -> int:
+        # The retry job dead-letters a NACK whose reconsume_times reach its max (config); a lower
+        # per-consumer max is carried by raising the count to the job's threshold.
+        return max(reconsume_times, self.max_reconsume_times, self._store.config.max_reconsume_times)
+
+    def _nack(self, message: MessageExt, reconsume_times: int) -> None:
+        self._actions.record(NACK, message, reconsume_times=reconsume_times)
+
+    def _consume_concurrently(self, pq: _ProcessQueue, messages: list[MessageExt]) -> bool:
+        size = self.consume_batch_size
+        for start in range(0, len(messages), size):
+            if not self._active(pq):
+                return False
+            chunk = messages[start : start + size]
+            if self._call([self._view(m) for m in chunk]) is ConsumeResult.RECONSUME_LATER:
+                if self.model is MessageModel.BROADCASTING:
+                    # RocketMQ drops failed broadcast messages: there is no per-instance retry topic.
+                    _log.warning(
+                        "push consumer %s: broadcast consume failed; dropping %d message(s)",
+                        self.instance_id,
+                        len(chunk),
+                    )
+                else:
+                    for m in chunk:
+                        times = m.reconsume_times
+                        if times >= self.max_reconsume_times:
+                            times = self._dead_letter_times(times)
+                        self._nack(m, times)
+            pq.consumed = chunk[-1].queue_offset + 1
+        return True
+
+    def _consume_orderly(self, pq: _ProcessQueue, messages: list[MessageExt]) -> bool:
+        pending = list(messages)
+        size = self.consume_batch_size
+        while pending:
+            if not self._active(pq) or (self._uses_locks and not self._membership.is_locked(pq.mq)):
+                return False
+            chunk = pending[:size]
+            times = {m.queue_offset: pq.attempts.get(m.queue_offset, m.reconsume_times) for m in chunk}
+            result = self._call([self._view(m, times[m.queue_offset]) for m in chunk])
+            if result is ConsumeResult.SUCCESS:
+                done = chunk
+            else:
+                # RocketMQ's checkReconsumeTimes: past the max, a message is dead-lettered and counts
+                # as consumed; the others are retried, in order, after a pause.
+                done = []
+                for m in chunk:
+                    attempts = times[m.queue_offset]
+                    if attempts >= self.max_reconsume_times:
+                        self._nack(m, self._dead_letter_times(attempts))
+                        done.append(m)
+                    else:
+                        pq.attempts[m.queue_offset] = attempts + 1
+            done_offsets = {m.queue_offset for m in done}
+            for offset in done_offsets:
+                pq.attempts.pop(offset, None)
+            pending = [m for m in pending if m.queue_offset not in done_offsets]
+            # Consumed up to the first message still pending (orderly never passes a failure).
+            if done:
+                first_pending = pending[0].queue_offset if pending else None
+                last_done = max(done_offsets)
+                if first_pending is None or first_pending > last_done:
+                    pq.consumed = last_done + 1
+            if len(done) < len(chunk):
+                pq.dropped.wait(self._suspend_s)
+        return True

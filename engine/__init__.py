@@ -8,6 +8,7 @@ from engine.client.producer import Producer
 from engine.client.pull import PullConsumer
 from engine.client.push import ConsumeFrom, ConsumeResult, PushConsumer
 from engine.client.rebalance import MessageModel, MessageQueue
+from engine.client.simple import SimpleConsumer
 from engine.config import EngineConfig, load_config
 from engine.errors import (
     CommitConflictError,
@@ -67,6 +68,7 @@ __all__ = [
     "QueueStats",
     "SendResult",
     "SendStatus",
+    "SimpleConsumer",
     "Store",
     "StoreError",
     "SysFlag",

@@ -1,0 +1,754 @@
+"""Per-message ack (RocketMQ 5 ``SimpleConsumer`` / POP, QMQ): receive, then ack each message.
+
+Consumers of a group share the queues of a topic message by message, so a group may have more
+consumers than queues. A received message is invisible to the rest of the group until its deadline;
+an ack removes it for good; a message not acked by its deadline is delivered again.
+
+Claim protocol (all state is in ``action_log``; no lock service):
+
+* Every action is a row of ``action_log`` for ``(group, consumer_id, sequence)``: ``PULL`` (a claim,
+  with ``deadline_ms``), ``CHANGE_INVISIBLE`` (a new deadline), ``ACK`` and ``NACK``.
+* The claim state of a message is a pure function of those rows, evaluated in commit order
+  (:class:`ClaimBook`): a ``PULL`` is valid when the message is not finished and has no claim, or
+  the current claim's deadline is at or before the row's ``ts_ms``; ``CHANGE_INVISIBLE`` is valid from
+  the current claimant before its deadline; ``NACK`` from the current claimant finishes the message
+  (the retry job re-puts it into ``%RETRY%<group>``); ``ACK`` finishes it.
+* Claim-changing rows (``PULL``, ``CHANGE_INVISIBLE``, ``NACK``) are committed optimistically: the
+  consumer reads the action log up to version ``v``, decides against the state at ``v``, and commits
+  exactly version ``v + 1`` with Delta's automatic retries disabled. If anyone else committed ``v + 1``
+  first the commit fails, the consumer reads the newer versions and decides again. So a claim is
+  only ever committed against the complete state before it: two consumers never both hold a
+  message while its invisibility lasts, and nothing is claimed after its ack is committed.
+* Those commits stamp ``ts_ms`` strictly increasing per group (``max(now, last claim ts + 1)``), so
+  commit order can be recovered from the rows alone: a consumer starting up reads the group's rows
+  from one snapshot scan, orders claim rows by ``(ts_ms, consumer_id, sequence)`` and applies acks
+  after them (an ack is always committed after every claim of its message, so its position does not
+  matter). Steady state reads only the new versions of the log.
+* Acks change no claim, so they are buffered briefly and appended blindly (or ride along with the
+  consumer's next claim commit). An ack is accepted from any consumer that received the message,
+  even after its invisibility ended (the message is then not delivered again, though a consumer that
+  took it over may still be processing it — at least once).
+
+Redelivery: a message whose deadline passed without an ack is claimed again straight from its
+original queue, with ``reconsume_times`` + 1 per earlier delivery in this group (instead of being
+revived into the retry topic as RocketMQ 5 does: the queue already holds it and the claim state says
+how often it was delivered). Past ``max_reconsume_times`` the claiming consumer records the claim and
+a ``NACK`` in one commit instead of returning it, and the retry job routes it to ``%DLQ%<group>``.
+``nack`` records a ``NACK`` for the retry job; the group's retry topic is received from
+automatically once it exists.
+
+Timing assumes the clocks of the group's consumers agree to well within an invisible time.
+New groups start at each queue's first stored message.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field, fields
+from types import TracebackType
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from engine.client.actions import ACK, CHANGE_INVISIBLE, NACK, PULL
+from engine.client.offsets import OffsetStore
+from engine.errors import CommitConflictError, ConsumerError, InvalidArgumentError, ProducerClosedError
+from engine.model import MessageExt
+from engine.protocol import (
+    SYSTEM_TOPICS,
+    TagFilter,
+    parse_tag_expression,
+    retry_topic,
+    validate_group_name,
+)
+from engine.store import schemas
+from engine.store.log import read_versions
+from engine.store.queues import QueueIndex
+from engine.store.store import Store, now_ms, sql_literal
+
+MAX_RECEIVE_NUMS = 1024
+MAX_INVISIBLE_MS = 12 * 3600 * 1000  # RocketMQ 5's longest invisible duration
+SCAN_WINDOW = 256  # queue offsets examined per step while looking for visible messages
+OFFSET_PERSIST_MS = 5000  # as RocketMQ's consumer offset persistence
+CLAIM_ACTIONS = frozenset({PULL, CHANGE_INVISIBLE, NACK})
+
+_Key = tuple[str, int, int]  # topic, queue_id, queue_offset
+
+
+@dataclass(frozen=True)
+class ReceivedMessage(MessageExt):
+    """A message returned by :meth:`SimpleConsumer.receive`: a :class:`MessageExt` with its claim.
+
+    ``receipt_handle`` names the claim (consumer id and action sequence); ``invisible_until_ms`` is
+    when the message becomes visible to the group again unless acked or extended.
+    """
+
+    receipt_handle: str = ""
+    invisible_until_ms: int = 0
+
+
+# ----------------------------------------------------------------------------- claim state (pure)
+@dataclass
+class Claim:
+    """The current claim of a message: who holds it, until when, and how often it was delivered."""
+
+    consumer_id: str
+    sequence: int
+    deadline_ms: int
+    deliveries: int
+
+
+@dataclass
+class QueueBook:
+    """Claim state of one queue for one group: offsets below ``floor`` are all finished."""
+
+    floor: int = 0
+    done: set[int] = field(default_factory=set)
+    claims: dict[int, Claim] = field(default_factory=dict)
+
+    def is_done(self, offset: int) -> bool:
+        return offset < self.floor or offset in self.done
+
+    def available(self, offset: int, now: int) -> bool:
+        """Not finished and not held by an unexpired claim at ``now``."""
+        if self.is_done(offset):
+            return False
+        claim = self.claims.get(offset)
+        return claim is None or now >= claim.deadline_ms
+
+    def finish(self, offset: int) -> None:
+        self.claims.pop(offset, None)
+        if offset < self.floor:
+            return
+        self.done.add(offset)
+        while self.floor in self.done:
+            self.done.remove(self.floor)
+            self.floor += 1
+
+    def raise_floor(self, offset: int) -> None:
+        """Offsets below ``offset`` are gone from the queue (retention): nothing left to claim there."""
+        if offset <= self.floor:
+            return
+        self.floor = offset
+        self.done = {o for o in self.done if o >= offset}
+        self.claims = {o: c for o, c in self.claims.items() if o >= offset}
+        while self.floor in self.done:
+            self.done.remove(self.floor)
+            self.floor += 1
+
+
+class ClaimBook:
+    """Claim state of a group's messages, evaluated from ``action_log`` rows (see the module docstring).
+
+    Pure: no I/O. Rows are mappings by action-log column name.
+    """
+
+    def __init__(self, group: str) -> None:
+        self.group = group
+        self.queues: dict[tuple[str, int], QueueBook] = {}
+        self.last_claim_ts = 0
+        self.sequences: dict[str, int] = {}  # consumer_id -> highest sequence seen
+
+    def queue(self, topic: str, queue_id: int) -> QueueBook:
+        key = (topic, queue_id)
+        book = self.queues.get(key)
+        if book is None:
+            book = self.queues[key] = QueueBook()
+        return book
+
+    def claim(self, key: _Key) -> Claim | None:
+        book = self.queues.get((key[0], key[1]))
+        return None if book is None else book.claims.get(key[2])
+
+    def is_done(self, key: _Key) -> bool:
+        book = self.queues.get((key[0], key[1]))
+        return book is not None and book.is_done(key[2])
+
+    def apply(self, rows: list[dict[str, Any]]) -> None:
+        """Apply rows in commit order."""
+        for row in rows:
+            if row["group"] != self.group:
+                continue
+            consumer = row["consumer_id"]
+            sequence = int(row["sequence"])
+            if sequence > self.sequences.get(consumer, -1):
+                self.sequences[consumer] = sequence
+            action = row["action"]
+            book = self.queue(row["topic"], int(row["queue_id"]))
+            offset = int(row["queue_offset"])
+            if action == ACK:
+                book.finish(offset)
+                continue
+            if action not in CLAIM_ACTIONS:
+                continue
+            ts = int(row["ts_ms"])
+            self.last_claim_ts = max(self.last_claim_ts, ts)
+            if book.is_done(offset):
+                continue
+            claim = book.claims.get(offset)
+            if action == PULL:
+                if claim is None or ts >= claim.deadline_ms:
+                    deliveries = claim.deliveries + 1 if claim is not None else 1
+                    deadline = int(row["deadline_ms"] or ts)
+                    book.claims[offset] = Claim(consumer, sequence, deadline, deliveries)
+            elif action == CHANGE_INVISIBLE:
+                if claim is not None and claim.consumer_id == consumer and ts < claim.deadline_ms:
+                    claim.deadline_ms = int(row["deadline_ms"] or ts)
+            elif claim is not None and claim.consumer_id == consumer:  # NACK
+                book.finish(offset)
+
+    def bootstrap(self, rows: list[dict[str, Any]]) -> None:
+        """Apply a snapshot's rows (no commit order): claims by their stamped order, then acks."""
+        claims = [r for r in rows if r["action"] in CLAIM_ACTIONS]
+        claims.sort(key=lambda r: (int(r["ts_ms"]), r["consumer_id"], int(r["sequence"])))
+        others = [r for r in rows if r["action"] not in CLAIM_ACTIONS]
+        self.apply(claims + others)
+
+
+# ----------------------------------------------------------------------------- the consumer
+@dataclass
+class _Held:
+    sequence: int
+    deadline_ms: int
+    reconsume_times: int
+    msg_id: str
+    physical_offset: int
+
+
+def _int_arg(name: str, value: object, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidArgumentError(f"{name} {value!r} must be an int in {low}..{high}", **{name: value})
+    return value
+
+
+def _key_of(message: object) -> _Key:
+    if not isinstance(message, MessageExt):
+        raise InvalidArgumentError(f"expected a message returned by receive(), got {type(message).__name__}")
+    return (message.topic, message.queue_id, message.queue_offset)
+
+
+def default_consumer_id() -> str:
+    """A consumer id unique to this instance: host, pid and a random suffix."""
+    return f"{socket.gethostname()}@{os.getpid()}@{uuid.uuid4().hex[:8]}"
+
+
+class SimpleConsumer:
+    """Receives messages one by one with per-message ack (RocketMQ 5 ``SimpleConsumer``).
+
+    Args:
+        store: an open store.
+        group: the consumer group; its consumers share the subscribed topics message by message.
+        consumer_id: this instance's id, unique among live instances (default: host, pid, random).
+        invisible_ms_default: invisible time of :meth:`receive` when it is not given.
+        ack_linger_ms: how long acks wait in the buffer before they are appended.
+
+    Thread-safe. Use :meth:`close` (or a ``with`` block) to flush buffered acks.
+
+    Raises:
+        InvalidArgumentError: a bad group, consumer id or time.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        group: str,
+        consumer_id: str | None = None,
+        invisible_ms_default: int = 30_000,
+        *,
+        ack_linger_ms: int = 100,
+    ) -> None:
+        self.group = validate_group_name(group)
+        if consumer_id is None:
+            consumer_id = default_consumer_id()
+        if not isinstance(consumer_id, str) or not consumer_id:
+            raise InvalidArgumentError("consumer_id must be a non-empty string", consumer_id=consumer_id)
+        self.consumer_id = consumer_id
+        self.invisible_ms_default = _int_arg(
+            "invisible_ms_default", invisible_ms_default, 1, MAX_INVISIBLE_MS
+        )
+        self._ack_linger_s = _int_arg("ack_linger_ms", ack_linger_ms, 0, 60_000) / 1000
+        self._store = store
+        # Private table handles: the claim commit must land on exactly the version the state was read
+        # at, which a handle shared with other users of ``store`` cannot promise.
+        self._writer = Store(store.root, store.storage_options, store.config)
+        self._index = QueueIndex(store)
+        self._book = ClaimBook(self.group)
+        self._version = -1
+        self._subscriptions: dict[str, TagFilter] = {}
+        self._held: dict[_Key, _Held] = {}
+        self._acks: list[dict[str, Any]] = []
+        self._sequence = -1
+        self._rotation = 0
+        self._lock = threading.RLock()
+        self._wake = threading.Event()
+        self._flusher: threading.Thread | None = None
+        self._offsets = OffsetStore(store, self.group)
+        self._persisted: dict[tuple[str, int], int] = {}
+        self._persisted_at = time.monotonic()
+        self._closed = False
+        self.conflicts = 0  # lost claim races, for tests and benchmarks
+
+    # ----------------------------------------------------------------- subscriptions
+    def subscribe(self, topic: str, expression: str = "*") -> None:
+        """Receive messages of ``topic`` matching a tag expression (``"*"``, ``"TagA || TagB"``).
+
+        Raises:
+            TopicNotFoundError: no such topic.
+            InvalidArgumentError: a bad expression, a broker-internal or unreadable topic.
+        """
+        self._check_open()
+        config = self._store.topic(topic)
+        if config.name in SYSTEM_TOPICS or config.name.lower().startswith("rmq_sys_"):
+            raise InvalidArgumentError(f"topic {topic!r} is internal to the broker", topic=topic)
+        if not config.perm & 4:
+            raise InvalidArgumentError(f"topic {topic!r} is not readable (perm {config.perm})", topic=topic)
+        tag_filter = parse_tag_expression(expression)
+        with self._lock:
+            self._subscriptions[config.name] = tag_filter
+
+    def unsubscribe(self, topic: str) -> None:
+        """Stop receiving ``topic`` (messages already received may still be acked)."""
+        with self._lock:
+            self._subscriptions.pop(topic, None)
+
+    @property
+    def subscriptions(self) -> dict[str, str]:
+        """Subscribed topics and their expressions."""
+        with self._lock:
+            return {t: f.expression for t, f in self._subscriptions.items()}
+
+    # ----------------------------------------------------------------- receiving
+    def receive(
+        self, max_nums: int = 16, invisible_ms: int | None = None, *, wait_ms: int = 0
+    ) -> list[ReceivedMessage]:
+        """Claim up to ``max_nums`` visible messages; they stay invisible to the group until acked or
+        until ``invisible_ms`` has passed.
+
+        The claims are committed to ``action_log`` before this returns.
+
+        Args:
+            max_nums: most messages returned (1..1024).
+            invisible_ms: invisible time (1 ms..12 h); default ``invisible_ms_default``.
+            wait_ms: when nothing is visible, keep looking up to this long (long polling).
+
+        Returns:
+            The messages, each with ``reconsume_times`` counting earlier deliveries.
+
+        Raises:
+            ConsumerError: nothing is subscribed.
+            InvalidArgumentError: a bad argument.
+            CommitConflictError: lost every race for the action log (retryable; nothing claimed).
+            ProducerClosedError: the consumer is closed.
+        """
+        self._check_open()
+        max_nums = _int_arg("max_nums", max_nums, 1, MAX_RECEIVE_NUMS)
+        invisible = self.invisible_ms_default if invisible_ms is None else invisible_ms
+        invisible = _int_arg("invisible_ms", invisible, 1, MAX_INVISIBLE_MS)
+        wait_ms = _int_arg("wait_ms", wait_ms, 0, self._store.config.long_poll_max_ms)
+        if not self._subscriptions:
+            raise ConsumerError("subscribe to a topic before receive()", group=self.group)
+        self._ensure_flusher()
+        deadline = time.monotonic() + wait_ms / 1000
+        interval = max(self._store.config.long_poll_interval_ms, 50) / 1000
+        while True:
+            got = self._receive_once(max_nums, invisible)
+            remaining = deadline - time.monotonic()
+            if got or remaining <= 0:
+                return got
+            time.sleep(min(interval, remaining))
+
+    def _receive_once(self, max_nums: int, invisible_ms: int) -> list[ReceivedMessage]:
+        attempts = self._store.config.max_commit_attempts
+        with self._lock:
+            for attempt in range(attempts):
+                self._sync()
+                self._index.refresh()
+                now = now_ms()
+                ts = max(now, self._book.last_claim_ts + 1)
+                picks = self._pick(max_nums, now)
+                if not picks:
+                    return []
+                rows: list[dict[str, Any]] = []
+                out: list[ReceivedMessage] = []
+                for message, deliveries in picks:
+                    reconsume = message.reconsume_times + deliveries
+                    sequence = self._next_sequence()
+                    rows.append(self._row(PULL, message, sequence, ts, reconsume, ts + invisible_ms))
+                    if reconsume > self._store.config.max_reconsume_times:
+                        # Delivered too often: hand it to the retry job, which sends it to the DLQ.
+                        rows.append(self._row(NACK, message, self._next_sequence(), ts, reconsume, None))
+                        continue
+                    out.append(self._received(message, reconsume, sequence, ts + invisible_ms))
+                if not self._commit(rows):
+                    self.conflicts += 1
+                    time.sleep(random.uniform(0, min(0.05, 0.002 * (2 ** min(attempt, 5)))))
+                    continue
+                for m in out:
+                    self._held[(m.topic, m.queue_id, m.queue_offset)] = _Held(
+                        int(m.receipt_handle.rsplit("#", 1)[1]),
+                        m.invisible_until_ms,
+                        m.reconsume_times,
+                        m.msg_id,
+                        m.physical_offset,
+                    )
+                return out
+            raise CommitConflictError(
+                f"receive lost {attempts} races for the action log in a row; retry later",
+                table=schemas.ACTION_LOG,
+                group=self.group,
+            )
+
+    def _received(self, message: MessageExt, reconsume: int, sequence: int, until: int) -> ReceivedMessage:
+        values = {f.name: getattr(message, f.name) for f in fields(MessageExt)}
+        values["reconsume_times"] = reconsume
+        return ReceivedMessage(
+            **values, receipt_handle=f"{self.consumer_id}#{sequence}", invisible_until_ms=until
+        )
+
+    def _sources(self) -> list[tuple[str, int, TagFilter]]:
+        """Every (topic, queue, filter) to receive from: the subscriptions and the group's retry topic."""
+        configs = self._store.topic_configs(refresh=True)
+        subscriptions = dict(self._subscriptions)
+        retry = retry_topic(self.group)
+        if retry in configs and retry not in subscriptions:
+            subscriptions[retry] = parse_tag_expression("*")
+        sources: list[tuple[str, int, TagFilter]] = []
+        for topic, tag_filter in subscriptions.items():
+            config = configs.get(topic)
+            if config is None:
+                continue  # deleted since subscribe
+            sources.extend((topic, q, tag_filter) for q in range(config.queues))
+        if sources:
+            # Start at a different queue each time so one busy queue does not starve the others.
+            self._rotation = (self._rotation + 1) % len(sources)
+            sources = sources[self._rotation :] + sources[: self._rotation]
+        return sources
+
+    def _pick(self, max_nums: int, now: int) -> list[tuple[MessageExt, int]]:
+        """Visible messages to claim, with how often each was delivered before."""
+        picks: list[tuple[MessageExt, int]] = []
+        for topic, queue_id, tag_filter in self._sources():
+            if len(picks) >= max_nums:
+                break
+            low, high = self._index.bounds(topic, queue_id)
+            book = self._book.queue(topic, queue_id)
+            book.raise_floor(low)
+            position = book.floor
+            while position < high and len(picks) < max_nums:
+                end = min(high, position + SCAN_WINDOW)
+                free = [o for o in range(position, end) if book.available(o, now)]
+                position = end
+                if not free:
+                    continue
+                entries = self._index.entries(topic, queue_id, free[0], free[-1] + 1)
+                wanted = set(free)
+                offsets: list[int] = []
+                physical: list[int] = []
+                full = False
+                for offset, code, phys in zip(
+                    entries["queue_offset"].to_pylist(),
+                    entries["tags_code"].to_pylist(),
+                    entries["physical_offset"].to_pylist(),
+                    strict=True,
+                ):
+                    if offset not in wanted:
+                        continue
+                    if not tag_filter.match_code(code):
+                        book.finish(offset)  # not for this subscription: consumed by filtering
+                        continue
+                    offsets.append(offset)
+                    physical.append(phys)
+                    if len(offsets) >= max_nums - len(picks):
+                        full = True
+                        break
+                if not offsets:
+                    continue
+                rows = self._index.messages(physical)
+                for offset, row in zip(offsets, rows.to_pylist(), strict=True):
+                    if not tag_filter.match_tag(row["tags"]):
+                        book.finish(offset)  # a tags-code collision
+                        continue
+                    claim = book.claims.get(offset)
+                    picks.append((MessageExt.from_row(row), claim.deliveries if claim else 0))
+                if full:
+                    # Stopped before the window's end; if collisions left room, go on after the last.
+                    position = offsets[-1] + 1
+        return picks
+
+    # ----------------------------------------------------------------- acknowledging
+    def ack(self, message: MessageExt) -> None:
+        """Acknowledge a received message: it is never delivered to the group again.
+
+        The ack is buffered and appended within ``ack_linger_ms`` (or with the next claim commit,
+        or at :meth:`close`). It is accepted even after the message's invisibility ended.
+
+        Raises:
+            InvalidArgumentError: not a message this consumer received, or already acked / nacked.
+        """
+        self._check_open()
+        key = _key_of(message)
+        with self._lock:
+            held = self._held.pop(key, None)
+            if held is None:
+                raise InvalidArgumentError(
+                    f"message {key[0]}:{key[1]}@{key[2]} is not held by consumer {self.consumer_id}: "
+                    "it was not received here, or was already acked or nacked",
+                    topic=key[0],
+                    queue_id=key[1],
+                    offset=key[2],
+                )
+            self._book.queue(key[0], key[1]).finish(key[2])
+            self._acks.append(
+                self._row(ACK, key, self._next_sequence(), now_ms(), held.reconsume_times, None, held)
+            )
+        self._ensure_flusher()
+        self._wake.set()
+
+    def nack(self, message: MessageExt) -> None:
+        """Give a received message back for a later retry: records a ``NACK`` that the retry job
+        routes to ``%RETRY%<group>`` (or, past the maximum reconsume times, ``%DLQ%<group>``).
+
+        Raises:
+            InvalidArgumentError: not a message this consumer holds.
+            ConsumerError: its invisibility ended and another consumer took it over.
+        """
+        self._claim_action(NACK, message, None)
+
+    def change_invisible_time(self, message: MessageExt, invisible_ms: int) -> None:
+        """Keep a received message invisible for ``invisible_ms`` more, counted from now.
+
+        Committed before this returns; until then the old deadline holds.
+
+        Raises:
+            InvalidArgumentError: not a message this consumer holds, or a bad time.
+            ConsumerError: its invisibility already ended.
+        """
+        _int_arg("invisible_ms", invisible_ms, 1, MAX_INVISIBLE_MS)
+        self._claim_action(CHANGE_INVISIBLE, message, invisible_ms)
+
+    def _claim_action(self, action: str, message: MessageExt, invisible_ms: int | None) -> None:
+        self._check_open()
+        key = _key_of(message)
+        attempts = self._store.config.max_commit_attempts
+        with self._lock:
+            held = self._held.get(key)
+            if held is None:
+                raise InvalidArgumentError(
+                    f"message {key[0]}:{key[1]}@{key[2]} is not held by consumer {self.consumer_id}",
+                    topic=key[0],
+                    queue_id=key[1],
+                    offset=key[2],
+                )
+            for attempt in range(attempts):
+                self._sync()
+                claim = self._book.claim(key)
+                ts = max(now_ms(), self._book.last_claim_ts + 1)
+                lost = (
+                    claim is None
+                    or claim.consumer_id != self.consumer_id
+                    or claim.sequence != held.sequence
+                    or (action == CHANGE_INVISIBLE and ts >= claim.deadline_ms)
+                )
+                if lost:
+                    if self._book.is_done(key) or (claim is not None and claim.sequence != held.sequence):
+                        self._held.pop(key, None)
+                    raise ConsumerError(
+                        f"message {key[0]}:{key[1]}@{key[2]} is no longer held by {self.consumer_id}: "
+                        "its invisible time ended (it may have been delivered again)",
+                        topic=key[0],
+                        queue_id=key[1],
+                        offset=key[2],
+                    )
+                deadline = ts + invisible_ms if invisible_ms is not None else None
+                row = self._row(action, key, self._next_sequence(), ts, held.reconsume_times, deadline, held)
+                if not self._commit([row]):
+                    self.conflicts += 1
+                    time.sleep(random.uniform(0, min(0.05, 0.002 * (2 ** min(attempt, 5)))))
+                    continue
+                if action == NACK:
+                    self._held.pop(key, None)
+                elif deadline is not None:
+                    held.deadline_ms = deadline
+                return
+            raise CommitConflictError(
+                f"{action.lower()} lost {attempts} races for the action log in a row; retry later",
+                table=schemas.ACTION_LOG,
+                group=self.group,
+            )
+
+    # ----------------------------------------------------------------- the action log
+    def _row(
+        self,
+        action: str,
+        where: MessageExt | _Key,
+        sequence: int,
+        ts: int,
+        reconsume_times: int,
+        deadline_ms: int | None,
+        held: _Held | None = None,
+    ) -> dict[str, Any]:
+        if isinstance(where, MessageExt):
+            topic, queue_id, offset = where.topic, where.queue_id, where.queue_offset
+            physical, msg_id = where.physical_offset, where.msg_id
+        else:
+            topic, queue_id, offset = where
+            assert held is not None
+            physical, msg_id = held.physical_offset, held.msg_id
+        return {
+            "group": self.group,
+            "consumer_id": self.consumer_id,
+            "sequence": sequence,
+            "action": action,
+            "topic": topic,
+            "queue_id": queue_id,
+            "queue_offset": offset,
+            "physical_offset": physical,
+            "msg_id": msg_id,
+            "reconsume_times": reconsume_times,
+            "deadline_ms": deadline_ms,
+            "ts_ms": ts,
+        }
+
+    def _next_sequence(self) -> int:
+        self._sequence = max(self._sequence, self._book.sequences.get(self.consumer_id, -1)) + 1
+        return self._sequence
+
+    def _sync(self) -> None:
+        """Bring the claim state up to the action log's latest version (held by the private handle)."""
+        dt = self._writer.table(schemas.ACTION_LOG)
+        version = int(dt.version())
+        if self._version < 0:
+            snapshot = self._store.dataset(
+                schemas.ACTION_LOG, f"group = {sql_literal(self.group)}", version=version
+            ).to_table()
+            snapshot = snapshot.filter(pc.equal(snapshot["group"], self.group))
+            self._book.bootstrap(snapshot.to_pylist())
+        elif version > self._version:
+            rows = read_versions(
+                self._store.uri(schemas.ACTION_LOG),
+                self._version + 1,
+                version,
+                schemas.ACTION_LOG_SCHEMA,
+                self._store.storage_options,
+            )
+            if rows.num_rows:
+                rows = rows.filter(pc.equal(rows["group"], self.group))
+                self._book.apply(rows.to_pylist())
+        else:
+            return
+        self._version = version
+        for key in [k for k in self._held if self._book.is_done(k)]:
+            del self._held[key]
+
+    def _commit(self, rows: list[dict[str, Any]]) -> bool:
+        """Commit claim rows (and buffered acks) as exactly the next action-log version.
+
+        Returns False when another writer took that version (nothing written).
+        """
+        acks = self._acks
+        table = pa.Table.from_pylist(rows + acks, schema=schemas.ACTION_LOG_SCHEMA)
+        try:
+            version = self._writer.append(schemas.ACTION_LOG, table, max_retries=0)
+        except CommitConflictError:
+            return False
+        self._acks = []
+        if version == self._version + 1:
+            self._book.apply(rows + acks)
+            self._version = version
+        return True
+
+    def _flush_acks(self) -> int:
+        with self._lock:
+            acks = self._acks
+            if not acks:
+                return 0
+            # Acks change no claim, so they need no particular version: a plain append.
+            self._writer.append(
+                schemas.ACTION_LOG, pa.Table.from_pylist(acks, schema=schemas.ACTION_LOG_SCHEMA)
+            )
+            self._acks = []
+            return len(acks)
+
+    def flush(self) -> int:
+        """Append buffered acks now; returns how many were written."""
+        return self._flush_acks()
+
+    def persist_offsets(self) -> int:
+        """Record, per queue, the offset below which every message is finished (acked, nacked or
+        filtered out) in ``consumer_offset``: consumer-aware retention keeps what is above it, and
+        tools show the group's progress. Done every ``OFFSET_PERSIST_MS`` and at :meth:`close`.
+
+        Returns the queues recorded.
+        """
+        with self._lock:
+            entries = [
+                (topic, queue_id, book.floor)
+                for (topic, queue_id), book in self._book.queues.items()
+                if self._persisted.get((topic, queue_id)) != book.floor
+            ]
+            if entries:
+                self._offsets.commit(entries)
+                for topic, queue_id, floor in entries:
+                    self._persisted[(topic, queue_id)] = floor
+            self._persisted_at = time.monotonic()
+            return len(entries)
+
+    def _ensure_flusher(self) -> None:
+        if self._flusher is None:
+            with self._lock:
+                if self._flusher is None and not self._closed:
+                    self._flusher = threading.Thread(
+                        target=self._run_flusher, name=f"mq-simple-{self.group}", daemon=True
+                    )
+                    self._flusher.start()
+
+    def _run_flusher(self) -> None:
+        """Background: append buffered acks ``ack_linger_ms`` after the first one; persist offsets."""
+        persist_s = OFFSET_PERSIST_MS / 1000
+        while not self._closed:
+            woken = self._wake.wait(persist_s)
+            self._wake.clear()
+            if self._closed:
+                break
+            try:
+                if woken:
+                    time.sleep(self._ack_linger_s)
+                    self._flush_acks()
+                if time.monotonic() - self._persisted_at >= persist_s:
+                    self.persist_offsets()
+            except Exception:  # acks stay buffered; the next round or close() retries them
+                time.sleep(self._ack_linger_s)
+                self._wake.set()
+
+    # ----------------------------------------------------------------- lifecycle
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ProducerClosedError("consumer is closed", group=self.group)
+
+    def close(self) -> None:
+        """Append buffered acks and stop. Messages still held become visible at their deadlines."""
+        if self._closed:
+            return
+        self._flush_acks()
+        self._closed = True
+        self._wake.set()
+        if self._flusher is not None:
+            self._flusher.join(timeout=10)
+        self.persist_offsets()
+
+    def __enter__(self) -> SimpleConsumer:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"SimpleConsumer(group={self.group!r}, consumer_id={self.consumer_id!r})"

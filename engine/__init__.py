@@ -9,6 +9,7 @@ from engine.client.pull import PullConsumer
 from engine.client.push import ConsumeFrom, ConsumeResult, PushConsumer
 from engine.client.rebalance import MessageModel, MessageQueue
 from engine.client.simple import SimpleConsumer
+from engine.client.transaction import LocalTransactionState, TransactionProducer
 from engine.config import EngineConfig, load_config
 from engine.errors import (
     CommitConflictError,
@@ -53,6 +54,7 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidMessageError",
     "InvalidTopicError",
+    "LocalTransactionState",
     "MQError",
     "Message",
     "MessageExt",
@@ -76,5 +78,6 @@ __all__ = [
     "TopicExistsError",
     "TopicNotFoundError",
     "TransactionError",
+    "TransactionProducer",
     "load_config",
 ]

@@ -294,7 +294,9 @@ def test_a_new_consumer_rebuilds_the_claims_from_the_action_log(
     assert [m.queue_offset for m in late.receive()] == [3]  # 0 acked, 1 and 2 still invisible
 
 
-def test_a_restarted_consumer_id_continues_its_sequences(store: Store, one_queue: str, consumers: Any) -> None:
+def test_a_restarted_consumer_id_continues_its_sequences(
+    store: Store, one_queue: str, consumers: Any
+) -> None:
     produce(store, one_queue, 2)
     one = consumers("same")
     one.subscribe(one_queue)

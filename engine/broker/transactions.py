@@ -123,7 +123,7 @@ class HalfMessage:
             topic=props[PROPERTY_REAL_TOPIC],
             queue_id=int(props.get(PROPERTY_REAL_QUEUE_ID, "0")),
             producer_group=props.get(PROPERTY_PRODUCER_GROUP, ""),
-            body=bytes(row["body"]),
+            body=bytes(row.get("body") or b""),  # a scan may leave bodies out
             tags=row.get("tags"),
             keys=tuple(row.get("keys") or ()),
             properties=props,
@@ -378,10 +378,12 @@ def check_floor(store: Store) -> int:
 
 
 def undecided_halves(store: Store, *, floor: int | None = None) -> tuple[list[HalfMessage], int]:
-    """Half messages without a decision, oldest first, and the new floor (see :func:`check_floor`)."""
+    """Half messages without a decision, oldest first (without their bodies: use :func:`load_half`),
+    and the new floor (see :func:`check_floor`)."""
     low = check_floor(store) if floor is None else floor
     table = store.read(
         schemas.COMMIT_LOG,
+        columns=[n for n in schemas.COMMIT_LOG_SCHEMA.names if n != "body"],
         predicate=f"topic = {sql_literal(TRANS_HALF_TOPIC)} AND physical_offset >= {low}",
         filter=(ds.field("topic") == TRANS_HALF_TOPIC)
         & (ds.field("physical_offset") >= low)

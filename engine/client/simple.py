@@ -58,7 +58,13 @@ import pyarrow.compute as pc
 
 from engine.client.actions import ACK, CHANGE_INVISIBLE, NACK, PULL
 from engine.client.offsets import OffsetStore
-from engine.errors import CommitConflictError, ConsumerError, InvalidArgumentError, ProducerClosedError
+from engine.errors import (
+    CommitConflictError,
+    ConsumerError,
+    InvalidArgumentError,
+    ProducerClosedError,
+    StoreError,
+)
 from engine.model import MessageExt
 from engine.protocol import (
     SYSTEM_TOPICS,
@@ -227,6 +233,12 @@ def _int_arg(name: str, value: object, low: int, high: int) -> int:
     return value
 
 
+def _backoff(attempt: int) -> None:
+    """Sleep after a lost race: long and random enough to fall out of step with a consumer whose
+    commits keep landing in our window (a Delta commit takes tens of milliseconds)."""
+    time.sleep(random.uniform(0.002, min(0.2, 0.01 * 2 ** min(attempt, 5))))
+
+
 def _key_of(message: object) -> _Key:
     if not isinstance(message, MessageExt):
         raise InvalidArgumentError(f"expected a message returned by receive(), got {type(message).__name__}")
@@ -283,6 +295,7 @@ class SimpleConsumer:
         self._subscriptions: dict[str, TagFilter] = {}
         self._held: dict[_Key, _Held] = {}
         self._acks: list[dict[str, Any]] = []
+        self._oldest_ack: float | None = None  # monotonic time of the oldest buffered ack
         self._sequence = -1
         self._rotation = 0
         self._lock = threading.RLock()
@@ -365,19 +378,31 @@ class SimpleConsumer:
 
     def _receive_once(self, max_nums: int, invisible_ms: int) -> list[ReceivedMessage]:
         attempts = self._store.config.max_commit_attempts
+        cache: dict[int, MessageExt] = {}  # messages read by an attempt that lost its race
         with self._lock:
+            self._sync()
+            self._index.refresh()
+            chosen: list[MessageExt] = []
             for attempt in range(attempts):
+                if not chosen:
+                    chosen = self._pick(max_nums, now_ms(), cache)
+                    if not chosen:
+                        return []
+                # The race window opens here: catch up with commits made since the pick (a few
+                # milliseconds of reading) and keep what is still visible, then commit the next version.
                 self._sync()
-                self._index.refresh()
                 now = now_ms()
+                chosen = [
+                    m for m in chosen if self._book.queue(m.topic, m.queue_id).available(m.queue_offset, now)
+                ]
+                if not chosen:
+                    continue  # all taken meanwhile: pick again
                 ts = max(now, self._book.last_claim_ts + 1)
-                picks = self._pick(max_nums, now)
-                if not picks:
-                    return []
                 rows: list[dict[str, Any]] = []
                 out: list[ReceivedMessage] = []
-                for message, deliveries in picks:
-                    reconsume = message.reconsume_times + deliveries
+                for message in chosen:
+                    claim = self._book.claim((message.topic, message.queue_id, message.queue_offset))
+                    reconsume = message.reconsume_times + (claim.deliveries if claim is not None else 0)
                     sequence = self._next_sequence()
                     rows.append(self._row(PULL, message, sequence, ts, reconsume, ts + invisible_ms))
                     if reconsume > self._store.config.max_reconsume_times:
@@ -387,7 +412,7 @@ class SimpleConsumer:
                     out.append(self._received(message, reconsume, sequence, ts + invisible_ms))
                 if not self._commit(rows):
                     self.conflicts += 1
-                    time.sleep(random.uniform(0, min(0.05, 0.002 * (2 ** min(attempt, 5)))))
+                    _backoff(attempt)
                     continue
                 for m in out:
                     self._held[(m.topic, m.queue_id, m.queue_offset)] = _Held(
@@ -430,9 +455,9 @@ class SimpleConsumer:
             sources = sources[self._rotation :] + sources[: self._rotation]
         return sources
 
-    def _pick(self, max_nums: int, now: int) -> list[tuple[MessageExt, int]]:
-        """Visible messages to claim, with how often each was delivered before."""
-        picks: list[tuple[MessageExt, int]] = []
+    def _pick(self, max_nums: int, now: int, cache: dict[int, MessageExt]) -> list[MessageExt]:
+        """Messages visible to the group as of the state read, to claim."""
+        picks: list[MessageExt] = []
         for topic, queue_id, tag_filter in self._sources():
             if len(picks) >= max_nums:
                 break
@@ -469,13 +494,16 @@ class SimpleConsumer:
                         break
                 if not offsets:
                     continue
-                rows = self._index.messages(physical)
-                for offset, row in zip(offsets, rows.to_pylist(), strict=True):
-                    if not tag_filter.match_tag(row["tags"]):
+                missing = [p for p in physical if p not in cache]
+                if missing:
+                    for row in self._index.messages(missing).to_pylist():
+                        cache[int(row["physical_offset"])] = MessageExt.from_row(row)
+                for offset, phys in zip(offsets, physical, strict=True):
+                    message = cache[phys]
+                    if not tag_filter.match_tag(message.tags):
                         book.finish(offset)  # a tags-code collision
                         continue
-                    claim = book.claims.get(offset)
-                    picks.append((MessageExt.from_row(row), claim.deliveries if claim else 0))
+                    picks.append(message)
                 if full:
                     # Stopped before the window's end; if collisions left room, go on after the last.
                     position = offsets[-1] + 1
@@ -504,6 +532,8 @@ class SimpleConsumer:
                     offset=key[2],
                 )
             self._book.queue(key[0], key[1]).finish(key[2])
+            if not self._acks:
+                self._oldest_ack = time.monotonic()
             self._acks.append(
                 self._row(ACK, key, self._next_sequence(), now_ms(), held.reconsume_times, None, held)
             )
@@ -569,7 +599,7 @@ class SimpleConsumer:
                 row = self._row(action, key, self._next_sequence(), ts, held.reconsume_times, deadline, held)
                 if not self._commit([row]):
                     self.conflicts += 1
-                    time.sleep(random.uniform(0, min(0.05, 0.002 * (2 ** min(attempt, 5)))))
+                    _backoff(attempt)
                     continue
                 if action == NACK:
                     self._held.pop(key, None)
@@ -630,13 +660,20 @@ class SimpleConsumer:
             snapshot = snapshot.filter(pc.equal(snapshot["group"], self.group))
             self._book.bootstrap(snapshot.to_pylist())
         elif version > self._version:
-            rows = read_versions(
-                self._store.uri(schemas.ACTION_LOG),
-                self._version + 1,
-                version,
-                schemas.ACTION_LOG_SCHEMA,
-                self._store.storage_options,
-            )
+            try:
+                rows = read_versions(
+                    self._store.uri(schemas.ACTION_LOG),
+                    self._version + 1,
+                    version,
+                    schemas.ACTION_LOG_SCHEMA,
+                    self._store.storage_options,
+                )
+            except StoreError:
+                # The log files we need are gone (log cleanup): rebuild the state from a snapshot.
+                self._book = ClaimBook(self.group)
+                self._version = -1
+                self._sync()
+                return
             if rows.num_rows:
                 rows = rows.filter(pc.equal(rows["group"], self.group))
                 self._book.apply(rows.to_pylist())
@@ -658,6 +695,7 @@ class SimpleConsumer:
         except CommitConflictError:
             return False
         self._acks = []
+        self._oldest_ack = None
         if version == self._version + 1:
             self._book.apply(rows + acks)
             self._version = version
@@ -673,6 +711,7 @@ class SimpleConsumer:
                 schemas.ACTION_LOG, pa.Table.from_pylist(acks, schema=schemas.ACTION_LOG_SCHEMA)
             )
             self._acks = []
+            self._oldest_ack = None
             return len(acks)
 
     def flush(self) -> int:
@@ -708,6 +747,20 @@ class SimpleConsumer:
                     )
                     self._flusher.start()
 
+    def _flush_when_due(self) -> None:
+        """Append buffered acks once the oldest is ``ack_linger_ms`` old, unless a claim commit of
+        this consumer takes them along first (a busy consumer's acks then cost no commit of their own)."""
+        while not self._closed:
+            with self._lock:
+                oldest = self._oldest_ack
+            if oldest is None:
+                return
+            wait = oldest + self._ack_linger_s - time.monotonic()
+            if wait <= 0:
+                self._flush_acks()
+                return
+            time.sleep(wait)
+
     def _run_flusher(self) -> None:
         """Background: append buffered acks ``ack_linger_ms`` after the first one; persist offsets."""
         persist_s = OFFSET_PERSIST_MS / 1000
@@ -718,8 +771,7 @@ class SimpleConsumer:
                 break
             try:
                 if woken:
-                    time.sleep(self._ack_linger_s)
-                    self._flush_acks()
+                    self._flush_when_due()
                 if time.monotonic() - self._persisted_at >= persist_s:
                     self.persist_offsets()
             except Exception:  # acks stay buffered; the next round or close() retries them

@@ -1,1 +1,7 @@
-"""Spark integration: data sources, sessions, SQL views."""
+"""Spark integration: the session, the project's data sources, SQL views over a store."""
+
+from engine.spark.datasources import register_data_sources
+from engine.spark.session import session
+from engine.spark.views import register_views
+
+__all__ = ["register_data_sources", "register_views", "session"]

@@ -1,0 +1,165 @@
+"""The project's SparkSession: settings from ``conf/spark-defaults.conf``, quiet logging, data sources.
+
+Spark is only ever started from here, so every job, notebook and test gets the same settings, the
+same Python on the workers and the project's data sources already registered.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from engine.config import PROJECT_ROOT
+from engine.errors import ConfigError
+
+DEFAULTS_FILE = "spark-defaults.conf"
+LOG4J_FILE = "log4j2.properties"
+_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+# "key value" or "key=value"; a key alone is an error.
+_LINE = re.compile(r"^([^\s=]+)\s*[=\s]\s*(\S.*)$")
+
+
+def conf_dir() -> Path:
+    """Where Spark's settings live: ``MQ_CONF_DIR`` if set, else the project's ``conf/``."""
+    env = os.environ.get("MQ_CONF_DIR")
+    return Path(env) if env else PROJECT_ROOT / "conf"
+
+
+def read_spark_defaults(path: str | os.PathLike[str]) -> dict[str, str]:
+    """Parse a ``spark-defaults.conf``: ``key value`` (or ``key=value``) per line, ``#`` comments.
+
+    Raises:
+        ConfigError: a line has a key and no value.
+    """
+    settings: dict[str, str] = {}
+    file = Path(path)
+    if not file.exists():
+        return settings
+    for number, raw in enumerate(file.read_text().splitlines(), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        match = _LINE.match(line)
+        if match is None:
+            raise ConfigError(f"{file}:{number}: expected 'key value', got {raw!r}", key=line)
+        key, value = match.group(1), match.group(2).strip()
+        settings[key] = value
+    return settings
+
+
+def _require_java() -> None:
+    java_home = os.environ.get("JAVA_HOME")
+    if java_home and (Path(java_home) / "bin" / "java").exists():
+        return
+    if shutil.which("java") is None:
+        raise ConfigError(
+            "Spark needs a Java runtime and none was found (no `java` on PATH, JAVA_HOME unset): "
+            "install Java 17 (e.g. apt-get install openjdk-17-jre-headless)"
+        )
+
+
+def _with_log4j(options: str | None, log4j: Path) -> str:
+    """Add ``-Dlog4j2.configurationFile`` to JVM options unless the user already chose one."""
+    opts = options or ""
+    if "log4j2.configurationFile" in opts or not log4j.exists():
+        return opts
+    flag = f"-Dlog4j2.configurationFile={shlex.quote(str(log4j.resolve()))}"
+    return f"{opts} {flag}".strip()
+
+
+def _submitted_settings() -> dict[str, str]:
+    """Settings of a JVM that ``spark-submit`` started for this process (empty when there is none).
+
+    Under spark-submit the driver JVM exists before Python does, with ``--master`` and ``--conf``
+    as system properties; the defaults file must not override them.
+    """
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:
+        return {}
+    from pyspark import SparkConf, SparkContext
+
+    SparkContext._ensure_initialized()  # connects to spark-submit's JVM; starts none
+    return {str(k): str(v) for k, v in SparkConf().getAll()}
+
+
+def _quiet_submitted_jvm(spark: Any) -> None:
+    """Load ``conf/log4j2.properties`` into a JVM that spark-submit started with Spark's default logging.
+
+    A JVM started by :func:`session` got it at launch; one started by spark-submit did not, unless the
+    user chose a configuration (then it is left alone).
+    """
+    log4j = conf_dir() / LOG4J_FILE
+    jvm = spark.sparkContext._jvm
+    if not log4j.exists() or jvm.java.lang.System.getProperty("log4j2.configurationFile") is not None:
+        return
+    context = jvm.org.apache.logging.log4j.LogManager.getContext(False)
+    context.setConfigLocation(jvm.java.io.File(str(log4j.resolve())).toURI())
+
+
+def spark_settings(conf: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Every setting :func:`session` applies: the defaults file, then ``conf``, plus the log4j flag."""
+    directory = conf_dir()
+    settings = {
+        "spark.master": "local[2]",
+        "spark.ui.enabled": "false",
+        "spark.sql.shuffle.partitions": "4",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+    }
+    settings.update(read_spark_defaults(directory / DEFAULTS_FILE))
+    settings.update({str(k): str(v) for k, v in (conf or {}).items()})
+    settings[_JAVA_OPTIONS] = _with_log4j(settings.get(_JAVA_OPTIONS), directory / LOG4J_FILE)
+    if not settings[_JAVA_OPTIONS]:
+        del settings[_JAVA_OPTIONS]
+    return settings
+
+
+def session(app_name: str = "lakemq", conf: Mapping[str, str] | None = None) -> Any:
+    """The SparkSession of this process, started with the project's settings if none is running.
+
+    Precedence: ``conf`` > what ``spark-submit`` was given (``--master``, ``--conf``) >
+    ``conf/spark-defaults.conf`` (``MQ_CONF_DIR`` moves it) > built-in defaults (local[2], UI off,
+    Arrow on). The JVM logs through ``conf/log4j2.properties``. Workers run this interpreter unless
+    ``PYSPARK_PYTHON`` says otherwise. The project's data sources (``deltalog``) are registered.
+    A session already running in this process is reused (``getOrCreate``) with only ``conf``
+    applied to it, so a notebook's own settings are not reset.
+
+    Args:
+        app_name: the Spark application name.
+        conf: settings that win over the defaults file.
+
+    Returns:
+        pyspark.sql.SparkSession
+
+    Raises:
+        ConfigError: no Java runtime, or a malformed defaults file.
+    """
+    _require_java()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    from engine.spark.datasources import register_data_sources
+
+    explicit = {str(k): str(v) for k, v in (conf or {}).items()}
+    submitted: dict[str, str] = {}
+    if SparkContext._active_spark_context is not None:
+        settings = explicit
+    else:
+        submitted = _submitted_settings()
+        settings = {k: v for k, v in spark_settings(conf).items() if k in explicit or k not in submitted}
+    builder = SparkSession.builder
+    if SparkContext._active_spark_context is None:
+        builder = builder.appName(app_name)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    if submitted:
+        _quiet_submitted_jvm(spark)
+    register_data_sources(spark)
+    return spark

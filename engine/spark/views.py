@@ -1,0 +1,98 @@
+"""SQL over a store: temporary views on the current snapshots of its tables.
+
+Each view is a builder ``(spark, store) -> DataFrame`` in :data:`VIEWS`; adding a view is adding an
+entry. Views follow the tables: every query reads the snapshots current when it runs (``deltalog``'s
+``live`` option; Spark would otherwise keep the files planned on a view's first use).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from engine.errors import InvalidArgumentError
+from engine.spark.deltalog import SHORT_NAME, spark_schema
+from engine.store import schemas
+from engine.store.log import VERSION_COLUMN
+from engine.store.store import Store
+
+ViewBuilder = Callable[[Any, Store], Any]
+
+MESSAGE_COLUMNS = (
+    "topic",
+    "queue_id",
+    "queue_offset",
+    "physical_offset",
+    "msg_id",
+    "uniq_key",
+    "tags",
+    "keys",
+    "properties",
+    "body",
+    "born_ts_ms",
+    "store_ts_ms",
+    "reconsume_times",
+)
+
+
+def table_frame(spark: Any, store: Store, name: str) -> Any:
+    """One table of ``store`` as a DataFrame (through ``deltalog``) that reads the snapshot current at
+    each execution, so a view over it follows the table."""
+    reader = (
+        spark.read.format(SHORT_NAME)
+        .schema(spark_schema(schemas.SCHEMAS[name]))  # known: spares Spark a Python worker to ask
+        .option("path", store.uri(name))
+        .option("live", "true")
+    )
+    if store.storage_options:
+        reader = reader.option("storageOptions", json.dumps(store.storage_options))
+    return reader.load().drop(VERSION_COLUMN)
+
+
+def _table_view(name: str) -> ViewBuilder:
+    def build(spark: Any, store: Store) -> Any:
+        return table_frame(spark, store, name)
+
+    build.__doc__ = f"The ``{name}`` table."
+    return build
+
+
+def messages_frame(spark: Any, store: Store) -> Any:
+    """One row per dispatched message with its body: the consume queue joined to the commit log.
+
+    Transaction halves and anything not yet dispatched are absent, as they are from pulls.
+    """
+    from pyspark.sql import functions as F
+
+    cq = table_frame(spark, store, schemas.CONSUME_QUEUE).select("physical_offset")
+    log = table_frame(spark, store, schemas.COMMIT_LOG)
+    joined = cq.join(log, on="physical_offset", how="inner")
+    return joined.select(*MESSAGE_COLUMNS, F.timestamp_millis(F.col("store_ts_ms")).alias("store_ts"))
+
+
+VIEWS: dict[str, ViewBuilder] = {
+    schemas.COMMIT_LOG: _table_view(schemas.COMMIT_LOG),
+    schemas.CONSUME_QUEUE: _table_view(schemas.CONSUME_QUEUE),
+    "messages": messages_frame,
+}
+
+
+def register_views(spark: Any, store: Store, names: Iterable[str] | None = None) -> list[str]:
+    """Create (or replace) temporary views over ``store``; returns the names registered.
+
+    Args:
+        spark: a SparkSession (see :func:`engine.spark.session`).
+        store: the store the views read.
+        names: which views of :data:`VIEWS` (default: all of them).
+
+    Raises:
+        InvalidArgumentError: an unknown view name.
+    """
+    wanted = list(VIEWS) if names is None else list(names)
+    unknown = [n for n in wanted if n not in VIEWS]
+    if unknown:
+        raise InvalidArgumentError(f"unknown views {unknown}; views: {', '.join(VIEWS)}")
+    for name in wanted:
+        VIEWS[name](spark, store).createOrReplaceTempView(name)
+    return wanted

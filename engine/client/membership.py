@@ -22,7 +22,7 @@ from typing import Any
 from engine.client.rebalance import MessageModel, MessageQueue
 from engine.errors import InvalidArgumentError
 from engine.protocol import validate_group_name
-from engine.store.groups import HEARTBEAT, LEAVE, MAX_LEASE_MS, GroupLog
+from engine.store.groups import HEARTBEAT, LEAVE, MAX_LEASE_MS, MAX_MEMBER_MS, GroupLog
 from engine.store.store import Store, now_ms
 
 DEFAULT_MEMBER_TIMEOUT_MS = 6_000
@@ -60,9 +60,10 @@ def live_members(
         InvalidArgumentError: a bad group or timeout.
     """
     validate_group_name(group)
-    _positive_ms("timeout_ms", timeout_ms)
-    rows = (log or GroupLog(store)).recent(group, now_ms() - timeout_ms)
-    return sorted(_latest_alive(rows))
+    _positive_ms("timeout_ms", timeout_ms, MAX_MEMBER_MS)
+    since = now_ms() - timeout_ms
+    members = (log or GroupLog(store)).members(group)
+    return sorted(cid for cid, m in members.items() if m.last_heartbeat_ms >= since)
 
 
 class GroupMembership:
@@ -98,7 +99,7 @@ class GroupMembership:
             )
         self.consumer_id = consumer_id
         self.model = MessageModel(model)
-        self.member_timeout_ms = _positive_ms("member_timeout_ms", member_timeout_ms)
+        self.member_timeout_ms = _positive_ms("member_timeout_ms", member_timeout_ms, MAX_MEMBER_MS)
         self.lock_ttl_ms = _positive_ms("lock_ttl_ms", lock_ttl_ms, MAX_LEASE_MS)
         self._store = store
         self._log = GroupLog(store)
@@ -134,12 +135,11 @@ class GroupMembership:
         self._log.write([self._row(LEAVE, self._ts(), None)])
 
     def live_members(self) -> list[str]:
-        """Sorted ids of the group's live members."""
-        rows = self._log.recent(self.group, now_ms() - self.member_timeout_ms)
-        return sorted(_latest_alive(rows))
+        """Sorted ids of the group's live members (reads one commit, however long the history)."""
+        return live_members(self._store, self.group, self.member_timeout_ms, log=self._log)
 
     def subscriptions(self) -> dict[str, dict[str, str]]:
-        """Live members and the subscriptions of their latest heartbeat."""
+        """Live members and the subscriptions of their latest heartbeat (scans recent rows)."""
         rows = self._log.recent(self.group, now_ms() - self.member_timeout_ms)
         return {
             cid: json.loads(row["subscriptions"]) if row["subscriptions"] else {}

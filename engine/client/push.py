@@ -116,6 +116,7 @@ class _ProcessQueue:
         self.dropped = threading.Event()
         self.thread: threading.Thread | None = None
         self.attempts: dict[int, int] = {}  # orderly: queue offset -> reconsume times so far
+        self.no_match: tuple[int, int] | None = None  # last NO_MATCHED_MSG (offset, next)
 
 
 class PushConsumer:
@@ -161,7 +162,7 @@ class PushConsumer:
         pull_batch_size: int | None = None,
         consume_batch_size: int = 1,
         instance_id: str | None = None,
-        heartbeat_interval_ms: int = 1_000,
+        heartbeat_interval_ms: int = 2_000,
         member_timeout_ms: int = 6_000,
         rebalance_interval_ms: int = 1_000,
         commit_interval_ms: int = 5_000,
@@ -368,12 +369,22 @@ class PushConsumer:
         try:
             self._persist()
             self._actions.close()
-        except MQError as exc:
-            _log.warning("push consumer %s: final commit failed: %s", self.instance_id, exc)
+        except Exception as exc:  # logged; background threads keep going
+            _log.warning(
+                "push consumer %s: final commit failed: %s",
+                self.instance_id,
+                exc,
+                exc_info=not isinstance(exc, MQError),
+            )
         try:
             self._membership.leave()
-        except MQError as exc:
-            _log.warning("push consumer %s: leave failed: %s", self.instance_id, exc)
+        except Exception as exc:  # logged; background threads keep going
+            _log.warning(
+                "push consumer %s: leave failed: %s",
+                self.instance_id,
+                exc,
+                exc_info=not isinstance(exc, MQError),
+            )
 
     def __enter__(self) -> PushConsumer:
         return self
@@ -396,27 +407,47 @@ class PushConsumer:
                 next_heartbeat = now + self._heartbeat_s
                 try:
                     self._membership.heartbeat(self.subscriptions())
-                except MQError as exc:
-                    _log.warning("push consumer %s: heartbeat failed: %s", self.instance_id, exc)
+                except Exception as exc:  # logged; background threads keep going
+                    _log.warning(
+                        "push consumer %s: heartbeat failed: %s",
+                        self.instance_id,
+                        exc,
+                        exc_info=not isinstance(exc, MQError),
+                    )
             if now >= next_commit:
                 next_commit = now + self._commit_s
                 try:
                     self._persist()
-                except MQError as exc:
-                    _log.warning("push consumer %s: offset commit failed: %s", self.instance_id, exc)
+                except Exception as exc:  # logged; background threads keep going
+                    _log.warning(
+                        "push consumer %s: offset commit failed: %s",
+                        self.instance_id,
+                        exc,
+                        exc_info=not isinstance(exc, MQError),
+                    )
             else:
                 try:
                     self._actions.flush_if_due()
-                except MQError as exc:
-                    _log.warning("push consumer %s: action flush failed: %s", self.instance_id, exc)
+                except Exception as exc:  # logged; background threads keep going
+                    _log.warning(
+                        "push consumer %s: action flush failed: %s",
+                        self.instance_id,
+                        exc,
+                        exc_info=not isinstance(exc, MQError),
+                    )
             self._stop.wait(max(0.0, min(next_heartbeat, next_commit) - time.monotonic()))
 
     def _rebalance_loop(self) -> None:
         while not self._stop.is_set():
             try:
                 self._rebalance()
-            except MQError as exc:
-                _log.warning("push consumer %s: rebalance failed: %s", self.instance_id, exc)
+            except Exception as exc:  # logged; background threads keep going
+                _log.warning(
+                    "push consumer %s: rebalance failed: %s",
+                    self.instance_id,
+                    exc,
+                    exc_info=not isinstance(exc, MQError),
+                )
             self._stop.wait(self._rebalance_s)
 
     def _rebalance(self) -> None:
@@ -477,7 +508,8 @@ class PushConsumer:
             if offset is None:
                 offset = self._initial_offset(mq)
                 initial.append((mq.topic, mq.queue_id, offset))
-            pqs.append(_ProcessQueue(mq, target[mq], offset, committed.get((mq.topic, mq.queue_id))))
+            pq = _ProcessQueue(mq, target[mq], offset, committed.get((mq.topic, mq.queue_id)))
+            pqs.append(pq)
         if initial:
             # Fix "first sight" now, so a queue moving on before it is consumed does not skip ahead.
             self._offsets.commit(initial)
@@ -515,9 +547,10 @@ class PushConsumer:
         for pq in pqs:
             pq.dropped.set()
         finished = []
+        deadline = time.monotonic() + max(30.0, self._pull_suspend_ms / 1000 * 2)
         for pq in pqs:
             if pq.thread is not None and pq.thread is not threading.current_thread():
-                pq.thread.join(timeout=max(30.0, self._pull_suspend_ms / 1000 * 2))
+                pq.thread.join(timeout=max(0.0, deadline - time.monotonic()))
             if pq.thread is None or not pq.thread.is_alive():
                 finished.append(pq.mq)
         try:
@@ -532,8 +565,13 @@ class PushConsumer:
             # A listener still running keeps its lock until the lease expires.
             try:
                 self._membership.unlock(finished)
-            except MQError as exc:
-                _log.warning("push consumer %s: unlock failed (leases expire): %s", self.instance_id, exc)
+            except Exception as exc:  # logged; background threads keep going
+                _log.warning(
+                    "push consumer %s: unlock failed (leases expire): %s",
+                    self.instance_id,
+                    exc,
+                    exc_info=not isinstance(exc, MQError),
+                )
 
     def _persist(self, pqs: Sequence[_ProcessQueue] | None = None) -> None:
         """Commit consumed offsets that moved; NACKs of the messages they pass are flushed first."""
@@ -569,19 +607,30 @@ class PushConsumer:
                     expression=pq.expression,
                     suspend_ms=self._pull_suspend_ms,
                 )
-            except MQError as exc:
-                _log.warning("push consumer %s: pull of %s failed: %s", self.instance_id, mq, exc)
+            except Exception as exc:  # logged; background threads keep going
+                _log.warning(
+                    "push consumer %s: pull of %s failed: %s",
+                    self.instance_id,
+                    mq,
+                    exc,
+                    exc_info=not isinstance(exc, MQError),
+                )
                 pq.dropped.wait(self._suspend_s)
                 continue
+            # Offsets move only past entries the pull has shown to us. A pull's queue bounds can
+            # run one dispatch commit ahead of the entries it read (QueueIndex takes them from
+            # table history, which on a stale snapshot already holds newer commits), so "the
+            # rest of the window was filtered out" is trusted only when a second pull agrees.
             if result.status is PullStatus.FOUND:
                 if self._orderly:
                     done = self._consume_orderly(pq, result.messages)
                 else:
                     done = self._consume_concurrently(pq, result.messages)
                 if done:
-                    pq.consumed = pq.offset = result.next_begin_offset
+                    pq.consumed = pq.offset = result.messages[-1].queue_offset + 1
                 else:
                     pq.offset = pq.consumed  # interrupted: pull the unconsumed rest again
+                pq.no_match = None
             elif result.status is PullStatus.OFFSET_ILLEGAL:
                 _log.warning(
                     "push consumer %s: offset %d of %s is illegal; corrected to %d",
@@ -591,8 +640,14 @@ class PushConsumer:
                     result.next_begin_offset,
                 )
                 pq.consumed = pq.offset = result.next_begin_offset
-            else:  # NO_NEW_MSG / NO_MATCHED_MSG: nothing to consume up to next_begin_offset
-                pq.consumed = pq.offset = result.next_begin_offset
+            elif result.status is PullStatus.NO_MATCHED_MSG:
+                seen = (pq.offset, result.next_begin_offset)
+                if pq.no_match == seen and not parse_tag_expression(pq.expression).matches_all:
+                    pq.consumed = pq.offset = result.next_begin_offset
+                    pq.no_match = None
+                else:
+                    pq.no_match = seen  # "*" matches every entry: this can only be a stale view
+            # NO_NEW_MSG: next_begin_offset is the offset pulled; nothing to move.
 
     def _view(self, message: MessageExt, reconsume_times: int | None = None) -> MessageExt:
         """The message as the listener sees it: a retry shows its original topic, as in RocketMQ."""

@@ -1,16 +1,18 @@
 """The ``groups`` table: consumer-group heartbeats and queue leases (orderly-consumption locks).
 
-Leases are sequenced on the Delta log itself, like the commit log's offsets. Every commit this
-module makes carries, in its commitInfo (``mq.leases``), the lease table after it: for every group,
-which consumer holds which queue until when. A writer reads the leases of the version it holds,
-decides (a queue is free when nobody holds it, its lease expired, or the writer itself holds it),
-and commits exactly the next version with automatic retries disabled. If another writer took that
-version, it catches up and decides again. So two members racing for one queue are ordered by the
-Delta log and exactly one gets it: the Delta log is the lock.
+The table is an append-only history (HEARTBEAT, LEAVE, LOCK, UNLOCK rows) that SQL can read. The
+current state, who is a member and who holds which queue, is sequenced on the Delta log itself,
+like the commit log's offsets: every commit this module makes carries, in its commitInfo
+(``mq.groups``), the state after it. A writer reads the state of the version it holds, applies its
+rows and decisions (a queue is free when nobody holds it, its lease expired, or the writer holds it
+already), and commits exactly the next version with automatic retries disabled. If another writer
+took that version, it catches up and decides again. So two members racing for one queue are
+ordered by the Delta log and exactly one gets it: the Delta log is the lock.
 
-The LOCK / UNLOCK rows written with each decision make the same history readable with SQL: a LOCK
-row is only written for a granted lease, so the newest unexpired LOCK of a queue, unless UNLOCKed
-later, names its holder.
+Readers need only the newest commit that carries the state, not the whole history, so looking up
+members and locks costs the same after a year of heartbeats as after a minute. A LOCK row is only
+written for a granted lease, so in the rows, too, the newest unexpired LOCK of a queue (unless
+UNLOCKed later) names its holder.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ import json
 import random
 import threading
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -37,15 +39,15 @@ HEARTBEAT = "HEARTBEAT"
 LEAVE = "LEAVE"
 LOCK = "LOCK"
 UNLOCK = "UNLOCK"
-LEASES_KEY = "mq.leases"
-# Longest lease a writer may take. A reader looking for the newest lease table stops at a commit
-# older than this (plus clock slack): every lease recorded before it has expired.
+STATE_KEY = "mq.groups"
+# Longest lease a writer may take, and longest member timeout a reader may use: members silent for
+# longer are forgotten. A reader looking for the newest state stops at a commit older than this
+# (plus clock slack): nothing recorded before it still counts.
 MAX_LEASE_MS = 10 * 60_000
+MAX_MEMBER_MS = 10 * 60_000
 _CLOCK_SLACK_MS = 60_000
 
 QueueKey = tuple[str, int]
-# group -> "topic:queue_id" -> [owner, expire_ms]; JSON-friendly.
-_Leases = dict[str, dict[str, list[Any]]]
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,14 @@ class Lease:
 
     owner: str
     expire_ms: int
+
+
+@dataclass(frozen=True)
+class Member:
+    """A member's latest heartbeat (epoch ms) and message model."""
+
+    last_heartbeat_ms: int
+    model: str
 
 
 def _key(queue: QueueKey) -> str:
@@ -65,17 +75,54 @@ def _unkey(key: str) -> QueueKey:
     return topic, int(qid)
 
 
-def _copy(leases: _Leases) -> _Leases:
-    return {group: {k: list(v) for k, v in queues.items()} for group, queues in leases.items()}
+def _keep(
+    table: dict[str, dict[str, list[Any]]], alive: Callable[[list[Any]], bool]
+) -> dict[str, dict[str, list[Any]]]:
+    kept = {g: {k: v for k, v in entries.items() if alive(v)} for g, entries in table.items()}
+    return {g: entries for g, entries in kept.items() if entries}
 
 
-def _prune(leases: _Leases, now: int) -> None:
-    for group in list(leases):
-        queues = leases[group]
-        for key in [k for k, (_, expire) in queues.items() if int(expire) <= now]:
-            del queues[key]
-        if not queues:
-            del leases[group]
+@dataclass
+class _State:
+    """Members and leases of every group (JSON-friendly: group -> id -> [values])."""
+
+    leases: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
+    members: dict[str, dict[str, list[Any]]] = field(default_factory=dict)
+
+    def copy(self) -> _State:
+        return _State(
+            {g: {k: list(v) for k, v in q.items()} for g, q in self.leases.items()},
+            {g: {k: list(v) for k, v in m.items()} for g, m in self.members.items()},
+        )
+
+    def to_json(self) -> str:
+        return json.dumps({"l": self.leases, "m": self.members}, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str) -> _State:
+        data = json.loads(text)
+        return cls(dict(data.get("l", {})), dict(data.get("m", {})))
+
+    def prune(self, now: int) -> None:
+        """Forget expired leases and members silent for longer than any reader may wait."""
+        self.leases = _keep(self.leases, lambda v: int(v[1]) > now)
+        self.members = _keep(self.members, lambda v: int(v[0]) > now - MAX_MEMBER_MS)
+
+    def apply_rows(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        for row in rows:
+            group, cid = str(row["group"]), str(row["consumer_id"])
+            if row["event"] == HEARTBEAT:
+                members = self.members.setdefault(group, {})
+                seen = members.get(cid)
+                if seen is None or int(row["ts_ms"]) >= int(seen[0]):
+                    members[cid] = [int(row["ts_ms"]), str(row["model"])]
+            elif row["event"] == LEAVE:
+                members = self.members.get(group, {})
+                seen = members.get(cid)
+                if seen is not None and int(row["ts_ms"]) >= int(seen[0]):
+                    del members[cid]
+                    if not members:
+                        self.members.pop(group, None)
 
 
 class GroupLog:
@@ -86,13 +133,13 @@ class GroupLog:
         self._uri = store.uri(schemas.GROUPS)
         self._lock = threading.Lock()
         self._dt: DeltaTable | None = None
-        self._leases: _Leases = {}
-        self._leases_version = -1  # version whose lease table is cached in _leases
+        self._state = _State()
+        self._state_version = -1  # version whose state is cached in _state
         self.conflicts = 0  # lost races, for tests
 
     # ----------------------------------------------------------------- reading
     def recent(self, group: str, since_ms: int) -> list[dict[str, Any]]:
-        """Rows of one group with ``ts_ms >= since_ms`` (files pruned by their statistics)."""
+        """Rows of one group with ``ts_ms >= since_ms``: a scan for tools, not for hot paths."""
         table = self._store.read(
             schemas.GROUPS,
             predicate=f"group = {sql_literal(group)} AND ts_ms >= {int(since_ms)}",
@@ -103,15 +150,22 @@ class GroupLog:
 
     def leases(self, group: str) -> dict[QueueKey, Lease]:
         """Unexpired leases of one group, as of the latest version."""
-        with self._lock:
-            dt = self._catch_up()
-            leases = self._leases_at(dt)
+        state = self._latest()
         now = now_ms()
         return {
             _unkey(k): Lease(str(owner), int(expire))
-            for k, (owner, expire) in leases.get(group, {}).items()
+            for k, (owner, expire) in state.leases.get(group, {}).items()
             if int(expire) > now
         }
+
+    def members(self, group: str) -> dict[str, Member]:
+        """Members of one group that did not leave, with their latest heartbeat, as of now."""
+        state = self._latest()
+        return {cid: Member(int(ts), str(model)) for cid, (ts, model) in state.members.get(group, {}).items()}
+
+    def _latest(self) -> _State:
+        with self._lock:
+            return self._state_at(self._catch_up())
 
     def _catch_up(self) -> DeltaTable:
         if self._dt is None:
@@ -120,31 +174,35 @@ class GroupLog:
             self._dt.update_incremental()
         return self._dt
 
-    def _leases_at(self, dt: DeltaTable) -> _Leases:
-        """The lease table as of ``dt``'s version: the newest commit carrying one, at or before it."""
+    def _state_at(self, dt: DeltaTable) -> _State:
+        """The state as of ``dt``'s version: from the newest commit carrying one, at or before it.
+
+        Commit files are read by exact version (``DeltaTable.history`` on a stale snapshot lists
+        newer commits under older version numbers).
+        """
         version = int(dt.version())
-        if version == self._leases_version:
-            return _copy(self._leases)
-        found: _Leases | None = None
-        oldest_useful = now_ms() - MAX_LEASE_MS - _CLOCK_SLACK_MS
+        if version == self._state_version:
+            return self._state.copy()
+        found: _State | None = None
+        oldest_useful = now_ms() - max(MAX_LEASE_MS, MAX_MEMBER_MS) - _CLOCK_SLACK_MS
         v = version
-        while v > self._leases_version and v >= 0:
+        while v > self._state_version and v >= 0:
             try:
                 info = read_version(self._uri, v, self._store.storage_options).commit_info
             except StoreError:
-                found = {}  # the log was cleaned up: anything older is long expired
+                found = _State()  # the log was cleaned up: anything older no longer counts
                 break
-            if LEASES_KEY in info:
-                found = json.loads(str(info[LEASES_KEY]))
+            if STATE_KEY in info:
+                found = _State.from_json(str(info[STATE_KEY]))
                 break
             if int(info.get("timestamp", 0) or 0) < oldest_useful:
-                found = {}
+                found = _State()
                 break
             v -= 1
         if found is None:
-            found = self._leases if v == self._leases_version and v >= 0 else {}
-        self._leases, self._leases_version = found, version
-        return _copy(found)
+            found = self._state if v == self._state_version and v >= 0 else _State()
+        self._state, self._state_version = found, version
+        return found.copy()
 
     # ----------------------------------------------------------------- writing
     def write(
@@ -158,7 +216,7 @@ class GroupLog:
         unlock: Iterable[QueueKey] = (),
         ttl_ms: int = 60_000,
     ) -> set[QueueKey]:
-        """Append ``rows`` and change ``owner``'s leases in ``group``, as one commit.
+        """Append ``rows`` (HEARTBEAT / LEAVE) and change ``owner``'s leases in ``group``, as one commit.
 
         A queue in ``lock`` is granted (or renewed) when it has no unexpired lease or ``owner``
         holds it; ``unlock`` releases queues ``owner`` holds. A LOCK row is written per granted
@@ -180,24 +238,25 @@ class GroupLog:
             for attempt in range(attempts):
                 dt = self._catch_up()
                 base = int(dt.version())
-                leases = self._leases_at(dt)
+                state = self._state_at(dt)
                 now = now_ms()
-                _prune(leases, now)
-                mine = leases.setdefault(group, {}) if group is not None else {}
+                state.prune(now)
+                state.apply_rows(rows)
+                held = state.leases.setdefault(group, {}) if group is not None else {}
                 granted: list[QueueKey] = []
                 released: list[QueueKey] = []
                 for queue in lock:
-                    current = mine.get(_key(queue))
+                    current = held.get(_key(queue))
                     if current is None or current[0] == owner:
-                        mine[_key(queue)] = [owner, now + ttl_ms]
+                        held[_key(queue)] = [owner, now + ttl_ms]
                         granted.append(queue)
                 for queue in unlock:
-                    current = mine.get(_key(queue))
+                    current = held.get(_key(queue))
                     if current is not None and current[0] == owner:
-                        del mine[_key(queue)]
+                        del held[_key(queue)]
                         released.append(queue)
-                if group is not None and not mine:
-                    leases.pop(group, None)
+                if group is not None and not held:
+                    state.leases.pop(group, None)
                 out = [dict(r) for r in rows]
                 for event, queues, expire in ((LOCK, granted, now + ttl_ms), (UNLOCK, released, None)):
                     out.extend(
@@ -222,8 +281,7 @@ class GroupLog:
                         pa.Table.from_pylist(out, schema=schemas.GROUPS_SCHEMA),
                         mode="append",
                         commit_properties=CommitProperties(
-                            custom_metadata={LEASES_KEY: json.dumps(leases, separators=(",", ":"))},
-                            max_commit_retries=0,
+                            custom_metadata={STATE_KEY: state.to_json()}, max_commit_retries=0
                         ),
                     )
                 except CommitFailedError:
@@ -231,11 +289,11 @@ class GroupLog:
                     time.sleep(random.uniform(0, min(0.05, 0.001 * (2 ** min(attempt, 6)))))
                     continue
                 except (DeltaError, OSError) as exc:
-                    self._dt, self._leases_version = None, -1
+                    self._dt, self._state_version = None, -1
                     raise StoreError(
                         f"write to groups failed: {exc}", table=schemas.GROUPS, cause=exc
                     ) from exc
-                self._leases, self._leases_version = leases, base + 1
+                self._state, self._state_version = state, base + 1
                 return set(granted)
             raise CommitConflictError(
                 f"groups write lost {attempts} races in a row; retry later", table=schemas.GROUPS

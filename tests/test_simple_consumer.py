@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -144,6 +145,54 @@ def test_concurrent_consumers_never_share_a_message(store: Store, one_queue: str
     assert not errors
     everything = [b for got in received.values() for b in got]
     assert sorted(everything) == sorted(bodies)  # each message exactly once: no overlap, no loss
+
+
+def _consume_in_process(root: str, consumer_id: str, out: Any) -> None:
+    """A consumer process: receive and ack until nothing came for 2 s."""
+    store = Store.open(root)
+    consumer = SimpleConsumer(store, GROUP, consumer_id)
+    consumer.subscribe("Q1")
+    idle_until = time.monotonic() + 2
+    try:
+        while time.monotonic() < idle_until:
+            got = consumer.receive(max_nums=4, invisible_ms=60_000)
+            if got:
+                idle_until = time.monotonic() + 2
+            for m in got:
+                out.put(m.body)
+                consumer.ack(m)
+    finally:
+        consumer.close()
+        out.put(None)
+
+
+def test_consumers_in_separate_processes_never_share_a_message(store: Store, one_queue: str) -> None:
+    import multiprocessing
+
+    bodies = produce(store, one_queue, 24)
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_consume_in_process, args=(store.root, f"p{i}", out)) for i in range(2)]
+    for p in procs:
+        p.start()
+    got: list[bytes] = []
+    finished = 0
+    deadline = time.monotonic() + 60
+    while finished < len(procs) and time.monotonic() < deadline:
+        try:
+            item = out.get(timeout=1)
+        except queue.Empty:
+            if not any(p.is_alive() for p in procs):
+                break
+            continue
+        if item is None:
+            finished += 1
+        else:
+            got.append(item)
+    for p in procs:
+        p.join(30)
+    assert finished == len(procs)
+    assert sorted(got) == sorted(bodies)  # every message once: no overlap, no loss
 
 
 # ----------------------------------------------------------------------------- invisibility

@@ -211,7 +211,10 @@ def summary(store: Store, stats: DispatchStats, elapsed_s: float) -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the dispatch job; returns the process exit code (0 ok, 1 the query failed, 2 bad input)."""
     parser = argument_parser(JOB, "Dispatch commit-log messages into the consume queue.")
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # --help, or a bad option (already reported on one line)
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
     began = time.monotonic()
     try:
         ctx: JobContext = start(args, app_name="lakemq-dispatch")

@@ -215,6 +215,12 @@ def test_main_with_a_bad_store_is_one_line_and_exit_2(
     assert len(err) == 1 and err[0].startswith("jobs/dispatch.py: error:")
 
 
+def test_main_with_an_unknown_option_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--no-such-option"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["jobs/dispatch.py: error: unrecognized arguments: --no-such-option"]
+
+
 def test_checkpoint_location_defaults_under_the_store(store: Store) -> None:
     assert checkpoint_location(store, "dispatch") == f"{store.root}/_checkpoints/dispatch"
     assert checkpoint_location(store, "dispatch", "/x/cp") == "/x/cp"

@@ -242,9 +242,6 @@ class DeltaLogReader(_Reading, DataSourceReader):
     Planned on the driver (``partitions``); ``read`` runs in the executors' Python workers.
     """
 
-    def __init__(self, options: LogOptions, schema: StructType, file_schema: pa.Schema) -> None:
-        super().__init__(options, schema, file_schema)
-
     def partitions(self) -> Sequence[InputPartition]:
         dt = self.options.open()
         if self.options.is_log_read:

@@ -33,9 +33,13 @@ Redelivery: a message whose deadline passed without an ack is claimed again stra
 original queue, with ``reconsume_times`` + 1 per earlier delivery in this group (instead of being
 revived into the retry topic as RocketMQ 5 does: the queue already holds it and the claim state says
 how often it was delivered). Past ``max_reconsume_times`` the claiming consumer records the claim and
-a ``NACK`` in one commit instead of returning it, and the retry job routes it to ``%DLQ%<group>``.
-``nack`` records a ``NACK`` for the retry job; the group's retry topic is received from
-automatically once it exists.
+a ``NACK`` (whose ``reconsume_times`` is that delivery count) in one commit instead of returning it,
+for the retry job to route (to ``%DLQ%<group>`` when it honours the row's count). ``nack`` records a
+``NACK`` for the retry job; the group's retry topic is received from automatically once it exists.
+
+Cost: every receive is one action-log commit, so a group's receives are serialised on that log; a
+consumer that loses a race catches up with the new versions only (no re-read of messages) and
+retries after a random backoff. Receive in batches (``max_nums``) when throughput matters.
 
 Timing assumes the clocks of the group's consumers agree to well within an invisible time.
 New groups start at each queue's first stored message.

@@ -262,6 +262,9 @@ class TransactionProducer(Producer):
             except Exception as exc:  # keep polling; the requests are answered on a later round
                 _log.warning("transaction check-back of group %s failed: %s", self.group, exc)
 
+    def __enter__(self) -> TransactionProducer:
+        return self
+
     def close(self) -> None:
         """Stop answering checks, flush async sends and stop."""
         self._stop.set()

@@ -51,6 +51,7 @@ from engine.store.queues import QueueIndex
 from engine.store.store import Store, now_ms
 
 _log = logging.getLogger(__name__)
+_ACTION_FLUSH_S = 0.2  # NACKs reach the action log this soon (and always before offsets pass them)
 
 
 class ConsumeResult(enum.StrEnum):
@@ -369,22 +370,12 @@ class PushConsumer:
         try:
             self._persist()
             self._actions.close()
-        except Exception as exc:  # logged; background threads keep going
-            _log.warning(
-                "push consumer %s: final commit failed: %s",
-                self.instance_id,
-                exc,
-                exc_info=not isinstance(exc, MQError),
-            )
+        except Exception as exc:  # logged; background work goes on
+            self._warn("final commit failed", exc)
         try:
             self._membership.leave()
-        except Exception as exc:  # logged; background threads keep going
-            _log.warning(
-                "push consumer %s: leave failed: %s",
-                self.instance_id,
-                exc,
-                exc_info=not isinstance(exc, MQError),
-            )
+        except Exception as exc:  # logged; background work goes on
+            self._warn("leave failed", exc)
 
     def __enter__(self) -> PushConsumer:
         return self
@@ -407,47 +398,34 @@ class PushConsumer:
                 next_heartbeat = now + self._heartbeat_s
                 try:
                     self._membership.heartbeat(self.subscriptions())
-                except Exception as exc:  # logged; background threads keep going
-                    _log.warning(
-                        "push consumer %s: heartbeat failed: %s",
-                        self.instance_id,
-                        exc,
-                        exc_info=not isinstance(exc, MQError),
-                    )
+                except Exception as exc:  # logged; background work goes on
+                    self._warn("heartbeat failed", exc)
             if now >= next_commit:
                 next_commit = now + self._commit_s
                 try:
                     self._persist()
-                except Exception as exc:  # logged; background threads keep going
-                    _log.warning(
-                        "push consumer %s: offset commit failed: %s",
-                        self.instance_id,
-                        exc,
-                        exc_info=not isinstance(exc, MQError),
-                    )
+                except Exception as exc:  # logged; background work goes on
+                    self._warn("offset commit failed", exc)
             else:
                 try:
                     self._actions.flush_if_due()
-                except Exception as exc:  # logged; background threads keep going
-                    _log.warning(
-                        "push consumer %s: action flush failed: %s",
-                        self.instance_id,
-                        exc,
-                        exc_info=not isinstance(exc, MQError),
-                    )
-            self._stop.wait(max(0.0, min(next_heartbeat, next_commit) - time.monotonic()))
+                except Exception as exc:  # logged; background work goes on
+                    self._warn("action flush failed", exc)
+            wake = min(next_heartbeat, next_commit, time.monotonic() + _ACTION_FLUSH_S)
+            self._stop.wait(max(0.0, wake - time.monotonic()))
+
+    def _warn(self, what: str, exc: Exception) -> None:
+        # Expected failures (MQError) are one line; anything else is a bug worth its traceback.
+        _log.warning(
+            "push consumer %s: %s: %s", self.instance_id, what, exc, exc_info=not isinstance(exc, MQError)
+        )
 
     def _rebalance_loop(self) -> None:
         while not self._stop.is_set():
             try:
                 self._rebalance()
-            except Exception as exc:  # logged; background threads keep going
-                _log.warning(
-                    "push consumer %s: rebalance failed: %s",
-                    self.instance_id,
-                    exc,
-                    exc_info=not isinstance(exc, MQError),
-                )
+            except Exception as exc:  # logged; background work goes on
+                self._warn("rebalance failed", exc)
             self._stop.wait(self._rebalance_s)
 
     def _rebalance(self) -> None:
@@ -565,13 +543,8 @@ class PushConsumer:
             # A listener still running keeps its lock until the lease expires.
             try:
                 self._membership.unlock(finished)
-            except Exception as exc:  # logged; background threads keep going
-                _log.warning(
-                    "push consumer %s: unlock failed (leases expire): %s",
-                    self.instance_id,
-                    exc,
-                    exc_info=not isinstance(exc, MQError),
-                )
+            except Exception as exc:  # logged; background work goes on
+                self._warn("unlock failed (leases expire)", exc)
 
     def _persist(self, pqs: Sequence[_ProcessQueue] | None = None) -> None:
         """Commit consumed offsets that moved; NACKs of the messages they pass are flushed first."""
@@ -607,14 +580,8 @@ class PushConsumer:
                     expression=pq.expression,
                     suspend_ms=self._pull_suspend_ms,
                 )
-            except Exception as exc:  # logged; background threads keep going
-                _log.warning(
-                    "push consumer %s: pull of %s failed: %s",
-                    self.instance_id,
-                    mq,
-                    exc,
-                    exc_info=not isinstance(exc, MQError),
-                )
+            except Exception as exc:  # logged; background work goes on
+                self._warn(f"pull of {mq} failed", exc)
                 pq.dropped.wait(self._suspend_s)
                 continue
             # Offsets move only past entries the pull has shown to us. A pull's queue bounds can

@@ -201,3 +201,30 @@ def test_bad_commit_offset_raises_and_writes_nothing(store: Store, topic: str, o
 def test_bad_group_raises(store: Store, group: object) -> None:
     with pytest.raises(InvalidArgumentError):
         PullConsumer(store, group)  # type: ignore[arg-type]
+
+
+def test_concurrent_dispatchers_on_one_store_never_duplicate_entries(store: Store, topic: str) -> None:
+    errors: list[BaseException] = []
+
+    def dispatch_loop() -> None:
+        try:
+            for _ in range(15):
+                dispatch_pending(store)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    with Producer(store) as p:
+        threads = [threading.Thread(target=dispatch_loop) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for i in range(40):
+            p.send(Message(topic, f"{i}".encode()), queue_id=i % 2)
+        for t in threads:
+            t.join()
+    dispatch_pending(store)
+    assert not errors
+    rows = store.read(schemas.CONSUME_QUEUE).to_pylist()
+    keys = [(r["queue_id"], r["queue_offset"]) for r in rows]
+    assert len(keys) == len(set(keys)) == 40
+    for qid in (0, 1):
+        assert sorted(o for q, o in keys if q == qid) == list(range(20))

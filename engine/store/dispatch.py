@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.compute as pc
+from deltalake import DeltaTable
 
 from engine.errors import CommitConflictError, StoreError
 from engine.model import UNDISPATCHED_FLAGS
@@ -22,16 +23,18 @@ from engine.store.store import Store
 DISPATCH_APP = "mq.dispatch"
 
 
-def dispatched_version(store: Store) -> int:
+def dispatched_version(store: Store, handle: DeltaTable | None = None) -> int:
     """Last commit-log version whose rows are in the consume queue (-1 before any)."""
-    version = store.app_version(schemas.CONSUME_QUEUE, DISPATCH_APP)
-    return -1 if version is None else version
+    dt = handle if handle is not None else store.table(schemas.CONSUME_QUEUE)
+    version = dt.transaction_version(DISPATCH_APP)
+    return -1 if version is None else int(version)
 
 
-def _entries(rows: pa.Table, store: Store) -> tuple[pa.Table, int, str]:
-    """Consume-queue rows for new commit-log rows, the covered version, and the new marks."""
-    dt = store.table(schemas.CONSUME_QUEUE)
-    last = dispatched_version(store)
+def _entries(rows: pa.Table, dt: DeltaTable) -> tuple[pa.Table, int, str]:
+    """Consume-queue rows for new commit-log rows, the covered version, and the new marks, all
+    decided from the one snapshot ``dt``."""
+    version = dt.transaction_version(DISPATCH_APP)
+    last = -1 if version is None else int(version)
     marks = queue_marks(dt)
     rows = rows.filter(pc.greater(rows[VERSION_COLUMN], last))
     if rows.num_rows == 0:
@@ -86,8 +89,10 @@ def dispatch_rows(store: Store, rows: pa.Table, attempts: int = 8) -> int:
         CommitConflictError: lost ``attempts`` races in a row.
     """
     for _ in range(attempts):
-        entries, covered, marks = _entries(rows, store)
-        if covered <= dispatched_version(store) and entries.num_rows == 0:
+        # A private snapshot: what is written is decided from exactly the version it commits after.
+        dt = store.open_table(schemas.CONSUME_QUEUE)
+        entries, covered, marks = _entries(rows, dt)
+        if covered <= dispatched_version(store, dt) and entries.num_rows == 0:
             return 0
         try:
             store.append(
@@ -97,6 +102,7 @@ def dispatch_rows(store: Store, rows: pa.Table, attempts: int = 8) -> int:
                 app_version=covered,
                 custom_metadata={CQ_KEY: marks},
                 max_retries=0,
+                handle=dt,
             )
         except CommitConflictError:
             continue

@@ -8,21 +8,34 @@ from typing import Any
 
 from deltalake import DeltaTable
 
+from engine.errors import StoreError
+from engine.store.log import read_version
+
 CQ_KEY = "mq.cq"
 
 
+# How far back to look for a marker before giving up (compaction and progress commits lack them).
+MAX_WALK_BACK = 4096
+
+
 def latest_commit_value(dt: DeltaTable, key: str) -> str | None:
-    """Value of ``key`` in the newest commitInfo (at or before ``dt``'s version) that has it."""
+    """Value of ``key`` in the newest commitInfo at or before ``dt``'s version that has it.
+
+    Reads each commit file by its exact version: delta-rs ``history()`` on a handle that is behind
+    the log lists the newest commits under older version numbers, which would let a reader see marks
+    ahead of the files it has. Returns None when no commit left in the log carries the key.
+    """
     version = int(dt.version())
-    depth = 8
-    while True:
-        history = dt.history(depth)
-        for info in history:
-            if int(info.get("version", -1)) <= version and key in info:
-                return str(info[key])
-        if len(history) < depth or depth >= 4096:
-            return None
-        depth *= 4
+    uri = dt.table_uri
+    options = getattr(dt, "_storage_options", None)
+    for v in range(version, max(version - MAX_WALK_BACK, -1), -1):
+        try:
+            info = read_version(uri, v, options).commit_info
+        except StoreError:
+            return None  # older commits were cleaned up after a checkpoint
+        if key in info:
+            return str(info[key])
+    return None
 
 
 @dataclass

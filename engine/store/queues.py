@@ -55,9 +55,12 @@ class QueueIndex:
             version = int(self._cq.version())
             if version == self._version:
                 return False
-            self._marks = queue_marks(self._cq)
-            self._cq_files = FileStats.of(self._cq, ["queue_id", "queue_offset"])
-            self._cq_reader.forget(set(self._cq_files.paths))
+            marks = queue_marks(self._cq)
+            files = FileStats.of(self._cq, ["queue_id", "queue_offset"])
+            # Files first: a reader that sees the new bounds must find the entries behind them.
+            self._cq_files = files
+            self._marks = marks
+            self._cq_reader.forget(set(files.paths))
             self._version = version
             return True
 

@@ -30,6 +30,7 @@ from engine.errors import CommitConflictError, CommitStateUnknownError, StoreErr
 from engine.model import UNDISPATCHED_FLAGS
 from engine.protocol import record_size, tags_code
 from engine.store import schemas
+from engine.store.marks import latest_commit_value
 from engine.store.store import Store, now_ms
 
 HWM_KEY = "mq.hwm"
@@ -102,21 +103,8 @@ def read_hwm(dt: DeltaTable) -> HighWaterMarks:
     Walks back from that version to the newest commit that carries marks (compaction commits may
     not); if none is left in the log, recovers them by scanning the table.
     """
-    version = int(dt.version())
-    depth = 8
-    while True:
-        history = dt.history(depth)
-        for info in history:
-            if int(info.get("version", -1)) > version:
-                continue
-            if HWM_KEY in info:
-                return HighWaterMarks.from_json(str(info[HWM_KEY]))
-        if len(history) < depth:
-            break
-        depth *= 4
-        if depth > 4096:
-            break
-    return recover_hwm_by_scan(dt)
+    text = latest_commit_value(dt, HWM_KEY)
+    return HighWaterMarks.from_json(text) if text is not None else recover_hwm_by_scan(dt)
 
 
 def recover_hwm_by_scan(dt: DeltaTable) -> HighWaterMarks:

@@ -193,11 +193,16 @@ class Store:
         app_version: int | None = None,
         custom_metadata: Mapping[str, str] | None = None,
         max_retries: int | None = None,
+        handle: DeltaTable | None = None,
     ) -> int:
         """Append an Arrow table as one Delta commit; returns the committed version.
 
         With ``app_id``/``app_version`` the commit carries a Delta app transaction, so a writer can
         check :meth:`app_version` before writing and make replays no-ops.
+
+        A writer that decided what to write from a snapshot passes that snapshot's ``handle`` with
+        ``max_retries=0``: the commit then lands exactly on the next version or fails, never on top
+        of commits it did not see (the store's shared handle may be moved by other threads).
 
         Raises:
             CommitConflictError: the commit lost its race ``max_retries`` + 1 times.
@@ -206,7 +211,7 @@ class Store:
         schema = schemas.SCHEMAS[name]
         data = data.select(schema.names).cast(schema)
         txns = [Transaction(app_id, app_version)] if app_id is not None and app_version is not None else None
-        dt = self.table(name, fresh=False)
+        dt = handle if handle is not None else self.table(name, fresh=False)
         with self._lock:
             try:
                 write_deltalake(

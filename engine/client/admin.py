@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
+from engine.client.producer import Producer
 from engine.delays import MAX_DELAY_LEVEL
-from engine.errors import InvalidArgumentError, InvalidTopicError, TopicExistsError
-from engine.model import QueueStats, TopicConfig
-from engine.protocol import MAX_QUEUES, SCHEDULE_TOPIC, is_system_topic, validate_topic_name
+from engine.errors import InvalidArgumentError, InvalidTopicError, StoreError, TopicExistsError
+from engine.model import Message, MessageExt, QueueStats, SendResult, TopicConfig
+from engine.protocol import (
+    MAX_QUEUES,
+    PROPERTY_DELAY,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_RECONSUME_TIME,
+    PROPERTY_RETRY_TOPIC,
+    PROPERTY_TIMER_DELIVER_MS,
+    SCHEDULE_TOPIC,
+    dlq_topic,
+    is_system_topic,
+    parse_msg_id,
+    validate_group_name,
+    validate_topic_name,
+)
 from engine.store.queues import QueueIndex
 from engine.store.store import Store, now_ms
 
@@ -18,6 +33,7 @@ class Admin:
     def __init__(self, store: Store) -> None:
         self._store = store
         self._index = QueueIndex(store)
+        self._producer: Producer | None = None
 
     def create_topic(
         self, name: str, queues: int | None = None, *, type: str = "NORMAL", perm: int = 6
@@ -96,3 +112,121 @@ class Admin:
                     last_ts = int(last["store_ts_ms"][0].as_py())
             stats.append(QueueStats(topic, qid, lo, hi, last_ts))
         return stats
+
+    # ----------------------------------------------------------------- dead letters
+    def dlq_messages(
+        self, group: str, max_num: int = 100, *, start_offset: int | None = None
+    ) -> list[MessageExt]:
+        """Messages of ``%DLQ%<group>`` (dispatched ones), oldest first.
+
+        Each carries its history: ``ORIGIN_MESSAGE_ID`` (the first failed copy), ``RETRY_TOPIC``
+        (the original topic) and ``RECONSUME_TIME``.
+
+        Args:
+            group: the consumer group.
+            max_num: most messages returned (1..1024).
+            start_offset: first DLQ queue offset to read (default: the oldest retained).
+
+        Returns:
+            The messages; an empty list when the group never dead-lettered anything.
+
+        Raises:
+            InvalidArgumentError: a bad group name, ``max_num`` or ``start_offset``.
+        """
+        validate_group_name(group)
+        if isinstance(max_num, bool) or not isinstance(max_num, int) or not 1 <= max_num <= 1024:
+            raise InvalidArgumentError(f"max_num {max_num!r} must be 1..1024", max_num=max_num)
+        if start_offset is not None and (
+            isinstance(start_offset, bool) or not isinstance(start_offset, int) or start_offset < 0
+        ):
+            raise InvalidArgumentError(
+                f"start_offset {start_offset!r} must be an int >= 0", start_offset=start_offset
+            )
+        topic = dlq_topic(group)
+        if self._store.topic_configs(refresh=True).get(topic) is None:
+            return []
+        self._index.refresh()
+        low, high = self._index.bounds(topic, 0)
+        start = low if start_offset is None else max(low, start_offset)
+        end = min(high, start + max_num)
+        if end <= start:
+            return []
+        entries = self._index.entries(topic, 0, start, end)
+        rows = self._index.messages([int(p) for p in entries["physical_offset"].to_pylist()])
+        return [MessageExt.from_row(r) for r in rows.to_pylist()]
+
+    def _find_dlq(self, group: str, msg_id: str) -> MessageExt:
+        topic = dlq_topic(group)
+        if self._store.topic_configs(refresh=True).get(topic) is None:
+            raise InvalidArgumentError(
+                f"group {group!r} has no dead-letter queue; no message {msg_id!r} to resend",
+                group=group,
+                msg_id=msg_id,
+            )
+        self._index.refresh()
+        try:  # an offset msg id points straight at its commit-log row
+            store_id, physical = parse_msg_id(msg_id)
+        except InvalidArgumentError:
+            store_id, physical = "", -1
+        if store_id == self._store.store_id:
+            try:
+                row = self._index.messages([physical]).to_pylist()[0]
+            except StoreError:
+                row = None
+            if row is not None and row["topic"] == topic and row["msg_id"] == msg_id.upper():
+                return MessageExt.from_row(row)
+        low, high = self._index.bounds(topic, 0)  # else: a uniq key (the id consumers see)
+        for start in range(low, high, 1024):
+            entries = self._index.entries(topic, 0, start, min(high, start + 1024))
+            rows = self._index.messages([int(p) for p in entries["physical_offset"].to_pylist()])
+            for row in rows.to_pylist():
+                if row["uniq_key"] == msg_id or row["msg_id"] == msg_id:
+                    return MessageExt.from_row(row)
+        raise InvalidArgumentError(
+            f"message {msg_id!r} is not in the dead-letter queue of group {group!r} ({topic})",
+            group=group,
+            msg_id=msg_id,
+        )
+
+    def resend_dlq(self, group: str, msg_id: str) -> SendResult:
+        """Send a dead-lettered message back to its original topic as a new message.
+
+        The copy keeps body, tags, keys, user properties and ``ORIGIN_MESSAGE_ID``; it starts again
+        with ``reconsume_times`` 0. The DLQ keeps its copy (the log is append-only), so resending
+        twice sends twice.
+
+        Args:
+            group: the consumer group whose DLQ holds the message.
+            msg_id: the DLQ message's offset msg id, or its uniq key.
+
+        Returns:
+            Where the new message was stored.
+
+        Raises:
+            InvalidArgumentError: a bad group, or ``msg_id`` is not in that DLQ (nothing is sent).
+            TopicNotFoundError: the original topic no longer exists.
+        """
+        validate_group_name(group)
+        if not isinstance(msg_id, str) or not msg_id:
+            raise InvalidArgumentError("msg_id must be a non-empty string", msg_id=msg_id)
+        message = self._find_dlq(group, msg_id)
+        original = message.properties.get(PROPERTY_RETRY_TOPIC)
+        if not original:
+            raise InvalidArgumentError(
+                f"DLQ message {msg_id!r} does not record its original topic ({PROPERTY_RETRY_TOPIC})",
+                group=group,
+                msg_id=msg_id,
+            )
+        dropped = {
+            PROPERTY_RETRY_TOPIC,
+            PROPERTY_RECONSUME_TIME,
+            PROPERTY_DELAY,
+            PROPERTY_REAL_TOPIC,
+            PROPERTY_REAL_QUEUE_ID,
+            PROPERTY_TIMER_DELIVER_MS,
+        }
+        properties = {k: v for k, v in message.properties.items() if k not in dropped}
+        copy = Message(original, message.body, message.tags, message.keys, properties)
+        if self._producer is None:
+            self._producer = Producer(self._store, "DLQ_RESEND")
+        return self._producer.send(copy)

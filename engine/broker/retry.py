@@ -1,0 +1,391 @@
+"""Retry and dead letters: NACKed messages go back to their group through ``%RETRY%<group>``.
+
+A consumer that gives up on a message (PushConsumer's RECONSUME_LATER, SimpleConsumer's nack or an
+invisible deadline that expired) records a ``NACK`` (or ``EXPIRED``) row in ``action_log``. This
+module turns those rows into re-puts on the commit log, as RocketMQ's ``consumerSendMsgBack``:
+
+* ``reconsume_times + 1 <= max`` -> a retry: stored in ``SCHEDULE_TOPIC_XXXX`` at delay level
+  ``3 + reconsume_times`` (capped at 18; the first retry waits 10 s) with ``REAL_TOPIC =
+  %RETRY%<group>``, ``REAL_QID = 0``; the schedule (:mod:`engine.broker.schedule`) delivers it when
+  due. ``reconsume_times`` and the ``RECONSUME_TIME`` property become ``reconsume_times + 1``.
+* otherwise -> a dead letter in ``%DLQ%<group>`` (one queue), delivered at once, with the same
+  ``reconsume_times + 1`` (the number of failed deliveries).
+
+Both keep body, tags, keys, uniq key (the id consumers see) and born time, and carry the history:
+``ORIGIN_MESSAGE_ID`` (offset msg id of the first failed copy, kept across retries),
+``RETRY_TOPIC`` (the original topic, kept across retries; RocketMQ's name for it) and
+``RECONSUME_TIME``. ``%RETRY%<group>`` and ``%DLQ%<group>`` are created on first use (1 queue).
+
+The maximum is, in order of precedence: the message's ``MAX_RECONSUME_TIMES`` property, the
+group's setting (``max_reconsume_times={group: n}``), ``max_reconsume_times=n`` for every group,
+``EngineConfig.max_reconsume_times`` (16).
+
+Exactly once: every re-put of one ``action_log`` version range is appended in ONE commit-log
+commit together with two app transactions: ``mq.retry`` = the last action-log version routed (the
+job's progress, where a restart resumes) and ``mq.retry.seq`` = a counter, exactly +1 per commit,
+which makes the commit a compare-and-swap on the progress it was computed from (two instances that
+read the same progress but different ranges cannot both commit). A replayed micro-batch, a
+restart or a second instance therefore routes nothing twice. Within a range, two failure rows for
+the same (group, physical offset) route the message once. A row whose message cannot be read
+(removed by retention, a wrong offset, an id mismatch) is skipped and named in the commit's
+``mq.retry.skipped`` metadata rather than blocking the job.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
+from engine.broker.schedule import SCHEDULE_PROPERTIES
+from engine.client import actions as _actions
+from engine.client.admin import Admin
+from engine.delays import DELAY_LEVELS_MS, retry_delay_level
+from engine.errors import CommitConflictError, InvalidArgumentError, StoreError
+from engine.model import UNDISPATCHED_FLAGS
+from engine.protocol import (
+    PROPERTY_DELAY,
+    PROPERTY_MAX_RECONSUME_TIMES,
+    PROPERTY_ORIGIN_MESSAGE_ID,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_RECONSUME_TIME,
+    PROPERTY_RETRY_TOPIC,
+    SCHEDULE_TOPIC,
+    dlq_topic,
+    retry_topic,
+)
+from engine.store import schemas
+from engine.store.log import VERSION_COLUMN, read_versions
+from engine.store.queues import QueueIndex
+from engine.store.sequencer import CommitLogWriter, PendingMessage
+from engine.store.store import Store
+from engine.store.store import now_ms as _clock_ms
+
+RETRY_APP = "mq.retry"
+RETRY_GUARD_APP = "mq.retry.seq"
+RANGE_KEY = "mq.retry.range"
+SKIPPED_KEY = "mq.retry.skipped"
+NACK: str = _actions.NACK
+# Emitted by consumers whose invisible deadline passed without an ack (SimpleConsumer).
+EXPIRED: str = getattr(_actions, "EXPIRED", "EXPIRED")
+ROUTED_ACTIONS: frozenset[str] = frozenset({NACK, EXPIRED})
+# Columns of action_log the router reads (a stream may select just these, plus ``_version``).
+ROUTE_COLUMNS = ("group", "action", "physical_offset", "msg_id")
+# With no failure in a range, progress is committed (as an empty commit) only every this many
+# action-log versions: a restart re-reads at most that many versions, and quiet consumers do not
+# fill the commit log with empty commits.
+ADVANCE_EVERY = 64
+_MAX_LOST_RACES = 64
+_MAX_SKIPPED_LISTED = 100
+
+MaxReconsume = int | Mapping[str, int] | None
+
+
+# ----------------------------------------------------------------- pure rules
+def _properties(row: Mapping[str, Any]) -> dict[str, str]:
+    props = row.get("properties") or {}
+    return dict(props) if not isinstance(props, Mapping) else {str(k): str(v) for k, v in props.items()}
+
+
+def max_reconsume_times(
+    properties: Mapping[str, str], group: str, setting: MaxReconsume, default: int
+) -> int:
+    """The reconsume limit for one message of ``group``; pure (precedence in the module docstring)."""
+    raw = properties.get(PROPERTY_MAX_RECONSUME_TIMES)
+    if raw is not None:
+        try:
+            value = int(raw)
+        except ValueError:
+            value = -1
+        if value >= 0:
+            return value
+    if isinstance(setting, Mapping):
+        if group in setting:
+            return int(setting[group])
+    elif setting is not None:
+        return int(setting)
+    return default
+
+
+def _history(row: Mapping[str, Any]) -> dict[str, str]:
+    """The failed message's properties with the failure history filled in."""
+    props = {k: v for k, v in _properties(row).items() if k not in SCHEDULE_PROPERTIES}
+    props.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, str(row["msg_id"]))
+    props.setdefault(PROPERTY_RETRY_TOPIC, str(row["topic"]))
+    props[PROPERTY_RECONSUME_TIME] = str(int(row.get("reconsume_times") or 0) + 1)
+    return props
+
+
+def retry_message(row: Mapping[str, Any], group: str, now_ms: int) -> PendingMessage:
+    """The schedule-topic copy that brings a failed message back to ``%RETRY%<group>``; pure."""
+    times = int(row.get("reconsume_times") or 0)
+    level = retry_delay_level(times)
+    due = now_ms + DELAY_LEVELS_MS[level - 1]
+    props = _history(row)
+    props[PROPERTY_REAL_TOPIC] = retry_topic(group)
+    props[PROPERTY_REAL_QUEUE_ID] = "0"
+    props[PROPERTY_DELAY] = str(level)
+    return PendingMessage(
+        topic=SCHEDULE_TOPIC,
+        queue_id=level - 1,
+        body=bytes(row["body"]),
+        uniq_key=str(row["uniq_key"]),
+        tags=row.get("tags"),
+        keys=tuple(row.get("keys") or ()),
+        properties=props,
+        born_ts_ms=int(row["born_ts_ms"]),
+        delay_level=level,
+        deliver_at_ms=due,
+        reconsume_times=times + 1,
+        tags_code=due,
+    )
+
+
+def dead_letter(row: Mapping[str, Any], group: str) -> PendingMessage:
+    """The ``%DLQ%<group>`` copy of a message that failed too often; pure."""
+    return PendingMessage(
+        topic=dlq_topic(group),
+        queue_id=0,
+        body=bytes(row["body"]),
+        uniq_key=str(row["uniq_key"]),
+        tags=row.get("tags"),
+        keys=tuple(row.get("keys") or ()),
+        properties=_history(row),
+        born_ts_ms=int(row["born_ts_ms"]),
+        reconsume_times=int(row.get("reconsume_times") or 0) + 1,
+    )
+
+
+def route_message(
+    row: Mapping[str, Any], group: str, now_ms: int, setting: MaxReconsume = None, default: int = 16
+) -> PendingMessage:
+    """Retry or dead letter for one failed message (a commit-log row); pure."""
+    limit = max_reconsume_times(_properties(row), group, setting, default)
+    if int(row.get("reconsume_times") or 0) + 1 > limit:
+        return dead_letter(row, group)
+    return retry_message(row, group, now_ms)
+
+
+def _check_setting(setting: MaxReconsume) -> MaxReconsume:
+    def ok(value: object) -> bool:
+        return not isinstance(value, bool) and isinstance(value, int) and value >= 0
+
+    if setting is None or (not isinstance(setting, Mapping) and ok(setting)):
+        return setting
+    if isinstance(setting, Mapping) and all(isinstance(g, str) and ok(v) for g, v in setting.items()):
+        return dict(setting)
+    raise InvalidArgumentError(
+        f"max_reconsume_times {setting!r} must be an int >= 0 or a mapping of group to int >= 0",
+        max_reconsume_times=setting,
+    )
+
+
+# ----------------------------------------------------------------- store level
+def _txn(dt: DeltaTable, app_id: str) -> int:
+    value = dt.transaction_version(app_id)
+    return -1 if value is None else int(value)
+
+
+def routed_version(store: Store) -> int:
+    """Last ``action_log`` version whose failures are routed (-1 before any)."""
+    return _txn(store.table(schemas.COMMIT_LOG), RETRY_APP)
+
+
+class RetryRouter:
+    """Routes failure rows of ``action_log`` to retry and dead-letter topics; one per job.
+
+    Thread-safe. Any number of routers, in any processes, may run against one store.
+
+    Args:
+        store: an open store.
+        max_reconsume_times: an int for every group, or a mapping group -> int; default the
+            engine config's ``max_reconsume_times`` (16). A message's own ``MAX_RECONSUME_TIMES``
+            property wins over both.
+
+    Raises:
+        InvalidArgumentError: a bad ``max_reconsume_times``.
+    """
+
+    def __init__(self, store: Store, *, max_reconsume_times: MaxReconsume = None) -> None:
+        self._store = store
+        self._setting = _check_setting(max_reconsume_times)
+        self._writer = CommitLogWriter(store)
+        self._index = QueueIndex(store)
+        self._admin = Admin(store)
+        self._ensured: set[str] = set()
+        self._lock = threading.Lock()
+        self.retried = 0
+        self.dead = 0
+        self.skipped = 0
+
+    def route(self, rows: pa.Table, now_ms: int | None = None) -> int:
+        """Route the failure rows among ``rows`` (action-log rows carrying ``_version``).
+
+        Called once per micro-batch; idempotent per action-log version: rows of versions already
+        routed (by anyone) are dropped. Returns the messages re-put by this call.
+
+        Raises:
+            InvalidArgumentError: ``rows`` lacks ``_version`` or a routing column.
+            StoreError: the commit log is unreadable or the write failed.
+            CommitConflictError: lost every race for the commit log.
+        """
+        if now_ms is not None and (isinstance(now_ms, bool) or not isinstance(now_ms, int) or now_ms < 0):
+            raise InvalidArgumentError(
+                f"now_ms {now_ms!r} must be a non-negative epoch-ms int", now_ms=now_ms
+            )
+        missing = [c for c in (*ROUTE_COLUMNS, VERSION_COLUMN) if c not in rows.column_names]
+        if missing:
+            raise InvalidArgumentError(f"action rows lack columns {missing}", missing=missing)
+        routed = 0
+        with self._lock:
+            for _ in range(_MAX_LOST_RACES):
+                dt = self._store.table(schemas.COMMIT_LOG)
+                progress, seq = _txn(dt, RETRY_APP), _txn(dt, RETRY_GUARD_APP)
+                fresh = rows.filter(pc.greater(rows[VERSION_COLUMN], progress))
+                if fresh.num_rows == 0:
+                    return routed
+                covered = int(pc.max(fresh[VERSION_COLUMN]).as_py())
+                failures = fresh.filter(
+                    pc.is_in(fresh["action"], value_set=pa.array(sorted(ROUTED_ACTIONS), pa.string()))
+                )
+                if failures.num_rows == 0 and covered - progress < ADVANCE_EVERY:
+                    return routed  # nothing to route; progress catches up with the next commit
+                now = _clock_ms() if now_ms is None else now_ms
+                messages, skipped = self._messages(failures, now)
+                metadata = {RANGE_KEY: f"{progress + 1}..{covered}"}
+                if skipped:
+                    metadata[SKIPPED_KEY] = json.dumps(skipped[:_MAX_SKIPPED_LISTED])
+                stamped = self._writer.append(
+                    messages,
+                    app_transactions={RETRY_APP: covered, RETRY_GUARD_APP: seq + 1},
+                    custom_metadata=metadata,
+                )
+                if messages and not stamped:
+                    continue  # another router committed from the same progress: read it again
+                if stamped:
+                    routed += len(stamped)
+                    dead = sum(1 for m in messages if m.topic != SCHEDULE_TOPIC)
+                    self.dead += dead
+                    self.retried += len(messages) - dead
+                    self.skipped += len(skipped)
+                return routed
+        raise CommitConflictError(
+            f"retry routing lost {_MAX_LOST_RACES} races in a row", table=schemas.COMMIT_LOG
+        )
+
+    def _messages(self, failures: pa.Table, now: int) -> tuple[list[PendingMessage], list[dict[str, Any]]]:
+        rows = failures.select([*ROUTE_COLUMNS, VERSION_COLUMN]).to_pylist()
+        found = self._fetch([int(r["physical_offset"]) for r in rows])
+        default = self._store.config.max_reconsume_times
+        seen: set[tuple[str, int]] = set()
+        messages: list[PendingMessage] = []
+        skipped: list[dict[str, Any]] = []
+        for r in rows:  # in action-log order
+            group, physical = str(r["group"]), int(r["physical_offset"])
+            message = found.get(physical)
+            reason = None
+            if message is None:
+                reason = "no message at this physical offset"
+            elif r["msg_id"] and r["msg_id"] != message["msg_id"]:
+                reason = f"msg_id {r['msg_id']} does not match the stored {message['msg_id']}"
+            elif int(message["sys_flag"]) in UNDISPATCHED_FLAGS:
+                reason = "a transaction half message is never consumed"
+            if reason is not None or message is None:
+                skipped.append({"group": group, "physical_offset": physical, "reason": reason})
+                continue
+            if (group, physical) in seen:
+                continue  # one route per (group, message) per range
+            seen.add((group, physical))
+            routed = route_message(message, group, now, self._setting, default)
+            self._ensure_topics(group, routed.topic == SCHEDULE_TOPIC)
+            messages.append(routed)
+        return messages, skipped
+
+    def _ensure_topics(self, group: str, retry: bool) -> None:
+        names = [SCHEDULE_TOPIC, retry_topic(group)] if retry else [dlq_topic(group)]
+        for name in names:
+            if name not in self._ensured:
+                if name == SCHEDULE_TOPIC:
+                    self._admin.ensure_schedule_topic()
+                else:
+                    self._admin._ensure_system_topic(name, 1)
+                self._ensured.add(name)
+
+    def _fetch(self, physical: list[int]) -> dict[int, dict[str, Any]]:
+        """Commit-log rows by physical offset; offsets with no readable row are left out."""
+        wanted = sorted(set(physical))
+        for _ in range(3):
+            if not wanted:
+                return {}
+            try:
+                table = self._index.messages(wanted)
+            except StoreError as exc:
+                gone = set(getattr(exc, "offsets", None) or ())
+                if not gone:
+                    raise
+                wanted = [p for p in wanted if p not in gone]
+                continue
+            return {int(r["physical_offset"]): r for r in table.to_pylist()}
+        raise StoreError("commit-log rows for retried messages keep disappearing", offsets=wanted)
+
+
+def route_action_rows(
+    store: Store,
+    rows: pa.Table,
+    *,
+    max_reconsume_times: MaxReconsume = None,
+    now_ms: int | None = None,
+) -> int:
+    """Route the NACK / EXPIRED rows among action-log ``rows`` (with ``_version``); see :class:`RetryRouter`.
+
+    Idempotent per action-log version. Returns the messages re-put.
+    """
+    return RetryRouter(store, max_reconsume_times=max_reconsume_times).route(rows, now_ms)
+
+
+def route_retries(
+    store: Store,
+    *,
+    max_versions: int = 1000,
+    max_reconsume_times: MaxReconsume = None,
+    now_ms: int | None = None,
+    router: RetryRouter | None = None,
+) -> int:
+    """Route every committed action-log failure not yet routed, without Spark; returns re-puts.
+
+    The Spark retry job (``jobs/retry.py``) is the production path; this is the same logic for
+    tools and tests. Exactly once: a second call routes nothing new.
+
+    Args:
+        store: the store.
+        max_versions: action-log versions read per commit.
+        max_reconsume_times: see :class:`RetryRouter` (ignored when ``router`` is given).
+        now_ms: the clock, for retry due times (default now).
+        router: a router to reuse.
+
+    Raises:
+        InvalidArgumentError: bad ``max_versions`` or ``max_reconsume_times``.
+        StoreError, CommitConflictError: as :meth:`RetryRouter.route`.
+    """
+    if isinstance(max_versions, bool) or not isinstance(max_versions, int) or max_versions < 1:
+        raise InvalidArgumentError(
+            f"max_versions {max_versions!r} must be an int >= 1", max_versions=max_versions
+        )
+    router = router or RetryRouter(store, max_reconsume_times=max_reconsume_times)
+    total = 0
+    latest = store.version(schemas.ACTION_LOG)
+    start = routed_version(store) + 1
+    while start <= latest:
+        end = min(latest, start + max_versions - 1)
+        rows = read_versions(
+            store.uri(schemas.ACTION_LOG), start, end, schemas.ACTION_LOG_SCHEMA, store.storage_options
+        )
+        total += router.route(rows, now_ms)
+        start = end + 1
+    return total

@@ -1,0 +1,570 @@
+"""Schedule: delayed and timer messages wait in ``SCHEDULE_TOPIC_XXXX``, then go to their real topic.
+
+Queues of the schedule topic: 0..17 hold delay levels 1..18 (RocketMQ's ``messageDelayLevel``), 18
+holds arbitrary-time timers (``Message(deliver_at_ms=...)``). Every consume-queue entry keeps its
+due time in the tags-code slot, so deciding what is due reads no message body.
+
+Delivery re-puts a due message to its ``REAL_TOPIC`` / ``REAL_QID`` as a new commit-log row: same
+body, tags, keys, uniq key, born time and reconsume times; the schedule properties (``DELAY``,
+``REAL_TOPIC``, ``REAL_QID``, ``TIMER_DELIVER_MS``) removed.
+
+Exactly once
+------------
+Progress lives on the commit log itself, in the same Delta commit as the re-puts:
+
+* app transaction ``mq.schedule.<qid>``: for a level queue, the last delivered queue offset; for
+  the timer queue, the *handled prefix* (every offset at or below it was delivered or moved).
+* app transaction ``mq.schedule``: a counter, +1 per schedule commit. ``CommitLogWriter`` skips a
+  batch when the table already records a version >= the one given for an app id; giving exactly
+  counter + 1 turns that into a compare-and-swap on the state the pass was computed from. Without
+  it two instances that read the same state with different clocks could both commit overlapping
+  deliveries (one through offset 5, the other through 8: offsets 0..5 twice).
+* commitInfo ``mq.schedule``: ``{"seq": counter, "timer": [[lo, hi], ...]}``, the timer queue's
+  handled runs above its prefix.
+
+A pass reads the state, picks what is due and appends it all in one commit with the markers. A
+replayed pass, a restarted job or a second instance finds the counter moved on and reads again.
+
+Timer queue: a handled prefix plus handled runs
+-----------------------------------------------
+A level queue holds one fixed delay, so due times follow commit order (up to clock skew between
+producers) and it is walked in offset order up to the first entry that is not due, as RocketMQ's
+per-level timer does. Timers are in commit order but not in due order: a 7-day timer followed by a
+1-second one must not hold the latter back. The timer queue therefore delivers *every* due entry
+and records what it handled as a contiguous prefix (an app transaction: kept in the snapshot for
+good) plus sorted runs ``[lo, hi]`` of handled offsets above it (commitInfo). Runs rather than a
+bitmap or a set of offsets: deliveries cluster, so the state grows with the number of not-yet-due
+timers stuck *between* delivered ones (the holes), not with the number delivered, and when timers
+come due in roughly the order they were sent it stays empty.
+
+The state is bounded: when there are more than ``max_timer_runs`` runs, the entries of the
+smallest holes are *moved* (re-put unchanged at the tail of the timer queue, in the same commit)
+and count as handled, so runs merge and the prefix advances; one copy of a waiting timer buys one
+run less. The commit holding the runs is found by walking the log back to the commit whose
+``seq`` equals the counter (cached in process). When it falls more than ``refresh_versions``
+behind the latest version while runs exist, an empty commit restates it, so a restart never walks
+far and log cleanup never takes it. If it cannot be found, the pass fails with
+:class:`~engine.errors.StoreError` rather than risk delivering twice.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+import pyarrow as pa
+from deltalake import DeltaTable
+
+from engine.delays import MAX_DELAY_LEVEL
+from engine.errors import CommitConflictError, InvalidArgumentError, StoreError
+from engine.protocol import (
+    PROPERTY_DELAY,
+    PROPERTY_REAL_QUEUE_ID,
+    PROPERTY_REAL_TOPIC,
+    PROPERTY_TIMER_DELIVER_MS,
+    SCHEDULE_TOPIC,
+)
+from engine.store import schemas
+from engine.store.queues import QueueIndex
+from engine.store.sequencer import CommitLogWriter, PendingMessage
+from engine.store.store import Store
+from engine.store.store import now_ms as _clock_ms
+
+SCHEDULE_APP = "mq.schedule"
+STATE_KEY = "mq.schedule"
+DROPPED_KEY = "mq.schedule.dropped"
+TIMER_QUEUE_ID = MAX_DELAY_LEVEL  # queue 18: arbitrary-time timers
+LEVEL_QUEUES = range(MAX_DELAY_LEVEL)
+SCHEDULE_PROPERTIES = frozenset(
+    {PROPERTY_DELAY, PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID, PROPERTY_TIMER_DELIVER_MS}
+)
+_CHUNK = 1024  # consume-queue entries read at a time
+_MAX_LOST_RACES = 64
+
+Run = tuple[int, int]
+
+
+def queue_app_id(queue_id: int) -> str:
+    """App transaction id recording the progress of one schedule queue."""
+    return f"{SCHEDULE_APP}.{queue_id}"
+
+
+# ----------------------------------------------------------------- pure helpers
+def add_handled(prefix: int, runs: Sequence[Run], offsets: Iterable[int]) -> tuple[int, tuple[Run, ...]]:
+    """Merge handled ``offsets`` into a (prefix, runs) state; pure.
+
+    Runs come back sorted, disjoint, non-adjacent and above the prefix; a run that reaches the
+    prefix is absorbed into it.
+    """
+    arr = np.unique(np.fromiter(offsets, dtype=np.int64))
+    pieces: list[Run] = list(runs)
+    if arr.size:
+        breaks = np.nonzero(np.diff(arr) != 1)[0]
+        starts = np.concatenate((arr[:1], arr[breaks + 1]))
+        ends = np.concatenate((arr[breaks], arr[-1:]))
+        pieces.extend(zip(starts.tolist(), ends.tolist(), strict=True))
+    pieces.sort()
+    merged: list[list[int]] = []
+    for lo, hi in pieces:
+        if hi <= prefix:
+            continue
+        lo = max(lo, prefix + 1)
+        if merged and lo <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    while merged and merged[0][0] <= prefix + 1:
+        prefix = max(prefix, merged.pop(0)[1])
+    return prefix, tuple((lo, hi) for lo, hi in merged)
+
+
+def handled_mask(prefix: int, runs: Sequence[Run], offsets: np.ndarray) -> np.ndarray:
+    """For each offset: True when the (prefix, runs) state says it was handled; pure."""
+    mask = offsets <= prefix
+    if runs and offsets.size:
+        starts = np.array([r[0] for r in runs], dtype=np.int64)
+        ends = np.array([r[1] for r in runs], dtype=np.int64)
+        idx = np.searchsorted(starts, offsets, side="right") - 1
+        inside = (idx >= 0) & (offsets <= ends[np.clip(idx, 0, None)])
+        mask = mask | inside
+    return np.asarray(mask, dtype=bool)
+
+
+def _properties(row: Mapping[str, Any]) -> dict[str, str]:
+    props = row.get("properties") or {}
+    return dict(props) if not isinstance(props, Mapping) else {str(k): str(v) for k, v in props.items()}
+
+
+def delivery_of(row: Mapping[str, Any], queues: int | None = None) -> PendingMessage | None:
+    """The real-topic message for a due schedule-topic row, or None if the row names no real topic.
+
+    Pure. ``queues`` (the real topic's queue count, when known) folds a ``REAL_QID`` that no longer
+    exists onto an existing queue rather than losing the message.
+    """
+    props = _properties(row)
+    real_topic = props.get(PROPERTY_REAL_TOPIC)
+    try:
+        real_qid = int(props.get(PROPERTY_REAL_QUEUE_ID, "0"))
+    except ValueError:
+        real_qid = 0
+    if not real_topic or real_qid < 0:
+        return None
+    if queues is not None and queues > 0 and real_qid >= queues:
+        real_qid %= queues
+    return PendingMessage(
+        topic=real_topic,
+        queue_id=real_qid,
+        body=bytes(row["body"]),
+        uniq_key=str(row["uniq_key"]),
+        tags=row.get("tags"),
+        keys=tuple(row.get("keys") or ()),
+        properties={k: v for k, v in props.items() if k not in SCHEDULE_PROPERTIES},
+        born_ts_ms=int(row["born_ts_ms"]),
+        reconsume_times=int(row.get("reconsume_times") or 0),
+    )
+
+
+def moved_copy(row: Mapping[str, Any]) -> PendingMessage:
+    """An unchanged copy of a waiting timer, re-put at the tail of the timer queue; pure."""
+    return PendingMessage(
+        topic=SCHEDULE_TOPIC,
+        queue_id=TIMER_QUEUE_ID,
+        body=bytes(row["body"]),
+        uniq_key=str(row["uniq_key"]),
+        tags=row.get("tags"),
+        keys=tuple(row.get("keys") or ()),
+        properties=_properties(row),
+        born_ts_ms=int(row["born_ts_ms"]),
+        delay_level=int(row.get("delay_level") or 0),
+        deliver_at_ms=row.get("deliver_at_ms"),
+        reconsume_times=int(row.get("reconsume_times") or 0),
+        tags_code=int(row["tags_code"]),
+    )
+
+
+# ----------------------------------------------------------------- state
+@dataclass(frozen=True)
+class ScheduleState:
+    """What the schedule has handled, as of one commit-log version."""
+
+    seq: int  # the mq.schedule counter (-1 before the first schedule commit)
+    delivered: tuple[int, ...]  # per level queue: last delivered queue offset (-1: none)
+    timer_prefix: int
+    timer_runs: tuple[Run, ...]
+    version: int  # commit-log version whose commitInfo holds timer_runs (-1: none)
+
+
+def _txn(dt: DeltaTable, app_id: str) -> int:
+    value = dt.transaction_version(app_id)
+    return -1 if value is None else int(value)
+
+
+def _find_state_commit(dt: DeltaTable, seq: int) -> tuple[int, tuple[Run, ...]]:
+    depth = 16
+    while True:
+        history = dt.history(depth)
+        for info in history:
+            raw = info.get(STATE_KEY)
+            if raw is None:
+                continue
+            data = json.loads(str(raw))
+            if int(data.get("seq", -2)) == seq:
+                runs = tuple((int(lo), int(hi)) for lo, hi in data.get("timer", []))
+                return int(info["version"]), runs
+        if len(history) < depth:
+            break
+        depth *= 4
+    raise StoreError(
+        f"the schedule's state commit (seq {seq}) is no longer in the commit-log history; refusing "
+        "to deliver timers that may have been delivered already",
+        table=schemas.COMMIT_LOG,
+        seq=seq,
+    )
+
+
+def schedule_progress(store: Store) -> dict[int, int]:
+    """Per schedule queue: last delivered offset (level queues) or handled prefix (timer queue)."""
+    dt = store.table(schemas.COMMIT_LOG)
+    return {qid: _txn(dt, queue_app_id(qid)) for qid in (*LEVEL_QUEUES, TIMER_QUEUE_ID)}
+
+
+# ----------------------------------------------------------------- the scheduler
+class _Pick(NamedTuple):
+    due: int
+    queue_id: int
+    offset: int
+    physical: int
+
+
+class _Budget:
+    """Most messages and bytes one pass re-puts (at least one message)."""
+
+    def __init__(self, count: int, size: int) -> None:
+        self.count = count
+        self.size = size
+        self.taken = 0
+
+    def take(self, sizes: np.ndarray) -> int:
+        n = 0
+        for s in sizes.tolist():
+            if self.count <= 0 or (self.size < s and self.taken):
+                break
+            self.count -= 1
+            self.size -= s
+            self.taken += 1
+            n += 1
+        return n
+
+    @property
+    def exhausted(self) -> bool:
+        return self.count <= 0 or self.size <= 0
+
+
+class _TimerCache:
+    """Timer-queue entries not handled as of some earlier state, up to ``scanned`` (exclusive).
+
+    Handled offsets only ever grow, so filtering this by a fresh state gives every unhandled entry
+    below ``scanned`` without reading the consume queue again.
+    """
+
+    def __init__(self) -> None:
+        self.scanned = -1
+        self.offsets = np.empty(0, np.int64)
+        self.dues = np.empty(0, np.int64)
+        self.sizes = np.empty(0, np.int64)
+        self.physical = np.empty(0, np.int64)
+
+    def extend(self, entries: pa.Table) -> None:
+        self.offsets = np.concatenate((self.offsets, entries["queue_offset"].to_numpy()))
+        self.dues = np.concatenate((self.dues, entries["tags_code"].to_numpy()))
+        self.sizes = np.concatenate((self.sizes, entries["size"].to_numpy().astype(np.int64)))
+        self.physical = np.concatenate((self.physical, entries["physical_offset"].to_numpy()))
+
+    def keep(self, mask: np.ndarray) -> None:
+        self.offsets, self.dues = self.offsets[mask], self.dues[mask]
+        self.sizes, self.physical = self.sizes[mask], self.physical[mask]
+
+
+class Scheduler:
+    """Delivers due messages of the schedule topic; one per job (it caches state between passes).
+
+    Thread-safe; any number of schedulers, in any processes, may run against one store: each
+    message is delivered exactly once.
+
+    Args:
+        store: an open store. Its schedule-topic entries must have been dispatched (the dispatch
+            job, or :func:`engine.store.dispatch.dispatch_pending`).
+        max_messages_per_pass: most messages re-put in one commit.
+        max_bytes_per_pass: most message bytes re-put in one commit (at least one message).
+        max_timer_runs: handled runs of the timer queue kept before waiting timers are moved.
+        refresh_versions: how far behind the latest commit-log version the state commit may fall
+            (while runs exist) before an empty commit restates it.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        max_messages_per_pass: int = 4096,
+        max_bytes_per_pass: int = 64 * 1024 * 1024,
+        max_timer_runs: int = 256,
+        refresh_versions: int = 2000,
+    ) -> None:
+        for name, value in (
+            ("max_messages_per_pass", max_messages_per_pass),
+            ("max_bytes_per_pass", max_bytes_per_pass),
+            ("max_timer_runs", max_timer_runs),
+            ("refresh_versions", refresh_versions),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 2:
+                raise InvalidArgumentError(f"{name} must be an int >= 2, got {value!r}", **{name: value})
+        self._store = store
+        self._writer = CommitLogWriter(store)
+        self._index = QueueIndex(store)
+        self._lock = threading.Lock()
+        self._max_messages = max_messages_per_pass
+        self._max_bytes = max_bytes_per_pass
+        self._max_runs = max_timer_runs
+        self._refresh_versions = refresh_versions
+        self._state: ScheduleState | None = None
+        self._heads: dict[int, tuple[int, int]] = {}  # level queue -> (offset, due) of a head not due
+        self._timers = _TimerCache()
+        self.delivered = 0  # messages re-put to their real topic by this scheduler
+        self.moved = 0  # waiting timers moved to the tail of the timer queue
+        self.lost_races = 0  # passes another writer got to first
+
+    # ------------------------------------------------------------- public
+    def deliver_due(self, now_ms: int | None = None) -> int:
+        """Re-put every schedule message due at ``now_ms`` (default: now); returns how many.
+
+        Idempotent and exactly once: what another instance (or an earlier call) delivered is not
+        delivered again. Works in passes of at most ``max_messages_per_pass`` messages, one
+        commit each, until nothing due is left.
+
+        Raises:
+            InvalidArgumentError: ``now_ms`` is not a non-negative int.
+            StoreError: the commit log or consume queue is unreadable, or the timer state is lost.
+            CommitConflictError: lost every race for the commit log.
+        """
+        if now_ms is not None and (isinstance(now_ms, bool) or not isinstance(now_ms, int) or now_ms < 0):
+            raise InvalidArgumentError(
+                f"now_ms {now_ms!r} must be a non-negative epoch-ms int", now_ms=now_ms
+            )
+        total = 0
+        lost = 0
+        with self._lock:
+            while True:
+                now = _clock_ms() if now_ms is None else now_ms
+                outcome = self._pass(now)
+                if outcome is None:
+                    lost += 1
+                    self.lost_races += 1
+                    if lost >= _MAX_LOST_RACES:
+                        raise CommitConflictError(
+                            f"schedule delivery lost {lost} races in a row", table=schemas.COMMIT_LOG
+                        )
+                    continue
+                delivered, more = outcome
+                total += delivered
+                if not more:
+                    return total
+
+    # ------------------------------------------------------------- one pass
+    def _read_state(self, dt: DeltaTable) -> ScheduleState:
+        seq = _txn(dt, SCHEDULE_APP)
+        delivered = tuple(_txn(dt, queue_app_id(q)) for q in LEVEL_QUEUES)
+        prefix = _txn(dt, queue_app_id(TIMER_QUEUE_ID))
+        cached = self._state
+        if seq < 0:
+            runs: tuple[Run, ...] = ()
+            version = -1
+        elif cached is not None and cached.seq == seq:
+            runs, version = cached.timer_runs, cached.version
+        else:
+            version, runs = _find_state_commit(dt, seq)
+        state = ScheduleState(seq, delivered, prefix, runs, version)
+        self._state = state
+        return state
+
+    def _pass(self, now: int) -> tuple[int, bool] | None:
+        """One commit's worth: (delivered, maybe more due), or None when another writer won."""
+        self._index.refresh()
+        dt = self._store.table(schemas.COMMIT_LOG)
+        state = self._read_state(dt)
+        budget = _Budget(self._max_messages, self._max_bytes)
+        picks: list[_Pick] = []
+        last: dict[int, int] = {}
+        for qid in LEVEL_QUEUES:
+            if budget.exhausted:
+                break
+            self._scan_level(qid, state.delivered[qid], now, budget, picks, last)
+        timer_picks, moves, prefix, runs = self._scan_timer(state, now, budget)
+        picks.extend(timer_picks)
+        refresh = (
+            bool(runs) and state.version >= 0 and int(dt.version()) - state.version > self._refresh_versions
+        )
+        changed = bool(picks or moves) or prefix != state.timer_prefix or runs != state.timer_runs
+        if not changed and not refresh:
+            return 0, False
+
+        picks.sort()
+        rows = self._rows([p.physical for p in picks] + [int(p) for p in moves])
+        configs = self._store.topic_configs()
+        messages: list[PendingMessage] = []
+        dropped: list[str] = []
+        for pick in picks:
+            row = rows[pick.physical]
+            config = configs.get(str(_properties(row).get(PROPERTY_REAL_TOPIC)))
+            message = delivery_of(row, config.queues if config is not None else None)
+            if row["topic"] != SCHEDULE_TOPIC or message is None:
+                dropped.append(str(row["msg_id"]))  # unroutable: handled, so it cannot block its queue
+                continue
+            messages.append(message)
+        delivered = len(messages)
+        messages.extend(moved_copy(rows[int(p)]) for p in moves)
+
+        seq = state.seq + 1
+        txns = {SCHEDULE_APP: seq, **{queue_app_id(q): off for q, off in last.items()}}
+        if prefix > state.timer_prefix:
+            txns[queue_app_id(TIMER_QUEUE_ID)] = prefix
+        metadata = {
+            STATE_KEY: json.dumps({"seq": seq, "timer": [list(r) for r in runs]}, separators=(",", ":"))
+        }
+        if dropped:
+            metadata[DROPPED_KEY] = json.dumps(dropped)
+        stamped = self._writer.append(messages, app_transactions=txns, custom_metadata=metadata)
+        if messages and not stamped:
+            self._state = None
+            return None
+        if not messages:
+            # An empty commit cannot tell us whether it won: read the state again next pass.
+            self._state = None
+            return 0, True
+        new_delivered = list(state.delivered)
+        for q, off in last.items():
+            new_delivered[q] = off
+        self._state = ScheduleState(seq, tuple(new_delivered), prefix, runs, stamped[0].version)
+        self.delivered += delivered
+        self.moved += len(moves)
+        return delivered, budget.exhausted
+
+    def _scan_level(
+        self, qid: int, delivered: int, now: int, budget: _Budget, picks: list[_Pick], last: dict[int, int]
+    ) -> None:
+        """Walk a level queue in offset order while entries are due (FIFO by due time)."""
+        low, high = self._index.bounds(SCHEDULE_TOPIC, qid)
+        pos = max(delivered + 1, low)
+        if pos >= high:
+            return
+        head = self._heads.get(qid)
+        if head is not None and head[0] == pos and head[1] > now:
+            return
+        while pos < high and not budget.exhausted:
+            end = min(high, pos + _CHUNK)
+            entries = self._index.entries(SCHEDULE_TOPIC, qid, pos, end)
+            offsets = entries["queue_offset"].to_numpy()
+            if entries.num_rows != end - pos or int(offsets[0]) != pos:
+                raise StoreError(
+                    f"schedule queue {qid} has a gap at offset {pos}: the consume queue is incomplete",
+                    topic=SCHEDULE_TOPIC,
+                    queue_id=qid,
+                    offset=pos,
+                )
+            dues = entries["tags_code"].to_numpy()
+            not_due = np.nonzero(dues > now)[0]
+            limit = int(not_due[0]) if not_due.size else entries.num_rows
+            n = budget.take(entries["size"].to_numpy()[:limit])
+            physical = entries["physical_offset"].to_numpy()
+            for i in range(n):
+                picks.append(_Pick(int(dues[i]), qid, pos + i, int(physical[i])))
+            if n:
+                last[qid] = pos + n - 1
+            if n < entries.num_rows:
+                if n == limit and not_due.size:
+                    self._heads[qid] = (pos + n, int(dues[n]))
+                return
+            pos = end
+
+    def _scan_timer(
+        self, state: ScheduleState, now: int, budget: _Budget
+    ) -> tuple[list[_Pick], list[int], int, tuple[Run, ...]]:
+        """Every due timer (earliest first, within the budget), the physical offsets of timers to
+        move, and the new (prefix, runs)."""
+        cache = self._timers
+        low, high = self._index.bounds(SCHEDULE_TOPIC, TIMER_QUEUE_ID)
+        pos = max(state.timer_prefix + 1, cache.scanned, low)
+        while pos < high:
+            end = min(high, pos + 64 * _CHUNK)
+            cache.extend(self._index.entries(SCHEDULE_TOPIC, TIMER_QUEUE_ID, pos, end))
+            pos = end
+        cache.scanned = max(cache.scanned, high)
+        cache.keep(
+            ~handled_mask(state.timer_prefix, state.timer_runs, cache.offsets) & (cache.offsets >= low)
+        )
+
+        due = np.nonzero(cache.dues <= now)[0]
+        due = due[np.lexsort((cache.offsets[due], cache.dues[due]))]
+        n = budget.take(cache.sizes[due]) if due.size and not budget.exhausted else 0
+        chosen = due[:n]
+        picks = [
+            _Pick(int(cache.dues[i]), TIMER_QUEUE_ID, int(cache.offsets[i]), int(cache.physical[i]))
+            for i in chosen.tolist()
+        ]
+        # Entries below the queue's minimum offset are gone (retention): nothing left to deliver.
+        base = max(state.timer_prefix, low - 1)
+        prefix, runs = add_handled(base, state.timer_runs, (p.offset for p in picks))
+        moves: list[int] = []
+        if len(runs) > self._max_runs:
+            waiting = np.ones(cache.offsets.size, dtype=bool)
+            waiting[chosen] = False
+            moved = self._holes_to_move(prefix, runs, cache.offsets[waiting], cache.sizes[waiting], budget)
+            if moved.size:
+                index = np.nonzero(np.isin(cache.offsets, moved))[0]
+                moves = cache.physical[index].tolist()
+                prefix, runs = add_handled(prefix, runs, moved.tolist())
+        return picks, moves, prefix, runs
+
+    def _holes_to_move(
+        self, prefix: int, runs: tuple[Run, ...], offsets: np.ndarray, sizes: np.ndarray, budget: _Budget
+    ) -> np.ndarray:
+        """Offsets of the waiting timers in the smallest holes, enough to halve the runs."""
+        order = np.argsort(offsets)
+        offsets, sizes = offsets[order], sizes[order]
+        holes = []
+        for i, (lo, _) in enumerate(runs):
+            start = prefix + 1 if i == 0 else runs[i - 1][1] + 1
+            a, b = np.searchsorted(offsets, [start, lo], side="left").tolist()
+            holes.append((b - a, a, b))
+        holes.sort()
+        wanted = len(runs) - self._max_runs // 2
+        chosen: list[np.ndarray] = []
+        for count, a, b in holes[:wanted]:
+            if count > budget.count or (budget.taken and int(sizes[a:b].sum()) > budget.size):
+                break  # a partly moved hole would not merge its runs; the next pass goes on
+            budget.take(sizes[a:b])
+            chosen.append(offsets[a:b])
+        return np.concatenate(chosen) if chosen else np.empty(0, np.int64)
+
+    def _rows(self, physical: list[int]) -> dict[int, dict[str, Any]]:
+        if not physical:
+            return {}
+        table = self._index.messages(physical)
+        return {int(r["physical_offset"]): r for r in table.to_pylist()}
+
+
+def deliver_due(store: Store, now_ms: int | None = None) -> int:
+    """Deliver every schedule-topic message due at ``now_ms`` (default: now); returns how many.
+
+    Exactly once across calls, processes and restarts (see the module docstring). A long-running
+    job should keep one :class:`Scheduler` instead, which caches its state between calls.
+
+    Raises:
+        InvalidArgumentError: ``now_ms`` is not a non-negative int.
+        StoreError: a table is unreadable or the timer state is lost.
+        CommitConflictError: lost every race for the commit log.
+    """
+    return Scheduler(store).deliver_due(now_ms)

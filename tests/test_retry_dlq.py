@@ -193,6 +193,20 @@ def test_a_group_setting_overrides_the_default(store: Store, topic: str) -> None
     assert pull_all(store, "%DLQ%other") == []
 
 
+def test_the_failure_row_count_wins_when_it_is_higher(store: Store, topic: str) -> None:
+    original = sent_message(store, topic)
+    with ActionLogWriter(store, GROUP, "simple-1") as writer:  # a redelivery counted in the row
+        writer.record(NACK, original, reconsume_times=3)
+    assert route_retries(store) == 1
+    row = commit_log_rows(store)[-1]
+    assert (row["queue_id"], row["reconsume_times"]) == (5, 4)  # delay level 3 + 3
+    with ActionLogWriter(store, GROUP, "push-1") as writer:  # a consumer-side max reached
+        writer.record(NACK, original, reconsume_times=16)
+    assert route_retries(store) == 1
+    [dead] = pull_all(store, DLQ)
+    assert dead.reconsume_times == 17
+
+
 def test_expired_rows_are_routed_like_nacks_and_other_actions_are_not(store: Store, topic: str) -> None:
     original = sent_message(store, topic)
     fail(store, [original], action=PULL)

@@ -11,6 +11,10 @@ module turns those rows into re-puts on the commit log, as RocketMQ's ``consumer
 * otherwise -> a dead letter in ``%DLQ%<group>`` (one queue), delivered at once, with the same
   ``reconsume_times + 1`` (the number of failed deliveries).
 
+``reconsume_times`` is the larger of the stored message's and the failure row's: a SimpleConsumer
+redelivers from the original queue and counts deliveries in the row, and a PushConsumer with a lower
+per-consumer maximum raises the row's count to dead-letter early.
+
 Both keep body, tags, keys, uniq key (the id consumers see) and born time, and carry the history:
 ``ORIGIN_MESSAGE_ID`` (offset msg id of the first failed copy, kept across retries),
 ``RETRY_TOPIC`` (the original topic, kept across retries; RocketMQ's name for it) and
@@ -76,7 +80,7 @@ NACK: str = _actions.NACK
 EXPIRED: str = getattr(_actions, "EXPIRED", "EXPIRED")
 ROUTED_ACTIONS: frozenset[str] = frozenset({NACK, EXPIRED})
 # Columns of action_log the router reads (a stream may select just these, plus ``_version``).
-ROUTE_COLUMNS = ("group", "action", "physical_offset", "msg_id")
+ROUTE_COLUMNS = ("group", "action", "physical_offset", "msg_id", "reconsume_times")
 # With no failure in a range, progress is committed (as an empty commit) only every this many
 # action-log versions: a restart re-reads at most that many versions, and quiet consumers do not
 # fill the commit log with empty commits.
@@ -219,6 +223,7 @@ class RetryRouter:
         self._index = QueueIndex(store)
         self._admin = Admin(store)
         self._ensured: set[str] = set()
+        self._dt: DeltaTable | None = None  # a private snapshot: the state and the decision agree
         self._lock = threading.Lock()
         self.retried = 0
         self.dead = 0
@@ -245,7 +250,7 @@ class RetryRouter:
         routed = 0
         with self._lock:
             for _ in range(_MAX_LOST_RACES):
-                dt = self._store.table(schemas.COMMIT_LOG)
+                dt = self._commit_log()
                 progress, seq = _txn(dt, RETRY_APP), _txn(dt, RETRY_GUARD_APP)
                 fresh = rows.filter(pc.greater(rows[VERSION_COLUMN], progress))
                 if fresh.num_rows == 0:
@@ -302,10 +307,21 @@ class RetryRouter:
             if (group, physical) in seen:
                 continue  # one route per (group, message) per range
             seen.add((group, physical))
-            routed = route_message(message, group, now, self._setting, default)
+            # The row's count wins when higher: a SimpleConsumer redelivers from the original queue
+            # (the stored copy still says 0) and a PushConsumer raises it to dead-letter early.
+            times = max(int(message["reconsume_times"] or 0), int(r["reconsume_times"] or 0))
+            failed = {**message, "reconsume_times": times}
+            routed = route_message(failed, group, now, self._setting, default)
             self._ensure_topics(group, routed.topic == SCHEDULE_TOPIC)
             messages.append(routed)
         return messages, skipped
+
+    def _commit_log(self) -> DeltaTable:
+        if self._dt is None:
+            self._dt = self._store.open_table(schemas.COMMIT_LOG)
+        else:
+            self._dt.update_incremental()
+        return self._dt
 
     def _ensure_topics(self, group: str, retry: bool) -> None:
         names = [SCHEDULE_TOPIC, retry_topic(group)] if retry else [dlq_topic(group)]

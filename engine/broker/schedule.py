@@ -331,6 +331,7 @@ class Scheduler:
         self._max_runs = max_timer_runs
         self._refresh_versions = refresh_versions
         self._state: ScheduleState | None = None
+        self._dt: DeltaTable | None = None
         self._heads: dict[int, tuple[int, int]] = {}  # level queue -> (offset, due) of a head not due
         self._timers = _TimerCache()
         self.delivered = 0  # messages re-put to their real topic by this scheduler
@@ -393,7 +394,11 @@ class Scheduler:
     def _pass(self, now: int) -> tuple[int, bool] | None:
         """One commit's worth: (delivered, maybe more due), or None when another writer won."""
         self._index.refresh()
-        dt = self._store.table(schemas.COMMIT_LOG)
+        if self._dt is None:
+            self._dt = self._store.open_table(schemas.COMMIT_LOG)
+        else:
+            self._dt.update_incremental()
+        dt = self._dt  # a private snapshot: every part of the state comes from one version
         state = self._read_state(dt)
         budget = _Budget(self._max_messages, self._max_bytes)
         picks: list[_Pick] = []

@@ -257,6 +257,32 @@ def test_a_replayed_batch_of_action_rows_routes_nothing(store: Store, topic: str
     assert store.table(schemas.COMMIT_LOG).transaction_version(RETRY_APP) == store.version(schemas.ACTION_LOG)
 
 
+def test_a_router_that_loses_its_race_routes_only_what_the_winner_left(store: Store, topic: str) -> None:
+    producer = Producer(store)
+    for i in range(4):
+        producer.send(Message(topic, f"m{i}".encode()))
+    messages = pull_all(store, topic)
+    fail(store, messages[:2])
+    first = store.version(schemas.ACTION_LOG)
+    winner = RetryRouter(store)
+    rows_first = read_versions(store.uri(schemas.ACTION_LOG), first, first, schemas.ACTION_LOG_SCHEMA)
+    fail(store, messages[2:])
+    loser = RetryRouter(Store.open(store.root))
+    commit = loser._writer.append
+    raced: list[int] = []
+
+    def race(pending: Any, **kwargs: Any) -> Any:
+        if not raced:  # the winner routes the first version between the loser's decision and commit
+            raced.append(winner.route(rows_first))
+        return commit(pending, **kwargs)
+
+    loser._writer.append = race  # type: ignore[method-assign]
+    assert route_retries(store, router=loser) == 2  # only the second version's failures
+    assert raced == [2]
+    scheduled = [r for r in commit_log_rows(store) if r["topic"] == SCHEDULE_TOPIC]
+    assert sorted(str(r["uniq_key"]) for r in scheduled) == sorted(m.uniq_key for m in messages)
+
+
 def test_two_routers_in_two_processes_route_each_failure_once(tmp_path: Path) -> None:
     path = tmp_path / "mqdata"
     first = Store.open(path)

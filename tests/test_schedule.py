@@ -262,6 +262,28 @@ def test_a_restart_mid_stream_loses_and_duplicates_nothing(store: Store, topic: 
     assert schedule_progress(store)[TIMER_QUEUE_ID] == 19
 
 
+def test_a_pass_that_loses_its_race_re_reads_and_delivers_nothing_twice(store: Store, topic: str) -> None:
+    producer = Producer(store)
+    for i in range(8):
+        producer.send(Message(topic, f"m{i}".encode()), delay_level=1, queue_id=0)
+    dispatch_pending(store)
+    dues = [int(r["deliver_at_ms"]) for r in commit_log_rows(store)]  # type: ignore[call-overload]
+    winner, loser = Scheduler(store), Scheduler(Store.open(store.root))
+    commit = loser._writer.append
+    raced: list[int] = []
+
+    def race(messages: Any, **kwargs: Any) -> Any:
+        if not raced:  # the winner commits 0..3 between the loser's decision (0..5) and its commit
+            raced.append(winner.deliver_due(dues[3]))
+        return commit(messages, **kwargs)
+
+    loser._writer.append = race  # type: ignore[method-assign]
+    assert loser.deliver_due(dues[5]) == 2  # 4 and 5, after reading the winner's commit
+    assert raced == [4] and loser.lost_races == 1
+    assert deliver_due(store, FAR_FUTURE) == 2
+    assert [m.body for m in pull_all(store)] == [f"m{i}".encode() for i in range(8)]
+
+
 def test_a_pass_larger_than_the_budget_takes_several_commits(store: Store, topic: str) -> None:
     producer = Producer(store)
     for i in range(9):

@@ -280,7 +280,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.messages < QUEUES * PULL_SIZE * 2:
         parser.error(f"--messages must be at least {QUEUES * PULL_SIZE * 2}")
     per_batch = max(1, min(args.batch_bytes, EngineConfig().max_batch_bytes) // BODY_BYTES)
-    console = Console()
+    # Piped output would squeeze the table to 80 columns.
+    console = Console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 130)
     workdir = Path(tempfile.mkdtemp(prefix="lakemq-bench-"))
     began = time.perf_counter()
     try:

@@ -25,7 +25,8 @@ from deltalake import DeltaTable
 from engine.client.actions import PULL
 from engine.errors import CommitConflictError
 from engine.store import schemas
-from engine.store.log import VERSION_COLUMN, read_versions
+from engine.store.log import VERSION_COLUMN, read_versions, table_dataset
+from engine.store.marks import latest_commit_value
 from engine.store.store import Store
 
 PULL_LOG_APP = "mq.pull_log"
@@ -80,21 +81,13 @@ def read_marks(dt: DeltaTable) -> Marks:
     Taken from the newest commit that carries marks (compaction commits do not); if the log no longer
     has one, rebuilt by scanning that snapshot.
     """
-    version = int(dt.version())
-    if version == 0:
+    if int(dt.version()) == 0:
         return {}
-    depth = 8
-    while depth <= 4096:
-        history = dt.history(depth)
-        for info in history:
-            if int(info.get("version", -1)) > version or MARKS_KEY not in info:
-                continue
-            data: Any = json.loads(str(info[MARKS_KEY]))
-            return {g: {c: int(n) for c, n in consumers.items()} for g, consumers in data.items()}
-        if len(history) < depth:
-            break
-        depth *= 4
-    table = dt.to_pyarrow_table(columns=["group", "consumer_id", "pull_sequence"])
+    raw = latest_commit_value(dt, MARKS_KEY)
+    if raw is not None:
+        data: Any = json.loads(raw)
+        return {g: {c: int(n) for c, n in consumers.items()} for g, consumers in data.items()}
+    table = table_dataset(dt).to_table(columns=["group", "consumer_id", "pull_sequence"])
     marks: Marks = {}
     if table.num_rows:
         grouped = table.group_by(["group", "consumer_id"]).aggregate([("pull_sequence", "max")])

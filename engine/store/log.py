@@ -11,12 +11,15 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
 import pyarrow as pa
+import pyarrow.dataset as ds
 import pyarrow.fs as pa_fs
 import pyarrow.parquet as pq
+from deltalake import DeltaTable
 from deltalake.fs import DeltaStorageHandler
 
 from engine.errors import StoreError
@@ -33,14 +36,37 @@ class VersionFiles:
     commit_info: Mapping[str, Any]
 
 
+def local_path(uri: str) -> str | None:
+    """The directory of a table on the local filesystem, or None for an object-store URI."""
+    if uri.startswith("file://"):
+        return unquote(uri.removeprefix("file://")).rstrip("/") or "/"
+    return None if "://" in uri else str(Path(uri).resolve())
+
+
 @lru_cache(maxsize=64)
 def _filesystem(uri: str, options_key: tuple[tuple[str, str], ...]) -> pa_fs.FileSystem:
+    path = local_path(uri)
+    if path is not None:
+        # Arrow's own local filesystem: a Python-backed filesystem (delta-rs's storage handler) called
+        # from Arrow's I/O threads makes short-lived processes abort at exit ("terminate called
+        # without an active exception"), see delta-rs#2184 and arrow#34314.
+        return pa_fs.SubTreeFileSystem(path, pa_fs.LocalFileSystem())
     return pa_fs.PyFileSystem(DeltaStorageHandler(uri, dict(options_key) or None))
 
 
 def table_filesystem(uri: str, storage_options: Mapping[str, str] | None = None) -> pa_fs.FileSystem:
     """A PyArrow filesystem rooted at a Delta table (paths relative to the table)."""
     return _filesystem(uri, tuple(sorted((storage_options or {}).items())))
+
+
+def table_dataset(dt: DeltaTable, predicate: str | None = None) -> ds.Dataset:
+    """``dt.to_pyarrow_dataset`` on the table's own filesystem (see :func:`table_filesystem`).
+
+    ``predicate`` is a delta-rs SQL predicate that prunes files by their statistics. Use this
+    instead of ``DeltaTable.to_pyarrow_dataset``/``to_pyarrow_table`` everywhere in the engine.
+    """
+    fs = table_filesystem(dt.table_uri, getattr(dt, "_storage_options", None))
+    return dt.to_pyarrow_dataset(file_pruning_predicate=predicate, filesystem=fs)
 
 
 def _log_path(version: int) -> str:

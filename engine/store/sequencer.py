@@ -30,6 +30,7 @@ from engine.errors import CommitConflictError, CommitStateUnknownError, StoreErr
 from engine.model import UNDISPATCHED_FLAGS
 from engine.protocol import record_size, tags_code
 from engine.store import schemas
+from engine.store.log import table_dataset
 from engine.store.marks import latest_commit_value
 from engine.store.store import Store, now_ms
 
@@ -109,7 +110,7 @@ def read_hwm(dt: DeltaTable) -> HighWaterMarks:
 
 def recover_hwm_by_scan(dt: DeltaTable) -> HighWaterMarks:
     """Rebuild the marks from the rows themselves (slow; only when the log lost them)."""
-    table = dt.to_pyarrow_table(
+    table = table_dataset(dt).to_table(
         columns=["physical_offset", "size", "topic", "queue_id", "queue_offset", "store_ts_ms"]
     )
     hwm = HighWaterMarks()

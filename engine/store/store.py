@@ -22,6 +22,7 @@ from engine.config import EngineConfig, load_config
 from engine.errors import CommitConflictError, StoreError, TopicNotFoundError
 from engine.model import TopicConfig
 from engine.store import schemas
+from engine.store.log import table_dataset
 
 # Columns that carry data-skipping statistics. Bodies and maps are left out: their stats cost log
 # space and prune nothing.
@@ -245,7 +246,7 @@ class Store:
         """
         dt = self.open_table(name, version) if version is not None else self.table(name)
         with self._lock:
-            return dt.to_pyarrow_dataset(file_pruning_predicate=predicate)
+            return table_dataset(dt, predicate)
 
     def read(
         self,

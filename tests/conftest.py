@@ -13,7 +13,7 @@ import pytest
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
-from engine import Admin, Store  # noqa: E402
+from engine import Admin, Store
 
 
 @pytest.fixture

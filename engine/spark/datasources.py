@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 from engine.spark.deltalog import DeltaLogDataSource
+from engine.spark.mq_source import MQDataSource
 
 # Every data source the project ships, registered by their short names.
-DATA_SOURCES: tuple[type[Any], ...] = (DeltaLogDataSource,)
+DATA_SOURCES: tuple[type[Any], ...] = (DeltaLogDataSource, MQDataSource)
 
 
 def register_data_sources(spark: Any) -> list[str]:

@@ -7,6 +7,7 @@ from engine.client.admin import Admin
 from engine.client.producer import Producer
 from engine.client.pull import PullConsumer
 from engine.client.push import ConsumeFrom, ConsumeResult, PushConsumer
+from engine.client.queries import MessageNotFoundError
 from engine.client.rebalance import MessageModel, MessageQueue
 from engine.client.simple import SimpleConsumer
 from engine.client.transaction import LocalTransactionState, TransactionProducer
@@ -59,6 +60,7 @@ __all__ = [
     "Message",
     "MessageExt",
     "MessageModel",
+    "MessageNotFoundError",
     "MessageQueue",
     "OffsetOutOfRangeError",
     "Producer",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from engine.client.producer import Producer
+from engine.client.queries import query_by_key, query_by_uniq_key, view_message
 from engine.delays import MAX_DELAY_LEVEL
 from engine.errors import InvalidArgumentError, InvalidTopicError, StoreError, TopicExistsError
 from engine.model import Message, MessageExt, QueueStats, SendResult, TopicConfig
@@ -112,6 +113,38 @@ class Admin:
                     last_ts = int(last["store_ts_ms"][0].as_py())
             stats.append(QueueStats(topic, qid, lo, hi, last_ts))
         return stats
+
+    # ----------------------------------------------------------------- finding messages
+    def view_message(self, msg_id: str) -> MessageExt:
+        """The stored message with offset message id ``msg_id``: one point read of the commit log.
+
+        Raises:
+            InvalidArgumentError: a malformed id, or one issued by another store.
+            MessageNotFoundError: nothing is stored at that offset (never written, or expired).
+        """
+        return view_message(self._store, msg_id, index=self._index)
+
+    def query_by_key(
+        self, topic: str, key: str, begin_ms: int, end_ms: int, max_num: int = 32
+    ) -> list[MessageExt]:
+        """Messages of ``topic`` with key ``key`` stored in ``[begin_ms, end_ms]``: at most ``max_num``,
+        the most recent, in store order. Reads the ``index`` table (built by the index job) pruned
+        by file statistics, then the commit log by offset; see :mod:`engine.client.queries`.
+
+        Raises:
+            TopicNotFoundError: no such topic.
+            InvalidArgumentError: a bad key, time range or ``max_num``.
+        """
+        return query_by_key(self._store, topic, key, begin_ms, end_ms, max_num, index=self._index)
+
+    def query_by_uniq_key(self, topic: str, uniq_key: str) -> MessageExt | None:
+        """The message of ``topic`` with client unique id ``uniq_key``, or None if the index has none.
+
+        Raises:
+            TopicNotFoundError: no such topic.
+            InvalidArgumentError: a bad uniq key.
+        """
+        return query_by_uniq_key(self._store, topic, uniq_key, index=self._index)
 
     # ----------------------------------------------------------------- dead letters
     def dlq_messages(

@@ -1,0 +1,202 @@
+"""Finding stored messages without scanning the commit log (RocketMQ's ``viewMessage`` / ``queryMessage``).
+
+- By offset msg id: the id holds the store id and the physical offset, so the message is one point
+  read of the commit log (files chosen by their ``physical_offset`` statistics, then row groups).
+- By key or uniq key: a lookup in the ``index`` table (built by the index job,
+  :mod:`engine.broker.index`) pruned by file statistics on ``topic``, ``key`` and ``store_ts_ms`` and
+  by row-group statistics inside the key-sorted files; then point reads by physical offset.
+
+Index lookups see what the index job has indexed so far, as RocketMQ's asynchronously built index.
+Messages removed by retention are not returned even when an index row still points at them.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+
+from engine.broker.index import KIND_KEY, KIND_UNIQ_KEY
+from engine.errors import InvalidArgumentError, StoreError
+from engine.model import MessageExt
+from engine.protocol import parse_msg_id, validate_topic_name
+from engine.store import schemas
+from engine.store.queues import QueueIndex
+from engine.store.store import Store, sql_literal
+
+DEFAULT_MAX_NUM = 32  # RocketMQ's default for a key query
+MAX_MAX_NUM = 1024
+
+
+class MessageNotFoundError(InvalidArgumentError):
+    """A well-formed message id of this store names no stored message (never written, or removed
+    by retention)."""
+
+
+def _check_key(value: object, name: str) -> str:
+    if not isinstance(value, str) or not value or any(c.isspace() for c in value):
+        raise InvalidArgumentError(f"{name} {value!r} must be a non-empty string without whitespace")
+    return value
+
+
+def _check_time(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidArgumentError(f"{name} {value!r} must be an epoch-millisecond int >= 0")
+    return value
+
+
+def _read_messages(index: QueueIndex, offsets: list[int]) -> list[MessageExt]:
+    """Messages at ``offsets`` (in that order), leaving out those no longer in the commit log."""
+    wanted = offsets
+    while wanted:
+        try:
+            rows = index.messages(wanted)
+        except StoreError as exc:
+            missing = set(getattr(exc, "offsets", None) or ())
+            if not missing:
+                raise
+            wanted = [p for p in wanted if p not in missing]
+            continue
+        return [MessageExt.from_row(r) for r in rows.to_pylist()]
+    return []
+
+
+def view_message(store: Store, msg_id: str, *, index: QueueIndex | None = None) -> MessageExt:
+    """The stored message with offset message id ``msg_id`` (any topic, dispatched or not).
+
+    Args:
+        store: the store.
+        msg_id: an offset message id (32 hex characters: store id + physical offset), as in
+            :attr:`SendResult.msg_id` and :attr:`MessageExt.msg_id`.
+        index: a :class:`QueueIndex` to reuse (its cached commit-log file statistics).
+
+    Raises:
+        InvalidArgumentError: ``msg_id`` is not 32 hex characters, or was issued by another store.
+        MessageNotFoundError: no message is stored at that offset (never written, or removed by
+            retention).
+    """
+    store_id, physical = parse_msg_id(msg_id)
+    if store_id != store.store_id:
+        raise InvalidArgumentError(
+            f"msg_id {msg_id!r} belongs to store {store_id}, not to this store ({store.store_id}); "
+            "look it up in the store that issued it",
+            msg_id=msg_id,
+        )
+    found = _read_messages(index or QueueIndex(store), [physical])
+    if not found or found[0].msg_id != msg_id.upper():
+        raise MessageNotFoundError(
+            f"no message is stored at physical offset {physical} (msg_id {msg_id!r}): it was never "
+            "written or retention removed it",
+            msg_id=msg_id,
+            physical_offset=physical,
+        )
+    return found[0]
+
+
+def index_lookup(
+    store: Store,
+    topic: str,
+    kind: str,
+    key: str,
+    begin_ms: int | None = None,
+    end_ms: int | None = None,
+) -> pa.Table:
+    """Index rows (``physical_offset``, ``store_ts_ms``) of ``topic#key`` stored in ``[begin, end]``.
+
+    Files are pruned by their statistics, row groups by the parquet footers; no other file is read.
+    """
+    predicate = f"topic = {sql_literal(topic)} AND key = {sql_literal(key)} AND kind = {sql_literal(kind)}"
+    row_filter = (ds.field("topic") == topic) & (ds.field("key") == key) & (ds.field("kind") == kind)
+    if begin_ms is not None:
+        predicate += f" AND store_ts_ms >= {int(begin_ms)}"
+        row_filter &= ds.field("store_ts_ms") >= begin_ms
+    if end_ms is not None:
+        predicate += f" AND store_ts_ms <= {int(end_ms)}"
+        row_filter &= ds.field("store_ts_ms") <= end_ms
+    return store.read(
+        schemas.INDEX, predicate=predicate, filter=row_filter, columns=["physical_offset", "store_ts_ms"]
+    )
+
+
+def _offsets(rows: pa.Table, newest_first: bool) -> list[int]:
+    ordered = sorted(int(p) for p in pc.unique(rows["physical_offset"]).to_pylist())
+    return ordered[::-1] if newest_first else ordered
+
+
+def query_by_key(
+    store: Store,
+    topic: str,
+    key: str,
+    begin_ms: int,
+    end_ms: int,
+    max_num: int = DEFAULT_MAX_NUM,
+    *,
+    index: QueueIndex | None = None,
+) -> list[MessageExt]:
+    """Messages of ``topic`` with business key ``key`` stored between ``begin_ms`` and ``end_ms``.
+
+    As RocketMQ's key query: at most ``max_num`` messages, the most recent ones when more match
+    (its index walks back from the newest entry); they are returned in store order.
+
+    Args:
+        store: the store.
+        topic: the topic the messages were stored in.
+        key: one of the messages' keys (:attr:`Message.keys`).
+        begin_ms: earliest store time, inclusive (epoch milliseconds).
+        end_ms: latest store time, inclusive.
+        max_num: most messages returned, 1..1024 (default 32).
+        index: a :class:`QueueIndex` to reuse.
+
+    Raises:
+        InvalidTopicError: a malformed topic name.
+        TopicNotFoundError: no such topic.
+        InvalidArgumentError: an empty key or one with whitespace, a bad time range or ``max_num``.
+    """
+    validate_topic_name(topic)
+    _check_key(key, "key")
+    _check_time(begin_ms, "begin_ms")
+    _check_time(end_ms, "end_ms")
+    if begin_ms > end_ms:
+        raise InvalidArgumentError(
+            f"begin_ms {begin_ms} is after end_ms {end_ms}", begin_ms=begin_ms, end_ms=end_ms
+        )
+    if isinstance(max_num, bool) or not isinstance(max_num, int) or not 1 <= max_num <= MAX_MAX_NUM:
+        raise InvalidArgumentError(f"max_num {max_num!r} must be 1..{MAX_MAX_NUM}", max_num=max_num)
+    store.topic(topic)
+    rows = index_lookup(store, topic, KIND_KEY, key, begin_ms, end_ms)
+    reader = index or QueueIndex(store)
+    found: list[MessageExt] = []
+    candidates = _offsets(rows, newest_first=True)
+    # Most recent first, in slices: a slice short of max_num (retention removed some) reads the next.
+    while candidates and len(found) < max_num:
+        take, candidates = candidates[: max_num - len(found)], candidates[max_num - len(found) :]
+        found += _read_messages(reader, take)
+    return sorted(found, key=lambda m: m.physical_offset)
+
+
+def query_by_uniq_key(
+    store: Store, topic: str, uniq_key: str, *, index: QueueIndex | None = None
+) -> MessageExt | None:
+    """The message of ``topic`` with client unique id ``uniq_key`` (:attr:`SendResult.uniq_key`).
+
+    When several copies share the id in the topic (a resend), the first stored one is returned.
+
+    Returns:
+        The message, or None when the index holds no such message (not sent, not indexed yet, or
+        removed by retention).
+
+    Raises:
+        InvalidTopicError: a malformed topic name.
+        TopicNotFoundError: no such topic.
+        InvalidArgumentError: an empty uniq key or one with whitespace.
+    """
+    validate_topic_name(topic)
+    _check_key(uniq_key, "uniq_key")
+    store.topic(topic)
+    rows = index_lookup(store, topic, KIND_UNIQ_KEY, uniq_key)
+    reader = index or QueueIndex(store)
+    for physical in _offsets(rows, newest_first=False):
+        found = _read_messages(reader, [physical])
+        if found:
+            return found[0]
+    return None

@@ -1,0 +1,321 @@
+"""The message index (engine/broker/index.py, jobs/index.py) and the queries it serves
+(Admin.view_message, query_by_key, query_by_uniq_key)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from engine import (
+    Admin,
+    InvalidArgumentError,
+    InvalidTopicError,
+    Message,
+    MessageNotFoundError,
+    Producer,
+    SendResult,
+    Store,
+    SysFlag,
+    TopicNotFoundError,
+)
+from engine.broker.index import (
+    INDEX_APP,
+    KIND_KEY,
+    KIND_UNIQ_KEY,
+    build_index,
+    index_pending,
+    indexed_version,
+)
+from engine.store import schemas
+from engine.store.files import FileReader
+from engine.store.log import table_filesystem
+from engine.store.sequencer import CommitLogWriter, PendingMessage
+from jobs.index import IndexStats, run_index
+
+FAR_FUTURE = 2**62
+
+
+def _send(store: Store, topic: str, bodies_keys: list[tuple[bytes, tuple[str, ...]]]) -> list[SendResult]:
+    with Producer(store) as p:
+        return [p.send(Message(topic, body, keys=keys)) for body, keys in bodies_keys]
+
+
+def _index_rows(store: Store) -> list[tuple[Any, ...]]:
+    rows = store.read(schemas.INDEX).to_pylist()
+    return sorted((r["topic"], r["kind"], r["key"], r["physical_offset"], r["log_version"]) for r in rows)
+
+
+# ----------------------------------------------------------------------------- building
+def test_every_key_and_uniq_key_is_indexed_once_and_a_second_pass_adds_nothing(
+    store: Store, topic: str
+) -> None:
+    sent = _send(store, topic, [(b"a", ("order-1", "user-7")), (b"b", ("order-2", "order-2")), (b"c", ())])
+    added = index_pending(store)
+    rows = _index_rows(store)
+    expected = {
+        (topic, KIND_KEY, "order-1", sent[0].physical_offset),
+        (topic, KIND_KEY, "user-7", sent[0].physical_offset),
+        (topic, KIND_KEY, "order-2", sent[1].physical_offset),  # a key listed twice: indexed once
+        *((topic, KIND_UNIQ_KEY, s.uniq_key, s.physical_offset) for s in sent),
+    }
+    assert {r[:4] for r in rows} == expected
+    assert added == len(rows) == 6
+    assert indexed_version(store) == store.version(schemas.COMMIT_LOG)
+
+    version = store.version(schemas.INDEX)
+    assert index_pending(store) == 0
+    assert store.version(schemas.INDEX) == version
+    assert _index_rows(store) == rows
+
+
+def test_replayed_rows_are_not_indexed_twice(store: Store, topic: str) -> None:
+    from engine.broker.index import unindexed_rows
+
+    _send(store, topic, [(b"a", ("k",)), (b"b", ("k",))])
+    rows = unindexed_rows(store, 0, store.version(schemas.COMMIT_LOG))
+    assert build_index(store, rows) == 4
+    assert build_index(store, rows) == 0  # the same micro-batch again
+    assert build_index(store, rows.slice(0, 1)) == 0  # a part of it
+    assert store.read(schemas.INDEX).num_rows == 4
+    assert store.app_version(schemas.INDEX, INDEX_APP) == store.version(schemas.COMMIT_LOG)
+
+
+def test_transaction_halves_and_rollbacks_are_not_indexed(store: Store, topic: str) -> None:
+    writer = CommitLogWriter(store)
+    writer.append(
+        [
+            PendingMessage(topic, 0, b"half", "U-HALF", keys=("k",), sys_flag=int(SysFlag.PREPARED)),
+            PendingMessage(topic, 0, b"rb", "U-RB", keys=("k",), sys_flag=int(SysFlag.ROLLBACK)),
+            PendingMessage(topic, 0, b"ok", "U-OK", keys=("k",), sys_flag=int(SysFlag.COMMIT)),
+        ]
+    )
+    index_pending(store)
+    assert {(r[1], r[2]) for r in _index_rows(store)} == {(KIND_KEY, "k"), (KIND_UNIQ_KEY, "U-OK")}
+
+
+def test_each_commit_writes_one_key_sorted_file_per_kind_with_statistics(store: Store, topic: str) -> None:
+    _send(store, topic, [(f"m{i}".encode(), (f"key-{9 - i}",)) for i in range(10)])
+    index_pending(store)
+    dt = store.open_table(schemas.INDEX)
+    actions = pa.table(dt.get_add_actions(flatten=True)).to_pylist()
+    fs = table_filesystem(store.uri(schemas.INDEX))
+    kinds = []
+    for action in actions:
+        rows = pq.read_table(action["path"], filesystem=fs)
+        [kind] = set(rows["kind"].to_pylist())
+        kinds.append(kind)
+        keys = rows["key"].to_pylist()
+        assert keys == sorted(keys) and len(keys) == 10
+        assert (action["min.key"], action["max.key"]) == (keys[0], keys[-1])
+        assert action["min.store_ts_ms"] is not None and action["max.physical_offset"] is not None
+    assert sorted(kinds) == [KIND_KEY, KIND_UNIQ_KEY]
+
+
+@pytest.mark.spark
+def test_index_job_once_builds_the_index_and_runs_again_without_adding(
+    spark: Any, store: Store, topic: str, tmp_path: Any
+) -> None:
+    sent = _send(store, topic, [(b"a", ("k1",)), (b"b", ("k2",))])
+    stats = IndexStats()
+    query = run_index(spark, store, once=True, stats=stats)
+    assert not query.isActive and query.exception() is None
+    assert (stats.rows, stats.entries) == (2, 4)
+    assert stats.max_store_ts_ms is not None
+    rows, version = _index_rows(store), store.version(schemas.INDEX)
+
+    again = IndexStats()
+    run_index(spark, store, once=True, stats=again)  # same checkpoint
+    run_index(spark, store, once=True, stats=again, checkpoint=str(tmp_path / "fresh"))  # replays all
+    assert again.entries == 0
+    assert (store.version(schemas.INDEX), _index_rows(store)) == (version, rows)
+    assert Admin(store).query_by_uniq_key(topic, sent[1].uniq_key) is not None
+
+
+# ----------------------------------------------------------------------------- view_message
+def test_view_message_reads_one_commit_log_file_by_msg_id(
+    store: Store, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    admin = Admin(store)
+    sent = [_send(store, topic, [(f"m{i}".encode(), (f"k{i}",))])[0] for i in range(5)]  # 5 files
+    opened: list[str] = []
+    original = FileReader.rows_at
+
+    def spy(self: FileReader, path: str, *args: Any, **kwargs: Any) -> Any:
+        opened.append(path)
+        return original(self, path, *args, **kwargs)
+
+    monkeypatch.setattr(FileReader, "rows_at", spy)
+    message = admin.view_message(sent[3].msg_id)
+    assert (message.body, message.keys, message.topic) == (b"m3", ("k3",), topic)
+    assert (message.queue_id, message.queue_offset) == (sent[3].queue_id, sent[3].queue_offset)
+    assert len(opened) == 1  # file statistics on physical_offset chose the one file
+    assert admin.view_message(sent[0].msg_id.lower()).body == b"m0"
+
+
+def test_view_message_finds_messages_that_are_not_dispatched(store: Store, topic: str) -> None:
+    [stamped] = CommitLogWriter(store).append(
+        [PendingMessage(topic, 0, b"half", "U-HALF", sys_flag=int(SysFlag.PREPARED))]
+    )
+    message = Admin(store).view_message(stamped.msg_id)
+    assert (message.body, message.sys_flag) == (b"half", int(SysFlag.PREPARED))
+
+
+@pytest.mark.parametrize("bad", ["", "xyz", "Z" * 32, "0" * 31, 12345, None])
+def test_view_message_with_a_malformed_id_is_an_invalid_argument(store: Store, bad: Any) -> None:
+    with pytest.raises(InvalidArgumentError, match="msg_id"):
+        Admin(store).view_message(bad)
+
+
+def test_view_message_with_another_stores_id_is_an_invalid_argument(store: Store, topic: str) -> None:
+    [sent] = _send(store, topic, [(b"a", ())])
+    other = ("0" if store.store_id[0] != "0" else "1") + sent.msg_id[1:]
+    with pytest.raises(InvalidArgumentError, match="belongs to store") as info:
+        Admin(store).view_message(other)
+    assert not isinstance(info.value, MessageNotFoundError)
+
+
+def test_view_message_at_an_offset_holding_no_message_is_not_found(store: Store, topic: str) -> None:
+    [sent] = _send(store, topic, [(b"a", ())])
+    admin = Admin(store)
+    for physical in (sent.physical_offset + 1, sent.physical_offset + 10**9):
+        with pytest.raises(MessageNotFoundError, match="no message is stored") as info:
+            admin.view_message(f"{store.store_id}{physical:016X}")
+        assert info.value.physical_offset == physical  # type: ignore[attr-defined]
+
+
+# ----------------------------------------------------------------------------- query_by_key
+def _timed_sends(store: Store, topic: str, n: int, key: str) -> list[tuple[SendResult, int]]:
+    """``n`` messages with ``key``, one commit each, a few ms apart; with their store times."""
+    admin = Admin(store)
+    out = []
+    for i in range(n):
+        [sent] = _send(store, topic, [(f"m{i}".encode(), (key, f"only-{i}"))])
+        out.append((sent, admin.view_message(sent.msg_id).store_ts_ms))
+        time.sleep(0.005)
+    return out
+
+
+def test_query_by_key_returns_messages_stored_within_the_time_range(store: Store, topic: str) -> None:
+    sent = _timed_sends(store, topic, 6, "order-1")
+    _send(store, topic, [(b"other", ("order-2",))])
+    index_pending(store)
+    admin = Admin(store)
+
+    everything = admin.query_by_key(topic, "order-1", 0, FAR_FUTURE)
+    assert [m.body for m in everything] == [f"m{i}".encode() for i in range(6)]
+    assert all("order-1" in m.keys for m in everything)
+
+    begin, end = sent[2][1], sent[4][1]
+    window = admin.query_by_key(topic, "order-1", begin, end)
+    assert [m.msg_id for m in window] == [s.msg_id for s, ts in sent if begin <= ts <= end]
+    assert {"m2", "m4"} <= {m.body.decode() for m in window}  # both ends are inclusive
+    assert admin.query_by_key(topic, "order-1", 0, sent[0][1] - 1) == []
+    assert admin.query_by_key(topic, "no-such-key", 0, FAR_FUTURE) == []
+
+
+def test_query_by_key_returns_at_most_max_num_of_the_most_recent_in_store_order(
+    store: Store, topic: str
+) -> None:
+    _send(store, topic, [(f"m{i}".encode(), ("k",)) for i in range(40)])
+    index_pending(store)
+    admin = Admin(store)
+    assert len(admin.query_by_key(topic, "k", 0, FAR_FUTURE)) == 32  # RocketMQ's default
+    newest = admin.query_by_key(topic, "k", 0, FAR_FUTURE, max_num=3)
+    assert [m.body for m in newest] == [b"m37", b"m38", b"m39"]
+
+
+def test_query_by_key_is_scoped_to_its_topic(store: Store, admin: Admin, topic: str) -> None:
+    admin.create_topic("U", 1)
+    _send(store, topic, [(b"in-T", ("shared",))])
+    _send(store, "U", [(b"in-U", ("shared",))])
+    index_pending(store)
+    assert [m.body for m in admin.query_by_key("U", "shared", 0, FAR_FUTURE)] == [b"in-U"]
+
+
+def test_lookups_read_only_index_files_whose_statistics_match(
+    store: Store, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent = []
+    for i in range(4):  # four passes, each a KEY file and a UNIQ_KEY file
+        sent += _send(store, topic, [(f"m{i}".encode(), (f"batch-{i}",))])
+        index_pending(store)
+    files: list[int] = []
+    original = Store.dataset
+
+    def spy(self: Store, name: str, predicate: str | None = None, **kwargs: Any) -> Any:
+        dataset = original(self, name, predicate, **kwargs)
+        if name == schemas.INDEX:
+            files.append(len(dataset.files))
+        return dataset
+
+    monkeypatch.setattr(Store, "dataset", spy)
+    [found] = Admin(store).query_by_key(topic, "batch-2", 0, FAR_FUTURE)
+    assert found.body == b"m2"
+    found_by_uniq = Admin(store).query_by_uniq_key(topic, sent[1].uniq_key)
+    assert found_by_uniq is not None and found_by_uniq.body == b"m1"
+    assert files == [1, 1]  # of 8 index files
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "match"),
+    [
+        (("T", "", 0, 1), InvalidArgumentError, "key"),
+        (("T", "a b", 0, 1), InvalidArgumentError, "key"),
+        (("T", None, 0, 1), InvalidArgumentError, "key"),
+        (("T", "k", -1, 1), InvalidArgumentError, "begin_ms"),
+        (("T", "k", 0, "1"), InvalidArgumentError, "end_ms"),
+        (("T", "k", 5, 4), InvalidArgumentError, "after end_ms"),
+        (("T", "k", 0, 1, 0), InvalidArgumentError, "max_num"),
+        (("T", "k", 0, 1, 1025), InvalidArgumentError, "max_num"),
+        (("T", "k", 0, 1, True), InvalidArgumentError, "max_num"),
+        (("bad topic", "k", 0, 1), InvalidTopicError, "topic"),
+        (("Nope", "k", 0, 1), TopicNotFoundError, "Nope"),
+    ],
+)
+def test_query_by_key_rejects_bad_input_with_a_typed_error(
+    admin: Admin, topic: str, args: tuple[Any, ...], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        admin.query_by_key(*args)
+
+
+# ----------------------------------------------------------------------------- query_by_uniq_key
+def test_query_by_uniq_key_finds_the_message_in_its_topic(store: Store, admin: Admin, topic: str) -> None:
+    admin.create_topic("U", 1)
+    sent = _send(store, topic, [(b"a", ()), (b"b", ())])
+    index_pending(store)
+    found = admin.query_by_uniq_key(topic, sent[1].uniq_key)
+    assert found is not None
+    assert (found.body, found.msg_id, found.uniq_key) == (b"b", sent[1].msg_id, sent[1].uniq_key)
+    assert admin.query_by_uniq_key("U", sent[1].uniq_key) is None  # another topic
+    assert admin.query_by_uniq_key(topic, "0" * 32) is None
+
+
+def test_query_by_uniq_key_sees_only_what_the_index_job_indexed(
+    store: Store, admin: Admin, topic: str
+) -> None:
+    [sent] = _send(store, topic, [(b"a", ())])
+    assert admin.query_by_uniq_key(topic, sent.uniq_key) is None
+    index_pending(store)
+    assert admin.query_by_uniq_key(topic, sent.uniq_key) is not None
+
+
+@pytest.mark.parametrize(
+    ("topic_name", "uniq", "error"),
+    [
+        ("T", "", InvalidArgumentError),
+        ("T", "a b", InvalidArgumentError),
+        ("T", 7, InvalidArgumentError),
+        ("", "U", InvalidTopicError),
+        ("Nope", "U", TopicNotFoundError),
+    ],
+)
+def test_query_by_uniq_key_rejects_bad_input_with_a_typed_error(
+    admin: Admin, topic: str, topic_name: Any, uniq: Any, error: type[Exception]
+) -> None:
+    with pytest.raises(error):
+        admin.query_by_uniq_key(topic_name, uniq)

@@ -169,6 +169,21 @@ def _pull(args: argparse.Namespace, out: Console, err: Console) -> int:
     return EXIT_OK
 
 
+def _lag(args: argparse.Namespace, out: Console, err: Console) -> int:
+    import dataclasses
+
+    from engine.client.admin_offsets import QueueLag
+
+    rows = Admin(_open_store(args)).consumer_lag(args.group)
+    if not rows:
+        out.print("no committed offsets" + (f" for group {args.group}" if args.group else ""))
+        return EXIT_OK
+    columns = [f.name for f in dataclasses.fields(QueueLag)]
+    table = [tuple(getattr(r, c) for c in columns) for r in rows]
+    out.print(render.rows_table(columns, table, title=f"lag: {sum(r.lag for r in rows)} message(s) behind"))
+    return EXIT_OK
+
+
 def _sql(args: argparse.Namespace, out: Console, err: Console) -> int:
     require_java()
     from pyspark import SparkContext
@@ -288,6 +303,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pull.add_argument("--commit", action="store_true", help="commit the next offset for --group")
     pull.set_defaults(func=_pull)
+
+    lag = commands.add_parser("lag", parents=[common], help="how far consumer groups are behind, per queue")
+    lag.add_argument("--group", default=None, help="only this consumer group")
+    lag.set_defaults(func=_lag)
 
     sql = commands.add_parser("sql", parents=[common], help="run Spark SQL over the store's views")
     sql.add_argument("query", help='e.g. "SELECT topic, count(*) FROM messages GROUP BY topic"')

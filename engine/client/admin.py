@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from engine.client import admin_offsets
+from engine.client.admin_offsets import QueueLag
 from engine.client.producer import Producer
 from engine.client.queries import query_by_key, query_by_uniq_key, view_message
 from engine.delays import MAX_DELAY_LEVEL
@@ -263,3 +265,36 @@ class Admin:
         if self._producer is None:
             self._producer = Producer(self._store, "DLQ_RESEND")
         return self._producer.send(copy)
+
+    # ----------------------------------------------------------------- consumer offsets
+    def reset_offset_by_time(self, group: str, topic: str, timestamp_ms: int) -> dict[int, int]:
+        """Move a clustering group to the first message stored at or after ``timestamp_ms``, per queue.
+
+        Found by binary search over the consume queue (file statistics, then within a file), not a
+        scan. Before every message: the min offset; after all of them: the max offset. The offsets
+        are committed for the group (newest commit wins); consumers pick them up when they next
+        read the group's offsets (a PushConsumer on rebalance, an ``mq`` stream on a fresh start).
+
+        Returns:
+            Queue id -> the group's new offset.
+
+        Raises:
+            TopicNotFoundError: no such topic.
+            InvalidArgumentError: a bad group or a negative time.
+        """
+        return admin_offsets.reset_offset_by_time(self._store, group, topic, timestamp_ms)
+
+    def reset_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """Set a clustering group's offset of one queue (the next offset it consumes).
+
+        Raises:
+            TopicNotFoundError: no such topic.
+            InvalidArgumentError: a bad group or queue id.
+            OffsetOutOfRangeError: ``offset`` outside ``[min offset, max offset]`` of the queue.
+        """
+        admin_offsets.reset_offset(self._store, group, topic, queue_id, offset)
+
+    def consumer_lag(self, group: str | None = None) -> list[QueueLag]:
+        """Per group, topic and queue: max offset, committed offset, lag and the age of the oldest
+        unconsumed message (what ``mq lag`` prints and the ``lag`` SQL view shows)."""
+        return admin_offsets.lag_rows(self._store, group)

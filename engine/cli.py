@@ -240,6 +240,18 @@ def _dispatch(args: argparse.Namespace, out: Console, err: Console) -> int:
     return dispatch_main(argv)
 
 
+def _status(args: argparse.Namespace, out: Console, err: Console) -> int:
+    from engine.spark.progress import StoreStatus, store_status
+
+    status = store_status(_open_store(args))
+    if status.jobs:
+        out.print(render.rows_table(StoreStatus.JOB_COLUMNS, status.job_rows(), title="jobs (last progress)"))
+    else:
+        out.print("no job has reported progress yet (run jobs/broker.py or a job under jobs/)")
+    out.print(render.rows_table(StoreStatus.TABLE_COLUMNS, status.table_rows(), title="tables"))
+    return EXIT_OK
+
+
 # ----------------------------------------------------------------------------- parser
 def _int_at_least(minimum: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
@@ -318,6 +330,9 @@ def build_parser() -> argparse.ArgumentParser:
     dispatch.add_argument("--checkpoint", default=None, help="streaming checkpoint location")
     dispatch.add_argument("--no-spark", action="store_true", help="dispatch in this process, without Spark")
     dispatch.set_defaults(func=_dispatch)
+
+    status = commands.add_parser("status", parents=[common], help="jobs' last progress and table sizes")
+    status.set_defaults(func=_status)
     return parser
 
 

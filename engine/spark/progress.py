@@ -1,0 +1,479 @@
+"""Observability of the broker's streaming jobs: progress lines, status files, table sizes.
+
+A job's progress comes from its ``StreamingQuery`` (``lastProgress``, polled on a thread by
+:class:`ProgressMonitor`, so it works the same under Spark Connect): rows per second, batch duration
+and, for jobs fed by a table's log, the end-to-end delay — the time the batch finished minus the
+newest store time among its rows (the commit log's high-water mark ``mq.hwm`` of the batch's last
+version; for other tables that commit's timestamp).
+
+Each job's last progress is written to ``<store>/_status/<job>.json`` (small JSON, replaced
+atomically on a local store), which ``mq status`` prints with the size of every table. Nothing here
+starts Spark: a status can be read by a process without a JVM.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field, fields
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pa_fs
+
+from engine.errors import StoreError
+from engine.store import schemas
+from engine.store.log import read_version, table_filesystem
+from engine.store.sequencer import HWM_KEY
+from engine.store.store import Store, now_ms
+
+STATUS_DIR = "_status"
+LOGGER = logging.getLogger("lakemq.broker")
+
+# Job states written to a status file.
+RUNNING = "running"
+FINISHED = "finished"  # a --once run that completed
+STOPPED = "stopped"  # a running query stopped on request
+FAILED = "failed"
+SKIPPED = "skipped"  # the job's module is missing
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """The last progress of one job, as written to ``<store>/_status/<job>.json``."""
+
+    job: str
+    state: str
+    updated_ms: int
+    batch_id: int | None = None
+    num_input_rows: int = 0
+    input_rows_per_second: float | None = None
+    processed_rows_per_second: float | None = None
+    batch_duration_ms: int | None = None
+    end_to_end_delay_ms: int | None = None
+    batch_timestamp: str | None = None
+    total_input_rows: int = 0  # over the batches this process has seen of the current run
+    batches: int = 0
+    query_name: str | None = None
+    detail: str | None = None  # a failure, a skip reason, or a job's own summary
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> JobStatus:
+        data = json.loads(text)
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def line(self) -> str:
+        """One log line: rows, rates, batch duration, end-to-end delay."""
+        parts = [f"{self.job}: {self.state}"]
+        if self.batch_id is not None:
+            parts.append(f"batch {self.batch_id}: {self.num_input_rows} rows")
+        if self.processed_rows_per_second is not None:
+            parts.append(f"{self.processed_rows_per_second:.1f} rows/s")
+        if self.batch_duration_ms is not None:
+            parts.append(f"batch {self.batch_duration_ms} ms")
+        if self.end_to_end_delay_ms is not None:
+            parts.append(f"end-to-end delay {self.end_to_end_delay_ms} ms")
+        if self.detail:
+            parts.append(self.detail)
+        return ", ".join(parts)
+
+
+# ----------------------------------------------------------------------------- reading a progress
+def progress_dict(progress: Any) -> dict[str, Any] | None:
+    """A ``StreamingQueryProgress`` (or the dict older Sparks return) as a plain dict."""
+    if progress is None:
+        return None
+    text = getattr(progress, "json", None)
+    if isinstance(text, str):
+        loaded: dict[str, Any] = json.loads(text)
+        return loaded
+    if isinstance(progress, Mapping):
+        return dict(progress)
+    return None
+
+
+def _version_of(offset: Any) -> int | None:
+    if isinstance(offset, str):
+        try:
+            offset = json.loads(offset)
+        except ValueError:
+            return None
+    if isinstance(offset, Mapping) and isinstance(offset.get("version"), int):
+        return int(offset["version"])
+    return None
+
+
+def end_version(progress: Mapping[str, Any]) -> int | None:
+    """The last table version a ``deltalog`` micro-batch read (its end offset), if it read one."""
+    versions = [_version_of(s.get("endOffset")) for s in progress.get("sources") or ()]
+    known = [v for v in versions if v is not None]
+    return max(known) if known else None
+
+
+def _parse_timestamp_ms(text: str | None) -> int | None:
+    if not text:
+        return None
+    try:
+        stamp = _dt.datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return int(stamp.timestamp() * 1000)
+
+
+@lru_cache(maxsize=1024)
+def _newest_store_time(
+    uri: str, table: str, version: int, options: tuple[tuple[str, str], ...]
+) -> int | None:
+    try:
+        info = read_version(uri, version, dict(options) or None).commit_info
+    except StoreError:
+        return None
+    if table == schemas.COMMIT_LOG and HWM_KEY in info:
+        try:
+            return int(json.loads(str(info[HWM_KEY]))["t"])
+        except (ValueError, KeyError, TypeError):
+            pass
+    stamp = info.get("timestamp")
+    return int(stamp) if isinstance(stamp, int) else None
+
+
+def newest_store_time(store: Store, table: str, version: int) -> int | None:
+    """Newest store time of the rows a table holds as of ``version`` (from that commit's info)."""
+    options = tuple(sorted((store.storage_options or {}).items()))
+    return _newest_store_time(store.uri(table), table, version, options)
+
+
+def status_from_progress(
+    job: str,
+    progress: Mapping[str, Any],
+    *,
+    state: str = RUNNING,
+    store: Store | None = None,
+    source_table: str | None = None,
+    total_input_rows: int = 0,
+    batches: int = 0,
+) -> JobStatus:
+    """A :class:`JobStatus` from one query progress.
+
+    The end-to-end delay is computed only for a batch that read rows from ``source_table``'s log.
+    """
+    rows = int(progress.get("numInputRows") or 0)
+    duration = progress.get("batchDuration")
+    delay = None
+    version = end_version(progress)
+    started = _parse_timestamp_ms(progress.get("timestamp"))
+    if rows and store is not None and source_table is not None and version is not None and started:
+        newest = newest_store_time(store, source_table, version)
+        if newest is not None:
+            delay = max(0, started + int(duration or 0) - newest)
+    in_rate, out_rate = progress.get("inputRowsPerSecond"), progress.get("processedRowsPerSecond")
+    return JobStatus(
+        job=job,
+        state=state,
+        updated_ms=now_ms(),
+        batch_id=int(progress["batchId"]) if progress.get("batchId") is not None else None,
+        num_input_rows=rows,
+        input_rows_per_second=float(in_rate) if isinstance(in_rate, int | float) else None,
+        processed_rows_per_second=float(out_rate) if isinstance(out_rate, int | float) else None,
+        batch_duration_ms=int(duration) if duration is not None else None,
+        end_to_end_delay_ms=delay,
+        batch_timestamp=progress.get("timestamp"),
+        total_input_rows=total_input_rows,
+        batches=batches,
+        query_name=progress.get("name"),
+    )
+
+
+def query_status(
+    job: str,
+    query: Any,
+    *,
+    state: str,
+    store: Store | None = None,
+    source_table: str | None = None,
+    detail: str | None = None,
+) -> JobStatus:
+    """The status of a query as it stands (its last progress, totals over its recent progress)."""
+    recent = [p for p in (progress_dict(x) for x in (getattr(query, "recentProgress", None) or ())) if p]
+    last = progress_dict(getattr(query, "lastProgress", None))
+    total = sum(int(p.get("numInputRows") or 0) for p in recent)
+    if last is None:
+        return JobStatus(job, state, now_ms(), detail=detail)
+    status = status_from_progress(
+        job,
+        last,
+        state=state,
+        store=store,
+        source_table=source_table,
+        total_input_rows=total,
+        batches=len(recent),
+    )
+    return _with(status, detail=detail) if detail else status
+
+
+def _with(status: JobStatus, **changes: Any) -> JobStatus:
+    data = asdict(status)
+    data.update(changes)
+    return JobStatus(**data)
+
+
+# ----------------------------------------------------------------------------- status files
+def _status_fs(store: Store) -> tuple[pa_fs.FileSystem, str]:
+    if store.is_local:
+        return pa_fs.LocalFileSystem(), f"{store.root}/{STATUS_DIR}"
+    return table_filesystem(store.root, store.storage_options), STATUS_DIR
+
+
+def write_status(store: Store, status: JobStatus) -> None:
+    """Write a job's status to ``<store>/_status/<job>.json`` (atomically on a local store)."""
+    data = status.to_json().encode()
+    if store.is_local:
+        local = Path(store.root) / STATUS_DIR
+        local.mkdir(parents=True, exist_ok=True)
+        tmp = local / f".{status.job}.{os.getpid()}.{threading.get_ident()}.tmp"
+        tmp.write_bytes(data)
+        os.replace(tmp, local / f"{status.job}.json")
+        return
+    fs, folder = _status_fs(store)
+    with fs.open_output_stream(f"{folder}/{status.job}.json") as out:
+        out.write(data)
+
+
+def read_statuses(store: Store) -> list[JobStatus]:
+    """Every job status written under the store, sorted by job name (unreadable files skipped)."""
+    fs, folder = _status_fs(store)
+    try:
+        infos = fs.get_file_info(pa_fs.FileSelector(folder, allow_not_found=True))
+    except OSError:
+        return []
+    out = []
+    for info in infos:
+        if info.type != pa_fs.FileType.File or not info.base_name.endswith(".json"):
+            continue
+        try:
+            with fs.open_input_stream(info.path) as f:
+                out.append(JobStatus.from_json(f.read().decode()))
+        except (OSError, ValueError, TypeError):
+            continue
+    return sorted(out, key=lambda s: s.job)
+
+
+@dataclass(frozen=True)
+class TableSize:
+    """The live snapshot of one table: version, data files, rows and bytes."""
+
+    table: str
+    version: int
+    files: int
+    rows: int
+    bytes: int
+
+
+def table_sizes(store: Store) -> list[TableSize]:
+    """Size of every table of the store (from the snapshots' add actions; no data file is read)."""
+    out = []
+    for name in schemas.SCHEMAS:
+        dt = store.open_table(name)
+        actions = pa.table(dt.get_add_actions(flatten=True))
+        rows = sum(int(v or 0) for v in actions["num_records"].to_pylist()) if actions.num_rows else 0
+        size = sum(int(v or 0) for v in actions["size_bytes"].to_pylist()) if actions.num_rows else 0
+        out.append(TableSize(name, int(dt.version()), actions.num_rows, rows, size))
+    return out
+
+
+@dataclass(frozen=True)
+class StoreStatus:
+    """What ``mq status`` shows: the jobs' last progress and the tables' sizes."""
+
+    jobs: list[JobStatus]
+    tables: list[TableSize]
+
+    JOB_COLUMNS = (
+        "job",
+        "state",
+        "batch",
+        "rows",
+        "rows (run)",
+        "rows/s",
+        "batch ms",
+        "delay ms",
+        "updated",
+        "detail",
+    )
+    TABLE_COLUMNS = ("table", "version", "files", "rows", "bytes")
+
+    def job_rows(self) -> list[tuple[Any, ...]]:
+        rows = []
+        for s in self.jobs:
+            updated = _dt.datetime.fromtimestamp(s.updated_ms / 1000).isoformat(sep=" ", timespec="seconds")
+            rate = None if s.processed_rows_per_second is None else f"{s.processed_rows_per_second:.1f}"
+            rows.append(
+                (
+                    s.job,
+                    s.state,
+                    s.batch_id,
+                    s.num_input_rows,
+                    s.total_input_rows,
+                    rate,
+                    s.batch_duration_ms,
+                    s.end_to_end_delay_ms,
+                    updated,
+                    s.detail or "",
+                )
+            )
+        return rows
+
+    def table_rows(self) -> list[tuple[Any, ...]]:
+        return [(t.table, t.version, t.files, t.rows, t.bytes) for t in self.tables]
+
+
+def store_status(store: Store) -> StoreStatus:
+    """The jobs' last progress and every table's size."""
+    return StoreStatus(read_statuses(store), table_sizes(store))
+
+
+# ----------------------------------------------------------------------------- live monitoring
+@dataclass
+class _Watched:
+    query: Any
+    source_table: str | None
+    last_batch: int = -1
+    last_logged: float = 0.0
+    last_written: float = 0.0
+    total_rows: int = 0
+    batches: int = 0
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class ProgressMonitor:
+    """Polls running queries' ``lastProgress``; logs progress lines and writes status files.
+
+    A batch that read rows is logged and written at once; idle batches (tickers, empty polls) at most
+    every ``heartbeat_s``, so a 250 ms ticker does not flood the log.
+
+    Args:
+        store: where status files go.
+        interval_s: polling period.
+        heartbeat_s: least time between two lines (and status writes) for idle batches.
+        log: where lines go (default the ``lakemq.broker`` logger at INFO).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        interval_s: float = 1.0,
+        heartbeat_s: float = 30.0,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
+        self._store = store
+        self._interval = interval_s
+        self._heartbeat = heartbeat_s
+        self._log = log or LOGGER.info
+        self._watched: dict[str, _Watched] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, job: str, query: Any, source_table: str | None = None) -> None:
+        """Follow ``query`` as ``job`` (whose rows come from ``source_table``'s log, if any)."""
+        self._watched[job] = _Watched(query, source_table)
+        write_status(self._store, JobStatus(job, RUNNING, now_ms(), query_name=_name(query)))
+
+    def poll(self) -> list[JobStatus]:
+        """Look at every query once; returns the statuses written."""
+        written = []
+        for job, w in list(self._watched.items()):
+            with w.lock:
+                progress = progress_dict(getattr(w.query, "lastProgress", None))
+                if progress is None or int(progress.get("batchId", -1)) == w.last_batch:
+                    continue
+                w.last_batch = int(progress["batchId"])
+                rows = int(progress.get("numInputRows") or 0)
+                w.total_rows += rows
+                w.batches += 1
+                status = status_from_progress(
+                    job,
+                    progress,
+                    store=self._store,
+                    source_table=w.source_table,
+                    total_input_rows=w.total_rows,
+                    batches=w.batches,
+                )
+                now = time.monotonic()
+                if rows or now - w.last_logged >= self._heartbeat:
+                    self._log(status.line())
+                    w.last_logged = now
+                if rows or now - w.last_written >= min(self._heartbeat, 5.0):
+                    write_status(self._store, status)
+                    w.last_written = now
+                    written.append(status)
+        return written
+
+    def finish(self, job: str, state: str, detail: str | None = None) -> JobStatus:
+        """Record a query's end (stopped, failed, finished) as its final status."""
+        w = self._watched.get(job)
+        if w is None:
+            status = JobStatus(job, state, now_ms(), detail=detail)
+        else:
+            with w.lock:
+                last = progress_dict(getattr(w.query, "lastProgress", None))
+                if last is None:
+                    status = JobStatus(job, state, now_ms(), query_name=_name(w.query), detail=detail)
+                else:
+                    status = status_from_progress(
+                        job,
+                        last,
+                        state=state,
+                        store=self._store,
+                        source_table=w.source_table,
+                        total_input_rows=w.total_rows,
+                        batches=w.batches,
+                    )
+                    status = _with(status, detail=detail) if detail else status
+        write_status(self._store, status)
+        self._log(status.line())
+        return status
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval):
+            try:
+                self.poll()
+            except Exception as exc:  # observability must never take the broker down
+                LOGGER.warning("progress monitor: %s", exc)
+
+    def start(self) -> ProgressMonitor:
+        """Poll on a daemon thread until :meth:`stop`."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="lakemq-progress", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop polling (after one last poll)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+            self._thread = None
+        try:
+            self.poll()
+        except Exception as exc:
+            LOGGER.warning("progress monitor: %s", exc)
+
+
+def _name(query: Any) -> str | None:
+    try:
+        name = query.name
+    except Exception:
+        return None
+    return str(name) if name is not None else None

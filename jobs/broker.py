@@ -1,0 +1,379 @@
+"""The broker app: every broker job as its own streaming query in ONE Spark application.
+
+Jobs are found at start: each of :data:`JOB_ORDER` whose module ``jobs/<job>.py`` imports and has
+``run_<job>`` is included (the others are reported as skipped). Each keeps its own checkpoint under
+the store (``<store>/_checkpoints/<job>``, or ``<--checkpoint>/<job>``) and its own exactly-once
+marker, so a job run here and the same job run alone (``jobs/<job>.py``) continue each other.
+
+- ``--once``: runs the jobs one after another in dependency order (:data:`ONCE_PLAN`): dispatch,
+  index, schedule, retry, then dispatch and index again so that re-put messages (delays now due,
+  retries) are pullable and indexed, then pull_log, transaction_check and maintenance; then exits.
+- otherwise: starts every query and runs until SIGTERM / SIGINT, then stops every query (a batch in
+  flight gets a grace period) and exits 0; a query that fails stops the others and exits 1.
+
+Progress is logged (rows/s, batch duration, end-to-end delay) and written to
+``<store>/_status/<job>.json`` (:mod:`engine.spark.progress`); ``mq status`` shows it.
+
+Usage::
+
+    python jobs/broker.py --store ./mqdata --once     # one pass of every job, then exit
+    ./spark-submit.sh jobs/broker.py --store ./mqdata  # run every job until SIGTERM / Ctrl-C
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import logging
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from engine.errors import InvalidArgumentError
+from engine.spark.progress import (
+    FAILED,
+    FINISHED,
+    RUNNING,
+    SKIPPED,
+    STOPPED,
+    JobStatus,
+    ProgressMonitor,
+    query_status,
+    write_status,
+)
+from engine.store import schemas
+from engine.store.store import Store, now_ms
+from jobs._common import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USAGE,
+    JobContext,
+    StopSignal,
+    argument_parser,
+    fail,
+    start,
+)
+
+JOB = "broker"
+PROG = "jobs/broker.py"
+# Every job the broker knows, in the order a running broker starts them.
+JOB_ORDER = ("dispatch", "index", "schedule", "retry", "pull_log", "transaction_check", "maintenance")
+# One pass of --once: dispatch feeds everything; the re-puts of schedule and retry are dispatched and
+# indexed by the second round.
+ONCE_PLAN = (
+    "dispatch",
+    "index",
+    "schedule",
+    "retry",
+    "dispatch",
+    "index",
+    "pull_log",
+    "transaction_check",
+    "maintenance",
+)
+# Jobs fed by a table's log: their end-to-end delay is measured against its store times.
+SOURCE_TABLES = {
+    "dispatch": schemas.COMMIT_LOG,
+    "index": schemas.COMMIT_LOG,
+    "retry": schemas.ACTION_LOG,
+    "pull_log": schemas.ACTION_LOG,
+}
+GRACE_S = 10.0
+
+LOGGER = logging.getLogger("lakemq.broker")
+
+
+@dataclass(frozen=True)
+class BrokerJob:
+    """One job the broker can run: its ``run_<job>(spark, store, *, once, checkpoint, ...)``."""
+
+    name: str
+    run: Callable[..., Any]
+    source_table: str | None = None
+
+    def accepts(self, parameter: str) -> bool:
+        return parameter in inspect.signature(self.run).parameters
+
+
+def discover_jobs(names: Iterable[str] = JOB_ORDER) -> tuple[dict[str, BrokerJob], dict[str, str]]:
+    """The jobs whose modules import now, and why each of the others is left out.
+
+    Returns:
+        (job name -> :class:`BrokerJob`, job name -> reason it is skipped)
+    """
+    found: dict[str, BrokerJob] = {}
+    skipped: dict[str, str] = {}
+    for name in names:
+        try:
+            module = importlib.import_module(f"jobs.{name}")
+        except ModuleNotFoundError as exc:
+            skipped[name] = f"no module ({exc.name})"
+            continue
+        except Exception as exc:  # a module another engineer is half-way through: leave it out
+            skipped[name] = f"import failed: {type(exc).__name__}: {_first_line(exc)}"
+            continue
+        run = getattr(module, f"run_{name}", None)
+        if not callable(run):
+            skipped[name] = f"jobs/{name}.py has no run_{name}"
+            continue
+        found[name] = BrokerJob(name, run, SOURCE_TABLES.get(name))
+    return found, skipped
+
+
+@dataclass
+class BrokerRun:
+    """What a broker run did."""
+
+    ran: list[str] = field(default_factory=list)  # jobs run (--once: each step, in order)
+    skipped: dict[str, str] = field(default_factory=dict)
+    failed: dict[str, str] = field(default_factory=dict)
+    statuses: dict[str, JobStatus] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+    def summary(self, elapsed_s: float) -> str:
+        """The one line a run ends with."""
+        jobs = list(dict.fromkeys(self.ran))
+        text = f"broker: ran {', '.join(jobs) or 'nothing'} ({elapsed_s:.1f}s)"
+        if self.skipped:
+            text += "; skipped " + ", ".join(f"{k} ({v})" for k, v in self.skipped.items())
+        if self.failed:
+            text += "; FAILED " + ", ".join(f"{k} ({v})" for k, v in self.failed.items())
+        return text
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return (text.splitlines()[0] if text else type(error).__name__)[:300]
+
+
+def _checkpoint(parent: str | None, job: str) -> str | None:
+    return None if parent is None else f"{parent.rstrip('/')}/{job}"
+
+
+def _selected(jobs: Sequence[str] | None, skip: Iterable[str]) -> tuple[dict[str, BrokerJob], dict[str, str]]:
+    unknown = [j for j in [*(jobs or ()), *skip] if j not in JOB_ORDER]
+    if unknown:
+        raise InvalidArgumentError(f"unknown jobs {unknown}; jobs: {', '.join(JOB_ORDER)}")
+    wanted = [j for j in (jobs or JOB_ORDER) if j not in set(skip)]
+    found, skipped = discover_jobs(wanted)
+    return found, skipped
+
+
+def _write_skipped(store: Store, run: BrokerRun) -> None:
+    for name, reason in run.skipped.items():
+        status = JobStatus(name, SKIPPED, now_ms(), detail=reason)
+        write_status(store, status)
+        run.statuses[name] = status
+
+
+def _broker_status(store: Store, run: BrokerRun, state: str) -> None:
+    jobs = ", ".join(dict.fromkeys(run.ran)) or "none"
+    detail = f"jobs: {jobs}"
+    if run.skipped:
+        detail += f"; skipped: {', '.join(run.skipped)}"
+    if run.failed:
+        detail += f"; failed: {', '.join(run.failed)}"
+    write_status(store, JobStatus(JOB, state, now_ms(), detail=detail))
+
+
+def run_once(
+    spark: Any,
+    store: Store,
+    *,
+    jobs: Sequence[str] | None = None,
+    skip: Iterable[str] = (),
+    checkpoint: str | None = None,
+    log: Callable[[str], None] | None = None,
+) -> BrokerRun:
+    """One pass of every available job in :data:`ONCE_PLAN` order, each to completion.
+
+    A failing job is recorded and the pass goes on (later jobs do not need its output to be safe:
+    every job is exactly once on its own markers).
+    """
+    emit = log or LOGGER.info
+    found, skipped = _selected(jobs, skip)
+    run = BrokerRun(skipped=skipped)
+    _write_skipped(store, run)
+    totals: dict[str, tuple[int, int]] = {}
+    for name in ONCE_PLAN:
+        job = found.get(name)
+        if job is None:
+            continue
+        options: dict[str, Any] = {"once": True, "checkpoint": _checkpoint(checkpoint, name)}
+        if job.accepts("dispatch"):
+            options["dispatch"] = False  # the plan dispatches before and after it
+        began = time.monotonic()
+        try:
+            result = job.run(spark, store, **options)
+        except Exception as exc:
+            run.failed[name] = _first_line(exc)
+            status = JobStatus(name, FAILED, now_ms(), detail=run.failed[name])
+        else:
+            if hasattr(result, "lastProgress"):
+                status = query_status(
+                    name, result, state=FINISHED, store=store, source_table=job.source_table
+                )
+                rows, batches = totals.get(name, (0, 0))
+                totals[name] = (rows + status.total_input_rows, batches + status.batches)
+                status = replace(status, total_input_rows=totals[name][0], batches=totals[name][1])
+            else:  # a job whose --once is a plain pass (maintenance): its report is the detail
+                report = getattr(result, "summary", None)
+                detail = report() if callable(report) else (str(result) if result is not None else None)
+                status = JobStatus(name, FINISHED, now_ms(), detail=detail)
+        run.ran.append(name)
+        run.statuses[name] = status
+        write_status(store, status)
+        emit(f"{status.line()} ({time.monotonic() - began:.1f}s)")
+    _broker_status(store, run, FAILED if run.failed else FINISHED)
+    return run
+
+
+def _stop_all(queries: dict[str, Any], grace_s: float) -> None:
+    """Let batches in flight finish (up to ``grace_s``), then stop every query."""
+    deadline = time.monotonic() + grace_s
+    for query in queries.values():
+        while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if query.isActive:
+            try:
+                query.stop()
+            except Exception as exc:  # stopping the others matters more
+                LOGGER.warning("stopping %s: %s", query.name, exc)
+
+
+def run_forever(
+    spark: Any,
+    store: Store,
+    stop: threading.Event,
+    *,
+    jobs: Sequence[str] | None = None,
+    skip: Iterable[str] = (),
+    checkpoint: str | None = None,
+    monitor_interval_s: float = 1.0,
+    heartbeat_s: float = 30.0,
+    grace_s: float = GRACE_S,
+    log: Callable[[str], None] | None = None,
+    started: Callable[[dict[str, Any]], None] | None = None,
+) -> BrokerRun:
+    """Start every available job's query and serve until ``stop`` is set or a query fails.
+
+    Args:
+        spark: the SparkSession every query runs in.
+        store: the store.
+        stop: set it to stop every query (the signal handlers of :func:`main` do).
+        jobs: run only these jobs (default all of :data:`JOB_ORDER`).
+        skip: leave these jobs out.
+        checkpoint: parent of the jobs' checkpoints (default: each job's, under the store).
+        monitor_interval_s, heartbeat_s: see :class:`ProgressMonitor`.
+        grace_s: time a batch in flight gets to finish when stopping.
+        log: where progress lines go (default the ``lakemq.broker`` logger).
+        started: called with job -> query once every query runs (tests, embedding apps).
+
+    Returns:
+        The run; ``failed`` names a query that ended with an error (the others were stopped).
+    """
+    found, skipped = _selected(jobs, skip)
+    run = BrokerRun(skipped=skipped)
+    _write_skipped(store, run)
+    monitor = ProgressMonitor(store, interval_s=monitor_interval_s, heartbeat_s=heartbeat_s, log=log)
+    queries: dict[str, Any] = {}
+    try:
+        for name in JOB_ORDER:
+            job = found.get(name)
+            if job is None:
+                continue
+            try:
+                query = job.run(spark, store, once=False, checkpoint=_checkpoint(checkpoint, name))
+            except Exception as exc:
+                run.failed[name] = f"did not start: {_first_line(exc)}"
+                raise
+            queries[name] = query
+            monitor.watch(name, query, job.source_table)
+            run.ran.append(name)
+        _broker_status(store, run, RUNNING)
+        monitor.start()
+        if started is not None:
+            started(dict(queries))
+        while not stop.is_set():
+            ended = [n for n, q in queries.items() if not q.isActive]
+            if ended:
+                for name in ended:
+                    error = queries[name].exception()
+                    run.failed[name] = _first_line(error) if error is not None else "query ended on its own"
+                break
+            stop.wait(0.5)
+    except Exception as exc:  # a query that would not start: stop the ones that did
+        if not run.failed:
+            run.failed[JOB] = _first_line(exc)
+    finally:
+        _stop_all(queries, grace_s)
+        monitor.stop()
+        for name in queries:
+            state = FAILED if name in run.failed else STOPPED
+            run.statuses[name] = monitor.finish(name, state, run.failed.get(name))
+        _broker_status(store, run, FAILED if run.failed else STOPPED)
+    return run
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the broker app; returns the exit code (0 ok / stopped on a signal, 1 a job failed, 2 bad input)."""
+    parser = argument_parser(JOB, "Run every broker job (dispatch, index, schedule, ...) in one Spark app.")
+    parser.set_defaults(checkpoint=None)
+    parser.add_argument(
+        "--jobs", default=None, help=f"comma-separated jobs to run (default all: {','.join(JOB_ORDER)})"
+    )
+    parser.add_argument("--skip", default="", help="comma-separated jobs to leave out")
+    parser.add_argument(
+        "--heartbeat", type=float, default=30.0, help="seconds between progress lines of idle jobs"
+    )
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
+    jobs = [j.strip() for j in args.jobs.split(",") if j.strip()] if args.jobs else None
+    skip = [j.strip() for j in args.skip.split(",") if j.strip()]
+    try:
+        _selected(jobs, skip)  # unknown names are bad input, before Spark starts
+    except Exception as exc:
+        return fail(PROG, exc, EXIT_USAGE)
+    if not LOGGER.handlers:  # progress lines on stderr; other loggers (py4j) keep their levels
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s"))
+        LOGGER.addHandler(handler)
+        LOGGER.propagate = False
+    LOGGER.setLevel(logging.INFO)
+    began = time.monotonic()
+    try:
+        ctx: JobContext = start(args, app_name="lakemq-broker")
+    except Exception as exc:  # bad store path, no Java, bad conf: one line, not a traceback
+        return fail(PROG, exc, EXIT_USAGE)
+    try:
+        if args.once:
+            run = run_once(ctx.spark, ctx.store, jobs=jobs, skip=skip, checkpoint=args.checkpoint)
+        else:
+            with StopSignal() as stop:
+                run = run_forever(
+                    ctx.spark,
+                    ctx.store,
+                    stop.event,
+                    jobs=jobs,
+                    skip=skip,
+                    checkpoint=args.checkpoint,
+                    heartbeat_s=args.heartbeat,
+                )
+        print(run.summary(time.monotonic() - began), flush=True)
+        return EXIT_OK if run.ok else EXIT_FAILED
+    except Exception as exc:
+        return fail(PROG, exc, EXIT_FAILED)
+    finally:
+        ctx.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

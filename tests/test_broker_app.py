@@ -1,0 +1,215 @@
+"""The broker app (jobs/broker.py): every job in one Spark application, progress, ``mq status``."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine import Admin, Message, Producer, PullConsumer, PullStatus, SendResult, Store
+from engine.cli import main as mq
+from engine.spark.progress import (
+    FINISHED,
+    SKIPPED,
+    STOPPED,
+    JobStatus,
+    read_statuses,
+    status_from_progress,
+    store_status,
+    write_status,
+)
+from engine.store import schemas
+from jobs.broker import JOB_ORDER, discover_jobs, main, run_forever
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _pull_one(store: Store, topic: str, sent: SendResult) -> PullStatus:
+    result = PullConsumer(store, "g").pull(topic, sent.queue_id, sent.queue_offset, max_nums=1)
+    return result.status
+
+
+def _bodies(store: Store, topic: str, queues: int = 4) -> list[bytes]:
+    consumer, out = PullConsumer(store, "g"), []
+    for q in range(queues):
+        result = consumer.pull(topic, q, 0, max_nums=64)
+        out += [m.body for m in result.messages]
+    return sorted(out)
+
+
+def test_discover_jobs_includes_present_modules_and_reports_missing_ones() -> None:
+    found, skipped = discover_jobs([*JOB_ORDER, "no_such_job"])
+    assert {"dispatch", "index"} <= set(found)
+    assert skipped["no_such_job"].startswith("no module")
+    assert set(found) | set(skipped) == {*JOB_ORDER, "no_such_job"}
+    assert found["dispatch"].source_table == schemas.COMMIT_LOG
+
+
+def test_unknown_job_names_are_bad_input(store: Store, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--store", store.root, "--once", "--jobs", "dispatch,nope"]) == 2
+    assert "unknown jobs ['nope']" in capsys.readouterr().err
+
+
+def test_status_of_a_progress_has_rates_and_end_to_end_delay(store: Store, topic: str) -> None:
+    with Producer(store) as p:
+        p.send(Message(topic, b"x"))
+    version = store.version(schemas.COMMIT_LOG)
+    stored = Admin(store)._index.messages([0]).to_pylist()[0]["store_ts_ms"]
+    started = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(stored / 1000 + 2)) + ".000Z"
+    progress = {
+        "batchId": 4,
+        "numInputRows": 1,
+        "inputRowsPerSecond": 2.0,
+        "processedRowsPerSecond": 8.5,
+        "batchDuration": 250,
+        "timestamp": started,
+        "name": "q",
+        "sources": [{"endOffset": json.dumps({"version": version})}],
+    }
+    status = status_from_progress("dispatch", progress, store=store, source_table=schemas.COMMIT_LOG)
+    assert (status.batch_id, status.num_input_rows, status.batch_duration_ms) == (4, 1, 250)
+    assert status.processed_rows_per_second == 8.5
+    assert status.end_to_end_delay_ms is not None
+    assert 1000 <= status.end_to_end_delay_ms <= 3250  # 2 s later (to the second) + the batch
+    assert "end-to-end delay" in status.line()
+    idle = status_from_progress("dispatch", {**progress, "numInputRows": 0}, store=store, source_table="x")
+    assert idle.end_to_end_delay_ms is None
+
+
+def test_mq_status_without_jobs_shows_table_sizes(store: Store, topic: str, capsys: Any) -> None:
+    with Producer(store) as p:
+        p.send_batch([Message(topic, b"a"), Message(topic, b"b")])
+    assert mq(["--store", store.root, "status"]) == 0
+    out = capsys.readouterr().out
+    assert "no job has reported progress yet" in out
+    sizes = {t.table: t for t in store_status(store).tables}
+    assert (sizes["commit_log"].rows, sizes["commit_log"].files) == (2, 1)
+    assert sizes["commit_log"].version == store.version(schemas.COMMIT_LOG)
+    assert set(sizes) == set(schemas.SCHEMAS)
+    write_status(store, JobStatus("dispatch", STOPPED, 0, batch_id=3, detail="by hand"))
+    assert mq(["--store", store.root, "status"]) == 0
+    out = capsys.readouterr().out
+    assert "dispatch" in out and "stopped" in out and "commit_log" in out
+
+
+@pytest.mark.spark
+def test_broker_once_runs_every_job_so_sends_are_pullable_indexed_and_delays_delivered(
+    spark: Any, store: Store, topic: str, capsys: Any
+) -> None:
+    found, _ = discover_jobs()
+    with Producer(store) as p:
+        plain = p.send(Message(topic, b"plain", keys=("order-1",)))
+        p.send(Message(topic, b"delayed"), delay_level=1)  # due in 1 s
+    time.sleep(1.1)
+    assert main(["--store", store.root, "--once"]) == 0
+    out = capsys.readouterr().out
+    assert "broker: ran dispatch, index" in out
+
+    assert _pull_one(store, topic, plain) is PullStatus.FOUND
+    [by_key] = Admin(store).query_by_key(topic, "order-1", 0, 2**62)
+    assert by_key.msg_id == plain.msg_id
+    if "schedule" in found:  # the delivered copy was dispatched by the second dispatch round
+        assert _bodies(store, topic) == [b"delayed", b"plain"]
+
+    statuses = {s.job: s for s in read_statuses(store)}
+    assert statuses["dispatch"].state == FINISHED
+    assert statuses["dispatch"].total_input_rows >= 2
+    assert statuses["index"].end_to_end_delay_ms is not None
+    assert set(found) <= set(statuses)
+    assert statuses["broker"].detail is not None and "dispatch" in statuses["broker"].detail
+    for job, s in statuses.items():
+        assert s.state in (FINISHED, SKIPPED), (job, s)
+
+    assert mq(["--store", store.root, "status"]) == 0
+    shown = capsys.readouterr().out
+    assert "dispatch" in shown and "finished" in shown and "consume_queue" in shown
+
+
+@pytest.mark.spark
+def test_running_broker_serves_sends_until_stopped(spark: Any, store: Store, topic: str) -> None:
+    stop = threading.Event()
+    running: dict[str, Any] = {}
+    ready = threading.Event()
+    lines: list[str] = []
+    result: dict[str, Any] = {}
+
+    def started(queries: dict[str, Any]) -> None:
+        running.update(queries)
+        ready.set()
+
+    def serve() -> None:
+        result["run"] = run_forever(
+            spark,
+            store,
+            stop,
+            skip=["maintenance"],
+            monitor_interval_s=0.2,
+            log=lines.append,
+            started=started,
+            grace_s=5,
+        )
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        assert ready.wait(120), "the broker's queries did not start"
+        with Producer(store) as p:
+            sent = p.send(Message(topic, b"live", keys=("live-key",)))
+        deadline = time.monotonic() + 60
+        while _pull_one(store, topic, sent) is not PullStatus.FOUND:
+            assert time.monotonic() < deadline, "the running dispatch query never dispatched the send"
+            time.sleep(0.2)
+        while Admin(store).query_by_uniq_key(topic, sent.uniq_key) is None:
+            assert time.monotonic() < deadline, "the running index query never indexed the send"
+            time.sleep(0.2)
+    finally:
+        stop.set()
+        thread.join(120)
+    assert not thread.is_alive()
+    run = result["run"]
+    assert run.ok, run.failed
+    assert {"dispatch", "index"} <= set(run.ran) and "maintenance" not in run.ran
+    assert all(not q.isActive for q in running.values())
+    statuses = {s.job: s for s in read_statuses(store)}
+    assert statuses["dispatch"].state == STOPPED and statuses["broker"].state == STOPPED
+    assert any(line.startswith("dispatch:") and "rows" in line for line in lines)
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_broker_process_stops_cleanly_on_sigterm(store: Store, tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "jobs" / "broker.py"), "--store", store.root, "--jobs", "dispatch,index"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            statuses = {s.job: s for s in read_statuses(store)}
+            if "broker" in statuses and statuses["broker"].state == "running":
+                break
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            assert time.monotonic() < deadline, "the broker never reported running"
+            time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err[-2000:]
+    assert "broker: ran dispatch, index" in out
+    assert {s.job: s.state for s in read_statuses(store)}["dispatch"] == STOPPED

@@ -12,6 +12,8 @@ from engine import Admin, InvalidArgumentError, OffsetOutOfRangeError, Store, St
 from engine.client.admin_offsets import QueueTimeIndex, offsets_for_time
 from engine.client.offsets import OffsetStore
 from engine.spark import replay
+from engine.spark.mq_options import ReadOptions
+from engine.spark.mq_source import MQStreamReader, spark_message_schema
 from engine.store import schemas, sequencer
 from engine.store.dispatch import dispatch_pending
 from engine.store.sequencer import CommitLogWriter, PendingMessage
@@ -76,6 +78,13 @@ def test_offsets_for_time_are_the_first_stored_at_or_after_it(
     store: Store, laid_out: dict[int, int], ts: int, expected: dict[int, int]
 ) -> None:
     assert offsets_for_time(store, "T", ts) == expected
+
+
+def test_a_stream_can_start_at_a_store_time(store: Store, laid_out: dict[int, int]) -> None:
+    options = {"store": store.root, "topic": "T", "group": "g", "startingOffsets": "1500"}
+    reader = MQStreamReader(ReadOptions.parse(options, streaming=True), spark_message_schema())
+    assert reader.initialOffset() == {"q": {"0": 2, "1": 1}}
+    assert OffsetStore(store, "g").read("T") == {("T", 0): 2, ("T", 1): 1}
 
 
 def test_time_search_reads_few_files_not_the_whole_queue(

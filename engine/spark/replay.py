@@ -57,8 +57,12 @@ def replay(
         store_ts). Each execution plans again from the store.
 
     Raises:
-        InvalidArgumentError: a bad argument (``end`` before ``start``, a negative version, …).
-        TopicNotFoundError: no such topic (raised here, before Spark runs).
+        InvalidArgumentError: a bad argument (``end`` before ``start``, a negative version, a
+            version after the latest one, …).
+        TopicNotFoundError: no such topic.
+        StoreError: ``as_of_version`` covers messages the dispatch job has not indexed yet.
+
+    Every error is raised here, before Spark runs: the replay is planned once in this process too.
     """
     validate_topic_name(topic)
     store.topic(topic)

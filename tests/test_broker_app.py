@@ -21,6 +21,7 @@ from engine.spark.progress import (
     SKIPPED,
     STOPPED,
     JobStatus,
+    ProgressMonitor,
     read_statuses,
     status_from_progress,
     store_status,
@@ -60,9 +61,9 @@ def test_unknown_job_names_are_bad_input(store: Store, capsys: pytest.CaptureFix
 
 def test_status_of_a_progress_has_rates_and_end_to_end_delay(store: Store, topic: str) -> None:
     with Producer(store) as p:
-        p.send(Message(topic, b"x"))
+        sent = p.send(Message(topic, b"x"))
     version = store.version(schemas.COMMIT_LOG)
-    stored = Admin(store)._index.messages([0]).to_pylist()[0]["store_ts_ms"]
+    stored = Admin(store).view_message(sent.msg_id).store_ts_ms
     started = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(stored / 1000 + 2)) + ".000Z"
     progress = {
         "batchId": 4,
@@ -82,6 +83,51 @@ def test_status_of_a_progress_has_rates_and_end_to_end_delay(store: Store, topic
     assert "end-to-end delay" in status.line()
     idle = status_from_progress("dispatch", {**progress, "numInputRows": 0}, store=store, source_table="x")
     assert idle.end_to_end_delay_ms is None
+
+
+class _FakeQuery:
+    """What ProgressMonitor reads from a StreamingQuery."""
+
+    name = "fake"
+
+    def __init__(self) -> None:
+        self.recentProgress: list[dict[str, Any]] = []
+
+    @property
+    def lastProgress(self) -> dict[str, Any] | None:
+        return self.recentProgress[-1] if self.recentProgress else None
+
+    def batch(self, rows: int) -> None:
+        self.recentProgress.append(
+            {"batchId": len(self.recentProgress), "numInputRows": rows, "batchDuration": 5, "timestamp": None}
+        )
+
+
+def test_progress_monitor_logs_batches_with_rows_counts_missed_ones_and_writes_status(store: Store) -> None:
+    lines: list[str] = []
+    monitor = ProgressMonitor(store, heartbeat_s=3600, log=lines.append)
+    query = _FakeQuery()
+    monitor.watch("dispatch", query)
+    assert read_statuses(store)[0].state == "running"
+    query.batch(0)
+    monitor.poll()  # the first idle batch is a heartbeat
+    query.batch(0)
+    monitor.poll()  # later idle batches are not logged
+    assert len(lines) == 1
+    query.batch(3)
+    query.batch(4)  # two batches between polls
+    [written] = monitor.poll()
+    assert (written.batch_id, written.num_input_rows, written.total_input_rows, written.batches) == (
+        3,
+        4,
+        7,
+        4,
+    )
+    assert len(lines) == 2 and "batch 3: 4 rows" in lines[-1]
+    assert monitor.poll() == []  # nothing new
+    final = monitor.finish("dispatch", STOPPED)
+    assert final.state == STOPPED and final.total_input_rows == 7
+    assert {s.job: s.state for s in read_statuses(store)} == {"dispatch": STOPPED}
 
 
 def test_mq_status_without_jobs_shows_table_sizes(store: Store, topic: str, capsys: Any) -> None:

@@ -396,12 +396,17 @@ class ProgressMonitor:
         for job, w in list(self._watched.items()):
             with w.lock:
                 progress = progress_dict(getattr(w.query, "lastProgress", None))
-                if progress is None or int(progress.get("batchId", -1)) == w.last_batch:
+                if progress is None or int(progress.get("batchId", -1)) <= w.last_batch:
                     continue
-                w.last_batch = int(progress["batchId"])
-                rows = int(progress.get("numInputRows") or 0)
+                batch_id = int(progress["batchId"])
+                fresh = [progress]
+                if w.last_batch >= 0 and batch_id > w.last_batch + 1:  # batches finished between polls
+                    recent = (progress_dict(p) for p in getattr(w.query, "recentProgress", None) or ())
+                    fresh = [p for p in recent if p and w.last_batch < int(p.get("batchId", -1)) <= batch_id]
+                w.last_batch = batch_id
+                rows = sum(int(p.get("numInputRows") or 0) for p in fresh)
                 w.total_rows += rows
-                w.batches += 1
+                w.batches += len(fresh)
                 status = status_from_progress(
                     job,
                     progress,

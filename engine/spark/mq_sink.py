@@ -13,7 +13,9 @@ and written atomically by :class:`~engine.store.sequencer.CommitLogWriter`. A ba
 recorded writes nothing; a batch id BELOW the recorded one means the query's checkpoint was reset
 (or another query shares the sinkId) and fails instead of silently skipping data. ``sinkId`` is
 required for streams: a Python sink is not told its checkpoint location, so the marker cannot be
-derived from it. A batch write is one commit (idempotent too with options ``sinkId`` + ``batchId``).
+derived from it. A batch write is one commit (idempotent too with options ``sinkId`` + ``batchId``)
+and needs ``.mode("append")``: Spark refuses its default ``ErrorIfExists`` for Python sinks, and
+``overwrite`` is refused here (topics are append-only).
 
 Every row is checked before anything is written (body size, tags, keys, properties, the topic
 exists, is writable and not a system topic, the queue id is in range); one bad row fails the batch

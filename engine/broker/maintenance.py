@@ -1054,7 +1054,13 @@ class MaintenanceReport:
 
 
 def _mib(n: int) -> str:
-    return f"{n / MiB:.1f} MiB"
+    """A byte count for humans (B, KiB, MiB, GiB)."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB"):
+        if size < 1024:
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} GiB"
 
 
 def maintain(

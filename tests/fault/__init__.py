@@ -1,0 +1,1 @@
+"""Fault-injection suite (``pytest -m fault``): scenarios, their harness and the FAULTS.md report."""

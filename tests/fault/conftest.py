@@ -1,0 +1,43 @@
+"""Fault suite plumbing: a results file per pytest session, turned into FAULTS.md at the end.
+
+Every scenario calls :func:`tests.fault.history.record` once; when at least one did during this
+session, ``FAULTS.md`` at the repository root is regenerated from these rows (rows of scenarios that
+did not run this time are kept from the previous file and marked as such).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.fault import history
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+FAULTS_MD = REPO_ROOT / "FAULTS.md"
+
+# Set at import (collection), before any scenario runs; children inherit it but never record.
+_fd, _RESULTS = tempfile.mkstemp(prefix="lakemq-fault-", suffix=".jsonl")
+os.close(_fd)
+os.environ[history.RESULTS_ENV] = _RESULTS
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    rows = history.load_results(_RESULTS)
+    if rows:
+        history.write_faults(FAULTS_MD, rows)
+        session.config.pluginmanager.get_plugin("terminalreporter").write_line(  # type: ignore[union-attr]
+            f"fault suite: {len(rows)} scenario(s) recorded in {FAULTS_MD}"
+        )
+    Path(_RESULTS).unlink(missing_ok=True)
+
+
+@pytest.fixture
+def history_dir(tmp_path: Path) -> Iterator[Path]:
+    """A directory for the scenario's per-process event files (``*.jsonl``)."""
+    path = tmp_path / "history"
+    path.mkdir()
+    yield path

@@ -1,0 +1,235 @@
+"""The fault checker itself: a clean store passes, and each kind of damage is reported.
+
+Not marked ``fault``: these are fast unit tests of the harness, and they prove the checker can fail.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from engine import Message, Producer, Store
+from engine.store import schemas
+from engine.store.dispatch import dispatch_pending
+from tests.fault.history import (
+    Figures,
+    History,
+    HistoryLog,
+    body_id,
+    check,
+    load_results,
+    make_body,
+    previous_results,
+    record,
+    render_faults,
+)
+
+
+def _produce(store: Store, topic: str, log: HistoryLog, n: int) -> None:
+    ids = [f"m{i}" for i in range(n)]
+    with Producer(store) as producer:
+        for mid in ids:
+            log.sent([mid])
+            producer.send(Message(topic, make_body(mid, 64)))
+            log.acknowledged([mid])
+
+
+def _commit_log(store: Store) -> list[dict[str, Any]]:
+    return sorted(store.read(schemas.COMMIT_LOG).to_pylist(), key=lambda r: int(r["physical_offset"]))
+
+
+def _append_rows(store: Store, table: str, rows: list[dict[str, Any]]) -> None:
+    """Raw rows straight into a table, around the sequencer: the damage the checker must see."""
+    store.append(table, pa.Table.from_pylist(rows, schema=schemas.SCHEMAS[table]))
+
+
+def _clean_store(store: Store, topic: str, tmp_path: Path, n: int = 12) -> History:
+    with HistoryLog(tmp_path / "producer.jsonl") as log:
+        _produce(store, topic, log, n)
+    dispatch_pending(store)
+    return History.load(tmp_path)
+
+
+def test_body_carries_its_id_at_the_front() -> None:
+    body = make_body("p1-7", 100)
+    assert len(body) == 100
+    assert body_id(body) == "p1-7"
+    assert body_id(make_body("x")) == "x"
+
+
+def test_a_clean_store_reports_zero_everywhere(store: Store, topic: str, tmp_path: Path) -> None:
+    history = _clean_store(store, topic, tmp_path)
+    history.add("received", [f"m{i}" for i in range(12)])
+
+    figures = check(store, history, topics=[topic], consumed=True, dispatched=True)
+
+    assert figures.ok, figures.problems
+    assert (figures.sent, figures.acknowledged, figures.stored, figures.received) == (12, 12, 12, 12)
+    assert (figures.acknowledged_lost, figures.log_duplicates) == (0, 0)
+    assert (figures.offsets_not_dense, figures.offsets_not_monotonic) == (0, 0)
+    assert (figures.never_seen, figures.undispatched, figures.redelivered) == (0, 0, 0)
+    figures.assert_ok()
+
+
+def test_an_acknowledged_message_missing_from_the_log_is_reported_lost(
+    store: Store, topic: str, tmp_path: Path
+) -> None:
+    history = _clean_store(store, topic, tmp_path)
+    history.add("acknowledged", ["ghost"])
+
+    figures = check(store, history, topics=[topic])
+
+    assert figures.acknowledged_lost == 1
+    assert any("ghost" in p for p in figures.problems)
+    assert not figures.ok
+
+
+def test_a_message_stored_twice_is_a_log_duplicate(store: Store, topic: str, tmp_path: Path) -> None:
+    history = _clean_store(store, topic, tmp_path)
+    rows = _commit_log(store)
+    last = rows[-1]
+    copy = dict(last)
+    copy["physical_offset"] = last["physical_offset"] + last["size"]
+    copy["queue_offset"] = max(r["queue_offset"] for r in rows if r["queue_id"] == last["queue_id"]) + 1
+    _append_rows(store, schemas.COMMIT_LOG, [copy])
+
+    figures = check(store, history, topics=[topic])
+
+    assert figures.log_duplicates == 1
+    assert figures.acknowledged_lost == 0
+    assert (figures.offsets_not_dense, figures.offsets_not_monotonic) == (0, 0)
+
+
+def test_a_commit_log_entry_indexed_twice_is_a_log_duplicate(
+    store: Store, topic: str, tmp_path: Path
+) -> None:
+    history = _clean_store(store, topic, tmp_path)
+    entry = store.read(schemas.CONSUME_QUEUE).to_pylist()[0]
+    _append_rows(store, schemas.CONSUME_QUEUE, [entry])
+
+    figures = check(store, history, topics=[topic])
+
+    assert figures.log_duplicates == 1
+    assert figures.offsets_not_dense == 1  # the queue's offsets now repeat one
+    assert any("indexed 2 times" in p for p in figures.problems)
+
+
+def test_a_hole_in_a_queue_is_reported_not_dense(store: Store, topic: str, tmp_path: Path) -> None:
+    history = _clean_store(store, topic, tmp_path)
+    rows = _commit_log(store)
+    last = rows[-1]
+    skipped = dict(last)
+    skipped["physical_offset"] = last["physical_offset"] + last["size"]
+    skipped["queue_offset"] = max(r["queue_offset"] for r in rows if r["queue_id"] == last["queue_id"]) + 2
+    skipped["body"] = make_body("extra", 64)
+    _append_rows(store, schemas.COMMIT_LOG, [skipped])
+
+    figures = check(store, history, topics=[topic])
+
+    assert figures.offsets_not_dense == 1
+    assert figures.offsets_not_monotonic == 0
+    assert any("missing" in p for p in figures.problems)
+
+
+def test_a_queue_offset_going_backwards_is_reported_not_monotonic(
+    store: Store, topic: str, tmp_path: Path
+) -> None:
+    history = _clean_store(store, topic, tmp_path)
+    rows = _commit_log(store)
+    # Swap the queue offsets of a queue's first two messages: still dense, no longer in commit order.
+    first, second = [r for r in rows if r["queue_id"] == 0][:2]
+    swapped = [dict(first, queue_offset=1), dict(second, queue_offset=0)]
+    dt = store.table(schemas.COMMIT_LOG)
+    dt.delete("queue_id = 0 and queue_offset < 2")
+    _append_rows(store, schemas.COMMIT_LOG, swapped)
+
+    figures = check(store, history, topics=[topic])
+
+    assert figures.offsets_not_monotonic >= 1
+    assert figures.offsets_not_dense == 0
+    assert figures.acknowledged_lost == 0
+
+
+def test_a_physical_offset_hole_is_reported(store: Store, topic: str, tmp_path: Path) -> None:
+    history = _clean_store(store, topic, tmp_path)
+    store.table(schemas.COMMIT_LOG).delete("queue_id = 1 and queue_offset = 2")
+    history.acknowledged.discard("m9")  # m9 went to queue 1 at offset 2: not an acknowledged loss here
+
+    figures = check(store, history, topics=[topic])
+
+    assert figures.acknowledged_lost == 0
+    assert figures.offsets_not_dense >= 2  # the physical sequence and queue 1
+    assert any("physical offset" in p for p in figures.problems)
+
+
+def test_undispatched_and_never_received_messages_are_counted(
+    store: Store, topic: str, tmp_path: Path
+) -> None:
+    with HistoryLog(tmp_path / "producer.jsonl") as log:
+        _produce(store, topic, log, 4)
+    history = History.load(tmp_path)
+    history.add("received", ["m0", "m1", "m1"])
+
+    figures = check(store, history, topics=[topic], consumed=True, dispatched=True)
+
+    assert figures.undispatched == 4
+    assert figures.never_seen == 2
+    assert figures.redelivered == 1
+    assert not figures.ok
+
+
+def test_a_torn_last_line_is_an_event_that_never_happened(tmp_path: Path) -> None:
+    with HistoryLog(tmp_path / "a.jsonl") as log:
+        log.sent(["a", "b"])
+        log.acknowledged(["a"])
+    with open(tmp_path / "a.jsonl", "ab") as f:
+        f.write(b'{"e": "acknowledged", "ids": ["b"')  # killed in the middle of this write
+    with HistoryLog(tmp_path / "b.jsonl") as log:
+        log.received(["a"])
+        log.received(["a"])
+        log.gave_up(["c"])
+
+    history = History.load(tmp_path)
+
+    assert history.sent == {"a", "b"}
+    assert history.acknowledged == {"a"}
+    assert history.gave_up == {"c"}
+    assert history.received["a"] == 2
+
+
+def test_records_become_a_report_that_keeps_scenarios_not_run_again(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setenv("MQ_FAULT_RESULTS", str(tmp_path / "results.jsonl"))
+    history = History(sent={"a", "b"}, acknowledged={"a", "b"})
+    figures_ok = _figures(history)
+    record("first", figures_ok, kills=3)
+    record("second", figures_ok)
+    rows = load_results()
+    old = render_faults(rows)
+
+    bad = _figures(history, lost=1)
+    text = render_faults([dict(load_results()[0], acknowledged_lost=1)], previous_results(old))
+
+    assert [r["scenario"] for r in rows] == ["first", "second"]
+    assert "| first |" in text
+    assert "second (earlier run)" in text
+    assert "kills=3" in old
+    assert "0 in every scenario: yes" in old
+    assert "0 in every scenario: NO" in text
+    assert bad.acknowledged_lost == 1
+
+
+def _figures(history: History, lost: int = 0) -> Figures:
+    return Figures(
+        sent=len(history.sent),
+        acknowledged=len(history.acknowledged),
+        gave_up=0,
+        stored=len(history.acknowledged) - lost,
+        received=0,
+        redelivered=0,
+        acknowledged_lost=lost,
+        log_duplicates=0,
+        offsets_not_dense=0,
+        offsets_not_monotonic=0,
+    )

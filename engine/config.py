@@ -15,6 +15,8 @@ from typing import Any
 from engine.errors import ConfigError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# Spark's (log4j's) levels, as ``SparkContext.setLogLevel`` accepts them.
+LOG_LEVELS = ("ALL", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF", "TRACE")
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,12 @@ class EngineConfig:
             value = getattr(self, f.name)
             if f.type in ("int", int) and (not isinstance(value, int) or isinstance(value, bool)):
                 raise ConfigError(f"config {f.name} must be an integer, got {value!r}", key=f.name)
+            if f.type in ("str", str) and not isinstance(value, str):
+                raise ConfigError(f"config {f.name} must be a string, got {value!r}", key=f.name)
+        if self.log_level.upper() not in LOG_LEVELS:
+            raise ConfigError(
+                f"config log_level {self.log_level!r} must be one of {', '.join(LOG_LEVELS)}", key="log_level"
+            )
         positive = (
             "default_queues",
             "max_batch_bytes",
@@ -83,17 +91,26 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> EngineConfi
         **overrides: explicit values; ``None`` values are ignored.
 
     Raises:
-        ConfigError: an unknown key or a value of the wrong type.
+        ConfigError: an unknown key, a value of the wrong type, or an explicit ``path`` that is not
+            a readable TOML file.
     """
     known = {f.name: f.type for f in fields(EngineConfig)}
     values: dict[str, Any] = {}
+    if path is not None and not isinstance(path, str | os.PathLike):
+        raise ConfigError(f"config path must be a path to an engine.toml, got {path!r}")
     file = Path(path) if path else config_file()
+    if path and not file.is_file():
+        raise ConfigError(f"config file {file} does not exist (or is not a file)", path=str(file))
     if file.exists():
         try:
             data = tomllib.loads(file.read_text())
-        except tomllib.TOMLDecodeError as exc:
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
             raise ConfigError(f"{file} is not valid TOML: {exc}") from exc
+        except OSError as exc:
+            raise ConfigError(f"{file} cannot be read: {exc}", path=str(file)) from exc
         section = data.get("engine", data)
+        if not isinstance(section, dict):
+            raise ConfigError(f"{file}: [engine] must be a table of settings, got {section!r}")
         for key, value in section.items():
             if key not in known:
                 raise ConfigError(f"{file}: unknown key {key!r}; known: {', '.join(sorted(known))}", key=key)

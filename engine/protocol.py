@@ -55,6 +55,24 @@ PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
 PROPERTY_UNIQ_KEY = "UNIQ_KEY"
 PROPERTY_SHARDING_KEY = "SHARDING_KEY"
 
+# Properties the broker acts on (delays, re-put targets, retry lineage, transactions): a user message
+# that set them would be re-routed or misread, so producers may not (RocketMQ refuses system property
+# names in ``Message.putUserProperty`` too). KEYS, ORIGIN_MESSAGE_ID and MAX_RECONSUME_TIMES stay
+# allowed: the producer overwrites KEYS, and a resent dead letter keeps its origin and limit.
+RESERVED_PROPERTIES = frozenset(
+    {
+        PROPERTY_TAGS,
+        PROPERTY_DELAY,
+        PROPERTY_REAL_TOPIC,
+        PROPERTY_REAL_QUEUE_ID,
+        PROPERTY_RETRY_TOPIC,
+        PROPERTY_RECONSUME_TIME,
+        PROPERTY_TRANSACTION_PREPARED,
+        PROPERTY_TIMER_DELIVER_MS,
+        PROPERTY_UNIQ_KEY,
+    }
+)
+
 # Fixed part of a RocketMQ commit-log record (CommitLog.calMsgLength with IPv4 hosts).
 _RECORD_HEADER_BYTES = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + 8 + 8 + 8 + 4 + 8 + 4 + 1 + 2
 
@@ -184,7 +202,7 @@ def validate_message_fields(
     Raises:
         InvalidTopicError: bad topic name.
         InvalidMessageError: empty or over 4 MiB body, tags containing ``||``, non-string keys or
-            properties.
+            properties, or a property name in :data:`RESERVED_PROPERTIES`.
     """
     validate_topic_name(topic)
     if type(body) is not bytes and not isinstance(body, bytearray | memoryview):
@@ -221,6 +239,12 @@ def validate_message_fields(
         if not name or "\x01" in name or "\x02" in name or "\x01" in value or "\x02" in value:
             raise InvalidMessageError(
                 f"property {name!r} is empty or holds the reserved separators \\x01 / \\x02", topic=topic
+            )
+        if name in RESERVED_PROPERTIES:
+            raise InvalidMessageError(
+                f"property {name!r} is reserved for the broker; reserved names: "
+                f"{', '.join(sorted(RESERVED_PROPERTIES))}",
+                topic=topic,
             )
     if deliver_at_ms is not None and (
         isinstance(deliver_at_ms, bool) or not isinstance(deliver_at_ms, int) or deliver_at_ms < 0

@@ -25,6 +25,7 @@ from engine.protocol import (
     is_system_topic,
     is_valid_topic_name,
     select_queue_by_hash,
+    validate_group_name,
     validate_message_fields,
     validate_topic_name,
 )
@@ -84,11 +85,12 @@ class Producer:
         batch_size: int | None = None,
     ) -> None:
         self._store = store
-        self.group = group
+        self.group = validate_group_name(group)
         self.linger_ms = store.config.producer_linger_ms if linger_ms is None else linger_ms
         self.batch_size = store.config.producer_batch_size if batch_size is None else batch_size
-        if self.linger_ms < 0 or self.batch_size <= 0:
-            raise InvalidArgumentError("linger_ms must be >= 0 and batch_size > 0")
+        for name, value, low in (("linger_ms", self.linger_ms, 0), ("batch_size", self.batch_size, 1)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise InvalidArgumentError(f"{name} {value!r} must be an int >= {low}", **{name: value})
         self._writer = CommitLogWriter(store)
         self._ids = UniqKeyGenerator()
         self._round_robin: dict[str, itertools.count[int]] = {}
@@ -242,21 +244,27 @@ class Producer:
             raise InvalidMessageError("send_batch takes a sequence of Message")
         if not messages:
             return []
-        topics = {m.topic for m in messages if isinstance(m, Message)}
-        if len(topics) != 1 or not all(isinstance(m, Message) for m in messages):
-            raise InvalidMessageError(f"a batch holds messages of exactly one topic, got {sorted(topics)}")
+        if not all(isinstance(m, Message) for m in messages):
+            kinds = sorted({type(m).__name__ for m in messages})
+            raise InvalidMessageError(
+                f"a batch holds messages of exactly one topic, got items of types {kinds}"
+            )
+        first_topic = messages[0].topic
+        if any(type(m.topic) is not type(first_topic) or m.topic != first_topic for m in messages):
+            topics = sorted({repr(m.topic) for m in messages})
+            raise InvalidMessageError(f"a batch holds messages of exactly one topic, got {', '.join(topics)}")
+        validate_topic_name(first_topic)
         if any(m.deliver_at_ms is not None for m in messages):
             raise InvalidMessageError("a batch cannot hold delayed or timer messages")
-        total = sum(
-            len(m.body) if isinstance(m.body, bytes | bytearray) else MAX_BODY_BYTES for m in messages
-        )
+        for m in messages:
+            if not _is_plain(m):  # the full check names what is wrong
+                validate_message_fields(m.topic, m.body, m.tags, m.keys, m.properties)
+        total = sum(len(m.body) for m in messages)
         limit = self._store.config.max_batch_bytes
         if total > limit:
             raise InvalidMessageError(f"batch bodies total {total} bytes; at most {limit} are allowed")
-        topic_name = next(iter(topics))
-        if not is_system_topic(topic_name):
-            validate_topic_name(topic_name)
-        else:
+        topic_name = first_topic
+        if is_system_topic(topic_name):
             raise InvalidMessageError(
                 f"topic {topic_name!r} is a system topic; producers cannot send to it", topic=topic_name
             )
@@ -271,8 +279,6 @@ class Producer:
         keys: list[list[str]] = []
         props: list[list[tuple[str, str]]] = []
         for m in messages:
-            if not _is_plain(m):  # the full check names what is wrong
-                validate_message_fields(m.topic, m.body, m.tags, m.keys, m.properties)
             bodies.append(bytes(m.body))
             tags.append(m.tags)
             key_list = list(m.keys)

@@ -19,7 +19,7 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 from engine.config import EngineConfig, load_config
-from engine.errors import CommitConflictError, StoreError, TopicNotFoundError
+from engine.errors import CommitConflictError, ConfigError, InvalidTopicError, StoreError, TopicNotFoundError
 from engine.model import TopicConfig
 from engine.store import schemas
 from engine.store.log import table_dataset
@@ -76,11 +76,23 @@ class Store:
 
         Raises:
             StoreError: a table exists with another schema, or the location is unusable.
+            ConfigError: ``config`` or ``storage_options`` of the wrong type.
         """
+        if config is not None and not isinstance(config, EngineConfig):
+            raise ConfigError(
+                f"config must be an EngineConfig (see engine.load_config), got {type(config).__name__}"
+            )
+        if storage_options is not None and (
+            not isinstance(storage_options, Mapping)
+            or not all(isinstance(k, str) and isinstance(v, str) for k, v in storage_options.items())
+        ):
+            raise ConfigError("storage_options must be a mapping of strings to strings (delta-rs options)")
         cfg = config or load_config()
-        raw = os.fspath(path) if path is not None else cfg.store
+        raw: object = (
+            os.fspath(path) if isinstance(path, os.PathLike) else (cfg.store if path is None else path)
+        )
         if not isinstance(raw, str) or not raw:
-            raise StoreError("store path must be a non-empty path or URI", path=path)
+            raise StoreError(f"store path must be a non-empty path or URI, got {path!r}", path=path)
         root = raw.rstrip("/") if _is_uri(raw) else str(Path(raw.removeprefix("file://")).resolve())
         if not _is_uri(root):
             try:
@@ -281,8 +293,11 @@ class Store:
         """One topic's configuration, re-reading the table once if it is not known yet.
 
         Raises:
+            InvalidTopicError: ``name`` is not a string.
             TopicNotFoundError: no such topic.
         """
+        if not isinstance(name, str):
+            raise InvalidTopicError(f"topic must be a non-empty string, got {name!r}", topic=name)
         topic = self.topic_configs().get(name) or self.topic_configs(refresh=True).get(name)
         if topic is None:
             raise TopicNotFoundError(

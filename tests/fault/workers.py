@@ -1,0 +1,284 @@
+"""Child processes of the fault scenarios: ``python -m tests.fault.workers <role> [options]``.
+
+Roles:
+
+- ``producer``: sends ``--count`` messages with ids ``<prefix>-<n>`` (sync sends, or batches of
+  ``--batch``); logs ``sent`` before a send and ``acknowledged`` (fsynced) the moment it returns;
+  a ``CommitConflictError`` is retried ``--conflict-retries`` times, then logged as ``gave_up``.
+- ``pull-consumer``: a ``PullConsumer`` of ``--group`` reading every queue from the group's committed
+  offset; logs ``received`` for each batch, then commits the offset and logs ``acked``. With
+  ``--die-after-batches K`` it SIGKILLs itself after receiving its K-th batch, before committing.
+- ``simple-consumer``: a ``SimpleConsumer``; logs ``received``, acks each message, logs ``acked``
+  after the acks are flushed. With ``--die-after-batches K`` it SIGKILLs itself after logging the
+  K-th batch's receipt, before acking.
+- ``dispatcher``: ``dispatch_pending`` in a loop (the Spark dispatch job's logic, without Spark).
+- ``maintainer``: compaction (and checkpoints) in a loop.
+
+Each long-running role stops on SIGTERM or after ``--seconds``; every role prints one JSON line of
+counters on stdout when it ends normally.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+# Handlers first: a stop requested while the heavy imports below still run must stop the loop, not
+# kill the process with SIGTERM's default action.
+_STOP_REQUESTED = threading.Event()
+signal.signal(signal.SIGTERM, lambda *_: _STOP_REQUESTED.set())
+signal.signal(signal.SIGINT, lambda *_: _STOP_REQUESTED.set())
+
+from collections import Counter  # noqa: E402
+from collections.abc import Sequence  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+from engine import (  # noqa: E402
+    CommitConflictError,
+    CommitStateUnknownError,
+    Message,
+    MQError,
+    Producer,
+    PullConsumer,
+    PullStatus,
+    SimpleConsumer,
+    Store,
+)
+from tests.fault.history import HistoryLog, body_id, make_body  # noqa: E402
+
+
+def _die() -> None:
+    """SIGKILL this process: no cleanup, no flush, no atexit."""
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+class _Stop:
+    """SIGTERM / SIGINT or a time limit end a loop."""
+
+    def __init__(self, seconds: float) -> None:
+        self.event = _STOP_REQUESTED
+        self.deadline = time.monotonic() + seconds
+
+    def __bool__(self) -> bool:
+        return self.event.is_set() or time.monotonic() >= self.deadline
+
+
+def _out(**counters: Any) -> None:
+    print(json.dumps(counters, default=str), flush=True)
+
+
+# --------------------------------------------------------------------------- producer
+def produce(args: argparse.Namespace) -> None:
+    store = Store.open(args.store)
+    log = HistoryLog(args.history, process=f"producer:{args.prefix}")
+    ids = [f"{args.prefix}-{i}" for i in range(args.count)]
+    step = max(1, args.batch)
+    counts: Counter[str] = Counter()
+    with Producer(store) as producer:
+        for start in range(0, len(ids), step):
+            chunk = ids[start : start + step]
+            messages = [Message(args.topic, make_body(mid, args.size), tags="F") for mid in chunk]
+            log.sent(chunk)
+            for attempt in range(args.conflict_retries + 1):
+                try:
+                    results = producer.send_batch(messages) if args.batch else [producer.send(messages[0])]
+                except CommitConflictError:
+                    counts["conflict_errors"] += 1
+                    if attempt == args.conflict_retries:
+                        log.gave_up(chunk, reason="CommitConflictError")
+                        counts["gave_up"] += len(chunk)
+                    continue
+                except CommitStateUnknownError:
+                    # Maybe stored, never acknowledged: not retried (a retry could store it twice).
+                    log.gave_up(chunk, reason="CommitStateUnknownError")
+                    counts["unknown"] += len(chunk)
+                    break
+                log.acknowledged(
+                    chunk, offsets=[[r.queue_id, r.queue_offset, r.physical_offset] for r in results]
+                )
+                counts["acknowledged"] += len(chunk)
+                break
+            if args.pause_ms:
+                time.sleep(args.pause_ms / 1000)
+    counts["sequencer_conflicts"] = producer._writer.conflicts
+    log.close()
+    _out(**counts)
+
+
+# --------------------------------------------------------------------------- consumers
+def pull_consume(args: argparse.Namespace) -> None:
+    store = Store.open(args.store)
+    log = HistoryLog(args.history, process=f"pull:{args.consumer_id}")
+    consumer = PullConsumer(store, args.group)
+    queues = store.topic(args.topic).queues
+    offsets = {q: consumer.committed_offset(args.topic, q) or 0 for q in range(queues)}
+    statuses: Counter[str] = Counter()
+    batches = 0
+    stop = _Stop(args.seconds)
+    idle_since = time.monotonic()
+    errors: list[str] = []
+    while not stop:
+        found = False
+        for q in range(queues):
+            try:
+                result = consumer.pull(args.topic, q, offsets[q], max_nums=args.max_nums)
+            except Exception as exc:  # a pull must not fail: counted and reported, then go on
+                errors.append(f"{type(exc).__name__}: {exc}"[:300])
+                continue
+            statuses[result.status.value] += 1
+            if result.status is PullStatus.FOUND:
+                ids = [body_id(m.body) for m in result.messages]
+                log.received(ids, queue=q)
+                batches += 1
+                if batches == args.die_after_batches:
+                    _die()
+                consumer.commit_offset(args.topic, q, result.next_begin_offset)
+                log.acked(ids, queue=q)
+                found = True
+            offsets[q] = result.next_begin_offset
+        if found:
+            idle_since = time.monotonic()
+        elif time.monotonic() - idle_since >= args.idle_s:
+            break
+        else:
+            time.sleep(0.05)
+    log.close()
+    _out(batches=batches, statuses=dict(statuses), errors=errors)
+
+
+def simple_consume(args: argparse.Namespace) -> None:
+    store = Store.open(args.store)
+    log = HistoryLog(args.history, process=f"simple:{args.consumer_id}")
+    consumer = SimpleConsumer(
+        store, args.group, consumer_id=args.consumer_id, invisible_ms_default=args.invisible_ms
+    )
+    consumer.subscribe(args.topic)
+    batches = received = 0
+    stop = _Stop(args.seconds)
+    idle_since = time.monotonic()
+    reconsumed = 0
+    while not stop:
+        try:
+            got = consumer.receive(max_nums=args.max_nums, wait_ms=200)
+        except CommitConflictError:
+            continue
+        if not got:
+            if time.monotonic() - idle_since >= args.idle_s:
+                break
+            continue
+        idle_since = time.monotonic()
+        ids = [body_id(m.body) for m in got]
+        log.received(ids, reconsume=[m.reconsume_times for m in got])
+        batches += 1
+        received += len(got)
+        reconsumed += sum(1 for m in got if m.reconsume_times > 0)
+        if batches == args.die_after_batches:
+            _die()
+        for m in got:
+            consumer.ack(m)
+    consumer.close()  # flushes the buffered acks
+    log.acked(sorted(log.history.received))
+    log.close()
+    _out(batches=batches, received=received, reconsumed=reconsumed)
+
+
+# --------------------------------------------------------------------------- broker work
+def dispatch_loop(args: argparse.Namespace) -> None:
+    from engine.store.dispatch import dispatch_pending
+
+    store = Store.open(args.store)
+    stop = _Stop(args.seconds)
+    passes = entries = conflicts = 0
+    while not stop:
+        try:
+            entries += dispatch_pending(store)
+        except CommitConflictError:
+            conflicts += 1
+        passes += 1
+        time.sleep(args.interval_ms / 1000)
+    _out(passes=passes, entries=entries, conflicts=conflicts)
+
+
+def maintain_loop(args: argparse.Namespace) -> None:
+    from engine.broker.maintenance import checkpoint, compact
+
+    store = Store.open(args.store)
+    stop = _Stop(args.seconds)
+    passes = files_removed = compactions = 0
+    errors: Counter[str] = Counter()
+    while not stop:
+        try:
+            reports = compact(store, min_files=2)
+            files_removed += sum(r["files_removed"] for r in reports.values())
+            compactions += sum(r["version"] is not None for r in reports.values())
+            if passes % 5 == 4:
+                checkpoint(store)
+        except MQError as exc:
+            errors[type(exc).__name__] += 1
+        passes += 1
+        time.sleep(args.interval_ms / 1000)
+    _out(passes=passes, compactions=compactions, files_removed=files_removed, errors=dict(errors))
+
+
+# --------------------------------------------------------------------------- command line
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m tests.fault.workers")
+    sub = p.add_subparsers(dest="role", required=True)
+
+    def common(name: str) -> argparse.ArgumentParser:
+        s = sub.add_parser(name)
+        s.add_argument("--store", required=True)
+        s.add_argument("--seconds", type=float, default=120.0, help="stop after this long at the latest")
+        return s
+
+    s = common("producer")
+    s.add_argument("--topic", required=True)
+    s.add_argument("--history", required=True)
+    s.add_argument("--prefix", required=True)
+    s.add_argument("--count", type=int, required=True)
+    s.add_argument("--batch", type=int, default=0, help="messages per send_batch; 0 = sync sends")
+    s.add_argument("--size", type=int, default=64)
+    s.add_argument("--conflict-retries", type=int, default=0)
+    s.add_argument("--pause-ms", type=float, default=0)
+    for role in ("pull-consumer", "simple-consumer"):
+        s = common(role)
+        s.add_argument("--topic", required=True)
+        s.add_argument("--group", required=True)
+        s.add_argument("--history", required=True)
+        s.add_argument("--consumer-id", required=True)
+        s.add_argument("--max-nums", type=int, default=16)
+        s.add_argument("--die-after-batches", type=int, default=0)
+        s.add_argument("--idle-s", type=float, default=2.0, help="stop after this long with nothing new")
+        if role == "simple-consumer":
+            s.add_argument("--invisible-ms", type=int, default=3000)
+    s = common("dispatcher")
+    s.add_argument("--interval-ms", type=float, default=20)
+    s = common("maintainer")
+    s.add_argument("--interval-ms", type=float, default=100)
+    return p
+
+
+ROLES = {
+    "producer": produce,
+    "pull-consumer": pull_consume,
+    "simple-consumer": simple_consume,
+    "dispatcher": dispatch_loop,
+    "maintainer": maintain_loop,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    Path(getattr(args, "history", None) or ".").parent.mkdir(parents=True, exist_ok=True)
+    ROLES[args.role](args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

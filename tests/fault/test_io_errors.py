@@ -1,0 +1,369 @@
+"""Writes failing with an I/O error: the error surfaces typed, nothing is acknowledged, the tables stay
+readable and writes resume densely once the fault is gone.
+
+The faults go through the real write path. The filesystem refuses the write: ``chattr +i`` makes a
+directory immutable (even for root, which ignores permission bits), so delta-rs fails to create the
+commit file in ``_delta_log`` (``EPERM`` on ``NNN.json#1``) or the parquet data file in the table
+directory, while every existing file stays readable. ``chattr -i`` removes the fault. Where the
+fault is "the commit landed but its answer was lost" (an object store timing out after the PUT),
+the real ``write_deltalake`` runs and an ``OSError`` is raised after it.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import engine.store.sequencer as sequencer
+from engine import (
+    Admin,
+    CommitStateUnknownError,
+    Message,
+    Producer,
+    PullConsumer,
+    PullStatus,
+    SendResult,
+    SimpleConsumer,
+    Store,
+    StoreError,
+)
+from engine.store import schemas
+from engine.store.dispatch import dispatch_pending, dispatched_version
+from tests.fault.history import HistoryLog, check, make_body, record
+from tests.helpers import versions
+
+pytestmark = pytest.mark.fault
+
+TOPIC = "T"
+QUEUES = 2
+
+
+def _chattr(flag: str, path: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["chattr", flag, str(path)], capture_output=True, text=True, check=False)
+
+
+@pytest.fixture(scope="module")
+def chattr_works(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The immutable flag needs chattr, CAP_LINUX_IMMUTABLE and a filesystem that has it (ext4, xfs)."""
+    probe = tmp_path_factory.mktemp("chattr-probe")
+    if shutil.which("chattr") is None or _chattr("+i", probe).returncode != 0:
+        pytest.skip("cannot set the immutable flag here (needs chattr, root and ext4/xfs)")
+    refused = False
+    try:
+        (probe / "f").touch()
+    except PermissionError:
+        refused = True
+    finally:
+        _chattr("-i", probe)
+    if not refused:
+        pytest.skip("the immutable flag does not refuse writes here")
+
+
+@contextmanager
+def refused_writes(directory: Path) -> Iterator[None]:
+    """No file can be created, renamed or removed in ``directory`` while inside; reads still work."""
+    done = _chattr("+i", directory)
+    assert done.returncode == 0, done.stderr
+    try:
+        yield
+    finally:
+        assert _chattr("-i", directory).returncode == 0
+
+
+class Scenario:
+    """A store with topic ``T``, a producer that logs every send to the history, and helpers."""
+
+    def __init__(self, store: Store, log: HistoryLog) -> None:
+        self.store = store
+        self.log = log
+        self.producer = Producer(store, "io-errors")
+        self.count = 0
+
+    def next_ids(self, n: int) -> list[str]:
+        ids = [f"m{self.count + i}" for i in range(n)]
+        self.count += n
+        return ids
+
+    def send(self, queue_id: int = 0) -> SendResult:
+        [mid] = self.next_ids(1)
+        self.log.sent([mid])
+        result = self.producer.send(Message(TOPIC, make_body(mid, 64), tags="A"), queue_id=queue_id)
+        self.log.acknowledged([mid])
+        return result
+
+    def send_batch(self, n: int, queue_id: int = 0) -> list[SendResult]:
+        ids = self.next_ids(n)
+        self.log.sent(ids)
+        results = self.producer.send_batch([Message(TOPIC, make_body(m, 64)) for m in ids], queue_id)
+        self.log.acknowledged(ids)
+        return results
+
+    def send_async(self, n: int) -> list[tuple[str, Future[SendResult]]]:
+        ids = self.next_ids(n)
+        self.log.sent(ids)
+        return [(m, self.producer.send_async(Message(TOPIC, make_body(m, 64)), queue_id=1)) for m in ids]
+
+    def settle(self, futures: list[tuple[str, Future[SendResult]]]) -> list[BaseException]:
+        """Log the acknowledged async sends; return the errors of the others."""
+        errors = []
+        for mid, future in futures:
+            error = future.exception(timeout=60)
+            if error is None:
+                self.log.acknowledged([mid])
+            else:
+                errors.append(error)
+        return errors
+
+    def stored_ids(self) -> list[str]:
+        rows = self.store.read(schemas.COMMIT_LOG, columns=["topic", "body"]).to_pylist()
+        return [bytes(r["body"]).split(b"#")[0].decode() for r in rows if r["topic"] == TOPIC]
+
+
+@pytest.fixture
+def scenario(tmp_path: Path, history_dir: Path) -> Iterator[Scenario]:
+    store = Store.open(tmp_path / "mqdata")
+    Admin(store).create_topic(TOPIC, QUEUES)
+    with HistoryLog(history_dir / "producer.jsonl") as log:
+        s = Scenario(store, log)
+        yield s
+        s.producer.close()
+
+
+def _failures(call: Any, *args: Any) -> BaseException:
+    with pytest.raises(StoreError) as caught:
+        call(*args)
+    return caught.value
+
+
+# ----------------------------------------------------------------------------- commit-log writes
+@pytest.mark.parametrize(
+    "where",
+    ["_delta_log", "data files"],
+    ids=["commit-file-refused", "data-file-refused"],
+)
+def test_a_commit_log_write_refused_by_the_filesystem_surfaces_typed_and_acknowledges_nothing(
+    chattr_works: None, scenario: Scenario, where: str
+) -> None:
+    s = scenario
+    for i in range(6):
+        s.send(i % QUEUES)
+    s.send_batch(4, queue_id=1)
+    dispatch_pending(s.store)
+    before = versions(s.store)
+    table_dir = Path(s.store.uri(schemas.COMMIT_LOG))
+    target = table_dir / "_delta_log" if where == "_delta_log" else table_dir
+
+    errors: list[BaseException] = []
+    with refused_writes(target):
+        errors.append(_failures(s.send, 0))
+        errors.append(_failures(s.send_batch, 5, 1))
+        errors += s.settle(s.send_async(3))
+        # The store stays readable while writes fail: scans, pulls and dispatch (nothing new).
+        readable = len(s.stored_ids())
+        pulled = PullConsumer(s.store, "reader").pull(TOPIC, 0, 0, 32)
+        assert dispatch_pending(s.store) == 0
+        assert versions(s.store) == before
+
+    assert len(errors) == 5
+    assert all(type(e) is StoreError for e in errors), [repr(e) for e in errors]
+    assert all("nothing was stored" in str(e) for e in errors), [str(e) for e in errors]
+    assert readable == 10
+    assert pulled.status is PullStatus.FOUND and len(pulled.messages) == 3
+
+    fault_removed = time.monotonic()
+    first = s.send(0)
+    recovery_s = time.monotonic() - fault_removed
+    assert first.queue_offset == 3  # queue 0 held 0..2: the failed sends left no gap
+    after_batch = s.send_batch(3, queue_id=1)
+    assert [r.queue_offset for r in after_batch] == [7, 8, 9]  # queue 1 held 0..6
+    s.settle(s.send_async(2))
+    dispatch_pending(s.store)
+
+    failed = s.log.history.sent - s.log.history.acknowledged
+    live = {Path(uri).name for uri in s.store.table(schemas.COMMIT_LOG).file_uris()}
+    orphans = [p.name for p in table_dir.glob("*.parquet") if p.name not in live]
+    figures = check(s.store, s.log.history, topics=[TOPIC], dispatched=True, recovery_s=recovery_s)
+    record(
+        f"commit-log write I/O error ({where} refused, EPERM)",
+        figures,
+        failed_sends=len(failed),
+        typed_errors=sum(type(e) is StoreError for e in errors),
+        orphan_data_files=len(orphans),  # written before the refused commit; vacuum removes them
+    )
+    figures.assert_ok()
+    assert failed and not failed & set(s.stored_ids())  # a failed send is in no commit
+
+
+def test_a_commit_that_landed_but_whose_answer_was_lost_is_acknowledged_once(
+    scenario: Scenario, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = scenario
+    s.send(0)
+    real = sequencer.write_deltalake
+    lost_answers = 0
+
+    def commit_then_fail(*args: Any, **kwargs: Any) -> None:
+        nonlocal lost_answers
+        real(*args, **kwargs)
+        lost_answers += 1
+        raise OSError(104, "Connection reset by peer (after the commit was stored)")
+
+    monkeypatch.setattr(sequencer, "write_deltalake", commit_then_fail)
+    landed = s.send(0)  # the writer finds its own batch in the log: acknowledged, not retried
+    batch = s.send_batch(3, queue_id=0)
+    monkeypatch.setattr(sequencer, "write_deltalake", real)
+    s.send(0)
+
+    assert lost_answers == 2
+    assert landed.queue_offset == 1
+    assert [r.queue_offset for r in batch] == [2, 3, 4]
+    figures = check(s.store, s.log.history, topics=[TOPIC])
+    record("commit landed, its answer lost (OSError after the write)", figures, lost_answers=lost_answers)
+    figures.assert_ok()
+    assert figures.stored == figures.acknowledged == 6
+
+
+def test_a_commit_whose_outcome_cannot_be_read_back_is_unknown_and_the_next_send_continues_the_queue(
+    scenario: Scenario, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    s = scenario
+    s.send(0)
+    real_write = sequencer.write_deltalake
+    real_open = s.store.open_table
+
+    def commit_then_fail(*args: Any, **kwargs: Any) -> None:
+        real_write(*args, **kwargs)
+        raise OSError(110, "Connection timed out (after the commit was stored)")
+
+    def unreadable(name: str, version: int | None = None) -> Any:
+        raise OSError(110, "Connection timed out")
+
+    monkeypatch.setattr(sequencer, "write_deltalake", commit_then_fail)
+    monkeypatch.setattr(s.store, "open_table", unreadable)
+    [mid] = s.next_ids(1)
+    s.log.sent([mid])
+    with pytest.raises(CommitStateUnknownError) as caught:
+        s.producer.send(Message(TOPIC, make_body(mid, 64)), queue_id=0)
+    monkeypatch.setattr(sequencer, "write_deltalake", real_write)
+    monkeypatch.setattr(s.store, "open_table", real_open)
+
+    fault_removed = time.monotonic()
+    nxt = s.send(0)
+    recovery_s = time.monotonic() - fault_removed
+    s.send_batch(2, queue_id=0)
+    dispatch_pending(s.store)
+
+    assert "outcome cannot be read back" in str(caught.value)
+    assert mid in s.stored_ids()  # it did land (unknown to the producer, so not acknowledged)
+    assert nxt.queue_offset == 2  # after the unknown commit's offset 1: no repeat, no gap
+    figures = check(s.store, s.log.history, topics=[TOPIC], dispatched=True, recovery_s=recovery_s)
+    record("commit outcome unknown (write and read-back fail)", figures, unknown_outcomes=1)
+    figures.assert_ok()
+
+
+# ----------------------------------------------------------------------------- dispatch
+def test_a_dispatch_write_refused_leaves_the_consume_queue_as_it_was_and_resumes_exactly_once(
+    chattr_works: None, scenario: Scenario
+) -> None:
+    s = scenario
+    for i in range(4):
+        s.send(i % QUEUES)
+    dispatch_pending(s.store)
+    covered = dispatched_version(s.store)
+    s.send_batch(5, queue_id=0)
+    s.send(1)
+    cq_log = Path(s.store.uri(schemas.CONSUME_QUEUE)) / "_delta_log"
+    before = versions(s.store)
+    with refused_writes(cq_log):
+        with pytest.raises(StoreError) as caught:
+            dispatch_pending(s.store)
+        with pytest.raises(StoreError):
+            dispatch_pending(s.store)  # a retry while the fault lasts fails the same way
+        assert versions(s.store) == before
+        stale = PullConsumer(s.store, "reader").pull(TOPIC, 0, 0, 32)
+    assert dispatched_version(s.store) == covered
+    assert [m.queue_offset for m in stale.messages] == [0, 1]
+
+    fault_removed = time.monotonic()
+    added = dispatch_pending(s.store)
+    recovery_s = time.monotonic() - fault_removed
+    assert added == 6
+    assert dispatch_pending(s.store) == 0
+    fresh = PullConsumer(s.store, "reader").pull(TOPIC, 0, 0, 32)
+    assert [m.queue_offset for m in fresh.messages] == list(range(7))
+    figures = check(s.store, s.log.history, topics=[TOPIC], dispatched=True, recovery_s=recovery_s)
+    record("dispatch write I/O error (consume_queue _delta_log refused)", figures, failed_dispatches=2)
+    figures.assert_ok()
+    assert "consume_queue" in str(caught.value)
+
+
+# ----------------------------------------------------------------------------- consumer state
+def test_a_consumer_offset_commit_refused_surfaces_typed_and_keeps_the_previous_offset(
+    chattr_works: None, scenario: Scenario
+) -> None:
+    s = scenario
+    for _ in range(5):
+        s.send(0)
+    dispatch_pending(s.store)
+    consumer = PullConsumer(s.store, "g-offsets")
+    first = consumer.pull(TOPIC, 0, 0, 2)
+    consumer.commit_offset(TOPIC, 0, first.next_begin_offset)
+    s.log.received([make_id(m.body) for m in first.messages])
+    second = consumer.pull(TOPIC, 0, first.next_begin_offset, 32)
+    s.log.received([make_id(m.body) for m in second.messages])
+    before = versions(s.store)
+    with refused_writes(Path(s.store.uri(schemas.CONSUMER_OFFSET)) / "_delta_log"):
+        with pytest.raises(StoreError) as caught:
+            consumer.commit_offset(TOPIC, 0, second.next_begin_offset)
+        assert consumer.committed_offset(TOPIC, 0) == 2
+        assert versions(s.store) == before
+    fault_removed = time.monotonic()
+    consumer.commit_offset(TOPIC, 0, second.next_begin_offset)
+    recovery_s = time.monotonic() - fault_removed
+    assert consumer.committed_offset(TOPIC, 0) == 5
+    figures = check(s.store, s.log.history, topics=[TOPIC], consumed=True, recovery_s=recovery_s)
+    record("consumer-offset commit I/O error (consumer_offset refused)", figures, failed_commits=1)
+    figures.assert_ok()
+    assert "consumer_offset" in str(caught.value)
+
+
+def make_id(body: bytes) -> str:
+    return bytes(body).split(b"#")[0].decode()
+
+
+def test_a_receive_whose_claim_cannot_be_written_claims_nothing_and_the_messages_stay_available(
+    chattr_works: None, scenario: Scenario
+) -> None:
+    s = scenario
+    for i in range(6):
+        s.send(i % QUEUES)
+    dispatch_pending(s.store)
+    action_log = Path(s.store.uri(schemas.ACTION_LOG)) / "_delta_log"
+    with SimpleConsumer(s.store, "g-simple", "c1", ack_linger_ms=0) as consumer:
+        consumer.subscribe(TOPIC)
+        before = versions(s.store)
+        with refused_writes(action_log):
+            with pytest.raises(StoreError):
+                consumer.receive(16, 60_000)
+            assert versions(s.store) == before
+        fault_removed = time.monotonic()
+        got = consumer.receive(16, 60_000)
+        recovery_s = time.monotonic() - fault_removed
+        while got:
+            s.log.received([make_id(m.body) for m in got])
+            for m in got:
+                consumer.ack(m)
+            s.log.acked([make_id(m.body) for m in got])
+            got = consumer.receive(16, 60_000)
+    figures = check(s.store, s.log.history, topics=[TOPIC], consumed=True, recovery_s=recovery_s)
+    record("receive claim I/O error (action_log refused)", figures, failed_receives=1)
+    figures.assert_ok()
+    assert figures.received == 6 and figures.redelivered == 0

@@ -56,6 +56,11 @@ class StoreError(MQError):
     """The store is unreadable or a table is not what the engine expects."""
 
 
+class StoreCorruptedError(StoreError):
+    """A table's Delta log is damaged in a way the store does not repair by itself (it repairs only
+    a torn last commit file); ``path`` names the damaged file."""
+
+
 class CommitConflictError(MQError):
     """A commit lost every race for the next table version; nothing was written. Retryable."""
 

@@ -23,6 +23,7 @@ from engine.errors import CommitConflictError, ConfigError, InvalidTopicError, S
 from engine.model import TopicConfig
 from engine.store import schemas
 from engine.store.log import table_dataset
+from engine.store.repair import repair_log
 
 # Columns that carry data-skipping statistics. Bodies and maps are left out: their stats cost log
 # space and prune nothing.
@@ -74,8 +75,13 @@ class Store:
             storage_options: delta-rs storage options (credentials, endpoint) for URIs.
             config: engine settings; default :func:`engine.config.load_config`.
 
+        A table whose last commit file was torn by a crash (it does not parse) is repaired first: the
+        file is moved to ``_delta_log/_quarantine/`` with a logged warning (that commit was never
+        acknowledged), see :mod:`engine.store.repair`.
+
         Raises:
             StoreError: a table exists with another schema, or the location is unusable.
+            StoreCorruptedError: a commit file other than the last one of a table does not parse.
             ConfigError: ``config`` or ``storage_options`` of the wrong type.
         """
         if config is not None and not isinstance(config, EngineConfig):
@@ -119,6 +125,8 @@ class Store:
             dt = DeltaTable(uri, storage_options=self.storage_options)
         except TableNotFoundError:
             dt = None
+        except DeltaError as exc:
+            dt = self._load_repaired(name, exc)
         if dt is None:
             configuration: dict[str, str | None] = {}
             if name in _STATS_COLUMNS:
@@ -142,6 +150,19 @@ class Store:
         missing = [f.name for f in schema if f.name not in existing]
         if missing:
             raise StoreError(f"table {uri} is not a {name} table: columns {missing} are missing", table=name)
+
+    def _load_repaired(self, name: str, error: DeltaError) -> DeltaTable | None:
+        """A table delta-rs cannot load: repair a torn last commit (see :mod:`engine.store.repair`)
+        and load it again; None when the repair left no commit (the table is created anew)."""
+        uri = self.uri(name)
+        if not repair_log(uri).moved:
+            raise StoreError(f"table {uri} cannot be loaded: {error}", table=name, cause=error) from error
+        try:
+            return DeltaTable(uri, storage_options=self.storage_options)
+        except TableNotFoundError:
+            return None
+        except DeltaError as exc:
+            raise StoreError(f"table {uri} cannot be loaded: {exc}", table=name, cause=exc) from exc
 
     # ----------------------------------------------------------------- tables
     def table(self, name: str, *, fresh: bool = True) -> DeltaTable:
@@ -167,6 +188,10 @@ class Store:
             return DeltaTable(self.uri(name), version=version, storage_options=self.storage_options)
         except TableNotFoundError as exc:
             raise StoreError(f"table {self.uri(name)} does not exist", table=name) from exc
+        except DeltaError as exc:
+            raise StoreError(
+                f"table {self.uri(name)} cannot be loaded: {exc}", table=name, version=version, cause=exc
+            ) from exc
 
     def version(self, name: str) -> int:
         """Latest committed version of a table."""

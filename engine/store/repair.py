@@ -1,0 +1,145 @@
+"""Repairing a Delta log damaged by a crash: a torn last commit file, stray checksum files.
+
+delta-rs commits by writing ``_delta_log/NNN.json#k`` and hard-linking it to ``NNN.json``, so a commit
+file is never visible half-written on a local filesystem or an object store. A torn commit file can
+still appear: a filesystem without atomic rename or write ordering (a power loss after the link but
+before the data reached the disk leaves a file cut short), or a tool copying a log. delta-rs then
+refuses to load the whole table ("Json error: Truncated record").
+
+The only damage repaired here is the one a crash can make without loss: the *last* commit file does
+not parse. Nobody can have read that commit (no reader parses it), so its writer never got an
+answer: the commit is not acknowledged, and moving the file aside gives the table back its previous
+version, and the next writer that version number. The file is kept in ``_delta_log/_quarantine/``
+(delta-rs ignores subdirectories of the log) for inspection, with a logged warning. Anything else (an
+earlier commit that does not parse) means committed data is unreadable: that is
+:class:`~engine.errors.StoreCorruptedError`, naming the file, and nothing is moved.
+
+An empty last commit file is left alone: delta-rs reads it as a commit without actions, which is
+harmless, and live writers may already have committed on top of it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.errors import StoreCorruptedError
+from engine.store.log import local_path
+
+QUARANTINE_DIR = "_quarantine"
+_COMMIT = re.compile(r"^(\d{20})\.json$")
+_CHECKSUM = re.compile(r"^(\d{20})\.crc$")
+
+_log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Repair:
+    """What :func:`repair_log` moved aside: ``(original, quarantined)`` paths."""
+
+    moved: tuple[tuple[str, str], ...]
+
+
+def commit_parses(data: bytes) -> bool:
+    """True when every non-empty line of a commit file is a JSON object (an empty file counts)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    for line in text.split("\n"):
+        if not line.strip():
+            continue
+        try:
+            action = json.loads(line)
+        except ValueError:
+            return False
+        if not isinstance(action, dict):
+            return False
+    return True
+
+
+def _versions(log: Path, pattern: re.Pattern[str]) -> list[tuple[int, Path]]:
+    found = []
+    for entry in log.iterdir():
+        match = pattern.match(entry.name)
+        if match is not None and entry.is_file():
+            found.append((int(match.group(1)), entry))
+    return sorted(found)
+
+
+def _quarantine(log: Path, path: Path, stamp: str) -> Path:
+    target_dir = log / QUARANTINE_DIR
+    target_dir.mkdir(exist_ok=True)
+    target = target_dir / f"{path.name}.{stamp}"
+    n = 1
+    while target.exists():
+        n += 1
+        target = target_dir / f"{path.name}.{stamp}.{n}"
+    os.rename(path, target)
+    return target
+
+
+def repair_log(table_uri: str) -> Repair:
+    """Move a torn last commit file (and stray checksum files past the last commit) into
+    ``_delta_log/_quarantine/``; local tables only (an object store's PUT is atomic).
+
+    Returns:
+        What was moved; nothing when the log holds no such damage.
+
+    Raises:
+        StoreCorruptedError: a commit file other than the last one does not parse.
+    """
+    root = local_path(table_uri)
+    log = Path(root) / "_delta_log" if root is not None else None
+    if log is None or not log.is_dir():
+        return Repair(())
+    commits = _versions(log, _COMMIT)
+    # Newest first: the last file is the only one a crash may have torn.
+    torn = [(v, p) for v, p in reversed(commits) if not commit_parses(p.read_bytes())]
+    last = commits[-1][0] if commits else -1
+    earlier = [p for v, p in torn if v != last]
+    if earlier:
+        damaged = earlier[-1]
+        raise StoreCorruptedError(
+            f"commit file {damaged} does not parse and is not the last commit of its table: committed "
+            "data is unreadable; restore the file from a backup (the store repairs only a torn last "
+            "commit, which no one can have read)",
+            table=table_uri,
+            path=str(damaged),
+        )
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    moved: list[tuple[str, str]] = []
+    if torn:
+        version, path = torn[0]
+        original = path.read_bytes()
+        target = _quarantine(log, path, stamp)
+        if target.read_bytes() != original:
+            # Another process freed the version and committed it between our look and our move:
+            # that file is a good commit; put it back where it was.
+            os.link(target, path)
+            target.unlink()
+        else:
+            moved.append((str(path), str(target)))
+            _log.warning(
+                "table %s: commit file %s was torn (does not parse; %d bytes); moved to %s. Its "
+                "writer got no acknowledgement; version %d is free again",
+                table_uri,
+                path.name,
+                len(original),
+                target,
+                version,
+            )
+        last = max((v for v, _ in commits if v != version), default=-1)
+    for version, path in _versions(log, _CHECKSUM):
+        if version > last:
+            target = _quarantine(log, path, stamp)
+            moved.append((str(path), str(target)))
+            _log.warning(
+                "table %s: checksum file %s has no commit; moved to %s", table_uri, path.name, target
+            )
+    return Repair(tuple(moved))

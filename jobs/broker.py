@@ -49,12 +49,12 @@ from engine.store.store import Store, now_ms
 from jobs._common import (
     EXIT_FAILED,
     EXIT_OK,
-    EXIT_USAGE,
+    JobArgumentParser,
     JobContext,
     StopSignal,
-    argument_parser,
-    fail,
-    start,
+    first_line,
+    job_main,
+    stop_query,
 )
 
 JOB = "broker"
@@ -148,8 +148,7 @@ class BrokerRun:
 
 
 def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return (text.splitlines()[0] if text else type(error).__name__)[:300]
+    return first_line(error, limit=300)
 
 
 def _checkpoint(parent: str | None, job: str) -> str | None:
@@ -238,13 +237,10 @@ def _stop_all(queries: dict[str, Any], grace_s: float) -> None:
     """Let batches in flight finish (up to ``grace_s``), then stop every query."""
     deadline = time.monotonic() + grace_s
     for query in queries.values():
-        while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if query.isActive:
-            try:
-                query.stop()
-            except Exception as exc:  # stopping the others matters more
-                LOGGER.warning("stopping %s: %s", query.name, exc)
+        try:
+            stop_query(query, deadline)
+        except Exception as exc:  # stopping the others matters more
+            LOGGER.warning("stopping %s: %s", query.name, exc)
 
 
 def run_forever(
@@ -321,10 +317,7 @@ def run_forever(
     return run
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the broker app; returns the exit code (0 ok / stopped on a signal, 1 a job failed, 2 bad input)."""
-    parser = argument_parser(JOB, "Run every broker job (dispatch, index, schedule, ...) in one Spark app.")
-    parser.set_defaults(checkpoint=None)
+def _arguments(parser: JobArgumentParser) -> None:
     parser.add_argument(
         "--jobs", default=None, help=f"comma-separated jobs to run (default all: {','.join(JOB_ORDER)})"
     )
@@ -332,33 +325,32 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--heartbeat", type=float, default=30.0, help="seconds between progress lines of idle jobs"
     )
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:
-        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    jobs = [j.strip() for j in args.jobs.split(",") if j.strip()] if args.jobs else None
-    skip = [j.strip() for j in args.skip.split(",") if j.strip()]
-    try:
-        _selected(jobs, skip)  # unknown names are bad input, before Spark starts
-    except Exception as exc:
-        return fail(PROG, exc, EXIT_USAGE)
+
+
+def _names(text: str | None) -> list[str] | None:
+    return [j.strip() for j in text.split(",") if j.strip()] if text else None
+
+
+def _check(args: Any) -> None:
+    _selected(_names(args.jobs), _names(args.skip) or [])  # unknown names are bad input, before Spark starts
     if not LOGGER.handlers:  # progress lines on stderr; other loggers (py4j) keep their levels
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s"))
         LOGGER.addHandler(handler)
         LOGGER.propagate = False
     LOGGER.setLevel(logging.INFO)
-    began = time.monotonic()
-    try:
-        ctx: JobContext = start(args, app_name="lakemq-broker")
-    except Exception as exc:  # bad store path, no Java, bad conf: one line, not a traceback
-        return fail(PROG, exc, EXIT_USAGE)
-    try:
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the broker app; returns the exit code (0 ok / stopped on a signal, 1 a job failed, 2 bad input)."""
+
+    def run(ctx: JobContext, args: Any) -> int:
+        jobs, skip = _names(args.jobs), _names(args.skip) or []
         if args.once:
-            run = run_once(ctx.spark, ctx.store, jobs=jobs, skip=skip, checkpoint=args.checkpoint)
+            result = run_once(ctx.spark, ctx.store, jobs=jobs, skip=skip, checkpoint=args.checkpoint)
         else:
             with StopSignal() as stop:
-                run = run_forever(
+                result = run_forever(
                     ctx.spark,
                     ctx.store,
                     stop.event,
@@ -367,12 +359,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                     checkpoint=args.checkpoint,
                     heartbeat_s=args.heartbeat,
                 )
-        print(run.summary(time.monotonic() - began), flush=True)
-        return EXIT_OK if run.ok else EXIT_FAILED
-    except Exception as exc:
-        return fail(PROG, exc, EXIT_FAILED)
-    finally:
-        ctx.close()
+        print(result.summary(ctx.elapsed_s()), flush=True)
+        return EXIT_OK if result.ok else EXIT_FAILED
+
+    return job_main(
+        JOB,
+        "Run every broker job (dispatch, index, schedule, ...) in one Spark app.",
+        argv,
+        run,
+        options=_arguments,
+        check=_check,
+    )
 
 
 if __name__ == "__main__":

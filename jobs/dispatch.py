@@ -14,33 +14,41 @@ Usage::
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from engine.spark.deltalog import SHORT_NAME, spark_schema
 from engine.store import schemas
 from engine.store.dispatch import dispatch_rows, dispatched_version
-from engine.store.log import VERSION_COLUMN, read_versions
+from engine.store.log import read_versions
 from engine.store.store import Store
 from jobs._common import (
-    EXIT_FAILED,
     EXIT_OK,
-    EXIT_USAGE,
+    BatchNotReadError,
     JobContext,
-    StopSignal,
-    argument_parser,
-    checkpoint_location,
-    fail,
-    start,
+    job_main,
+    log_stream,
+    run_log_job,
+    run_or_serve,
+    serve,
+    with_missing_versions,
 )
+
+__all__ = [
+    "DISPATCH_COLUMNS",
+    "BatchNotReadError",
+    "DispatchStats",
+    "commit_log_stream",
+    "main",
+    "run_dispatch",
+    "serve",
+    "summary",
+    "with_undispatched_versions",
+]
 
 JOB = "dispatch"
 PROG = "jobs/dispatch.py"
@@ -55,6 +63,7 @@ DISPATCH_COLUMNS = (
     "store_ts_ms",
     "sys_flag",
 )
+DISPATCH_SCHEMA = pa.schema([schemas.COMMIT_LOG_SCHEMA.field(c) for c in DISPATCH_COLUMNS])
 
 
 @dataclass
@@ -75,25 +84,12 @@ class DispatchStats:
 
 def commit_log_stream(spark: Any, store: Store, starting_version: int) -> Any:
     """The commit log's new rows from ``starting_version`` on, as a streaming DataFrame."""
-    reader = (
-        spark.readStream.format(SHORT_NAME)
-        .schema(spark_schema(pa.schema([schemas.COMMIT_LOG_SCHEMA.field(c) for c in DISPATCH_COLUMNS])))
-        .option("path", store.uri(schemas.COMMIT_LOG))
-        .option("startingVersion", str(starting_version))
-        .option("columns", ",".join(DISPATCH_COLUMNS))
-    )
-    if store.storage_options:
-        reader = reader.option("storageOptions", json.dumps(store.storage_options))
-    return reader.load()
+    return log_stream(spark, store, schemas.COMMIT_LOG, starting_version, DISPATCH_COLUMNS, DISPATCH_SCHEMA)
 
 
-class BatchNotReadError(RuntimeError):
-    """A micro-batch could not be read (the query was stopped, or the read failed)."""
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return (text.splitlines()[0] if text else type(error).__name__)[:500]
+def _undispatched(store: Store, first: int, last: int) -> pa.Table:
+    uri = store.uri(schemas.COMMIT_LOG)
+    return read_versions(uri, first, last, DISPATCH_SCHEMA, store.storage_options)
 
 
 def with_undispatched_versions(store: Store, rows: pa.Table) -> pa.Table:
@@ -103,20 +99,9 @@ def with_undispatched_versions(store: Store, rows: pa.Table) -> pa.Table:
     ahead (a checkpoint copied from elsewhere, a consume queue restored from a backup), the versions
     in between would otherwise never be offered again and dispatch would stop at a queue-offset gap.
     """
-    if rows.num_rows == 0:
-        return rows
-    first = int(pc.min(rows[VERSION_COLUMN]).as_py())
-    marker = dispatched_version(store)
-    if first <= marker + 1:
-        return rows
-    missing = read_versions(
-        store.uri(schemas.COMMIT_LOG),
-        marker + 1,
-        first - 1,
-        pa.schema([schemas.COMMIT_LOG_SCHEMA.field(c) for c in DISPATCH_COLUMNS]),
-        store.storage_options,
+    return with_missing_versions(
+        rows, dispatched_version(store), lambda first, last: _undispatched(store, first, last)
     )
-    return pa.concat_tables([missing.select(rows.column_names).cast(rows.schema), rows])
 
 
 def run_dispatch(
@@ -147,55 +132,25 @@ def run_dispatch(
     """
     counters = stats if stats is not None else DispatchStats()
 
-    def dispatch_batch(batch: Any, batch_id: int) -> None:
-        # Called once per micro-batch on the driver; must be idempotent per batch: dispatch_rows is,
-        # per commit-log version, so a replay of batch_id adds nothing. Must raise when it did not
-        # dispatch: returning makes Spark commit the batch and never offer those versions again.
-        try:
-            rows = batch.toArrow()
-        except Exception as exc:
-            # Typically the query being stopped mid-batch. Keep the message short: Spark matches
-            # failure messages of Python callbacks with a regex that overflows the stack on long ones.
-            raise BatchNotReadError(f"micro-batch {batch_id} was not read: {_first_line(exc)}") from None
-        rows = with_undispatched_versions(store, rows)
+    def dispatch_batch(rows: pa.Table) -> None:
+        # dispatch_rows is idempotent per commit-log version, so a replayed batch adds nothing.
         entries = dispatch_rows(store, rows) if rows.num_rows else 0
         counters.add(rows.num_rows, entries)
 
-    frame = commit_log_stream(spark, store, dispatched_version(store) + 1)
-    writer = (
-        frame.select(*DISPATCH_COLUMNS, VERSION_COLUMN)
-        .writeStream.queryName(f"lakemq-dispatch-{store.store_id}")
-        .foreachBatch(dispatch_batch)
-        .option("checkpointLocation", checkpoint_location(store, JOB, checkpoint))
+    return run_log_job(
+        spark,
+        store,
+        job=JOB,
+        table=schemas.COMMIT_LOG,
+        columns=DISPATCH_COLUMNS,
+        schema=DISPATCH_SCHEMA,
+        handler=dispatch_batch,
+        marker=lambda: dispatched_version(store),
+        catch_up=lambda first, last: _undispatched(store, first, last),
+        once=once,
+        checkpoint=checkpoint,
+        trigger_ms=store.config.dispatch_trigger_ms,
     )
-    if once:
-        query = writer.trigger(availableNow=True).start()
-        query.awaitTermination()
-        return query
-    return writer.trigger(processingTime=f"{store.config.dispatch_trigger_ms} milliseconds").start()
-
-
-def serve(query: Any, stop: threading.Event, poll_s: float = 0.5, grace_s: float = 10.0) -> None:
-    """Wait until ``stop`` is set or the query ends; then stop the query cleanly.
-
-    On ``stop`` a micro-batch in flight gets ``grace_s`` to finish before the query is stopped; one
-    cut short is replayed by the next run, which dispatch makes a no-op for what it already wrote.
-
-    Raises:
-        pyspark.errors.StreamingQueryException: the query failed (not because it was stopped).
-    """
-    try:
-        while query.isActive and not stop.is_set():
-            query.awaitTermination(poll_s)
-    finally:
-        deadline = time.monotonic() + grace_s
-        while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if query.isActive:
-            query.stop()
-    if stop.is_set():
-        return  # asked to stop: a batch interrupted by the stop is not a failure
-    query.awaitTermination()
 
 
 def summary(store: Store, stats: DispatchStats, elapsed_s: float) -> str:
@@ -210,32 +165,19 @@ def summary(store: Store, stats: DispatchStats, elapsed_s: float) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the dispatch job; returns the process exit code (0 ok, 1 the query failed, 2 bad input)."""
-    parser = argument_parser(JOB, "Dispatch commit-log messages into the consume queue.")
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help, or a bad option (already reported on one line)
-        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    began = time.monotonic()
-    try:
-        ctx: JobContext = start(args, app_name="lakemq-dispatch")
-    except Exception as exc:  # bad store path, no Java, bad conf: one line, not a traceback
-        return fail(PROG, exc, EXIT_USAGE)
     stats = DispatchStats()
-    try:
-        if args.once:
-            run_dispatch(ctx.spark, ctx.store, once=True, checkpoint=args.checkpoint, stats=stats)
-        else:
-            with StopSignal() as stop:
-                query = run_dispatch(
-                    ctx.spark, ctx.store, once=False, checkpoint=args.checkpoint, stats=stats
-                )
-                serve(query, stop.event)
-        print(summary(ctx.store, stats, time.monotonic() - began))
+
+    def run(ctx: JobContext, args: Any) -> int:
+        run_or_serve(
+            args.once,
+            lambda once: run_dispatch(
+                ctx.spark, ctx.store, once=once, checkpoint=args.checkpoint, stats=stats
+            ),
+        )
+        print(summary(ctx.store, stats, ctx.elapsed_s()))
         return EXIT_OK
-    except Exception as exc:
-        return fail(PROG, exc, EXIT_FAILED)
-    finally:
-        ctx.close()
+
+    return job_main(JOB, "Dispatch commit-log messages into the consume queue.", argv, run)
 
 
 if __name__ == "__main__":

@@ -15,10 +15,8 @@ Usage::
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,22 +31,19 @@ from engine.broker.index import (
     indexed_version,
     unindexed_rows,
 )
-from engine.spark.deltalog import SHORT_NAME, spark_schema
 from engine.store import schemas
-from engine.store.log import VERSION_COLUMN
 from engine.store.store import Store
 from jobs._common import (
-    EXIT_FAILED,
     EXIT_OK,
-    EXIT_USAGE,
+    JobArgumentParser,
     JobContext,
-    StopSignal,
-    argument_parser,
-    checkpoint_location,
-    fail,
-    start,
+    job_main,
+    log_stream,
+    positive,
+    run_log_job,
+    run_or_serve,
+    with_missing_versions,
 )
-from jobs.dispatch import BatchNotReadError, serve
 
 JOB = "index"
 PROG = "jobs/index.py"
@@ -76,16 +71,9 @@ class IndexStats:
 
 def commit_log_stream(spark: Any, store: Store, starting_version: int) -> Any:
     """The commit log's new rows (the indexer's columns) from ``starting_version`` on, streaming."""
-    reader = (
-        spark.readStream.format(SHORT_NAME)
-        .schema(spark_schema(INDEX_SOURCE_SCHEMA))
-        .option("path", store.uri(schemas.COMMIT_LOG))
-        .option("startingVersion", str(starting_version))
-        .option("columns", ",".join(INDEX_SOURCE_COLUMNS))
+    return log_stream(
+        spark, store, schemas.COMMIT_LOG, starting_version, INDEX_SOURCE_COLUMNS, INDEX_SOURCE_SCHEMA
     )
-    if store.storage_options:
-        reader = reader.option("storageOptions", json.dumps(store.storage_options))
-    return reader.load()
 
 
 def with_unindexed_versions(store: Store, rows: pa.Table) -> pa.Table:
@@ -95,19 +83,9 @@ def with_unindexed_versions(store: Store, rows: pa.Table) -> pa.Table:
     checkpoint copied from elsewhere, an index restored from a backup) the versions in between
     would otherwise never be indexed.
     """
-    if rows.num_rows == 0:
-        return rows
-    first = int(pc.min(rows[VERSION_COLUMN]).as_py())
-    marker = indexed_version(store)
-    if first <= marker + 1:
-        return rows
-    missing = unindexed_rows(store, marker + 1, first - 1)
-    return pa.concat_tables([missing.select(rows.column_names).cast(rows.schema), rows])
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return (text.splitlines()[0] if text else type(error).__name__)[:500]
+    return with_missing_versions(
+        rows, indexed_version(store), lambda first, last: unindexed_rows(store, first, last)
+    )
 
 
 def run_index(
@@ -140,31 +118,26 @@ def run_index(
     """
     counters = stats if stats is not None else IndexStats()
 
-    def index_batch(batch: Any, batch_id: int) -> None:
-        # Called once per micro-batch on the driver; must be idempotent per batch: build_index is, per
-        # commit-log version, so a replay of batch_id adds nothing. Must raise when it did not index:
-        # returning makes Spark commit the batch and never offer those versions again.
-        try:
-            rows = batch.toArrow()
-        except Exception as exc:
-            raise BatchNotReadError(f"micro-batch {batch_id} was not read: {_first_line(exc)}") from None
-        rows = with_unindexed_versions(store, rows)
+    def index_batch(rows: pa.Table) -> None:
+        # build_index is idempotent per commit-log version, so a replayed batch adds nothing.
         entries = build_index(store, rows) if rows.num_rows else 0
         newest = pc.max(rows["store_ts_ms"]).as_py() if rows.num_rows else None
         counters.add(rows.num_rows, entries, None if newest is None else int(newest))
 
-    frame = commit_log_stream(spark, store, indexed_version(store) + 1)
-    writer = (
-        frame.select(*INDEX_SOURCE_COLUMNS, VERSION_COLUMN)
-        .writeStream.queryName(f"lakemq-index-{store.store_id}")
-        .foreachBatch(index_batch)
-        .option("checkpointLocation", checkpoint_location(store, JOB, checkpoint))
+    return run_log_job(
+        spark,
+        store,
+        job=JOB,
+        table=schemas.COMMIT_LOG,
+        columns=INDEX_SOURCE_COLUMNS,
+        schema=INDEX_SOURCE_SCHEMA,
+        handler=index_batch,
+        marker=lambda: indexed_version(store),
+        catch_up=lambda first, last: unindexed_rows(store, first, last),
+        once=once,
+        checkpoint=checkpoint,
+        trigger_ms=trigger_ms,
     )
-    if once:
-        query = writer.trigger(availableNow=True).start()
-        query.awaitTermination()
-        return query
-    return writer.trigger(processingTime=f"{trigger_ms} milliseconds").start()
 
 
 def summary(store: Store, stats: IndexStats, elapsed_s: float) -> str:
@@ -176,47 +149,42 @@ def summary(store: Store, stats: IndexStats, elapsed_s: float) -> str:
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the index job; returns the process exit code (0 ok, 1 the query failed, 2 bad input)."""
-    parser = argument_parser(JOB, "Index messages by key and uniq key for query_by_key / query_by_uniq_key.")
+def _options(parser: JobArgumentParser) -> None:
     parser.add_argument(
         "--trigger-ms",
         type=int,
         default=DEFAULT_TRIGGER_MS,
         help=f"trigger interval of a running job in milliseconds (default {DEFAULT_TRIGGER_MS})",
     )
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help, or a bad option (already reported on one line)
-        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    if args.trigger_ms <= 0:
-        return fail(PROG, ValueError(f"--trigger-ms must be > 0, got {args.trigger_ms}"), EXIT_USAGE)
-    began = time.monotonic()
-    try:
-        ctx: JobContext = start(args, app_name="lakemq-index")
-    except Exception as exc:  # bad store path, no Java, bad conf: one line, not a traceback
-        return fail(PROG, exc, EXIT_USAGE)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the index job; returns the process exit code (0 ok, 1 the query failed, 2 bad input)."""
     stats = IndexStats()
-    try:
-        if args.once:
-            run_index(ctx.spark, ctx.store, once=True, checkpoint=args.checkpoint, stats=stats)
-        else:
-            with StopSignal() as stop:
-                query = run_index(
-                    ctx.spark,
-                    ctx.store,
-                    once=False,
-                    checkpoint=args.checkpoint,
-                    stats=stats,
-                    trigger_ms=args.trigger_ms,
-                )
-                serve(query, stop.event)
-        print(summary(ctx.store, stats, time.monotonic() - began))
+
+    def run(ctx: JobContext, args: Any) -> int:
+        run_or_serve(
+            args.once,
+            lambda once: run_index(
+                ctx.spark,
+                ctx.store,
+                once=once,
+                checkpoint=args.checkpoint,
+                stats=stats,
+                trigger_ms=args.trigger_ms,
+            ),
+        )
+        print(summary(ctx.store, stats, ctx.elapsed_s()))
         return EXIT_OK
-    except Exception as exc:
-        return fail(PROG, exc, EXIT_FAILED)
-    finally:
-        ctx.close()
+
+    return job_main(
+        JOB,
+        "Index messages by key and uniq key for query_by_key / query_by_uniq_key.",
+        argv,
+        run,
+        options=_options,
+        check=lambda args: positive("--trigger-ms", args.trigger_ms),
+    )
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ rule). Exit codes: 0 ok, 1 a pass failed, 2 bad input (one line on stderr).
 from __future__ import annotations
 
 import sys
-import threading
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -29,14 +28,12 @@ from engine.store.store import Store
 from jobs._common import (
     EXIT_FAILED,
     EXIT_OK,
-    EXIT_USAGE,
+    JobArgumentParser,
     JobContext,
-    StopSignal,
-    argument_parser,
-    checkpoint_location,
-    fail,
-    open_store,
-    start,
+    job_main,
+    positive,
+    run_or_serve,
+    start_query,
 )
 
 JOB = "maintenance"
@@ -106,28 +103,9 @@ def run_maintenance(
             on_pass(report)
 
     ticker = spark.readStream.format("rate").option("rowsPerSecond", "1").option("numPartitions", "1").load()
-    return (
-        ticker.writeStream.queryName(f"lakemq-maintenance-{store.store_id}")
-        .foreachBatch(tick)
-        .option("checkpointLocation", checkpoint_location(store, JOB, checkpoint))
-        .trigger(processingTime=f"{int(interval_s * 1000)} milliseconds")
-        .start()
+    return start_query(
+        ticker, store, JOB, tick, once=False, checkpoint=checkpoint, trigger_ms=int(interval_s * 1000)
     )
-
-
-def serve(query: Any, stop: threading.Event, poll_s: float = 0.5) -> None:
-    """Wait until ``stop`` is set or the query ends; then stop the query cleanly.
-
-    Raises:
-        pyspark.errors.StreamingQueryException: the query failed.
-    """
-    try:
-        while query.isActive and not stop.is_set():
-            query.awaitTermination(poll_s)
-    finally:
-        if query.isActive:
-            query.stop()
-    query.awaitTermination()
 
 
 def _options(args: Any) -> PassOptions:
@@ -140,9 +118,7 @@ def _options(args: Any) -> PassOptions:
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the maintenance job; returns the exit code (0 ok, 1 a pass failed, 2 bad input)."""
-    parser = argument_parser(JOB, "Compact, checkpoint, expire and vacuum the tables of a store.")
+def _arguments(parser: JobArgumentParser) -> None:
     parser.add_argument("--force", action="store_true", help="delete old messages even if unconsumed")
     parser.add_argument("--interval", type=float, default=DEFAULT_INTERVAL_S, help="seconds between passes")
     parser.add_argument("--file-reserved-hours", type=float, default=None, help="message retention (72)")
@@ -151,33 +127,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--min-files", type=int, default=DEFAULT_MIN_FILES, help="small files worth a rewrite"
     )
     parser.add_argument("--target-file-size", type=int, default=None, help="bytes per compacted file")
-    try:
-        args = parser.parse_args(argv)
-    except SystemExit as exc:  # --help, or a bad option (already reported on one line)
-        return exc.code if isinstance(exc.code, int) else EXIT_USAGE
-    if not args.interval > 0:
-        return fail(PROG, InvalidArgumentError(f"--interval must be > 0, got {args.interval:g}"), EXIT_USAGE)
-    options = _options(args)
-    if args.once:
-        try:
-            store = open_store(str(args.store))
-        except Exception as exc:  # bad store path: one line, not a traceback
-            return fail(PROG, exc, EXIT_USAGE)
-        try:
-            report = run_maintenance(None, store, once=True, options=options)
-        except InvalidArgumentError as exc:
-            return fail(PROG, exc, EXIT_USAGE)
-        except Exception as exc:
-            return fail(PROG, exc, EXIT_FAILED)
-        return EXIT_FAILED if report.errors else EXIT_OK
-    try:
-        ctx: JobContext = start(args, app_name="lakemq-maintenance")
-    except Exception as exc:  # bad store path, no Java, bad conf
-        return fail(PROG, exc, EXIT_USAGE)
-    try:
-        with StopSignal() as stop:
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the maintenance job; returns the exit code (0 ok, 1 a pass failed, 2 bad input).
+
+    ``--once`` runs one pass without Spark; otherwise a pass now, then one per ``--interval``.
+    """
+
+    def run(ctx: JobContext, args: Any) -> int:
+        options = _options(args)
+        if args.once:
+            report = run_maintenance(None, ctx.store, once=True, options=options)
+            return EXIT_FAILED if report.errors else EXIT_OK
+
+        def periodic(once: bool) -> Any:
             run_maintenance(None, ctx.store, once=True, options=options)  # a pass now, not in 5 minutes
-            query = run_maintenance(
+            return run_maintenance(
                 ctx.spark,
                 ctx.store,
                 once=False,
@@ -185,14 +151,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 options=options,
                 interval_s=args.interval,
             )
-            serve(query, stop.event)
+
+        run_or_serve(False, periodic)
         return EXIT_OK
-    except InvalidArgumentError as exc:
-        return fail(PROG, exc, EXIT_USAGE)
-    except Exception as exc:
-        return fail(PROG, exc, EXIT_FAILED)
-    finally:
-        ctx.close()
+
+    return job_main(
+        JOB,
+        "Compact, checkpoint, expire and vacuum the tables of a store.",
+        argv,
+        run,
+        options=_arguments,
+        check=lambda args: positive("--interval", args.interval),
+        needs_spark=lambda args: not args.once,
+    )
 
 
 if __name__ == "__main__":

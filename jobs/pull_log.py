@@ -14,30 +14,18 @@ Usage::
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
+
 from engine.broker.pull_log import PULL_LOG_SOURCE_COLUMNS, build_pull_log_rows, pulled_version
-from engine.spark.deltalog import SHORT_NAME
 from engine.store import schemas
-from engine.store.log import VERSION_COLUMN
 from engine.store.store import Store
-from jobs._common import (
-    EXIT_FAILED,
-    EXIT_OK,
-    EXIT_USAGE,
-    JobContext,
-    StopSignal,
-    argument_parser,
-    checkpoint_location,
-    fail,
-    start,
-)
+from jobs._common import EXIT_OK, JobContext, job_main, run_log_job, run_or_serve
 
 JOB = "pull_log"
 PROG = "jobs/pull_log.py"
@@ -58,19 +46,6 @@ class PullLogStats:
             self.batches += 1
             self.actions += actions
             self.pulls += pulls
-
-
-def action_log_stream(spark: Any, store: Store, starting_version: int) -> Any:
-    """The action log's new rows from ``starting_version`` on, as a streaming DataFrame."""
-    reader = (
-        spark.readStream.format(SHORT_NAME)
-        .option("path", store.uri(schemas.ACTION_LOG))
-        .option("startingVersion", str(starting_version))
-        .option("columns", ",".join(PULL_LOG_SOURCE_COLUMNS))
-    )
-    if store.storage_options:
-        reader = reader.option("storageOptions", json.dumps(store.storage_options))
-    return reader.load()
 
 
 def run_pull_log(
@@ -102,40 +77,23 @@ def run_pull_log(
     """
     counters = stats if stats is not None else PullLogStats()
 
-    def build_batch(batch: Any, batch_id: int) -> None:
-        # Called once per micro-batch on the driver; idempotent per action-log version, so a replay of
-        # batch_id adds nothing.
-        rows = batch.toArrow()
+    def build_batch(rows: pa.Table) -> None:
+        # Idempotent per action-log version, so a replayed batch adds nothing.
         pulls = build_pull_log_rows(store, rows) if rows.num_rows else 0
         counters.add(rows.num_rows, pulls)
 
-    frame = action_log_stream(spark, store, pulled_version(store) + 1)
-    writer = (
-        frame.select(*PULL_LOG_SOURCE_COLUMNS, VERSION_COLUMN)
-        .writeStream.queryName(f"lakemq-pull-log-{store.store_id}")
-        .foreachBatch(build_batch)
-        .option("checkpointLocation", checkpoint_location(store, JOB, checkpoint))
+    return run_log_job(
+        spark,
+        store,
+        job=JOB,
+        table=schemas.ACTION_LOG,
+        columns=PULL_LOG_SOURCE_COLUMNS,
+        handler=build_batch,
+        marker=lambda: pulled_version(store),
+        once=once,
+        checkpoint=checkpoint,
+        trigger_ms=trigger_ms,
     )
-    if once:
-        query = writer.trigger(availableNow=True).start()
-        query.awaitTermination()
-        return query
-    return writer.trigger(processingTime=f"{trigger_ms} milliseconds").start()
-
-
-def serve(query: Any, stop: threading.Event, poll_s: float = 0.5) -> None:
-    """Wait until ``stop`` is set or the query ends; then stop the query cleanly.
-
-    Raises:
-        pyspark.errors.StreamingQueryException: the query failed.
-    """
-    try:
-        while query.isActive and not stop.is_set():
-            query.awaitTermination(poll_s)
-    finally:
-        if query.isActive:
-            query.stop()
-    query.awaitTermination()
 
 
 def summary(store: Store, stats: PullLogStats, elapsed_s: float) -> str:
@@ -149,29 +107,19 @@ def summary(store: Store, stats: PullLogStats, elapsed_s: float) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the pull-log job; returns the exit code (0 ok, 1 the query failed, 2 bad input)."""
-    parser = argument_parser(JOB, "Build each consumer's pull log from the action log.")
-    args = parser.parse_args(argv)
-    began = time.monotonic()
-    try:
-        ctx: JobContext = start(args, app_name="lakemq-pull-log")
-    except Exception as exc:  # bad store path, no Java, bad conf: one line, not a traceback
-        return fail(PROG, exc, EXIT_USAGE)
     stats = PullLogStats()
-    try:
-        if args.once:
-            run_pull_log(ctx.spark, ctx.store, once=True, checkpoint=args.checkpoint, stats=stats)
-        else:
-            with StopSignal() as stop:
-                query = run_pull_log(
-                    ctx.spark, ctx.store, once=False, checkpoint=args.checkpoint, stats=stats
-                )
-                serve(query, stop.event)
-        print(summary(ctx.store, stats, time.monotonic() - began))
+
+    def run(ctx: JobContext, args: Any) -> int:
+        run_or_serve(
+            args.once,
+            lambda once: run_pull_log(
+                ctx.spark, ctx.store, once=once, checkpoint=args.checkpoint, stats=stats
+            ),
+        )
+        print(summary(ctx.store, stats, ctx.elapsed_s()))
         return EXIT_OK
-    except Exception as exc:
-        return fail(PROG, exc, EXIT_FAILED)
-    finally:
-        ctx.close()
+
+    return job_main(JOB, "Build each consumer's pull log from the action log.", argv, run)
 
 
 if __name__ == "__main__":

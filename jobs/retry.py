@@ -15,31 +15,19 @@ Usage::
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pyarrow as pa
+
 from engine.broker.retry import ROUTE_COLUMNS, MaxReconsume, RetryRouter, routed_version
-from engine.spark.deltalog import SHORT_NAME
+from engine.errors import InvalidArgumentError
 from engine.store import schemas
-from engine.store.log import VERSION_COLUMN
 from engine.store.store import Store
-from jobs._common import (
-    EXIT_FAILED,
-    EXIT_OK,
-    EXIT_USAGE,
-    JobContext,
-    StopSignal,
-    argument_parser,
-    checkpoint_location,
-    fail,
-    start,
-)
-from jobs.dispatch import serve
+from jobs._common import EXIT_OK, JobArgumentParser, JobContext, job_main, positive, run_log_job, run_or_serve
 
 JOB = "retry"
 PROG = "jobs/retry.py"
@@ -60,19 +48,6 @@ class RetryStats:
             self.batches += 1
             self.rows += rows
             self.routed += routed
-
-
-def action_log_stream(spark: Any, store: Store, starting_version: int) -> Any:
-    """The action log's new rows from ``starting_version`` on, as a streaming DataFrame."""
-    reader = (
-        spark.readStream.format(SHORT_NAME)
-        .option("path", store.uri(schemas.ACTION_LOG))
-        .option("startingVersion", str(starting_version))
-        .option("columns", ",".join(ROUTE_COLUMNS))
-    )
-    if store.storage_options:
-        reader = reader.option("storageOptions", json.dumps(store.storage_options))
-    return reader.load()
 
 
 def run_retry(
@@ -108,25 +83,23 @@ def run_retry(
     counters = stats if stats is not None else RetryStats()
     router = RetryRouter(store, max_reconsume_times=max_reconsume_times)
 
-    def route_batch(batch: Any, batch_id: int) -> None:
-        # Called once per micro-batch on the driver; idempotent per action-log version (the router
-        # drops rows of versions already routed), so a replay of batch_id re-puts nothing.
-        rows = batch.toArrow()
+    def route_batch(rows: pa.Table) -> None:
+        # The router drops rows of versions already routed, so a replayed batch re-puts nothing.
         routed = router.route(rows) if rows.num_rows else 0
         counters.add(rows.num_rows, routed)
 
-    frame = action_log_stream(spark, store, routed_version(store) + 1)
-    writer = (
-        frame.select(*ROUTE_COLUMNS, VERSION_COLUMN)
-        .writeStream.queryName(f"lakemq-retry-{store.store_id}")
-        .foreachBatch(route_batch)
-        .option("checkpointLocation", checkpoint_location(store, JOB, checkpoint))
+    return run_log_job(
+        spark,
+        store,
+        job=JOB,
+        table=schemas.ACTION_LOG,
+        columns=ROUTE_COLUMNS,
+        handler=route_batch,
+        marker=lambda: routed_version(store),
+        once=once,
+        checkpoint=checkpoint,
+        trigger_ms=trigger_ms,
     )
-    if once:
-        query = writer.trigger(availableNow=True).start()
-        query.awaitTermination()
-        return query
-    return writer.trigger(processingTime=f"{trigger_ms} milliseconds").start()
 
 
 def summary(store: Store, stats: RetryStats, elapsed_s: float) -> str:
@@ -137,9 +110,7 @@ def summary(store: Store, stats: RetryStats, elapsed_s: float) -> str:
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the retry job; returns the process exit code (0 ok, 1 the query failed, 2 bad input)."""
-    parser = argument_parser(JOB, "Route NACKed messages to retry topics and dead-letter queues.")
+def _options(parser: JobArgumentParser) -> None:
     parser.add_argument(
         "--max-reconsume-times",
         type=int,
@@ -152,35 +123,42 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=DEFAULT_TRIGGER_MS,
         help=f"trigger interval of a running job in milliseconds (default {DEFAULT_TRIGGER_MS})",
     )
-    args = parser.parse_args(argv)
-    if args.trigger_ms <= 0:
-        parser.error(f"--trigger-ms must be > 0, got {args.trigger_ms}")
+
+
+def _check(args: Any) -> None:
+    positive("--trigger-ms", args.trigger_ms)
     if args.max_reconsume_times is not None and args.max_reconsume_times < 0:
-        parser.error(f"--max-reconsume-times must be >= 0, got {args.max_reconsume_times}")
-    began = time.monotonic()
-    try:
-        ctx: JobContext = start(args, app_name="lakemq-retry")
-    except Exception as exc:  # bad store path, no Java, bad conf: one line, not a traceback
-        return fail(PROG, exc, EXIT_USAGE)
+        raise InvalidArgumentError(f"--max-reconsume-times must be >= 0, got {args.max_reconsume_times}")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the retry job; returns the process exit code (0 ok, 1 the query failed, 2 bad input)."""
     stats = RetryStats()
-    options: dict[str, Any] = {
-        "checkpoint": args.checkpoint,
-        "stats": stats,
-        "max_reconsume_times": args.max_reconsume_times,
-    }
-    try:
-        if args.once:
-            run_retry(ctx.spark, ctx.store, once=True, **options)
-        else:
-            with StopSignal() as stop:
-                query = run_retry(ctx.spark, ctx.store, once=False, trigger_ms=args.trigger_ms, **options)
-                serve(query, stop.event)
-        print(summary(ctx.store, stats, time.monotonic() - began))
+
+    def run(ctx: JobContext, args: Any) -> int:
+        run_or_serve(
+            args.once,
+            lambda once: run_retry(
+                ctx.spark,
+                ctx.store,
+                once=once,
+                checkpoint=args.checkpoint,
+                stats=stats,
+                trigger_ms=args.trigger_ms,
+                max_reconsume_times=args.max_reconsume_times,
+            ),
+        )
+        print(summary(ctx.store, stats, ctx.elapsed_s()))
         return EXIT_OK
-    except Exception as exc:
-        return fail(PROG, exc, EXIT_FAILED)
-    finally:
-        ctx.close()
+
+    return job_main(
+        JOB,
+        "Route NACKed messages to retry topics and dead-letter queues.",
+        argv,
+        run,
+        options=_options,
+        check=_check,
+    )
 
 
 if __name__ == "__main__":

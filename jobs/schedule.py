@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,18 +28,7 @@ from typing import Any
 from engine.broker.schedule import Scheduler, schedule_progress
 from engine.store.dispatch import dispatch_pending
 from engine.store.store import Store
-from jobs._common import (
-    EXIT_FAILED,
-    EXIT_OK,
-    EXIT_USAGE,
-    JobContext,
-    StopSignal,
-    argument_parser,
-    checkpoint_location,
-    fail,
-    start,
-)
-from jobs.dispatch import serve
+from jobs._common import EXIT_OK, JobArgumentParser, JobContext, job_main, positive, run_or_serve, start_query
 
 JOB = "schedule"
 PROG = "jobs/schedule.py"
@@ -119,17 +107,9 @@ def run_schedule(
             dispatch_pending(store)
         counters.add(delivered)
 
-    writer = (
-        ticker(spark, trigger_ms)
-        .writeStream.queryName(f"lakemq-schedule-{store.store_id}")
-        .foreachBatch(tick)
-        .option("checkpointLocation", checkpoint_location(store, JOB, checkpoint))
+    return start_query(
+        ticker(spark, trigger_ms), store, JOB, tick, once=once, checkpoint=checkpoint, trigger_ms=trigger_ms
     )
-    if once:
-        query = writer.trigger(availableNow=True).start()
-        query.awaitTermination()
-        return query
-    return writer.trigger(processingTime=f"{trigger_ms} milliseconds").start()
 
 
 def summary(store: Store, stats: ScheduleStats, elapsed_s: float) -> str:
@@ -142,44 +122,42 @@ def summary(store: Store, stats: ScheduleStats, elapsed_s: float) -> str:
     )
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the schedule job; returns the process exit code (0 ok, 1 the query failed, 2 bad input)."""
-    parser = argument_parser(JOB, "Deliver due delayed and timer messages to their real topics.")
+def _options(parser: JobArgumentParser) -> None:
     parser.add_argument(
         "--trigger-ms",
         type=int,
         default=DEFAULT_TRIGGER_MS,
         help=f"tick interval of a running job in milliseconds (default {DEFAULT_TRIGGER_MS})",
     )
-    args = parser.parse_args(argv)
-    if args.trigger_ms <= 0:
-        parser.error(f"--trigger-ms must be > 0, got {args.trigger_ms}")
-    began = time.monotonic()
-    try:
-        ctx: JobContext = start(args, app_name="lakemq-schedule")
-    except Exception as exc:  # bad store path, no Java, bad conf: one line, not a traceback
-        return fail(PROG, exc, EXIT_USAGE)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the schedule job; returns the process exit code (0 ok, 1 the query failed, 2 bad input)."""
     stats = ScheduleStats()
-    try:
-        if args.once:
-            run_schedule(ctx.spark, ctx.store, once=True, checkpoint=args.checkpoint, stats=stats)
-        else:
-            with StopSignal() as stop:
-                query = run_schedule(
-                    ctx.spark,
-                    ctx.store,
-                    once=False,
-                    checkpoint=args.checkpoint,
-                    stats=stats,
-                    trigger_ms=args.trigger_ms,
-                )
-                serve(query, stop.event)
-        print(summary(ctx.store, stats, time.monotonic() - began))
+
+    def run(ctx: JobContext, args: Any) -> int:
+        run_or_serve(
+            args.once,
+            lambda once: run_schedule(
+                ctx.spark,
+                ctx.store,
+                once=once,
+                checkpoint=args.checkpoint,
+                stats=stats,
+                trigger_ms=args.trigger_ms,
+            ),
+        )
+        print(summary(ctx.store, stats, ctx.elapsed_s()))
         return EXIT_OK
-    except Exception as exc:
-        return fail(PROG, exc, EXIT_FAILED)
-    finally:
-        ctx.close()
+
+    return job_main(
+        JOB,
+        "Deliver due delayed and timer messages to their real topics.",
+        argv,
+        run,
+        options=_options,
+        check=lambda args: positive("--trigger-ms", args.trigger_ms),
+    )
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,17 +30,7 @@ from engine.broker.transactions import (
 from engine.errors import InvalidArgumentError
 from engine.store.sequencer import CommitLogWriter
 from engine.store.store import Store
-from jobs._common import (
-    EXIT_FAILED,
-    EXIT_OK,
-    EXIT_USAGE,
-    JobContext,
-    StopSignal,
-    argument_parser,
-    checkpoint_location,
-    fail,
-    start,
-)
+from jobs._common import EXIT_OK, JobArgumentParser, JobContext, job_main, run_or_serve, start_query
 
 JOB = "transaction_check"
 PROG = "jobs/transaction_check.py"
@@ -115,71 +104,52 @@ def run_transaction_check(
         counters.add(acted)
 
     ticker = spark.readStream.format("rate-micro-batch").option("rowsPerBatch", 1).load()
-    stream = (
-        ticker.writeStream.queryName(f"lakemq-transaction-check-{store.store_id}")
-        .foreachBatch(check_batch)
-        .option("checkpointLocation", checkpoint_location(store, JOB, checkpoint))
+    return start_query(
+        ticker, store, JOB, check_batch, once=once, checkpoint=checkpoint, trigger_ms=trigger_ms
     )
-    if once:
-        query = stream.trigger(availableNow=True).start()
-        query.awaitTermination()
-        return query
-    return stream.trigger(processingTime=f"{trigger_ms} milliseconds").start()
 
 
-def serve(query: Any, stop: threading.Event, poll_s: float = 0.5) -> None:
-    """Wait until ``stop`` is set or the query ends; then stop the query cleanly."""
-    try:
-        while query.isActive and not stop.is_set():
-            query.awaitTermination(poll_s)
-    finally:
-        if query.isActive:
-            query.stop()
-    query.awaitTermination()
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run the transaction-check job; returns the exit code (0 ok, 1 a pass failed, 2 bad input)."""
-    parser = argument_parser(JOB, "Check back undecided transactional messages; roll back the abandoned.")
+def _options(parser: JobArgumentParser) -> None:
     parser.add_argument("--trigger-ms", type=int, default=TRIGGER_MS, help="time between passes")
     parser.add_argument("--timeout-ms", type=int, default=DEFAULT_TIMEOUT_MS, help="age before a first check")
     parser.add_argument("--max-checks", type=int, default=DEFAULT_MAX_CHECKS, help="checks before rollback")
     parser.add_argument(
         "--check-interval-ms", type=int, default=DEFAULT_CHECK_INTERVAL_MS, help="time between checks"
     )
-    args = parser.parse_args(argv)
-    began = time.monotonic()
-    try:
-        ctx: JobContext = start(args, app_name="lakemq-transaction-check")
-    except Exception as exc:  # bad store path, no Java, bad conf: one line, not a traceback
-        return fail(PROG, exc, EXIT_USAGE)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the transaction-check job; returns the exit code (0 ok, 1 a pass failed, 2 bad input)."""
     stats = CheckStats()
-    settings = {
-        "checkpoint": args.checkpoint,
-        "stats": stats,
-        "trigger_ms": args.trigger_ms,
-        "timeout_ms": args.timeout_ms,
-        "max_checks": args.max_checks,
-        "check_interval_ms": args.check_interval_ms,
-    }
-    try:
-        try:
-            if args.once:
-                run_transaction_check(ctx.spark, ctx.store, once=True, **settings)
-            else:
-                with StopSignal() as stop:
-                    serve(run_transaction_check(ctx.spark, ctx.store, once=False, **settings), stop.event)
-        except InvalidArgumentError as exc:
-            return fail(PROG, exc, EXIT_USAGE)
+
+    def run(ctx: JobContext, args: Any) -> int:
+        run_or_serve(
+            args.once,
+            lambda once: run_transaction_check(
+                ctx.spark,
+                ctx.store,
+                once=once,
+                checkpoint=args.checkpoint,
+                stats=stats,
+                trigger_ms=args.trigger_ms,
+                timeout_ms=args.timeout_ms,
+                max_checks=args.max_checks,
+                check_interval_ms=args.check_interval_ms,
+            ),
+        )
         print(
             f"transaction_check: {stats.acted} halves checked or rolled back in {stats.passes} passes "
-            f"({time.monotonic() - began:.1f}s)"
+            f"({ctx.elapsed_s():.1f}s)"
         )
         return EXIT_OK
-    except Exception as exc:
-        return fail(PROG, exc, EXIT_FAILED)
-    finally:
-        ctx.close()
+
+    return job_main(
+        JOB,
+        "Check back undecided transactional messages; roll back the abandoned.",
+        argv,
+        run,
+        options=_options,
+    )
 
 
 if __name__ == "__main__":

@@ -2,8 +2,9 @@
 
 Roles:
 
-- ``producer``: sends ``--count`` messages with ids ``<prefix>-<n>`` (sync sends, or batches of
-  ``--batch``); logs ``sent`` before a send and ``acknowledged`` (fsynced) the moment it returns;
+- ``producer``: sends ``--count`` messages (fewer when stopped by SIGTERM) with ids ``<prefix>-<n>``
+  (sync sends, or batches of ``--batch``); logs ``sent`` before a send and ``acknowledged``
+  (fsynced) the moment it returns;
   a ``CommitConflictError`` is retried ``--conflict-retries`` times, then logged as ``gave_up``.
 - ``pull-consumer``: a ``PullConsumer`` of ``--group`` reading every queue from the group's committed
   offset; logs ``received`` for each batch, then commits the offset and logs ``acked``. With
@@ -82,6 +83,8 @@ def produce(args: argparse.Namespace) -> None:
     counts: Counter[str] = Counter()
     with Producer(store) as producer:
         for start in range(0, len(ids), step):
+            if _STOP_REQUESTED.is_set():
+                break
             chunk = ids[start : start + step]
             messages = [Message(args.topic, make_body(mid, args.size), tags="F") for mid in chunk]
             log.sent(chunk)

@@ -68,14 +68,17 @@ def chattr_works(tmp_path_factory: pytest.TempPathFactory) -> None:
 
 
 @contextmanager
-def refused_writes(directory: Path) -> Iterator[None]:
-    """No file can be created, renamed or removed in ``directory`` while inside; reads still work."""
-    done = _chattr("+i", directory)
+def refused_writes(directory: Path, flag: str = "i") -> Iterator[None]:
+    """No file can be created, renamed or removed in ``directory`` while inside; reads still work.
+
+    With ``flag="a"`` (append only) files can be created and linked but not removed or renamed.
+    """
+    done = _chattr(f"+{flag}", directory)
     assert done.returncode == 0, done.stderr
     try:
         yield
     finally:
-        assert _chattr("-i", directory).returncode == 0
+        assert _chattr(f"-{flag}", directory).returncode == 0
 
 
 class Scenario:
@@ -267,6 +270,27 @@ def test_a_commit_whose_outcome_cannot_be_read_back_is_unknown_and_the_next_send
     figures = check(s.store, s.log.history, topics=[TOPIC], dispatched=True, recovery_s=recovery_s)
     record("commit outcome unknown (write and read-back fail)", figures, unknown_outcomes=1)
     figures.assert_ok()
+
+
+def test_commits_whose_staging_file_cannot_be_removed_are_acknowledged_and_leave_only_strays(
+    chattr_works: None, scenario: Scenario
+) -> None:
+    s = scenario
+    s.send(0)
+    log_dir = Path(s.store.uri(schemas.COMMIT_LOG)) / "_delta_log"
+    with refused_writes(log_dir, "a"):  # delta-rs links NNN.json#1 to NNN.json, then cannot unlink it
+        for i in range(4):
+            s.send(i % QUEUES)
+        s.send_batch(3, queue_id=1)
+    strays = sorted(p.name for p in log_dir.iterdir() if "#" in p.name)
+    reopened = Store.open(s.store.root)
+    s.send(1)
+    dispatch_pending(reopened)
+    figures = check(reopened, s.log.history, topics=[TOPIC], dispatched=True)
+    record("commit staging file not removable (append-only _delta_log)", figures, stray_files=len(strays))
+    figures.assert_ok()
+    assert len(strays) == 5  # one per commit made under the fault, each ignored by every reader
+    assert figures.stored == figures.acknowledged == 9
 
 
 # ----------------------------------------------------------------------------- dispatch

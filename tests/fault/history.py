@@ -35,9 +35,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import pyarrow as pa
+
 from engine import Store
 from engine.model import UNDISPATCHED_FLAGS
 from engine.store import schemas
+from engine.store.log import VERSION_COLUMN, read_versions
 
 EventKind = Literal["sent", "acknowledged", "gave_up", "received", "acked"]
 EVENT_KINDS: tuple[EventKind, ...] = ("sent", "acknowledged", "gave_up", "received", "acked")
@@ -263,7 +266,8 @@ def check(
         consumed: the scenario consumed everything; count acknowledged messages never received.
         dispatched: the scenario ran dispatch to the end; count stored messages missing from the
             consume queue.
-        retained: retention may have removed the oldest rows; queues need not start at offset 0.
+        retained: retention may have removed the oldest rows; queues need not start at offset 0, and
+            physical offsets are not followed version by version.
         id_of: where a row's message id is: the body prefix (:func:`make_body`) or ``uniq_key``.
         recovery_s: the scenario's measured recovery time.
     """
@@ -324,6 +328,31 @@ def check(
         not_dense += not dense
         not_monotonic += not mono
         problems.extend(found)
+
+    if not retained:
+        # Physical offsets rise with commit order: every version starts past everything before it.
+        by_version = read_versions(
+            store.uri(schemas.COMMIT_LOG),
+            0,
+            store.version(schemas.COMMIT_LOG),
+            pa.schema([schemas.COMMIT_LOG_SCHEMA.field("physical_offset")]),
+            store.storage_options,
+        )
+        spans: dict[int, tuple[int, int]] = {}
+        for version, offset in zip(
+            by_version[VERSION_COLUMN].to_pylist(), by_version["physical_offset"].to_pylist(), strict=True
+        ):
+            low, high = spans.get(version, (offset, offset))
+            spans[version] = (min(low, offset), max(high, offset))
+        seen_max = -1
+        for version, (low, high) in sorted(spans.items()):
+            if low <= seen_max:
+                not_monotonic += 1
+                problems.append(
+                    f"commit_log: version {version} holds physical offset {low}, not past {seen_max}"
+                )
+                break
+            seen_max = max(seen_max, high)
 
     # Consume queue: each commit-log entry once, pointing at the right row, dense per queue.
     row_at = {p: (t, q, o) for p, t, q, o in zip(physical, log_topics, qids, qoffs, strict=True)}

@@ -10,7 +10,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from engine import Message, Producer, Store
+from engine import Admin, Message, Producer, Store
 from engine.store import schemas
 from engine.store.dispatch import dispatch_pending
 from tests.fault.history import (
@@ -162,6 +162,35 @@ def test_a_physical_offset_hole_is_reported(store: Store, topic: str, tmp_path: 
     assert figures.acknowledged_lost == 0
     assert figures.offsets_not_dense >= 2  # the physical sequence and queue 1
     assert any("physical offset" in p for p in figures.problems)
+
+
+def test_physical_offsets_that_go_back_in_commit_order_are_reported_not_monotonic(store: Store) -> None:
+    Admin(store).create_topic("O", 2)
+    row = {
+        "topic": "O",
+        "queue_offset": 0,
+        "msg_id": "X",
+        "tags_code": 0,
+        "size": 100,
+        "born_ts_ms": 1,
+        "store_ts_ms": 1,
+        "sys_flag": 0,
+        "delay_level": 0,
+        "reconsume_times": 0,
+    }
+    # Dense and unique as a set, but the later commit holds the lower offsets.
+    _append_rows(
+        store, schemas.COMMIT_LOG, [dict(row, physical_offset=100, queue_id=0, uniq_key="b", body=b"b#")]
+    )
+    _append_rows(
+        store, schemas.COMMIT_LOG, [dict(row, physical_offset=0, queue_id=1, uniq_key="a", body=b"a#")]
+    )
+
+    figures = check(store, History(), topics=["O"])
+
+    assert figures.offsets_not_monotonic == 1
+    assert (figures.offsets_not_dense, figures.log_duplicates) == (0, 0)
+    assert any("not past" in p for p in figures.problems)
 
 
 def test_undispatched_and_never_received_messages_are_counted(

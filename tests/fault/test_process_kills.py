@@ -59,6 +59,10 @@ def _consumer(name: str, role: str, history_dir: Path, logs: Path, **options: ob
     return worker(name, role, logs, history=history_dir / f"{name}.jsonl", **options)
 
 
+def _dispatched_past(store: Store, version: int) -> bool:
+    return dispatched_version(store) > version
+
+
 def _has_acks(history_file: Path) -> bool:
     return acked_lines(history_file) > 0
 
@@ -148,15 +152,18 @@ def test_dispatcher_killed_mid_batch_and_restarted_leaves_no_gap_and_no_duplicat
 ) -> None:
     admin.create_topic("DISPATCHED", 4)
     logs = tmp_path / "logs"
-    producer = _producer("writer", store, "DISPATCHED", history_dir, logs, count=2000, batch=5, pause_ms=5)
-    kills = 0
-    while kills < 6:
-        dispatcher = worker(f"dispatcher{kills}", "dispatcher", logs, store=store.root, interval_ms=1)
-        time.sleep(rng.uniform(0.8, 1.6))  # past its start-up, into its loop
+    producer = _producer("writer", store, "DISPATCHED", history_dir, logs, count=10**6, batch=5, pause_ms=5)
+    at_kills: list[int] = []
+    for kill in range(6):
+        before = dispatched_version(store)
+        dispatcher = worker(f"dispatcher{kill}", "dispatcher", logs, store=store.root, interval_ms=1)
+        # Once it is dispatching (its first commit), kill it at a random moment of its loop.
+        wait_until(functools.partial(_dispatched_past, store, before), 60, "the dispatcher to dispatch")
+        time.sleep(rng.uniform(0.0, 0.3))
         dispatcher.kill()
-        kills += 1
-    assert producer.alive(), "the producer finished before the last kill: the dispatcher raced no writer"
-    producer.finish(timeout=180)
+        at_kills.append(dispatched_version(store))
+    time.sleep(1.0)  # the producer goes on: a backlog for the restarted dispatcher
+    producer.stop()
     backlog = store.version(schemas.COMMIT_LOG) - dispatched_version(store)
 
     # Restart after the last kill; recovery ends when every committed version is dispatched.
@@ -168,7 +175,8 @@ def test_dispatcher_killed_mid_batch_and_restarted_leaves_no_gap_and_no_duplicat
     record(
         "dispatcher (dispatch_pending) SIGKILLed repeatedly while a producer writes",
         figures,
-        kills=kills,
+        kills=len(at_kills),
+        dispatched_version_at_kills=at_kills,
         backlog_versions_at_restart=backlog,
         seed=SEED,
     )

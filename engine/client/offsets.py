@@ -36,9 +36,9 @@ class OffsetStore:
         """Commit ``(topic, queue_id, offset)`` entries in one Delta commit."""
         rows = []
         for topic, queue_id, offset in entries:
-            if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < 2**63:
                 raise InvalidArgumentError(
-                    f"offset {offset!r} must be an int >= 0", topic=topic, offset=offset
+                    f"offset {offset!r} must be an int >= 0 (64-bit)", topic=topic, offset=offset
                 )
             rows.append(
                 {

@@ -360,7 +360,18 @@ class Producer:
             self._pending.task_done()
 
     def flush(self, timeout: float | None = None) -> None:
-        """Wait until every message given to :meth:`send_async` is committed or failed."""
+        """Wait until every message given to :meth:`send_async` is committed or failed.
+
+        Raises:
+            InvalidArgumentError: ``timeout`` is not a number of seconds >= 0.
+            TimeoutError: sends are still in flight after ``timeout`` seconds.
+        """
+        if timeout is not None and (
+            isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0
+        ):
+            raise InvalidArgumentError(
+                f"timeout {timeout!r} must be a number of seconds >= 0", timeout=timeout
+            )
         if timeout is None:
             self._pending.join()
             return

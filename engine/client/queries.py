@@ -40,8 +40,8 @@ def _check_key(value: object, name: str) -> str:
 
 
 def _check_time(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise InvalidArgumentError(f"{name} {value!r} must be an epoch-millisecond int >= 0")
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+        raise InvalidArgumentError(f"{name} {value!r} must be an epoch-millisecond int >= 0 (64-bit)")
     return value
 
 

@@ -63,6 +63,9 @@ def _state_of(value: object, what: str) -> LocalTransactionState:
     return LocalTransactionState.UNKNOWN
 
 
+MAX_CHECK_POLL_MS = 3_600_000  # an hour; longer would leave check-backs unanswered for too long
+
+
 class TransactionProducer(Producer):
     """A producer that can send messages in a local transaction.
 
@@ -92,9 +95,14 @@ class TransactionProducer(Producer):
         if not callable(checker):
             raise InvalidArgumentError("checker must be callable: checker(message) -> LocalTransactionState")
         validate_group_name(group)
-        if isinstance(check_poll_ms, bool) or not isinstance(check_poll_ms, int) or check_poll_ms < 1:
+        if (
+            isinstance(check_poll_ms, bool)
+            or not isinstance(check_poll_ms, int)
+            or not 1 <= check_poll_ms <= MAX_CHECK_POLL_MS
+        ):
             raise InvalidArgumentError(
-                f"check_poll_ms {check_poll_ms!r} must be an int >= 1", check_poll_ms=check_poll_ms
+                f"check_poll_ms {check_poll_ms!r} must be an int in 1..{MAX_CHECK_POLL_MS}",
+                check_poll_ms=check_poll_ms,
             )
         super().__init__(store, group, linger_ms=linger_ms, batch_size=batch_size)
         self._checker = checker

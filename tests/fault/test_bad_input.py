@@ -266,6 +266,8 @@ PRODUCER_CASES = [
         "producer-linger-str", lambda e: Producer(e.store, linger_ms="5"), InvalidArgumentError, "linger_ms"
     ),
     Case("producer-group-int", lambda e: Producer(e.store, group=5), InvalidArgumentError, "group"),
+    Case("flush-timeout-str", lambda e: e.producer.flush("1s"), InvalidArgumentError, "timeout"),
+    Case("flush-timeout-negative", lambda e: e.producer.flush(-1), InvalidArgumentError, "timeout"),
     Case(
         "batch-not-sequence",
         lambda e: e.producer.send_batch(msg()),
@@ -404,6 +406,12 @@ PULL_CASES = [
     ),
     Case(
         "commit-offset-negative", lambda e: e.puller.commit_offset(TOPIC, 0, -1), InvalidArgumentError, ">= 0"
+    ),
+    Case(
+        "commit-offset-overflow",
+        lambda e: e.puller.commit_offset(TOPIC, 0, 2**70),
+        InvalidArgumentError,
+        "64-bit",
     ),
     Case(
         "commit-offset-str",
@@ -627,6 +635,12 @@ TX_CASES = [
         "check_poll_ms",
     ),
     Case(
+        "tx-check-poll-overflow",
+        lambda e: TransactionProducer(e.store, commit, check_poll_ms=2**70),
+        InvalidArgumentError,
+        "check_poll_ms",
+    ),
+    Case(
         "tx-execute-not-callable",
         lambda e: e.tx.send_in_transaction(msg(), "no"),
         InvalidArgumentError,
@@ -748,6 +762,12 @@ ADMIN_CASES = [
         lambda e: e.admin.query_by_key(TOPIC, "k", 10, 1),
         InvalidArgumentError,
         "end",
+    ),
+    Case(
+        "query-key-time-overflow",
+        lambda e: e.admin.query_by_key(TOPIC, "k", 0, 2**70),
+        InvalidArgumentError,
+        "64-bit",
     ),
     Case(
         "query-key-max-0",

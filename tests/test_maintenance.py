@@ -15,6 +15,7 @@ import pytest
 from deltalake import DeltaTable
 
 from engine import (
+    Admin,
     InvalidArgumentError,
     Message,
     Producer,
@@ -24,6 +25,7 @@ from engine import (
     Store,
 )
 from engine.broker import maintenance
+from engine.broker.index import INDEX_SORT, KIND_KEY, KIND_UNIQ_KEY, index_pending
 from engine.broker.maintenance import (
     MAINTENANCE_KEY,
     DataFile,
@@ -40,6 +42,7 @@ from engine.client.offsets import OffsetStore
 from engine.store import schemas
 from engine.store import sequencer as sequencer_module
 from engine.store.dispatch import dispatch_pending
+from engine.store.log import table_filesystem
 from engine.store.marks import CQ_KEY, queue_marks
 from engine.store.sequencer import HWM_KEY, CommitLogWriter, PendingMessage, read_hwm
 from tests.helpers import commit_log_rows, versions
@@ -305,6 +308,30 @@ def test_other_tables_are_bin_packed_while_appends_continue(store: Store, topic:
     assert OffsetStore(store, "g").read(topic) == expected
     rows = DeltaTable(store.uri(schemas.CONSUMER_OFFSET)).to_pyarrow_table().num_rows
     assert rows == 10 + len(extra)
+
+
+def test_index_compaction_keeps_one_key_sorted_file_per_kind(store: Store, topic: str) -> None:
+    # Four index passes whose keys arrive in descending order: each writes a KEY and a UNIQ_KEY file.
+    with Producer(store) as p:
+        for i in range(4):
+            p.send(Message(topic, f"m{i}".encode(), keys=(f"key-{3 - i}", f"other-{i}")))
+            index_pending(store)
+    before = _sorted_table(store, schemas.INDEX, list(INDEX_SORT))
+    report = compact(store, schemas.INDEX, min_files=2)
+    assert report[schemas.INDEX]["version"] is not None
+    assert report[schemas.INDEX]["files_after"] == 2
+    assert _sorted_table(store, schemas.INDEX, list(INDEX_SORT)) == before
+    fs = table_filesystem(store.uri(schemas.INDEX))
+    kinds = []
+    for f in _files(store, schemas.INDEX):
+        rows = pq.read_table(f["path"], filesystem=fs)
+        [kind] = set(rows["kind"].to_pylist())  # kinds never share a file
+        kinds.append(kind)
+        assert rows.to_pylist() == rows.sort_by([(c, "ascending") for c in INDEX_SORT]).to_pylist()
+        assert (f["min.key"], f["max.key"]) == (rows["key"][0].as_py(), rows["key"][-1].as_py())
+    assert sorted(kinds) == [KIND_KEY, KIND_UNIQ_KEY]
+    [found] = Admin(store).query_by_key(topic, "key-1", 0, 2**62)
+    assert found.body == b"m2"
 
 
 def test_plan_bins_never_merges_across_a_large_or_undispatched_file() -> None:

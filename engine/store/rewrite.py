@@ -1,0 +1,347 @@
+"""Rewriting a Delta table's data files in place: the mechanics under compaction and retention.
+
+What is here knows Delta and Parquet, not policy: the live files of a snapshot with their statistics,
+reading and writing data files in a table's directory with the add-action statistics delta-rs would
+write, and :func:`commit_planned`, the commit loop every maintenance commit goes through. Which files
+to rewrite, in which order and what to delete is decided by :mod:`engine.broker.compaction` and
+:mod:`engine.broker.retention`.
+
+Every commit made through :func:`commit_planned` follows the sequencer's rules:
+
+- It is a delta-rs write transaction with automatic retries disabled (``max_commit_retries=0``): it
+  lands exactly on the version after the one it was planned from, or fails and is planned again from
+  the newer snapshot. A producer committing meanwhile either wins (the plan is made again) or loses
+  and is re-stamped by the sequencer; nothing is lost, no offset is given twice.
+- It carries the table's markers forward as of the version it was planned from (``mq.hwm`` on the
+  commit log, ``mq.cq`` on the consume queue, ...), so marker readers find them on the newest commit
+  even after the older commit files are cleaned up. Only a commit that cannot be retried onto a later
+  version may do that, which is why delta-rs's own ``optimize`` (automatic retries) is not used.
+- Rows that only move are added with ``dataChange = false`` (:func:`write_file`); streaming readers of
+  new versions (the dispatch job) skip such files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pa_fs
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable, write_deltalake
+from deltalake.exceptions import CommitFailedError, DeltaError
+from deltalake.transaction import AddAction, RemoveAction
+
+from engine.errors import CommitConflictError, CommitStateUnknownError, StoreError
+from engine.store import schemas
+from engine.store import store as _store_module
+from engine.store.marks import latest_commit_value
+from engine.store.sequencer import HWM_KEY, read_hwm
+from engine.store.store import Store
+
+# A table snapshot as the planners of a commit see it (they read it only through this module).
+Snapshot = DeltaTable
+Action = AddAction | RemoveAction
+# commitInfo key naming the maintenance operation of a commit.
+MAINTENANCE_KEY = "mq.maintenance"
+COMMIT_ATTEMPTS = 64
+
+
+# ----------------------------------------------------------------------------- a snapshot's files
+@dataclass(frozen=True)
+class DataFile:
+    """One live data file of a snapshot, with the range of one column (its ordering column)."""
+
+    path: str
+    size: int
+    rows: int
+    modified: int
+    lo: int | None = None  # min / max of the column asked for
+    hi: int | None = None
+
+
+def add_actions(dt: Snapshot) -> pa.Table:
+    """The snapshot's add actions, statistics flattened (``min.<column>``, ``max.<column>``)."""
+    return pa.table(dt.get_add_actions(flatten=True))
+
+
+def int_column(actions: pa.Table, name: str) -> list[int | None]:
+    """An add-action column as ints (None where missing, every row None when the column is)."""
+    if name not in actions.column_names:
+        return [None] * actions.num_rows
+    return [None if v is None else int(v) for v in actions[name].to_pylist()]
+
+
+def str_column(actions: pa.Table, name: str) -> list[str | None]:
+    """An add-action column as strings (None where missing, every row None when the column is)."""
+    if name not in actions.column_names:
+        return [None] * actions.num_rows
+    return [None if v is None else str(v) for v in actions[name].to_pylist()]
+
+
+def data_files(actions: pa.Table, column: str | None = None) -> list[DataFile]:
+    """The files of ``actions``, with the min / max of ``column`` when given."""
+    paths = actions["path"].to_pylist()
+    sizes = int_column(actions, "size_bytes")
+    rows = int_column(actions, "num_records")
+    modified = int_column(actions, "modification_time")
+    los = int_column(actions, f"min.{column}") if column else [None] * len(paths)
+    his = int_column(actions, f"max.{column}") if column else [None] * len(paths)
+    return [
+        DataFile(p, s or 0, r or 0, m or 0, lo, hi)
+        for p, s, r, m, lo, hi in zip(paths, sizes, rows, modified, los, his, strict=True)
+    ]
+
+
+def snapshot_files(dt: Snapshot, column: str | None = None) -> list[DataFile]:
+    """The live files of a snapshot (see :func:`data_files`)."""
+    return data_files(add_actions(dt), column)
+
+
+def live_paths(dt: Snapshot) -> set[str]:
+    """The paths of a snapshot's live files."""
+    return set(add_actions(dt)["path"].to_pylist())
+
+
+def column_max(dt: Snapshot, column: str) -> int:
+    """The largest ``column`` value of a snapshot by its files' statistics (-1 when none has any)."""
+    known = [v for v in int_column(add_actions(dt), f"max.{column}") if v is not None]
+    return max(known) if known else -1
+
+
+def indexed_columns(dt: Snapshot) -> int:
+    """How many leading columns the table keeps file statistics for."""
+    raw = dt.metadata().configuration.get("delta.dataSkippingNumIndexedCols")
+    try:
+        value = int(raw) if raw is not None else 32
+    except ValueError:
+        value = 32
+    return 1 << 30 if value < 0 else value
+
+
+# ----------------------------------------------------------------------------- reading and writing files
+def read_file(fs: pa_fs.FileSystem, path: str, schema: pa.Schema) -> tuple[pa.Table, str]:
+    """A data file's rows cast to the table schema, and its compression codec."""
+    try:
+        pf = pq.ParquetFile(fs.open_input_file(path))
+        codec = pf.metadata.row_group(0).column(0).compression if pf.metadata.num_row_groups else "SNAPPY"
+        table = pf.read()
+    except (FileNotFoundError, OSError) as exc:
+        raise StoreError(f"data file {path} cannot be read: {exc}", path=path, cause=exc) from exc
+    return table.select(schema.names).cast(schema), str(codec)
+
+
+def read_columns(fs: pa_fs.FileSystem, path: str, columns: list[str]) -> pa.Table:
+    """Some columns of a data file."""
+    try:
+        return pq.read_table(path, filesystem=fs, columns=columns)
+    except (FileNotFoundError, OSError) as exc:
+        raise StoreError(f"data file {path} cannot be read: {exc}", path=path, cause=exc) from exc
+
+
+_CODECS = {"UNCOMPRESSED": "none", "LZ4_RAW": "lz4"}
+
+
+def file_stats(rows: pa.Table, indexed: int) -> str:
+    """Delta add-action statistics (the first ``indexed`` leaf columns), as delta-rs writes them."""
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    leaves = 0
+    for f in rows.schema:
+        if leaves >= indexed:
+            break
+        t = f.type
+        if pa.types.is_list(t) or pa.types.is_large_list(t):
+            leaves += 1
+            continue
+        if pa.types.is_map(t):
+            leaves += 2
+            continue
+        if pa.types.is_struct(t):
+            leaves += t.num_fields
+            continue
+        leaves += 1
+        col = rows[f.name]
+        nulls[f.name] = int(col.null_count)
+        simple = pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_floating(t)
+        if simple and col.null_count < len(col):
+            mm = pc.min_max(col)
+            mins[f.name] = mm["min"].as_py()
+            maxs[f.name] = mm["max"].as_py()
+    return json.dumps(
+        {"numRecords": rows.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls},
+        separators=(",", ":"),
+    )
+
+
+def write_file(
+    fs: pa_fs.FileSystem, rows: pa.Table, codec: str, row_group_rows: int | None, indexed: int
+) -> AddAction:
+    """Write one data file into the table directory; the add action moves rows (dataChange=false)."""
+    compression = _CODECS.get(codec, codec.lower())
+    suffix = "" if compression == "none" else f"{compression}."
+    path = f"part-00000-{uuid.uuid4()}-c000.{suffix}parquet"
+    try:
+        pq.write_table(rows, path, filesystem=fs, compression=compression, row_group_size=row_group_rows)
+        size = int(fs.get_file_info(path).size)
+    except OSError as exc:
+        delete_files(fs, [path])
+        raise StoreError(f"cannot write data file {path}: {exc}", path=path, cause=exc) from exc
+    return AddAction(path, size, {}, _store_module.now_ms(), False, file_stats(rows, indexed))
+
+
+def delete_files(fs: pa_fs.FileSystem, paths: Iterable[str]) -> None:
+    """Remove files written by a commit that did not happen (best effort; vacuum --full finds the rest)."""
+    for path in paths:
+        with contextlib.suppress(OSError):
+            fs.delete_file(path)
+
+
+def remove_action(f: DataFile, data_change: bool) -> RemoveAction:
+    """The remove action of a live file."""
+    return RemoveAction(f.path, data_change, _store_module.now_ms(), f.size)
+
+
+def rewrite_files(
+    fs: pa_fs.FileSystem,
+    sources: Sequence[DataFile],
+    schema: pa.Schema,
+    *,
+    target: int,
+    indexed: int,
+    sort_by: Sequence[str] = (),
+    split_by: str | None = None,
+    row_group_rows: int | None = None,
+) -> tuple[list[AddAction], int]:
+    """Write the rows of ``sources`` as new files of about ``target`` bytes; returns adds and rows.
+
+    Args:
+        fs: the table's filesystem (:func:`engine.store.log.table_filesystem`).
+        sources: the files whose rows to rewrite.
+        schema: the table's schema.
+        target: bytes per written file (estimated from the sources' bytes per row).
+        indexed: statistics columns (:func:`indexed_columns`).
+        sort_by: the row order of the output; () keeps the sources' order.
+        split_by: a column whose values never share an output file (each value's rows are written
+            on their own, in ``sort_by`` order).
+        row_group_rows: rows per parquet row group (default pyarrow's).
+
+    Raises:
+        StoreError: a file could not be read or written (the files written so far are deleted).
+    """
+    parts = []
+    codec = "SNAPPY"
+    for i, f in enumerate(sources):
+        rows, file_codec = read_file(fs, f.path, schema)
+        if i == 0:
+            codec = file_codec
+        parts.append(rows)
+    rows = pa.concat_tables(parts) if parts else schema.empty_table()
+    if rows.num_rows == 0:
+        return [], 0
+    if sort_by:
+        rows = rows.sort_by([(c, "ascending") for c in sort_by])
+    per_row = max(1.0, sum(f.size for f in sources) / rows.num_rows)
+    per_file = max(1, int(target / per_row))
+    groups = [rows]
+    if split_by is not None:
+        values = pc.unique(rows[split_by]).to_pylist()
+        groups = [rows.filter(pc.equal(rows[split_by], v)) for v in sorted(values)]
+    adds: list[AddAction] = []
+    try:
+        for group in groups:
+            for start in range(0, group.num_rows, per_file):
+                chunk = group.slice(start, per_file)
+                adds.append(write_file(fs, chunk, codec, row_group_rows, indexed))
+    except BaseException:
+        delete_files(fs, [a.path for a in adds])
+        raise
+    return adds, int(rows.num_rows)
+
+
+# ----------------------------------------------------------------------------- committing
+@dataclass
+class Commit:
+    """What a planner wants committed: actions, and the markers (None: carry the table's forward)."""
+
+    actions: list[Action]
+    markers: dict[str, str] | None = None
+
+
+def current_markers(dt: Snapshot, keys: Sequence[str]) -> dict[str, str]:
+    """The values of marker ``keys`` as of ``dt``'s version (keys no commit carries are left out)."""
+    out: dict[str, str] = {}
+    for key in keys:
+        if key == HWM_KEY:
+            out[key] = read_hwm(dt).to_json()
+        else:
+            value = latest_commit_value(dt, key)
+            if value is not None:
+                out[key] = value
+    return out
+
+
+def commit_planned(
+    store: Store,
+    name: str,
+    plan: Callable[[Snapshot], Commit | None],
+    operation: str,
+    carried: Sequence[str] = (),
+) -> int | None:
+    """Plan and commit on the latest snapshot until a commit wins; returns its version.
+
+    ``plan`` is called again after every lost race with the newer snapshot; None means nothing to do.
+    A commit without actions commits only its markers.
+
+    Args:
+        store: the store.
+        name: the table.
+        plan: the planner, called with the snapshot the commit must land right after.
+        operation: the ``mq.maintenance`` value of the commit (``compact``, ``retain``).
+        carried: the marker keys carried forward when the plan sets no markers of its own.
+
+    Raises:
+        CommitConflictError: every attempt lost its race (nothing was committed).
+        CommitStateUnknownError: the commit failed mid-way and may have happened.
+    """
+    dt = store.open_table(name)
+    for attempt in range(COMMIT_ATTEMPTS):
+        if attempt:
+            time.sleep(random.uniform(0, min(0.05, 0.001 * (2 ** min(attempt, 6)))))
+            dt.update_incremental()
+        commit = plan(dt)
+        if commit is None:
+            return None
+        base = int(dt.version())
+        markers = current_markers(dt, carried) if commit.markers is None else commit.markers
+        props = CommitProperties(
+            custom_metadata={**markers, MAINTENANCE_KEY: operation}, max_commit_retries=0
+        )
+        try:
+            if commit.actions:
+                dt.create_write_transaction(commit.actions, "append", dt.schema(), commit_properties=props)
+            else:  # a markers-only commit
+                write_deltalake(
+                    dt, schemas.SCHEMAS[name].empty_table(), mode="append", commit_properties=props
+                )
+        except CommitFailedError:
+            continue
+        except (DeltaError, OSError) as exc:
+            raise CommitStateUnknownError(
+                f"{operation} commit to {name} failed and may or may not have happened: {exc}",
+                table=name,
+                cause=exc,
+            ) from exc
+        return base + 1
+    raise CommitConflictError(
+        f"{operation} of {name} lost {COMMIT_ATTEMPTS} races in a row to other writers; retry later",
+        table=name,
+    )

@@ -1,0 +1,86 @@
+"""Keeping a Delta table's log and directory small: checkpoints, expired log files, vacuum.
+
+Mechanics only; :mod:`engine.broker.maintenance` decides when and with which windows.
+"""
+
+from __future__ import annotations
+
+import pyarrow.fs as pa_fs
+from deltalake.exceptions import DeltaError
+
+from engine.errors import InvalidArgumentError, StoreError
+from engine.store.log import table_filesystem
+from engine.store.store import Store
+
+
+def checkpoint_table(store: Store, name: str) -> int:
+    """Write a Delta checkpoint of table ``name`` and delete its expired log files.
+
+    Log files are expired after the table's ``delta.logRetentionDuration`` (30 days by default) and
+    only before the newest checkpoint, so the table stays readable and time travel within the
+    retention keeps working. Returns the checkpointed version.
+
+    Raises:
+        StoreError: the checkpoint could not be written.
+    """
+    dt = store.open_table(name)
+    try:
+        dt.create_checkpoint()
+        dt.cleanup_metadata()
+    except (DeltaError, OSError) as exc:
+        raise StoreError(f"checkpoint of {name} failed: {exc}", table=name, cause=exc) from exc
+    return int(dt.version())
+
+
+def listing(store: Store, name: str) -> set[str]:
+    """Data files present in a table's directory (one listing; the tables are not partitioned)."""
+    fs = table_filesystem(store.uri(name), store.storage_options)
+    try:
+        infos = fs.get_file_info(pa_fs.FileSelector("", recursive=False))
+    except OSError as exc:
+        raise StoreError(f"cannot list table {name}: {exc}", table=name, cause=exc) from exc
+    return {i.path.rsplit("/", 1)[-1] for i in infos if i.type == pa_fs.FileType.File}
+
+
+def vacuum_table(store: Store, name: str, retention_hours: float, enforce_retention_duration: bool) -> int:
+    """Delete table ``name``'s data files removed more than ``retention_hours`` ago.
+
+    delta-rs takes whole hours: a fractional window is rounded up.
+
+    Only files the log has tombstones for are deleted (delta-rs "lite" vacuum), never a file a writer
+    has written but not committed yet. Returns the number of files deleted.
+
+    Raises:
+        InvalidArgumentError: the window is below the table's ``delta.deletedFileRetentionDuration``
+            while ``enforce_retention_duration``; nothing was deleted.
+        StoreError: vacuum failed.
+    """
+    hours = retention_hours
+    whole = int(hours) if hours == int(hours) else int(hours) + 1
+    dt = store.open_table(name)
+    try:
+        candidates = dt.vacuum(
+            retention_hours=whole,
+            dry_run=True,
+            enforce_retention_duration=enforce_retention_duration,
+        )
+        # Tombstones outlive their files (for the table's deletedFileRetentionDuration): count and
+        # vacuum only files still on disk, so an idle pass makes no VACUUM commits.
+        if candidates:
+            present = listing(store, name)
+            candidates = [c for c in candidates if c in present]
+        if candidates:
+            candidates = dt.vacuum(
+                retention_hours=whole,
+                dry_run=False,
+                enforce_retention_duration=enforce_retention_duration,
+            )
+    except (DeltaError, OSError) as exc:
+        if enforce_retention_duration and "retention" in str(exc).lower():
+            raise InvalidArgumentError(
+                f"retention_hours {hours:g} is below the minimum of table {name}: {exc}",
+                retention_hours=hours,
+                table=name,
+            ) from exc
+        raise StoreError(f"vacuum of {name} failed: {exc}", table=name, cause=exc) from exc
+    return len(candidates)

@@ -1,17 +1,18 @@
 """Repairing a Delta log damaged by a crash: a torn last commit file, stray checksum files.
 
-delta-rs commits by writing ``_delta_log/NNN.json#k`` and hard-linking it to ``NNN.json``, so a commit
-file is never visible half-written on a local filesystem or an object store. A torn commit file can
-still appear: a filesystem without atomic rename or write ordering (a power loss after the link but
-before the data reached the disk leaves a file cut short), or a tool copying a log. delta-rs then
-refuses to load the whole table ("Json error: Truncated record").
+delta-rs commits by writing ``_delta_log/NNN.json#k`` and hard-linking it to ``NNN.json``, so a killed
+process never leaves a commit file half-written. A torn commit file comes from below the process: an
+OS crash or power loss before the page cache reached the disk (object_store's local filesystem does
+not fsync, so the file can come back cut short or zero-filled), a filesystem without atomic link, or
+a tool copying a log. delta-rs then refuses to load the whole table ("Json error: Truncated record").
 
-The only damage repaired here is the one a crash can make without loss: the *last* commit file does
-not parse. Nobody can have read that commit (no reader parses it), so its writer never got an
-answer: the commit is not acknowledged, and moving the file aside gives the table back its previous
-version, and the next writer that version number. The file is kept in ``_delta_log/_quarantine/``
-(delta-rs ignores subdirectories of the log) for inspection, with a logged warning. Anything else (an
-earlier commit that does not parse) means committed data is unreadable: that is
+The only damage repaired here is a *last* commit file that does not parse. No reader can have read
+that commit, and no writer can have committed after it; its content is lost whatever is done (if its
+writer was told it succeeded before the data was durable, that acknowledgement was a page-cache one).
+Moving the file aside gives the table back its previous version, and the next writer that version
+number. The file is kept in ``_delta_log/_quarantine/`` (delta-rs ignores subdirectories of the log)
+for inspection, with a logged warning. Anything else (an earlier commit that does not parse) means
+later commits were built on data that is now unreadable: that is
 :class:`~engine.errors.StoreCorruptedError`, naming the file, and nothing is moved.
 
 An empty last commit file is left alone: delta-rs reads it as a commit without actions, which is
@@ -126,8 +127,8 @@ def repair_log(table_uri: str) -> Repair:
         else:
             moved.append((str(path), str(target)))
             _log.warning(
-                "table %s: commit file %s was torn (does not parse; %d bytes); moved to %s. Its "
-                "writer got no acknowledgement; version %d is free again",
+                "table %s: last commit file %s is torn (does not parse; %d bytes), most likely by an "
+                "OS crash or power loss; moved to %s. Version %d is free again",
                 table_uri,
                 path.name,
                 len(original),

@@ -76,8 +76,8 @@ class Store:
             config: engine settings; default :func:`engine.config.load_config`.
 
         A table whose last commit file was torn by a crash (it does not parse) is repaired first: the
-        file is moved to ``_delta_log/_quarantine/`` with a logged warning (that commit was never
-        acknowledged), see :mod:`engine.store.repair`.
+        file is moved to ``_delta_log/_quarantine/`` with a logged warning and its version is free
+        again, see :mod:`engine.store.repair`.
 
         Raises:
             StoreError: a table exists with another schema, or the location is unusable.

@@ -141,9 +141,13 @@ class Store:
                     storage_options=self.storage_options,
                     commit_properties=CommitProperties(custom_metadata=custom),
                 )
-            except DeltaError:
-                # Another process created it between our look and our create.
-                dt = DeltaTable(uri, storage_options=self.storage_options)
+            except DeltaError as exc:
+                # Another process created it between our look and our create, or the location
+                # refuses writes (then there is still no table).
+                try:
+                    dt = DeltaTable(uri, storage_options=self.storage_options)
+                except DeltaError:
+                    raise StoreError(f"cannot create table {uri}: {exc}", table=name, cause=exc) from exc
             except OSError as exc:
                 raise StoreError(f"cannot create table {uri}: {exc}", table=name) from exc
         existing = {f.name for f in pa.schema(dt.schema().to_arrow())}

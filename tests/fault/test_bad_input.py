@@ -150,7 +150,7 @@ def msg(**fields: Any) -> Message:
 
 
 def not_held(e: Env) -> MessageExt:
-    """A message of the topic that this consumer does not hold (offset 1 of queue 0's neighbour)."""
+    """A message of the topic (queue 3, offset 1) that this consumer never received."""
     return MessageExt(TOPIC, 3, 1, 0, "X" * 32, "u", b"x", None, (), {}, 0, 0, 0)
 
 

@@ -293,6 +293,19 @@ def test_commits_whose_staging_file_cannot_be_removed_are_acknowledged_and_leave
     assert figures.stored == figures.acknowledged == 9
 
 
+def test_opening_a_store_where_the_filesystem_refuses_writes_is_a_store_error(
+    chattr_works: None, tmp_path: Path
+) -> None:
+    root = tmp_path / "refusing"
+    root.mkdir()
+    with refused_writes(root), pytest.raises(StoreError) as caught:
+        Store.open(root)
+    assert type(caught.value) is StoreError
+    assert "cannot create table" in str(caught.value)
+    assert list(root.iterdir()) == []
+    assert Store.open(root).version(schemas.COMMIT_LOG) == 0  # once writable, it opens
+
+
 # ----------------------------------------------------------------------------- dispatch
 def test_a_dispatch_write_refused_leaves_the_consume_queue_as_it_was_and_resumes_exactly_once(
     chattr_works: None, scenario: Scenario

@@ -136,8 +136,8 @@ def wait_until(condition: Callable[[], bool], timeout: float, what: str, poll: f
     return time.monotonic() - began
 
 
-def acked_lines(path: Path) -> int:
-    """How many ``acknowledged`` events a history file holds so far (cheap progress probe)."""
+def event_lines(path: Path, kind: str = "acknowledged") -> int:
+    """How many ``kind`` events a history file holds so far (a cheap progress probe)."""
     if not path.exists():
         return 0
-    return path.read_bytes().count(b'"e": "acknowledged"')
+    return path.read_bytes().count(b'"e": "' + kind.encode() + b'"')

@@ -25,8 +25,9 @@ import pytest
 from engine import Admin, Message, Producer, PullStatus, Store
 from engine.store import schemas
 from engine.store.dispatch import dispatch_pending, dispatched_version
+from engine.store.rewrite import MAINTENANCE_KEY
 from tests.fault.history import History, HistoryLog, check, make_body, record
-from tests.fault.procs import Child, acked_lines, spawn, wait_until, worker
+from tests.fault.procs import Child, event_lines, spawn, wait_until, worker
 
 pytestmark = pytest.mark.fault
 
@@ -63,8 +64,8 @@ def _dispatched_past(store: Store, version: int) -> bool:
     return dispatched_version(store) > version
 
 
-def _has_acks(history_file: Path) -> bool:
-    return acked_lines(history_file) > 0
+def _has_events(history_file: Path, kind: str = "acknowledged") -> bool:
+    return event_lines(history_file, kind) > 0
 
 
 def _stored_not_acknowledged(history: History, stored: int) -> int:
@@ -86,7 +87,7 @@ def test_producers_killed_at_random_moments_lose_no_acknowledged_message(
         ]
         for child in children:
             log = history_dir / f"{child.name}.jsonl"
-            wait_until(functools.partial(_has_acks, log), 60, f"{child.name} to be sending")
+            wait_until(functools.partial(_has_events, log), 60, f"{child.name} to be sending")
         for child in sorted(children, key=lambda _: rng.random()):
             time.sleep(rng.uniform(0.0, 0.4))
             assert child.alive(), f"{child.name} ended before it was killed:\n{child.stderr()}"
@@ -317,6 +318,51 @@ def test_simple_consumer_killed_after_receive_before_ack_gets_its_messages_after
     assert out["reconsumed"] >= len(lost_batch)
 
 
+@pytest.mark.parametrize("role", ["pull-consumer", "simple-consumer"])
+def test_consumers_killed_at_random_moments_miss_no_message(
+    store: Store, admin: Admin, history_dir: Path, tmp_path: Path, rng: random.Random, role: str
+) -> None:
+    topic = "RANDOMPULL" if role == "pull-consumer" else "RANDOMSIMPLE"
+    admin.create_topic(topic, 2)
+    logs = tmp_path / "logs"
+    _produce_in_process(store, topic, history_dir, 400)
+    options: dict[str, object] = {
+        "store": store.root,
+        "topic": topic,
+        "group": "rg",
+        "max_nums": 8,
+        "work_ms": 30,
+    }
+    if role == "simple-consumer":
+        options["invisible_ms"] = 1500
+    kills = 0
+    for r in range(4):
+        child = _consumer(f"c{r}", role, history_dir, logs, consumer_id=f"c{r}", idle_s=30, **options)
+        wait_until(functools.partial(_has_events, history_dir / f"c{r}.jsonl", "received"), 60, "receiving")
+        time.sleep(rng.uniform(0.0, 0.5))
+        if child.alive():
+            child.kill()
+            kills += 1
+    restart = time.time()
+    last = _consumer("final", role, history_dir, logs, consumer_id="final", idle_s=3.0, **options)
+    out = last.finish()
+    history = History.load(history_dir)
+    finished = max(float(e["t"]) for e in _received_events(history_dir / "final.jsonl"))
+    figures = check(
+        store, history, topics=[topic], consumed=True, dispatched=True, recovery_s=finished - restart
+    )
+    record(
+        f"{'pull consumers' if role == 'pull-consumer' else 'SimpleConsumers'} SIGKILLed at random moments",
+        figures,
+        kills=kills,
+        final_consumer_batches=out["batches"],
+        note="recovery = restart -> the last message received",
+        seed=SEED,
+    )
+    figures.assert_ok()
+    assert kills >= 3
+
+
 # --------------------------------------------------------------------------- compaction
 DOCUMENTED_PULL_STATUSES = {s.value for s in PullStatus}
 
@@ -366,3 +412,67 @@ def test_compaction_in_a_loop_during_appends_and_pulls_changes_nothing_consumers
     assert set(pulled["statuses"]) <= DOCUMENTED_PULL_STATUSES
     assert maintained["compactions"] > 0, "compaction never ran: the scenario tested nothing"
     assert figures.redelivered == 0
+
+
+def _maintenance_commits(store: Store) -> int:
+    """Commits made by maintenance (compaction rewrites) on the commit log and the consume queue."""
+    return sum(
+        1
+        for name in (schemas.COMMIT_LOG, schemas.CONSUME_QUEUE)
+        for info in store.open_table(name).history()
+        if MAINTENANCE_KEY in info
+    )
+
+
+def _compacted_past(store: Store, commits: int) -> bool:
+    return _maintenance_commits(store) > commits
+
+
+def test_maintenance_killed_mid_compaction_and_restarted_loses_and_duplicates_nothing(
+    store: Store, admin: Admin, history_dir: Path, tmp_path: Path, rng: random.Random
+) -> None:
+    admin.create_topic("MAINTAINED", 2)
+    logs = tmp_path / "logs"
+    producer = _producer("w", store, "MAINTAINED", history_dir, logs, count=10**6, batch=4, pause_ms=5)
+    dispatcher = worker("dispatcher", "dispatcher", logs, store=store.root, interval_ms=20)
+    consumer = _consumer(
+        "consumer",
+        "pull-consumer",
+        history_dir,
+        logs,
+        store=store.root,
+        topic="MAINTAINED",
+        group="mg",
+        consumer_id="c",
+        max_nums=32,
+        idle_s=6.0,
+    )
+    kills = 0
+    for k in range(5):
+        before = _maintenance_commits(store)
+        maintainer = worker(f"maintainer{k}", "maintainer", logs, store=store.root, interval_ms=1)
+        wait_until(functools.partial(_compacted_past, store, before), 60, "a compaction", poll=0.1)
+        time.sleep(rng.uniform(0.0, 0.4))  # into the next passes: planning, rewriting or committing
+        maintainer.kill()
+        kills += 1
+    producer.stop()
+    last = worker("maintainer-final", "maintainer", logs, store=store.root, interval_ms=20)
+    wait_until(lambda: _all_dispatched(store), 120, "dispatch to catch up")
+    dispatcher.stop()
+    pulled = consumer.finish(timeout=180)
+    maintained = last.stop()
+    history = History.load(history_dir)
+    figures = check(store, history, topics=["MAINTAINED"], consumed=True, dispatched=True)
+    record(
+        "maintenance (compaction) SIGKILLed mid-pass during appends and pulls, restarted",
+        figures,
+        kills=kills,
+        maintenance_commits=_maintenance_commits(store),
+        final_pass_errors=maintained.get("errors"),
+        pull_statuses=pulled["statuses"],
+        pull_errors=len(pulled["errors"]),
+        seed=SEED,
+    )
+    figures.assert_ok()
+    assert pulled["errors"] == []
+    assert maintained["errors"] == {}

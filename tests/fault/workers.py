@@ -141,6 +141,7 @@ def pull_consume(args: argparse.Namespace) -> None:
                 batches += 1
                 if batches == args.die_after_batches:
                     _die()
+                time.sleep(args.work_ms / 1000)  # processing: a kill lands here often
                 consumer.commit_offset(args.topic, q, result.next_begin_offset)
                 log.acked(ids, queue=q)
                 found = True
@@ -183,6 +184,7 @@ def simple_consume(args: argparse.Namespace) -> None:
         reconsumed += sum(1 for m in got if m.reconsume_times > 0)
         if batches == args.die_after_batches:
             _die()
+        time.sleep(args.work_ms / 1000)
         for m in got:
             consumer.ack(m)
     consumer.close()  # flushes the buffered acks
@@ -257,6 +259,7 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument("--consumer-id", required=True)
         s.add_argument("--max-nums", type=int, default=16)
         s.add_argument("--die-after-batches", type=int, default=0)
+        s.add_argument("--work-ms", type=float, default=0, help="pause between receive and ack/commit")
         s.add_argument("--idle-s", type=float, default=2.0, help="stop after this long with nothing new")
         if role == "simple-consumer":
             s.add_argument("--invisible-ms", type=int, default=3000)

@@ -1,0 +1,64 @@
+"""The workloads of the benchmark, each measuring lakemq and its peers side by side.
+
+Every workload function takes a :class:`Context` and returns a list of result dicts (see
+:mod:`bench.report`): ``{"id", "title", "kind": "rate" | "latency", "systems": {name: measure},
+"notes": [...]}``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from engine import Store
+
+OURS = "lakemq"
+BARE = "bare delta-rs"
+REDIS = "Redis Streams"
+SYSTEMS = (OURS, BARE, REDIS)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """How much each workload does; ``quick()`` for a smoke run, ``full()`` for the real one."""
+
+    messages: int = 1_000_000  # the big store: batched produce, pulls, compaction
+    body_bytes: int = 1024
+    pulls: int = 300
+    sync_sends: int = 200
+    async_messages: int = 20_000
+    e2e_seconds: float = 30.0
+    e2e_rate: float = 20.0  # messages per second, sent one by one
+    delayed_seconds: float = 20.0
+    delayed_rate: float = 10.0
+    replay_messages: int = 100_000  # Spark replay reads a topic of this many (its own store)
+    replay_runs: int = 2
+
+    @classmethod
+    def quick(cls) -> Sizes:
+        return cls(
+            messages=50_000,
+            pulls=100,
+            sync_sends=50,
+            async_messages=5_000,
+            e2e_seconds=10.0,
+            delayed_seconds=8.0,
+            replay_messages=20_000,
+        )
+
+
+@dataclass
+class Context:
+    """What the workloads share: sizes, a scratch directory, the big store, the Redis client."""
+
+    sizes: Sizes
+    workdir: Path
+    redis: Any  # a redis.Redis, or None
+    redis_why: str
+    log: Callable[[str], None]
+    big_store: Store | None = None
+    big_bare_uri: str = ""
+    produce_sizes: list[int] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)

@@ -43,6 +43,10 @@ retries after a random backoff. Receive in batches (``max_nums``) when throughpu
 
 Timing assumes the clocks of the group's consumers agree to well within an invisible time.
 New groups start at each queue's first stored message.
+
+Modules: the claim state is :mod:`engine.client.claims` (pure), reading and writing the action log
+:mod:`engine.client.claim_log`, finding visible messages :mod:`engine.client.visible`; this module is
+the public :class:`SimpleConsumer`.
 """
 
 from __future__ import annotations
@@ -53,42 +57,44 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from types import TracebackType
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
-
 from engine.client.actions import ACK, CHANGE_INVISIBLE, NACK, PULL
+from engine.client.claim_log import ClaimLog, Held
+from engine.client.claims import CLAIM_ACTIONS, Claim, ClaimBook, Key, QueueBook
 from engine.client.offsets import OffsetStore
+from engine.client.visible import SCAN_WINDOW, Source, pick_visible, receive_sources
 from engine.errors import (
     CommitConflictError,
     ConsumerError,
     InvalidArgumentError,
     ProducerClosedError,
-    StoreError,
 )
 from engine.model import MessageExt
-from engine.protocol import (
-    SYSTEM_TOPICS,
-    TagFilter,
-    parse_tag_expression,
-    retry_topic,
-    validate_group_name,
-)
+from engine.protocol import SYSTEM_TOPICS, TagFilter, parse_tag_expression, validate_group_name
 from engine.store import schemas
-from engine.store.log import read_versions
 from engine.store.queues import QueueIndex
-from engine.store.store import Store, now_ms, sql_literal
+from engine.store.store import Store, now_ms
+
+__all__ = [
+    "CLAIM_ACTIONS",
+    "MAX_INVISIBLE_MS",
+    "MAX_RECEIVE_NUMS",
+    "OFFSET_PERSIST_MS",
+    "SCAN_WINDOW",
+    "Claim",
+    "ClaimBook",
+    "QueueBook",
+    "ReceivedMessage",
+    "SimpleConsumer",
+    "default_consumer_id",
+]
 
 MAX_RECEIVE_NUMS = 1024
 MAX_INVISIBLE_MS = 12 * 3600 * 1000  # RocketMQ 5's longest invisible duration
-SCAN_WINDOW = 256  # queue offsets examined per step while looking for visible messages
 OFFSET_PERSIST_MS = 5000  # as RocketMQ's consumer offset persistence
-CLAIM_ACTIONS = frozenset({PULL, CHANGE_INVISIBLE, NACK})
-
-_Key = tuple[str, int, int]  # topic, queue_id, queue_offset
 
 
 @dataclass(frozen=True)
@@ -103,134 +109,7 @@ class ReceivedMessage(MessageExt):
     invisible_until_ms: int = 0
 
 
-# ----------------------------------------------------------------------------- claim state (pure)
-@dataclass
-class Claim:
-    """The current claim of a message: who holds it, until when, and how often it was delivered."""
-
-    consumer_id: str
-    sequence: int
-    deadline_ms: int
-    deliveries: int
-
-
-@dataclass
-class QueueBook:
-    """Claim state of one queue for one group: offsets below ``floor`` are all finished."""
-
-    floor: int = 0
-    done: set[int] = field(default_factory=set)
-    claims: dict[int, Claim] = field(default_factory=dict)
-
-    def is_done(self, offset: int) -> bool:
-        return offset < self.floor or offset in self.done
-
-    def available(self, offset: int, now: int) -> bool:
-        """Not finished and not held by an unexpired claim at ``now``."""
-        if self.is_done(offset):
-            return False
-        claim = self.claims.get(offset)
-        return claim is None or now >= claim.deadline_ms
-
-    def finish(self, offset: int) -> None:
-        self.claims.pop(offset, None)
-        if offset < self.floor:
-            return
-        self.done.add(offset)
-        while self.floor in self.done:
-            self.done.remove(self.floor)
-            self.floor += 1
-
-    def raise_floor(self, offset: int) -> None:
-        """Offsets below ``offset`` are gone from the queue (retention): nothing left to claim there."""
-        if offset <= self.floor:
-            return
-        self.floor = offset
-        self.done = {o for o in self.done if o >= offset}
-        self.claims = {o: c for o, c in self.claims.items() if o >= offset}
-        while self.floor in self.done:
-            self.done.remove(self.floor)
-            self.floor += 1
-
-
-class ClaimBook:
-    """Claim state of a group's messages, evaluated from ``action_log`` rows (see the module docstring).
-
-    Pure: no I/O. Rows are mappings by action-log column name.
-    """
-
-    def __init__(self, group: str) -> None:
-        self.group = group
-        self.queues: dict[tuple[str, int], QueueBook] = {}
-        self.last_claim_ts = 0
-        self.sequences: dict[str, int] = {}  # consumer_id -> highest sequence seen
-
-    def queue(self, topic: str, queue_id: int) -> QueueBook:
-        key = (topic, queue_id)
-        book = self.queues.get(key)
-        if book is None:
-            book = self.queues[key] = QueueBook()
-        return book
-
-    def claim(self, key: _Key) -> Claim | None:
-        book = self.queues.get((key[0], key[1]))
-        return None if book is None else book.claims.get(key[2])
-
-    def is_done(self, key: _Key) -> bool:
-        book = self.queues.get((key[0], key[1]))
-        return book is not None and book.is_done(key[2])
-
-    def apply(self, rows: list[dict[str, Any]]) -> None:
-        """Apply rows in commit order."""
-        for row in rows:
-            if row["group"] != self.group:
-                continue
-            consumer = row["consumer_id"]
-            sequence = int(row["sequence"])
-            if sequence > self.sequences.get(consumer, -1):
-                self.sequences[consumer] = sequence
-            action = row["action"]
-            book = self.queue(row["topic"], int(row["queue_id"]))
-            offset = int(row["queue_offset"])
-            if action == ACK:
-                book.finish(offset)
-                continue
-            if action not in CLAIM_ACTIONS:
-                continue
-            ts = int(row["ts_ms"])
-            self.last_claim_ts = max(self.last_claim_ts, ts)
-            if book.is_done(offset):
-                continue
-            claim = book.claims.get(offset)
-            if action == PULL:
-                if claim is None or ts >= claim.deadline_ms:
-                    deliveries = claim.deliveries + 1 if claim is not None else 1
-                    deadline = int(row["deadline_ms"] or ts)
-                    book.claims[offset] = Claim(consumer, sequence, deadline, deliveries)
-            elif action == CHANGE_INVISIBLE:
-                if claim is not None and claim.consumer_id == consumer and ts < claim.deadline_ms:
-                    claim.deadline_ms = int(row["deadline_ms"] or ts)
-            elif claim is not None and claim.consumer_id == consumer:  # NACK
-                book.finish(offset)
-
-    def bootstrap(self, rows: list[dict[str, Any]]) -> None:
-        """Apply a snapshot's rows (no commit order): claims by their stamped order, then acks."""
-        claims = [r for r in rows if r["action"] in CLAIM_ACTIONS]
-        claims.sort(key=lambda r: (int(r["ts_ms"]), r["consumer_id"], int(r["sequence"])))
-        others = [r for r in rows if r["action"] not in CLAIM_ACTIONS]
-        self.apply(claims + others)
-
-
 # ----------------------------------------------------------------------------- the consumer
-@dataclass
-class _Held:
-    sequence: int
-    deadline_ms: int
-    reconsume_times: int
-    msg_id: str
-    physical_offset: int
-
-
 def _int_arg(name: str, value: object, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise InvalidArgumentError(f"{name} {value!r} must be an int in {low}..{high}", **{name: value})
@@ -243,7 +122,7 @@ def _backoff(attempt: int) -> None:
     time.sleep(random.uniform(0.002, min(0.2, 0.01 * 2 ** min(attempt, 5))))
 
 
-def _key_of(message: object) -> _Key:
+def _key_of(message: object) -> Key:
     if not isinstance(message, MessageExt):
         raise InvalidArgumentError(f"expected a message returned by receive(), got {type(message).__name__}")
     return (message.topic, message.queue_id, message.queue_offset)
@@ -290,17 +169,10 @@ class SimpleConsumer:
         )
         self._ack_linger_s = _int_arg("ack_linger_ms", ack_linger_ms, 0, 60_000) / 1000
         self._store = store
-        # Private table handles: the claim commit must land on exactly the version the state was read
-        # at, which a handle shared with other users of ``store`` cannot promise.
-        self._writer = Store(store.root, store.storage_options, store.config)
+        self._log = ClaimLog(store, self.group, consumer_id)
         self._index = QueueIndex(store)
-        self._book = ClaimBook(self.group)
-        self._version = -1
         self._subscriptions: dict[str, TagFilter] = {}
-        self._held: dict[_Key, _Held] = {}
-        self._acks: list[dict[str, Any]] = []
-        self._oldest_ack: float | None = None  # monotonic time of the oldest buffered ack
-        self._sequence = -1
+        self._held: dict[Key, Held] = {}
         self._rotation = 0
         self._lock = threading.RLock()
         self._wake = threading.Event()
@@ -397,29 +269,33 @@ class SimpleConsumer:
                 self._sync()
                 now = now_ms()
                 chosen = [
-                    m for m in chosen if self._book.queue(m.topic, m.queue_id).available(m.queue_offset, now)
+                    m
+                    for m in chosen
+                    if self._log.book.queue(m.topic, m.queue_id).available(m.queue_offset, now)
                 ]
                 if not chosen:
                     continue  # all taken meanwhile: pick again
-                ts = max(now, self._book.last_claim_ts + 1)
+                ts = max(now, self._log.book.last_claim_ts + 1)
                 rows: list[dict[str, Any]] = []
                 out: list[ReceivedMessage] = []
                 for message in chosen:
-                    claim = self._book.claim((message.topic, message.queue_id, message.queue_offset))
+                    claim = self._log.book.claim((message.topic, message.queue_id, message.queue_offset))
                     reconsume = message.reconsume_times + (claim.deliveries if claim is not None else 0)
-                    sequence = self._next_sequence()
-                    rows.append(self._row(PULL, message, sequence, ts, reconsume, ts + invisible_ms))
+                    sequence = self._log.next_sequence()
+                    rows.append(self._log.row(PULL, message, sequence, ts, reconsume, ts + invisible_ms))
                     if reconsume > self._store.config.max_reconsume_times:
                         # Delivered too often: hand it to the retry job, which sends it to the DLQ.
-                        rows.append(self._row(NACK, message, self._next_sequence(), ts, reconsume, None))
+                        rows.append(
+                            self._log.row(NACK, message, self._log.next_sequence(), ts, reconsume, None)
+                        )
                         continue
                     out.append(self._received(message, reconsume, sequence, ts + invisible_ms))
-                if not self._commit(rows):
+                if not self._log.commit(rows):
                     self.conflicts += 1
                     _backoff(attempt)
                     continue
                 for m in out:
-                    self._held[(m.topic, m.queue_id, m.queue_offset)] = _Held(
+                    self._held[(m.topic, m.queue_id, m.queue_offset)] = Held(
                         int(m.receipt_handle.rsplit("#", 1)[1]),
                         m.invisible_until_ms,
                         m.reconsume_times,
@@ -440,78 +316,18 @@ class SimpleConsumer:
             **values, receipt_handle=f"{self.consumer_id}#{sequence}", invisible_until_ms=until
         )
 
-    def _sources(self) -> list[tuple[str, int, TagFilter]]:
-        """Every (topic, queue, filter) to receive from: the subscriptions and the group's retry topic."""
-        configs = self._store.topic_configs(refresh=True)
-        subscriptions = dict(self._subscriptions)
-        retry = retry_topic(self.group)
-        if retry in configs and retry not in subscriptions:
-            subscriptions[retry] = parse_tag_expression("*")
-        sources: list[tuple[str, int, TagFilter]] = []
-        for topic, tag_filter in subscriptions.items():
-            config = configs.get(topic)
-            if config is None:
-                continue  # deleted since subscribe
-            sources.extend((topic, q, tag_filter) for q in range(config.queues))
+    def _sources(self) -> list[Source]:
+        """Every (topic, queue, filter) to receive from, starting at a different queue each time so
+        one busy queue does not starve the others."""
+        sources = receive_sources(self._store, self.group, self._subscriptions)
         if sources:
-            # Start at a different queue each time so one busy queue does not starve the others.
             self._rotation = (self._rotation + 1) % len(sources)
             sources = sources[self._rotation :] + sources[: self._rotation]
         return sources
 
     def _pick(self, max_nums: int, now: int, cache: dict[int, MessageExt]) -> list[MessageExt]:
         """Messages visible to the group as of the state read, to claim."""
-        picks: list[MessageExt] = []
-        for topic, queue_id, tag_filter in self._sources():
-            if len(picks) >= max_nums:
-                break
-            low, high = self._index.bounds(topic, queue_id)
-            book = self._book.queue(topic, queue_id)
-            book.raise_floor(low)
-            position = book.floor
-            while position < high and len(picks) < max_nums:
-                end = min(high, position + SCAN_WINDOW)
-                free = [o for o in range(position, end) if book.available(o, now)]
-                position = end
-                if not free:
-                    continue
-                entries = self._index.entries(topic, queue_id, free[0], free[-1] + 1)
-                wanted = set(free)
-                offsets: list[int] = []
-                physical: list[int] = []
-                full = False
-                for offset, code, phys in zip(
-                    entries["queue_offset"].to_pylist(),
-                    entries["tags_code"].to_pylist(),
-                    entries["physical_offset"].to_pylist(),
-                    strict=True,
-                ):
-                    if offset not in wanted:
-                        continue
-                    if not tag_filter.match_code(code):
-                        book.finish(offset)  # not for this subscription: consumed by filtering
-                        continue
-                    offsets.append(offset)
-                    physical.append(phys)
-                    if len(offsets) >= max_nums - len(picks):
-                        full = True
-                        break
-                if not offsets:
-                    continue
-                missing = [p for p in physical if p not in cache]
-                if missing:
-                    for row in self._index.messages(missing).to_pylist():
-                        cache[int(row["physical_offset"])] = MessageExt.from_row(row)
-                for offset, phys in zip(offsets, physical, strict=True):
-                    message = cache[phys]
-                    if not tag_filter.match_tag(message.tags):
-                        book.finish(offset)  # a tags-code collision
-                        continue
-                    picks.append(message)
-                if full:
-                    # Stopped before the window's end; if collisions left room, go on after the last.
-                    position = offsets[-1] + 1
-        return picks
+        return pick_visible(self._index, self._log.book, self._sources(), max_nums, now, cache)
 
     # ----------------------------------------------------------------- acknowledging
     def ack(self, message: MessageExt) -> None:
@@ -535,11 +351,9 @@ class SimpleConsumer:
                     queue_id=key[1],
                     offset=key[2],
                 )
-            self._book.queue(key[0], key[1]).finish(key[2])
-            if not self._acks:
-                self._oldest_ack = time.monotonic()
-            self._acks.append(
-                self._row(ACK, key, self._next_sequence(), now_ms(), held.reconsume_times, None, held)
+            self._log.book.queue(key[0], key[1]).finish(key[2])
+            self._log.buffer_ack(
+                self._log.row(ACK, key, self._log.next_sequence(), now_ms(), held.reconsume_times, None, held)
             )
         self._ensure_flusher()
         self._wake.set()
@@ -581,8 +395,8 @@ class SimpleConsumer:
                 )
             for attempt in range(attempts):
                 self._sync()
-                claim = self._book.claim(key)
-                ts = max(now_ms(), self._book.last_claim_ts + 1)
+                claim = self._log.book.claim(key)
+                ts = max(now_ms(), self._log.book.last_claim_ts + 1)
                 lost = (
                     claim is None
                     or claim.consumer_id != self.consumer_id
@@ -590,7 +404,7 @@ class SimpleConsumer:
                     or (action == CHANGE_INVISIBLE and ts >= claim.deadline_ms)
                 )
                 if lost:
-                    if self._book.is_done(key) or (claim is not None and claim.sequence != held.sequence):
+                    if self._log.book.is_done(key) or (claim is not None and claim.sequence != held.sequence):
                         self._held.pop(key, None)
                     raise ConsumerError(
                         f"message {key[0]}:{key[1]}@{key[2]} is no longer held by {self.consumer_id}: "
@@ -600,8 +414,10 @@ class SimpleConsumer:
                         offset=key[2],
                     )
                 deadline = ts + invisible_ms if invisible_ms is not None else None
-                row = self._row(action, key, self._next_sequence(), ts, held.reconsume_times, deadline, held)
-                if not self._commit([row]):
+                row = self._log.row(
+                    action, key, self._log.next_sequence(), ts, held.reconsume_times, deadline, held
+                )
+                if not self._log.commit([row]):
                     self.conflicts += 1
                     _backoff(attempt)
                     continue
@@ -617,106 +433,16 @@ class SimpleConsumer:
             )
 
     # ----------------------------------------------------------------- the action log
-    def _row(
-        self,
-        action: str,
-        where: MessageExt | _Key,
-        sequence: int,
-        ts: int,
-        reconsume_times: int,
-        deadline_ms: int | None,
-        held: _Held | None = None,
-    ) -> dict[str, Any]:
-        if isinstance(where, MessageExt):
-            topic, queue_id, offset = where.topic, where.queue_id, where.queue_offset
-            physical, msg_id = where.physical_offset, where.msg_id
-        else:
-            topic, queue_id, offset = where
-            assert held is not None
-            physical, msg_id = held.physical_offset, held.msg_id
-        return {
-            "group": self.group,
-            "consumer_id": self.consumer_id,
-            "sequence": sequence,
-            "action": action,
-            "topic": topic,
-            "queue_id": queue_id,
-            "queue_offset": offset,
-            "physical_offset": physical,
-            "msg_id": msg_id,
-            "reconsume_times": reconsume_times,
-            "deadline_ms": deadline_ms,
-            "ts_ms": ts,
-        }
-
-    def _next_sequence(self) -> int:
-        self._sequence = max(self._sequence, self._book.sequences.get(self.consumer_id, -1)) + 1
-        return self._sequence
-
     def _sync(self) -> None:
-        """Bring the claim state up to the action log's latest version (held by the private handle)."""
-        dt = self._writer.table(schemas.ACTION_LOG)
-        version = int(dt.version())
-        if self._version < 0:
-            snapshot = self._store.dataset(
-                schemas.ACTION_LOG, f"group = {sql_literal(self.group)}", version=version
-            ).to_table()
-            snapshot = snapshot.filter(pc.equal(snapshot["group"], self.group))
-            self._book.bootstrap(snapshot.to_pylist())
-        elif version > self._version:
-            try:
-                rows = read_versions(
-                    self._store.uri(schemas.ACTION_LOG),
-                    self._version + 1,
-                    version,
-                    schemas.ACTION_LOG_SCHEMA,
-                    self._store.storage_options,
-                )
-            except StoreError:
-                # The log files we need are gone (log cleanup): rebuild the state from a snapshot.
-                self._book = ClaimBook(self.group)
-                self._version = -1
-                self._sync()
-                return
-            if rows.num_rows:
-                rows = rows.filter(pc.equal(rows["group"], self.group))
-                self._book.apply(rows.to_pylist())
-        else:
-            return
-        self._version = version
-        for key in [k for k in self._held if self._book.is_done(k)]:
-            del self._held[key]
-
-    def _commit(self, rows: list[dict[str, Any]]) -> bool:
-        """Commit claim rows (and buffered acks) as exactly the next action-log version.
-
-        Returns False when another writer took that version (nothing written).
-        """
-        acks = self._acks
-        table = pa.Table.from_pylist(rows + acks, schema=schemas.ACTION_LOG_SCHEMA)
-        try:
-            version = self._writer.append(schemas.ACTION_LOG, table, max_retries=0)
-        except CommitConflictError:
-            return False
-        self._acks = []
-        self._oldest_ack = None
-        if version == self._version + 1:
-            self._book.apply(rows + acks)
-            self._version = version
-        return True
+        """Bring the claim state up to the action log's latest version; forget held messages it
+        shows finished."""
+        if self._log.sync():
+            for key in [k for k in self._held if self._log.book.is_done(k)]:
+                del self._held[key]
 
     def _flush_acks(self) -> int:
         with self._lock:
-            acks = self._acks
-            if not acks:
-                return 0
-            # Acks change no claim, so they need no particular version: a plain append.
-            self._writer.append(
-                schemas.ACTION_LOG, pa.Table.from_pylist(acks, schema=schemas.ACTION_LOG_SCHEMA)
-            )
-            self._acks = []
-            self._oldest_ack = None
-            return len(acks)
+            return self._log.flush_acks()
 
     def flush(self) -> int:
         """Append buffered acks now; returns how many were written."""
@@ -732,7 +458,7 @@ class SimpleConsumer:
         with self._lock:
             entries = [
                 (topic, queue_id, book.floor)
-                for (topic, queue_id), book in self._book.queues.items()
+                for (topic, queue_id), book in self._log.book.queues.items()
                 if self._persisted.get((topic, queue_id)) != book.floor
             ]
             if entries:
@@ -756,7 +482,7 @@ class SimpleConsumer:
         this consumer takes them along first (a busy consumer's acks then cost no commit of their own)."""
         while not self._closed:
             with self._lock:
-                oldest = self._oldest_ack
+                oldest = self._log.oldest_ack
             if oldest is None:
                 return
             wait = oldest + self._ack_linger_s - time.monotonic()

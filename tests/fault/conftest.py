@@ -1,8 +1,9 @@
 """Fault suite plumbing: a results file per pytest session, turned into FAULTS.md at the end.
 
 Every scenario calls :func:`tests.fault.history.record` once; when at least one did during this
-session, ``FAULTS.md`` at the repository root is regenerated from these rows (rows of scenarios that
-did not run this time are kept from the previous file and marked as such).
+session, ``FAULTS.md`` at the repository root is regenerated from these rows. Rows of scenarios whose
+tests did not run this time are kept from the previous file and marked as such, as long as their
+test still exists.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ os.environ[history.RESULTS_ENV] = _RESULTS
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     rows = history.load_results(_RESULTS)
     if rows:
-        history.write_faults(FAULTS_MD, rows)
+        history.write_faults(FAULTS_MD, rows, REPO_ROOT)
         session.config.pluginmanager.get_plugin("terminalreporter").write_line(  # type: ignore[union-attr]
             f"fault suite: {len(rows)} scenario(s) recorded in {FAULTS_MD}"
         )

@@ -434,6 +434,8 @@ def record(scenario: str, figures: Figures, **extra: Any) -> None:
     Call it before asserting, so a failing scenario is in the report too.
     """
     row: dict[str, Any] = {"scenario": scenario, "at": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime())}
+    # The test that recorded it ("tests/fault/x.py::test_y[param]"), to tell stale rows apart later.
+    row["test"] = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
     row.update({k: v for k, v in asdict(figures).items() if k != "problems"})
     row["problems"] = figures.problems[:5]
     row["extra"] = {k: v for k, v in extra.items()}
@@ -524,7 +526,7 @@ def render_faults(rows: Sequence[Mapping[str, Any]], previous: Sequence[Mapping[
     """FAULTS.md: this run's rows, plus rows of scenarios that did not run this time (marked)."""
     current = {r["scenario"]: r for r in rows}
     kept = [r for r in previous if r["scenario"] not in current]
-    all_rows = sorted([*current.values(), *kept], key=lambda r: str(r["scenario"]))
+    all_rows = sorted([*current.values(), *kept], key=lambda r: (str(r.get("test", "")), str(r["scenario"])))
     stale = {str(r["scenario"]) for r in kept}
     clean = all(not r.get("acknowledged_lost") and not r.get("log_duplicates") for r in all_rows)
     ordered = all(not r.get("offsets_not_dense") and not r.get("offsets_not_monotonic") for r in all_rows)
@@ -581,7 +583,25 @@ def render_faults(rows: Sequence[Mapping[str, Any]], previous: Sequence[Mapping[
     return "\n".join(out)
 
 
-def write_faults(path: str | os.PathLike[str], rows: Sequence[Mapping[str, Any]]) -> None:
+def test_still_exists(root: Path, test: str) -> bool:
+    """Whether ``file.py::test_name[params]`` still names a test function under ``root``."""
+    file, _, name = test.partition("::")
+    function = name.split("[", 1)[0]
+    path = root / file
+    return (
+        bool(file and function) and path.exists() and f"def {function}(" in path.read_text(encoding="utf-8")
+    )
+
+
+def write_faults(path: str | os.PathLike[str], rows: Sequence[Mapping[str, Any]], root: Path) -> None:
+    """Rewrite FAULTS.md with ``rows``; rows of an earlier run are kept only for tests that did not
+    record this time and still exist (renamed or removed scenarios disappear)."""
     p = Path(path)
     previous = previous_results(p.read_text(encoding="utf-8")) if p.exists() else []
-    p.write_text(render_faults(rows, previous), encoding="utf-8")
+    tests_now = {r.get("test") for r in rows}
+    kept = [
+        r
+        for r in previous
+        if r.get("test") and r["test"] not in tests_now and test_still_exists(root, str(r["test"]))
+    ]
+    p.write_text(render_faults(rows, kept), encoding="utf-8")

@@ -24,6 +24,7 @@ from tests.fault.history import (
     previous_results,
     record,
     render_faults,
+    write_faults,
 )
 
 
@@ -247,6 +248,29 @@ def test_records_become_a_report_that_keeps_scenarios_not_run_again(tmp_path: Pa
     assert "0 in every scenario: yes" in old
     assert "0 in every scenario: NO" in text
     assert bad.acknowledged_lost == 1
+
+
+def test_rows_of_tests_that_no_longer_exist_leave_the_report(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setenv("MQ_FAULT_RESULTS", str(tmp_path / "results.jsonl"))
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "test_x.py").write_text("def test_kept():\n    pass\n")
+    figures = _figures(History(sent={"a"}, acknowledged={"a"}))
+    for scenario, test in [("kept", "test_kept"), ("renamed", "test_gone"), ("rerun", "test_kept2")]:
+        monkeypatch.setenv("PYTEST_CURRENT_TEST", f"tests/test_x.py::{test}[p] (call)")
+        record(scenario, figures)
+    report = tmp_path / "FAULTS.md"
+    write_faults(report, load_results(), tmp_path)
+    (tmp_path / "results.jsonl").unlink()
+
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "tests/test_x.py::test_new (call)")
+    record("new", figures)
+    write_faults(report, load_results(), tmp_path)
+    text = report.read_text()
+
+    assert "| new |" in text
+    assert "| kept (earlier run) |" in text
+    assert "renamed" not in text
+    assert "rerun" not in text
 
 
 def _figures(history: History, lost: int = 0) -> Figures:

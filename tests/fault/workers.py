@@ -178,7 +178,9 @@ def simple_consume(args: argparse.Namespace) -> None:
             continue
         idle_since = time.monotonic()
         ids = [body_id(m.body) for m in got]
-        log.received(ids, reconsume=[m.reconsume_times for m in got])
+        log.received(
+            ids, reconsume=[m.reconsume_times for m in got], until=[m.invisible_until_ms for m in got]
+        )
         batches += 1
         received += len(got)
         reconsumed += sum(1 for m in got if m.reconsume_times > 0)

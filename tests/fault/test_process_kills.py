@@ -79,12 +79,16 @@ def test_producers_killed_at_random_moments_lose_no_acknowledged_message(
 ) -> None:
     admin.create_topic("KILLED", 4)
     logs = tmp_path / "logs"
-    rounds, kills = 5, 0
+    rounds, kills = 4, 0
     for r in range(rounds):
-        # A sync sender and a batch sender, each killed at its own random moment once it is sending.
+        # Two sync and two batch senders racing each other, each killed at its own random moment
+        # once it is sending.
         children = [
-            _producer(f"sync{r}", store, "KILLED", history_dir, logs, count=100_000, size=200),
-            _producer(f"batch{r}", store, "KILLED", history_dir, logs, count=100_000, batch=25, size=200),
+            _producer(f"sync{r}{i}", store, "KILLED", history_dir, logs, count=100_000, size=200)
+            for i in range(2)
+        ] + [
+            _producer(f"batch{r}{i}", store, "KILLED", history_dir, logs, count=100_000, batch=25, size=200)
+            for i in range(2)
         ]
         for child in children:
             log = history_dir / f"{child.name}.jsonl"
@@ -105,7 +109,7 @@ def test_producers_killed_at_random_moments_lose_no_acknowledged_message(
     history = History.load(history_dir)
     figures = check(store, history, topics=["KILLED"], dispatched=True, recovery_s=recovery)
     record(
-        "producers SIGKILLed while sending (sync + batch)",
+        "producers SIGKILLed while sending (4 at once: sync + batch)",
         figures,
         rounds=rounds,
         kills=kills,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
@@ -26,10 +26,14 @@ import engine.store.sequencer as sequencer
 from engine import (
     Admin,
     CommitStateUnknownError,
+    ConsumeFrom,
+    ConsumeResult,
     Message,
+    MessageExt,
     Producer,
     PullConsumer,
     PullStatus,
+    PushConsumer,
     SendResult,
     SimpleConsumer,
     Store,
@@ -370,6 +374,61 @@ def test_a_consumer_offset_commit_refused_surfaces_typed_and_keeps_the_previous_
     record("consumer-offset commit I/O error (consumer_offset refused)", figures, failed_commits=1)
     figures.assert_ok()
     assert "consumer_offset" in str(caught.value)
+
+
+def test_a_push_consumer_whose_offset_commits_fail_keeps_consuming_and_commits_once_writes_resume(
+    chattr_works: None, scenario: Scenario
+) -> None:
+    s = scenario
+    for i in range(6):
+        s.send(i % QUEUES)
+    dispatch_pending(s.store)
+    offsets_log = Path(s.store.uri(schemas.CONSUMER_OFFSET)) / "_delta_log"
+    seen: list[str] = []
+
+    def listener(messages: list[MessageExt]) -> ConsumeResult:
+        ids = [make_id(m.body) for m in messages]
+        s.log.received(ids)
+        seen.extend(ids)
+        return ConsumeResult.SUCCESS
+
+    consumer = PushConsumer(
+        s.store, "g-push", consume_from=ConsumeFrom.FIRST, commit_interval_ms=50, pull_suspend_ms=50
+    )
+    consumer.subscribe(TOPIC)
+    consumer.register_listener(listener)
+    reader = PullConsumer(s.store, "g-push")
+
+    def committed() -> list[int | None]:
+        return [reader.committed_offset(TOPIC, q) for q in range(QUEUES)]
+
+    consumer.start()
+    wait_for(lambda: committed() == [3, 3])
+    with refused_writes(offsets_log):
+        for i in range(4):  # more messages while every offset commit fails
+            s.send(i % QUEUES)
+        dispatch_pending(s.store)
+        wait_for(lambda: len(seen) >= 10)
+        time.sleep(0.3)  # several commit intervals go by with the table refusing writes
+        during = committed()
+    fault_removed = time.monotonic()
+    wait_for(lambda: committed() == [5, 5])
+    recovery_s = time.monotonic() - fault_removed
+    consumer.shutdown()
+
+    figures = check(s.store, s.log.history, topics=[TOPIC], consumed=True, recovery_s=recovery_s)
+    record("push consumer offset commits I/O error (consumer_offset refused)", figures)
+    figures.assert_ok()
+    assert during == [3, 3]  # consumption went on; its offsets could not be committed
+    assert figures.redelivered == 0
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float = 60.0) -> None:
+    """Poll until ``condition`` holds (a bound against hanging, not a timing assertion)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.02)
 
 
 def make_id(body: bytes) -> str:

@@ -17,6 +17,11 @@ later commits were built on data that is now unreadable: that is
 
 An empty last commit file is left alone: delta-rs reads it as a commit without actions, which is
 harmless, and live writers may already have committed on top of it.
+
+The newest checkpoint, torn the same way, is moved aside too (with the ``_last_checkpoint`` hint that
+points at it) when the commit files it summarizes are all still there: it only repeats them, and
+delta-rs then starts from the previous checkpoint. When they are gone (the log was cleaned up after
+it), that is a :class:`~engine.errors.StoreCorruptedError`.
 """
 
 from __future__ import annotations
@@ -29,12 +34,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from engine.errors import StoreCorruptedError
 from engine.store.log import local_path
 
 QUARANTINE_DIR = "_quarantine"
 _COMMIT = re.compile(r"^(\d{20})\.json$")
 _CHECKSUM = re.compile(r"^(\d{20})\.crc$")
+_CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.\d+\.\d+)?\.parquet$")
+_LAST_CHECKPOINT = "_last_checkpoint"
 
 _log = logging.getLogger(__name__)
 
@@ -61,6 +71,21 @@ def commit_parses(data: bytes) -> bool:
             return False
         if not isinstance(action, dict):
             return False
+    return True
+
+
+def parquet_readable(path: Path) -> bool:
+    """True when a parquet file has both magic numbers and a footer that parses."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+            f.seek(-4, os.SEEK_END)
+            tail = f.read(4)
+        if head != b"PAR1" or tail != b"PAR1":
+            return False
+        pq.read_metadata(path)
+    except (OSError, ValueError, pa.ArrowException):
+        return False
     return True
 
 
@@ -143,4 +168,41 @@ def repair_log(table_uri: str) -> Repair:
             _log.warning(
                 "table %s: checksum file %s has no commit; moved to %s", table_uri, path.name, target
             )
+    moved += _repair_checkpoint(table_uri, log, {v for v, _ in commits}, stamp)
     return Repair(tuple(moved))
+
+
+def _repair_checkpoint(table_uri: str, log: Path, commits: set[int], stamp: str) -> list[tuple[str, str]]:
+    """Move a torn newest checkpoint (all its parts) and the hint to it aside, if the commits it
+    summarizes since the previous checkpoint are all present."""
+    parts: dict[int, list[Path]] = {}
+    for version, path in _versions(log, _CHECKPOINT):
+        parts.setdefault(version, []).append(path)
+    if not parts:
+        return []
+    newest = max(parts)
+    if all(parquet_readable(p) for p in parts[newest]):
+        return []
+    previous = max((v for v in parts if v < newest and all(map(parquet_readable, parts[v]))), default=-1)
+    missing = [v for v in range(previous + 1, newest + 1) if v not in commits]
+    if missing:
+        raise StoreCorruptedError(
+            f"checkpoint {parts[newest][0]} is torn and the commits it summarizes "
+            f"({missing[0]}..{missing[-1]}) are no longer in the log; restore it from a backup",
+            table=table_uri,
+            path=str(parts[newest][0]),
+        )
+    moved = []
+    hint = log / _LAST_CHECKPOINT
+    for path in [*parts[newest], *([hint] if hint.exists() else [])]:
+        target = _quarantine(log, path, stamp)
+        moved.append((str(path), str(target)))
+    _log.warning(
+        "table %s: newest checkpoint (version %d) is torn; moved to %s with its hint, the log is read "
+        "from %s",
+        table_uri,
+        newest,
+        log / QUARANTINE_DIR,
+        f"checkpoint {previous}" if previous >= 0 else "its first commit",
+    )
+    return moved

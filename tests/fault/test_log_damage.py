@@ -298,6 +298,40 @@ def test_a_checksum_file_past_the_last_commit_is_moved_aside_at_open(scenario: S
     assert [p.name.split(".crc")[0] for p in (orphan.parent / QUARANTINE_DIR).iterdir()] == [orphan.stem]
 
 
+@pytest.mark.parametrize("commits_kept", [True, False], ids=["commits-kept", "commits-cleaned-up"])
+def test_a_torn_newest_checkpoint_is_moved_aside_when_the_commits_it_summarizes_remain(
+    scenario: Scenario, commits_kept: bool
+) -> None:
+    s = scenario
+    for i in range(4):
+        s.send(i % QUEUES)
+    DeltaTable(s.store.uri(schemas.COMMIT_LOG)).create_checkpoint()
+    checkpoint = next(s.log_dir(schemas.COMMIT_LOG).glob("*.checkpoint.parquet"))
+    for i in range(2):
+        s.send(i % QUEUES)
+    data = checkpoint.read_bytes()
+    checkpoint.write_bytes(data[: len(data) // 2])
+    if not commits_kept:  # as log cleanup does once a checkpoint covers them
+        for path in s.log_dir(schemas.COMMIT_LOG).glob("*.json"):
+            if int(path.stem) <= int(checkpoint.name[:20]):
+                path.unlink()
+        s.producer.close()
+        with pytest.raises(StoreCorruptedError) as caught:
+            Store.open(s.root)
+        assert checkpoint.name in str(caught.value) and checkpoint.exists()
+        return
+
+    open_s = s.reopen()
+    s.send(0)
+    dispatch_pending(s.store)
+    s.consume_all()
+    figures = check(s.store, s.log.history, topics=[TOPIC], dispatched=True, consumed=True)
+    record("torn newest commit_log checkpoint, moved aside at open", figures, open_s=round(open_s, 3))
+    figures.assert_ok()
+    quarantined = sorted(p.name.split(".", 1)[0] for p in (checkpoint.parent / QUARANTINE_DIR).iterdir())
+    assert quarantined == sorted([checkpoint.name[:20], "_last_checkpoint"])
+
+
 # ----------------------------------------------------------------------------- earlier damage
 @pytest.mark.parametrize("last_torn_too", [False, True], ids=["earlier-only", "earlier-and-last"])
 def test_a_damaged_earlier_commit_is_a_typed_error_naming_the_file_and_nothing_is_moved(

@@ -203,7 +203,7 @@ def test_a_commit_log_write_refused_by_the_filesystem_surfaces_typed_and_acknowl
         figures,
         failed_sends=len(failed),
         typed_errors=sum(type(e) is StoreError for e in errors),
-        orphan_data_files=len(orphans),  # written before the refused commit; vacuum removes them
+        orphan_data_files=len(orphans),  # written before the refused commit; never read, kept by vacuum
     )
     figures.assert_ok()
     assert failed and not failed & set(s.stored_ids())  # a failed send is in no commit

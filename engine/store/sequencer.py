@@ -6,11 +6,21 @@ stamps its batch from the marks of the version it read, then commits exactly the
 automatic retries disabled. If another writer took that version, it catches up from the newer
 commit's marks and stamps again. The Delta log is the lock: no offset is assigned twice and queue
 offsets stay dense, however many processes append.
+
+On a local store, writers of one host also queue on an advisory lock (``flock`` on
+``<store>/_locks/commit_log.lock``) held from catch-up to commit, so they take turns instead of
+racing: a lost race costs a rewritten data file and a snapshot refresh, and under contention the
+writer that just won (its snapshot current) tends to win again, starving the others. The lock is
+only an optimization: the optimistic protocol above stays the correctness mechanism (writers on
+other hosts or object stores, maintenance commits, and writers with the lock turned off with
+``MQ_SEQUENCER_LOCK=0`` still race and retry). The kernel drops a dead process's lock at once.
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import random
 import threading
 import time
@@ -23,7 +33,14 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import CommitProperties, DeltaTable, Transaction, WriterProperties, write_deltalake
+from deltalake import (
+    CommitProperties,
+    DeltaTable,
+    PostCommitHookProperties,
+    Transaction,
+    WriterProperties,
+    write_deltalake,
+)
 from deltalake.exceptions import CommitFailedError, DeltaError
 
 from engine.errors import CommitConflictError, CommitStateUnknownError, StoreError
@@ -131,6 +148,10 @@ def recover_hwm_by_scan(dt: DeltaTable) -> HighWaterMarks:
 # Small row groups let a pull read a few hundred rows instead of a whole micro-batch file.
 COMMIT_LOG_ROW_GROUP_ROWS = 256
 _WRITER_PROPERTIES = WriterProperties(max_row_group_size=COMMIT_LOG_ROW_GROUP_ROWS)
+# Checkpoints are written after the host lock is released (see CommitLogWriter.append): a
+# checkpoint of a table of many small files takes longer than the commit it follows.
+_NO_HOOKS = PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
+DEFAULT_CHECKPOINT_INTERVAL = 100  # Delta's default delta.checkpointInterval
 
 _OFFSET_FREE = [
     f
@@ -322,17 +343,76 @@ def _recorded(dt: DeltaTable, app_id: str) -> int:
     return -1 if version is None else int(version)
 
 
+LOCK_ENV = "MQ_SEQUENCER_LOCK"
+LOCK_DIR = "_locks"
+
+
+def host_lock_enabled() -> bool:
+    """Whether writers take the inter-process lock (``MQ_SEQUENCER_LOCK``, default on; ``0`` off)."""
+    return os.environ.get(LOCK_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+class HostLock:
+    """An advisory inter-process lock on a local file (``flock``), re-entrant for nobody.
+
+    Blocking ``flock`` lets the kernel queue the waiters: they are woken when the holder lets go,
+    so writers take turns instead of polling. A process that dies holding it releases it at once.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def _open(self) -> int:
+        if self._fd is None:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        return self._fd
+
+    def acquire(self) -> bool:
+        """Wait for the lock; False (and no lock) when the lock file cannot be used."""
+        try:
+            fcntl.flock(self._open(), fcntl.LOCK_EX)
+        except OSError:
+            self.close()
+            return False
+        return True
+
+    def release(self) -> None:
+        if self._fd is not None:
+            fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            fd, self._fd = self._fd, None
+            os.close(fd)
+
+
 class CommitLogWriter:
     """Appends batches to ``commit_log`` with sequenced offsets; one per process is enough.
 
-    Thread-safe: batches from several threads are committed one after another.
+    Thread-safe: batches from several threads are committed one after another. On a local store,
+    writers of the host take turns on :class:`HostLock` (see the module docstring).
+
+    Args:
+        store: the store to append to.
+        host_lock: take the inter-process lock around each append (local stores only); default
+            ``MQ_SEQUENCER_LOCK`` (on unless ``0``).
     """
 
-    def __init__(self, store: Store) -> None:
+    def __init__(self, store: Store, *, host_lock: bool | None = None) -> None:
         self._store = store
         self._dt: DeltaTable | None = None
         self._hwm: HighWaterMarks | None = None
         self._lock = threading.Lock()
+        use_lock = host_lock_enabled() if host_lock is None else host_lock
+        self._host_lock = (
+            HostLock(os.path.join(store.root, LOCK_DIR, f"{schemas.COMMIT_LOG}.lock"))
+            if use_lock and store.is_local
+            else None
+        )
+        self._log_dir = os.path.join(store.uri(schemas.COMMIT_LOG), "_delta_log") if store.is_local else None
+        self._interval: int | None = None
         self.conflicts = 0  # lost races, for benchmarks and tests
 
     def _catch_up(self) -> tuple[DeltaTable, HighWaterMarks]:
@@ -342,6 +422,15 @@ class CommitLogWriter:
             self._dt.update_incremental()
         self._hwm = read_hwm(self._dt)
         return self._dt, self._hwm
+
+    def _behind(self) -> bool:
+        """Whether a newer commit than our snapshot exists: a file probe on local stores, so a
+        writer that is behind catches up before stamping instead of writing a doomed file."""
+        if self._dt is None or self._hwm is None:
+            return True
+        if self._log_dir is None:
+            return False  # an object store: find out by committing (a conflict catches up)
+        return os.path.exists(os.path.join(self._log_dir, f"{int(self._dt.version()) + 1:020d}.json"))
 
     def append(
         self,
@@ -368,67 +457,110 @@ class CommitLogWriter:
         batch = messages if isinstance(messages, PendingBatch) else PendingBatch.of(messages)
         if not batch.num_rows and not app_transactions:
             return []
-        txns = dict(app_transactions or {})
+        with self._lock:
+            host_lock = self._host_lock
+            if host_lock is not None and not host_lock.acquire():
+                host_lock = self._host_lock = None  # unusable lock file: optimistic only
+            try:
+                if self._behind():
+                    self._catch_up()
+                stamped = self._append_locked(batch, dict(app_transactions or {}), custom_metadata)
+            finally:
+                if host_lock is not None:
+                    host_lock.release()
+            if stamped:
+                self._checkpoint_if_due(stamped[0].version)
+            return stamped
+
+    def _checkpoint_if_due(self, version: int) -> None:
+        """Write the checkpoint Delta's post-commit hook would have written at ``version``.
+
+        Best effort: a checkpoint only speeds up loading the table; a missed one is taken at the
+        next interval (or by the maintenance job).
+        """
+        dt = self._dt
+        if (
+            dt is None
+            or version <= 0
+            or version % self._checkpoint_interval(dt)
+            or int(dt.version()) != version
+        ):
+            return
+        try:
+            dt.create_checkpoint()
+            if dt.metadata().configuration.get("delta.enableExpiredLogCleanup", "true").lower() != "false":
+                dt.cleanup_metadata()
+        except (DeltaError, OSError):
+            pass
+
+    def _checkpoint_interval(self, dt: DeltaTable) -> int:
+        if self._interval is None:
+            raw = dt.metadata().configuration.get("delta.checkpointInterval")
+            try:
+                self._interval = max(1, int(raw)) if raw else DEFAULT_CHECKPOINT_INTERVAL
+            except ValueError:
+                self._interval = DEFAULT_CHECKPOINT_INTERVAL
+        return self._interval
+
+    def _append_locked(
+        self, batch: PendingBatch, txns: dict[str, int], custom_metadata: Mapping[str, str] | None
+    ) -> list[Stamped]:
+        assert self._dt is not None and self._hwm is not None
         store_id = self._store.store_id
         attempts = self._store.config.max_commit_attempts
         batch_id = uuid.uuid4().hex
-        with self._lock:
-            if self._dt is None or self._hwm is None:
+        for attempt in range(attempts):
+            dt, hwm = self._dt, self._hwm
+            base_version = int(dt.version())
+            if any(_recorded(dt, app) >= v for app, v in txns.items()):
+                return []
+            table, results, after = stamp(batch, hwm, store_id, now_ms())
+            try:
+                write_deltalake(
+                    dt,
+                    table,
+                    mode="append",
+                    commit_properties=CommitProperties(
+                        custom_metadata={
+                            **(custom_metadata or {}),
+                            HWM_KEY: after.to_json(),
+                            BATCH_KEY: batch_id,
+                        },
+                        max_commit_retries=0,
+                        app_transactions=[Transaction(app, v) for app, v in txns.items()] or None,
+                    ),
+                    writer_properties=_WRITER_PROPERTIES,
+                    post_commithook_properties=_NO_HOOKS,
+                )
+            except CommitFailedError:
+                self.conflicts += 1
                 self._catch_up()
-            assert self._dt is not None and self._hwm is not None
-            for attempt in range(attempts):
-                dt, hwm = self._dt, self._hwm
-                base_version = int(dt.version())
-                if any(_recorded(dt, app) >= v for app, v in txns.items()):
-                    return []
-                table, results, after = stamp(batch, hwm, store_id, now_ms())
-                try:
-                    write_deltalake(
-                        dt,
-                        table,
-                        mode="append",
-                        commit_properties=CommitProperties(
-                            custom_metadata={
-                                **(custom_metadata or {}),
-                                HWM_KEY: after.to_json(),
-                                BATCH_KEY: batch_id,
-                            },
-                            max_commit_retries=0,
-                            app_transactions=[Transaction(app, v) for app, v in txns.items()] or None,
-                        ),
-                        writer_properties=_WRITER_PROPERTIES,
-                    )
-                except CommitFailedError:
-                    self.conflicts += 1
-                    self._catch_up()
-                    # Jittered backoff keeps colliding writers from colliding again in lockstep.
-                    time.sleep(random.uniform(0, min(0.05, 0.001 * (2 ** min(attempt, 6)))))
-                    continue
-                except (DeltaError, OSError) as exc:
-                    # Whatever happened, the handle and the marks may be behind the log now (a
-                    # commit that landed unseen moved it on): catch up before the next batch.
+                # Jittered backoff keeps colliding writers from colliding again in lockstep.
+                time.sleep(random.uniform(0, min(0.05, 0.001 * (2 ** min(attempt, 6)))))
+                continue
+            except (DeltaError, OSError) as exc:
+                committed = self._find_batch(batch_id, base_version)
+                if committed is None:
                     self._dt = None
-                    committed = self._find_batch(batch_id, base_version)
-                    if committed is None:
-                        raise StoreError(
-                            f"commit-log write failed, nothing was stored: {exc}",
-                            table="commit_log",
-                            cause=exc,
-                        ) from exc
-                    version = committed
-                else:
-                    version = int(dt.version())
-                    if version != base_version + 1:  # pragma: no cover - delta-rs contract
-                        self._dt = None
-                        raise CommitStateUnknownError(
-                            f"commit landed at version {version}, expected {base_version + 1}",
-                            table="commit_log",
-                        )
-                self._hwm = after
-                return results.at(version)
-            raise CommitConflictError(
-                f"commit-log append lost {attempts} races in a row; retry later", table="commit_log"
-            )
+                    raise StoreError(
+                        f"commit-log write failed, nothing was stored: {exc}",
+                        table="commit_log",
+                        cause=exc,
+                    ) from exc
+                version = committed
+            else:
+                version = int(dt.version())
+                if version != base_version + 1:  # pragma: no cover - delta-rs contract
+                    self._dt = None
+                    raise CommitStateUnknownError(
+                        f"commit landed at version {version}, expected {base_version + 1}",
+                        table="commit_log",
+                    )
+            self._hwm = after
+            return results.at(version)
+        raise CommitConflictError(
+            f"commit-log append lost {attempts} races in a row; retry later", table="commit_log"
+        )
 
     def _find_batch(self, batch_id: str, base_version: int) -> int | None:
         """After an I/O error, tell whether our commit happened after all."""

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 import engine.store.sequencer as sequencer
@@ -71,15 +71,14 @@ def test_writer_that_loses_the_race_to_commit_restamps(
     # our catch-up and our commit: we lose the race, catch up and stamp again.
     a, rival = CommitLogWriter(store, host_lock=host_lock), CommitLogWriter(store, host_lock=False)
     a.append([_pending(topic, 0, b"a0")])
-    real_write = sequencer.write_deltalake
-    raced = []
+    raced: list[bool] = []
 
     def rival_commits_first(*args: Any, **kwargs: Any) -> None:
         if not raced:
             raced.append(True)
-            monkeypatch.setattr(sequencer, "write_deltalake", real_write)
+            monkeypatch.setattr(sequencer, "write_deltalake", write_deltalake)
             rival.append([_pending(topic, 0, b"rival")])
-        real_write(*args, **kwargs)
+        write_deltalake(*args, **kwargs)
 
     monkeypatch.setattr(sequencer, "write_deltalake", rival_commits_first)
     [stamped] = a.append([_pending(topic, 0, b"a1")])

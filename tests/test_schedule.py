@@ -192,6 +192,23 @@ def test_the_timer_state_is_found_after_many_later_commits_and_restated(store: S
     }
 
 
+def test_the_timer_state_commit_is_found_by_its_own_version_on_a_handle_behind_the_log(
+    store: Store, topic: str
+) -> None:
+    producer = Producer(store)
+    base = now_ms()
+    producer.send(Message(topic, b"long", deliver_at_ms=base + 3_600_000), queue_id=0)
+    producer.send(Message(topic, b"short", deliver_at_ms=base + 1_000), queue_id=0)
+    assert deliver(store, base + 1_000) == 1
+    stale = store.open_table(schemas.COMMIT_LOG)
+    state_version = int(stale.version())  # the delivery commit holds the timer state
+    for i in range(5):  # the log moves on; the handle stays behind
+        producer.send(Message(topic, f"plain{i}".encode()))
+    assert store.open_table(schemas.COMMIT_LOG).version() == state_version + 5
+    state = Scheduler(store)._read_state(stale)
+    assert state.version == state_version and state.timer_runs
+
+
 # ----------------------------------------------------------------- exactly once
 def test_deliver_due_twice_delivers_once(store: Store, topic: str) -> None:
     producer = Producer(store)

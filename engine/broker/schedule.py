@@ -69,6 +69,7 @@ from engine.protocol import (
     SCHEDULE_TOPIC,
 )
 from engine.store import schemas
+from engine.store.marks import find_commit_value
 from engine.store.queues import QueueIndex
 from engine.store.sequencer import CommitLogWriter, PendingMessage
 from engine.store.store import Store
@@ -204,26 +205,22 @@ def _txn(dt: DeltaTable, app_id: str) -> int:
 
 
 def _find_state_commit(dt: DeltaTable, seq: int) -> tuple[int, tuple[Run, ...]]:
-    depth = 16
-    while True:
-        history = dt.history(depth)
-        for info in history:
-            raw = info.get(STATE_KEY)
-            if raw is None:
-                continue
-            data = json.loads(str(raw))
-            if int(data.get("seq", -2)) == seq:
-                runs = tuple((int(lo), int(hi)) for lo, hi in data.get("timer", []))
-                return int(info["version"]), runs
-        if len(history) < depth:
-            break
-        depth *= 4
-    raise StoreError(
-        f"the schedule's state commit (seq {seq}) is no longer in the commit-log history; refusing "
-        "to deliver timers that may have been delivered already",
-        table=schemas.COMMIT_LOG,
-        seq=seq,
-    )
+    """The version of the commit holding the schedule state ``seq``, and its timer runs."""
+
+    def has_seq(raw: str) -> bool:
+        return int(json.loads(raw).get("seq", -2)) == seq
+
+    found = find_commit_value(dt, STATE_KEY, has_seq, walk_back=None)
+    if found is None:
+        raise StoreError(
+            f"the schedule's state commit (seq {seq}) is no longer in the commit-log history; refusing "
+            "to deliver timers that may have been delivered already",
+            table=schemas.COMMIT_LOG,
+            seq=seq,
+        )
+    version, raw = found
+    runs = tuple((int(lo), int(hi)) for lo, hi in json.loads(raw).get("timer", []))
+    return version, runs
 
 
 def schedule_progress(store: Store) -> dict[int, int]:

@@ -49,6 +49,7 @@ from engine.protocol import (
     TRANS_OP_HALF_TOPIC,
 )
 from engine.store import schemas
+from engine.store.marks import latest_commit_value
 from engine.store.sequencer import CommitLogWriter, PendingMessage, Stamped
 from engine.store.store import Store, sql_literal
 from engine.store.store import now_ms as _clock_ms
@@ -364,17 +365,8 @@ def end_transaction(
 
 def check_floor(store: Store) -> int:
     """Physical offset below which every half message is decided (0 before the first check run)."""
-    dt = store.table(schemas.TRANSACTIONS)
-    depth = 8
-    while depth <= 1024:
-        history = dt.history(depth)
-        for info in history:
-            if FLOOR_KEY in info:
-                return int(json.loads(str(info[FLOOR_KEY])))
-        if len(history) < depth:
-            break
-        depth *= 4
-    return 0
+    raw = latest_commit_value(store.table(schemas.TRANSACTIONS), FLOOR_KEY)
+    return 0 if raw is None else int(json.loads(raw))
 
 
 def undecided_halves(store: Store, *, floor: int | None = None) -> tuple[list[HalfMessage], int]:

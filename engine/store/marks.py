@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,16 +26,34 @@ def latest_commit_value(dt: DeltaTable, key: str) -> str | None:
     the log lists the newest commits under older version numbers, which would let a reader see marks
     ahead of the files it has. Returns None when no commit left in the log carries the key.
     """
+    found = find_commit_value(dt, key)
+    return None if found is None else found[1]
+
+
+def find_commit_value(
+    dt: DeltaTable,
+    key: str,
+    accept: Callable[[str], bool] | None = None,
+    walk_back: int | None = MAX_WALK_BACK,
+) -> tuple[int, str] | None:
+    """``(version, value)`` of the newest commit at or before ``dt``'s version whose commitInfo has
+    ``key`` (with a value ``accept`` takes, when given), read by exact version as
+    :func:`latest_commit_value` does.
+
+    ``walk_back`` bounds the commits examined (None: back to the first one left in the log). Returns
+    None when no commit left in the log matches.
+    """
     version = int(dt.version())
     uri = dt.table_uri
     options = getattr(dt, "_storage_options", None)
-    for v in range(version, max(version - MAX_WALK_BACK, -1), -1):
+    stop = -1 if walk_back is None else max(version - walk_back, -1)
+    for v in range(version, stop, -1):
         try:
             info = read_version(uri, v, options).commit_info
         except StoreError:
             return None  # older commits were cleaned up after a checkpoint
-        if key in info:
-            return str(info[key])
+        if key in info and (accept is None or accept(str(info[key]))):
+            return v, str(info[key])
     return None
 
 

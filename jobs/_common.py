@@ -146,7 +146,7 @@ class StopSignal:
         self._previous.clear()
 
 
-def first_line(error: BaseException, limit: int = 500) -> str:
+def first_line(error: BaseException, limit: int | None = 500) -> str:
     """The first line of an error's message (its type when it has none), at most ``limit`` characters."""
     text = str(error).strip()
     return (text.splitlines()[0] if text else type(error).__name__)[:limit]
@@ -154,8 +154,7 @@ def first_line(error: BaseException, limit: int = 500) -> str:
 
 def fail(prog: str, error: BaseException, code: int = EXIT_USAGE) -> int:
     """Report an error as one line on stderr and return the exit code to use."""
-    message = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    print(f"{prog}: error: {message}", file=sys.stderr)
+    print(f"{prog}: error: {first_line(error, limit=None)}", file=sys.stderr)
     return code
 
 

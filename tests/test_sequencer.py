@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import shutil
 import threading
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
@@ -26,6 +28,7 @@ from engine.store.sequencer import (
     read_hwm,
     recover_hwm_by_scan,
 )
+from engine.store.store import TXN_RETENTION, now_ms
 from tests.helpers import versions
 
 
@@ -252,3 +255,44 @@ def test_app_transaction_makes_a_re_put_exactly_once(store: Store, topic: str) -
 def test_progress_only_commit_records_app_version(store: Store) -> None:
     assert CommitLogWriter(store).append([], app_transactions={"mq.job": 3}) == []
     assert DeltaTable(store.uri(schemas.COMMIT_LOG)).transaction_version("mq.job") == 3
+
+
+def _checkpoint_app_ids(uri: str) -> set[str]:
+    [checkpoint] = Path(uri, "_delta_log").glob("*.checkpoint.parquet")
+    return {t["appId"] for t in pq.read_table(checkpoint, columns=["txn"])["txn"].to_pylist() if t}
+
+
+def test_transaction_guards_expire_after_the_retention_and_progress_markers_never(
+    store: Store, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    uri = store.uri(schemas.COMMIT_LOG)
+    retention = DeltaTable(uri).metadata().configuration["delta.setTransactionRetentionDuration"]
+    assert retention == TXN_RETENTION == "interval 7 days"
+    writer = CommitLogWriter(store)
+    eight_days_ago = now_ms() - 8 * 24 * 3600 * 1000
+    with monkeypatch.context() as m:
+        m.setattr(sequencer, "now_ms", lambda: eight_days_ago)
+        writer.append([_pending(topic, 0, b"old decision")], app_transactions={"mq.tx.7": 0, "mq.job": 3})
+    assert writer.append([_pending(topic, 0, b"decision")], app_transactions={"mq.tx.9": 0})
+    # Within the retention a guard is exactly once: a second decider writes nothing.
+    assert (
+        CommitLogWriter(store).append([_pending(topic, 0, b"again")], app_transactions={"mq.tx.9": 0}) == []
+    )
+    fresh = DeltaTable(uri)
+    assert fresh.transaction_version("mq.tx.7") is None  # expired
+    assert fresh.transaction_version("mq.tx.9") == 0
+    assert fresh.transaction_version("mq.job") == 3  # a job's progress never expires
+    fresh.create_checkpoint()
+    assert _checkpoint_app_ids(uri) == {"mq.tx.9", "mq.job"}
+    assert DeltaTable(uri).transaction_version("mq.tx.7") is None
+    assert [r["body"] for r in _rows_with_versions(store)] == [b"old decision", b"decision"]
+
+
+def test_opening_an_older_store_adds_the_transaction_retention(tmp_path: Path) -> None:
+    root = tmp_path / "s"
+    Store.open(root)
+    shutil.rmtree(root / schemas.COMMIT_LOG)  # a commit log created before the property existed
+    DeltaTable.create(str(root / schemas.COMMIT_LOG), schemas.COMMIT_LOG_SCHEMA)
+    store = Store.open(root)
+    config = DeltaTable(store.uri(schemas.COMMIT_LOG)).metadata().configuration
+    assert config["delta.setTransactionRetentionDuration"] == TXN_RETENTION

@@ -52,6 +52,12 @@ from engine.store.marks import latest_commit_value
 from engine.store.store import Store, now_ms
 
 HWM_KEY = "mq.hwm"
+# App transactions whose ids start with this are one-shot guards (a transaction's decision,
+# ``mq.tx.<half offset>``): they carry ``lastUpdated`` and expire after the commit log's
+# ``delta.setTransactionRetentionDuration`` (:data:`engine.store.store.TXN_RETENTION`, 7 days).
+# Every other app id is a job's progress marker: it carries no ``lastUpdated`` and never expires,
+# because an expired marker would read as "nothing done yet" and make the job redo its history.
+EXPIRING_APP_PREFIX = "mq.tx."
 _NO_PROPERTIES: Mapping[str, str] = MappingProxyType({})
 BATCH_KEY = "mq.batch"
 
@@ -338,6 +344,13 @@ class _Results:
         ]
 
 
+def _transactions(txns: Mapping[str, int], now: int) -> list[Transaction] | None:
+    return [
+        Transaction(app, v, now) if app.startswith(EXPIRING_APP_PREFIX) else Transaction(app, v)
+        for app, v in txns.items()
+    ] or None
+
+
 def _recorded(dt: DeltaTable, app_id: str) -> int:
     version = dt.transaction_version(app_id)
     return -1 if version is None else int(version)
@@ -446,7 +459,9 @@ class CommitLogWriter:
             app_transactions: Delta app transactions (app id -> version) committed atomically with
                 the batch. A broker job re-putting messages passes its progress here; if the table
                 already records a version >= the one given for any app id (another instance, or a
-                replay, got there first), nothing is written and ``[]`` is returned.
+                replay, got there first), nothing is written and ``[]`` is returned. Ids starting
+                with :data:`EXPIRING_APP_PREFIX` expire after the table's transaction retention
+                (7 days): the guarantee holds within it. Other ids never expire.
             custom_metadata: extra commitInfo entries.
 
         Raises:
@@ -514,7 +529,8 @@ class CommitLogWriter:
             base_version = int(dt.version())
             if any(_recorded(dt, app) >= v for app, v in txns.items()):
                 return []
-            table, results, after = stamp(batch, hwm, store_id, now_ms())
+            now = now_ms()
+            table, results, after = stamp(batch, hwm, store_id, now)
             try:
                 write_deltalake(
                     dt,
@@ -527,7 +543,7 @@ class CommitLogWriter:
                             BATCH_KEY: batch_id,
                         },
                         max_commit_retries=0,
-                        app_transactions=[Transaction(app, v) for app, v in txns.items()] or None,
+                        app_transactions=_transactions(txns, now),
                     ),
                     writer_properties=_WRITER_PROPERTIES,
                     post_commithook_properties=_NO_HOOKS,

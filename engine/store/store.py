@@ -5,6 +5,7 @@ Only ``engine/store/`` talks to Delta. Every other layer asks the store for Arro
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -31,6 +32,16 @@ _STATS_COLUMNS: dict[str, int] = {
     schemas.COMMIT_LOG: 8,
     schemas.CONSUME_QUEUE: 8,
     schemas.INDEX: 8,
+}
+
+
+# App transactions on the commit log that carry ``lastUpdated`` (the sequencer stamps it on one-shot
+# guards only, see ``engine.store.sequencer.EXPIRING_APP_PREFIX``) are dropped by Delta readers and
+# checkpoints after this long, so the snapshot does not grow by one per transaction forever.
+TXN_RETENTION = "interval 7 days"
+# Table properties set at creation, and added to existing tables that lack them when a store opens.
+_TABLE_PROPERTIES: dict[str, dict[str, str]] = {
+    schemas.COMMIT_LOG: {"delta.setTransactionRetentionDuration": TXN_RETENTION},
 }
 
 
@@ -131,6 +142,7 @@ class Store:
             configuration: dict[str, str | None] = {}
             if name in _STATS_COLUMNS:
                 configuration["delta.dataSkippingNumIndexedCols"] = str(_STATS_COLUMNS[name])
+            configuration.update(_TABLE_PROPERTIES.get(name, {}))
             custom = {"mq.hwm": json.dumps({"p": 0, "t": 0, "q": {}})} if name == schemas.COMMIT_LOG else None
             try:
                 dt = DeltaTable.create(
@@ -154,6 +166,13 @@ class Store:
         missing = [f.name for f in schema if f.name not in existing]
         if missing:
             raise StoreError(f"table {uri} is not a {name} table: columns {missing} are missing", table=name)
+        wanted = {
+            k: v for k, v in _TABLE_PROPERTIES.get(name, {}).items() if k not in dt.metadata().configuration
+        }
+        if wanted:  # a store created before the property was introduced
+            # Failing here means another process is changing the table; a later open tries again.
+            with contextlib.suppress(DeltaError, OSError):
+                dt.alter.set_table_properties(wanted)
 
     def _load_repaired(self, name: str, error: DeltaError) -> DeltaTable | None:
         """A table delta-rs cannot load: repair a torn last commit (see :mod:`engine.store.repair`)

@@ -555,9 +555,11 @@ class CommitLogWriter:
                 time.sleep(random.uniform(0, min(0.05, 0.001 * (2 ** min(attempt, 6)))))
                 continue
             except (DeltaError, OSError) as exc:
+                # Whatever happened, the handle and the marks may be behind the log now (a commit
+                # that landed unseen moved it on): catch up before the next batch.
+                self._dt = None
                 committed = self._find_batch(batch_id, base_version)
                 if committed is None:
-                    self._dt = None
                     raise StoreError(
                         f"commit-log write failed, nothing was stored: {exc}",
                         table="commit_log",

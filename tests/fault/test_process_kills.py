@@ -61,8 +61,34 @@ def _consumer(name: str, role: str, history_dir: Path, logs: Path, **options: ob
     return worker(name, role, logs, history=history_dir / f"{name}.jsonl", **options)
 
 
+def _await_dispatch(store: Store, dispatcher: Child, timeout: float) -> float:
+    """Wait until every committed commit-log version is dispatched; returns the seconds it took.
+
+    Fails at once with the dispatcher's stderr if it dies, and with its counters if it is too slow.
+    """
+    began = time.monotonic()
+    while not _all_dispatched(store):
+        assert dispatcher.alive(), (
+            f"{dispatcher.name} died ({dispatcher.popen.returncode}):\n{dispatcher.stderr()}"
+        )
+        if time.monotonic() - began > timeout:
+            latest, done = store.version(schemas.COMMIT_LOG), dispatched_version(store)
+            counters = dispatcher.stop() if dispatcher.name.startswith("dispatcher") else {}
+            raise AssertionError(
+                f"dispatch did not catch up in {timeout}s: commit_log version {latest}, dispatched "
+                f"through {done}, consume_queue version {store.version(schemas.CONSUME_QUEUE)}; "
+                f"{dispatcher.name}: {counters}\n{dispatcher.stderr()}"
+            )
+        time.sleep(0.05)
+    return time.monotonic() - began
+
+
 def _dispatched_past(store: Store, version: int) -> bool:
     return dispatched_version(store) > version
+
+
+def _any_received(history_files: list[Path]) -> bool:
+    return any(event_lines(path, "received") for path in history_files)
 
 
 def _has_events(history_file: Path, kind: str = "acknowledged") -> bool:
@@ -174,7 +200,7 @@ def test_dispatcher_killed_mid_batch_and_restarted_leaves_no_gap_and_no_duplicat
 
     # Restart after the last kill; recovery ends when every committed version is dispatched.
     last = worker("dispatcher-final", "dispatcher", logs, store=store.root, interval_ms=1)
-    recovery = wait_until(lambda: _all_dispatched(store), 120, "the restarted dispatcher to catch up")
+    recovery = _await_dispatch(store, last, 120)
     last.stop()
     history = History.load(history_dir)
     figures = check(store, history, topics=["DISPATCHED"], dispatched=True, recovery_s=recovery)
@@ -207,9 +233,7 @@ def test_spark_dispatch_job_killed_mid_stream_resumes_from_its_checkpoint(
     backlog = store.version(schemas.COMMIT_LOG) - dispatched_version(store)
 
     restarted = spawn("dispatch-job-restarted", ["jobs/dispatch.py", "--store", store.root], logs)
-    recovery = wait_until(
-        lambda: _all_dispatched(store), 180, "the restarted dispatch job to catch up", poll=0.1
-    )
+    recovery = _await_dispatch(store, restarted, 180)
     restarted.terminate(timeout=60)
     history = History.load(history_dir)
     figures = check(store, history, topics=["SPARKJOB"], dispatched=True, recovery_s=recovery)
@@ -330,14 +354,10 @@ def test_consumers_killed_at_random_moments_miss_no_message(
     topic = "RANDOMPULL" if role == "pull-consumer" else "RANDOMSIMPLE"
     admin.create_topic(topic, 2)
     logs = tmp_path / "logs"
-    _produce_in_process(store, topic, history_dir, 400)
-    options: dict[str, object] = {
-        "store": store.root,
-        "topic": topic,
-        "group": "rg",
-        "max_nums": 8,
-        "work_ms": 30,
-    }
+    _produce_in_process(store, topic, history_dir, 1000)
+    # Slow consumers (4 messages per receive, 50 ms of work before the ack): the kills find them busy.
+    options: dict[str, object] = {"store": store.root, "topic": topic, "group": "rg"}
+    slow = {"max_nums": 4, "work_ms": 50}
     if role == "simple-consumer":
         options["invisible_ms"] = 1500
     kills = 0
@@ -345,18 +365,20 @@ def test_consumers_killed_at_random_moments_miss_no_message(
     per_round = 2 if role == "simple-consumer" else 1
     for r in range(4):
         names = [f"c{r}{chr(97 + i)}" for i in range(per_round)]
-        children = [_consumer(n, role, history_dir, logs, consumer_id=n, idle_s=30, **options) for n in names]
-        for n in names:
-            wait_until(
-                functools.partial(_has_events, history_dir / f"{n}.jsonl", "received"), 60, "receiving"
-            )
+        children = [
+            _consumer(n, role, history_dir, logs, consumer_id=n, idle_s=30, **options, **slow) for n in names
+        ]
+        logs_of_round = [history_dir / f"{n}.jsonl" for n in names]
+        wait_until(functools.partial(_any_received, logs_of_round), 60, f"round {r} to receive")
         for child in children:
             time.sleep(rng.uniform(0.0, 0.5))
-            if child.alive():
-                child.kill()
-                kills += 1
+            assert child.alive(), f"{child.name} ended before it was killed:\n{child.stderr()}"
+            child.kill()
+            kills += 1
     restart = time.time()
-    last = _consumer("final", role, history_dir, logs, consumer_id="final", idle_s=3.0, **options)
+    last = _consumer(
+        "final", role, history_dir, logs, consumer_id="final", idle_s=3.0, max_nums=32, **options
+    )
     out = last.finish()
     history = History.load(history_dir)
     final_events = _received_events(history_dir / "final.jsonl")
@@ -428,7 +450,7 @@ def test_compaction_in_a_loop_during_appends_and_pulls_changes_nothing_consumers
     )
     for p in producers:
         p.finish(timeout=180)
-    wait_until(lambda: _all_dispatched(store), 120, "dispatch to catch up")
+    _await_dispatch(store, dispatcher, 120)
     dispatcher.stop()
     pulled = consumer.finish(timeout=180)
     maintained = maintainer.stop()
@@ -493,7 +515,7 @@ def test_maintenance_killed_mid_compaction_and_restarted_loses_and_duplicates_no
         kills += 1
     producer.stop()
     last = worker("maintainer-final", "maintainer", logs, store=store.root, interval_ms=20)
-    wait_until(lambda: _all_dispatched(store), 120, "dispatch to catch up")
+    _await_dispatch(store, dispatcher, 120)
     dispatcher.stop()
     pulled = consumer.finish(timeout=180)
     maintained = last.stop()

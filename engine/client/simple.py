@@ -70,6 +70,7 @@ from engine.errors import (
     CommitConflictError,
     ConsumerError,
     InvalidArgumentError,
+    InvalidTopicError,
     ProducerClosedError,
 )
 from engine.model import MessageExt
@@ -202,7 +203,13 @@ class SimpleConsumer:
             self._subscriptions[config.name] = tag_filter
 
     def unsubscribe(self, topic: str) -> None:
-        """Stop receiving ``topic`` (messages already received may still be acked)."""
+        """Stop receiving ``topic`` (messages already received may still be acked).
+
+        Raises:
+            InvalidTopicError: ``topic`` is not a string.
+        """
+        if not isinstance(topic, str):
+            raise InvalidTopicError(f"topic must be a non-empty string, got {topic!r}", topic=topic)
         with self._lock:
             self._subscriptions.pop(topic, None)
 

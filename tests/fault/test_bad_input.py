@@ -571,6 +571,7 @@ SIMPLE_CASES = [
         InvalidArgumentError,
         "empty tag",
     ),
+    Case("simple-unsubscribe-list", lambda e: e.simple.unsubscribe(["T"]), InvalidTopicError, "topic"),
     Case("simple-receive-unsubscribed", lambda e: simple(e).receive(), ConsumerError, "subscribe"),
     Case("simple-receive-max-0", lambda e: e.simple.receive(0), InvalidArgumentError, "max_nums"),
     Case("simple-receive-max-overflow", lambda e: e.simple.receive(2000), InvalidArgumentError, "max_nums"),

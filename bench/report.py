@@ -126,7 +126,17 @@ def _ratio_cell(workload: Mapping[str, Any], peer: str) -> str:
         return "—"
     if workload["kind"] == "rate":
         return f"{value:.0%}"
-    return f"{value:.1f}x"
+    return times(value)
+
+
+def times(value: float) -> str:
+    """A latency ratio (ours / peer) in words: ``3.2x slower``, ``14x faster``."""
+    if value <= 0:
+        return "—"
+    factor, word = (value, "slower") if value >= 1 else (1 / value, "faster")
+    if factor < 2:
+        return f"{factor:.2f}x {word}"
+    return f"{factor:.1f}x {word}" if factor < 10 else f"{factor:,.0f}x {word}"
 
 
 def _cell(measure: Mapping[str, Any] | None, key: str) -> str:
@@ -155,7 +165,7 @@ def workload_table(workload: Mapping[str, Any]) -> list[str]:
         keys = ("msg_s", "n", "seconds")
         sep = "|---|---:|---:|---:|---:|"
     else:
-        head = "| system | median (p50) | p99 | mean | samples | lakemq median vs this |"
+        head = "| system | median (p50) | p99 | mean | samples | lakemq (median) vs this |"
         keys = ("p50_ms", "p99_ms", "mean_ms", "n")
         sep = "|---|---:|---:|---:|---:|---:|"
     lines = [head, sep]
@@ -176,7 +186,7 @@ def workload_table(workload: Mapping[str, Any]) -> list[str]:
 def _how_ratios_read() -> str:
     return (
         "Ratios: for a throughput, lakemq's msg/s as a share of the peer's (100 % = as fast); for a latency, "
-        "lakemq's median over the peer's (3.0x = three times slower)."
+        "how many times slower or faster lakemq's median is than the peer's."
     )
 
 

@@ -77,6 +77,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--out", type=Path, default=ROOT / "bench" / "results" / "latest.json", help="JSON results"
     )
     parser.add_argument("--workdir", type=Path, default=None, help="parent of the temporary directory")
+    parser.add_argument(
+        "--render", type=Path, default=None, help="only write the report again from this JSON results file"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (debugging)")
     args = parser.parse_args(argv)
     known = {s[0] for s in STEPS}
@@ -101,6 +104,10 @@ def context_note(load: Sequence[float], cores: int | None) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.render is not None:
+        args.markdown.write_text(report.render(json.loads(args.render.read_text())) + "\n")
+        print(f"wrote {args.markdown} from {args.render}")
+        return 0
     sizes = Sizes.quick() if args.quick else Sizes()
     if args.messages is not None:
         sizes = dataclasses.replace(sizes, messages=args.messages)

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from bench.report import TARGETS, Condition, Target, evaluate, fmt_ms, render, workload_table
+from bench.report import TARGETS, Condition, Target, evaluate, fmt_ms, render, times, workload_table
 from bench.run import context_note, parse_args
 from bench.stats import latency, percentile, rate, ratio, timed_ms, unavailable
 from bench.workloads import BARE, OURS, REDIS
@@ -131,6 +131,12 @@ def test_workload_table_shows_ratios_and_unavailable_peers():
     assert lines[4] == "| Redis Streams | not available: redis-server missing |  |  | — |"
 
 
+def test_latency_ratios_read_as_slower_or_faster():
+    assert times(3.0) == "3.0x slower"
+    assert times(0.05) == "20x faster"
+    assert times(1.04) == "1.04x slower"
+
+
 def test_fmt_ms_keeps_the_precision_that_matters():
     assert fmt_ms(0.3456) == "0.35 ms"
     assert fmt_ms(12.34) == "12.3 ms"
@@ -166,7 +172,7 @@ def test_report_has_machine_targets_and_one_table_per_workload():
     assert "The machine was busy" in text
     assert f"**2 of {len(TARGETS)} targets met.**" in text
     assert "| batched produce, 1 KiB: >= 150k msg/s | 200,000 msg/s | 67% | — | **MET** |" in text
-    assert "| single synchronous send: p50 <= 30 ms | p50 40.0 ms | — | 400.0x | **NOT MET** |" in text
+    assert "| single synchronous send: p50 <= 30 ms | p50 40.0 ms | — | 400x slower | **NOT MET** |" in text
     assert text.count("### ") == 2
 
 

@@ -302,6 +302,12 @@ class UniqKeyGenerator:
         elapsed = int((time.time() - self._start) * 1000) & 0xFFFFFFFF
         return f"{self._prefix}{elapsed:08X}{counter:04X}"
 
+    def next_many(self, n: int) -> list[str]:
+        """``n`` ids at once (a batch send): one clock reading, consecutive counters."""
+        head = f"{self._prefix}{int((time.time() - self._start) * 1000) & 0xFFFFFFFF:08X}"
+        counter = self._counter
+        return [f"{head}{next(counter) & 0xFFFF:04X}" for _ in range(n)]
+
 
 def select_queue_by_hash(sharding_key: str, queues: int) -> int:
     """Stable queue for a sharding key (same key, same queue, across processes and runs)."""

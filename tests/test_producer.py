@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 import pytest
 
 from engine import (
@@ -12,11 +15,12 @@ from engine import (
     Message,
     Producer,
     ProducerClosedError,
+    SendResult,
     SendStatus,
     Store,
     TopicNotFoundError,
 )
-from engine.protocol import parse_msg_id, select_queue_by_hash
+from engine.protocol import parse_msg_id, record_size, select_queue_by_hash
 from tests.helpers import commit_log_rows, versions
 
 
@@ -136,3 +140,55 @@ def test_bad_queue_id_raises(store: Store, topic: str, queue_id: object) -> None
 def test_not_a_message_raises(store: Store, topic: str) -> None:
     with Producer(store) as p, pytest.raises(InvalidMessageError):
         p.send("hello")  # type: ignore[arg-type]
+
+
+def test_batch_results_are_ordinary_frozen_send_results(store: Store, topic: str) -> None:
+    with Producer(store) as p:
+        results = p.send_batch([Message(topic, f"m{i}".encode(), tags="A") for i in range(3)], queue_id=2)
+    rows: list[dict[str, Any]] = commit_log_rows(store)
+    expected = [
+        SendResult(
+            SendStatus.SEND_OK, r["msg_id"], r["uniq_key"], topic, 2, r["queue_offset"], r["physical_offset"]
+        )
+        for r in rows
+    ]
+    assert results == expected
+    assert [hash(r) for r in results] == [hash(e) for e in expected]
+    assert repr(results[0]) == repr(expected[0])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        results[0].queue_offset = 7  # type: ignore[misc]
+
+
+def test_batch_with_keys_and_properties_stores_them_per_message(store: Store, topic: str) -> None:
+    messages = [
+        Message(topic, b"plain", tags="A"),
+        Message(topic, b"keyed", keys=("k1", "k2")),
+        Message(topic, b"props", properties={"p": "v"}),
+    ]
+    with Producer(store) as p:
+        results = p.send_batch(messages, queue_id=0)
+    rows = commit_log_rows(store)
+    assert [r["body"] for r in rows] == [b"plain", b"keyed", b"props"]
+    assert [r["keys"] for r in rows] == [[], ["k1", "k2"], []]
+    assert [dict(r["properties"]) for r in rows] == [{}, {"KEYS": "k1 k2"}, {"p": "v"}]  # type: ignore[call-overload]
+    assert [r["size"] for r in rows] == [
+        record_size(topic, 5, {}),
+        record_size(topic, 5, {"KEYS": "k1 k2"}),
+        record_size(topic, 5, {"p": "v"}),
+    ]
+    assert [r.physical_offset for r in results] == [0, rows[0]["size"], rows[0]["size"] + rows[1]["size"]]  # type: ignore[operator]
+    assert [r.queue_offset for r in results] == [0, 1, 2]
+
+
+def test_async_results_match_the_stored_rows(store: Store, topic: str) -> None:
+    with Producer(store, linger_ms=50, batch_size=64) as p:
+        futures = [
+            p.send_async(Message(topic, f"{i}".encode(), tags="T"), queue_id=i % 2) for i in range(100)
+        ]
+        p.flush()
+    by_uniq = {r["uniq_key"]: r for r in commit_log_rows(store)}
+    for i, f in enumerate(futures):
+        r = f.result()
+        row = by_uniq[r.uniq_key]
+        assert (row["body"], row["queue_id"], row["msg_id"]) == (f"{i}".encode(), i % 2, r.msg_id)
+        assert (row["queue_offset"], row["physical_offset"]) == (r.queue_offset, r.physical_offset)

@@ -17,16 +17,21 @@ from deltalake.exceptions import CommitFailedError
 
 import engine.store.sequencer as sequencer
 from engine import CommitConflictError, Message, Producer, Store, StoreError
+from engine.model import SysFlag
+from engine.protocol import record_size, tags_code
 from engine.store import schemas
 from engine.store.log import read_versions
 from engine.store.sequencer import (
     LOCK_DIR,
     LOCK_ENV,
     CommitLogWriter,
+    HighWaterMarks,
     HostLock,
+    PendingBatch,
     PendingMessage,
     read_hwm,
     recover_hwm_by_scan,
+    stamp,
 )
 from engine.store.store import TXN_RETENTION, now_ms
 from tests.helpers import versions
@@ -296,3 +301,40 @@ def test_opening_an_older_store_adds_the_transaction_retention(tmp_path: Path) -
     store = Store.open(root)
     config = DeltaTable(store.uri(schemas.COMMIT_LOG)).metadata().configuration
     assert config["delta.setTransactionRetentionDuration"] == TXN_RETENTION
+
+
+def test_pending_batch_columns_match_each_message(topic: str) -> None:
+    messages = [
+        PendingMessage(topic, 1, b"plain", "u0", tags="A"),
+        PendingMessage(topic, 2, b"keyed", "u1", keys=("k",), properties={"KEYS": "k"}, born_ts_ms=5),
+        PendingMessage(
+            "SCHEDULE_TOPIC_XXXX", 2, b"later", "u2", delay_level=3, deliver_at_ms=99, tags_code=99
+        ),
+        PendingMessage(topic, 0, b"half", "u3", sys_flag=int(SysFlag.PREPARED), reconsume_times=2),
+    ]
+    batch = PendingBatch.of(messages)
+    rows = batch.columns.to_pylist()
+    assert [r["body"] for r in rows] == [m.body for m in messages]
+    assert [r["size"] for r in rows] == [record_size(m.topic, len(m.body), m.properties) for m in messages]
+    assert [r["tags_code"] for r in rows] == [tags_code("A"), 0, 99, 0]
+    assert [r["keys"] for r in rows] == [[], ["k"], [], []]
+    assert [dict(r["properties"]) for r in rows] == [{}, {"KEYS": "k"}, {}, {}]
+    assert [(r["delay_level"], r["deliver_at_ms"]) for r in rows] == [
+        (0, None),
+        (0, None),
+        (3, 99),
+        (0, None),
+    ]
+    assert [(r["sys_flag"], r["reconsume_times"]) for r in rows] == [
+        (0, 0),
+        (0, 0),
+        (0, 0),
+        (int(SysFlag.PREPARED), 2),
+    ]
+    assert batch.dispatched == [True, True, True, False]
+    table, results, after = stamp(batch, HighWaterMarks(), "AB" * 8, 1000)
+    assert table.schema == schemas.COMMIT_LOG_SCHEMA
+    assert table["born_ts_ms"].to_pylist() == [1000, 5, 1000, 1000]  # unset born times are the store time
+    assert results.queue_offsets == [0, 0, 0, -1]
+    assert results.uniq_keys == ["u0", "u1", "u2", "u3"]
+    assert after.queues == {topic: [0, 1, 1], "SCHEDULE_TOPIC_XXXX": [0, 0, 1]}

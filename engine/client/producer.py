@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import queue
 import threading
@@ -29,23 +30,45 @@ from engine.protocol import (
     validate_message_fields,
     validate_topic_name,
 )
-from engine.store.sequencer import CommitLogWriter, PendingBatch, PendingMessage, Stamped
+from engine.store.sequencer import CommitLogWriter, PendingBatch, PendingMessage, Stamped, StampedBatch
 from engine.store.store import Store, now_ms
 
 # Timer messages: how far ahead a deliver_at_ms may be (RocketMQ 5 default timerMaxDelaySec).
 MAX_TIMER_DELAY_MS = 7 * 24 * 3600 * 1000
 
 
-def _result(s: Stamped) -> SendResult:
-    return SendResult(
-        status=SendStatus.SEND_OK,
-        msg_id=s.msg_id,
-        uniq_key=s.uniq_key,
-        topic=s.topic,
-        queue_id=s.queue_id,
-        queue_offset=s.queue_offset,
-        physical_offset=s.physical_offset,
+_SEND_OK = SendStatus.SEND_OK
+# SendResult is a frozen dataclass: its __init__ sets every field through object.__setattr__, which
+# costs more than the rest of a batch send's Python work put together. Results of a batch fill the
+# instance dict directly, which is exactly what __init__ leaves behind (tests compare the two).
+_FILL_DICT = "__slots__" not in vars(SendResult)
+
+
+def _results(stamped: StampedBatch) -> list[SendResult]:
+    """One :class:`SendResult` per message of a committed batch, in input order."""
+    rows = zip(
+        stamped.msg_ids,
+        stamped.uniq_keys,
+        stamped.topics,
+        stamped.queue_ids,
+        stamped.queue_offsets,
+        stamped.physical,
+        strict=True,
     )
+    if not _FILL_DICT:  # pragma: no cover - a SendResult with slots
+        return [SendResult(_SEND_OK, m, u, t, q, o, p) for m, u, t, q, o, p in rows]
+    new = object.__new__
+    out = []
+    for m, u, t, q, o, p in rows:
+        r = new(SendResult)
+        r.__dict__.update(
+            status=_SEND_OK, msg_id=m, uniq_key=u, topic=t, queue_id=q, queue_offset=o, physical_offset=p
+        )
+        out.append(r)
+    return out
+
+
+_valid_topic_name = functools.lru_cache(maxsize=1024)(is_valid_topic_name)
 
 
 def _is_plain(m: Message) -> bool:
@@ -60,8 +83,28 @@ def _is_plain(m: Message) -> bool:
         and not m.properties
         and m.deliver_at_ms is None
         and type(m.topic) is str
-        and is_valid_topic_name(m.topic)
+        and _valid_topic_name(m.topic)
     )
+
+
+def _plain_batch(messages: Sequence[object], topic: str) -> bool:
+    """Every item a plain :class:`Message` (see :func:`_is_plain`) of ``topic``, a valid name: the
+    batch needs no further checks. One pass, no call per message."""
+    for m in messages:
+        if type(m) is not Message:
+            return False
+        body, tag, name = m.body, m.tags, m.topic
+        if (
+            (name is not topic and (type(name) is not str or name != topic))
+            or type(body) is not bytes
+            or not 0 < len(body) <= MAX_BODY_BYTES
+            or m.keys
+            or m.properties
+            or m.deliver_at_ms is not None
+            or (tag is not None and (type(tag) is not str or tag == "" or "||" in tag))
+        ):
+            return False
+    return True
 
 
 class Producer:
@@ -113,9 +156,9 @@ class Producer:
             if not isinstance(sharding_key, str) or not sharding_key:
                 raise InvalidArgumentError("sharding_key must be a non-empty string", topic=topic)
             return select_queue_by_hash(sharding_key, queues)
-        with self._rr_lock:
-            counter = self._round_robin.setdefault(topic, itertools.count())
-            return next(counter) % queues
+        # dict.setdefault and next() on a count are atomic under the GIL: no lock on the hot path.
+        counter = self._round_robin.get(topic) or self._round_robin.setdefault(topic, itertools.count())
+        return next(counter) % queues
 
     def _prepare(
         self,
@@ -128,7 +171,8 @@ class Producer:
     ) -> PendingMessage:
         if not isinstance(message, Message):
             raise InvalidMessageError(f"expected engine.Message, got {type(message).__name__}")
-        if not _is_plain(message):  # the full check names what is wrong
+        plain = _is_plain(message)
+        if not plain:  # the full check names what is wrong
             validate_message_fields(
                 message.topic,
                 message.body,
@@ -148,6 +192,10 @@ class Producer:
             )
         validate_delay_level(delay_level)
         qid = self._choose_queue(topic.name, topic.queues, queue_id, sharding_key)
+        if plain and not delay_level:
+            return PendingMessage(
+                topic.name, qid, message.body, self._ids.next(), message.tags, born_ts_ms=now_ms()
+            )
         props = dict(message.properties)
         keys = tuple(message.keys)
         if keys:
@@ -228,7 +276,7 @@ class Producer:
         """
         self._check_open()
         pending = self._prepare(message, queue_id, sharding_key, delay_level)
-        return _result(self._writer.append([pending])[0])
+        return _results(self._writer.append_batch([pending]))[0]
 
     def send_batch(self, messages: Sequence[Message], queue_id: int | None = None) -> list[SendResult]:
         """Send several messages of one topic in one Delta commit; results in input order.
@@ -244,6 +292,14 @@ class Producer:
             raise InvalidMessageError("send_batch takes a sequence of Message")
         if not messages:
             return []
+        first = messages[0]
+        if (
+            type(first) is Message
+            and type(first.topic) is str
+            and _valid_topic_name(first.topic)
+            and _plain_batch(messages, first.topic)
+        ):
+            return self._send_plain_batch(first.topic, messages, queue_id)
         if not all(isinstance(m, Message) for m in messages):
             kinds = sorted({type(m).__name__ for m in messages})
             raise InvalidMessageError(
@@ -263,17 +319,7 @@ class Producer:
         limit = self._store.config.max_batch_bytes
         if total > limit:
             raise InvalidMessageError(f"batch bodies total {total} bytes; at most {limit} are allowed")
-        topic_name = first_topic
-        if is_system_topic(topic_name):
-            raise InvalidMessageError(
-                f"topic {topic_name!r} is a system topic; producers cannot send to it", topic=topic_name
-            )
-        topic = self._store.topic(topic_name)
-        if not topic.perm & 2:
-            raise InvalidMessageError(
-                f"topic {topic.name!r} is not writable (perm {topic.perm})", topic=topic.name
-            )
-        qid = self._choose_queue(topic.name, topic.queues, queue_id, None)
+        qid, topic_name = self._batch_queue(first_topic, queue_id)
         bodies: list[bytes] = []
         tags: list[str | None] = []
         keys: list[list[str]] = []
@@ -287,9 +333,36 @@ class Producer:
                 props.append([*m.properties.items(), (PROPERTY_KEYS, " ".join(key_list))])
             else:
                 props.append(list(m.properties.items()) if m.properties else [])
-        uniq = [self._ids.next() for _ in range(len(bodies))]
-        batch = PendingBatch.single_queue(topic.name, qid, bodies, uniq, tags, keys, props, now_ms())
-        return [_result(s) for s in self._writer.append(batch)]
+        uniq = self._ids.next_many(len(bodies))
+        batch = PendingBatch.single_queue(topic_name, qid, bodies, uniq, tags, keys, props, now_ms())
+        return _results(self._writer.append_batch(batch))
+
+    def _batch_queue(self, topic_name: str, queue_id: int | None) -> tuple[int, str]:
+        if is_system_topic(topic_name):
+            raise InvalidMessageError(
+                f"topic {topic_name!r} is a system topic; producers cannot send to it", topic=topic_name
+            )
+        topic = self._store.topic(topic_name)
+        if not topic.perm & 2:
+            raise InvalidMessageError(
+                f"topic {topic.name!r} is not writable (perm {topic.perm})", topic=topic.name
+            )
+        return self._choose_queue(topic.name, topic.queues, queue_id, None), topic.name
+
+    def _send_plain_batch(
+        self, topic_name: str, messages: Sequence[Message], queue_id: int | None
+    ) -> list[SendResult]:
+        """:meth:`send_batch` of plain messages (checked by :func:`_plain_batch`): columns at once."""
+        bodies = [m.body for m in messages]
+        total = sum(map(len, bodies))
+        limit = self._store.config.max_batch_bytes
+        if total > limit:
+            raise InvalidMessageError(f"batch bodies total {total} bytes; at most {limit} are allowed")
+        qid, name = self._batch_queue(topic_name, queue_id)
+        tags = [m.tags for m in messages]
+        uniq = self._ids.next_many(len(bodies))
+        batch = PendingBatch.single_queue(name, qid, bodies, uniq, tags, None, None, now_ms())
+        return _results(self._writer.append_batch(batch))
 
     def send_async(
         self, message: Message, queue_id: int | None = None, sharding_key: str | None = None
@@ -345,7 +418,7 @@ class Producer:
 
     def _commit_async(self, batch: list[tuple[PendingMessage, Future[SendResult]]]) -> None:
         try:
-            stamped = self._writer.append([p for p, _ in batch])
+            results = _results(self._writer.append_batch([p for p, _ in batch]))
         except MQError as exc:
             for _, fut in batch:
                 fut.set_exception(exc)
@@ -354,10 +427,20 @@ class Producer:
             for _, fut in batch:
                 fut.set_exception(err)
         else:
-            for (_, fut), s in zip(batch, stamped, strict=True):
-                fut.set_result(_result(s))
-        for _ in batch:
-            self._pending.task_done()
+            for (_, fut), result in zip(batch, results, strict=True):
+                fut.set_result(result)
+        self._tasks_done(len(batch))
+
+    def _tasks_done(self, n: int) -> None:
+        """``task_done()`` ``n`` times under one lock acquisition (Queue's own counter and condition)."""
+        done = self._pending.all_tasks_done
+        with done:
+            unfinished = self._pending.unfinished_tasks - n
+            if unfinished < 0:  # pragma: no cover - as Queue.task_done
+                raise ValueError("task_done() called too many times")
+            self._pending.unfinished_tasks = unfinished
+            if unfinished == 0:
+                done.notify_all()
 
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every message given to :meth:`send_async` is committed or failed.

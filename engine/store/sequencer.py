@@ -18,6 +18,7 @@ other hosts or object stores, maintenance commits, and writers with the lock tur
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import json
 import os
@@ -167,6 +168,24 @@ _OFFSET_FREE = [
 _OFFSET_FREE_SCHEMA = pa.schema(_OFFSET_FREE)
 
 
+_EMPTY_STRINGS = pa.array([], pa.string())
+
+
+def _empty_lists(n: int) -> pa.Array:
+    """``n`` empty ``keys`` lists, without a Python list per row."""
+    return pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, dtype=np.int32)), _EMPTY_STRINGS)
+
+
+def _empty_maps(n: int) -> pa.Array:
+    """``n`` empty ``properties`` maps, without a Python list per row."""
+    return pa.MapArray.from_arrays(pa.array(np.zeros(n + 1, dtype=np.int32)), _EMPTY_STRINGS, _EMPTY_STRINGS)
+
+
+def _tags_codes(tags: Sequence[str | None]) -> list[int]:
+    codes = {t: tags_code(t) for t in set(tags)}  # a batch has few distinct tags
+    return [codes[t] for t in tags]
+
+
 @dataclass(frozen=True)
 class PendingBatch:
     """Messages waiting for offsets, in columns: the offset-free columns are built once per batch,
@@ -176,6 +195,8 @@ class PendingBatch:
     topics: list[str]
     queue_ids: list[int]
     dispatched: list[bool]
+    uniq_keys: list[str]
+    born_unset: bool = False  # some born_ts_ms are 0: stamped with the store time
 
     @property
     def num_rows(self) -> int:
@@ -184,32 +205,47 @@ class PendingBatch:
     @classmethod
     def of(cls, messages: Sequence[PendingMessage]) -> PendingBatch:
         n = len(messages)
-        topics = [m.topic for m in messages]
-        qids = [m.queue_id for m in messages]
-        sizes = [record_size(m.topic, len(m.body), m.properties) for m in messages]
+        if not n:
+            return cls(_OFFSET_FREE_SCHEMA.empty_table(), [], [], [], [])
+        # One transposition instead of a pass over the messages per column.
+        (topics, qids, bodies, uniq, tags, keys, props, born, flags, levels, deliver, reconsume, codes) = (
+            list(column) for column in zip(*messages, strict=True)
+        )
+        header = {t: record_size(t, 0, _NO_PROPERTIES) for t in set(topics)}
+        has_props = any(props)
+        if has_props:
+            sizes = [
+                record_size(t, len(b), p) if p else header[t] + len(b)
+                for t, b, p in zip(topics, bodies, props, strict=True)
+            ]
+        else:
+            sizes = [header[t] + len(b) for t, b in zip(topics, bodies, strict=True)]
+        if any(c is not None for c in codes):
+            tag_codes = [c if c is not None else tags_code(t) for c, t in zip(codes, tags, strict=True)]
+        else:
+            tag_codes = _tags_codes(tags)
         cols = {
             "topic": pa.array(topics, pa.string()),
             "queue_id": pa.array(qids, pa.int32()),
-            "uniq_key": pa.array([m.uniq_key for m in messages], pa.string()),
-            "tags": pa.array([m.tags for m in messages], pa.string()),
-            "tags_code": pa.array(
-                [m.tags_code if m.tags_code is not None else tags_code(m.tags) for m in messages], pa.int64()
+            "uniq_key": pa.array(uniq, pa.string()),
+            "tags": pa.array(tags, pa.string()),
+            "tags_code": pa.array(tag_codes, pa.int64()),
+            "keys": pa.array(keys, pa.list_(pa.string())) if any(keys) else _empty_lists(n),
+            "properties": (
+                pa.array([list(p.items()) for p in props], pa.map_(pa.string(), pa.string()))
+                if has_props
+                else _empty_maps(n)
             ),
-            "keys": pa.array([list(m.keys) for m in messages], pa.list_(pa.string())),
-            "properties": pa.array(
-                [list(m.properties.items()) for m in messages], pa.map_(pa.string(), pa.string())
-            ),
-            "body": pa.array([m.body for m in messages], pa.binary()),
+            "body": pa.array(bodies, pa.binary()),
             "size": pa.array(sizes, pa.int32()),
-            "born_ts_ms": pa.array([m.born_ts_ms for m in messages], pa.int64()),
-            "sys_flag": pa.array([m.sys_flag for m in messages], pa.int32()),
-            "delay_level": pa.array([m.delay_level for m in messages], pa.int32()),
-            "deliver_at_ms": pa.array([m.deliver_at_ms for m in messages], pa.int64()),
-            "reconsume_times": pa.array([m.reconsume_times for m in messages], pa.int32()),
+            "born_ts_ms": pa.array(born, pa.int64()),
+            "sys_flag": pa.array(flags, pa.int32()),
+            "delay_level": pa.array(levels, pa.int32()),
+            "deliver_at_ms": pa.array(deliver, pa.int64()),
+            "reconsume_times": pa.array(reconsume, pa.int32()),
         }
-        dispatched = [m.sys_flag not in UNDISPATCHED_FLAGS for m in messages]
-        assert len(dispatched) == n
-        return cls(pa.Table.from_pydict(cols, schema=_OFFSET_FREE_SCHEMA), topics, qids, dispatched)
+        dispatched = [f not in UNDISPATCHED_FLAGS for f in flags]
+        return cls(_offset_free_table(cols), topics, qids, dispatched, uniq, 0 in born)
 
     @classmethod
     def single_queue(
@@ -219,16 +255,19 @@ class PendingBatch:
         bodies: list[bytes],
         uniq_keys: list[str],
         tags: list[str | None],
-        keys: list[list[str]],
-        properties: list[list[tuple[str, str]]],
+        keys: list[list[str]] | None,
+        properties: list[list[tuple[str, str]]] | None,
         born_ts_ms: int,
     ) -> PendingBatch:
-        """A plain batch for one queue, built column by column (RocketMQ's batch send)."""
+        """A plain batch for one queue, built column by column (RocketMQ's batch send).
+
+        ``keys`` / ``properties`` of None mean no message has any.
+        """
         n = len(bodies)
         body_array = pa.array(bodies, pa.binary())
-        header = record_size(topic, 0, {})
+        header = record_size(topic, 0, _NO_PROPERTIES)
         sizes = pc.add(pc.binary_length(body_array).cast(pa.int64()), header)
-        if any(properties):
+        if properties is not None and any(properties):
             extra = [len("".join(f"{k}\x01{v}\x02" for k, v in p).encode()) for p in properties]
             sizes = pc.add(sizes, pa.array(extra, pa.int64()))
         zeros = pa.array(np.zeros(n, dtype=np.int32))
@@ -237,9 +276,13 @@ class PendingBatch:
             "queue_id": pa.array(np.full(n, queue_id, dtype=np.int32)),
             "uniq_key": pa.array(uniq_keys, pa.string()),
             "tags": pa.array(tags, pa.string()),
-            "tags_code": pa.array([tags_code(t) for t in tags], pa.int64()),
-            "keys": pa.array(keys, pa.list_(pa.string())),
-            "properties": pa.array(properties, pa.map_(pa.string(), pa.string())),
+            "tags_code": pa.array(_tags_codes(tags), pa.int64()),
+            "keys": pa.array(keys, pa.list_(pa.string())) if keys is not None else _empty_lists(n),
+            "properties": (
+                pa.array(properties, pa.map_(pa.string(), pa.string()))
+                if properties is not None
+                else _empty_maps(n)
+            ),
             "body": body_array,
             "size": sizes.cast(pa.int32()),
             "born_ts_ms": pa.array(np.full(n, born_ts_ms, dtype=np.int64)),
@@ -248,13 +291,18 @@ class PendingBatch:
             "deliver_at_ms": pa.nulls(n, pa.int64()),
             "reconsume_times": zeros,
         }
-        table = pa.Table.from_pydict(cols, schema=_OFFSET_FREE_SCHEMA)
-        return cls(table, [topic] * n, [queue_id] * n, [True] * n)
+        return cls(
+            _offset_free_table(cols), [topic] * n, [queue_id] * n, [True] * n, uniq_keys, born_ts_ms == 0
+        )
+
+
+def _offset_free_table(cols: dict[str, pa.Array]) -> pa.Table:
+    return pa.Table.from_arrays([cols[f.name] for f in _OFFSET_FREE], schema=_OFFSET_FREE_SCHEMA)
 
 
 def stamp(
     messages: Sequence[PendingMessage] | PendingBatch, hwm: HighWaterMarks, store_id: str, ts_ms: int
-) -> tuple[pa.Table, _Results, HighWaterMarks]:
+) -> tuple[pa.Table, StampedBatch, HighWaterMarks]:
     """Give each message its offsets, in order; returns the rows, the results and the new marks.
 
     Pure: the caller commits the rows and keeps the marks only if the commit wins. Columnar: this is
@@ -295,30 +343,29 @@ def stamp(
     prefix = store_id.upper()
     physical_list = physical.tolist()
     msg_ids = [f"{prefix}{p:016X}" for p in physical_list]
-    born = batch.columns["born_ts_ms"]
-    born = pc.if_else(pc.equal(born, 0), store_ts, born)
-    cols = batch.columns.set_column(batch.columns.schema.get_field_index("born_ts_ms"), "born_ts_ms", born)
-    table = (
-        pa.Table.from_pydict(
-            {
-                "physical_offset": pa.array(physical),
-                "queue_offset": pa.array(queue_offsets, pa.int64()),
-                "msg_id": pa.array(msg_ids, pa.string()),
-                "store_ts_ms": pa.array(np.full(n, store_ts, dtype=np.int64)),
-                **{name: cols[name] for name in cols.column_names},
-            }
-        )
-        .select(schemas.COMMIT_LOG_SCHEMA.names)
-        .cast(schemas.COMMIT_LOG_SCHEMA)
+    cols = batch.columns
+    born = cols["born_ts_ms"]
+    if batch.born_unset:
+        born = pc.if_else(pc.equal(born, 0), store_ts, born)
+    arrays = {
+        "physical_offset": pa.array(physical),
+        "queue_offset": pa.array(queue_offsets, pa.int64()),
+        "msg_id": pa.array(msg_ids, pa.string()),
+        "store_ts_ms": pa.array(np.full(n, store_ts, dtype=np.int64)),
+        "born_ts_ms": born,
+    }
+    table = pa.Table.from_arrays(
+        [arrays[name] if name in arrays else cols[name] for name in schemas.COMMIT_LOG_SCHEMA.names],
+        schema=schemas.COMMIT_LOG_SCHEMA,
     )
-    uniq = batch.columns["uniq_key"].to_pylist()
-    results = _Results(msg_ids, uniq, topics, qids, queue_offsets, physical_list, store_ts)
+    results = StampedBatch(msg_ids, batch.uniq_keys, topics, qids, queue_offsets, physical_list, store_ts)
     return table, results, after
 
 
 @dataclass(frozen=True)
-class _Results:
-    """Offsets of a stamped batch, turned into :class:`Stamped` once the commit's version is known."""
+class StampedBatch:
+    """Offsets given to a batch, in columns and input order; ``version`` is the commit's (-1 until
+    it is known). Cheaper than a :class:`Stamped` per message where a batch is turned into results."""
 
     msg_ids: list[str]
     uniq_keys: list[str]
@@ -327,9 +374,13 @@ class _Results:
     queue_offsets: list[int]
     physical: list[int]
     store_ts_ms: int
+    version: int = -1
 
-    def at(self, version: int) -> list[Stamped]:
-        ts = self.store_ts_ms
+    def __len__(self) -> int:
+        return len(self.msg_ids)
+
+    def rows(self) -> list[Stamped]:
+        ts, version = self.store_ts_ms, self.version
         return [
             Stamped(m, u, t, q, o, p, ts, version)
             for m, u, t, q, o, p in zip(
@@ -342,6 +393,9 @@ class _Results:
                 strict=True,
             )
         ]
+
+
+_NOTHING = StampedBatch([], [], [], [], [], [], 0)
 
 
 def _transactions(txns: Mapping[str, int], now: int) -> list[Transaction] | None:
@@ -454,12 +508,27 @@ class CommitLogWriter:
     ) -> list[Stamped]:
         """Commit a batch as exactly one new commit-log version; results in input order.
 
+        As :meth:`append_batch`, with one :class:`Stamped` per message.
+        """
+        return self.append_batch(
+            messages, app_transactions=app_transactions, custom_metadata=custom_metadata
+        ).rows()
+
+    def append_batch(
+        self,
+        messages: Sequence[PendingMessage] | PendingBatch,
+        *,
+        app_transactions: Mapping[str, int] | None = None,
+        custom_metadata: Mapping[str, str] | None = None,
+    ) -> StampedBatch:
+        """Commit a batch as exactly one new commit-log version; results in columns, input order.
+
         Args:
             messages: what to append.
             app_transactions: Delta app transactions (app id -> version) committed atomically with
                 the batch. A broker job re-putting messages passes its progress here; if the table
                 already records a version >= the one given for any app id (another instance, or a
-                replay, got there first), nothing is written and ``[]`` is returned. Ids starting
+                replay, got there first), nothing is written and an empty batch is returned. Ids starting
                 with :data:`EXPIRING_APP_PREFIX` expire after the table's transaction retention
                 (7 days): the guarantee holds within it. Other ids never expire.
             custom_metadata: extra commitInfo entries.
@@ -471,7 +540,7 @@ class CommitLogWriter:
         """
         batch = messages if isinstance(messages, PendingBatch) else PendingBatch.of(messages)
         if not batch.num_rows and not app_transactions:
-            return []
+            return _NOTHING
         with self._lock:
             host_lock = self._host_lock
             if host_lock is not None and not host_lock.acquire():
@@ -483,8 +552,8 @@ class CommitLogWriter:
             finally:
                 if host_lock is not None:
                     host_lock.release()
-            if stamped:
-                self._checkpoint_if_due(stamped[0].version)
+            if stamped.version >= 0:
+                self._checkpoint_if_due(stamped.version)
             return stamped
 
     def _checkpoint_if_due(self, version: int) -> None:
@@ -519,7 +588,7 @@ class CommitLogWriter:
 
     def _append_locked(
         self, batch: PendingBatch, txns: dict[str, int], custom_metadata: Mapping[str, str] | None
-    ) -> list[Stamped]:
+    ) -> StampedBatch:
         assert self._dt is not None and self._hwm is not None
         store_id = self._store.store_id
         attempts = self._store.config.max_commit_attempts
@@ -528,7 +597,7 @@ class CommitLogWriter:
             dt, hwm = self._dt, self._hwm
             base_version = int(dt.version())
             if any(_recorded(dt, app) >= v for app, v in txns.items()):
-                return []
+                return _NOTHING
             now = now_ms()
             table, results, after = stamp(batch, hwm, store_id, now)
             try:
@@ -575,7 +644,7 @@ class CommitLogWriter:
                         table="commit_log",
                     )
             self._hwm = after
-            return results.at(version)
+            return dataclasses.replace(results, version=version)
         raise CommitConflictError(
             f"commit-log append lost {attempts} races in a row; retry later", table="commit_log"
         )

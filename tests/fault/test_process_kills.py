@@ -26,7 +26,9 @@ import pytest
 from engine import Admin, Message, Producer, PullStatus, Store
 from engine.store import schemas
 from engine.store.dispatch import dispatch_pending, dispatched_version
+from engine.store.marks import queue_marks
 from engine.store.rewrite import MAINTENANCE_KEY
+from engine.store.sequencer import read_hwm
 from tests.fault.history import History, HistoryLog, check, make_body, record
 from tests.fault.procs import Child, event_lines, spawn, wait_until, worker
 
@@ -40,8 +42,23 @@ def rng() -> random.Random:
     return random.Random(SEED)
 
 
+def _backlog(store: Store) -> int:
+    """Messages committed to the commit log and not yet in the consume queue (from both tables' marks).
+
+    Not ``commit_log version - dispatched version``: compaction commits add versions with no new
+    rows, which dispatch never marks.
+    """
+    written = read_hwm(store.open_table(schemas.COMMIT_LOG))
+    dispatched = queue_marks(store.open_table(schemas.CONSUME_QUEUE))
+    return sum(
+        max(0, end - dispatched.max_offset(topic, queue_id))
+        for topic, ends in written.queues.items()
+        for queue_id, end in enumerate(ends)
+    )
+
+
 def _all_dispatched(store: Store) -> bool:
-    return dispatched_version(store) >= store.version(schemas.COMMIT_LOG)
+    return _backlog(store) == 0
 
 
 def _producer(name: str, store: Store, topic: str, history_dir: Path, logs: Path, **options: object) -> Child:
@@ -196,7 +213,7 @@ def test_dispatcher_killed_mid_batch_and_restarted_leaves_no_gap_and_no_duplicat
         at_kills.append(dispatched_version(store))
     time.sleep(1.0)  # the producer goes on: a backlog for the restarted dispatcher
     producer.stop()
-    backlog = store.version(schemas.COMMIT_LOG) - dispatched_version(store)
+    backlog = _backlog(store)
 
     # Restart after the last kill; recovery ends when every committed version is dispatched.
     last = worker("dispatcher-final", "dispatcher", logs, store=store.root, interval_ms=1)
@@ -209,7 +226,7 @@ def test_dispatcher_killed_mid_batch_and_restarted_leaves_no_gap_and_no_duplicat
         figures,
         kills=len(at_kills),
         dispatched_version_at_kills=at_kills,
-        backlog_versions_at_restart=backlog,
+        backlog_messages_at_restart=backlog,
         seed=SEED,
     )
     figures.assert_ok()
@@ -230,10 +247,15 @@ def test_spark_dispatch_job_killed_mid_stream_resumes_from_its_checkpoint(
     job.kill()  # the Python driver and its JVM, mid-stream: the producer is still writing
     killed_at = dispatched_version(store)
     producer.stop()  # what was acknowledged from here on waits for the restarted job
-    backlog = store.version(schemas.COMMIT_LOG) - dispatched_version(store)
+    backlog = _backlog(store)
+
+    in_flight = _batches_in_flight(Path(store.root) / "_checkpoints" / "dispatch")
 
     restarted = spawn("dispatch-job-restarted", ["jobs/dispatch.py", "--store", store.root], logs)
-    recovery = _await_dispatch(store, restarted, 180)
+    began = time.monotonic()
+    wait_until(lambda: _backlog(store) < backlog, 180, "the restarted job's first micro-batch", poll=0.1)
+    first_batch = time.monotonic() - began
+    recovery = first_batch + _await_dispatch(store, restarted, 180)
     restarted.terminate(timeout=60)
     history = History.load(history_dir)
     figures = check(store, history, topics=["SPARKJOB"], dispatched=True, recovery_s=recovery)
@@ -241,13 +263,25 @@ def test_spark_dispatch_job_killed_mid_stream_resumes_from_its_checkpoint(
         "Spark dispatch job (jobs/dispatch.py) SIGKILLed mid-stream, restarted on its checkpoint",
         figures,
         dispatched_version_at_kill=killed_at,
-        backlog_versions_at_restart=backlog,
+        backlog_messages_at_restart=backlog,
+        batches_in_flight_at_kill=in_flight,
+        restart_to_first_batch_s=round(first_batch, 2),
         note="recovery includes the restarted job's Spark start-up",
         seed=SEED,
     )
     figures.assert_ok()
     assert backlog > 0
     assert restarted.popen.returncode == 0, restarted.stderr()
+
+
+def _batches_in_flight(checkpoint: Path) -> int:
+    """Micro-batches a streaming checkpoint planned (``offsets/``) but never committed (``commits/``)."""
+
+    def last(sub: str) -> int:
+        ids = [int(p.name) for p in (checkpoint / sub).glob("*") if p.name.isdigit()]
+        return max(ids, default=-1)
+
+    return max(0, last("offsets") - last("commits"))
 
 
 # --------------------------------------------------------------------------- consumers killed
@@ -451,7 +485,7 @@ def test_compaction_in_a_loop_during_appends_and_pulls_changes_nothing_consumers
     for p in producers:
         p.finish(timeout=180)
     _await_dispatch(store, dispatcher, 120)
-    dispatcher.stop()
+    dispatched = dispatcher.stop()
     pulled = consumer.finish(timeout=180)
     maintained = maintainer.stop()
     history = History.load(history_dir)
@@ -462,6 +496,8 @@ def test_compaction_in_a_loop_during_appends_and_pulls_changes_nothing_consumers
         compactions=maintained.get("compactions"),
         files_removed=maintained.get("files_removed"),
         maintenance_errors=maintained.get("errors"),
+        dispatch_passes=dispatched.get("passes"),
+        dispatch_conflict_errors=dispatched.get("conflicts"),
         pull_statuses=pulled["statuses"],
         pull_errors=len(pulled["errors"]),
     )
@@ -516,7 +552,7 @@ def test_maintenance_killed_mid_compaction_and_restarted_loses_and_duplicates_no
     producer.stop()
     last = worker("maintainer-final", "maintainer", logs, store=store.root, interval_ms=20)
     _await_dispatch(store, dispatcher, 120)
-    dispatcher.stop()
+    dispatched = dispatcher.stop()
     pulled = consumer.finish(timeout=180)
     maintained = last.stop()
     history = History.load(history_dir)
@@ -526,6 +562,7 @@ def test_maintenance_killed_mid_compaction_and_restarted_loses_and_duplicates_no
         figures,
         kills=kills,
         maintenance_commits=_maintenance_commits(store),
+        dispatch_conflict_errors=dispatched.get("conflicts"),
         final_pass_errors=maintained.get("errors"),
         pull_statuses=pulled["statuses"],
         pull_errors=len(pulled["errors"]),

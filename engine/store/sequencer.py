@@ -35,6 +35,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import (
+    ColumnProperties,
     CommitProperties,
     DeltaTable,
     PostCommitHookProperties,
@@ -154,7 +155,12 @@ def recover_hwm_by_scan(dt: DeltaTable) -> HighWaterMarks:
 
 # Small row groups let a pull read a few hundred rows instead of a whole micro-batch file.
 COMMIT_LOG_ROW_GROUP_ROWS = 256
-_WRITER_PROPERTIES = WriterProperties(max_row_group_size=COMMIT_LOG_ROW_GROUP_ROWS)
+# Bodies are never filtered on and rarely repeat: no dictionary attempt and no page statistics for
+# them (both cost CPU on every write and buy nothing).
+_WRITER_PROPERTIES = WriterProperties(
+    max_row_group_size=COMMIT_LOG_ROW_GROUP_ROWS,
+    column_properties={"body": ColumnProperties(dictionary_enabled=False, statistics_enabled="NONE")},
+)
 # Checkpoints are written after the host lock is released (see CommitLogWriter.append): a
 # checkpoint of a table of many small files takes longer than the commit it follows.
 _NO_HOOKS = PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)

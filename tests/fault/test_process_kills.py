@@ -29,6 +29,7 @@ from engine.store.dispatch import dispatch_pending, dispatched_version
 from engine.store.marks import queue_marks
 from engine.store.rewrite import MAINTENANCE_KEY
 from engine.store.sequencer import read_hwm
+from jobs._common import checkpoint_location
 from tests.fault.history import History, HistoryLog, check, make_body, record
 from tests.fault.procs import Child, event_lines, spawn, wait_until, worker
 
@@ -235,7 +236,7 @@ def test_dispatcher_killed_mid_batch_and_restarted_leaves_no_gap_and_no_duplicat
 
 @pytest.mark.spark
 @pytest.mark.slow
-def test_spark_dispatch_job_killed_mid_stream_resumes_from_its_checkpoint(
+def test_spark_dispatch_job_killed_mid_batch_resumes_from_its_checkpoint(
     store: Store, admin: Admin, history_dir: Path, tmp_path: Path, rng: random.Random
 ) -> None:
     admin.create_topic("SPARKJOB", 4)
@@ -243,13 +244,16 @@ def test_spark_dispatch_job_killed_mid_stream_resumes_from_its_checkpoint(
     producer = _producer("writer", store, "SPARKJOB", history_dir, logs, count=10**6, batch=10, pause_ms=50)
     job = spawn("dispatch-job", ["jobs/dispatch.py", "--store", store.root], logs)
     wait_until(lambda: dispatched_version(store) > 3, 180, "the dispatch job to make progress", poll=0.2)
-    time.sleep(rng.uniform(0.0, 1.0))
-    job.kill()  # the Python driver and its JVM, mid-stream: the producer is still writing
+    # Kill it inside a micro-batch: planned in the checkpoint's offsets/, not yet in commits/.
+    checkpoint = Path(checkpoint_location(store, "dispatch"))
+    wait_until(lambda: _batches_in_flight(checkpoint) > 0, 60, "a micro-batch in flight", poll=0.005)
+    time.sleep(rng.uniform(0.0, 0.05))
+    job.kill()  # the Python driver and its JVM, mid-batch: the producer is still writing
     killed_at = dispatched_version(store)
     producer.stop()  # what was acknowledged from here on waits for the restarted job
     backlog = _backlog(store)
 
-    in_flight = _batches_in_flight(Path(store.root) / "_checkpoints" / "dispatch")
+    in_flight = _batches_in_flight(checkpoint)
 
     restarted = spawn("dispatch-job-restarted", ["jobs/dispatch.py", "--store", store.root], logs)
     began = time.monotonic()
@@ -260,7 +264,7 @@ def test_spark_dispatch_job_killed_mid_stream_resumes_from_its_checkpoint(
     history = History.load(history_dir)
     figures = check(store, history, topics=["SPARKJOB"], dispatched=True, recovery_s=recovery)
     record(
-        "Spark dispatch job (jobs/dispatch.py) SIGKILLed mid-stream, restarted on its checkpoint",
+        "Spark dispatch job (jobs/dispatch.py) SIGKILLed mid-batch, restarted on its checkpoint",
         figures,
         dispatched_version_at_kill=killed_at,
         backlog_messages_at_restart=backlog,

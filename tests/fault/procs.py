@@ -115,10 +115,14 @@ def spawn(name: str, argv: list[str], log_dir: Path) -> Child:
 
 
 def worker(name: str, role: str, log_dir: Path, **options: object) -> Child:
-    """Start a ``tests.fault.workers`` role; ``foo_bar=1`` becomes ``--foo-bar 1``."""
+    """Start a ``tests.fault.workers`` role: ``foo_bar=1`` is ``--foo-bar 1``, ``flag=True`` ``--flag``."""
     argv = ["-m", "tests.fault.workers", role]
     for key, value in options.items():
-        argv += [f"--{key.replace('_', '-')}", str(value)]
+        flag = f"--{key.replace('_', '-')}"
+        if value is True:
+            argv.append(flag)
+        elif value is not False:
+            argv += [flag, str(value)]
     return spawn(name, argv, log_dir)
 
 

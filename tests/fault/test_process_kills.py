@@ -484,13 +484,14 @@ def test_compaction_in_a_loop_during_appends_and_pulls_changes_nothing_consumers
         history=history_dir / "consumer.jsonl",
         consumer_id="c",
         max_nums=32,
-        idle_s=6.0,
+        idle_s=1.0,
+        until_stopped=True,
     )
     for p in producers:
         p.finish(timeout=180)
     _await_dispatch(store, dispatcher, 120)
     dispatched = dispatcher.stop()
-    pulled = consumer.finish(timeout=180)
+    pulled = consumer.stop(timeout=180)  # drains what is left, then ends
     maintained = maintainer.stop()
     history = History.load(history_dir)
     figures = check(store, history, topics=["COMPACTED"], consumed=True, dispatched=True)
@@ -543,7 +544,8 @@ def test_maintenance_killed_mid_compaction_and_restarted_loses_and_duplicates_no
         group="mg",
         consumer_id="c",
         max_nums=32,
-        idle_s=6.0,
+        idle_s=1.0,
+        until_stopped=True,
     )
     kills = 0
     for k in range(5):
@@ -557,7 +559,7 @@ def test_maintenance_killed_mid_compaction_and_restarted_loses_and_duplicates_no
     last = worker("maintainer-final", "maintainer", logs, store=store.root, interval_ms=20)
     _await_dispatch(store, dispatcher, 120)
     dispatched = dispatcher.stop()
-    pulled = consumer.finish(timeout=180)
+    pulled = consumer.stop(timeout=180)  # drains what is left, then ends
     maintained = last.stop()
     history = History.load(history_dir)
     figures = check(store, history, topics=["MAINTAINED"], consumed=True, dispatched=True)

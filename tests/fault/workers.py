@@ -7,7 +7,8 @@ Roles:
   (fsynced) the moment it returns;
   a ``CommitConflictError`` is retried ``--conflict-retries`` times, then logged as ``gave_up``.
 - ``pull-consumer``: a ``PullConsumer`` of ``--group`` reading every queue from the group's committed
-  offset; logs ``received`` for each batch, then commits the offset and logs ``acked``. With
+  offset; logs ``received`` for each batch, then commits the offset and logs ``acked``; ends after
+  ``--idle-s`` without news (with ``--until-stopped``: only once SIGTERM asked it to). With
   ``--die-after-batches K`` it SIGKILLs itself after receiving its K-th batch, before committing.
 - ``simple-consumer``: a ``SimpleConsumer``; logs ``received``, acks each message, logs ``acked``
   after the acks are flushed. With ``--die-after-batches K`` it SIGKILLs itself after logging the
@@ -126,7 +127,8 @@ def pull_consume(args: argparse.Namespace) -> None:
     stop = _Stop(args.seconds)
     idle_since = time.monotonic()
     errors: list[str] = []
-    while not stop:
+    # With --until-stopped, idleness ends the run only after SIGTERM (then: drain, then stop).
+    while time.monotonic() < stop.deadline and (args.until_stopped or not _STOP_REQUESTED.is_set()):
         found = False
         for q in range(queues):
             try:
@@ -148,7 +150,9 @@ def pull_consume(args: argparse.Namespace) -> None:
             offsets[q] = result.next_begin_offset
         if found:
             idle_since = time.monotonic()
-        elif time.monotonic() - idle_since >= args.idle_s:
+        elif time.monotonic() - idle_since >= args.idle_s and (
+            not args.until_stopped or _STOP_REQUESTED.is_set()
+        ):
             break
         else:
             time.sleep(0.05)
@@ -263,6 +267,9 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument("--die-after-batches", type=int, default=0)
         s.add_argument("--work-ms", type=float, default=0, help="pause between receive and ack/commit")
         s.add_argument("--idle-s", type=float, default=2.0, help="stop after this long with nothing new")
+        s.add_argument(
+            "--until-stopped", action="store_true", help="run until SIGTERM, then until idle (pull only)"
+        )
         if role == "simple-consumer":
             s.add_argument("--invisible-ms", type=int, default=3000)
     s = common("dispatcher")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fault import history
+from tests.fault import history, procs
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FAULTS_MD = REPO_ROOT / "FAULTS.md"
@@ -34,6 +34,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             f"fault suite: {len(rows)} scenario(s) recorded in {FAULTS_MD}"
         )
     Path(_RESULTS).unlink(missing_ok=True)
+
+
+@pytest.fixture(autouse=True)
+def _no_child_left_running() -> Iterator[None]:
+    """A scenario that fails half-way must not leave its producers, dispatchers or JVMs running."""
+    yield
+    procs.reap()
 
 
 @pytest.fixture

@@ -16,6 +16,9 @@ from typing import IO, Any
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
+# Every child started by this process, so a failed scenario leaves none running (see reap()).
+_STARTED: list[Child] = []
+
 
 def child_env() -> dict[str, str]:
     env = dict(os.environ)
@@ -111,7 +114,19 @@ def spawn(name: str, argv: list[str], log_dir: Path) -> Child:
         )
     finally:
         err.close()
-    return Child(name, popen, log_path, time.monotonic())
+    child = Child(name, popen, log_path, time.monotonic())
+    _STARTED.append(child)
+    return child
+
+
+def reap() -> list[str]:
+    """SIGKILL every child started here that is still running (with what it started); returns their
+    names. Only these processes are touched: each one's own process group."""
+    left = [child for child in _STARTED if child.alive()]
+    for child in left:
+        child.kill()
+    _STARTED.clear()
+    return [child.name for child in left]
 
 
 def worker(name: str, role: str, log_dir: Path, **options: object) -> Child:

@@ -6,8 +6,8 @@ history file before acting on it. After the faults, :func:`tests.fault.history.c
 histories with the store; the figures go to FAULTS.md and the test asserts that no acknowledged
 message was lost, nothing is in the logs twice, and every queue's offsets are dense and monotonic.
 
-Random moments come from a seeded generator; the seed is in the record (and the failure message)
-so a failing run can be replayed.
+Random moments come from a seeded generator; the seed is in the record and in a failing test's
+captured output, and ``MQ_FAULT_SEED=<seed>`` replays the same moments (as far as timing allows).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ SEED = int(os.environ.get("MQ_FAULT_SEED", "0")) or random.SystemRandom().randra
 
 @pytest.fixture
 def rng() -> random.Random:
+    print(f"random moments from MQ_FAULT_SEED={SEED}")  # shown with a failure: rerun with it
     return random.Random(SEED)
 
 
@@ -80,7 +81,7 @@ def _consumer(name: str, role: str, history_dir: Path, logs: Path, **options: ob
 
 
 def _await_dispatch(store: Store, dispatcher: Child, timeout: float) -> float:
-    """Wait until every committed commit-log version is dispatched; returns the seconds it took.
+    """Wait until every committed message is in the consume queue; returns the seconds it took.
 
     Fails at once with the dispatcher's stderr if it dies, and with its counters if it is too slow.
     """
@@ -249,11 +250,9 @@ def test_spark_dispatch_job_killed_mid_batch_resumes_from_its_checkpoint(
     wait_until(lambda: _batches_in_flight(checkpoint) > 0, 60, "a micro-batch in flight", poll=0.005)
     time.sleep(rng.uniform(0.0, 0.05))
     job.kill()  # the Python driver and its JVM, mid-batch: the producer is still writing
-    killed_at = dispatched_version(store)
+    killed_at, in_flight = dispatched_version(store), _batches_in_flight(checkpoint)
     producer.stop()  # what was acknowledged from here on waits for the restarted job
     backlog = _backlog(store)
-
-    in_flight = _batches_in_flight(checkpoint)
 
     restarted = spawn("dispatch-job-restarted", ["jobs/dispatch.py", "--store", store.root], logs)
     began = time.monotonic()

@@ -82,9 +82,10 @@ def produce(args: argparse.Namespace) -> None:
     ids = [f"{args.prefix}-{i}" for i in range(args.count)]
     step = max(1, args.batch)
     counts: Counter[str] = Counter()
+    stop = _Stop(args.seconds)
     with Producer(store) as producer:
         for start in range(0, len(ids), step):
-            if _STOP_REQUESTED.is_set():
+            if stop:
                 break
             chunk = ids[start : start + step]
             messages = [Message(args.topic, make_body(mid, args.size), tags="F") for mid in chunk]
@@ -245,7 +246,7 @@ def parser() -> argparse.ArgumentParser:
     def common(name: str) -> argparse.ArgumentParser:
         s = sub.add_parser(name)
         s.add_argument("--store", required=True)
-        s.add_argument("--seconds", type=float, default=120.0, help="stop after this long at the latest")
+        s.add_argument("--seconds", type=float, default=600.0, help="stop after this long at the latest")
         return s
 
     s = common("producer")

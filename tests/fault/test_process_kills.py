@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from engine import Admin, Message, Producer, PullStatus, Store
+from engine import Admin, Message, Producer, PullConsumer, PullStatus, SimpleConsumer, Store
 from engine.store import schemas
 from engine.store.dispatch import dispatch_pending, dispatched_version
 from engine.store.marks import queue_marks
@@ -349,6 +349,8 @@ def test_pull_consumer_killed_after_receive_before_commit_gets_its_batch_redeliv
     assert all(history.received[mid] == 2 for mid in lost_batch)
     assert figures.redelivered == len(lost_batch)
     assert out["errors"] == []
+    # And the group's progress ends at the end of every queue: nothing will come a third time.
+    _assert_group_done(store, "PULLED", "g", "pull-consumer")
 
 
 def test_simple_consumer_killed_after_receive_before_ack_gets_its_messages_after_the_invisible_time(
@@ -382,6 +384,8 @@ def test_simple_consumer_killed_after_receive_before_ack_gets_its_messages_after
     figures.assert_ok()
     assert all(history.received[mid] >= 2 for mid in lost_batch)
     assert out["reconsumed"] >= len(lost_batch)
+    # Acks are durable: once the last claim's invisible time is over, nothing is visible again.
+    _assert_group_done(store, "SIMPLE", "sg", "simple-consumer")
 
 
 @pytest.mark.parametrize("role", ["pull-consumer", "simple-consumer"])
@@ -438,6 +442,24 @@ def test_consumers_killed_at_random_moments_miss_no_message(
     figures.assert_ok()
     assert kills >= 3 * per_round
     assert not overlapping, "a message was delivered again while an earlier claim was still invisible"
+    _assert_group_done(store, topic, "rg", role)
+
+
+def _assert_group_done(store: Store, topic: str, group: str, role: str) -> None:
+    """After the last consumer's acks: nothing is left for the group, now or after the invisible time."""
+    queues = store.topic(topic).queues
+    if role == "pull-consumer":
+        pull = PullConsumer(store, group)
+        committed = [pull.committed_offset(topic, q) for q in range(queues)]
+        assert committed == [pull.max_offset(topic, q) for q in range(queues)]
+        return
+    time.sleep(2.0)  # past every claim's invisible time
+    late = SimpleConsumer(store, group, consumer_id="late")
+    late.subscribe(topic)
+    try:
+        assert late.receive(max_nums=32) == []
+    finally:
+        late.close()
 
 
 def _overlapping_claims(history_dir: Path) -> int:

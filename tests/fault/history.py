@@ -182,7 +182,8 @@ class HistoryLog:
 # --------------------------------------------------------------------------- the check
 @dataclass
 class Figures:
-    """What a scenario measured; every count is 0 in a correct store except the first six."""
+    """What a scenario measured. In a correct store the problem counts (``acknowledged_lost`` to
+    ``undispatched``) are 0; the others are volumes and times."""
 
     sent: int
     acknowledged: int
@@ -197,6 +198,7 @@ class Figures:
     never_seen: int | None = None
     undispatched: int | None = None
     recovery_s: float | None = None
+    consumer_acked: int = 0
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -415,6 +417,7 @@ def check(
         never_seen=never_seen,
         undispatched=undispatched,
         recovery_s=recovery_s,
+        consumer_acked=len(history.acked),
         problems=problems,
     )
 
@@ -467,6 +470,7 @@ _COLUMNS: tuple[tuple[str, str], ...] = (
     ("offsets_not_dense", "not dense"),
     ("offsets_not_monotonic", "not monotonic"),
     ("received", "received"),
+    ("consumer_acked", "consumer acked"),
     ("redelivered", "redelivered"),
     ("never_seen", "never seen"),
     ("undispatched", "undispatched"),
@@ -570,7 +574,8 @@ def render_faults(rows: Sequence[Mapping[str, Any]], previous: Sequence[Mapping[
         "*stored* rows of the scenario's topics in the commit log; *lost acked* acknowledged but not",
         "stored; *log dups* a message stored twice or a commit-log entry indexed twice; *not dense* /",
         "*not monotonic* queues (commit log, consume queue, physical offsets) with a hole or a repeat /",
-        "not rising with commit order; *received* distinct messages consumers received; *redelivered*",
+        "not rising with commit order; *received* / *consumer acked* distinct messages consumers received /",
+        "acknowledged (acked, or offset committed past them); *redelivered*",
         "deliveries beyond the first; *never seen* acknowledged but never received; *undispatched*",
         "stored but missing from the consume queue; *recovery s* restart -> everything dispatched or",
         "consumable. – means the scenario does not measure it.",

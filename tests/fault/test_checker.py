@@ -63,6 +63,7 @@ def test_body_carries_its_id_at_the_front() -> None:
 def test_a_clean_store_reports_zero_everywhere(store: Store, topic: str, tmp_path: Path) -> None:
     history = _clean_store(store, topic, tmp_path)
     history.add("received", [f"m{i}" for i in range(12)])
+    history.add("acked", [f"m{i}" for i in range(10)])
 
     figures = check(store, history, topics=[topic], consumed=True, dispatched=True)
 
@@ -71,6 +72,7 @@ def test_a_clean_store_reports_zero_everywhere(store: Store, topic: str, tmp_pat
     assert (figures.acknowledged_lost, figures.log_duplicates) == (0, 0)
     assert (figures.offsets_not_dense, figures.offsets_not_monotonic) == (0, 0)
     assert (figures.never_seen, figures.undispatched, figures.redelivered) == (0, 0, 0)
+    assert figures.consumer_acked == 10
     figures.assert_ok()
 
 

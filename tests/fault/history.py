@@ -496,16 +496,27 @@ def machine_line() -> str:
         except PackageNotFoundError:
             return "absent"
 
-    try:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False, timeout=10
-        ).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        commit = ""
+    root = Path(__file__).resolve().parents[2]
+
+    def git(*args: str) -> subprocess.CompletedProcess[str] | None:
+        try:
+            return subprocess.run(
+                ["git", *args], cwd=root, capture_output=True, text=True, check=False, timeout=10
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    head = git("rev-parse", "--short", "HEAD")
+    commit = head.stdout.strip() if head is not None and head.returncode == 0 else "unknown"
+    changed = git("status", "--porcelain", "--", "engine", "jobs", "tests")
+    if changed is not None and changed.stdout.strip():
+        commit += " with uncommitted changes"
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
     return (
-        f"{platform.system()} {platform.release()} {platform.machine()}, {os.cpu_count()} CPUs; "
+        f"{platform.system()} {platform.release()} {platform.machine()}, {os.cpu_count()} CPUs "
+        f"(load average {load} at the end of the run, shared with other work); "
         f"Python {platform.python_version()}, deltalake {v('deltalake')}, pyarrow {v('pyarrow')}, "
-        f"pyspark {v('pyspark')}; commit {commit or 'unknown'}"
+        f"pyspark {v('pyspark')}; commit {commit}"
     )
 
 

@@ -114,6 +114,20 @@ def _has_events(history_file: Path, kind: str = "acknowledged") -> bool:
     return event_lines(history_file, kind) > 0
 
 
+def _leftovers(store: Store) -> dict[str, int]:
+    """What killed writers left in the commit log's directory: data files no commit references, and
+    files in ``_delta_log`` that are not commits or checkpoints (staged commits)."""
+    table = Path(store.uri(schemas.COMMIT_LOG))
+    live = {Path(uri).name for uri in store.open_table(schemas.COMMIT_LOG).file_uris()}
+    data = {p.name for p in table.glob("*.parquet")}
+    log_files = [p.name for p in (table / "_delta_log").iterdir() if p.is_file()]
+    stray = [n for n in log_files if not n.split(".", 1)[0].isdigit() and n != "_last_checkpoint"]
+    return {
+        "orphan_data_files": len(data - live),
+        "stray_log_files": len(stray),
+    }
+
+
 def _stored_not_acknowledged(history: History, stored: int) -> int:
     return stored - len(history.acknowledged)
 
@@ -159,6 +173,7 @@ def test_producers_killed_at_random_moments_lose_no_acknowledged_message(
         rounds=rounds,
         kills=kills,
         stored_not_acked=_stored_not_acknowledged(history, figures.stored),
+        **_leftovers(store),
         seed=SEED,
     )
     figures.assert_ok()

@@ -110,7 +110,17 @@ def test_writers_of_one_host_take_turns_on_the_lock(store: Store, topic: str) ->
     waiting.join(30)
     assert not waiting.is_alive()
     assert store.version(schemas.COMMIT_LOG) == 1
-    holder.close()
+
+
+def test_a_stuck_lock_holder_delays_writers_only_up_to_the_lock_wait(store: Store, topic: str) -> None:
+    holder = HostLock(os.path.join(store.root, LOCK_DIR, "commit_log.lock"))
+    assert holder.acquire()  # and never lets go, as a stopped process
+    writer = CommitLogWriter(store, lock_wait_s=0.2)
+    results = [writer.append([_pending(topic, 0, f"{i}".encode())])[0].queue_offset for i in range(3)]
+    assert results == [0, 1, 2]  # appended without the lock, optimistically
+    holder.release()
+    assert writer.append([_pending(topic, 0, b"locked again")])[0].queue_offset == 3
+    assert_invariants(_rows_with_versions(store))
 
 
 def test_unusable_lock_file_falls_back_to_optimistic_sequencing(store: Store, topic: str) -> None:

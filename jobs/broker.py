@@ -224,6 +224,8 @@ def run_once(
             else:  # a job whose --once is a plain pass (maintenance): its report is the detail
                 report = getattr(result, "summary", None)
                 detail = report() if callable(report) else (str(result) if result is not None else None)
+                if detail is not None:
+                    detail = detail.removeprefix(f"{name}: ")  # the status line names the job already
                 status = JobStatus(name, FINISHED, now_ms(), detail=detail)
         run.ran.append(name)
         run.statuses[name] = status

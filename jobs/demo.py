@@ -1,10 +1,12 @@
 """A short tour of lakemq in one Spark application: ``./spark-submit.sh jobs/demo.py [--store PATH]``.
 
-Creates ``DemoTopic`` (4 queues), sends ten tagged messages and a batch, runs the dispatch job once
-in this Spark application, pulls ``TagA`` messages from every queue from the demo group's committed
-offsets (committing the new ones), then counts the topic's messages per queue and tag with SQL over
-the ``messages`` view. Safe to rerun on an existing store: each run adds its messages and pulls
-what the group has not consumed yet.
+Creates ``DemoTopic`` (4 queues), sends ten tagged messages, a batch and one message with delay
+level 1 (1 s), then runs one pass of every broker job in this Spark application (``jobs/broker.py
+--once``: dispatch, index, schedule, retry, pull_log, transaction_check, maintenance), pulls
+``TagA`` messages from every queue from the demo group's committed offsets (committing the new
+ones), the delayed message among them once the schedule job has re-put it, then counts the topic's
+messages per queue and tag with SQL over the ``messages`` view. Safe to rerun on an existing store:
+each run adds its messages and pulls what the group has not consumed yet.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,12 +22,15 @@ from rich.console import Console
 from rich.table import Table
 
 from engine import Admin, Message, MQError, Producer, PullConsumer, PullStatus, Store
+from engine.errors import StoreError
+from jobs.broker import run_once
 
 TOPIC = "DemoTopic"
 QUEUES = 4
 GROUP = "DemoConsumerGroup"
 EXPRESSION = "TagA"
 PROG = "jobs/demo.py"
+DELAY_S = 1.2  # delay level 1 is 1 s; a little more so the pass surely finds it due
 
 COUNT_SQL = f"""
 SELECT queue_id, tags, count(*) AS messages
@@ -35,8 +41,12 @@ ORDER BY queue_id, tags
 """
 
 
-def produce(store: Store, console: Console) -> None:
-    """Ten single sends alternating TagA/TagB (orders keyed by id), then one batch of five."""
+def produce(store: Store, console: Console) -> float:
+    """Ten single sends alternating TagA/TagB (orders keyed by id), a batch of five, one delayed.
+
+    Returns:
+        When (``time.monotonic()``) the delayed message is due.
+    """
     with Producer(store, "DemoProducerGroup") as producer:
         table = Table(title=f"sent to {TOPIC}", title_justify="left")
         for column in ("tags", "keys", "queue", "queue offset", "msg id"):
@@ -54,7 +64,13 @@ def produce(store: Store, console: Console) -> None:
         table.add_row(
             "TagA", "-", str(first.queue_id), f"{first.queue_offset}..{last.queue_offset}", "(batch of 5)"
         )
+        # Held in the schedule topic until due; the schedule job then re-puts it into DemoTopic.
+        delayed = Message(TOPIC, b"delayed by level 1 (1s)", tags="TagA")
+        due = time.monotonic() + DELAY_S
+        r = producer.send(delayed, delay_level=1)
+        table.add_row("TagA", "-", "(schedule)", "-", f"{r.msg_id} (delay level 1)")
     console.print(table)
+    return due
 
 
 def pull_new(store: Store, console: Console) -> int:
@@ -102,8 +118,29 @@ def count_by_sql(spark: Any, store: Store, console: Console) -> None:
     console.print(table)
 
 
+def run_demo(spark: Any, store: Store, console: Console) -> int:
+    """The tour on an open store with a running SparkSession; returns how many messages it pulled.
+
+    Raises:
+        MQError: a store or client error; StoreError when a broker job fails.
+    """
+    config = Admin(store).create_topic(TOPIC, QUEUES)  # idempotent
+    console.print(f"[bold]lakemq demo[/bold] on {store.root}: topic {config.name}, {config.queues} queues")
+    due = produce(store, console)
+    time.sleep(max(0.0, due - time.monotonic()))  # the schedule job's pass must find it due
+    with console.status("running every broker job once (jobs/broker.py --once)"):
+        run = run_once(spark, store, log=lambda line: console.print(line, markup=False))
+    if not run.ok:
+        failed = "; ".join(f"{job}: {why}" for job, why in run.failed.items())
+        raise StoreError(f"broker job failed: {failed}")
+    found = pull_new(store, console)
+    console.print(f"{found} new {EXPRESSION} message(s) for {GROUP}")
+    count_by_sql(spark, store, console)
+    return found
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the demo; returns 0, or 2 with one line on stderr when the store is unusable."""
+    """Run the demo; returns 0, 2 when the store is unusable, 1 when a step fails (one line on stderr)."""
     parser = argparse.ArgumentParser(prog=PROG, description="A short tour of lakemq.")
     parser.add_argument(
         "--store",
@@ -112,28 +149,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     console = Console()
-    spark: Any = None
     try:
         store = Store.open(args.store)
-        config = Admin(store).create_topic(TOPIC, QUEUES)  # idempotent
-        console.print(
-            f"[bold]lakemq demo[/bold] on {store.root}: topic {config.name}, {config.queues} queues"
-        )
-        produce(store, console)
-
-        from engine.spark import session
-        from jobs.dispatch import run_dispatch
-
-        with console.status("starting Spark and running the dispatch job once"):
-            spark = session(app_name="lakemq-demo")
-            run_dispatch(spark, store, once=True)
-        found = pull_new(store, console)
-        console.print(f"{found} new {EXPRESSION} message(s) for {GROUP}")
-        count_by_sql(spark, store, console)
-        return 0
     except MQError as exc:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
+    spark: Any = None
+    try:
+        from engine.spark import session
+
+        with console.status("starting Spark"):
+            spark = session(app_name="lakemq-demo")
+        run_demo(spark, store, console)
+        return 0
+    except MQError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 1
     finally:
         if spark is not None:
             spark.stop()

@@ -87,11 +87,12 @@ def vacuum(
     table: str | Sequence[str] | None = None,
     enforce_retention_duration: bool = False,
 ) -> dict[str, int]:
-    """Delete data files removed from the tables more than ``retention_hours`` ago.
+    """Delete data files removed from the tables, or never committed, more than ``retention_hours`` ago.
 
-    Only files the log has tombstones for are deleted (delta-rs "lite" vacuum), never a file a writer
-    has written but not committed yet. Readers holding a snapshot older than the window may fail, so
-    keep it above the longest pull or stream lag (default 24 h; 0 is for tests).
+    A full vacuum (:func:`engine.store.vacuum.vacuum_table`): besides the files the log removed, it
+    deletes files no commit names once they are older than the window (a crashed writer's leftovers);
+    a writer's file in the making is seconds old. Readers holding a snapshot older than the window may
+    fail, so keep it above the longest pull or stream lag (default 24 h; 0 is for tests).
 
     Args:
         store: the store.

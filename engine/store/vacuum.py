@@ -43,12 +43,15 @@ def listing(store: Store, name: str) -> set[str]:
 
 
 def vacuum_table(store: Store, name: str, retention_hours: float, enforce_retention_duration: bool) -> int:
-    """Delete table ``name``'s data files removed more than ``retention_hours`` ago.
+    """Delete table ``name``'s data files that no version within ``retention_hours`` needs.
 
     delta-rs takes whole hours: a fractional window is rounded up.
 
-    Only files the log has tombstones for are deleted (delta-rs "lite" vacuum), never a file a writer
-    has written but not committed yet. Returns the number of files deleted.
+    A full vacuum, as Delta Lake's own: files the log removed more than ``retention_hours`` ago, and
+    files no commit names (left by a writer that crashed before committing) last modified more than
+    ``retention_hours`` ago. A writer commits its files within seconds of writing them, so with a
+    window of hours a commit in the making is never touched; ``_``-prefixed entries (the log, the
+    quarantine) are never listed. Returns the number of files deleted.
 
     Raises:
         InvalidArgumentError: the window is below the table's ``delta.deletedFileRetentionDuration``
@@ -63,6 +66,7 @@ def vacuum_table(store: Store, name: str, retention_hours: float, enforce_retent
             retention_hours=whole,
             dry_run=True,
             enforce_retention_duration=enforce_retention_duration,
+            full=True,
         )
         # Tombstones outlive their files (for the table's deletedFileRetentionDuration): count and
         # vacuum only files still on disk, so an idle pass makes no VACUUM commits.
@@ -74,6 +78,7 @@ def vacuum_table(store: Store, name: str, retention_hours: float, enforce_retent
                 retention_hours=whole,
                 dry_run=False,
                 enforce_retention_duration=enforce_retention_duration,
+                full=True,
             )
     except (DeltaError, OSError) as exc:
         if enforce_retention_duration and "retention" in str(exc).lower():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -389,6 +390,22 @@ def test_vacuum_deletes_removed_files_and_leaves_tables_readable(store: Store, t
     assert versions(store) == before
     assert DeltaTable(store.uri(schemas.COMMIT_LOG)).to_pyarrow_table().num_rows == 128
     assert sum(len(q) for q in _pull_all(PullConsumer(store, "g"), topic)) == 128
+
+
+def test_vacuum_deletes_untracked_files_once_older_than_an_hours_window(store: Store, topic: str) -> None:
+    _fill(store, topic, 2)
+    table_dir = Path(store.uri(schemas.COMMIT_LOG))
+    old, young = table_dir / "part-crashed-writer.parquet", table_dir / "part-in-the-making.parquet"
+    for path in (old, young):
+        pq.write_table(pa.table({"x": [1]}), path)
+    day_ago = time.time() - 25 * 3600
+    os.utime(old, (day_ago, day_ago))
+
+    assert vacuum(store, 0)[schemas.COMMIT_LOG] == 0  # under an hour: tombstones only, never strays
+    assert old.exists() and young.exists()
+    assert vacuum(store, 24)[schemas.COMMIT_LOG] == 1
+    assert not old.exists() and young.exists()
+    assert DeltaTable(store.uri(schemas.COMMIT_LOG)).to_pyarrow_table().num_rows == 32
 
 
 # ----------------------------------------------------------------------------- retention

@@ -12,6 +12,10 @@ from engine.errors import InvalidArgumentError, StoreError
 from engine.store.log import table_filesystem
 from engine.store.store import Store
 
+# Untracked files are deleted only with a window of at least this many hours: younger, one may be a
+# live writer's commit in the making.
+UNTRACKED_MIN_HOURS = 1
+
 
 def checkpoint_table(store: Store, name: str) -> int:
     """Write a Delta checkpoint of table ``name`` and delete its expired log files.
@@ -50,8 +54,9 @@ def vacuum_table(store: Store, name: str, retention_hours: float, enforce_retent
     A full vacuum, as Delta Lake's own: files the log removed more than ``retention_hours`` ago, and
     files no commit names (left by a writer that crashed before committing) last modified more than
     ``retention_hours`` ago. A writer commits its files within seconds of writing them, so with a
-    window of hours a commit in the making is never touched; ``_``-prefixed entries (the log, the
-    quarantine) are never listed. Returns the number of files deleted.
+    window of hours a commit in the making is never touched; below :data:`UNTRACKED_MIN_HOURS` only
+    removed files are deleted. ``_``-prefixed entries (the log, the quarantine) are never listed.
+    Returns the number of files deleted.
 
     Raises:
         InvalidArgumentError: the window is below the table's ``delta.deletedFileRetentionDuration``
@@ -60,13 +65,14 @@ def vacuum_table(store: Store, name: str, retention_hours: float, enforce_retent
     """
     hours = retention_hours
     whole = int(hours) if hours == int(hours) else int(hours) + 1
+    full = whole >= UNTRACKED_MIN_HOURS
     dt = store.open_table(name)
     try:
         candidates = dt.vacuum(
             retention_hours=whole,
             dry_run=True,
             enforce_retention_duration=enforce_retention_duration,
-            full=True,
+            full=full,
         )
         # Tombstones outlive their files (for the table's deletedFileRetentionDuration): count and
         # vacuum only files still on disk, so an idle pass makes no VACUUM commits.
@@ -78,7 +84,7 @@ def vacuum_table(store: Store, name: str, retention_hours: float, enforce_retent
                 retention_hours=whole,
                 dry_run=False,
                 enforce_retention_duration=enforce_retention_duration,
-                full=True,
+                full=full,
             )
     except (DeltaError, OSError) as exc:
         if enforce_retention_duration and "retention" in str(exc).lower():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -21,6 +22,8 @@ from engine import (
     TopicNotFoundError,
 )
 from engine.protocol import parse_msg_id, record_size, select_queue_by_hash
+from engine.store.log import read_versions
+from engine.store.schemas import COMMIT_LOG_SCHEMA
 from tests.helpers import commit_log_rows, versions
 
 
@@ -192,3 +195,16 @@ def test_async_results_match_the_stored_rows(store: Store, topic: str) -> None:
         row = by_uniq[r.uniq_key]
         assert (row["body"], row["queue_id"], row["msg_id"]) == (f"{i}".encode(), i % 2, r.msg_id)
         assert (row["queue_offset"], row["physical_offset"]) == (r.queue_offset, r.physical_offset)
+
+
+def test_async_micro_batches_hold_at_most_max_batch_bytes(store: Store, topic: str) -> None:
+    small = Store.open(store.root, config=store.config.replace(max_batch_bytes=1000))
+    before = small.version("commit_log")
+    with Producer(small, linger_ms=200, batch_size=1000) as p:
+        futures = [p.send_async(Message(topic, bytes([i]) * 300), queue_id=0) for i in range(10)]
+        p.flush()
+    assert [f.result().queue_offset for f in futures] == list(range(10))
+    rows = read_versions(small.uri("commit_log"), before + 1, small.version("commit_log"), COMMIT_LOG_SCHEMA)
+    per_commit = Counter(rows["_version"].to_pylist())
+    assert max(per_commit.values()) == 3  # 3 bodies of 300 bytes fit in 1000, a 4th does not
+    assert [r["body"] for r in commit_log_rows(small)] == [bytes([i]) * 300 for i in range(10)]

@@ -114,7 +114,8 @@ class Producer:
         store: an open :class:`~engine.store.Store`.
         group: producer group name (informational, as in RocketMQ).
         linger_ms: how long :meth:`send_async` waits to fill a micro-batch.
-        batch_size: most messages per async micro-batch.
+        batch_size: most messages per async micro-batch (which also holds at most
+            ``max_batch_bytes`` of bodies, as :meth:`send_batch`).
 
     A producer is thread-safe and may be used as a context manager; :meth:`close` flushes.
     """
@@ -391,13 +392,17 @@ class Producer:
                     self._worker.start()
 
     def _run_async(self) -> None:
+        limit = self._store.config.max_batch_bytes
+        carry: tuple[PendingMessage, Future[SendResult]] | None = None
         stop = False
         while not stop:
-            item = self._pending.get()
+            item = carry if carry is not None else self._pending.get()
+            carry = None
             if item is None:
                 self._pending.task_done()
                 break
             batch = [item]
+            size = len(item[0].body)
             deadline = time.monotonic() + self.linger_ms / 1000
             while len(batch) < self.batch_size:
                 timeout = deadline - time.monotonic()
@@ -412,6 +417,10 @@ class Producer:
                 if nxt is None:
                     self._pending.task_done()
                     stop = True
+                    break
+                size += len(nxt[0].body)
+                if size > limit:  # as send_batch: at most max_batch_bytes of bodies per commit
+                    carry = nxt
                     break
                 batch.append(nxt)
             self._commit_async(batch)

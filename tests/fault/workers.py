@@ -4,15 +4,15 @@ Roles:
 
 - ``producer``: sends ``--count`` messages (fewer when stopped by SIGTERM) with ids ``<prefix>-<n>``
   (sync sends, or batches of ``--batch``); logs ``sent`` before a send and ``acknowledged``
-  (fsynced) the moment it returns;
-  a ``CommitConflictError`` is retried ``--conflict-retries`` times, then logged as ``gave_up``.
+  (fsynced) the moment it returns; a ``CommitConflictError`` is retried ``--conflict-retries``
+  times, then logged as ``gave_up``.
 - ``pull-consumer``: a ``PullConsumer`` of ``--group`` reading every queue from the group's committed
   offset; logs ``received`` for each batch, then commits the offset and logs ``acked``; ends after
   ``--idle-s`` without news (with ``--until-stopped``: only once SIGTERM asked it to). With
   ``--die-after-batches K`` it SIGKILLs itself after receiving its K-th batch, before committing.
 - ``simple-consumer``: a ``SimpleConsumer``; logs ``received``, acks each message, logs ``acked``
-  after the acks are flushed. With ``--die-after-batches K`` it SIGKILLs itself after logging the
-  K-th batch's receipt, before acking.
+  (acks are buffered and appended within ``ack_linger_ms``, or at ``close``). With
+  ``--die-after-batches K`` it SIGKILLs itself after logging the K-th batch's receipt, before acking.
 - ``dispatcher``: ``dispatch_pending`` in a loop (the Spark dispatch job's logic, without Spark).
 - ``maintainer``: compaction (and checkpoints) in a loop.
 
@@ -194,8 +194,8 @@ def simple_consume(args: argparse.Namespace) -> None:
         time.sleep(args.work_ms / 1000)
         for m in got:
             consumer.ack(m)
+        log.acked(ids, flushed=False)  # ack() called; the ack row is appended within ack_linger_ms
     consumer.close()  # flushes the buffered acks
-    log.acked(sorted(log.history.received))
     log.close()
     _out(batches=batches, received=received, reconsumed=reconsumed)
 

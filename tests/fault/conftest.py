@@ -26,10 +26,22 @@ os.close(_fd)
 os.environ[history.RESULTS_ENV] = _RESULTS
 
 
+# Every test id collected this session, selected or deselected: tells stale report rows apart.
+_COLLECTED: set[str] = set()
+
+
+def pytest_deselected(items: list[pytest.Item]) -> None:
+    _COLLECTED.update(item.nodeid for item in items)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _COLLECTED.update(item.nodeid for item in session.items)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     rows = history.load_results(_RESULTS)
     if rows:
-        history.write_faults(FAULTS_MD, rows, REPO_ROOT)
+        history.write_faults(FAULTS_MD, rows, REPO_ROOT, _COLLECTED)
         session.config.pluginmanager.get_plugin("terminalreporter").write_line(  # type: ignore[union-attr]
             f"fault suite: {len(rows)} scenario(s) recorded in {FAULTS_MD}"
         )

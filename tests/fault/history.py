@@ -609,15 +609,28 @@ def test_still_exists(root: Path, test: str) -> bool:
     )
 
 
-def write_faults(path: str | os.PathLike[str], rows: Sequence[Mapping[str, Any]], root: Path) -> None:
+def write_faults(
+    path: str | os.PathLike[str],
+    rows: Sequence[Mapping[str, Any]],
+    root: Path,
+    collected: Iterable[str] = (),
+) -> None:
     """Rewrite FAULTS.md with ``rows``; rows of an earlier run are kept only for tests that did not
-    record this time and still exist (renamed or removed scenarios disappear)."""
+    record this time and still exist (renamed or removed scenarios disappear).
+
+    ``collected``: the test ids this session collected (selected or not); a test of a collected file
+    exists exactly when it is among them, a test of another file when its function is still there.
+    """
     p = Path(path)
     previous = previous_results(p.read_text(encoding="utf-8")) if p.exists() else []
     tests_now = {r.get("test") for r in rows}
-    kept = [
-        r
-        for r in previous
-        if r.get("test") and r["test"] not in tests_now and test_still_exists(root, str(r["test"]))
-    ]
+    known = set(collected)
+    files = {test.split("::", 1)[0] for test in known}
+
+    def exists(test: str) -> bool:
+        if test.split("::", 1)[0] in files:
+            return test in known
+        return test_still_exists(root, test)
+
+    kept = [r for r in previous if r.get("test") and r["test"] not in tests_now and exists(str(r["test"]))]
     p.write_text(render_faults(rows, kept), encoding="utf-8")

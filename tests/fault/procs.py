@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -20,8 +20,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 _STARTED: list[Child] = []
 
 
-def child_env() -> dict[str, str]:
+def child_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
+    env.update(extra or {})
     env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("PYSPARK_PYTHON", sys.executable)
     env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
@@ -94,10 +95,11 @@ class Child:
         return int(self.popen.returncode)
 
 
-def spawn(name: str, argv: list[str], log_dir: Path) -> Child:
+def spawn(name: str, argv: list[str], log_dir: Path, env: Mapping[str, str] | None = None) -> Child:
     """Start ``python <argv>`` (e.g. ``["-m", "tests.fault.workers", "producer", ...]``) from the repo root.
 
-    stdout is captured (workers print one JSON line); stderr goes to ``<log_dir>/<name>.err``.
+    stdout is captured (workers print one JSON line); stderr goes to ``<log_dir>/<name>.err``;
+    ``env`` adds to this process's environment.
     """
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{name}.err"
@@ -106,7 +108,7 @@ def spawn(name: str, argv: list[str], log_dir: Path) -> Child:
         popen = subprocess.Popen(
             [sys.executable, *argv],
             cwd=REPO_ROOT,
-            env=child_env(),
+            env=child_env(env),
             stdout=subprocess.PIPE,
             stderr=err,
             text=True,
@@ -129,7 +131,9 @@ def reap() -> list[str]:
     return [child.name for child in left]
 
 
-def worker(name: str, role: str, log_dir: Path, **options: object) -> Child:
+def worker(
+    name: str, role: str, log_dir: Path, env: Mapping[str, str] | None = None, **options: object
+) -> Child:
     """Start a ``tests.fault.workers`` role: ``foo_bar=1`` is ``--foo-bar 1``, ``flag=True`` ``--flag``."""
     argv = ["-m", "tests.fault.workers", role]
     for key, value in options.items():
@@ -138,7 +142,7 @@ def worker(name: str, role: str, log_dir: Path, **options: object) -> Child:
             argv.append(flag)
         elif value is not False:
             argv += [flag, str(value)]
-    return spawn(name, argv, log_dir)
+    return spawn(name, argv, log_dir, env)
 
 
 def wait_until(condition: Callable[[], bool], timeout: float, what: str, poll: float = 0.05) -> float:

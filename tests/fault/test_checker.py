@@ -274,6 +274,11 @@ def test_rows_of_tests_that_no_longer_exist_leave_the_report(tmp_path: Path, mon
     assert "renamed" not in text
     assert "rerun" not in text
 
+    # Once the file is collected, only the collected ids count (a test that became parametrized).
+    record("new", figures)
+    write_faults(report, load_results(), tmp_path, collected=["tests/test_x.py::test_new"])
+    assert "kept" not in report.read_text()
+
 
 def _figures(history: History, lost: int = 0) -> Figures:
     return Figures(

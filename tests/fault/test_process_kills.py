@@ -63,11 +63,20 @@ def _all_dispatched(store: Store) -> bool:
     return _backlog(store) == 0
 
 
-def _producer(name: str, store: Store, topic: str, history_dir: Path, logs: Path, **options: object) -> Child:
+def _producer(
+    name: str,
+    store: Store,
+    topic: str,
+    history_dir: Path,
+    logs: Path,
+    env: dict[str, str] | None = None,
+    **options: object,
+) -> Child:
     return worker(
         name,
         "producer",
         logs,
+        env,
         store=store.root,
         topic=topic,
         history=history_dir / f"{name}.jsonl",
@@ -76,7 +85,7 @@ def _producer(name: str, store: Store, topic: str, history_dir: Path, logs: Path
     )
 
 
-def _consumer(name: str, role: str, history_dir: Path, logs: Path, **options: object) -> Child:
+def _consumer(name: str, role: str, history_dir: Path, logs: Path, **options: Any) -> Child:
     return worker(name, role, logs, history=history_dir / f"{name}.jsonl", **options)
 
 
@@ -133,8 +142,14 @@ def _stored_not_acknowledged(history: History, stored: int) -> int:
 
 
 # --------------------------------------------------------------------------- producers killed
+# The sequencer's host lock (flock) makes local writers take turns; without it they race on the
+# Delta log alone. Both must hold every invariant.
+LOCKS = {"host lock": {}, "no host lock": {"MQ_SEQUENCER_LOCK": "0"}}
+
+
+@pytest.mark.parametrize("lock", list(LOCKS))
 def test_producers_killed_at_random_moments_lose_no_acknowledged_message(
-    store: Store, admin: Admin, history_dir: Path, tmp_path: Path, rng: random.Random
+    store: Store, admin: Admin, history_dir: Path, tmp_path: Path, rng: random.Random, lock: str
 ) -> None:
     admin.create_topic("KILLED", 4)
     logs = tmp_path / "logs"
@@ -143,10 +158,20 @@ def test_producers_killed_at_random_moments_lose_no_acknowledged_message(
         # Two sync and two batch senders racing each other, each killed at its own random moment
         # once it is sending.
         children = [
-            _producer(f"sync{r}{i}", store, "KILLED", history_dir, logs, count=100_000, size=200)
+            _producer(f"sync{r}{i}", store, "KILLED", history_dir, logs, LOCKS[lock], count=100_000, size=200)
             for i in range(2)
         ] + [
-            _producer(f"batch{r}{i}", store, "KILLED", history_dir, logs, count=100_000, batch=25, size=200)
+            _producer(
+                f"batch{r}{i}",
+                store,
+                "KILLED",
+                history_dir,
+                logs,
+                LOCKS[lock],
+                count=100_000,
+                batch=25,
+                size=200,
+            )
             for i in range(2)
         ]
         for child in children:
@@ -159,7 +184,7 @@ def test_producers_killed_at_random_moments_lose_no_acknowledged_message(
             kills += 1
             assert child.popen.returncode == -9
     # The store takes new writers at once after the kills, and stays dense.
-    after = _producer("after", store, "KILLED", history_dir, logs, count=40, batch=0).finish()
+    after = _producer("after", store, "KILLED", history_dir, logs, LOCKS[lock], count=40).finish()
     assert after["acknowledged"] == 40
 
     restart = time.monotonic()
@@ -168,7 +193,7 @@ def test_producers_killed_at_random_moments_lose_no_acknowledged_message(
     history = History.load(history_dir)
     figures = check(store, history, topics=["KILLED"], dispatched=True, recovery_s=recovery)
     record(
-        "producers SIGKILLed while sending (4 at once: sync + batch)",
+        f"producers SIGKILLed while sending (4 at once: sync + batch; {lock})",
         figures,
         rounds=rounds,
         kills=kills,
@@ -181,15 +206,19 @@ def test_producers_killed_at_random_moments_lose_no_acknowledged_message(
 
 
 # --------------------------------------------------------------------------- eight producers
+@pytest.mark.parametrize("lock", list(LOCKS))
 def test_eight_producer_processes_at_once_store_every_acknowledged_message_once(
-    store: Store, admin: Admin, history_dir: Path, tmp_path: Path
+    store: Store, admin: Admin, history_dir: Path, tmp_path: Path, lock: str
 ) -> None:
     admin.create_topic("EIGHT", 4)
     logs = tmp_path / "logs"
     children = [
-        _producer(f"p{i}", store, "EIGHT", history_dir, logs, count=40, conflict_retries=2) for i in range(4)
+        _producer(f"p{i}", store, "EIGHT", history_dir, logs, LOCKS[lock], count=40, conflict_retries=2)
+        for i in range(4)
     ] + [
-        _producer(f"b{i}", store, "EIGHT", history_dir, logs, count=200, batch=20, conflict_retries=2)
+        _producer(
+            f"b{i}", store, "EIGHT", history_dir, logs, LOCKS[lock], count=200, batch=20, conflict_retries=2
+        )
         for i in range(4)
     ]
     outputs = [child.finish(timeout=180) for child in children]
@@ -200,7 +229,7 @@ def test_eight_producer_processes_at_once_store_every_acknowledged_message_once(
     history = History.load(history_dir)
     figures = check(store, history, topics=["EIGHT"], dispatched=True, recovery_s=recovery)
     record(
-        "eight producer processes at once",
+        f"eight producer processes at once ({lock})",
         figures,
         sequencer_conflicts=sum(o.get("sequencer_conflicts", 0) for o in outputs),
         conflict_errors=sum(o.get("conflict_errors", 0) for o in outputs),

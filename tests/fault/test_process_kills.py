@@ -153,7 +153,7 @@ def test_producers_killed_at_random_moments_lose_no_acknowledged_message(
 ) -> None:
     admin.create_topic("KILLED", 4)
     logs = tmp_path / "logs"
-    rounds, kills = 4, 0
+    rounds, kills = 3, 0
     for r in range(rounds):
         # Two sync and two batch senders racing each other, each killed at its own random moment
         # once it is sending.

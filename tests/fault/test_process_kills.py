@@ -249,14 +249,18 @@ def test_dispatcher_killed_mid_batch_and_restarted_leaves_no_gap_and_no_duplicat
     logs = tmp_path / "logs"
     producer = _producer("writer", store, "DISPATCHED", history_dir, logs, count=10**6, batch=5, pause_ms=5)
     at_kills: list[int] = []
-    for kill in range(6):
+    for r in range(4):
         before = dispatched_version(store)
-        dispatcher = worker(f"dispatcher{kill}", "dispatcher", logs, store=store.root, interval_ms=1)
-        # Once it is dispatching (its first commit), kill it at a random moment of its loop.
-        wait_until(functools.partial(_dispatched_past, store, before), 60, "the dispatcher to dispatch")
-        time.sleep(rng.uniform(0.0, 0.3))
-        dispatcher.kill()
-        at_kills.append(dispatched_version(store))
+        # Two dispatchers at once (dispatch must also be safe against a concurrent dispatcher).
+        dispatchers = [
+            worker(f"dispatcher{r}{i}", "dispatcher", logs, store=store.root, interval_ms=1) for i in range(2)
+        ]
+        # Once they are dispatching (a first commit), kill each at a random moment of its loop.
+        wait_until(functools.partial(_dispatched_past, store, before), 60, "the dispatchers to dispatch")
+        for dispatcher in dispatchers:
+            time.sleep(rng.uniform(0.0, 0.3))
+            dispatcher.kill()
+            at_kills.append(dispatched_version(store))
     time.sleep(1.0)  # the producer goes on: a backlog for the restarted dispatcher
     producer.stop()
     backlog = _backlog(store)
@@ -268,7 +272,7 @@ def test_dispatcher_killed_mid_batch_and_restarted_leaves_no_gap_and_no_duplicat
     history = History.load(history_dir)
     figures = check(store, history, topics=["DISPATCHED"], dispatched=True, recovery_s=recovery)
     record(
-        "dispatcher (dispatch_pending) SIGKILLed repeatedly while a producer writes",
+        "dispatchers (dispatch_pending, two at once) SIGKILLed repeatedly while a producer writes",
         figures,
         kills=len(at_kills),
         dispatched_version_at_kills=at_kills,

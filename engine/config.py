@@ -28,7 +28,7 @@ class EngineConfig:
     max_batch_bytes: int = 4 * 1024 * 1024
     max_commit_attempts: int = 64
     producer_linger_ms: int = 5
-    producer_batch_size: int = 512
+    producer_batch_size: int = 2048
     pull_batch_size: int = 32
     long_poll_interval_ms: int = 20
     long_poll_max_ms: int = 20_000

@@ -299,7 +299,8 @@ def test_spark_dispatch_job_killed_mid_batch_resumes_from_its_checkpoint(
     time.sleep(rng.uniform(0.0, 0.05))
     job.kill()  # the Python driver and its JVM, mid-batch: the producer is still writing
     killed_at, in_flight = dispatched_version(store), _batches_in_flight(checkpoint)
-    producer.stop()  # what was acknowledged from here on waits for the restarted job
+    time.sleep(0.5)  # the producer goes on: what it acknowledges from here on waits for the restart
+    producer.stop()
     backlog = _backlog(store)
 
     restarted = spawn("dispatch-job-restarted", ["jobs/dispatch.py", "--store", store.root], logs)

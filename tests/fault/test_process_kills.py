@@ -30,7 +30,7 @@ from engine.store.marks import queue_marks
 from engine.store.rewrite import MAINTENANCE_KEY
 from engine.store.sequencer import read_hwm
 from jobs._common import checkpoint_location
-from tests.fault.history import History, HistoryLog, check, make_body, record
+from tests.fault.history import History, HistoryLog, body_id, check, make_body, record
 from tests.fault.procs import Child, event_lines, spawn, wait_until, worker
 
 pytestmark = pytest.mark.fault
@@ -137,6 +137,30 @@ def _leftovers(store: Store) -> dict[str, int]:
     }
 
 
+def _misreported_offsets(store: Store, history_dir: Path, topic: str) -> int:
+    """Acknowledged sends whose SendResult (queue id, queue offset, physical offset) is not where the
+    message is stored: a result from a stamp that lost its race would show here."""
+    stored: dict[str, tuple[int, int, int]] = {}
+    rows = store.read(
+        schemas.COMMIT_LOG, columns=["topic", "queue_id", "queue_offset", "physical_offset", "body"]
+    )
+    for row in rows.to_pylist():
+        if row["topic"] == topic:
+            stored[body_id(row["body"])] = (row["queue_id"], row["queue_offset"], row["physical_offset"])
+    wrong = 0
+    for path in history_dir.glob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue  # a torn last line
+            if event["e"] != "acknowledged" or "offsets" not in event:
+                continue
+            for mid, reported in zip(event["ids"], event["offsets"], strict=True):
+                wrong += stored.get(mid) != tuple(reported)
+    return wrong
+
+
 def _stored_not_acknowledged(history: History, stored: int) -> int:
     return stored - len(history.acknowledged)
 
@@ -192,16 +216,19 @@ def test_producers_killed_at_random_moments_lose_no_acknowledged_message(
     recovery = time.monotonic() - restart
     history = History.load(history_dir)
     figures = check(store, history, topics=["KILLED"], dispatched=True, recovery_s=recovery)
+    misreported = _misreported_offsets(store, history_dir, "KILLED")
     record(
         f"producers SIGKILLed while sending (4 at once: sync + batch; {lock})",
         figures,
         rounds=rounds,
         kills=kills,
         stored_not_acked=_stored_not_acknowledged(history, figures.stored),
+        misreported_offsets=misreported,
         **_leftovers(store),
         seed=SEED,
     )
     figures.assert_ok()
+    assert misreported == 0, "a SendResult does not say where its message is stored"
     assert figures.acknowledged > 40
 
 
@@ -228,14 +255,17 @@ def test_eight_producer_processes_at_once_store_every_acknowledged_message_once(
     recovery = time.monotonic() - restart
     history = History.load(history_dir)
     figures = check(store, history, topics=["EIGHT"], dispatched=True, recovery_s=recovery)
+    misreported = _misreported_offsets(store, history_dir, "EIGHT")
     record(
         f"eight producer processes at once ({lock})",
         figures,
         sequencer_conflicts=sum(o.get("sequencer_conflicts", 0) for o in outputs),
         conflict_errors=sum(o.get("conflict_errors", 0) for o in outputs),
         unknown=sum(o.get("unknown", 0) for o in outputs),
+        misreported_offsets=misreported,
     )
     figures.assert_ok()
+    assert misreported == 0, "a SendResult does not say where its message is stored"
     # Every send ended one way or the other; whatever was not acknowledged was given up.
     assert len(history.sent) == 4 * 40 + 4 * 200
     assert history.sent == history.acknowledged | history.gave_up

@@ -10,11 +10,12 @@ kill in the middle of a write, is an event that never happened). :func:`check` t
 history with the store's tables and returns :class:`Figures`:
 
 - ``acknowledged_lost``: acknowledged by the store to a producer, absent from the commit log;
-- ``log_duplicates``: a message stored twice in the commit log, or one commit-log entry indexed
-  twice in the consume queue (same physical offset, or same queue slot);
+- ``log_duplicates``: a message stored twice in the commit log, a physical offset used twice, or
+  one commit-log entry indexed twice in the consume queue;
 - ``offsets_not_dense`` / ``offsets_not_monotonic``: queues (of the commit log and of the consume
   queue) whose queue offsets have a hole or a repeat, or do not rise with commit order; the commit
-  log's physical offsets count as one more sequence;
+  log's physical offsets count as one more sequence (byte-dense, rising version by version), and a
+  consume-queue entry that points at another row than its own counts as not monotonic;
 - ``never_seen``: acknowledged messages no consumer received (scenarios that consume);
 - ``undispatched``: stored messages missing from the consume queue (scenarios that dispatch);
 - ``recovery_s``: set by the scenario (restart -> everything dispatched or consumable).

@@ -37,6 +37,7 @@ from engine.broker.transactions import (
     is_decided,
     load_half,
     next_check,
+    tx_app_id,
     undecided_halves,
 )
 from engine.protocol import (
@@ -331,3 +332,43 @@ def test_bad_input_raises_typed_errors_and_writes_nothing(
             check_transactions(store, **bad)
     assert versions(store) == before
     assert store.read(schemas.COMMIT_LOG, filter=ds.field("topic") == TRANS_HALF_TOPIC).num_rows == 0
+
+
+def test_a_decision_older_than_its_guard_is_found_by_content_and_never_taken_twice(
+    store: Store, topic: str, producers: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from engine.store import sequencer
+
+    eight_days_ago = sequencer.now_ms() - 8 * 24 * 3600 * 1000
+    producer = producers(check_poll_ms=60_000)
+    with monkeypatch.context() as m:  # everything below was stored and decided 8 days ago
+        m.setattr(sequencer, "now_ms", lambda: eight_days_ago)
+        producer.send_in_transaction(Message(topic, b"old commit"), lambda m: COMMIT)
+        producer.send_in_transaction(Message(topic, b"old rollback"), lambda m: ROLLBACK)
+        producer.send_in_transaction(Message(topic, b"old, undecided"), lambda m: UNKNOWN)
+    committed, rolled, pending = sorted(
+        r["physical_offset"] for r in commit_log_rows(store) if r["topic"] == TRANS_HALF_TOPIC
+    )
+    dt = store.open_table(schemas.COMMIT_LOG)
+    assert dt.transaction_version(tx_app_id(committed)) is None  # the guard expired
+
+    assert is_decided(store, committed) and is_decided(store, rolled)
+    assert not is_decided(store, pending)
+    halves, _ = undecided_halves(store, floor=0)
+    assert [h.physical_offset for h in halves] == [pending]
+    assert check_transactions(store, now_ms=FUTURE) == 1  # a CHECK for the undecided half only
+    assert {r["half_physical_offset"] for r in transactions(store, EVENT_CHECK)} == {pending}
+
+    writer = CommitLogWriter(store)
+    for result, state in ((committed, COMMIT), (rolled, ROLLBACK)):
+        half = load_half(store, result)
+        assert half is not None
+        again = end_transaction(store, writer, half, COMMIT)
+        assert (again.won, again.state) == (False, state)
+    assert [m.body for m in pull_all(store, topic)] == [b"old commit"]
+    # A half undecided past the guard's lifetime is decided once, under a fresh guard.
+    late = load_half(store, pending)
+    assert late is not None
+    assert end_transaction(store, writer, late, COMMIT).won
+    assert not end_transaction(store, CommitLogWriter(store), late, COMMIT).won
+    assert sorted(m.body for m in pull_all(store, topic)) == [b"old commit", b"old, undecided"]

@@ -15,7 +15,11 @@ Its *decision* is also a commit-log row, appended with the Delta app transaction
 The sequencer refuses a commit whose app transaction is already recorded, so COMMIT and ROLLBACK of
 one half exclude each other and a commit re-puts the message exactly once, however many deciders
 race (the producer's own decision, its check-back thread, a second producer of the group, the check
-job's rollback after too many checks). A half is *decided* iff that app transaction exists.
+job's rollback after too many checks). A half is *decided* iff that app transaction exists, or,
+for a half older than :data:`GUARD_TRUSTED_MS`, iff its decision record is in the commit log: the
+guards carry ``lastUpdated`` and expire after the commit log's ``delta.setTransactionRetentionDuration``
+(:data:`engine.store.store.TXN_RETENTION`, 7 days), so a decision older than that is found by content
+(its ``TRAN_HALF_OFFSET``), and a new decision on such a half writes a fresh guard.
 
 The ``transactions`` table is the conversation with producers and an audit trail: the check job
 (:func:`check_transactions`) appends CHECK requests for halves older than the timeout that have no
@@ -70,6 +74,9 @@ REASON_CHECK = "CHECK"  # the producer's checker decided, answering a check requ
 REASON_MAX_CHECKS = "MAX_CHECKS"  # no decision after the maximum number of checks
 
 DEFAULT_TIMEOUT_MS = 6_000
+# A decision comes after its half, and its guard lives 7 days (TXN_RETENTION) from the decision: the
+# guard of a half younger than this cannot have expired, so its absence means "undecided".
+GUARD_TRUSTED_MS = 6 * 24 * 3600 * 1000
 DEFAULT_MAX_CHECKS = 15
 DEFAULT_CHECK_INTERVAL_MS = 30_000
 
@@ -232,9 +239,51 @@ class Decision:
     won: bool  # this call made the decision (False: another decider got there first)
 
 
-def is_decided(store: Store, half_physical_offset: int) -> bool:
-    """True once a COMMIT or ROLLBACK of the half is in the commit log."""
+def _guarded(store: Store, half_physical_offset: int) -> bool:
     return store.table(schemas.COMMIT_LOG).transaction_version(tx_app_id(half_physical_offset)) is not None
+
+
+def _guard_may_have_expired(store_ts_ms: int) -> bool:
+    return _clock_ms() - store_ts_ms > GUARD_TRUSTED_MS
+
+
+def decision_record(store: Store, half_physical_offset: int, uniq_key: str) -> dict[str, Any] | None:
+    """The commit-log row that decided a half (its COMMIT re-put or ROLLBACK op record), or None.
+
+    Found by content, not by the guard: decision rows keep the half's unique key and name its
+    physical offset in ``TRAN_HALF_OFFSET``. A scan of the commit log: only for halves whose guard
+    may have expired.
+    """
+    po = int(half_physical_offset)
+    rows = store.read(
+        schemas.COMMIT_LOG,
+        columns=[n for n in schemas.COMMIT_LOG_SCHEMA.names if n != "body"],
+        predicate=f"uniq_key = {sql_literal(uniq_key)} AND physical_offset > {po}",
+        filter=(ds.field("uniq_key") == uniq_key)
+        & (ds.field("physical_offset") > po)
+        & ds.field("sys_flag").isin([int(SysFlag.COMMIT), int(SysFlag.ROLLBACK)]),
+    ).to_pylist()
+    for row in sorted(rows, key=lambda r: int(r["physical_offset"])):
+        if dict(row.get("properties") or {}).get(PROPERTY_HALF_OFFSET) == str(po):
+            found: dict[str, Any] = row
+            return found
+    return None
+
+
+def is_decided(store: Store, half_physical_offset: int, *, half: HalfMessage | None = None) -> bool:
+    """True once a COMMIT or ROLLBACK of the half is in the commit log.
+
+    Args:
+        store: the store.
+        half_physical_offset: the half's physical offset.
+        half: the half, if already loaded (saves reading it when its guard is missing).
+    """
+    if _guarded(store, half_physical_offset):
+        return True
+    half = half if half is not None else load_half(store, half_physical_offset)
+    if half is None or not _guard_may_have_expired(half.store_ts_ms):
+        return False
+    return decision_record(store, half.physical_offset, half.uniq_key) is not None
 
 
 def load_half(store: Store, half_physical_offset: int) -> HalfMessage | None:
@@ -250,7 +299,7 @@ def load_half(store: Store, half_physical_offset: int) -> HalfMessage | None:
 
 def find_decision(store: Store, half: HalfMessage) -> Decision | None:
     """The decision already taken on a half, or None while it is undecided."""
-    if not is_decided(store, half.physical_offset):
+    if not is_decided(store, half.physical_offset, half=half):
         return None
     rows = store.read(
         schemas.COMMIT_LOG,
@@ -326,6 +375,10 @@ def end_transaction(
         record = rollback_record(half)
     else:
         raise InvalidArgumentError(f"a transaction ends with COMMIT or ROLLBACK, not {state!r}", state=state)
+    if _guard_may_have_expired(half.store_ts_ms) and not _guarded(store, half.physical_offset):
+        existing = find_decision(store, half)  # decided before its guard expired
+        if existing is not None:
+            return existing
     stamped = writer.append([record], app_transactions={tx_app_id(half.physical_offset): 0})
     if not stamped:
         existing = find_decision(store, half)
@@ -387,8 +440,12 @@ def undecided_halves(store: Store, *, floor: int | None = None) -> tuple[list[Ha
     dt = store.table(schemas.COMMIT_LOG)
     halves = []
     for row in table.to_pylist():
-        if dt.transaction_version(tx_app_id(int(row["physical_offset"]))) is None:
-            halves.append(HalfMessage.from_row(row))
+        po = int(row["physical_offset"])
+        if dt.transaction_version(tx_app_id(po)) is not None:
+            continue
+        if _guard_may_have_expired(int(row["store_ts_ms"])) and decision_record(store, po, row["uniq_key"]):
+            continue  # decided more than TXN_RETENTION ago
+        halves.append(HalfMessage.from_row(row))
     if halves:
         return halves, halves[0].physical_offset
     return [], int(pc.max(table["physical_offset"]).as_py()) + 1

@@ -239,10 +239,9 @@ class TransactionProducer(Producer):
             )
             decided = 0
             for po, n in pending:
-                if not is_decided(self._store, po):
-                    half = load_half(self._store, po)
-                    if half is not None:
-                        decided += self._answer(half, n)
+                half = load_half(self._store, po)
+                if half is not None and not is_decided(self._store, po, half=half):
+                    decided += self._answer(half, n)
                 self._answered.add((po, n))
             self._answered = {(po, n) for po, n in self._answered if po >= floor}
             self._seen_version = latest

@@ -218,6 +218,10 @@ def render(results: Mapping[str, Any]) -> str:
         f"| load average (1/5/15 min) at start | {' / '.join(map(str, machine['load_average_start']))} |",
         f"| load average at end | {' / '.join(map(str, machine.get('load_average_end', [])))} |",
     ]
+    steps = {k: v for k, v in machine.get("load_after_steps", {}).items() if v}
+    if steps:
+        text = ", ".join(f"{step} {values[0]}" for step, values in steps.items())
+        out.append(f"| 1-min load average after each step | {text} |")
     out += [f"| {name} | {value} |" for name, value in versions.items()]
     out += [""]
     if results.get("context_note"):

@@ -117,6 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     console = Console(width=None if sys.stdout.isatty() else 130)
     began = time.monotonic()
     host = machine.machine()
+    host["load_after_steps"] = {}
     workloads: list[dict[str, Any]] = []
     errors: list[str] = []
     extra: dict[str, Any] = {}
@@ -156,6 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                         errors.append(f"{name}: {type(exc).__name__}: {exc}")
                         console.print(f"[red]{name} failed:[/red]\n{traceback.format_exc()}")
                     console.log(f"{DESCRIPTIONS[name]}: {time.monotonic() - step_began:.0f} s")
+                    host["load_after_steps"][name] = machine.load_average()[:1]
                     progress.advance(overall)
             extra = ctx.extra
     except KeyboardInterrupt:

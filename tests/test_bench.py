@@ -156,6 +156,7 @@ def test_report_has_machine_targets_and_one_table_per_workload():
             "platform": "Linux",
             "load_average_start": [1.5, 1.0, 0.5],
             "load_average_end": [1.0, 1.0, 0.5],
+            "load_after_steps": {"produce": [2.5], "sync": [3.0]},
         },
         "versions": {"python": "3.11.9", "redis-server": "7.0.15"},
         "params": {"messages": 1000},
@@ -168,6 +169,7 @@ def test_report_has_machine_targets_and_one_table_per_workload():
     text = render(results)
     assert "| CPU | Some CPU, 2 cores |" in text
     assert "| load average (1/5/15 min) at start | 1.5 / 1.0 / 0.5 |" in text
+    assert "| 1-min load average after each step | produce 2.5, sync 3.0 |" in text
     assert "| redis-server | 7.0.15 |" in text
     assert "The machine was busy" in text
     assert f"**2 of {len(TARGETS)} targets met.**" in text

@@ -81,7 +81,9 @@ class FileReader:
             if cached is not None:
                 self._tables.move_to_end(path)
         if cached is None:
-            table = pq.read_table(path, filesystem=self._fs)
+            # One chunk per column: ``take`` on a many-row-group (compacted) file would otherwise
+            # concatenate every chunk again on each pull.
+            table = pq.read_table(path, filesystem=self._fs).combine_chunks()
             cached = (table, {})
             with self._lock:
                 self._tables[path] = cached

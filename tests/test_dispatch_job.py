@@ -1,4 +1,4 @@
-"""The dispatch job (jobs/dispatch.py): commit_log -> consume_queue through Spark, exactly once."""
+"""The dispatch job (jobs/dispatch.py): commit_log -> consume_queue, triggered by Spark, exactly once."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pytest
 
 from engine import Message, Producer, PullConsumer, PullStatus, SendResult, Store, SysFlag
@@ -229,13 +228,26 @@ def test_checkpoint_location_defaults_under_the_store(store: Store) -> None:
 
 
 @pytest.mark.spark
-def test_spark_rows_arrive_as_arrow_with_the_columns_dispatch_needs(
-    spark: Any, store: Store, topic: str
-) -> None:
-    _send(store, topic, 2)
-    from jobs.dispatch import DISPATCH_COLUMNS, commit_log_stream
+def test_the_query_follows_commit_log_versions_only(spark: Any, store: Store, topic: str) -> None:
+    from jobs.dispatch import commit_log_versions
 
-    frame = commit_log_stream(spark, store, 0)
-    assert frame.isStreaming and frame.columns == [*DISPATCH_COLUMNS, "_version"]
-    batch = spark.read.format("deltalog").option("path", store.uri(schemas.COMMIT_LOG)).load().toArrow()
-    assert isinstance(batch, pa.Table) and batch.num_rows == 2
+    frame = commit_log_versions(spark, store, 0)
+    assert frame.isStreaming and frame.columns == ["_version"]
+
+
+def test_dispatch_committed_resumes_at_the_marker_in_bounded_commits(store: Store, topic: str) -> None:
+    from jobs.dispatch import dispatch_committed
+
+    sent = [r for i in range(5) for r in _send(store, topic, 1, start=i)]  # five commit-log versions
+    cq_before = store.version(schemas.CONSUME_QUEUE)
+    assert dispatch_committed(store, versions_per_commit=2) == (5, 5)
+    assert store.version(schemas.CONSUME_QUEUE) == cq_before + 3  # versions 2 + 2 + 1
+    assert dispatched_version(store) == store.version(schemas.COMMIT_LOG)
+    _assert_exactly_once(store, topic, sent)
+
+    sent += _send(store, topic, 2, start=5)
+    assert dispatch_committed(store) == (2, 2)  # only what came after the marker
+    version = store.version(schemas.CONSUME_QUEUE)
+    assert dispatch_committed(store) == (0, 0)
+    assert store.version(schemas.CONSUME_QUEUE) == version
+    _assert_exactly_once(store, topic, sent)

@@ -348,3 +348,52 @@ def test_pending_batch_columns_match_each_message(topic: str) -> None:
     assert results.queue_offsets == [0, 0, 0, -1]
     assert results.uniq_keys == ["u0", "u1", "u2", "u3"]
     assert after.queues == {topic: [0, 1, 1], "SCHEDULE_TOPIC_XXXX": [0, 0, 1]}
+
+
+def _count_commit_log_opens(store: Store, monkeypatch: pytest.MonkeyPatch, fail_at: int = -1) -> list[int]:
+    """Spy on the store's commit-log handle opens; the ``fail_at``-th one (0-based) fails."""
+    assert store.store_id  # cached from here on: its first look-up opens the commit log too
+    opens: list[int] = []
+    real_open = store.open_table
+
+    def spy(name: str, version: int | None = None) -> Any:
+        if name == schemas.COMMIT_LOG:
+            opens.append(len(opens))
+            if len(opens) - 1 == fail_at:
+                raise StoreError("table cannot be loaded: injected", table=name)
+        return real_open(name, version)
+
+    monkeypatch.setattr(store, "open_table", spy)
+    return opens
+
+
+def test_writer_renews_its_handle_as_it_ages_and_keeps_offsets_dense(
+    store: Store, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A delta-rs handle slows down with every version it moves on by: the writer reopens it.
+    monkeypatch.setattr(sequencer, "RENEW_HANDLE_VERSIONS", 3)
+    writer, other = CommitLogWriter(store), CommitLogWriter(store)
+    opens = _count_commit_log_opens(store, monkeypatch)
+    stamped = []
+    for i in range(7):
+        stamped += writer.append([_pending(topic, 0, f"w{i}".encode())])
+        other.append([_pending(topic, 1, f"o{i}".encode())])  # moves the log on behind the writer
+    # Writer and other each open once, then renew every 3 versions their handles move on by.
+    assert len(opens) >= 2 + 4
+    assert [s.queue_offset for s in stamped] == list(range(7))
+    assert [s.version for s in stamped] == [1 + 2 * i for i in range(7)]
+    assert_invariants(_rows_with_versions(store))
+
+
+def test_failed_handle_renewal_keeps_the_committed_batch_and_reopens_on_the_next_append(
+    store: Store, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sequencer, "RENEW_HANDLE_VERSIONS", 2)
+    writer = CommitLogWriter(store)
+    opens = _count_commit_log_opens(store, monkeypatch, fail_at=1)  # the first renewal fails
+    results = [writer.append([_pending(topic, 0, f"{i}".encode())])[0] for i in range(4)]
+    assert len(opens) >= 3  # first open, the failed renewal, the reopen on the next append
+    assert [r.queue_offset for r in results] == [0, 1, 2, 3]
+    assert [r.version for r in results] == [1, 2, 3, 4]
+    assert store.version(schemas.COMMIT_LOG) == 4
+    assert_invariants(_rows_with_versions(store))

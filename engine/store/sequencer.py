@@ -20,10 +20,13 @@ A lost race rewrites the batch's data file: the offsets are columns of the rows 
 self-describing, DESIGN.md §2), so there is no cheaper re-stamp that keeps files readable by any
 Delta reader. With the lock, only writers of other hosts and maintenance commits still cause it.
 
-What an append costs is mostly delta-rs's: a commit's CPU grows with the table's live data files
-(about 13 ms at 70 files, 70 ms at 700 on the 2-core bench machine; refreshing a snapshot by a few
-versions costs 3-12 ms), so send latency and the host's commit rate depend on compaction keeping
-the commit log's file count down.
+What an append costs is mostly delta-rs's, and grows with two things (``bench/commit_cost.py``):
+the table's live data files, mildly (one message: about 4 ms at 50 files, 10-15 ms at 2000 on the
+2-core bench machine), and the number of versions the writer's DeltaTable handle has moved on by
+since it was opened, steeply (the handle keeps one more Arrow batch of file actions per version and
+every commit goes over all of them: 4 ms fresh, 42 ms after 400 versions). The writer therefore
+reopens its handle every :data:`RENEW_HANDLE_VERSIONS` versions. Refreshing a snapshot by one
+version costs about as much as an append, so lost races are expensive.
 """
 
 from __future__ import annotations
@@ -175,6 +178,13 @@ _WRITER_PROPERTIES = WriterProperties(
 # checkpoint of a table of many small files takes longer than the commit it follows.
 _NO_HOOKS = PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
 DEFAULT_CHECKPOINT_INTERVAL = 100  # Delta's default delta.checkpointInterval
+# A DeltaTable handle gets slower with every version it moves on by (its own commits and
+# ``update_incremental``): delta-rs keeps the file list of each new version as one more Arrow batch
+# and every later commit goes over all of them. On the bench machine (bench/commit_cost.py) one
+# append on a 50-file commit log costs 4 ms on a fresh handle and 42 ms once the handle has moved on
+# by 400 versions, against 12 ms on a fresh handle of the same 490-file table. So the writer renews
+# its handle once it has moved on by this many versions (reopening costs about one slow append).
+RENEW_HANDLE_VERSIONS = 32
 
 _OFFSET_FREE = [
     f
@@ -558,11 +568,13 @@ class CommitLogWriter:
         )
         self._log_dir = os.path.join(store.uri(schemas.COMMIT_LOG), "_delta_log") if store.is_local else None
         self._interval: int | None = None
+        self._opened_at = -1  # version the handle was opened at (see RENEW_HANDLE_VERSIONS)
         self.conflicts = 0  # lost races, for benchmarks and tests
 
     def _catch_up(self) -> tuple[DeltaTable, HighWaterMarks]:
         if self._dt is None:
             self._dt = self._store.open_table(schemas.COMMIT_LOG)
+            self._opened_at = int(self._dt.version())
         else:
             self._dt.update_incremental()
         self._hwm = read_hwm(self._dt)
@@ -634,7 +646,23 @@ class CommitLogWriter:
                     host_lock.release()
             if stamped.version >= 0:
                 self._checkpoint_if_due(stamped.version)
+                self._renew_if_aged()
             return stamped
+
+    def _renew_if_aged(self) -> None:
+        """Reopen the handle once it has moved on by :data:`RENEW_HANDLE_VERSIONS` versions.
+
+        Done after the host lock is released, like the checkpoint. Best effort: the batch is already
+        committed, so a failed reopen only leaves the writer without a handle, and the next append
+        opens one (and reports the failure then, if it persists).
+        """
+        if self._dt is None or int(self._dt.version()) - self._opened_at < RENEW_HANDLE_VERSIONS:
+            return
+        self._dt = None
+        try:
+            self._catch_up()
+        except (StoreError, DeltaError, OSError):
+            self._dt = None
 
     def _checkpoint_if_due(self, version: int) -> None:
         """Write the checkpoint Delta's post-commit hook would have written at ``version``.

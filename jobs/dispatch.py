@@ -24,12 +24,15 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 
+from engine.spark.progress import progress_dict
 from engine.store import schemas
 from engine.store.dispatch import dispatch_rows, dispatched_version
 from engine.store.log import VERSION_COLUMN, read_versions
@@ -38,6 +41,8 @@ from jobs._common import EXIT_OK, JobContext, job_main, log_stream, run_or_serve
 
 __all__ = [
     "DISPATCH_COLUMNS",
+    "BatchRows",
+    "DispatchQuery",
     "DispatchStats",
     "commit_log_versions",
     "dispatch_committed",
@@ -61,6 +66,8 @@ DISPATCH_COLUMNS = (
     "sys_flag",
 )
 DISPATCH_SCHEMA = pa.schema([schemas.COMMIT_LOG_SCHEMA.field(c) for c in DISPATCH_COLUMNS])
+# Batches whose row counts a DispatchQuery remembers (Spark keeps the last 100 progresses).
+REMEMBERED_BATCHES = 1000
 # Commit-log versions read and dispatched in one consume-queue commit (bounds a catch-up's memory).
 VERSIONS_PER_COMMIT = 1000
 
@@ -79,6 +86,76 @@ class DispatchStats:
             self.batches += 1
             self.rows += rows
             self.entries += entries
+
+
+class BatchRows:
+    """The commit-log rows each micro-batch read, and when it began (``time.monotonic()``)."""
+
+    def __init__(self, remembered: int = REMEMBERED_BATCHES) -> None:
+        self._batches: OrderedDict[int, tuple[int, float]] = OrderedDict()
+        self._remembered = remembered
+        self._lock = threading.Lock()
+
+    def record(self, batch_id: int, rows: int, started: float) -> None:
+        with self._lock:
+            self._batches[batch_id] = (rows, started)
+            while len(self._batches) > self._remembered:
+                self._batches.popitem(last=False)
+
+    def get(self, batch_id: int) -> tuple[int, float] | None:
+        with self._lock:
+            return self._batches.get(batch_id)
+
+
+class DispatchQuery:
+    """The dispatch job's ``StreamingQuery``, whose progress counts the rows each batch dispatched.
+
+    Spark counts a micro-batch's input rows only when a Spark job reads them; this job reads the
+    commit-log versions on the driver, so Spark reports 0 rows for every batch. ``lastProgress`` and
+    ``recentProgress`` (as dicts) carry instead the commit-log rows each batch read, and the rates
+    derived from them, so progress lines, ``_status/dispatch.json`` and their end-to-end delay stay
+    meaningful. Everything else is the query's own.
+    """
+
+    def __init__(self, query: Any, batches: BatchRows) -> None:
+        self._query = query
+        self._batches = batches
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._query, name)
+
+    def __repr__(self) -> str:
+        return f"DispatchQuery({self._query!r})"
+
+    def _counted(self, progress: Any) -> dict[str, Any] | None:
+        p = progress_dict(progress)
+        if p is None or p.get("batchId") is None:
+            return p
+        batch_id = int(p["batchId"])
+        seen, previous = self._batches.get(batch_id), self._batches.get(batch_id - 1)
+        if seen is None:
+            return p
+        rows, started = seen
+        trigger_ms = (p.get("durationMs") or {}).get("triggerExecution")
+        interval_s = started - previous[1] if previous is not None else None
+        p["numInputRows"] = rows
+        p["processedRowsPerSecond"] = rows * 1000.0 / trigger_ms if trigger_ms else 0.0
+        p["inputRowsPerSecond"] = rows / interval_s if interval_s else 0.0
+        for source in p.get("sources") or ():
+            source.update(
+                numInputRows=rows,
+                processedRowsPerSecond=p["processedRowsPerSecond"],
+                inputRowsPerSecond=p["inputRowsPerSecond"],
+            )
+        return p
+
+    @property
+    def lastProgress(self) -> dict[str, Any] | None:
+        return self._counted(self._query.lastProgress)
+
+    @property
+    def recentProgress(self) -> list[dict[str, Any]]:
+        return [p for p in (self._counted(x) for x in self._query.recentProgress) if p is not None]
 
 
 def commit_log_versions(spark: Any, store: Store, starting_version: int) -> Any:
@@ -138,21 +215,25 @@ def run_dispatch(
         stats: counters to update after each micro-batch.
 
     Returns:
-        The started ``StreamingQuery`` (terminated already when ``once``).
+        The started query as a :class:`DispatchQuery` (terminated already when ``once``).
 
     Raises:
         pyspark.errors.StreamingQueryException: a micro-batch failed (``once`` only; a running
             query reports it through ``exception()`` / ``awaitTermination()``).
     """
     counters = stats if stats is not None else DispatchStats()
+    batches = BatchRows()
 
     def on_batch(batch: Any, batch_id: int) -> None:
         # Called on the driver; ``batch`` only says that new versions exist. Returning commits the
         # batch in the checkpoint, so a failure must raise (it does: dispatch raises on any error).
-        counters.add(*dispatch_committed(store))
+        started = time.monotonic()
+        rows, entries = dispatch_committed(store)
+        counters.add(rows, entries)
+        batches.record(batch_id, rows, started)
 
     frame = commit_log_versions(spark, store, dispatched_version(store) + 1)
-    return start_query(
+    query = start_query(
         frame,
         store,
         JOB,
@@ -161,6 +242,7 @@ def run_dispatch(
         checkpoint=checkpoint,
         trigger_ms=store.config.dispatch_trigger_ms,
     )
+    return DispatchQuery(query, batches)
 
 
 def summary(store: Store, stats: DispatchStats, elapsed_s: float) -> str:

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from engine import Message, Producer, PullConsumer, PullStatus, SendResult, Store, SysFlag
+from engine.spark.progress import query_status
 from engine.store import schemas
 from engine.store.dispatch import dispatched_version
 from engine.store.sequencer import CommitLogWriter, PendingMessage
@@ -66,6 +67,10 @@ def test_dispatch_once_makes_sent_messages_pullable_and_a_second_run_adds_nothin
         m = r.messages[0]
         assert (m.msg_id, m.queue_offset, m.physical_offset) == (s.msg_id, s.queue_offset, s.physical_offset)
     assert dispatched_version(store) == store.version(schemas.COMMIT_LOG)
+    # Spark does not read the rows, yet the query's progress counts them (for progress lines and status).
+    status = query_status("dispatch", query, state="finished", store=store, source_table=schemas.COMMIT_LOG)
+    assert (status.num_input_rows, status.total_input_rows, status.batches) == (8, 8, 1)
+    assert status.end_to_end_delay_ms is not None
 
     before_rows, before_version = _consume_queue(store), store.version(schemas.CONSUME_QUEUE)
     again = DispatchStats()

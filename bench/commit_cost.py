@@ -10,6 +10,10 @@ seconds), then one :class:`~engine.store.sequencer.CommitLogWriter` (host lock o
 
 - ``append 1`` / ``append 512``: the writer's append of one / 512 messages of 1 KiB;
 - ``append 1 + mq.tx``: one message with a transaction guard (``app_transactions``);
+- ``256 appends, renewal`` / ``256 appends, no renewal``: one message each, 256 times in a row, with
+  the writer renewing its DeltaTable handle every ``RENEW_HANDLE_VERSIONS`` versions, and without
+  (a handle that commits gets slower with every version it moves on by);
+- ``  open handle``: opening the commit log (what a renewal costs);
 - ``  write_deltalake``: the bare delta-rs append the writer makes (same properties, hooks off);
 - ``  create_write_txn``: the alternative of writing the parquet file with pyarrow and committing its
   add action through ``DeltaTable.create_write_transaction`` (delta-rs retries left on: with
@@ -25,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import functools
 import io
 import json
 import os
@@ -50,7 +55,7 @@ from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, wr
 from deltalake.transaction import AddAction, RemoveAction  # noqa: E402
 
 from engine import Store  # noqa: E402
-from engine.store import schemas  # noqa: E402
+from engine.store import schemas, sequencer  # noqa: E402
 from engine.store.sequencer import (  # noqa: E402
     HWM_KEY,
     CommitLogWriter,
@@ -184,6 +189,17 @@ def run(files: int, repeat: int, profile: bool) -> list[str]:
                 ),
             )
         )
+        for label, renew in (
+            ("256 appends, renewal", sequencer.RENEW_HANDLE_VERSIONS),
+            ("256 appends, no renewal", 10**9),
+        ):
+            aging = CommitLogWriter(store, host_lock=False)
+            saved, sequencer.RENEW_HANDLE_VERSIONS = sequencer.RENEW_HANDLE_VERSIONS, renew
+            try:
+                rows.append(_row(label, files, _timed(functools.partial(aging.append_batch, one), 256)))
+            finally:
+                sequencer.RENEW_HANDLE_VERSIONS = saved
+        rows.append(_row("  open handle", files, _timed(lambda: store.open_table(schemas.COMMIT_LOG), 5)))
         raw = _Raw(store, body)
         rows.append(_row("  write_deltalake", files, _timed(raw.write_deltalake, repeat)))
         rows.append(_row("  create_write_txn", files, _timed(raw.create_write_transaction, repeat)))

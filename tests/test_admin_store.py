@@ -138,3 +138,36 @@ def test_store_time_never_goes_backwards_in_commit_order(store: Store, topic: st
     rows = sorted(store.read(schemas.COMMIT_LOG).to_pylist(), key=lambda r: r["physical_offset"])
     ts = [r["store_ts_ms"] for r in rows]
     assert ts == sorted(ts)
+
+
+def test_the_shared_handle_is_reopened_every_32_commits_and_keeps_every_row(store: Store) -> None:
+    from engine.store.store import RENEW_HANDLE_COMMITS
+
+    first = store.table(schemas.CONSUMER_OFFSET, fresh=False)
+    handles = {id(first)}
+    schema = schemas.SCHEMAS[schemas.CONSUMER_OFFSET]
+    for i in range(RENEW_HANDLE_COMMITS + 3):
+        row = {"group": "g", "topic": "T", "queue_id": 0, "offset": i, "ts_ms": i, "consumer_id": ""}
+        store.append(schemas.CONSUMER_OFFSET, pa.Table.from_pylist([row], schema=schema))
+        handles.add(id(store.table(schemas.CONSUMER_OFFSET, fresh=False)))
+    assert len(handles) == 2  # renewed exactly once in 35 commits
+    renewed = store.table(schemas.CONSUMER_OFFSET, fresh=False)
+    assert renewed is not first and renewed.version() == store.version(schemas.CONSUMER_OFFSET)
+    offsets = sorted(store.read(schemas.CONSUMER_OFFSET)["offset"].to_pylist())
+    assert offsets == list(range(RENEW_HANDLE_COMMITS + 3))
+
+
+def test_the_groups_log_reopens_its_handle_and_keeps_its_leases(store: Store) -> None:
+    from engine.store.groups import GroupLog
+    from engine.store.store import RENEW_HANDLE_COMMITS
+
+    log = GroupLog(store)
+    granted = log.write(group="g", owner="c1", lock=[("T", 0)])
+    opened = {id(log._dt)}
+    for _ in range(RENEW_HANDLE_COMMITS + 1):
+        log.write(group="g", owner="c1", lock=[("T", 0)])
+        opened.add(id(log._dt))
+    assert granted == {("T", 0)}
+    assert len(opened) >= 2  # None in between, then a fresh handle
+    assert log.write(group="g", owner="c2", lock=[("T", 0)]) == set()  # c1's lease held throughout
+    assert GroupLog(store).leases("g")[("T", 0)].owner == "c1"

@@ -33,7 +33,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 from engine.errors import CommitConflictError, StoreError
 from engine.store import schemas
 from engine.store.log import read_version
-from engine.store.store import Store, now_ms, sql_literal
+from engine.store.store import RENEW_HANDLE_COMMITS, Store, now_ms, sql_literal
 
 HEARTBEAT = "HEARTBEAT"
 LEAVE = "LEAVE"
@@ -133,6 +133,7 @@ class GroupLog:
         self._uri = store.uri(schemas.GROUPS)
         self._lock = threading.Lock()
         self._dt: DeltaTable | None = None
+        self._commits = 0  # made through self._dt (see RENEW_HANDLE_COMMITS)
         self._state = _State()
         self._state_version = -1  # version whose state is cached in _state
         self.conflicts = 0  # lost races, for tests
@@ -294,6 +295,9 @@ class GroupLog:
                         f"write to groups failed: {exc}", table=schemas.GROUPS, cause=exc
                     ) from exc
                 self._state, self._state_version = state, base + 1
+                self._commits += 1
+                if self._commits >= RENEW_HANDLE_COMMITS:  # reopen (the state stays: it is current)
+                    self._dt, self._commits = None, 0
                 return set(granted)
             raise CommitConflictError(
                 f"groups write lost {attempts} races in a row; retry later", table=schemas.GROUPS

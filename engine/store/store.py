@@ -20,7 +20,14 @@ from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 from engine.config import EngineConfig, load_config
-from engine.errors import CommitConflictError, ConfigError, InvalidTopicError, StoreError, TopicNotFoundError
+from engine.errors import (
+    CommitConflictError,
+    ConfigError,
+    InvalidTopicError,
+    MQError,
+    StoreError,
+    TopicNotFoundError,
+)
 from engine.model import TopicConfig
 from engine.store import schemas
 from engine.store.log import table_dataset
@@ -53,6 +60,12 @@ def _is_uri(path: str) -> bool:
     return "://" in path and not path.startswith("file://")
 
 
+# A delta-rs handle gets slower with every commit made through it (after each commit it rebuilds its
+# whole list of live files; an append through a handle that made 400 commits cost ~10x one through a
+# fresh handle, bench/commit_cost.py): long-lived writers reopen their handle after this many commits.
+RENEW_HANDLE_COMMITS = 32
+
+
 def sql_literal(value: str) -> str:
     """Quote a string for a delta-rs SQL pruning predicate."""
     return "'" + value.replace("'", "''") + "'"
@@ -66,6 +79,7 @@ class Store:
         self.storage_options: dict[str, str] | None = dict(storage_options) if storage_options else None
         self.config = config
         self._tables: dict[str, DeltaTable] = {}
+        self._commits_through: dict[str, int] = {}  # commits made through each shared handle
         self._lock = threading.RLock()
         self._topics: dict[str, TopicConfig] | None = None
         self._topics_version = -1
@@ -292,7 +306,22 @@ class Store:
                 ) from exc
             except (DeltaError, OSError) as exc:
                 raise StoreError(f"write to {name} failed: {exc}", table=name, cause=exc) from exc
-            return int(dt.version())
+            version = int(dt.version())
+            if handle is None:
+                self._renew_if_aged(name)
+            return version
+
+    def _renew_if_aged(self, name: str) -> None:
+        """Swap the shared handle of ``name`` for a fresh one every :data:`RENEW_HANDLE_COMMITS` commits."""
+        made = self._commits_through.get(name, 0) + 1
+        if made < RENEW_HANDLE_COMMITS:
+            self._commits_through[name] = made
+            return
+        try:
+            self._tables[name] = self.open_table(name)
+        except MQError:
+            return  # the commit is done; the aged handle still works, the next commit tries again
+        self._commits_through[name] = 0
 
     def app_version(self, name: str, app_id: str) -> int | None:
         """Last version recorded by app transaction ``app_id`` on a table, if any."""

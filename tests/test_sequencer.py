@@ -20,13 +20,11 @@ from engine import CommitConflictError, Message, Producer, Store, StoreError
 from engine.model import SysFlag
 from engine.protocol import record_size, tags_code
 from engine.store import schemas
+from engine.store.hostlock import LOCK_DIR, LOCK_ENV, HostLock
 from engine.store.log import read_versions
 from engine.store.sequencer import (
-    LOCK_DIR,
-    LOCK_ENV,
     CommitLogWriter,
     HighWaterMarks,
-    HostLock,
     PendingBatch,
     PendingMessage,
     read_hwm,

@@ -14,7 +14,8 @@ writer that just won (its snapshot current) tends to win again, starving the oth
 only an optimization: the optimistic protocol above stays the correctness mechanism (writers on
 other hosts or object stores, maintenance commits, and writers with the lock turned off with
 ``MQ_SEQUENCER_LOCK=0`` still race and retry). The kernel drops a dead process's lock at once; a
-stopped holder delays the others at most :data:`LOCK_WAIT_S`, after which they append without it.
+stopped holder delays the others at most ``LOCK_WAIT_S`` (:mod:`engine.store.hostlock`), after
+which they append without it.
 
 A lost race rewrites the batch's data file: the offsets are columns of the rows (the table is
 self-describing, DESIGN.md §2), so there is no cheaper re-stamp that keeps files readable by any
@@ -32,7 +33,6 @@ version costs about as much as an append, so lost races are expensive.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import json
 import os
 import random
@@ -62,6 +62,7 @@ from engine.errors import CommitConflictError, CommitStateUnknownError, StoreErr
 from engine.model import UNDISPATCHED_FLAGS
 from engine.protocol import record_size, tags_code
 from engine.store import schemas
+from engine.store.hostlock import LOCK_DIR, LOCK_WAIT_S, HostLock, host_lock_enabled
 from engine.store.log import table_dataset
 from engine.store.marks import latest_commit_value
 from engine.store.store import Store, now_ms
@@ -434,110 +435,6 @@ def _transactions(txns: Mapping[str, int], now: int) -> list[Transaction] | None
 def _recorded(dt: DeltaTable, app_id: str) -> int:
     version = dt.transaction_version(app_id)
     return -1 if version is None else int(version)
-
-
-LOCK_ENV = "MQ_SEQUENCER_LOCK"
-LOCK_DIR = "_locks"
-
-
-def host_lock_enabled() -> bool:
-    """Whether writers take the inter-process lock (``MQ_SEQUENCER_LOCK``, default on; ``0`` off)."""
-    return os.environ.get(LOCK_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
-
-
-# Longest a writer queues for the host lock before it appends without it (optimistically, so still
-# correctly): a holder that is stopped (SIGSTOP, a debugger) or stuck in I/O cannot stall the host.
-LOCK_WAIT_S = 10.0
-
-
-class _LockWaiter(threading.Thread):
-    """Blocks in ``flock`` on its own descriptor so that the caller can stop waiting."""
-
-    def __init__(self, fd: int) -> None:
-        super().__init__(name="mq-lock-wait", daemon=True)
-        self.fd = fd
-        self.state = "waiting"  # -> "acquired" | "failed" | "abandoned" (by the caller)
-        self.mutex = threading.Lock()
-        self.done = threading.Event()
-
-    def run(self) -> None:
-        try:
-            fcntl.flock(self.fd, fcntl.LOCK_EX)
-            outcome = "acquired"
-        except OSError:
-            outcome = "failed"
-        with self.mutex:
-            if self.state == "abandoned":
-                _unlock(self.fd)  # a lock nobody waits for any more
-                return
-            self.state = outcome
-        self.done.set()
-
-
-class HostLock:
-    """An advisory inter-process lock on a local file (``flock``); not re-entrant.
-
-    Blocking ``flock`` lets the kernel queue the waiters: they are woken when the holder lets go,
-    so writers take turns instead of polling. A process that dies holding it releases it at once;
-    one that stops holding it makes the others wait at most ``wait_s`` and go on without it.
-    """
-
-    def __init__(self, path: str, wait_s: float = LOCK_WAIT_S) -> None:
-        self.path = path
-        self.wait_s = wait_s
-        self.usable = True  # False once the lock file cannot be created or opened
-        self._fd: int | None = None  # the descriptor holding the lock, while held
-
-    def _open(self) -> int | None:
-        try:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
-            return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError:
-            self.usable = False
-            return None
-
-    def acquire(self) -> bool:
-        """Take the lock, queueing at most ``wait_s``; False means go on without it."""
-        fd = self._open()
-        if fd is None:
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return self._wait(fd)
-        except OSError:
-            os.close(fd)
-            self.usable = False
-            return False
-        self._fd = fd
-        return True
-
-    def _wait(self, fd: int) -> bool:
-        waiter = _LockWaiter(fd)
-        waiter.start()
-        waiter.done.wait(self.wait_s)
-        with waiter.mutex:
-            if waiter.state == "waiting":
-                waiter.state = "abandoned"  # the waiter closes fd once it gets the lock
-                return False
-        if waiter.state == "acquired":
-            self._fd = fd
-            return True
-        os.close(fd)
-        return False
-
-    def release(self) -> None:
-        if self._fd is not None:
-            fd, self._fd = self._fd, None
-            _unlock(fd)
-
-
-def _unlock(fd: int) -> None:
-    # Unlock before closing: a child forked meanwhile shares the open file and would keep it locked.
-    try:
-        fcntl.flock(fd, fcntl.LOCK_UN)
-    finally:
-        os.close(fd)
 
 
 class CommitLogWriter:

@@ -386,8 +386,8 @@ def flow(ctx: Context) -> list[dict[str, Any]]:
                 f"and Spark application (dispatch trigger {trigger_ms} ms; ready "
                 f"{info.get('broker_ready_s', '?')} s after start); a `PullConsumer` long-polling the queue "
                 "(suspend 500 ms). While it was measured the dispatch job finished a micro-batch every "
-                f"{info.get('dispatch_batch_interval_ms', '?')} ms on average: each batch is a Spark job "
-                "(read of the new commit-log versions, then the consume-queue commit).",
+                f"{info.get('dispatch_batch_interval_ms', '?')} ms on average: each batch reads the new "
+                "commit-log versions on the driver with delta-rs, then commits the consume-queue entries.",
                 "bare delta-rs: `write_deltalake` of one row per message; a reader polls the table version "
                 "every 20 ms and scans the new rows (no dispatch stage, no index): the floor.",
                 "Redis: XADD; a consumer in XREADGROUP BLOCK 500 COUNT 32 + XACK.",

@@ -113,8 +113,9 @@ def dispatch_rows(store: Store, rows: pa.Table, attempts: int = 8) -> int:
 def dispatch_pending(store: Store, max_versions: int = 1000) -> int:
     """Dispatch every committed commit-log version not yet dispatched, without Spark.
 
-    The Spark dispatch job (``jobs/dispatch.py``) is the production path; this is the same logic
-    for tools and tests. Returns the number of entries added.
+    The same reading and committing the Spark dispatch job (``jobs/dispatch.py``) does on its driver
+    each micro-batch, without the streaming query around it: for tools and tests. Returns the number
+    of entries added.
     """
     total = 0
     latest = store.version(schemas.COMMIT_LOG)

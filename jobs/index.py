@@ -38,11 +38,9 @@ from jobs._common import (
     JobArgumentParser,
     JobContext,
     job_main,
-    log_stream,
     positive,
     run_log_job,
     run_or_serve,
-    with_missing_versions,
 )
 
 JOB = "index"
@@ -67,25 +65,6 @@ class IndexStats:
             self.entries += entries
             if max_store_ts_ms is not None:
                 self.max_store_ts_ms = max(self.max_store_ts_ms or 0, max_store_ts_ms)
-
-
-def commit_log_stream(spark: Any, store: Store, starting_version: int) -> Any:
-    """The commit log's new rows (the indexer's columns) from ``starting_version`` on, streaming."""
-    return log_stream(
-        spark, store, schemas.COMMIT_LOG, starting_version, INDEX_SOURCE_COLUMNS, INDEX_SOURCE_SCHEMA
-    )
-
-
-def with_unindexed_versions(store: Store, rows: pa.Table) -> pa.Table:
-    """``rows`` preceded by the commit-log versions between the index's marker and them.
-
-    The stream's checkpoint and the index's marker normally agree; when the checkpoint is ahead (a
-    checkpoint copied from elsewhere, an index restored from a backup) the versions in between
-    would otherwise never be indexed.
-    """
-    return with_missing_versions(
-        rows, indexed_version(store), lambda first, last: unindexed_rows(store, first, last)
-    )
 
 
 def run_index(

@@ -12,7 +12,6 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -395,8 +394,3 @@ class Store:
 
     def __repr__(self) -> str:
         return f"Store({self.root!r})"
-
-
-def table_history(dt: DeltaTable, limit: int) -> list[dict[str, Any]]:
-    """Commit infos, newest first."""
-    return list(dt.history(limit))

@@ -419,6 +419,14 @@ def job_main(
         ctx.close()
 
 
+def add_trigger_ms(
+    parser: JobArgumentParser, default: int, what: str = "trigger interval of a running job"
+) -> None:
+    """Add a job's ``--trigger-ms`` option (milliseconds; the job checks it with :func:`positive`)."""
+    help_text = f"{what} in milliseconds (default {default})"
+    parser.add_argument("--trigger-ms", type=int, default=default, help=help_text)
+
+
 def positive(option: str, value: float) -> None:
     """Raise :class:`InvalidArgumentError` unless ``value`` > 0 (a check of :func:`job_main`)."""
     if not value > 0:

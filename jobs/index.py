@@ -37,6 +37,7 @@ from jobs._common import (
     EXIT_OK,
     JobArgumentParser,
     JobContext,
+    add_trigger_ms,
     job_main,
     positive,
     run_log_job,
@@ -129,12 +130,7 @@ def summary(store: Store, stats: IndexStats, elapsed_s: float) -> str:
 
 
 def _options(parser: JobArgumentParser) -> None:
-    parser.add_argument(
-        "--trigger-ms",
-        type=int,
-        default=DEFAULT_TRIGGER_MS,
-        help=f"trigger interval of a running job in milliseconds (default {DEFAULT_TRIGGER_MS})",
-    )
+    add_trigger_ms(parser, DEFAULT_TRIGGER_MS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -27,7 +27,16 @@ from engine.broker.retry import ROUTE_COLUMNS, MaxReconsume, RetryRouter, routed
 from engine.errors import InvalidArgumentError
 from engine.store import schemas
 from engine.store.store import Store
-from jobs._common import EXIT_OK, JobArgumentParser, JobContext, job_main, positive, run_log_job, run_or_serve
+from jobs._common import (
+    EXIT_OK,
+    JobArgumentParser,
+    JobContext,
+    add_trigger_ms,
+    job_main,
+    positive,
+    run_log_job,
+    run_or_serve,
+)
 
 JOB = "retry"
 PROG = "jobs/retry.py"
@@ -117,12 +126,7 @@ def _options(parser: JobArgumentParser) -> None:
         default=None,
         help="reconsume limit for every group (default: the engine config's, 16)",
     )
-    parser.add_argument(
-        "--trigger-ms",
-        type=int,
-        default=DEFAULT_TRIGGER_MS,
-        help=f"trigger interval of a running job in milliseconds (default {DEFAULT_TRIGGER_MS})",
-    )
+    add_trigger_ms(parser, DEFAULT_TRIGGER_MS)
 
 
 def _check(args: Any) -> None:

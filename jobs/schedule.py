@@ -28,7 +28,16 @@ from typing import Any
 from engine.broker.schedule import Scheduler, schedule_progress
 from engine.store.dispatch import dispatch_pending
 from engine.store.store import Store
-from jobs._common import EXIT_OK, JobArgumentParser, JobContext, job_main, positive, run_or_serve, start_query
+from jobs._common import (
+    EXIT_OK,
+    JobArgumentParser,
+    JobContext,
+    add_trigger_ms,
+    job_main,
+    positive,
+    run_or_serve,
+    start_query,
+)
 
 JOB = "schedule"
 PROG = "jobs/schedule.py"
@@ -123,12 +132,7 @@ def summary(store: Store, stats: ScheduleStats, elapsed_s: float) -> str:
 
 
 def _options(parser: JobArgumentParser) -> None:
-    parser.add_argument(
-        "--trigger-ms",
-        type=int,
-        default=DEFAULT_TRIGGER_MS,
-        help=f"tick interval of a running job in milliseconds (default {DEFAULT_TRIGGER_MS})",
-    )
+    add_trigger_ms(parser, DEFAULT_TRIGGER_MS, "tick interval of a running job")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

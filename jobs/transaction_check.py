@@ -30,7 +30,15 @@ from engine.broker.transactions import (
 from engine.errors import InvalidArgumentError
 from engine.store.sequencer import CommitLogWriter
 from engine.store.store import Store
-from jobs._common import EXIT_OK, JobArgumentParser, JobContext, job_main, run_or_serve, start_query
+from jobs._common import (
+    EXIT_OK,
+    JobArgumentParser,
+    JobContext,
+    add_trigger_ms,
+    job_main,
+    run_or_serve,
+    start_query,
+)
 
 JOB = "transaction_check"
 PROG = "jobs/transaction_check.py"
@@ -110,7 +118,7 @@ def run_transaction_check(
 
 
 def _options(parser: JobArgumentParser) -> None:
-    parser.add_argument("--trigger-ms", type=int, default=TRIGGER_MS, help="time between passes")
+    add_trigger_ms(parser, TRIGGER_MS, "time between passes")
     parser.add_argument("--timeout-ms", type=int, default=DEFAULT_TIMEOUT_MS, help="age before a first check")
     parser.add_argument("--max-checks", type=int, default=DEFAULT_MAX_CHECKS, help="checks before rollback")
     parser.add_argument(

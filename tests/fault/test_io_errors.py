@@ -41,7 +41,7 @@ from engine import (
 )
 from engine.store import schemas
 from engine.store.dispatch import dispatch_pending, dispatched_version
-from tests.fault.history import HistoryLog, check, make_body, record
+from tests.fault.history import HistoryLog, body_id, check, make_body, record
 from tests.helpers import versions
 
 pytestmark = pytest.mark.fault
@@ -131,7 +131,7 @@ class Scenario:
 
     def stored_ids(self) -> list[str]:
         rows = self.store.read(schemas.COMMIT_LOG, columns=["topic", "body"]).to_pylist()
-        return [bytes(r["body"]).split(b"#")[0].decode() for r in rows if r["topic"] == TOPIC]
+        return [body_id(r["body"]) for r in rows if r["topic"] == TOPIC]
 
 
 @pytest.fixture
@@ -357,9 +357,9 @@ def test_a_consumer_offset_commit_refused_surfaces_typed_and_keeps_the_previous_
     consumer = PullConsumer(s.store, "g-offsets")
     first = consumer.pull(TOPIC, 0, 0, 2)
     consumer.commit_offset(TOPIC, 0, first.next_begin_offset)
-    s.log.received([make_id(m.body) for m in first.messages])
+    s.log.received([body_id(m.body) for m in first.messages])
     second = consumer.pull(TOPIC, 0, first.next_begin_offset, 32)
-    s.log.received([make_id(m.body) for m in second.messages])
+    s.log.received([body_id(m.body) for m in second.messages])
     before = versions(s.store)
     with refused_writes(Path(s.store.uri(schemas.CONSUMER_OFFSET)) / "_delta_log"):
         with pytest.raises(StoreError) as caught:
@@ -387,7 +387,7 @@ def test_a_push_consumer_whose_offset_commits_fail_keeps_consuming_and_commits_o
     seen: list[str] = []
 
     def listener(messages: list[MessageExt]) -> ConsumeResult:
-        ids = [make_id(m.body) for m in messages]
+        ids = [body_id(m.body) for m in messages]
         s.log.received(ids)
         seen.extend(ids)
         return ConsumeResult.SUCCESS
@@ -431,10 +431,6 @@ def wait_for(condition: Callable[[], bool], timeout_s: float = 60.0) -> None:
         time.sleep(0.02)
 
 
-def make_id(body: bytes) -> str:
-    return bytes(body).split(b"#")[0].decode()
-
-
 def test_a_receive_whose_claim_cannot_be_written_claims_nothing_and_the_messages_stay_available(
     chattr_works: None, scenario: Scenario
 ) -> None:
@@ -454,10 +450,10 @@ def test_a_receive_whose_claim_cannot_be_written_claims_nothing_and_the_messages
         got = consumer.receive(16, 60_000)
         recovery_s = time.monotonic() - fault_removed
         while got:
-            s.log.received([make_id(m.body) for m in got])
+            s.log.received([body_id(m.body) for m in got])
             for m in got:
                 consumer.ack(m)
-            s.log.acked([make_id(m.body) for m in got])
+            s.log.acked([body_id(m.body) for m in got])
             got = consumer.receive(16, 60_000)
     figures = check(s.store, s.log.history, topics=[TOPIC], consumed=True, recovery_s=recovery_s)
     record("receive claim I/O error (action_log refused)", figures, failed_receives=1)

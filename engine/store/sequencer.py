@@ -65,7 +65,7 @@ from engine.store import schemas
 from engine.store.hostlock import LOCK_DIR, LOCK_WAIT_S, HostLock, host_lock_enabled
 from engine.store.log import table_dataset
 from engine.store.marks import latest_commit_value
-from engine.store.store import Store, now_ms
+from engine.store.store import RENEW_HANDLE_COMMITS, Store, now_ms
 
 HWM_KEY = "mq.hwm"
 # App transactions whose ids start with this are one-shot guards (a transaction's decision,
@@ -179,13 +179,10 @@ _WRITER_PROPERTIES = WriterProperties(
 # checkpoint of a table of many small files takes longer than the commit it follows.
 _NO_HOOKS = PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
 DEFAULT_CHECKPOINT_INTERVAL = 100  # Delta's default delta.checkpointInterval
-# A DeltaTable handle gets slower with every version it moves on by (its own commits and
-# ``update_incremental``): delta-rs keeps the file list of each new version as one more Arrow batch
-# and every later commit goes over all of them. On the bench machine (bench/commit_cost.py) one
-# append on a 50-file commit log costs 4 ms on a fresh handle and 42 ms once the handle has moved on
-# by 400 versions, against 12 ms on a fresh handle of the same 490-file table. So the writer renews
-# its handle once it has moved on by this many versions (reopening costs about one slow append).
-RENEW_HANDLE_VERSIONS = 32
+# The writer renews its handle once it has moved on by this many versions: see RENEW_HANDLE_COMMITS
+# (on a 50-file commit log: 4 ms per append on a fresh handle, 42 ms after 400 versions, 12 ms on a
+# fresh handle of the same table grown to 490 files).
+RENEW_HANDLE_VERSIONS = RENEW_HANDLE_COMMITS
 
 _OFFSET_FREE = [
     f

@@ -59,9 +59,11 @@ def _is_uri(path: str) -> bool:
     return "://" in path and not path.startswith("file://")
 
 
-# A delta-rs handle gets slower with every commit made through it (after each commit it rebuilds its
-# whole list of live files; an append through a handle that made 400 commits cost ~10x one through a
-# fresh handle, bench/commit_cost.py): long-lived writers reopen their handle after this many commits.
+# A DeltaTable handle gets slower with every version it moves on by: delta-rs keeps the file list of
+# each new version as one more Arrow batch and every later commit goes over all of them. On the bench
+# machine (bench/commit_cost.py) an append costs 4 ms on a fresh handle and 42 ms once the handle has
+# moved on by 400 versions. So long-lived writers reopen their handle after this many commits
+# (reopening costs about one slow append).
 RENEW_HANDLE_COMMITS = 32
 
 

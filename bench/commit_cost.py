@@ -4,14 +4,14 @@
 
 For each file count a fresh store's commit log gets that many small files (4 messages each, written
 with pyarrow, added by one Delta commit with their stats and marks, then checkpointed: filling takes
-seconds), then one :class:`~engine.store.sequencer.CommitLogWriter` (host lock off) appends
+seconds), then one :class:`~engine.store.commit_log.CommitLogWriter` (host lock off) appends
 ``--repeat`` times. Rows
 (median and p90 wall time, median process CPU, per append):
 
 - ``append 1`` / ``append 512``: the writer's append of one / 512 messages of 1 KiB;
 - ``append 1 + mq.tx``: one message with a transaction guard (``app_transactions``);
 - ``256 appends, renewal`` / ``256 appends, no renewal``: one message each, 256 times in a row, with
-  the writer renewing its DeltaTable handle every ``RENEW_HANDLE_VERSIONS`` versions, and without
+  the writer renewing its DeltaTable handle every ``RENEW_HANDLE_COMMITS`` versions, and without
   (a handle that commits gets slower with every version it moves on by);
 - ``  open handle``: opening the commit log (what a renewal costs);
 - ``  write_deltalake``: the bare delta-rs append the writer makes (same properties, hooks off);
@@ -55,16 +55,16 @@ from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, wr
 from deltalake.transaction import AddAction, RemoveAction  # noqa: E402
 
 from engine import Store  # noqa: E402
-from engine.store import schemas, sequencer  # noqa: E402
-from engine.store.sequencer import (  # noqa: E402
-    HWM_KEY,
-    CommitLogWriter,
-    HighWaterMarks,
-    PendingBatch,
-    PendingMessage,
-    read_hwm,
-    stamp,
-)
+from engine.store import commit_log, schemas  # noqa: E402
+from engine.store.commit_log import CommitLogWriter, read_hwm  # noqa: E402
+from engine.store.commit_markers import HWM_KEY  # noqa: E402
+from engine.store.stamping import HighWaterMarks, PendingBatch, PendingMessage, stamp  # noqa: E402
+
+
+def _raw(store: Store) -> DeltaTable:
+    """A bare delta-rs handle on the commit log: the peer the engine's own appends are measured against."""
+    return DeltaTable(store.uri(schemas.COMMIT_LOG))
+
 
 TOPIC = "CommitCost"
 _NO_HOOKS = PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
@@ -90,7 +90,7 @@ def _add_action(table_dir: str, table: pa.Table) -> AddAction:
 
 
 def _fill(store: Store, files: int, body: bytes) -> None:
-    dt = store.open_table(schemas.COMMIT_LOG)
+    dt = _raw(store)
     hwm = read_hwm(dt)
     actions: list[AddAction | RemoveAction] = []
     for f in range(files):
@@ -106,7 +106,7 @@ def _fill(store: Store, files: int, body: bytes) -> None:
     )
     # A live commit log has a checkpoint at most 100 versions back (the writer takes one every
     # delta.checkpointInterval); without it every look-up would replay the fill commit's JSON.
-    store.open_table(schemas.COMMIT_LOG).create_checkpoint()
+    _raw(store).create_checkpoint()
 
 
 def _timed(fn: Callable[[], object], repeat: int) -> tuple[list[float], list[float]]:
@@ -133,8 +133,8 @@ class _Raw:
 
     def __init__(self, store: Store, body: bytes) -> None:
         self.store = store
-        self.dt = store.open_table(schemas.COMMIT_LOG)
-        self.hwm: HighWaterMarks = read_hwm(self.dt)
+        self.dt = _raw(store)
+        self.hwm: HighWaterMarks = read_hwm(store.snapshot(schemas.COMMIT_LOG))
         self.one = PendingBatch.of([PendingMessage(TOPIC, 0, body, "raw")])
 
     def _next(self) -> tuple[pa.Table, CommitProperties]:
@@ -190,16 +190,16 @@ def run(files: int, repeat: int, profile: bool) -> list[str]:
             )
         )
         for label, renew in (
-            ("256 appends, renewal", sequencer.RENEW_HANDLE_VERSIONS),
+            ("256 appends, renewal", commit_log.RENEW_HANDLE_COMMITS),
             ("256 appends, no renewal", 10**9),
         ):
             aging = CommitLogWriter(store, host_lock=False)
-            saved, sequencer.RENEW_HANDLE_VERSIONS = sequencer.RENEW_HANDLE_VERSIONS, renew
+            saved, commit_log.RENEW_HANDLE_COMMITS = commit_log.RENEW_HANDLE_COMMITS, renew
             try:
                 rows.append(_row(label, files, _timed(functools.partial(aging.append_batch, one), 256)))
             finally:
-                sequencer.RENEW_HANDLE_VERSIONS = saved
-        rows.append(_row("  open handle", files, _timed(lambda: store.open_table(schemas.COMMIT_LOG), 5)))
+                commit_log.RENEW_HANDLE_COMMITS = saved
+        rows.append(_row("  open handle", files, _timed(lambda: _raw(store), 5)))
         raw = _Raw(store, body)
         rows.append(_row("  write_deltalake", files, _timed(raw.write_deltalake, repeat)))
         rows.append(_row("  create_write_txn", files, _timed(raw.create_write_transaction, repeat)))

@@ -221,7 +221,7 @@ def _sql(args: argparse.Namespace, out: Console, err: Console) -> int:
 def _dispatch(args: argparse.Namespace, out: Console, err: Console) -> int:
     store = _open_store(args)
     if args.no_spark:
-        from engine.store.dispatch import dispatch_pending
+        from engine.broker.dispatch import dispatch_pending
 
         with _progress(err, "dispatching without Spark"):
             added = dispatch_pending(store)

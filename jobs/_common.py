@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.errors import InvalidArgumentError, MQError
-from engine.store.log import VERSION_COLUMN
+from engine.store.delta_log import VERSION_COLUMN
 from engine.store.store import Store
 
 EXIT_OK = 0

@@ -32,10 +32,11 @@ from typing import Any
 
 import pyarrow as pa
 
+from engine.broker.dispatch import dispatch_rows
 from engine.spark.progress import progress_dict
 from engine.store import schemas
-from engine.store.dispatch import dispatch_rows, dispatched_version
-from engine.store.log import VERSION_COLUMN, read_versions
+from engine.store.consume_queue import dispatched_version
+from engine.store.delta_log import VERSION_COLUMN, read_versions
 from engine.store.store import Store
 from jobs._common import EXIT_OK, JobContext, job_main, log_stream, run_or_serve, serve, start_query
 

@@ -24,14 +24,9 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.broker.index import (
-    INDEX_SOURCE_COLUMNS,
-    INDEX_SOURCE_SCHEMA,
-    build_index,
-    indexed_version,
-    unindexed_rows,
-)
+from engine.broker.index import INDEX_SOURCE_COLUMNS, INDEX_SOURCE_SCHEMA, build_index, unindexed_rows
 from engine.store import schemas
+from engine.store.index import indexed_version
 from engine.store.store import Store
 from jobs._common import (
     EXIT_OK,

@@ -22,8 +22,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from engine.broker.pull_log import PULL_LOG_SOURCE_COLUMNS, build_pull_log_rows, pulled_version
+from engine.broker.pull_log import PULL_LOG_SOURCE_COLUMNS, build_pull_log_rows
 from engine.store import schemas
+from engine.store.pull_log import pulled_version
 from engine.store.store import Store
 from jobs._common import EXIT_OK, JobContext, job_main, run_log_job, run_or_serve
 

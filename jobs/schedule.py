@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.broker.dispatch import dispatch_pending
 from engine.broker.schedule import Scheduler, schedule_progress
-from engine.store.dispatch import dispatch_pending
 from engine.store.store import Store
 from jobs._common import (
     EXIT_OK,

@@ -28,7 +28,7 @@ from engine.broker.transactions import (
     validate_check_settings,
 )
 from engine.errors import InvalidArgumentError
-from engine.store.sequencer import CommitLogWriter
+from engine.store.commit_log import CommitLogWriter
 from engine.store.store import Store
 from jobs._common import (
     EXIT_OK,

@@ -20,8 +20,8 @@ from engine import (
     TopicExistsError,
     TopicNotFoundError,
 )
+from engine.broker.dispatch import dispatch_pending
 from engine.store import schemas
-from engine.store.dispatch import dispatch_pending
 from tests.helpers import versions
 
 
@@ -141,25 +141,25 @@ def test_store_time_never_goes_backwards_in_commit_order(store: Store, topic: st
 
 
 def test_the_shared_handle_is_reopened_every_32_commits_and_keeps_every_row(store: Store) -> None:
-    from engine.store.store import RENEW_HANDLE_COMMITS
+    from engine.store.delta import RENEW_HANDLE_COMMITS
 
-    first = store.table(schemas.CONSUMER_OFFSET, fresh=False)
+    first = store.shared(schemas.CONSUMER_OFFSET, fresh=False)
     handles = {id(first)}
     schema = schemas.SCHEMAS[schemas.CONSUMER_OFFSET]
     for i in range(RENEW_HANDLE_COMMITS + 3):
         row = {"group": "g", "topic": "T", "queue_id": 0, "offset": i, "ts_ms": i, "consumer_id": ""}
         store.append(schemas.CONSUMER_OFFSET, pa.Table.from_pylist([row], schema=schema))
-        handles.add(id(store.table(schemas.CONSUMER_OFFSET, fresh=False)))
+        handles.add(id(store.shared(schemas.CONSUMER_OFFSET, fresh=False)))
     assert len(handles) == 2  # renewed exactly once in 35 commits
-    renewed = store.table(schemas.CONSUMER_OFFSET, fresh=False)
+    renewed = store.shared(schemas.CONSUMER_OFFSET, fresh=False)
     assert renewed is not first and renewed.version() == store.version(schemas.CONSUMER_OFFSET)
     offsets = sorted(store.read(schemas.CONSUMER_OFFSET)["offset"].to_pylist())
     assert offsets == list(range(RENEW_HANDLE_COMMITS + 3))
 
 
 def test_the_groups_log_reopens_its_handle_and_keeps_its_leases(store: Store) -> None:
+    from engine.store.delta import RENEW_HANDLE_COMMITS
     from engine.store.groups import GroupLog
-    from engine.store.store import RENEW_HANDLE_COMMITS
 
     log = GroupLog(store)
     granted = log.write(group="g", owner="c1", lock=[("T", 0)])

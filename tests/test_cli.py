@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from engine import Admin, Message, Producer, PullConsumer, Store
+from engine.broker.dispatch import dispatch_pending
 from engine.cli import JAVA_MESSAGE, main
 from engine.protocol import select_queue_by_hash
-from engine.store.dispatch import dispatch_pending
 from tests.helpers import commit_log_rows
 
 

@@ -12,8 +12,9 @@ import pytest
 from engine import Message, Producer, PullConsumer, PullStatus, SendResult, Store, SysFlag
 from engine.spark.progress import query_status
 from engine.store import schemas
-from engine.store.dispatch import dispatched_version
-from engine.store.sequencer import CommitLogWriter, PendingMessage
+from engine.store.commit_log import CommitLogWriter
+from engine.store.consume_queue import dispatched_version
+from engine.store.stamping import PendingMessage
 from jobs._common import checkpoint_location
 from jobs.dispatch import DispatchStats, main, run_dispatch
 

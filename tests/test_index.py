@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -22,18 +21,14 @@ from engine import (
     SysFlag,
     TopicNotFoundError,
 )
-from engine.broker.index import (
-    INDEX_APP,
-    KIND_KEY,
-    KIND_UNIQ_KEY,
-    build_index,
-    index_pending,
-    indexed_version,
-)
+from engine.broker.index import build_index, index_pending
 from engine.store import schemas
-from engine.store.files import FileReader
-from engine.store.log import table_filesystem
-from engine.store.sequencer import CommitLogWriter, PendingMessage
+from engine.store.commit_log import CommitLogWriter
+from engine.store.commit_markers import INDEX_APP
+from engine.store.delta_log import table_filesystem
+from engine.store.file_reader import FileReader
+from engine.store.index import KIND_KEY, KIND_UNIQ_KEY, indexed_version
+from engine.store.stamping import PendingMessage
 from jobs.index import IndexStats, run_index
 
 FAR_FUTURE = 2**62
@@ -100,8 +95,7 @@ def test_transaction_halves_and_rollbacks_are_not_indexed(store: Store, topic: s
 def test_each_commit_writes_one_key_sorted_file_per_kind_with_statistics(store: Store, topic: str) -> None:
     _send(store, topic, [(f"m{i}".encode(), (f"key-{9 - i}",)) for i in range(10)])
     index_pending(store)
-    dt = store.open_table(schemas.INDEX)
-    actions = pa.table(dt.get_add_actions(flatten=True)).to_pylist()
+    actions = store.snapshot(schemas.INDEX).add_actions().to_pylist()
     fs = table_filesystem(store.uri(schemas.INDEX))
     kinds = []
     for action in actions:

@@ -10,13 +10,14 @@ import pytest
 from chispa import assert_df_equality
 
 from engine import Admin, InvalidArgumentError, Store, TopicConfig
+from engine.broker.dispatch import dispatch_pending
 from engine.cli import main
 from engine.client.admin_offsets import QueueLag, lag_rows
-from engine.client.offsets import OffsetStore
 from engine.spark import register_views
 from engine.store import schemas, sequencer
-from engine.store.dispatch import dispatch_pending
-from engine.store.sequencer import CommitLogWriter, PendingMessage
+from engine.store.commit_log import CommitLogWriter
+from engine.store.consumer_offset import OffsetStore
+from engine.store.stamping import PendingMessage
 
 LAG_COLUMNS = "group string, consumer_id string, topic string, queue_id int, max_offset long, "
 LAG_COLUMNS += "committed_offset long, lag long"

@@ -26,7 +26,8 @@ from engine import (
     Store,
 )
 from engine.broker import maintenance
-from engine.broker.index import INDEX_SORT, KIND_KEY, KIND_UNIQ_KEY, index_pending
+from engine.broker.dispatch import dispatch_pending
+from engine.broker.index import index_pending
 from engine.broker.maintenance import (
     MAINTENANCE_KEY,
     DataFile,
@@ -39,13 +40,15 @@ from engine.broker.maintenance import (
     retain,
     vacuum,
 )
-from engine.client.offsets import OffsetStore
 from engine.store import schemas
 from engine.store import sequencer as sequencer_module
-from engine.store.dispatch import dispatch_pending
-from engine.store.log import table_filesystem
-from engine.store.marks import CQ_KEY, queue_marks
-from engine.store.sequencer import HWM_KEY, CommitLogWriter, PendingMessage, read_hwm
+from engine.store.commit_log import CommitLogWriter, read_hwm
+from engine.store.commit_markers import CQ_KEY, HWM_KEY
+from engine.store.consume_queue import queue_marks
+from engine.store.consumer_offset import OffsetStore
+from engine.store.delta_log import table_filesystem
+from engine.store.index import INDEX_SORT, KIND_KEY, KIND_UNIQ_KEY
+from engine.store.stamping import PendingMessage
 from tests.helpers import commit_log_rows, versions
 
 HOUR_MS = 3_600_000
@@ -112,8 +115,8 @@ def test_compaction_merges_small_files_and_keeps_every_row_in_physical_order(
     _fill(store, topic, 24)  # 384 messages: more than one 256-row group
     log_before = commit_log_rows(store)
     cq_before = _sorted_table(store, schemas.CONSUME_QUEUE, ["topic", "queue_id", "queue_offset"])
-    hwm_before = read_hwm(DeltaTable(store.uri(schemas.COMMIT_LOG))).to_json()
-    cq_marks_before = queue_marks(DeltaTable(store.uri(schemas.CONSUME_QUEUE))).to_json()
+    hwm_before = read_hwm(store.snapshot(schemas.COMMIT_LOG)).to_json()
+    cq_marks_before = queue_marks(store.snapshot(schemas.CONSUME_QUEUE)).to_json()
 
     report = compact(store, min_files=2)
 
@@ -365,12 +368,12 @@ def test_plan_bins_packs_consecutive_files_up_to_the_target() -> None:
 # ----------------------------------------------------------------------------- checkpoints, vacuum
 def test_checkpoint_keeps_tables_readable_and_markers_found(store: Store, topic: str) -> None:
     _fill(store, topic, 5)
-    hwm = read_hwm(DeltaTable(store.uri(schemas.COMMIT_LOG))).to_json()
+    hwm = read_hwm(store.snapshot(schemas.COMMIT_LOG)).to_json()
     result = checkpoint(store)
     assert set(result) == set(schemas.SCHEMAS)
     log_dir = Path(store.uri(schemas.COMMIT_LOG)) / "_delta_log"
     assert (log_dir / f"{result[schemas.COMMIT_LOG]:020d}.checkpoint.parquet").exists()
-    assert read_hwm(DeltaTable(store.uri(schemas.COMMIT_LOG))).to_json() == hwm
+    assert read_hwm(store.snapshot(schemas.COMMIT_LOG)).to_json() == hwm
     sent = _fill(store, topic, 1)
     assert [s.queue_offset for s in sent] == list(range(32, 48))
     for name in schemas.SCHEMAS:

@@ -23,12 +23,12 @@ from engine import (
     Store,
     TopicNotFoundError,
 )
-from engine.client.offsets import OffsetStore
+from engine.broker.dispatch import dispatch_pending
 from engine.spark.mq_options import ReadOptions, WriteOptions
 from engine.spark.mq_sink import ROWS_SCHEMA, check_sink_schema, commit_rows, normalize_rows
 from engine.spark.mq_source import MQStreamReader, share_budget, spark_message_schema
 from engine.store import schemas
-from engine.store.dispatch import dispatch_pending
+from engine.store.consumer_offset import OffsetStore
 
 SINK_SCHEMA = "topic string, body binary, tags string, keys array<string>, properties map<string,string>"
 

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from engine import Admin, Message, Producer, Store
+from engine.broker.dispatch import dispatch_pending
 from engine.broker.index import index_pending
 from engine.spark.views import table_frame
 from engine.store import schemas
-from engine.store.dispatch import dispatch_pending
 
 DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
 SKIP_REASON = (

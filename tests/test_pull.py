@@ -6,7 +6,6 @@ import threading
 import time
 
 import pytest
-from deltalake import DeltaTable
 
 from engine import (
     InvalidArgumentError,
@@ -17,9 +16,10 @@ from engine import (
     Store,
     TopicNotFoundError,
 )
+from engine.broker.dispatch import dispatch_pending
 from engine.store import schemas
-from engine.store.dispatch import dispatch_pending
-from engine.store.marks import CQ_KEY, queue_marks
+from engine.store.commit_markers import CQ_KEY
+from engine.store.consume_queue import queue_marks
 from tests.helpers import versions
 
 
@@ -77,7 +77,7 @@ def test_pull_empty_queue_at_nonzero_is_offset_illegal_to_zero(store: Store, top
 def test_pull_below_min_offset_returns_offset_illegal_with_min(store: Store, topic: str) -> None:
     _fill(store, topic, 6)
     # What retention does: raise the queue's minimum offset in the consume queue's marks.
-    marks = queue_marks(DeltaTable(store.uri(schemas.CONSUME_QUEUE)))
+    marks = queue_marks(store.snapshot(schemas.CONSUME_QUEUE))
     marks.set_min(topic, 0, 4)
     store.append(
         schemas.CONSUME_QUEUE,

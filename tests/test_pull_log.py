@@ -10,18 +10,13 @@ import pyarrow as pa
 import pytest
 
 from engine import Admin, Message, Producer, SimpleConsumer, Store
-from engine.broker.pull_log import (
-    PULL_LOG_APP,
-    build_pull_log,
-    build_pull_log_rows,
-    pull_rows,
-    pulled_version,
-    read_marks,
-)
+from engine.broker.dispatch import dispatch_pending
+from engine.broker.pull_log import build_pull_log, build_pull_log_rows, pull_rows
 from engine.client.actions import ACK, PULL, ActionLogWriter
 from engine.store import schemas
-from engine.store.dispatch import dispatch_pending
-from engine.store.log import VERSION_COLUMN, read_versions
+from engine.store.commit_markers import PULL_LOG_APP
+from engine.store.delta_log import VERSION_COLUMN, read_versions
+from engine.store.pull_log import pulled_version, read_marks
 
 
 def pull_log(store: Store) -> list[dict[str, Any]]:
@@ -98,7 +93,7 @@ def test_sequences_continue_across_builds(store: Store) -> None:
     writer.flush()
     assert build_pull_log(store) == 1
     assert sequences(store) == {("P", "c1"): [0, 1, 2, 3]}
-    assert read_marks(store.table(schemas.PULL_LOG)) == {"P": {"c1": 4}}
+    assert read_marks(store.snapshot(schemas.PULL_LOG)) == {"P": {"c1": 4}}
     assert store.app_version(schemas.PULL_LOG, PULL_LOG_APP) == store.version(schemas.ACTION_LOG)
 
 

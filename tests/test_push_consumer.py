@@ -31,14 +31,15 @@ from engine import (
     Store,
     TopicNotFoundError,
 )
+from engine.broker.dispatch import dispatch_pending
 from engine.client.actions import ACK, NACK, PULL, ActionLogWriter, read_actions
 from engine.client.membership import GroupMembership, live_members
-from engine.client.offsets import OffsetStore
 from engine.protocol import PROPERTY_RETRY_TOPIC, retry_topic
 from engine.store import schemas
-from engine.store.dispatch import dispatch_pending
+from engine.store.commit_log import CommitLogWriter
+from engine.store.consumer_offset import OffsetStore
 from engine.store.groups import LOCK, UNLOCK
-from engine.store.sequencer import CommitLogWriter, PendingMessage
+from engine.store.stamping import PendingMessage
 from engine.store.store import now_ms
 from tests.helpers import versions
 

@@ -9,14 +9,15 @@ import pytest
 from chispa import assert_df_equality
 
 from engine import Admin, InvalidArgumentError, OffsetOutOfRangeError, Store, StoreError, TopicNotFoundError
+from engine.broker.dispatch import dispatch_pending
 from engine.client.admin_offsets import QueueTimeIndex, offsets_for_time
-from engine.client.offsets import OffsetStore
 from engine.spark import replay
 from engine.spark.mq_options import ReadOptions
 from engine.spark.mq_source import MQStreamReader, spark_message_schema
 from engine.store import schemas, sequencer
-from engine.store.dispatch import dispatch_pending
-from engine.store.sequencer import CommitLogWriter, PendingMessage
+from engine.store.commit_log import CommitLogWriter
+from engine.store.consumer_offset import OffsetStore
+from engine.store.stamping import PendingMessage
 
 # Store time -> (queue id, body) written at that time, one commit each.
 LAYOUT: dict[int, list[tuple[int, str]]] = {

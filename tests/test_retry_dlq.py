@@ -11,6 +11,7 @@ import pyarrow as pa
 import pytest
 
 from engine import Admin, InvalidArgumentError, Message, MessageExt, Producer, PullConsumer, Store
+from engine.broker.dispatch import dispatch_pending
 from engine.broker.retry import (
     EXPIRED,
     NACK,
@@ -37,10 +38,10 @@ from engine.protocol import (
     SCHEDULE_TOPIC,
 )
 from engine.store import schemas
-from engine.store.dispatch import dispatch_pending
-from engine.store.log import read_versions
+from engine.store.delta_log import read_versions
 from engine.store.store import now_ms
 from tests.helpers import commit_log_rows, versions
+from tests.raw_delta import raw_table
 
 FAR_FUTURE = 10**13
 GROUP = "g"
@@ -229,7 +230,7 @@ def test_a_failure_row_pointing_at_no_message_is_skipped_and_does_not_block(stor
     raw_action(store, NACK, original.physical_offset, "0" * 32)  # wrong id for that offset
     fail(store, [original])
     assert route_retries(store) == 1
-    info = store.table(schemas.COMMIT_LOG).history(1)[0]
+    info = raw_table(store, schemas.COMMIT_LOG).history(1)[0]
     skipped = json.loads(info[SKIPPED_KEY])
     assert {s["physical_offset"] for s in skipped} == {10**12, original.physical_offset}
     assert routed_version(store) == store.version(schemas.ACTION_LOG)
@@ -254,7 +255,7 @@ def test_a_replayed_batch_of_action_rows_routes_nothing(store: Store, topic: str
     )
     assert route_action_rows(store, rows) == 1
     assert route_action_rows(store, rows) == 0
-    assert store.table(schemas.COMMIT_LOG).transaction_version(RETRY_APP) == store.version(schemas.ACTION_LOG)
+    assert store.app_version(schemas.COMMIT_LOG, RETRY_APP) == store.version(schemas.ACTION_LOG)
 
 
 def test_a_router_that_loses_its_race_routes_only_what_the_winner_left(store: Store, topic: str) -> None:

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from engine import Admin, InvalidArgumentError, Message, MessageExt, Producer, PullConsumer, Store
+from engine.broker.dispatch import dispatch_pending
 from engine.broker.schedule import (
     SCHEDULE_APP,
     TIMER_QUEUE_ID,
@@ -31,9 +32,9 @@ from engine.protocol import (
     SCHEDULE_TOPIC,
 )
 from engine.store import schemas
-from engine.store.dispatch import dispatch_pending
 from engine.store.store import now_ms
 from tests.helpers import commit_log_rows, versions
+from tests.raw_delta import raw_table
 
 FAR_FUTURE = 10**13
 
@@ -161,8 +162,7 @@ def test_timer_runs_stay_bounded_by_moving_waiting_timers(store: Store, topic: s
     scheduler = Scheduler(store, max_timer_runs=4)
     assert deliver(store, base + 1_000, scheduler) == 10
     assert scheduler.moved > 0
-    dt = store.table(schemas.COMMIT_LOG)
-    state = scheduler._read_state(dt)
+    state = scheduler._read_state(store.snapshot(schemas.COMMIT_LOG))
     assert len(state.timer_runs) <= 4
     moved_rows = [r for r in commit_log_rows(store) if r["topic"] == SCHEDULE_TOPIC]
     assert len(moved_rows) == 20 + scheduler.moved
@@ -183,7 +183,7 @@ def test_the_timer_state_is_found_after_many_later_commits_and_restated(store: S
         producer.send(Message(topic, f"plain{i}".encode()))
     scheduler = Scheduler(store, refresh_versions=10)
     assert deliver(store, base + 1_000, scheduler) == 0  # found 40 commits back; restated
-    info = store.table(schemas.COMMIT_LOG).history(1)[0]
+    info = raw_table(store, schemas.COMMIT_LOG).history(1)[0]
     assert SCHEDULE_APP in info
     assert deliver(store, FAR_FUTURE) == 1
     assert Counter(m.body for m in pull_all(store) if m.body in (b"long", b"short")) == {
@@ -200,11 +200,11 @@ def test_the_timer_state_commit_is_found_by_its_own_version_on_a_handle_behind_t
     producer.send(Message(topic, b"long", deliver_at_ms=base + 3_600_000), queue_id=0)
     producer.send(Message(topic, b"short", deliver_at_ms=base + 1_000), queue_id=0)
     assert deliver(store, base + 1_000) == 1
-    stale = store.open_table(schemas.COMMIT_LOG)
-    state_version = int(stale.version())  # the delivery commit holds the timer state
+    stale = store.snapshot(schemas.COMMIT_LOG)
+    state_version = stale.version()  # the delivery commit holds the timer state
     for i in range(5):  # the log moves on; the handle stays behind
         producer.send(Message(topic, f"plain{i}".encode()))
-    assert store.open_table(schemas.COMMIT_LOG).version() == state_version + 5
+    assert store.snapshot(schemas.COMMIT_LOG).version() == state_version + 5
     state = Scheduler(store)._read_state(stale)
     assert state.version == state_version and state.timer_runs
 
@@ -308,7 +308,7 @@ def test_a_pass_larger_than_the_budget_takes_several_commits(store: Store, topic
     before = store.version(schemas.COMMIT_LOG)
     assert deliver(store, FAR_FUTURE, Scheduler(store, max_messages_per_pass=4)) == 9
     assert store.version(schemas.COMMIT_LOG) == before + 3
-    assert store.table(schemas.COMMIT_LOG).transaction_version(queue_app_id(0)) == 8
+    assert store.app_version(schemas.COMMIT_LOG, queue_app_id(0)) == 8
 
 
 # ----------------------------------------------------------------- bad input

@@ -1,4 +1,5 @@
-"""The sequencer's invariants (DESIGN.md §2) under concurrency, conflicts and I/O failures."""
+"""The sequencer's invariants (offsets given once at commit, dense, monotonic) under concurrency,
+conflicts and I/O failures."""
 
 from __future__ import annotations
 
@@ -15,22 +16,16 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
-import engine.store.sequencer as sequencer
+import engine.store.commit_log as sequencer
+import engine.store.delta as delta
 from engine import CommitConflictError, Message, Producer, Store, StoreError
 from engine.model import SysFlag
 from engine.protocol import record_size, tags_code
 from engine.store import schemas
+from engine.store.commit_log import CommitLogWriter, read_hwm, recover_hwm_by_scan
+from engine.store.delta_log import read_versions
 from engine.store.hostlock import LOCK_DIR, LOCK_ENV, HostLock
-from engine.store.log import read_versions
-from engine.store.sequencer import (
-    CommitLogWriter,
-    HighWaterMarks,
-    PendingBatch,
-    PendingMessage,
-    read_hwm,
-    recover_hwm_by_scan,
-    stamp,
-)
+from engine.store.stamping import HighWaterMarks, PendingBatch, PendingMessage, stamp
 from engine.store.store import TXN_RETENTION, now_ms
 from tests.helpers import versions
 
@@ -82,11 +77,11 @@ def test_writer_that_loses_the_race_to_commit_restamps(
     def rival_commits_first(*args: Any, **kwargs: Any) -> None:
         if not raced:
             raced.append(True)
-            monkeypatch.setattr(sequencer, "write_deltalake", write_deltalake)
+            monkeypatch.setattr(delta, "write_deltalake", write_deltalake)
             rival.append([_pending(topic, 0, b"rival")])
         write_deltalake(*args, **kwargs)
 
-    monkeypatch.setattr(sequencer, "write_deltalake", rival_commits_first)
+    monkeypatch.setattr(delta, "write_deltalake", rival_commits_first)
     [stamped] = a.append([_pending(topic, 0, b"a1")])
     assert a.conflicts == 1
     rows = _rows_with_versions(store)
@@ -185,7 +180,7 @@ def _run_producers(store: Store, processes: int, count: int, lock: bool) -> list
     assert set(bodies) == expected  # nothing lost
     assert max(bodies.values()) == 1  # nothing duplicated
     assert_invariants(rows)  # offsets dense, in commit order
-    hwm = read_hwm(DeltaTable(store.uri(schemas.COMMIT_LOG)))
+    hwm = read_hwm(store.snapshot(schemas.COMMIT_LOG))
     assert sum(hwm.queues["T"]) == len(rows)
     return reports
 
@@ -209,7 +204,7 @@ def test_conflicts_exhausted_raise_retryable_error_and_write_nothing(
     def always_conflict(*args: Any, **kwargs: Any) -> None:
         raise CommitFailedError("version exists")
 
-    monkeypatch.setattr(sequencer, "write_deltalake", always_conflict)
+    monkeypatch.setattr(delta, "write_deltalake", always_conflict)
     store = Store.open(store.root, config=store.config.replace(max_commit_attempts=3))
     before = versions(store)
     with pytest.raises(CommitConflictError) as info:
@@ -226,7 +221,7 @@ def test_io_error_is_a_failed_send_with_nothing_committed(
 
     before = versions(store)
     with Producer(store) as p:
-        monkeypatch.setattr(sequencer, "write_deltalake", broken_disk)
+        monkeypatch.setattr(delta, "write_deltalake", broken_disk)
         with pytest.raises(StoreError, match="nothing was stored"):
             p.send(Message(topic, b"x"))
         monkeypatch.undo()
@@ -243,13 +238,13 @@ def test_marks_survive_a_commit_without_them(store: Store, topic: str) -> None:
     with Producer(store) as p:
         r = p.send(Message(topic, b"after"), queue_id=0)
     assert r.queue_offset == 4
-    dt = DeltaTable(store.uri(schemas.COMMIT_LOG))
+    dt = store.snapshot(schemas.COMMIT_LOG)
     assert recover_hwm_by_scan(dt) == read_hwm(dt)
 
 
 def test_recover_marks_by_scan_on_empty_table(tmp_path: Path) -> None:
     store = Store.open(tmp_path / "s")
-    hwm = recover_hwm_by_scan(DeltaTable(store.uri(schemas.COMMIT_LOG)))
+    hwm = recover_hwm_by_scan(store.snapshot(schemas.COMMIT_LOG))
     assert (hwm.physical, hwm.queues) == (0, {})
 
 
@@ -352,7 +347,7 @@ def _count_commit_log_opens(store: Store, monkeypatch: pytest.MonkeyPatch, fail_
     """Spy on the store's commit-log handle opens; the ``fail_at``-th one (0-based) fails."""
     assert store.store_id  # cached from here on: its first look-up opens the commit log too
     opens: list[int] = []
-    real_open = store.open_table
+    real_open = store.snapshot
 
     def spy(name: str, version: int | None = None) -> Any:
         if name == schemas.COMMIT_LOG:
@@ -361,7 +356,7 @@ def _count_commit_log_opens(store: Store, monkeypatch: pytest.MonkeyPatch, fail_
                 raise StoreError("table cannot be loaded: injected", table=name)
         return real_open(name, version)
 
-    monkeypatch.setattr(store, "open_table", spy)
+    monkeypatch.setattr(store, "snapshot", spy)
     return opens
 
 
@@ -369,7 +364,7 @@ def test_writer_renews_its_handle_as_it_ages_and_keeps_offsets_dense(
     store: Store, topic: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A delta-rs handle slows down with every version it moves on by: the writer reopens it.
-    monkeypatch.setattr(sequencer, "RENEW_HANDLE_VERSIONS", 3)
+    monkeypatch.setattr(sequencer, "RENEW_HANDLE_COMMITS", 3)
     writer, other = CommitLogWriter(store), CommitLogWriter(store)
     opens = _count_commit_log_opens(store, monkeypatch)
     stamped = []
@@ -386,7 +381,7 @@ def test_writer_renews_its_handle_as_it_ages_and_keeps_offsets_dense(
 def test_failed_handle_renewal_keeps_the_committed_batch_and_reopens_on_the_next_append(
     store: Store, topic: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sequencer, "RENEW_HANDLE_VERSIONS", 2)
+    monkeypatch.setattr(sequencer, "RENEW_HANDLE_COMMITS", 2)
     writer = CommitLogWriter(store)
     opens = _count_commit_log_opens(store, monkeypatch, fail_at=1)  # the first renewal fails
     results = [writer.append([_pending(topic, 0, f"{i}".encode())])[0] for i in range(4)]

@@ -21,11 +21,11 @@ from engine import (
     Store,
     TopicNotFoundError,
 )
+from engine.broker.dispatch import dispatch_pending
 from engine.client.actions import ACK, CHANGE_INVISIBLE, NACK, PULL, read_actions
-from engine.client.offsets import OffsetStore
 from engine.client.simple import ClaimBook, ReceivedMessage
 from engine.config import load_config
-from engine.store.dispatch import dispatch_pending
+from engine.store.consumer_offset import OffsetStore
 from tests.helpers import versions
 
 GROUP = "G"

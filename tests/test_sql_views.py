@@ -8,11 +8,12 @@ import pytest
 from chispa import assert_df_equality
 
 from engine import InvalidArgumentError, Message, Producer, SendResult, Store, SysFlag
+from engine.broker.dispatch import dispatch_pending
 from engine.spark import register_views
 from engine.spark.views import VIEWS
 from engine.store import schemas
-from engine.store.dispatch import dispatch_pending
-from engine.store.sequencer import CommitLogWriter, PendingMessage
+from engine.store.commit_log import CommitLogWriter
+from engine.store.stamping import PendingMessage
 
 pytestmark = pytest.mark.spark
 

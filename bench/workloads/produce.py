@@ -12,8 +12,8 @@ from bench import peers
 from bench.stats import Measure, latency, rate, timed_ms, unavailable
 from bench.workloads import BARE, OURS, REDIS, Context
 from engine import Admin, EngineConfig, Message, Producer, Store
+from engine.broker.dispatch import dispatch_pending
 from engine.store import schemas
-from engine.store.dispatch import dispatch_pending
 
 TOPIC = "Bench"
 QUEUES = 4

@@ -93,9 +93,7 @@ def redis_pulls(client: Any, total: int, n: int, seed: int, tail: bool) -> list[
 
 
 def file_counts(store: Store) -> dict[str, int]:
-    return {
-        name: len(store.open_table(name).file_uris()) for name in (schemas.COMMIT_LOG, schemas.CONSUME_QUEUE)
-    }
+    return {name: len(store.snapshot(name).paths()) for name in (schemas.COMMIT_LOG, schemas.CONSUME_QUEUE)}
 
 
 def _round(ctx: Context, phase: str, redis_random: Measure, redis_tail: Measure) -> list[dict[str, Any]]:

@@ -17,9 +17,9 @@ from bench.stats import Measure, rate, unavailable
 from bench.workloads import BARE, OURS, REDIS, Context
 from bench.workloads.produce import QUEUES, REDIS_STREAM, TOPIC, batch_sizes, open_store, random_messages
 from engine import Admin, EngineConfig, Producer
+from engine.broker.dispatch import dispatch_pending
 from engine.spark.deltalog import SHORT_NAME as DELTALOG
 from engine.store import schemas
-from engine.store.dispatch import dispatch_pending
 
 XRANGE_PAGE = 10_000
 

@@ -5,12 +5,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from engine.broker.pull_log import MARKS_KEY as PULL_LOG_MARKS_KEY
 from engine.errors import InvalidArgumentError
 from engine.store import schemas
-from engine.store.marks import CQ_KEY
-from engine.store.rewrite import Commit, Snapshot, commit_planned
-from engine.store.sequencer import HWM_KEY
+from engine.store.commit_markers import CQ_KEY, HWM_KEY, PULL_LOG_MARKS_KEY
+from engine.store.data_files import Commit, commit_planned
+from engine.store.delta import Snapshot
 from engine.store.store import Store
 
 HOUR_MS = 3_600_000

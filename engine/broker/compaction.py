@@ -23,24 +23,18 @@ from dataclasses import dataclass
 from typing import TypedDict
 
 from engine.broker._upkeep import check_int, commit, table_names
-from engine.broker.index import INDEX_ROW_GROUP_ROWS, INDEX_SORT
 from engine.errors import CommitStateUnknownError
 from engine.store import schemas
-from engine.store.log import table_filesystem
-from engine.store.rewrite import (
-    Action,
+from engine.store.commit_log import COMMIT_LOG_ROW_GROUP_ROWS
+from engine.store.data_files import (
     Commit,
-    DataFile,
-    Snapshot,
-    column_max,
     delete_files,
-    indexed_columns,
-    live_paths,
     remove_action,
     rewrite_files,
-    snapshot_files,
 )
-from engine.store.sequencer import COMMIT_LOG_ROW_GROUP_ROWS
+from engine.store.delta import Action, DataFile, Snapshot
+from engine.store.delta_log import table_filesystem
+from engine.store.index import INDEX_ROW_GROUP_ROWS, INDEX_SORT
 from engine.store.store import Store
 
 MiB = 1024 * 1024
@@ -90,7 +84,7 @@ class CompactionReport(TypedDict):
 def dispatched_physical(store: Store) -> int:
     """Largest physical offset the consume queue points at: commit-log files ending at or below it
     were committed no later than a dispatched version, so the dispatch job has read them."""
-    return column_max(store.open_table(schemas.CONSUME_QUEUE), "physical_offset")
+    return store.snapshot(schemas.CONSUME_QUEUE).column_max("physical_offset")
 
 
 def plan_bins(
@@ -164,8 +158,8 @@ def plan_bins(
 def _compact_table(store: Store, name: str, min_files: int, target: int | None) -> CompactionReport:
     layout = LAYOUTS.get(name, DEFAULT_LAYOUT)
     size = target or layout.target_file_size
-    dt = store.open_table(name)
-    files = snapshot_files(dt, layout.ordered_by)
+    dt = store.snapshot(name)
+    files = dt.files(layout.ordered_by)
     watermark = dispatched_physical(store) if name == schemas.COMMIT_LOG else None
     bins = plan_bins(files, layout, min_files, size, watermark)
     report = CompactionReport(
@@ -183,12 +177,12 @@ def _compact_table(store: Store, name: str, min_files: int, target: int | None) 
         return report
     fs = table_filesystem(store.uri(name), store.storage_options)
     schema = schemas.SCHEMAS[name]
-    indexed = indexed_columns(dt)
+    indexed = dt.indexed_columns()
     written: list[tuple[list[DataFile], Sequence[Action], int]] = []
     dropped: set[int] = set()
 
     def plan(snapshot: Snapshot) -> Commit | None:
-        live = live_paths(snapshot)
+        live = snapshot.live_paths()
         out: list[Action] = []
         for i, (sources, adds, _) in enumerate(written):
             if i in dropped:
@@ -223,7 +217,7 @@ def _compact_table(store: Store, name: str, min_files: int, target: int | None) 
     if version is None:
         return report
     kept = [w for i, w in enumerate(written) if i not in dropped]
-    after = snapshot_files(store.open_table(name))
+    after = store.snapshot(name).files()
     report["files_after"] = len(after)
     report["bytes_after"] = sum(f.size for f in after)
     report["files_removed"] = sum(len(s) for s, _, _ in kept)

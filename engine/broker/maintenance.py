@@ -32,7 +32,8 @@ from engine.broker.compaction import (
 from engine.broker.retention import RetentionReport, consumed_offsets, protected_offsets, retain
 from engine.errors import MQError
 from engine.store import schemas
-from engine.store.rewrite import MAINTENANCE_KEY, DataFile
+from engine.store.commit_markers import MAINTENANCE_KEY
+from engine.store.delta import DataFile
 from engine.store.store import Store
 from engine.store.vacuum import checkpoint_table, vacuum_table
 

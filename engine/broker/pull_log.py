@@ -4,33 +4,32 @@ As QMQ's pull log, each consumer of a group gets a dense sequence of what it pul
 0, 1, 2, … -> (topic, queue_id, queue_offset, physical_offset), in the order the pulls were
 committed (action-log version, then the consumer's own action sequence).
 
-Exactly once: every ``pull_log`` commit carries a Delta app transaction (app id :data:`PULL_LOG_APP`,
-version = the last action-log version it covers) and, in its commitInfo (:data:`MARKS_KEY`), the next
-pull sequence of every consumer. Commits are made with automatic retries disabled, so two builders
-racing for the same version cannot both win: the loser re-reads the marks and the covered version and
-drops what the winner already wrote. A replayed micro-batch is therefore a no-op.
+Exactly once: every ``pull_log`` commit carries the last action-log version it covers and the next
+pull sequence of every consumer (see :mod:`engine.store.pull_log`). Commits are made with automatic
+retries disabled, so two builders racing for the same version cannot both win: the loser re-reads
+the marks and the covered version and drops what the winner already wrote. A replayed micro-batch is
+therefore a no-op.
 """
 
 from __future__ import annotations
 
-import json
-import threading
-import weakref
-from typing import Any
-
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 
 from engine.client.actions import PULL
 from engine.errors import CommitConflictError
 from engine.store import schemas
-from engine.store.log import VERSION_COLUMN, read_versions, table_dataset
-from engine.store.marks import latest_commit_value
+from engine.store.delta_log import VERSION_COLUMN, read_versions
+from engine.store.pull_log import (
+    Marks,
+    commit_pulls,
+    covered_version,
+    private_store,
+    pulled_version,
+    read_marks,
+)
 from engine.store.store import Store
 
-PULL_LOG_APP = "mq.pull_log"
-MARKS_KEY = "mq.pl"
 # What the builder reads from an action-log row.
 PULL_LOG_SOURCE_COLUMNS = (
     "group",
@@ -43,57 +42,6 @@ PULL_LOG_SOURCE_COLUMNS = (
     "physical_offset",
     "ts_ms",
 )
-
-Marks = dict[str, dict[str, int]]  # group -> consumer_id -> next pull sequence
-
-_writers: weakref.WeakKeyDictionary[Store, tuple[Store, threading.Lock]] = weakref.WeakKeyDictionary()
-_writers_lock = threading.Lock()
-
-
-def private_store(store: Store) -> tuple[Store, threading.Lock]:
-    """A second handle set on ``store``'s tables, and the lock its user holds while reading and committing.
-
-    The shared store's handles are refreshed by any of its users at any time; an optimistic
-    read-then-commit-the-next-version needs a handle that stays at the version it read.
-    """
-    with _writers_lock:
-        found = _writers.get(store)
-        if found is None:
-            found = (Store(store.root, store.storage_options, store.config), threading.Lock())
-            _writers[store] = found
-        return found
-
-
-def pulled_version(store: Store) -> int:
-    """Last action-log version whose PULL rows are in the pull log (-1 before any)."""
-    version = store.app_version(schemas.PULL_LOG, PULL_LOG_APP)
-    return -1 if version is None else version
-
-
-def _covered(dt: DeltaTable) -> int:
-    version = dt.transaction_version(PULL_LOG_APP)
-    return -1 if version is None else int(version)
-
-
-def read_marks(dt: DeltaTable) -> Marks:
-    """Next pull sequence of every consumer, as of the pull log version ``dt`` has loaded.
-
-    Taken from the newest commit that carries marks (compaction commits do not); if the log no longer
-    has one, rebuilt by scanning that snapshot.
-    """
-    if int(dt.version()) == 0:
-        return {}
-    raw = latest_commit_value(dt, MARKS_KEY)
-    if raw is not None:
-        data: Any = json.loads(raw)
-        return {g: {c: int(n) for c, n in consumers.items()} for g, consumers in data.items()}
-    table = table_dataset(dt).to_table(columns=["group", "consumer_id", "pull_sequence"])
-    marks: Marks = {}
-    if table.num_rows:
-        grouped = table.group_by(["group", "consumer_id"]).aggregate([("pull_sequence", "max")])
-        for row in grouped.to_pylist():
-            marks.setdefault(row["group"], {})[row["consumer_id"]] = int(row["pull_sequence_max"]) + 1
-    return marks
 
 
 def pull_rows(actions: pa.Table, marks: Marks) -> pa.Table:
@@ -156,22 +104,15 @@ def build_pull_log_rows(
         for _ in range(attempts):
             # One handle for the read and the commit: the commit lands on exactly the next version of
             # what was read (retries disabled), or fails and the loop reads again.
-            dt = writer.table(schemas.PULL_LOG)
-            last = _covered(dt)
+            snapshot = writer.shared(schemas.PULL_LOG)
+            last = covered_version(snapshot)
             if through_version <= last:
                 return 0
             fresh = actions.filter(pc.greater(actions[VERSION_COLUMN], last))
-            marks = read_marks(dt)
+            marks = read_marks(snapshot)
             rows = pull_rows(fresh, marks)
             try:
-                writer.append(
-                    schemas.PULL_LOG,
-                    rows,
-                    app_id=PULL_LOG_APP,
-                    app_version=through_version,
-                    custom_metadata={MARKS_KEY: json.dumps(marks, separators=(",", ":"), sort_keys=True)},
-                    max_retries=0,
-                )
+                commit_pulls(writer, rows, through_version, marks)
             except CommitConflictError:
                 continue
             return int(rows.num_rows)

@@ -24,27 +24,19 @@ from engine.errors import CommitStateUnknownError
 from engine.protocol import SCHEDULE_TOPIC
 from engine.store import schemas
 from engine.store import store as _store_module
-from engine.store.log import table_filesystem
-from engine.store.marks import CQ_KEY, queue_marks
-from engine.store.rewrite import (
-    Action,
+from engine.store.commit_log import COMMIT_LOG_ROW_GROUP_ROWS, read_hwm
+from engine.store.commit_markers import CQ_KEY
+from engine.store.consume_queue import queue_marks
+from engine.store.data_files import (
     Commit,
-    DataFile,
-    Snapshot,
-    add_actions,
-    data_files,
     delete_files,
-    indexed_columns,
-    int_column,
-    live_paths,
     read_columns,
     read_file,
     remove_action,
-    snapshot_files,
-    str_column,
     write_file,
 )
-from engine.store.sequencer import COMMIT_LOG_ROW_GROUP_ROWS, read_hwm
+from engine.store.delta import Action, DataFile, Snapshot, data_files, int_column, str_column
+from engine.store.delta_log import table_filesystem
 from engine.store.store import Store
 
 
@@ -127,14 +119,14 @@ class _RetentionPlan:
 
 def _plan_commit_log(store: Store, cutoff: int, force: bool, fs: pa_fs.FileSystem) -> _RetentionPlan:
     """Which commit-log files to delete or rewrite; rewritten files are written already."""
-    log = store.open_table(schemas.COMMIT_LOG)
-    cq = store.open_table(schemas.CONSUME_QUEUE)
+    log = store.snapshot(schemas.COMMIT_LOG)
+    cq = store.snapshot(schemas.CONSUME_QUEUE)
     marks = queue_marks(cq)
     consumed = consumed_offsets(store)
     watermark = dispatched_physical(store)
-    indexed = indexed_columns(log)
+    indexed = log.indexed_columns()
     files = sorted(
-        (f for f in snapshot_files(log, "physical_offset") if f.lo is not None),
+        (f for f in log.files("physical_offset") if f.lo is not None),
         key=lambda f: (f.lo, f.path),
     )
     plan = _RetentionPlan()
@@ -207,7 +199,7 @@ def _trim_consume_queue(
     if not mins:
         return [], 0
     queues = [(k.split("\x1f")[0], int(k.split("\x1f")[1]), m) for k, m in mins.items()]
-    actions_table = add_actions(dt)
+    actions_table = dt.add_actions()
     files = data_files(actions_table, "queue_offset")
     stats = {
         side: (str_column(actions_table, f"{side}.topic"), int_column(actions_table, f"{side}.queue_id"))
@@ -333,7 +325,7 @@ def _retain_consume_queue(store: Store, plan: _RetentionPlan, report: RetentionR
                 marks.set_min(topic, qid, last + 1)
                 raised.setdefault(topic, {})[qid] = last + 1
         mins = {f"{t}\x1f{q}": m for t, values in marks.min.items() for q, m in enumerate(values) if m > 0}
-        actions, removed = _trim_consume_queue(fs, dt, mins, indexed_columns(dt), written)
+        actions, removed = _trim_consume_queue(fs, dt, mins, dt.indexed_columns(), written)
         if not raised and not actions:
             return None
         result.update(raised=raised, removed=removed)
@@ -360,7 +352,7 @@ def _retain_commit_log(
     needed = {f.path for f in plan.removes} | {f.path for f, _ in plan.rewrites}
 
     def plan_log(dt: Snapshot) -> Commit | None:
-        live = live_paths(dt)
+        live = dt.live_paths()
         if not needed <= live:
             return None  # compacted meanwhile: the rows are below the new minimums; the next run deletes them
         actions: list[Action] = [remove_action(f, True) for f in plan.removes]
@@ -381,10 +373,10 @@ def _retain_commit_log(
 
 def _retain_index(store: Store, report: RetentionReport) -> None:
     def plan_index(dt: Snapshot) -> Commit | None:
-        log = store.open_table(schemas.COMMIT_LOG)
-        starts = [f.lo for f in snapshot_files(log, "physical_offset") if f.lo is not None]
+        log = store.snapshot(schemas.COMMIT_LOG)
+        starts = [f.lo for f in log.files("physical_offset") if f.lo is not None]
         first = min(starts) if starts else read_hwm(log).physical
-        gone = [f for f in snapshot_files(dt, "physical_offset") if f.hi is not None and f.hi < first]
+        gone = [f for f in dt.files("physical_offset") if f.hi is not None and f.hi < first]
         if not gone:
             return None
         report["index_files_removed"] = len(gone)

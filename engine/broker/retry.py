@@ -44,7 +44,6 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 
 from engine.broker.schedule import SCHEDULE_PROPERTIES
 from engine.client import actions as _actions
@@ -65,9 +64,11 @@ from engine.protocol import (
     retry_topic,
 )
 from engine.store import schemas
-from engine.store.log import VERSION_COLUMN, read_versions
-from engine.store.queues import QueueIndex
-from engine.store.sequencer import CommitLogWriter, PendingMessage
+from engine.store.commit_log import CommitLogWriter
+from engine.store.consume_queue import QueueIndex
+from engine.store.delta import Snapshot
+from engine.store.delta_log import VERSION_COLUMN, read_versions
+from engine.store.stamping import PendingMessage
 from engine.store.store import Store
 from engine.store.store import now_ms as _clock_ms
 
@@ -191,14 +192,9 @@ def _check_setting(setting: MaxReconsume) -> MaxReconsume:
 
 
 # ----------------------------------------------------------------- store level
-def _txn(dt: DeltaTable, app_id: str) -> int:
-    value = dt.transaction_version(app_id)
-    return -1 if value is None else int(value)
-
-
 def routed_version(store: Store) -> int:
     """Last ``action_log`` version whose failures are routed (-1 before any)."""
-    return _txn(store.table(schemas.COMMIT_LOG), RETRY_APP)
+    return store.app_version(schemas.COMMIT_LOG, RETRY_APP)
 
 
 class RetryRouter:
@@ -223,7 +219,7 @@ class RetryRouter:
         self._index = QueueIndex(store)
         self._admin = Admin(store)
         self._ensured: set[str] = set()
-        self._dt: DeltaTable | None = None  # a private snapshot: the state and the decision agree
+        self._dt: Snapshot | None = None  # a private snapshot: the state and the decision agree
         self._lock = threading.Lock()
         self.retried = 0
         self.dead = 0
@@ -251,7 +247,7 @@ class RetryRouter:
         with self._lock:
             for _ in range(_MAX_LOST_RACES):
                 dt = self._commit_log()
-                progress, seq = _txn(dt, RETRY_APP), _txn(dt, RETRY_GUARD_APP)
+                progress, seq = dt.app_version(RETRY_APP), dt.app_version(RETRY_GUARD_APP)
                 fresh = rows.filter(pc.greater(rows[VERSION_COLUMN], progress))
                 if fresh.num_rows == 0:
                     return routed
@@ -316,11 +312,11 @@ class RetryRouter:
             messages.append(routed)
         return messages, skipped
 
-    def _commit_log(self) -> DeltaTable:
+    def _commit_log(self) -> Snapshot:
         if self._dt is None:
-            self._dt = self._store.open_table(schemas.COMMIT_LOG)
+            self._dt = self._store.snapshot(schemas.COMMIT_LOG)
         else:
-            self._dt.update_incremental()
+            self._dt.refresh()
         return self._dt
 
     def _ensure_topics(self, group: str, retry: bool) -> None:

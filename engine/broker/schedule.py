@@ -57,7 +57,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
-from deltalake import DeltaTable
 
 from engine.delays import MAX_DELAY_LEVEL
 from engine.errors import CommitConflictError, InvalidArgumentError, StoreError
@@ -69,9 +68,10 @@ from engine.protocol import (
     SCHEDULE_TOPIC,
 )
 from engine.store import schemas
-from engine.store.marks import find_commit_value
-from engine.store.queues import QueueIndex
-from engine.store.sequencer import CommitLogWriter, PendingMessage
+from engine.store.commit_log import CommitLogWriter
+from engine.store.consume_queue import QueueIndex
+from engine.store.delta import Snapshot
+from engine.store.stamping import PendingMessage
 from engine.store.store import Store
 from engine.store.store import now_ms as _clock_ms
 
@@ -199,18 +199,13 @@ class ScheduleState:
     version: int  # commit-log version whose commitInfo holds timer_runs (-1: none)
 
 
-def _txn(dt: DeltaTable, app_id: str) -> int:
-    value = dt.transaction_version(app_id)
-    return -1 if value is None else int(value)
-
-
-def _find_state_commit(dt: DeltaTable, seq: int) -> tuple[int, tuple[Run, ...]]:
+def _find_state_commit(dt: Snapshot, seq: int) -> tuple[int, tuple[Run, ...]]:
     """The version of the commit holding the schedule state ``seq``, and its timer runs."""
 
     def has_seq(raw: str) -> bool:
         return int(json.loads(raw).get("seq", -2)) == seq
 
-    found = find_commit_value(dt, STATE_KEY, has_seq, walk_back=None)
+    found = dt.find_commit_value(STATE_KEY, has_seq, walk_back=None)
     if found is None:
         raise StoreError(
             f"the schedule's state commit (seq {seq}) is no longer in the commit-log history; refusing "
@@ -225,8 +220,8 @@ def _find_state_commit(dt: DeltaTable, seq: int) -> tuple[int, tuple[Run, ...]]:
 
 def schedule_progress(store: Store) -> dict[int, int]:
     """Per schedule queue: last delivered offset (level queues) or handled prefix (timer queue)."""
-    dt = store.table(schemas.COMMIT_LOG)
-    return {qid: _txn(dt, queue_app_id(qid)) for qid in (*LEVEL_QUEUES, TIMER_QUEUE_ID)}
+    dt = store.shared(schemas.COMMIT_LOG)
+    return {qid: dt.app_version(queue_app_id(qid)) for qid in (*LEVEL_QUEUES, TIMER_QUEUE_ID)}
 
 
 # ----------------------------------------------------------------- the scheduler
@@ -328,7 +323,7 @@ class Scheduler:
         self._max_runs = max_timer_runs
         self._refresh_versions = refresh_versions
         self._state: ScheduleState | None = None
-        self._dt: DeltaTable | None = None
+        self._dt: Snapshot | None = None
         self._heads: dict[int, tuple[int, int]] = {}  # level queue -> (offset, due) of a head not due
         self._timers = _TimerCache()
         self.delivered = 0  # messages re-put to their real topic by this scheduler
@@ -372,10 +367,10 @@ class Scheduler:
                     return total
 
     # ------------------------------------------------------------- one pass
-    def _read_state(self, dt: DeltaTable) -> ScheduleState:
-        seq = _txn(dt, SCHEDULE_APP)
-        delivered = tuple(_txn(dt, queue_app_id(q)) for q in LEVEL_QUEUES)
-        prefix = _txn(dt, queue_app_id(TIMER_QUEUE_ID))
+    def _read_state(self, dt: Snapshot) -> ScheduleState:
+        seq = dt.app_version(SCHEDULE_APP)
+        delivered = tuple(dt.app_version(queue_app_id(q)) for q in LEVEL_QUEUES)
+        prefix = dt.app_version(queue_app_id(TIMER_QUEUE_ID))
         cached = self._state
         if seq < 0:
             runs: tuple[Run, ...] = ()
@@ -392,9 +387,9 @@ class Scheduler:
         """One commit's worth: (delivered, maybe more due), or None when another writer won."""
         self._index.refresh()
         if self._dt is None:
-            self._dt = self._store.open_table(schemas.COMMIT_LOG)
+            self._dt = self._store.snapshot(schemas.COMMIT_LOG)
         else:
-            self._dt.update_incremental()
+            self._dt.refresh()
         dt = self._dt  # a private snapshot: every part of the state comes from one version
         state = self._read_state(dt)
         budget = _Budget(self._max_messages, self._max_bytes)
@@ -406,9 +401,7 @@ class Scheduler:
             self._scan_level(qid, state.delivered[qid], now, budget, picks, last)
         timer_picks, moves, prefix, runs = self._scan_timer(state, now, budget)
         picks.extend(timer_picks)
-        refresh = (
-            bool(runs) and state.version >= 0 and int(dt.version()) - state.version > self._refresh_versions
-        )
+        refresh = bool(runs) and state.version >= 0 and dt.version() - state.version > self._refresh_versions
         changed = bool(picks or moves) or prefix != state.timer_prefix or runs != state.timer_runs
         if not changed and not refresh:
             return 0, False

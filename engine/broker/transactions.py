@@ -53,8 +53,8 @@ from engine.protocol import (
     TRANS_OP_HALF_TOPIC,
 )
 from engine.store import schemas
-from engine.store.marks import latest_commit_value
-from engine.store.sequencer import CommitLogWriter, PendingMessage, Stamped
+from engine.store.commit_log import CommitLogWriter
+from engine.store.stamping import PendingMessage, Stamped
 from engine.store.store import Store, sql_literal
 from engine.store.store import now_ms as _clock_ms
 
@@ -240,7 +240,7 @@ class Decision:
 
 
 def _guarded(store: Store, half_physical_offset: int) -> bool:
-    return store.table(schemas.COMMIT_LOG).transaction_version(tx_app_id(half_physical_offset)) is not None
+    return store.app_version(schemas.COMMIT_LOG, tx_app_id(half_physical_offset)) >= 0
 
 
 def _guard_may_have_expired(store_ts_ms: int) -> bool:
@@ -418,7 +418,7 @@ def end_transaction(
 
 def check_floor(store: Store) -> int:
     """Physical offset below which every half message is decided (0 before the first check run)."""
-    raw = latest_commit_value(store.table(schemas.TRANSACTIONS), FLOOR_KEY)
+    raw = store.shared(schemas.TRANSACTIONS).commit_value(FLOOR_KEY)
     return 0 if raw is None else int(json.loads(raw))
 
 
@@ -437,11 +437,11 @@ def undecided_halves(store: Store, *, floor: int | None = None) -> tuple[list[Ha
     if table.num_rows == 0:
         return [], low
     table = table.sort_by("physical_offset")
-    dt = store.table(schemas.COMMIT_LOG)
+    log = store.shared(schemas.COMMIT_LOG)
     halves = []
     for row in table.to_pylist():
         po = int(row["physical_offset"])
-        if dt.transaction_version(tx_app_id(po)) is not None:
+        if log.app_version(tx_app_id(po)) >= 0:
             continue
         if _guard_may_have_expired(int(row["store_ts_ms"])) and decision_record(store, po, row["uniq_key"]):
             continue  # decided more than TXN_RETENTION ago

@@ -24,7 +24,7 @@ from engine.protocol import (
     validate_group_name,
     validate_topic_name,
 )
-from engine.store.queues import QueueIndex
+from engine.store.consume_queue import QueueIndex
 from engine.store.store import Store, now_ms
 
 TOPIC_TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION")

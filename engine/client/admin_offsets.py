@@ -23,18 +23,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
-from deltalake import DeltaTable
 
-from engine.client.offsets import OffsetStore
 from engine.errors import InvalidArgumentError, OffsetOutOfRangeError
 from engine.protocol import validate_group_name
 from engine.store import schemas
-from engine.store.log import table_filesystem
-from engine.store.marks import QueueMarks, queue_marks
-from engine.store.queues import QueueIndex
+from engine.store.consume_queue import QueueIndex, QueueMarks, queue_marks
+from engine.store.consumer_offset import OffsetStore
+from engine.store.delta import Snapshot
+from engine.store.delta_log import table_filesystem
 from engine.store.store import Store, now_ms, sql_literal
 
 _SEARCH_COLUMNS = ["topic", "queue_id", "queue_offset", "store_ts_ms"]
@@ -65,11 +63,11 @@ class QueueTimeIndex:
         handle: a consume-queue snapshot to search (default: a new handle on the latest version).
     """
 
-    def __init__(self, store: Store, handle: DeltaTable | None = None) -> None:
+    def __init__(self, store: Store, handle: Snapshot | None = None) -> None:
         self._store = store
-        self._dt = handle if handle is not None else store.open_table(schemas.CONSUME_QUEUE)
+        self._dt = handle if handle is not None else store.snapshot(schemas.CONSUME_QUEUE)
         self.marks: QueueMarks = queue_marks(self._dt)
-        actions = pa.table(self._dt.get_add_actions(flatten=True))
+        actions = self._dt.add_actions()
         wanted = [
             "path",
             *(f"{side}.{c}" for c in ("topic", "queue_id", "store_ts_ms") for side in ("min", "max")),
@@ -82,7 +80,7 @@ class QueueTimeIndex:
 
     @property
     def version(self) -> int:
-        return int(self._dt.version())
+        return self._dt.version()
 
     def bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
         """(min offset, max offset) of a queue in this snapshot; max is the next to be dispatched."""

@@ -21,7 +21,7 @@ from engine.client.claims import ClaimBook, Key
 from engine.errors import CommitConflictError, StoreError
 from engine.model import MessageExt
 from engine.store import schemas
-from engine.store.log import read_versions
+from engine.store.delta_log import read_versions
 from engine.store.store import Store, sql_literal
 
 
@@ -65,8 +65,7 @@ class ClaimLog:
 
         Returns whether the state moved on.
         """
-        dt = self._writer.table(schemas.ACTION_LOG)
-        version = int(dt.version())
+        version = self._writer.shared(schemas.ACTION_LOG).version()
         if self.version < 0:
             snapshot = self._store.dataset(
                 schemas.ACTION_LOG, f"group = {sql_literal(self.group)}", version=version

@@ -30,7 +30,8 @@ from engine.protocol import (
     validate_message_fields,
     validate_topic_name,
 )
-from engine.store.sequencer import CommitLogWriter, PendingBatch, PendingMessage, Stamped, StampedBatch
+from engine.store.commit_log import CommitLogWriter
+from engine.store.stamping import PendingBatch, PendingMessage, Stamped, StampedBatch
 from engine.store.store import Store, now_ms
 
 # Timer messages: how far ahead a deliver_at_ms may be (RocketMQ 5 default timerMaxDelaySec).

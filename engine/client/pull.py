@@ -6,11 +6,11 @@ import time
 
 import pyarrow as pa
 
-from engine.client.offsets import OffsetStore
 from engine.errors import InvalidArgumentError
 from engine.model import MessageExt, PullResult, PullStatus
 from engine.protocol import TagFilter, parse_tag_expression, validate_group_name
-from engine.store.queues import QueueIndex
+from engine.store.consume_queue import QueueIndex
+from engine.store.consumer_offset import OffsetStore
 from engine.store.store import Store
 
 # How many consume-queue entries one pull examines at most while filtering (RocketMQ reads up to

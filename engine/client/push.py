@@ -27,7 +27,6 @@ from types import TracebackType
 from engine.client.actions import NACK, ActionLogWriter
 from engine.client.admin import Admin
 from engine.client.membership import GroupMembership
-from engine.client.offsets import OffsetStore
 from engine.client.pull import MAX_PULL_NUMS, PullConsumer
 from engine.client.rebalance import (
     AllocateStrategy,
@@ -46,8 +45,9 @@ from engine.protocol import (
     validate_group_name,
     validate_topic_name,
 )
+from engine.store.consume_queue import QueueIndex
+from engine.store.consumer_offset import OffsetStore
 from engine.store.groups import MAX_LEASE_MS
-from engine.store.queues import QueueIndex
 from engine.store.store import Store, now_ms
 
 _log = logging.getLogger(__name__)

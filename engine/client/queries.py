@@ -16,12 +16,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from engine.broker.index import KIND_KEY, KIND_UNIQ_KEY
 from engine.errors import InvalidArgumentError, StoreError
 from engine.model import MessageExt
 from engine.protocol import parse_msg_id, validate_topic_name
 from engine.store import schemas
-from engine.store.queues import QueueIndex
+from engine.store.consume_queue import QueueIndex
+from engine.store.index import KIND_KEY, KIND_UNIQ_KEY
 from engine.store.store import Store, sql_literal
 
 DEFAULT_MAX_NUM = 32  # RocketMQ's default for a key query

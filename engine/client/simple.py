@@ -64,7 +64,6 @@ from typing import Any
 from engine.client.actions import ACK, CHANGE_INVISIBLE, NACK, PULL
 from engine.client.claim_log import ClaimLog, Held
 from engine.client.claims import CLAIM_ACTIONS, Claim, ClaimBook, Key, QueueBook
-from engine.client.offsets import OffsetStore
 from engine.client.visible import SCAN_WINDOW, Source, pick_visible, receive_sources
 from engine.errors import (
     CommitConflictError,
@@ -76,7 +75,8 @@ from engine.errors import (
 from engine.model import MessageExt
 from engine.protocol import SYSTEM_TOPICS, TagFilter, parse_tag_expression, validate_group_name
 from engine.store import schemas
-from engine.store.queues import QueueIndex
+from engine.store.consume_queue import QueueIndex
+from engine.store.consumer_offset import OffsetStore
 from engine.store.store import Store, now_ms
 
 __all__ = [

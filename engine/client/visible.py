@@ -11,7 +11,7 @@ from __future__ import annotations
 from engine.client.claims import ClaimBook
 from engine.model import MessageExt
 from engine.protocol import TagFilter, parse_tag_expression, retry_topic
-from engine.store.queues import QueueIndex
+from engine.store.consume_queue import QueueIndex
 from engine.store.store import Store
 
 SCAN_WINDOW = 256  # queue offsets examined per step while looking for visible messages

@@ -37,8 +37,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-from deltalake import DeltaTable
-from deltalake.exceptions import DeltaError, TableNotFoundError
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.streaming.datasource import (
@@ -50,7 +48,8 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from engine.errors import InvalidArgumentError, StoreError
-from engine.store.log import VERSION_COLUMN, read_files, read_versions
+from engine.store.delta import Snapshot, TableMissingError, open_snapshot
+from engine.store.delta_log import VERSION_COLUMN, read_files, read_versions
 
 SHORT_NAME = "deltalog"
 SNAPSHOT_VERSION = -1
@@ -120,10 +119,10 @@ class LogOptions:
     def is_log_read(self) -> bool:
         return self.starting_version is not None or self.ending_version is not None
 
-    def open(self) -> DeltaTable:
+    def open(self) -> Snapshot:
         try:
-            return DeltaTable(self.path, storage_options=self.storage_options)
-        except TableNotFoundError as exc:
+            return open_snapshot(self.path, self.storage_options)
+        except TableMissingError as exc:
             raise StoreError(f"deltalog: no Delta table at {self.path}", table=self.path, cause=exc) from exc
 
 
@@ -147,9 +146,9 @@ def _bool_option(options: Mapping[str, str], name: str) -> bool:
     return raw == "true"
 
 
-def table_schema(options: LogOptions, dt: DeltaTable | None = None) -> pa.Schema:
+def table_schema(options: LogOptions, snapshot: Snapshot | None = None) -> pa.Schema:
     """The Arrow schema of the table's columns that the source reads (without ``_version``)."""
-    schema = pa.schema((dt or options.open()).schema().to_arrow())
+    schema = (snapshot or options.open()).arrow_schema()
     if options.columns is None:
         return schema
     unknown = [c for c in options.columns if c not in schema.names]
@@ -193,12 +192,6 @@ def version_ranges(first: int, last: int, per_partition: int) -> list[VersionRan
     return [VersionRange(v, min(last, v + per_partition - 1)) for v in range(first, last + 1, per_partition)]
 
 
-def snapshot_files(dt: DeltaTable) -> list[str]:
-    """Paths (relative to the table) of the data files of ``dt``'s loaded snapshot."""
-    actions = pa.table(dt.get_add_actions(flatten=False))
-    return [str(p) for p in actions["path"].to_pylist()] if actions.num_rows else []
-
-
 class _Reading:
     """What both readers share: where the table is, what to read, and how to shape it for Spark."""
 
@@ -220,11 +213,7 @@ class _Reading:
                 self.options.path, partition.first, partition.last, file_schema, self.options.storage_options
             )
         elif isinstance(partition, (SnapshotFiles, LatestSnapshot)):
-            files = (
-                snapshot_files(self.options.open())
-                if isinstance(partition, LatestSnapshot)
-                else partition.files
-            )
+            files = self.options.open().paths() if isinstance(partition, LatestSnapshot) else partition.files
             table = read_files(
                 self.options.path, files, file_schema, self.options.storage_options, version=SNAPSHOT_VERSION
             )
@@ -245,13 +234,13 @@ class DeltaLogReader(_Reading, DataSourceReader):
     def partitions(self) -> Sequence[InputPartition]:
         dt = self.options.open()
         if self.options.is_log_read:
-            latest = int(dt.version())
+            latest = dt.version()
             first = self.options.starting_version or 0
             last = latest if self.options.ending_version is None else min(latest, self.options.ending_version)
             return version_ranges(first, last, self.options.versions_per_partition)
         if self.options.live:
             return [LatestSnapshot()]
-        files = snapshot_files(dt)
+        files = dt.paths()
         n = self.options.files_per_partition
         return [SnapshotFiles(tuple(files[i : i + n])) for i in range(0, len(files), n)]
 
@@ -268,7 +257,7 @@ class DeltaLogStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvai
 
     def __init__(self, options: LogOptions, schema: StructType, file_schema: pa.Schema) -> None:
         super().__init__(options, schema, file_schema)
-        self._dt: DeltaTable | None = None
+        self._dt: Snapshot | None = None
         self._target: int | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -282,12 +271,12 @@ class DeltaLogStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvai
             if self._dt is None:
                 self._dt = self.options.open()
             else:
-                self._dt.update_incremental()
-        except DeltaError as exc:
+                self._dt.refresh()
+        except StoreError as exc:
             raise StoreError(
                 f"deltalog: cannot read the log of {self.options.path}: {exc}", cause=exc
             ) from exc
-        latest = int(self._dt.version())
+        latest = self._dt.version()
         if self.options.ending_version is not None:
             latest = min(latest, self.options.ending_version)
         return latest
@@ -347,4 +336,4 @@ class DeltaLogDataSource(DataSource):
 
 def _full_schema(options: LogOptions) -> pa.Schema:
     """Every column of the table: a user-given schema may pick any of them."""
-    return pa.schema(options.open().schema().to_arrow())
+    return options.open().arrow_schema()

@@ -56,7 +56,8 @@ from engine.protocol import (
 )
 from engine.spark.mq_options import WriteOptions
 from engine.store import schemas
-from engine.store.sequencer import CommitLogWriter, PendingMessage, Stamped
+from engine.store.commit_log import CommitLogWriter
+from engine.store.stamping import PendingMessage, Stamped
 from engine.store.store import Store
 
 _STRING = StringType()

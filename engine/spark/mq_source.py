@@ -55,14 +55,14 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from engine.client.admin_offsets import QueueTimeIndex, committed_offsets
-from engine.client.offsets import OffsetStore
 from engine.errors import InvalidArgumentError, StoreError
 from engine.protocol import TagFilter, parse_tag_expression
 from engine.spark.mq_options import SHORT_NAME, Position, ReadOptions, StoreRef, WriteOptions
 from engine.store import schemas
-from engine.store.log import read_version
-from engine.store.queues import QueueIndex
-from engine.store.sequencer import read_hwm
+from engine.store.commit_log import read_hwm
+from engine.store.consume_queue import QueueIndex
+from engine.store.consumer_offset import OffsetStore
+from engine.store.delta_log import read_version
 from engine.store.store import Store
 
 _TS = pa.timestamp("us", tz="UTC")
@@ -273,7 +273,7 @@ def plan_batch(store: Store, options: ReadOptions) -> tuple[QueueOffsets, QueueO
                 f"asOfVersion {version} is after the commit log's latest version {latest}",
                 version=version,
             )
-        hwm = read_hwm(store.open_table(schemas.COMMIT_LOG, version))
+        hwm = read_hwm(store.snapshot(schemas.COMMIT_LOG, version))
         for qid in range(queues):
             stood = hwm.next_queue_offset(topic, qid)
             if stood > index.bounds(topic, qid)[1]:

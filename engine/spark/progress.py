@@ -25,13 +25,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pyarrow.fs as pa_fs
 
 from engine.errors import StoreError
 from engine.store import schemas
-from engine.store.log import read_version, table_filesystem
-from engine.store.sequencer import HWM_KEY
+from engine.store.commit_markers import HWM_KEY
+from engine.store.delta_log import read_version, table_filesystem
 from engine.store.store import Store, now_ms
 
 STATUS_DIR = "_status"
@@ -284,11 +283,11 @@ def table_sizes(store: Store) -> list[TableSize]:
     """Size of every table of the store (from the snapshots' add actions; no data file is read)."""
     out = []
     for name in schemas.SCHEMAS:
-        dt = store.open_table(name)
-        actions = pa.table(dt.get_add_actions(flatten=True))
+        snapshot = store.snapshot(name)
+        actions = snapshot.add_actions()
         rows = sum(int(v or 0) for v in actions["num_records"].to_pylist()) if actions.num_rows else 0
         size = sum(int(v or 0) for v in actions["size_bytes"].to_pylist()) if actions.num_rows else 0
-        out.append(TableSize(name, int(dt.version()), actions.num_rows, rows, size))
+        out.append(TableSize(name, snapshot.version(), actions.num_rows, rows, size))
     return out
 
 

@@ -14,7 +14,7 @@ from typing import Any
 from engine.errors import InvalidArgumentError
 from engine.spark.deltalog import SHORT_NAME, spark_schema
 from engine.store import schemas
-from engine.store.log import VERSION_COLUMN
+from engine.store.delta_log import VERSION_COLUMN
 from engine.store.store import Store
 
 ViewBuilder = Callable[[Any, Store], Any]

@@ -1,13 +1,14 @@
 """The ``groups`` table: consumer-group heartbeats and queue leases (orderly-consumption locks).
 
 The table is an append-only history (HEARTBEAT, LEAVE, LOCK, UNLOCK rows) that SQL can read. The
-current state, who is a member and who holds which queue, is sequenced on the Delta log itself,
-like the commit log's offsets: every commit this module makes carries, in its commitInfo
-(``mq.groups``), the state after it. A writer reads the state of the version it holds, applies its
-rows and decisions (a queue is free when nobody holds it, its lease expired, or the writer holds it
-already), and commits exactly the next version with automatic retries disabled. If another writer
-took that version, it catches up and decides again. So two members racing for one queue are
-ordered by the Delta log and exactly one gets it: the Delta log is the lock.
+current state, who is a member and who holds which queue, is sequenced on the Delta log itself, like
+the commit log's offsets: every commit this module makes carries, in its commitInfo
+(:data:`~engine.store.commit_markers.GROUPS_STATE_KEY`), the state after it. A writer reads the
+state of the version it holds, applies its rows and decisions (a queue is free when nobody holds it,
+its lease expired, or the writer holds it already), and commits exactly the next version with
+automatic retries disabled. If another writer took that version, it catches up and decides again. So
+two members racing for one queue are ordered by the Delta log and exactly one gets it: the Delta log
+is the lock.
 
 Readers need only the newest commit that carries the state, not the whole history, so looking up
 members and locks costs the same after a year of heartbeats as after a minute. A LOCK row is only
@@ -18,28 +19,24 @@ UNLOCKed later) names its holder.
 from __future__ import annotations
 
 import json
-import random
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as ds
-from deltalake import CommitProperties, DeltaTable, write_deltalake
-from deltalake.exceptions import CommitFailedError, DeltaError
 
 from engine.errors import CommitConflictError, StoreError
 from engine.store import schemas
-from engine.store.log import read_version
-from engine.store.store import RENEW_HANDLE_COMMITS, Store, now_ms, sql_literal
+from engine.store.commit_markers import GROUPS_STATE_KEY as STATE_KEY
+from engine.store.delta import RENEW_HANDLE_COMMITS, Snapshot, backoff, commit_next
+from engine.store.store import Store, now_ms, sql_literal
 
 HEARTBEAT = "HEARTBEAT"
 LEAVE = "LEAVE"
 LOCK = "LOCK"
 UNLOCK = "UNLOCK"
-STATE_KEY = "mq.groups"
 # Longest lease a writer may take, and longest member timeout a reader may use: members silent for
 # longer are forgotten. A reader looking for the newest state stops at a commit older than this
 # (plus clock slack): nothing recorded before it still counts.
@@ -130,9 +127,8 @@ class GroupLog:
 
     def __init__(self, store: Store) -> None:
         self._store = store
-        self._uri = store.uri(schemas.GROUPS)
         self._lock = threading.Lock()
-        self._dt: DeltaTable | None = None
+        self._dt: Snapshot | None = None
         self._commits = 0  # made through self._dt (see RENEW_HANDLE_COMMITS)
         self._state = _State()
         self._state_version = -1  # version whose state is cached in _state
@@ -168,20 +164,20 @@ class GroupLog:
         with self._lock:
             return self._state_at(self._catch_up())
 
-    def _catch_up(self) -> DeltaTable:
+    def _catch_up(self) -> Snapshot:
         if self._dt is None:
-            self._dt = self._store.open_table(schemas.GROUPS)
+            self._dt = self._store.snapshot(schemas.GROUPS)
         else:
-            self._dt.update_incremental()
+            self._dt.refresh()
         return self._dt
 
-    def _state_at(self, dt: DeltaTable) -> _State:
+    def _state_at(self, dt: Snapshot) -> _State:
         """The state as of ``dt``'s version: from the newest commit carrying one, at or before it.
 
-        Commit files are read by exact version (``DeltaTable.history`` on a stale snapshot lists
-        newer commits under older version numbers).
+        Commit files are read by exact version (delta-rs ``history`` on a stale snapshot lists newer
+        commits under older version numbers).
         """
-        version = int(dt.version())
+        version = dt.version()
         if version == self._state_version:
             return self._state.copy()
         found: _State | None = None
@@ -189,7 +185,7 @@ class GroupLog:
         v = version
         while v > self._state_version and v >= 0:
             try:
-                info = read_version(self._uri, v, self._store.storage_options).commit_info
+                info = dt.commit_info(v)
             except StoreError:
                 found = _State()  # the log was cleaned up: anything older no longer counts
                 break
@@ -238,7 +234,7 @@ class GroupLog:
         with self._lock:
             for attempt in range(attempts):
                 dt = self._catch_up()
-                base = int(dt.version())
+                base = dt.version()
                 state = self._state_at(dt)
                 now = now_ms()
                 state.prune(now)
@@ -277,23 +273,18 @@ class GroupLog:
                 if not out:
                     return set()
                 try:
-                    write_deltalake(
+                    commit_next(
                         dt,
-                        pa.Table.from_pylist(out, schema=schemas.GROUPS_SCHEMA),
-                        mode="append",
-                        commit_properties=CommitProperties(
-                            custom_metadata={STATE_KEY: state.to_json()}, max_commit_retries=0
-                        ),
+                        rows=pa.Table.from_pylist(out, schema=schemas.GROUPS_SCHEMA),
+                        custom_metadata={STATE_KEY: state.to_json()},
                     )
-                except CommitFailedError:
+                except CommitConflictError:
                     self.conflicts += 1
-                    time.sleep(random.uniform(0, min(0.05, 0.001 * (2 ** min(attempt, 6)))))
+                    backoff(attempt)
                     continue
-                except (DeltaError, OSError) as exc:
+                except StoreError:
                     self._dt, self._state_version = None, -1
-                    raise StoreError(
-                        f"write to groups failed: {exc}", table=schemas.GROUPS, cause=exc
-                    ) from exc
+                    raise
                 self._state, self._state_version = state, base + 1
                 self._commits += 1
                 if self._commits >= RENEW_HANDLE_COMMITS:  # reopen (the state stays: it is current)

@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from engine.errors import StoreCorruptedError
-from engine.store.log import local_path
+from engine.store.delta_log import local_path
 
 QUARANTINE_DIR = "_quarantine"
 _COMMIT = re.compile(r"^(\d{20})\.json$")

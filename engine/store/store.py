@@ -6,7 +6,6 @@ Only ``engine/store/`` talks to Delta. Every other layer asks the store for Arro
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import threading
 import time
@@ -15,22 +14,23 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.dataset as ds
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
-from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 
 from engine.config import EngineConfig, load_config
-from engine.errors import (
-    CommitConflictError,
-    ConfigError,
-    InvalidTopicError,
-    MQError,
-    StoreError,
-    TopicNotFoundError,
-)
+from engine.errors import CommitConflictError, ConfigError, MQError, StoreError
 from engine.model import TopicConfig
 from engine.store import schemas
-from engine.store.log import table_dataset
+from engine.store.commit_markers import HWM_KEY
+from engine.store.delta import (
+    RENEW_HANDLE_COMMITS,
+    Snapshot,
+    TableMissingError,
+    app_transactions,
+    commit_next,
+    create_table,
+    open_snapshot,
+)
 from engine.store.repair import repair_log
+from engine.store.topics import TopicCatalog
 
 # Columns that carry data-skipping statistics. Bodies and maps are left out: their stats cost log
 # space and prune nothing.
@@ -42,7 +42,7 @@ _STATS_COLUMNS: dict[str, int] = {
 
 
 # App transactions on the commit log that carry ``lastUpdated`` (the sequencer stamps it on one-shot
-# guards only, see ``engine.store.sequencer.EXPIRING_APP_PREFIX``) are dropped by Delta readers and
+# guards only, see :data:`engine.store.commit_markers.EXPIRING_APP_PREFIX`) are dropped by Delta readers and
 # checkpoints after this long, so the snapshot does not grow by one per transaction forever.
 TXN_RETENTION = "interval 7 days"
 # Table properties set at creation, and added to existing tables that lack them when a store opens.
@@ -59,14 +59,6 @@ def _is_uri(path: str) -> bool:
     return "://" in path and not path.startswith("file://")
 
 
-# A DeltaTable handle gets slower with every version it moves on by: delta-rs keeps the file list of
-# each new version as one more Arrow batch and every later commit goes over all of them. On the bench
-# machine (bench/commit_cost.py) an append costs 4 ms on a fresh handle and 42 ms once the handle has
-# moved on by 400 versions. So long-lived writers reopen their handle after this many commits
-# (reopening costs about one slow append).
-RENEW_HANDLE_COMMITS = 32
-
-
 def sql_literal(value: str) -> str:
     """Quote a string for a delta-rs SQL pruning predicate."""
     return "'" + value.replace("'", "''") + "'"
@@ -79,11 +71,10 @@ class Store:
         self.root = root
         self.storage_options: dict[str, str] | None = dict(storage_options) if storage_options else None
         self.config = config
-        self._tables: dict[str, DeltaTable] = {}
-        self._commits_through: dict[str, int] = {}  # commits made through each shared handle
+        self._shared: dict[str, Snapshot] = {}
+        self._commits_through: dict[str, int] = {}  # commits made through each shared snapshot
         self._lock = threading.RLock()
-        self._topics: dict[str, TopicConfig] | None = None
-        self._topics_version = -1
+        self._topics = TopicCatalog(self)
         self._store_id: str | None = None
 
     # ----------------------------------------------------------------- opening
@@ -147,98 +138,96 @@ class Store:
     def _ensure_table(self, name: str) -> None:
         schema = schemas.SCHEMAS[name]
         uri = self.uri(name)
+        snap: Snapshot | None
         try:
-            dt = DeltaTable(uri, storage_options=self.storage_options)
-        except TableNotFoundError:
-            dt = None
-        except DeltaError as exc:
-            dt = self._load_repaired(name, exc)
-        if dt is None:
+            snap = open_snapshot(uri, self.storage_options, name=name)
+        except TableMissingError:
+            snap = None
+        except StoreError as exc:
+            snap = self._load_repaired(name, exc)
+        if snap is None:
             configuration: dict[str, str | None] = {}
             if name in _STATS_COLUMNS:
                 configuration["delta.dataSkippingNumIndexedCols"] = str(_STATS_COLUMNS[name])
             configuration.update(_TABLE_PROPERTIES.get(name, {}))
-            custom = {"mq.hwm": json.dumps({"p": 0, "t": 0, "q": {}})} if name == schemas.COMMIT_LOG else None
+            custom = {HWM_KEY: '{"p":0,"t":0,"q":{}}'} if name == schemas.COMMIT_LOG else None
             try:
-                dt = DeltaTable.create(
+                snap = create_table(
                     uri,
                     schema,
-                    mode="error",
-                    configuration=configuration,
+                    name=name,
                     storage_options=self.storage_options,
-                    commit_properties=CommitProperties(custom_metadata=custom),
+                    configuration=configuration,
+                    custom_metadata=custom,
                 )
-            except DeltaError as exc:
+            except StoreError as exc:
                 # Another process created it between our look and our create, or the location
                 # refuses writes (then there is still no table).
                 try:
-                    dt = DeltaTable(uri, storage_options=self.storage_options)
-                except DeltaError:
-                    raise StoreError(f"cannot create table {uri}: {exc}", table=name, cause=exc) from exc
-            except OSError as exc:
-                raise StoreError(f"cannot create table {uri}: {exc}", table=name) from exc
-        existing = {f.name for f in pa.schema(dt.schema().to_arrow())}
+                    snap = open_snapshot(uri, self.storage_options, name=name)
+                except StoreError:
+                    raise exc from None
+        existing = set(snap.arrow_schema().names)
         missing = [f.name for f in schema if f.name not in existing]
         if missing:
             raise StoreError(f"table {uri} is not a {name} table: columns {missing} are missing", table=name)
-        wanted = {
-            k: v for k, v in _TABLE_PROPERTIES.get(name, {}).items() if k not in dt.metadata().configuration
-        }
+        configured = snap.configuration()
+        wanted = {k: v for k, v in _TABLE_PROPERTIES.get(name, {}).items() if k not in configured}
         if wanted:  # a store created before the property was introduced
             # Failing here means another process is changing the table; a later open tries again.
-            with contextlib.suppress(DeltaError, OSError):
-                dt.alter.set_table_properties(wanted)
+            with contextlib.suppress(Exception):
+                snap.set_properties(wanted)
 
-    def _load_repaired(self, name: str, error: DeltaError) -> DeltaTable | None:
+    def _load_repaired(self, name: str, error: StoreError) -> Snapshot | None:
         """A table delta-rs cannot load: repair a torn last commit (see :mod:`engine.store.repair`)
         and load it again; None when the repair left no commit (the table is created anew)."""
         uri = self.uri(name)
         if not repair_log(uri).moved:
-            raise StoreError(f"table {uri} cannot be loaded: {error}", table=name, cause=error) from error
+            raise error
         try:
-            return DeltaTable(uri, storage_options=self.storage_options)
-        except TableNotFoundError:
+            return open_snapshot(uri, self.storage_options, name=name)
+        except TableMissingError:
             return None
-        except DeltaError as exc:
-            raise StoreError(f"table {uri} cannot be loaded: {exc}", table=name, cause=exc) from exc
 
-    # ----------------------------------------------------------------- tables
-    def table(self, name: str, *, fresh: bool = True) -> DeltaTable:
-        """The store's handle on one table, brought up to the latest version when ``fresh``.
+    # ----------------------------------------------------------------- snapshots
+    def snapshot(self, name: str, version: int | None = None) -> Snapshot:
+        """A new snapshot of one table (at ``version`` for time travel), owned by the caller.
 
-        The handle is shared by the store's users in this process; writers that need their own
-        snapshot use :meth:`open_table`.
+        A writer that decides what to commit from what it read keeps its own snapshot, so nothing
+        else moves it between the read and the commit.
+
+        Raises:
+            StoreError: an unknown table, or the table cannot be loaded.
         """
-        with self._lock:
-            dt = self._tables.get(name)
-            if dt is None:
-                dt = self.open_table(name)
-                self._tables[name] = dt
-            elif fresh:
-                dt.update_incremental()
-            return dt
-
-    def open_table(self, name: str, version: int | None = None) -> DeltaTable:
-        """A new handle on a table (at ``version`` for time travel)."""
         if name not in schemas.SCHEMAS:
             raise StoreError(f"unknown table {name!r}; tables: {', '.join(schemas.SCHEMAS)}", table=name)
-        try:
-            return DeltaTable(self.uri(name), version=version, storage_options=self.storage_options)
-        except TableNotFoundError as exc:
-            raise StoreError(f"table {self.uri(name)} does not exist", table=name) from exc
-        except DeltaError as exc:
-            raise StoreError(
-                f"table {self.uri(name)} cannot be loaded: {exc}", table=name, version=version, cause=exc
-            ) from exc
+        return open_snapshot(self.uri(name), self.storage_options, version, name=name)
+
+    def shared(self, name: str, *, fresh: bool = True) -> Snapshot:
+        """The snapshot of one table the store's users in this process share, brought up to the
+        latest version when ``fresh``. Any user may move it at any time: read from it, never plan a
+        commit on it (use :meth:`snapshot`)."""
+        with self._lock:
+            snap = self._shared.get(name)
+            if snap is None:
+                snap = self.snapshot(name)
+                self._shared[name] = snap
+            elif fresh:
+                snap.refresh()
+            return snap
 
     def version(self, name: str) -> int:
         """Latest committed version of a table."""
-        return int(self.table(name).version())
+        return self.shared(name).version()
+
+    def app_version(self, name: str, app_id: str) -> int:
+        """Last version recorded by app transaction ``app_id`` on a table, as of now (-1 if none)."""
+        return self.shared(name).app_version(app_id)
 
     def latest_version_hint(self, name: str, known: int) -> int:
         """Cheap check for a version newer than ``known`` (used by long polling).
 
-        On a local store it looks for the next commit file; elsewhere it refreshes the handle.
+        On a local store it looks for the next commit file; elsewhere it refreshes the snapshot.
         """
         if self.is_local:
             log = Path(self.uri(name)) / "_delta_log"
@@ -255,7 +244,7 @@ class Store:
         Derived from the commit log's Delta table id, so it survives moving the store.
         """
         if self._store_id is None:
-            table_id = str(self.table(schemas.COMMIT_LOG, fresh=False).metadata().id)
+            table_id = self.shared(schemas.COMMIT_LOG, fresh=False).table_id
             self._store_id = table_id.replace("-", "")[:16].upper()
         return self._store_id
 
@@ -269,16 +258,16 @@ class Store:
         app_version: int | None = None,
         custom_metadata: Mapping[str, str] | None = None,
         max_retries: int | None = None,
-        handle: DeltaTable | None = None,
+        snapshot: Snapshot | None = None,
     ) -> int:
         """Append an Arrow table as one Delta commit; returns the committed version.
 
         With ``app_id``/``app_version`` the commit carries a Delta app transaction, so a writer can
         check :meth:`app_version` before writing and make replays no-ops.
 
-        A writer that decided what to write from a snapshot passes that snapshot's ``handle`` with
+        A writer that decided what to write from a snapshot passes that ``snapshot`` with
         ``max_retries=0``: the commit then lands exactly on the next version or fails, never on top
-        of commits it did not see (the store's shared handle may be moved by other threads).
+        of commits it did not see (the store's shared snapshot may be moved by other threads).
 
         Raises:
             CommitConflictError: the commit lost its race ``max_retries`` + 1 times.
@@ -286,57 +275,51 @@ class Store:
         """
         schema = schemas.SCHEMAS[name]
         data = data.select(schema.names).cast(schema)
-        txns = [Transaction(app_id, app_version)] if app_id is not None and app_version is not None else None
-        dt = handle if handle is not None else self.table(name, fresh=False)
+        txns = (
+            app_transactions({app_id: app_version})
+            if app_id is not None and app_version is not None
+            else None
+        )
+        snap = snapshot if snapshot is not None else self.shared(name, fresh=False)
         with self._lock:
             try:
-                write_deltalake(
-                    dt,
-                    data,
-                    mode="append",
-                    commit_properties=CommitProperties(
-                        custom_metadata=dict(custom_metadata) if custom_metadata else None,
-                        max_commit_retries=max_retries,
-                        app_transactions=txns,
-                    ),
+                version = commit_next(
+                    snap,
+                    rows=data,
+                    transactions=txns,
+                    custom_metadata=custom_metadata,
+                    max_retries=max_retries,
                 )
-            except CommitFailedError as exc:
-                dt.update_incremental()
-                raise CommitConflictError(
-                    f"commit to {name} conflicted with a concurrent writer: {exc}", table=name, cause=exc
-                ) from exc
-            except (DeltaError, OSError) as exc:
-                raise StoreError(f"write to {name} failed: {exc}", table=name, cause=exc) from exc
-            version = int(dt.version())
-            if handle is None:
+            except CommitConflictError:
+                snap.refresh()
+                raise
+            if snapshot is None:
                 self._renew_if_aged(name)
             return version
 
     def _renew_if_aged(self, name: str) -> None:
-        """Swap the shared handle of ``name`` for a fresh one every :data:`RENEW_HANDLE_COMMITS` commits."""
+        """Swap the shared snapshot of ``name`` for a fresh one every :data:`RENEW_HANDLE_COMMITS`
+        commits."""
         made = self._commits_through.get(name, 0) + 1
         if made < RENEW_HANDLE_COMMITS:
             self._commits_through[name] = made
             return
         try:
-            self._tables[name] = self.open_table(name)
+            self._shared[name] = self.snapshot(name)
         except MQError:
-            return  # the commit is done; the aged handle still works, the next commit tries again
+            return  # the commit is done; the aged snapshot still works, the next commit tries again
         self._commits_through[name] = 0
-
-    def app_version(self, name: str, app_id: str) -> int | None:
-        """Last version recorded by app transaction ``app_id`` on a table, if any."""
-        value = self.table(name).transaction_version(app_id)
-        return None if value is None else int(value)
 
     def dataset(self, name: str, predicate: str | None = None, *, version: int | None = None) -> ds.Dataset:
         """A PyArrow dataset over a table's current (or past) snapshot.
 
         ``predicate`` is a delta-rs SQL predicate that prunes files by their statistics.
         """
-        dt = self.open_table(name, version) if version is not None else self.table(name)
+        if version is not None:
+            return self.snapshot(name, version).dataset(predicate)
+        snap = self.shared(name)
         with self._lock:
-            return table_dataset(dt, predicate)
+            return snap.dataset(predicate)
 
     def read(
         self,
@@ -353,19 +336,7 @@ class Store:
     # ----------------------------------------------------------------- topics
     def topic_configs(self, *, refresh: bool = False) -> dict[str, TopicConfig]:
         """Every topic's latest configuration (the ``topics`` table, latest row per name)."""
-        version = self.version(schemas.TOPICS) if (refresh or self._topics is None) else self._topics_version
-        if self._topics is not None and version == self._topics_version:
-            return self._topics
-        rows = self.read(schemas.TOPICS).to_pylist()
-        rows.sort(key=lambda r: r["created_ts_ms"])
-        topics: dict[str, TopicConfig] = {}
-        for r in rows:
-            if r["queues"] <= 0:  # a deletion marker
-                topics.pop(r["name"], None)
-                continue
-            topics[r["name"]] = TopicConfig(r["name"], r["queues"], r["perm"], r["type"], r["created_ts_ms"])
-        self._topics, self._topics_version = topics, version
-        return topics
+        return self._topics.configs(refresh=refresh)
 
     def topic(self, name: str) -> TopicConfig:
         """One topic's configuration, re-reading the table once if it is not known yet.
@@ -374,25 +345,11 @@ class Store:
             InvalidTopicError: ``name`` is not a string.
             TopicNotFoundError: no such topic.
         """
-        if not isinstance(name, str):
-            raise InvalidTopicError(f"topic must be a non-empty string, got {name!r}", topic=name)
-        topic = self.topic_configs().get(name) or self.topic_configs(refresh=True).get(name)
-        if topic is None:
-            raise TopicNotFoundError(
-                f"topic {name!r} does not exist; create it with Admin.create_topic", topic=name
-            )
-        return topic
+        return self._topics.get(name)
 
     def put_topic(self, config: TopicConfig) -> None:
-        row = {
-            "name": config.name,
-            "queues": config.queues,
-            "perm": config.perm,
-            "type": config.type,
-            "created_ts_ms": config.created_ts_ms or now_ms(),
-        }
-        self.append(schemas.TOPICS, pa.Table.from_pylist([row], schema=schemas.TOPICS_SCHEMA))
-        self._topics = None
+        """Record a topic's configuration (a new row; the latest row per name wins)."""
+        self._topics.put(config)
 
     def __repr__(self) -> str:
         return f"Store({self.root!r})"

@@ -6,10 +6,9 @@ Mechanics only; :mod:`engine.broker.maintenance` decides when and with which win
 from __future__ import annotations
 
 import pyarrow.fs as pa_fs
-from deltalake.exceptions import DeltaError
 
 from engine.errors import InvalidArgumentError, StoreError
-from engine.store.log import table_filesystem
+from engine.store.delta_log import table_filesystem
 from engine.store.store import Store
 
 # Untracked files are deleted only with a window of at least this many hours: younger, one may be a
@@ -27,13 +26,9 @@ def checkpoint_table(store: Store, name: str) -> int:
     Raises:
         StoreError: the checkpoint could not be written.
     """
-    dt = store.open_table(name)
-    try:
-        dt.create_checkpoint()
-        dt.cleanup_metadata()
-    except (DeltaError, OSError) as exc:
-        raise StoreError(f"checkpoint of {name} failed: {exc}", table=name, cause=exc) from exc
-    return int(dt.version())
+    snapshot = store.snapshot(name)
+    snapshot.checkpoint()
+    return snapshot.version()
 
 
 def listing(store: Store, name: str) -> set[str]:
@@ -66,32 +61,23 @@ def vacuum_table(store: Store, name: str, retention_hours: float, enforce_retent
     hours = retention_hours
     whole = int(hours) if hours == int(hours) else int(hours) + 1
     full = whole >= UNTRACKED_MIN_HOURS
-    dt = store.open_table(name)
+    snapshot = store.snapshot(name)
     try:
-        candidates = dt.vacuum(
-            retention_hours=whole,
-            dry_run=True,
-            enforce_retention_duration=enforce_retention_duration,
-            full=full,
-        )
+        candidates = snapshot.vacuum(whole, dry_run=True, enforce=enforce_retention_duration, full=full)
         # Tombstones outlive their files (for the table's deletedFileRetentionDuration): count and
         # vacuum only files still on disk, so an idle pass makes no VACUUM commits.
         if candidates:
             present = listing(store, name)
             candidates = [c for c in candidates if c in present]
         if candidates:
-            candidates = dt.vacuum(
-                retention_hours=whole,
-                dry_run=False,
-                enforce_retention_duration=enforce_retention_duration,
-                full=full,
-            )
-    except (DeltaError, OSError) as exc:
-        if enforce_retention_duration and "retention" in str(exc).lower():
+            candidates = snapshot.vacuum(whole, dry_run=False, enforce=enforce_retention_duration, full=full)
+    except StoreError as exc:
+        cause = exc.context.get("cause", exc)
+        if enforce_retention_duration and "retention" in str(cause).lower():
             raise InvalidArgumentError(
-                f"retention_hours {hours:g} is below the minimum of table {name}: {exc}",
+                f"retention_hours {hours:g} is below the minimum of table {name}: {cause}",
                 retention_hours=hours,
                 table=name,
             ) from exc
-        raise StoreError(f"vacuum of {name} failed: {exc}", table=name, cause=exc) from exc
+        raise
     return len(candidates)

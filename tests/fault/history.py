@@ -41,7 +41,7 @@ import pyarrow as pa
 from engine import Store
 from engine.model import UNDISPATCHED_FLAGS
 from engine.store import schemas
-from engine.store.log import VERSION_COLUMN, read_versions
+from engine.store.delta_log import VERSION_COLUMN, read_versions
 
 EventKind = Literal["sent", "acknowledged", "gave_up", "received", "acked"]
 EVENT_KINDS: tuple[EventKind, ...] = ("sent", "acknowledged", "gave_up", "received", "acked")

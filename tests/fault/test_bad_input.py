@@ -52,10 +52,10 @@ from engine import (
     TransactionProducer,
     load_config,
 )
+from engine.broker.dispatch import dispatch_pending
 from engine.cli import main as mq_main
 from engine.protocol import MAX_BODY_BYTES, SCHEDULE_TOPIC
 from engine.spark.mq_options import ReadOptions, WriteOptions
-from engine.store.dispatch import dispatch_pending
 from tests.fault.history import HistoryLog, check, make_body, record
 from tests.helpers import versions
 

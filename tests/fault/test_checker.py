@@ -11,8 +11,8 @@ from typing import Any
 import pyarrow as pa
 
 from engine import Admin, Message, Producer, Store
+from engine.broker.dispatch import dispatch_pending
 from engine.store import schemas
-from engine.store.dispatch import dispatch_pending
 from tests.fault.history import (
     Figures,
     History,
@@ -26,6 +26,7 @@ from tests.fault.history import (
     render_faults,
     write_faults,
 )
+from tests.raw_delta import raw_table
 
 
 def _produce(store: Store, topic: str, log: HistoryLog, n: int) -> None:
@@ -144,7 +145,7 @@ def test_a_queue_offset_going_backwards_is_reported_not_monotonic(
     # Swap the queue offsets of a queue's first two messages: still dense, no longer in commit order.
     first, second = [r for r in rows if r["queue_id"] == 0][:2]
     swapped = [dict(first, queue_offset=1), dict(second, queue_offset=0)]
-    dt = store.table(schemas.COMMIT_LOG)
+    dt = raw_table(store, schemas.COMMIT_LOG)
     dt.delete("queue_id = 0 and queue_offset < 2")
     _append_rows(store, schemas.COMMIT_LOG, swapped)
 
@@ -157,7 +158,7 @@ def test_a_queue_offset_going_backwards_is_reported_not_monotonic(
 
 def test_a_physical_offset_hole_is_reported(store: Store, topic: str, tmp_path: Path) -> None:
     history = _clean_store(store, topic, tmp_path)
-    store.table(schemas.COMMIT_LOG).delete("queue_id = 1 and queue_offset = 2")
+    raw_table(store, schemas.COMMIT_LOG).delete("queue_id = 1 and queue_offset = 2")
     history.acknowledged.discard("m9")  # m9 went to queue 1 at offset 2: not an acknowledged loss here
 
     figures = check(store, history, topics=[topic])

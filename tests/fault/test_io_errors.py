@@ -20,9 +20,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import engine.store.sequencer as sequencer
 import pytest
 
-import engine.store.sequencer as sequencer
 from engine import (
     Admin,
     CommitStateUnknownError,
@@ -39,10 +39,12 @@ from engine import (
     Store,
     StoreError,
 )
+from engine.broker.dispatch import dispatch_pending
 from engine.store import schemas
-from engine.store.dispatch import dispatch_pending, dispatched_version
+from engine.store.consume_queue import dispatched_version
 from tests.fault.history import HistoryLog, body_id, check, make_body, record
 from tests.helpers import versions
+from tests.raw_delta import raw_table
 
 pytestmark = pytest.mark.fault
 
@@ -195,7 +197,7 @@ def test_a_commit_log_write_refused_by_the_filesystem_surfaces_typed_and_acknowl
     dispatch_pending(s.store)
 
     failed = s.log.history.sent - s.log.history.acknowledged
-    live = {Path(uri).name for uri in s.store.table(schemas.COMMIT_LOG).file_uris()}
+    live = {Path(uri).name for uri in raw_table(s.store, schemas.COMMIT_LOG).file_uris()}
     orphans = [p.name for p in table_dir.glob("*.parquet") if p.name not in live]
     figures = check(s.store, s.log.history, topics=[TOPIC], dispatched=True, recovery_s=recovery_s)
     record(

@@ -36,9 +36,10 @@ from engine import (
     Store,
     StoreCorruptedError,
 )
+from engine.broker.dispatch import dispatch_pending
 from engine.broker.maintenance import maintain
 from engine.store import schemas
-from engine.store.dispatch import dispatch_pending, dispatched_version
+from engine.store.consume_queue import dispatched_version
 from engine.store.repair import QUARANTINE_DIR
 from tests.fault.history import HistoryLog, body_id, check, make_body, record
 from tests.helpers import versions

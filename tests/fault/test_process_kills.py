@@ -24,14 +24,15 @@ from typing import Any
 import pytest
 
 from engine import Admin, Message, Producer, PullConsumer, PullStatus, SimpleConsumer, Store
+from engine.broker.dispatch import dispatch_pending
 from engine.store import schemas
-from engine.store.dispatch import dispatch_pending, dispatched_version
-from engine.store.marks import queue_marks
-from engine.store.rewrite import MAINTENANCE_KEY
-from engine.store.sequencer import read_hwm
+from engine.store.commit_log import read_hwm
+from engine.store.commit_markers import MAINTENANCE_KEY
+from engine.store.consume_queue import dispatched_version, queue_marks
 from jobs._common import checkpoint_location
 from tests.fault.history import History, HistoryLog, body_id, check, make_body, record
 from tests.fault.procs import Child, event_lines, spawn, wait_until, worker
+from tests.raw_delta import raw_table
 
 pytestmark = pytest.mark.fault
 
@@ -50,8 +51,8 @@ def _backlog(store: Store) -> int:
     Not ``commit_log version - dispatched version``: compaction commits add versions with no new
     rows, which dispatch never marks.
     """
-    written = read_hwm(store.open_table(schemas.COMMIT_LOG))
-    dispatched = queue_marks(store.open_table(schemas.CONSUME_QUEUE))
+    written = read_hwm(store.snapshot(schemas.COMMIT_LOG))
+    dispatched = queue_marks(store.snapshot(schemas.CONSUME_QUEUE))
     return sum(
         max(0, end - dispatched.max_offset(topic, queue_id))
         for topic, ends in written.queues.items()
@@ -127,7 +128,7 @@ def _leftovers(store: Store) -> dict[str, int]:
     """What killed writers left in the commit log's directory: data files no commit references, and
     files in ``_delta_log`` that are not commits or checkpoints (staged commits)."""
     table = Path(store.uri(schemas.COMMIT_LOG))
-    live = {Path(uri).name for uri in store.open_table(schemas.COMMIT_LOG).file_uris()}
+    live = {Path(uri).name for uri in raw_table(store, schemas.COMMIT_LOG).file_uris()}
     data = {p.name for p in table.glob("*.parquet")}
     log_files = [p.name for p in (table / "_delta_log").iterdir() if p.is_file()]
     stray = [n for n in log_files if not n.split(".", 1)[0].isdigit() and n != "_last_checkpoint"]
@@ -618,7 +619,7 @@ def _maintenance_commits(store: Store) -> int:
     return sum(
         1
         for name in (schemas.COMMIT_LOG, schemas.CONSUME_QUEUE)
-        for info in store.open_table(name).history()
+        for info in raw_table(store, name).history()
         if MAINTENANCE_KEY in info
     )
 

@@ -202,7 +202,7 @@ def simple_consume(args: argparse.Namespace) -> None:
 
 # --------------------------------------------------------------------------- broker work
 def dispatch_loop(args: argparse.Namespace) -> None:
-    from engine.store.dispatch import dispatch_pending
+    from engine.broker.dispatch import dispatch_pending
 
     store = Store.open(args.store)
     stop = _Stop(args.seconds)

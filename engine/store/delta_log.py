@@ -16,10 +16,8 @@ from typing import Any
 from urllib.parse import unquote
 
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pyarrow.fs as pa_fs
 import pyarrow.parquet as pq
-from deltalake import DeltaTable
 from deltalake.fs import DeltaStorageHandler
 
 from engine.errors import StoreError
@@ -57,16 +55,6 @@ def _filesystem(uri: str, options_key: tuple[tuple[str, str], ...]) -> pa_fs.Fil
 def table_filesystem(uri: str, storage_options: Mapping[str, str] | None = None) -> pa_fs.FileSystem:
     """A PyArrow filesystem rooted at a Delta table (paths relative to the table)."""
     return _filesystem(uri, tuple(sorted((storage_options or {}).items())))
-
-
-def table_dataset(dt: DeltaTable, predicate: str | None = None) -> ds.Dataset:
-    """``dt.to_pyarrow_dataset`` on the table's own filesystem (see :func:`table_filesystem`).
-
-    ``predicate`` is a delta-rs SQL predicate that prunes files by their statistics. Use this
-    instead of ``DeltaTable.to_pyarrow_dataset``/``to_pyarrow_table`` everywhere in the engine.
-    """
-    fs = table_filesystem(dt.table_uri, getattr(dt, "_storage_options", None))
-    return dt.to_pyarrow_dataset(file_pruning_predicate=predicate, filesystem=fs)
 
 
 def _log_path(version: int) -> str:

@@ -16,9 +16,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from deltalake import DeltaTable
 
-from engine.store.log import table_filesystem
+from engine.store.delta import Snapshot
+from engine.store.delta_log import table_filesystem
 
 
 @dataclass
@@ -30,9 +30,9 @@ class FileStats:
     columns: dict[str, np.ndarray] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, dt: DeltaTable, stat_columns: list[str]) -> FileStats:
-        actions = pa.table(dt.get_add_actions(flatten=True))
-        stats = cls(int(dt.version()), actions["path"].to_pylist())
+    def of(cls, snapshot: Snapshot, stat_columns: list[str]) -> FileStats:
+        actions = snapshot.add_actions()
+        stats = cls(snapshot.version(), actions["path"].to_pylist())
         for col in stat_columns:
             for side in ("min", "max"):
                 key = f"{side}.{col}"

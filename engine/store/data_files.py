@@ -1,8 +1,8 @@
 """Rewriting a Delta table's data files in place: the mechanics under compaction and retention.
 
-What is here knows Delta and Parquet, not policy: the live files of a snapshot with their statistics,
-reading and writing data files in a table's directory with the add-action statistics delta-rs would
-write, and :func:`commit_planned`, the commit loop every maintenance commit goes through. Which files
+What is here knows Delta and Parquet, not policy: reading and writing data files in a table's
+directory with the add-action statistics delta-rs would write, and :func:`commit_planned`, the commit
+loop every maintenance commit goes through. Which files
 to rewrite, in which order and what to delete is decided by :mod:`engine.broker.compaction` and
 :mod:`engine.broker.retention`.
 
@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import random
-import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -35,95 +33,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pa_fs
 import pyarrow.parquet as pq
-from deltalake import CommitProperties, DeltaTable, write_deltalake
-from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import AddAction, RemoveAction
 
-from engine.errors import CommitConflictError, CommitStateUnknownError, StoreError
-from engine.store import schemas
-from engine.store import store as _store_module
-from engine.store.marks import latest_commit_value
-from engine.store.sequencer import HWM_KEY, read_hwm
-from engine.store.store import Store
+from engine.errors import CommitConflictError, StoreError
+from engine.store.commit_log import read_hwm
+from engine.store.commit_markers import HWM_KEY, MAINTENANCE_KEY
+from engine.store.delta import Action, DataFile, Snapshot, backoff, commit_next
+from engine.store.store import Store, now_ms
 
-# A table snapshot as the planners of a commit see it (they read it only through this module).
-Snapshot = DeltaTable
-Action = AddAction | RemoveAction
-# commitInfo key naming the maintenance operation of a commit.
-MAINTENANCE_KEY = "mq.maintenance"
 COMMIT_ATTEMPTS = 64
-
-
-# ----------------------------------------------------------------------------- a snapshot's files
-@dataclass(frozen=True)
-class DataFile:
-    """One live data file of a snapshot, with the range of one column (its ordering column)."""
-
-    path: str
-    size: int
-    rows: int
-    modified: int
-    lo: int | None = None  # min / max of the column asked for
-    hi: int | None = None
-
-
-def add_actions(dt: Snapshot) -> pa.Table:
-    """The snapshot's add actions, statistics flattened (``min.<column>``, ``max.<column>``)."""
-    return pa.table(dt.get_add_actions(flatten=True))
-
-
-def int_column(actions: pa.Table, name: str) -> list[int | None]:
-    """An add-action column as ints (None where missing, every row None when the column is)."""
-    if name not in actions.column_names:
-        return [None] * actions.num_rows
-    return [None if v is None else int(v) for v in actions[name].to_pylist()]
-
-
-def str_column(actions: pa.Table, name: str) -> list[str | None]:
-    """An add-action column as strings (None where missing, every row None when the column is)."""
-    if name not in actions.column_names:
-        return [None] * actions.num_rows
-    return [None if v is None else str(v) for v in actions[name].to_pylist()]
-
-
-def data_files(actions: pa.Table, column: str | None = None) -> list[DataFile]:
-    """The files of ``actions``, with the min / max of ``column`` when given."""
-    paths = actions["path"].to_pylist()
-    sizes = int_column(actions, "size_bytes")
-    rows = int_column(actions, "num_records")
-    modified = int_column(actions, "modification_time")
-    los = int_column(actions, f"min.{column}") if column else [None] * len(paths)
-    his = int_column(actions, f"max.{column}") if column else [None] * len(paths)
-    return [
-        DataFile(p, s or 0, r or 0, m or 0, lo, hi)
-        for p, s, r, m, lo, hi in zip(paths, sizes, rows, modified, los, his, strict=True)
-    ]
-
-
-def snapshot_files(dt: Snapshot, column: str | None = None) -> list[DataFile]:
-    """The live files of a snapshot (see :func:`data_files`)."""
-    return data_files(add_actions(dt), column)
-
-
-def live_paths(dt: Snapshot) -> set[str]:
-    """The paths of a snapshot's live files."""
-    return set(add_actions(dt)["path"].to_pylist())
-
-
-def column_max(dt: Snapshot, column: str) -> int:
-    """The largest ``column`` value of a snapshot by its files' statistics (-1 when none has any)."""
-    known = [v for v in int_column(add_actions(dt), f"max.{column}") if v is not None]
-    return max(known) if known else -1
-
-
-def indexed_columns(dt: Snapshot) -> int:
-    """How many leading columns the table keeps file statistics for."""
-    raw = dt.metadata().configuration.get("delta.dataSkippingNumIndexedCols")
-    try:
-        value = int(raw) if raw is not None else 32
-    except ValueError:
-        value = 32
-    return 1 << 30 if value < 0 else value
 
 
 # ----------------------------------------------------------------------------- reading and writing files
@@ -183,9 +101,19 @@ def file_stats(rows: pa.Table, indexed: int) -> str:
 
 
 def write_file(
-    fs: pa_fs.FileSystem, rows: pa.Table, codec: str, row_group_rows: int | None, indexed: int
+    fs: pa_fs.FileSystem,
+    rows: pa.Table,
+    codec: str,
+    row_group_rows: int | None,
+    indexed: int,
+    *,
+    data_change: bool = False,
 ) -> AddAction:
-    """Write one data file into the table directory; the add action moves rows (dataChange=false)."""
+    """Write one data file into the table directory; its add action (not committed yet).
+
+    By default the action only moves rows (``dataChange = false``: streaming readers of new versions
+    skip it); ``data_change`` marks rows that are new to the table.
+    """
     compression = _CODECS.get(codec, codec.lower())
     suffix = "" if compression == "none" else f"{compression}."
     path = f"part-00000-{uuid.uuid4()}-c000.{suffix}parquet"
@@ -195,7 +123,7 @@ def write_file(
     except OSError as exc:
         delete_files(fs, [path])
         raise StoreError(f"cannot write data file {path}: {exc}", path=path, cause=exc) from exc
-    return AddAction(path, size, {}, _store_module.now_ms(), False, file_stats(rows, indexed))
+    return AddAction(path, size, {}, now_ms(), data_change, file_stats(rows, indexed))
 
 
 def delete_files(fs: pa_fs.FileSystem, paths: Iterable[str]) -> None:
@@ -207,7 +135,7 @@ def delete_files(fs: pa_fs.FileSystem, paths: Iterable[str]) -> None:
 
 def remove_action(f: DataFile, data_change: bool) -> RemoveAction:
     """The remove action of a live file."""
-    return RemoveAction(f.path, data_change, _store_module.now_ms(), f.size)
+    return RemoveAction(f.path, data_change, now_ms(), f.size)
 
 
 def rewrite_files(
@@ -224,11 +152,11 @@ def rewrite_files(
     """Write the rows of ``sources`` as new files of about ``target`` bytes; returns adds and rows.
 
     Args:
-        fs: the table's filesystem (:func:`engine.store.log.table_filesystem`).
+        fs: the table's filesystem (:func:`engine.store.delta_log.table_filesystem`).
         sources: the files whose rows to rewrite.
         schema: the table's schema.
         target: bytes per written file (estimated from the sources' bytes per row).
-        indexed: statistics columns (:func:`indexed_columns`).
+        indexed: statistics columns (:meth:`Snapshot.indexed_columns`).
         sort_by: the row order of the output; () keeps the sources' order.
         split_by: a column whose values never share an output file (each value's rows are written
             on their own, in ``sort_by`` order).
@@ -283,7 +211,7 @@ def current_markers(dt: Snapshot, keys: Sequence[str]) -> dict[str, str]:
         if key == HWM_KEY:
             out[key] = read_hwm(dt).to_json()
         else:
-            value = latest_commit_value(dt, key)
+            value = dt.commit_value(key)
             if value is not None:
                 out[key] = value
     return out
@@ -312,35 +240,24 @@ def commit_planned(
         CommitConflictError: every attempt lost its race (nothing was committed).
         CommitStateUnknownError: the commit failed mid-way and may have happened.
     """
-    dt = store.open_table(name)
+    dt = store.snapshot(name)
     for attempt in range(COMMIT_ATTEMPTS):
         if attempt:
-            time.sleep(random.uniform(0, min(0.05, 0.001 * (2 ** min(attempt, 6)))))
-            dt.update_incremental()
+            backoff(attempt)
+            dt.refresh()
         commit = plan(dt)
         if commit is None:
             return None
-        base = int(dt.version())
         markers = current_markers(dt, carried) if commit.markers is None else commit.markers
-        props = CommitProperties(
-            custom_metadata={**markers, MAINTENANCE_KEY: operation}, max_commit_retries=0
-        )
         try:
-            if commit.actions:
-                dt.create_write_transaction(commit.actions, "append", dt.schema(), commit_properties=props)
-            else:  # a markers-only commit
-                write_deltalake(
-                    dt, schemas.SCHEMAS[name].empty_table(), mode="append", commit_properties=props
-                )
-        except CommitFailedError:
+            return commit_next(
+                dt,
+                actions=commit.actions,
+                custom_metadata={**markers, MAINTENANCE_KEY: operation},
+                on_error="unknown",
+            )
+        except CommitConflictError:
             continue
-        except (DeltaError, OSError) as exc:
-            raise CommitStateUnknownError(
-                f"{operation} commit to {name} failed and may or may not have happened: {exc}",
-                table=name,
-                cause=exc,
-            ) from exc
-        return base + 1
     raise CommitConflictError(
         f"{operation} of {name} lost {COMMIT_ATTEMPTS} races in a row to other writers; retry later",
         table=name,

@@ -1,7 +1,7 @@
 """Dispatch: commit-log rows -> consume-queue entries, exactly once.
 
-The consume queue records, in each commit, the last commit-log version it covers (a Delta app
-transaction, app id :data:`DISPATCH_APP`) and every queue's next offset (commitInfo ``mq.cq``).
+The consume queue records, in each commit, the last commit-log version it covers and every queue's
+next offset (see :mod:`engine.store.consume_queue`).
 Rows of versions already covered are dropped, so a replayed or restarted micro-batch adds nothing,
 whatever the stream's checkpoint says. Entries must continue each queue densely; a gap is a bug
 upstream and stops the job rather than writing a hole.
@@ -11,34 +11,32 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 
 from engine.errors import CommitConflictError, StoreError
 from engine.model import UNDISPATCHED_FLAGS
 from engine.store import schemas
-from engine.store.log import VERSION_COLUMN, read_versions
-from engine.store.marks import CQ_KEY, queue_marks
+from engine.store.consume_queue import (
+    QueueMarks,
+    commit_entries,
+    covered_version,
+    dispatched_version,
+    queue_marks,
+)
+from engine.store.delta_log import VERSION_COLUMN, read_versions
 from engine.store.store import Store
 
-DISPATCH_APP = "mq.dispatch"
 
+def plan_entries(rows: pa.Table, last: int, marks: QueueMarks) -> tuple[pa.Table, int]:
+    """Consume-queue entries for the commit-log ``rows`` (carrying ``_version``) of versions after
+    ``last``, and the last version they cover; ``marks`` (the queues' next offsets as of the same
+    consume-queue version as ``last``) is advanced in place. Pure.
 
-def dispatched_version(store: Store, handle: DeltaTable | None = None) -> int:
-    """Last commit-log version whose rows are in the consume queue (-1 before any)."""
-    dt = handle if handle is not None else store.table(schemas.CONSUME_QUEUE)
-    version = dt.transaction_version(DISPATCH_APP)
-    return -1 if version is None else int(version)
-
-
-def _entries(rows: pa.Table, dt: DeltaTable) -> tuple[pa.Table, int, str]:
-    """Consume-queue rows for new commit-log rows, the covered version, and the new marks, all
-    decided from the one snapshot ``dt``."""
-    version = dt.transaction_version(DISPATCH_APP)
-    last = -1 if version is None else int(version)
-    marks = queue_marks(dt)
+    Raises:
+        StoreError: a queue-offset gap (entries must continue each queue densely).
+    """
     rows = rows.filter(pc.greater(rows[VERSION_COLUMN], last))
     if rows.num_rows == 0:
-        return schemas.CONSUME_QUEUE_SCHEMA.empty_table(), last, marks.to_json()
+        return schemas.CONSUME_QUEUE_SCHEMA.empty_table(), last
     covered = int(pc.max(rows[VERSION_COLUMN]).as_py())
     flags = pa.array(sorted(UNDISPATCHED_FLAGS), pa.int32())
     rows = rows.filter(pc.invert(pc.is_in(rows["sys_flag"], value_set=flags)))
@@ -75,7 +73,7 @@ def _entries(rows: pa.Table, dt: DeltaTable) -> tuple[pa.Table, int, str]:
         },
         schema=schemas.CONSUME_QUEUE_SCHEMA,
     )
-    return entries, covered, marks.to_json()
+    return entries, covered
 
 
 def dispatch_rows(store: Store, rows: pa.Table, attempts: int = 8) -> int:
@@ -90,20 +88,14 @@ def dispatch_rows(store: Store, rows: pa.Table, attempts: int = 8) -> int:
     """
     for _ in range(attempts):
         # A private snapshot: what is written is decided from exactly the version it commits after.
-        dt = store.open_table(schemas.CONSUME_QUEUE)
-        entries, covered, marks = _entries(rows, dt)
-        if covered <= dispatched_version(store, dt) and entries.num_rows == 0:
+        snapshot = store.snapshot(schemas.CONSUME_QUEUE)
+        last = covered_version(snapshot)
+        marks = queue_marks(snapshot)
+        entries, covered = plan_entries(rows, last, marks)
+        if covered <= last and entries.num_rows == 0:
             return 0
         try:
-            store.append(
-                schemas.CONSUME_QUEUE,
-                entries,
-                app_id=DISPATCH_APP,
-                app_version=covered,
-                custom_metadata={CQ_KEY: marks},
-                max_retries=0,
-                handle=dt,
-            )
+            commit_entries(store, snapshot, entries, covered, marks)
         except CommitConflictError:
             continue
         return int(entries.num_rows)

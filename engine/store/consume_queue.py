@@ -1,23 +1,117 @@
-"""Reads behind a pull: a queue's bounds, its index entries, and the messages they point to.
+"""The ``consume_queue`` table: per-queue bounds, the reads behind a pull, and dispatch commits.
 
-A pull is a pruned table scan, not a Spark job: files are chosen by their Delta statistics
-(topic, queue id, queue offset for the consume queue; physical offset for the commit log).
+One row is the index entry of a dispatched message (topic, queue id, queue offset -> physical offset,
+size, tag hash code, store time). Every dispatch commit carries, in its commitInfo
+(:data:`~engine.store.commit_markers.CQ_KEY`), each queue's next offset and minimum retained offset
+(:class:`QueueMarks`), and a Delta app transaction (:data:`~engine.store.commit_markers.DISPATCH_APP`)
+with the last commit-log version it covers, so a replayed dispatch adds nothing.
+
+A pull is a pruned table scan, not a Spark job (:class:`QueueIndex`): files are chosen by their Delta
+statistics (topic, queue id, queue offset for the consume queue; physical offset for the commit
+log), then read by :class:`~engine.store.file_reader.FileReader`. Which entries to dispatch is the
+broker's decision (:mod:`engine.broker.dispatch`).
 """
 
 from __future__ import annotations
 
+import json
 import threading
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 
 from engine.errors import StoreError
 from engine.store import schemas
-from engine.store.files import FileReader, FileStats
-from engine.store.marks import QueueMarks, queue_marks
+from engine.store.commit_markers import CQ_KEY, DISPATCH_APP
+from engine.store.delta import Snapshot
+from engine.store.file_reader import FileReader, FileStats
 from engine.store.store import Store
+
+
+@dataclass
+class QueueMarks:
+    """Consume-queue bounds per queue: next offset to dispatch and minimum retained offset."""
+
+    next: dict[str, list[int]] = field(default_factory=dict)
+    min: dict[str, list[int]] = field(default_factory=dict)
+    log_version: int = -1
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        offsets = self.next.get(topic)
+        return offsets[queue_id] if offsets is not None and queue_id < len(offsets) else 0
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        offsets = self.min.get(topic)
+        return offsets[queue_id] if offsets is not None and queue_id < len(offsets) else 0
+
+    def set_next(self, topic: str, queue_id: int, value: int) -> None:
+        offsets = self.next.setdefault(topic, [])
+        while len(offsets) <= queue_id:
+            offsets.append(0)
+        offsets[queue_id] = value
+
+    def set_min(self, topic: str, queue_id: int, value: int) -> None:
+        offsets = self.min.setdefault(topic, [])
+        while len(offsets) <= queue_id:
+            offsets.append(0)
+        offsets[queue_id] = value
+
+    def to_json(self) -> str:
+        data: dict[str, Any] = {"q": self.next, "m": self.min, "v": self.log_version}
+        return json.dumps(data, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | None) -> QueueMarks:
+        if not text:
+            return cls()
+        data = json.loads(text)
+        return cls(
+            {k: list(v) for k, v in data.get("q", {}).items()},
+            {k: list(v) for k, v in data.get("m", {}).items()},
+            int(data.get("v", -1)),
+        )
+
+    def copy(self) -> QueueMarks:
+        return QueueMarks.from_json(self.to_json())
+
+
+def queue_marks(snapshot: Snapshot) -> QueueMarks:
+    """Consume-queue marks as of ``snapshot``'s version."""
+    return QueueMarks.from_json(snapshot.commit_value(CQ_KEY))
+
+
+def dispatched_version(store: Store) -> int:
+    """Last commit-log version whose rows are in the consume queue, as of now (-1 before any)."""
+    return store.app_version(schemas.CONSUME_QUEUE, DISPATCH_APP)
+
+
+def covered_version(snapshot: Snapshot) -> int:
+    """Last commit-log version dispatched as of a consume-queue snapshot (-1 before any)."""
+    return snapshot.app_version(DISPATCH_APP)
+
+
+def commit_entries(
+    store: Store, snapshot: Snapshot, entries: pa.Table, covered: int, marks: QueueMarks
+) -> int:
+    """Commit dispatched ``entries`` covering commit-log versions up to ``covered``, with the queues'
+    new ``marks``, as exactly the version after ``snapshot``; returns that version.
+
+    Raises:
+        CommitConflictError: another dispatcher committed first (plan again from a new snapshot).
+        StoreError: the write failed.
+    """
+    return store.append(
+        schemas.CONSUME_QUEUE,
+        entries,
+        app_id=DISPATCH_APP,
+        app_version=covered,
+        custom_metadata={CQ_KEY: marks.to_json()},
+        max_retries=0,
+        snapshot=snapshot,
+    )
 
 
 class QueueIndex:
@@ -30,8 +124,8 @@ class QueueIndex:
     def __init__(self, store: Store) -> None:
         self._store = store
         self._lock = threading.Lock()
-        self._cq: DeltaTable | None = None
-        self._log: DeltaTable | None = None
+        self._cq: Snapshot | None = None
+        self._log: Snapshot | None = None
         self._marks = QueueMarks()
         self._version = -1
         self._cq_files = FileStats(-1, [])
@@ -47,12 +141,12 @@ class QueueIndex:
         """Catch up with the consume queue; True when a newer version was loaded."""
         with self._lock:
             if self._cq is None:
-                self._cq = self._store.open_table(schemas.CONSUME_QUEUE)
+                self._cq = self._store.snapshot(schemas.CONSUME_QUEUE)
             else:
                 if self._store.latest_version_hint(schemas.CONSUME_QUEUE, self._version) <= self._version:
                     return False
-                self._cq.update_incremental()
-            version = int(self._cq.version())
+                self._cq.refresh()
+            version = self._cq.version()
             if version == self._version:
                 return False
             marks = queue_marks(self._cq)
@@ -67,9 +161,9 @@ class QueueIndex:
     def _refresh_log(self) -> None:
         with self._lock:
             if self._log is None:
-                self._log = self._store.open_table(schemas.COMMIT_LOG)
+                self._log = self._store.snapshot(schemas.COMMIT_LOG)
             else:
-                self._log.update_incremental()
+                self._log.refresh()
             self._log_files = FileStats.of(self._log, ["physical_offset"])
             self._log_reader.forget(set(self._log_files.paths))
 

@@ -1,4 +1,4 @@
-"""Consumer offsets in the append-only ``consumer_offset`` table (latest row wins)."""
+"""The ``consumer_offset`` table: committed offsets, append-only (the latest row per queue wins)."""
 
 from __future__ import annotations
 

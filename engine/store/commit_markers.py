@@ -1,0 +1,119 @@
+"""Every ``mq.*`` marker the engine keeps in Delta commits, in one registry.
+
+Two kinds, both part of the commit that makes data visible, so they can never disagree with it:
+
+- commitInfo keys (``custom_metadata``): the state of a table as of a commit (the commit log's
+  high-water marks, the consume queue's per-queue bounds, …) or facts about that one commit.
+- Delta app transactions (``txn`` actions): the last version of a source a job has covered, and the
+  one-shot guards of transaction decisions. A writer checks them before committing, which makes a
+  replayed micro-batch or a second instance a no-op.
+
+A state marker is read from the newest commit that carries it; maintenance commits (compaction,
+retention) carry the ``carried`` ones forward, so the marker outlives the cleanup of older commit
+files. A per-commit key (such as the sequencer's batch id) must never be carried.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from engine.store import schemas
+
+# ----------------------------------------------------------------------------- commitInfo keys
+HWM_KEY = "mq.hwm"
+"""commit_log: the next physical offset, last store time and next queue offsets after the commit."""
+BATCH_KEY = "mq.batch"
+"""commit_log: the id of the producer batch a commit holds (finds an append of unknown outcome)."""
+CQ_KEY = "mq.cq"
+"""consume_queue: every queue's next and minimum retained offset, and the covered commit-log version."""
+PULL_LOG_MARKS_KEY = "mq.pl"
+"""pull_log: every consumer's next pull sequence."""
+GROUPS_STATE_KEY = "mq.groups"
+"""groups: members, heartbeats and queue leases as of the commit."""
+SCHEDULE_STATE_KEY = "mq.schedule"
+"""commit_log: the schedule job's state counter and its timer runs."""
+SCHEDULE_DROPPED_KEY = "mq.schedule.dropped"
+"""commit_log: schedule messages dropped by a delivery commit (their real topic is gone)."""
+RETRY_RANGE_KEY = "mq.retry.range"
+"""commit_log: the action-log version range a retry commit routed."""
+RETRY_SKIPPED_KEY = "mq.retry.skipped"
+"""commit_log: failure rows a retry commit skipped, with the reason."""
+TX_FLOOR_KEY = "mq.tx.floor"
+"""transactions: the oldest half offset the check-back still looks at."""
+MAINTENANCE_KEY = "mq.maintenance"
+"""any table: the maintenance operation of a commit (``compact``, ``retain``)."""
+
+# ----------------------------------------------------------------------------- app transaction ids
+DISPATCH_APP = "mq.dispatch"
+"""consume_queue: last commit-log version dispatched."""
+INDEX_APP = "mq.index"
+"""index: last commit-log version indexed."""
+PULL_LOG_APP = "mq.pull_log"
+"""pull_log: last action-log version whose PULL rows are in the pull log."""
+RETRY_APP = "mq.retry"
+"""commit_log: last action-log version whose failures are routed."""
+RETRY_GUARD_APP = "mq.retry.seq"
+"""commit_log: the retry router's commit counter (two routers never commit the same plan)."""
+SCHEDULE_APP = "mq.schedule"
+"""commit_log: the schedule job's commit counter; ``mq.schedule.<queue>`` its per-queue progress."""
+EXPIRING_APP_PREFIX = TX_APP_PREFIX = "mq.tx."
+"""commit_log: ``mq.tx.<half offset>`` guards the decision on one transaction half. The only app ids
+that expire (they carry ``lastUpdated``; the table's transaction retention drops them): every other
+app id is a progress marker, and an expired one would read as "nothing done yet"."""
+SINK_APP_PREFIX = "mq.sink."
+"""commit_log: ``mq.sink.<id>`` the last micro-batch a Spark ``mq`` sink committed."""
+
+
+def schedule_queue_app(queue_id: int) -> str:
+    """App id recording the progress of one schedule queue."""
+    return f"{SCHEDULE_APP}.{queue_id}"
+
+
+def transaction_app(half_physical_offset: int) -> str:
+    """App id guarding the decision on one transaction half."""
+    return f"{TX_APP_PREFIX}{half_physical_offset}"
+
+
+def sink_app(sink_id: str) -> str:
+    """App id of a Spark ``mq`` sink's progress."""
+    return f"{SINK_APP_PREFIX}{sink_id}"
+
+
+@dataclass(frozen=True)
+class Marker:
+    """One registered marker: where it lives, who writes it, whether maintenance carries it."""
+
+    key: str
+    kind: Literal["commit_info", "app_transaction"]
+    table: str
+    writer: str
+    carried: bool = False
+
+
+MARKERS: tuple[Marker, ...] = (
+    Marker(HWM_KEY, "commit_info", schemas.COMMIT_LOG, "producers (the sequencer)", carried=True),
+    Marker(BATCH_KEY, "commit_info", schemas.COMMIT_LOG, "producers (the sequencer)"),
+    Marker(SCHEDULE_STATE_KEY, "commit_info", schemas.COMMIT_LOG, "the schedule job"),
+    Marker(SCHEDULE_DROPPED_KEY, "commit_info", schemas.COMMIT_LOG, "the schedule job"),
+    Marker(RETRY_RANGE_KEY, "commit_info", schemas.COMMIT_LOG, "the retry job"),
+    Marker(RETRY_SKIPPED_KEY, "commit_info", schemas.COMMIT_LOG, "the retry job"),
+    Marker(CQ_KEY, "commit_info", schemas.CONSUME_QUEUE, "the dispatch job", carried=True),
+    Marker(PULL_LOG_MARKS_KEY, "commit_info", schemas.PULL_LOG, "the pull-log job", carried=True),
+    Marker(GROUPS_STATE_KEY, "commit_info", schemas.GROUPS, "consumers (membership, queue locks)"),
+    Marker(TX_FLOOR_KEY, "commit_info", schemas.TRANSACTIONS, "the transaction check job"),
+    Marker(MAINTENANCE_KEY, "commit_info", "*", "the maintenance job"),
+    Marker(DISPATCH_APP, "app_transaction", schemas.CONSUME_QUEUE, "the dispatch job"),
+    Marker(INDEX_APP, "app_transaction", schemas.INDEX, "the index job"),
+    Marker(PULL_LOG_APP, "app_transaction", schemas.PULL_LOG, "the pull-log job"),
+    Marker(RETRY_APP, "app_transaction", schemas.COMMIT_LOG, "the retry job"),
+    Marker(RETRY_GUARD_APP, "app_transaction", schemas.COMMIT_LOG, "the retry job"),
+    Marker(SCHEDULE_APP, "app_transaction", schemas.COMMIT_LOG, "the schedule job"),
+    Marker(TX_APP_PREFIX, "app_transaction", schemas.COMMIT_LOG, "transaction producers and the check job"),
+    Marker(SINK_APP_PREFIX, "app_transaction", schemas.COMMIT_LOG, "Spark mq sinks"),
+)
+
+
+def carried_markers(table: str) -> tuple[str, ...]:
+    """The commitInfo keys maintenance commits on ``table`` carry forward."""
+    return tuple(m.key for m in MARKERS if m.carried and m.table == table)

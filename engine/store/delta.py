@@ -1,0 +1,428 @@
+"""The delta-rs mechanics every table module goes through: handles, app versions, files, commits.
+
+This is the one module that knows how delta-rs is driven. The rest of ``engine/store`` holds a
+:class:`Snapshot` (a delta-rs handle that only its owner moves) and asks it for versions, app
+transactions, commit markers and live files; every commit goes through :func:`commit_next`, which
+lands exactly on the version after the snapshot's or fails, and maps delta-rs's errors onto the
+engine's (:class:`~engine.errors.CommitConflictError` for a lost race, and, for an I/O failure,
+:class:`~engine.errors.StoreError` or :class:`~engine.errors.CommitStateUnknownError` as the caller
+says). No delta-rs object leaves ``engine/store``: callers outside it see snapshots, Arrow tables
+and plain values.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+from deltalake import (
+    CommitProperties,
+    DeltaTable,
+    PostCommitHookProperties,
+    Transaction,
+    WriterProperties,
+    write_deltalake,
+)
+from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+from deltalake.transaction import AddAction, RemoveAction
+
+from engine.errors import CommitConflictError, CommitStateUnknownError, StoreError
+from engine.store.delta_log import read_version, table_filesystem
+
+# A DeltaTable handle gets slower with every version it moves on by: delta-rs keeps the file list of
+# each new version as one more Arrow batch and every later commit goes over all of them. On the bench
+# machine (bench/commit_cost.py) an append costs 4 ms on a fresh handle and 42 ms once the handle has
+# moved on by 400 versions. So long-lived writers reopen their handle after this many commits
+# (reopening costs about one slow append).
+RENEW_HANDLE_COMMITS = 32
+# How far back to look for a commit marker before giving up (compaction and progress commits lack
+# them).
+MAX_WALK_BACK = 4096
+
+Action = AddAction | RemoveAction
+
+
+class TableMissingError(StoreError):
+    """No Delta table at a location (store-internal: :class:`engine.store.Store` creates it)."""
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """One live data file of a snapshot, with the range of one column (its ordering column)."""
+
+    path: str
+    size: int
+    rows: int
+    modified: int
+    lo: int | None = None  # min / max of the column asked for
+    hi: int | None = None
+
+
+def int_column(actions: pa.Table, name: str) -> list[int | None]:
+    """An add-action column as ints (None where missing, every row None when the column is)."""
+    if name not in actions.column_names:
+        return [None] * actions.num_rows
+    return [None if v is None else int(v) for v in actions[name].to_pylist()]
+
+
+def str_column(actions: pa.Table, name: str) -> list[str | None]:
+    """An add-action column as strings (None where missing, every row None when the column is)."""
+    if name not in actions.column_names:
+        return [None] * actions.num_rows
+    return [None if v is None else str(v) for v in actions[name].to_pylist()]
+
+
+def data_files(actions: pa.Table, column: str | None = None) -> list[DataFile]:
+    """The files of add ``actions`` (:meth:`Snapshot.add_actions`), with the min / max of ``column``."""
+    paths = actions["path"].to_pylist()
+    sizes = int_column(actions, "size_bytes")
+    rows = int_column(actions, "num_records")
+    modified = int_column(actions, "modification_time")
+    los = int_column(actions, f"min.{column}") if column else [None] * len(paths)
+    his = int_column(actions, f"max.{column}") if column else [None] * len(paths)
+    return [
+        DataFile(p, s or 0, r or 0, m or 0, lo, hi)
+        for p, s, r, m, lo, hi in zip(paths, sizes, rows, modified, los, his, strict=True)
+    ]
+
+
+def open_snapshot(
+    uri: str, storage_options: Mapping[str, str] | None = None, version: int | None = None, *, name: str = ""
+) -> Snapshot:
+    """A new snapshot of the Delta table at ``uri`` (at ``version`` for time travel).
+
+    Raises:
+        TableMissingError: no table there.
+        StoreError: the table cannot be loaded (its log is damaged or unreadable).
+    """
+    label = name or uri
+    try:
+        dt = DeltaTable(
+            uri, version=version, storage_options=dict(storage_options) if storage_options else None
+        )
+    except TableNotFoundError as exc:
+        raise TableMissingError(f"table {uri} does not exist", table=label, cause=exc) from exc
+    except (DeltaError, OSError) as exc:
+        raise StoreError(
+            f"table {uri} cannot be loaded: {exc}", table=label, version=version, cause=exc
+        ) from exc
+    return Snapshot(dt, label, storage_options)
+
+
+class Snapshot:
+    """One table as of one version: a delta-rs handle that only its owner moves on.
+
+    Not thread-safe: share a snapshot only under a lock. A writer that decides what to commit from a
+    snapshot commits with :func:`commit_next` on that same snapshot, so the commit lands right after
+    what it read or fails.
+    """
+
+    def __init__(self, dt: DeltaTable, name: str, storage_options: Mapping[str, str] | None = None) -> None:
+        self._dt = dt
+        self.name = name
+        self.storage_options: dict[str, str] | None = dict(storage_options) if storage_options else None
+        self._opened_at = int(dt.version())
+
+    # ------------------------------------------------------------------ where and when
+    @property
+    def uri(self) -> str:
+        return str(self._dt.table_uri)
+
+    def version(self) -> int:
+        """The version this snapshot is at."""
+        return int(self._dt.version())
+
+    @property
+    def moved_since_open(self) -> int:
+        """Versions the handle has moved on by since it was opened (see :data:`RENEW_HANDLE_COMMITS`)."""
+        return self.version() - self._opened_at
+
+    def refresh(self) -> Snapshot:
+        """Move on to the latest version; returns itself.
+
+        Raises:
+            StoreError: the log cannot be read.
+        """
+        try:
+            self._dt.update_incremental()
+        except (DeltaError, OSError) as exc:
+            raise StoreError(
+                f"table {self.name} cannot be refreshed: {exc}", table=self.name, cause=exc
+            ) from exc
+        return self
+
+    def reopened(self) -> Snapshot:
+        """A fresh handle on the same table at its latest version (a handle slows as it moves on)."""
+        return open_snapshot(self.uri, self.storage_options, name=self.name)
+
+    # ------------------------------------------------------------------ metadata
+    def app_version(self, app_id: str) -> int:
+        """Last version recorded by Delta app transaction ``app_id`` (-1 when none)."""
+        value = self._dt.transaction_version(app_id)
+        return -1 if value is None else int(value)
+
+    def configuration(self) -> Mapping[str, str | None]:
+        """The table's properties (``delta.*`` and others)."""
+        return dict(self._dt.metadata().configuration)
+
+    @property
+    def table_id(self) -> str:
+        return str(self._dt.metadata().id)
+
+    def arrow_schema(self) -> pa.Schema:
+        return pa.schema(self._dt.schema().to_arrow())
+
+    def indexed_columns(self) -> int:
+        """How many leading columns the table keeps file statistics for."""
+        raw = self.configuration().get("delta.dataSkippingNumIndexedCols")
+        try:
+            value = int(raw) if raw is not None else 32
+        except ValueError:
+            value = 32
+        return 1 << 30 if value < 0 else value
+
+    def commit_info(self, version: int) -> Mapping[str, Any]:
+        """The commitInfo of one version, read from its commit file.
+
+        Raises:
+            StoreError: the commit file is gone (cleaned up after a checkpoint) or unreadable.
+        """
+        return read_version(self.uri, version, self.storage_options).commit_info
+
+    def find_commit_value(
+        self,
+        key: str,
+        accept: Callable[[str], bool] | None = None,
+        walk_back: int | None = MAX_WALK_BACK,
+    ) -> tuple[int, str] | None:
+        """``(version, value)`` of the newest commit at or before this version whose commitInfo has
+        ``key`` (with a value ``accept`` takes, when given).
+
+        Reads each commit file by its exact version: delta-rs ``history()`` on a handle that is
+        behind the log lists the newest commits under older version numbers, which would let a
+        reader see marks ahead of the files it has. ``walk_back`` bounds the commits examined (None:
+        back to the first one left in the log). None when no commit left in the log matches.
+        """
+        version = self.version()
+        stop = -1 if walk_back is None else max(version - walk_back, -1)
+        for v in range(version, stop, -1):
+            try:
+                info = self.commit_info(v)
+            except StoreError:
+                return None  # older commits were cleaned up after a checkpoint
+            if key in info and (accept is None or accept(str(info[key]))):
+                return v, str(info[key])
+        return None
+
+    def commit_value(self, key: str) -> str | None:
+        """Value of ``key`` in the newest commitInfo at or before this version that has it."""
+        found = self.find_commit_value(key)
+        return None if found is None else found[1]
+
+    def recent_commit_infos(self, count: int) -> list[Mapping[str, Any]]:
+        """The commitInfo of the last ``count`` versions, newest first, each with its ``version``."""
+        return list(self._dt.history(count))
+
+    # ------------------------------------------------------------------ files and rows
+    def add_actions(self) -> pa.Table:
+        """The live files' add actions, statistics flattened (``min.<column>``, ``max.<column>``)."""
+        return pa.table(self._dt.get_add_actions(flatten=True))
+
+    def files(self, column: str | None = None) -> list[DataFile]:
+        """The live data files, with the min / max of ``column`` when given."""
+        return data_files(self.add_actions(), column)
+
+    def paths(self) -> list[str]:
+        """The paths (relative to the table) of the live data files, in the log's order."""
+        actions = self.add_actions()
+        return [str(p) for p in actions["path"].to_pylist()] if actions.num_rows else []
+
+    def live_paths(self) -> set[str]:
+        """The paths of the live data files."""
+        return set(self.paths())
+
+    def column_max(self, column: str) -> int:
+        """The largest ``column`` value by the files' statistics (-1 when no file has any)."""
+        known = [v for v in int_column(self.add_actions(), f"max.{column}") if v is not None]
+        return max(known) if known else -1
+
+    def dataset(self, predicate: str | None = None) -> ds.Dataset:
+        """A PyArrow dataset over this snapshot, on the table's own filesystem.
+
+        ``predicate`` is a delta-rs SQL predicate that prunes files by their statistics. Arrow's
+        local filesystem is used for local tables (see :func:`engine.store.delta_log.table_filesystem`).
+        """
+        fs = table_filesystem(self.uri, self.storage_options)
+        return self._dt.to_pyarrow_dataset(file_pruning_predicate=predicate, filesystem=fs)
+
+    # ------------------------------------------------------------------ log upkeep
+    def checkpoint(self, *, cleanup: bool = True) -> None:
+        """Write a checkpoint at this version and (with ``cleanup``) delete expired log files.
+
+        Raises:
+            StoreError: the checkpoint could not be written.
+        """
+        try:
+            self._dt.create_checkpoint()
+            if cleanup:
+                self._dt.cleanup_metadata()
+        except (DeltaError, OSError) as exc:
+            raise StoreError(f"checkpoint of {self.name} failed: {exc}", table=self.name, cause=exc) from exc
+
+    def vacuum(self, retention_hours: int, *, dry_run: bool, enforce: bool, full: bool) -> list[str]:
+        """delta-rs ``vacuum``: the files deleted (or, with ``dry_run``, that would be).
+
+        Raises:
+            StoreError: vacuum failed (also when the window is below the table's minimum while
+                ``enforce``; the message then says "retention").
+        """
+        try:
+            return list(
+                self._dt.vacuum(
+                    retention_hours=retention_hours,
+                    dry_run=dry_run,
+                    enforce_retention_duration=enforce,
+                    full=full,
+                )
+            )
+        except (DeltaError, OSError) as exc:
+            raise StoreError(f"vacuum of {self.name} failed: {exc}", table=self.name, cause=exc) from exc
+
+    def set_properties(self, properties: Mapping[str, str]) -> None:
+        """Add table properties (one metadata commit)."""
+        self._dt.alter.set_table_properties(dict(properties))
+
+    def __repr__(self) -> str:
+        return f"Snapshot({self.name!r}, version={self.version()})"
+
+
+def create_table(
+    uri: str,
+    schema: pa.Schema,
+    *,
+    name: str,
+    storage_options: Mapping[str, str] | None,
+    configuration: Mapping[str, str | None],
+    custom_metadata: Mapping[str, str] | None,
+) -> Snapshot:
+    """Create an empty table (version 0), failing if one exists there already.
+
+    Raises:
+        StoreError: it exists, or the location refuses writes.
+    """
+    try:
+        dt = DeltaTable.create(
+            uri,
+            schema,
+            mode="error",
+            configuration=dict(configuration),
+            storage_options=dict(storage_options) if storage_options else None,
+            commit_properties=CommitProperties(
+                custom_metadata=dict(custom_metadata) if custom_metadata else None
+            ),
+        )
+    except (DeltaError, OSError) as exc:
+        raise StoreError(f"cannot create table {uri}: {exc}", table=name, cause=exc) from exc
+    return Snapshot(dt, name, storage_options)
+
+
+def app_transactions(
+    versions: Mapping[str, int], expiring_prefix: str = "", now_ms: int = 0
+) -> list[Transaction] | None:
+    """Delta app transactions for ``versions``; ids starting with ``expiring_prefix`` carry
+    ``lastUpdated`` (so they expire after the table's transaction retention), the others never do."""
+    return [
+        Transaction(app, v, now_ms)
+        if expiring_prefix and app.startswith(expiring_prefix)
+        else Transaction(app, v)
+        for app, v in versions.items()
+    ] or None
+
+
+Failure = Literal["failed", "unknown"]
+NO_HOOKS = PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
+
+
+def commit_next(
+    snapshot: Snapshot,
+    *,
+    rows: pa.Table | None = None,
+    actions: Sequence[Action] | None = None,
+    transactions: Sequence[Transaction] | None = None,
+    custom_metadata: Mapping[str, str] | None = None,
+    writer_properties: WriterProperties | None = None,
+    hooks: PostCommitHookProperties | None = None,
+    on_error: Failure = "failed",
+    max_retries: int | None = 0,
+) -> int:
+    """Commit ``rows`` (written as new files) or ready ``actions`` as the version after ``snapshot``.
+
+    With ``max_retries=0`` (the default; None: delta-rs's own retries) the commit lands exactly on
+    ``snapshot.version() + 1`` or fails: a writer that decided what to write from the snapshot never
+    lands on top of commits it did not see. A commit with neither rows nor actions commits only its
+    metadata (app transactions, markers). On success the snapshot is at the new version, which is
+    returned.
+
+    Raises:
+        CommitConflictError: another writer took the version (retryable; nothing was committed).
+        StoreError: the write failed (``on_error="failed"``: the caller knows nothing landed, e.g.
+            the data files could not be written).
+        CommitStateUnknownError: the write failed mid-way (``on_error="unknown"``) and may have
+            happened.
+    """
+    dt = snapshot._dt
+    props = CommitProperties(
+        custom_metadata=dict(custom_metadata) if custom_metadata else None,
+        max_commit_retries=max_retries,
+        app_transactions=list(transactions) if transactions else None,
+    )
+    try:
+        if actions:
+            dt.create_write_transaction(
+                list[Action](actions),
+                "append",
+                dt.schema(),
+                commit_properties=props,
+                post_commithook_properties=hooks,
+            )
+        else:
+            data = rows if rows is not None else pa.schema(dt.schema().to_arrow()).empty_table()
+            if writer_properties is not None:
+                write_deltalake(
+                    dt,
+                    data,
+                    mode="append",
+                    commit_properties=props,
+                    writer_properties=writer_properties,
+                    post_commithook_properties=hooks,
+                )
+            else:
+                write_deltalake(
+                    dt, data, mode="append", commit_properties=props, post_commithook_properties=hooks
+                )
+    except CommitFailedError as exc:
+        raise CommitConflictError(
+            f"commit to {snapshot.name} conflicted with a concurrent writer: {exc}",
+            table=snapshot.name,
+            cause=exc,
+        ) from exc
+    except (DeltaError, OSError) as exc:
+        if on_error == "unknown":
+            raise CommitStateUnknownError(
+                f"commit to {snapshot.name} failed and may or may not have happened: {exc}",
+                table=snapshot.name,
+                cause=exc,
+            ) from exc
+        raise StoreError(f"write to {snapshot.name} failed: {exc}", table=snapshot.name, cause=exc) from exc
+    return snapshot.version()
+
+
+def backoff(attempt: int) -> None:
+    """Sleep a jittered, growing moment after a lost race, so colliding writers do not collide again
+    in lockstep (at most 50 ms)."""
+    time.sleep(random.uniform(0, min(0.05, 0.001 * (2 ** min(attempt, 6)))))

@@ -40,8 +40,7 @@ from engine.broker.maintenance import (
     retain,
     vacuum,
 )
-from engine.store import schemas
-from engine.store import sequencer as sequencer_module
+from engine.store import commit_log, schemas
 from engine.store.commit_log import CommitLogWriter, read_hwm
 from engine.store.commit_markers import CQ_KEY, HWM_KEY
 from engine.store.consume_queue import queue_marks
@@ -105,7 +104,7 @@ def _commit_json(store: Store, name: str, version: int) -> list[dict[str, Any]]:
 def _old_clock(monkeypatch: pytest.MonkeyPatch, hours_ago: float) -> None:
     """Stamp the next messages as stored ``hours_ago`` (the sequencer's clock)."""
     then = int(time.time() * 1000 - hours_ago * HOUR_MS)
-    monkeypatch.setattr(sequencer_module, "now_ms", lambda: then)
+    monkeypatch.setattr(commit_log, "now_ms", lambda: then)
 
 
 # ----------------------------------------------------------------------------- compaction

@@ -14,7 +14,7 @@ from engine.client.admin_offsets import QueueTimeIndex, offsets_for_time
 from engine.spark import replay
 from engine.spark.mq_options import ReadOptions
 from engine.spark.mq_source import MQStreamReader, spark_message_schema
-from engine.store import schemas, sequencer
+from engine.store import commit_log, schemas
 from engine.store.commit_log import CommitLogWriter
 from engine.store.consumer_offset import OffsetStore
 from engine.store.stamping import PendingMessage
@@ -30,7 +30,7 @@ ROW_SCHEMA = "queue_id int, queue_offset long, body binary"
 
 def _put(store: Store, monkeypatch: pytest.MonkeyPatch, ts: int, messages: list[tuple[int, str]]) -> int:
     """Commit messages to topic T with store time ``ts``; returns the commit-log version."""
-    monkeypatch.setattr(sequencer, "now_ms", lambda: ts)
+    monkeypatch.setattr(commit_log, "now_ms", lambda: ts)
     stamped = CommitLogWriter(store).append(
         [PendingMessage("T", q, body.encode(), f"U-{body}") for q, body in messages]
     )

@@ -337,12 +337,12 @@ def test_bad_input_raises_typed_errors_and_writes_nothing(
 def test_a_decision_older_than_its_guard_is_found_by_content_and_never_taken_twice(
     store: Store, topic: str, producers: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from engine.store import sequencer
+    from engine.store import commit_log
 
-    eight_days_ago = sequencer.now_ms() - 8 * 24 * 3600 * 1000
+    eight_days_ago = commit_log.now_ms() - 8 * 24 * 3600 * 1000
     producer = producers(check_poll_ms=60_000)
     with monkeypatch.context() as m:  # everything below was stored and decided 8 days ago
-        m.setattr(sequencer, "now_ms", lambda: eight_days_ago)
+        m.setattr(commit_log, "now_ms", lambda: eight_days_ago)
         producer.send_in_transaction(Message(topic, b"old commit"), lambda m: COMMIT)
         producer.send_in_transaction(Message(topic, b"old rollback"), lambda m: ROLLBACK)
         producer.send_in_transaction(Message(topic, b"old, undecided"), lambda m: UNKNOWN)

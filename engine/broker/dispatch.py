@@ -22,7 +22,7 @@ from engine.store.consume_queue import (
     dispatched_version,
     queue_marks,
 )
-from engine.store.delta_log import VERSION_COLUMN, read_versions
+from engine.store.delta_log import VERSION_COLUMN
 from engine.store.store import Store
 
 
@@ -109,15 +109,6 @@ def dispatch_pending(store: Store, max_versions: int = 1000) -> int:
     each micro-batch, without the streaming query around it: for tools and tests. Returns the number
     of entries added.
     """
-    total = 0
-    latest = store.version(schemas.COMMIT_LOG)
-    start = dispatched_version(store) + 1
-    while start <= latest:
-        end = min(latest, start + max_versions - 1)
-        rows = read_versions(
-            store.uri(schemas.COMMIT_LOG), start, end, schemas.COMMIT_LOG_SCHEMA, store.storage_options
-        )
-        total += dispatch_rows(store, rows)
-        # Versions with nothing to dispatch (only transaction halves) leave no marker; move on anyway.
-        start = end + 1
-    return total
+    # Versions with nothing to dispatch (only transaction halves) leave no marker; move on anyway.
+    chunks = store.versions_after(schemas.COMMIT_LOG, dispatched_version(store), max_versions=max_versions)
+    return sum(dispatch_rows(store, rows) for rows, _ in chunks)

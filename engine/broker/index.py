@@ -142,11 +142,7 @@ def index_pending(store: Store, max_versions: int = 1000) -> int:
     The Spark index job (``jobs/index.py``) is the production path; this is the same logic for tools,
     notebooks and tests. Returns the number of index rows added.
     """
-    total = 0
-    latest = store.version(schemas.COMMIT_LOG)
-    start = indexed_version(store) + 1
-    while start <= latest:
-        end = min(latest, start + max_versions - 1)
-        total += build_index(store, unindexed_rows(store, start, end))
-        start = end + 1
-    return total
+    chunks = store.versions_after(
+        schemas.COMMIT_LOG, indexed_version(store), INDEX_SOURCE_SCHEMA, max_versions=max_versions
+    )
+    return sum(build_index(store, rows) for rows, _ in chunks)

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 from engine.client.actions import PULL
 from engine.errors import CommitConflictError
 from engine.store import schemas
-from engine.store.delta_log import VERSION_COLUMN, read_versions
+from engine.store.delta_log import VERSION_COLUMN
 from engine.store.pull_log import (
     Marks,
     commit_pulls,
@@ -125,15 +125,8 @@ def build_pull_log(store: Store, max_versions: int = 1000) -> int:
     The Spark job (``jobs/pull_log.py``) is the production path; this is the same logic for tools and
     tests. Returns the number of pull-log rows added.
     """
-    total = 0
-    latest = store.version(schemas.ACTION_LOG)
-    start = pulled_version(store) + 1
-    columns = [schemas.ACTION_LOG_SCHEMA.field(c) for c in PULL_LOG_SOURCE_COLUMNS]
-    while start <= latest:
-        end = min(latest, start + max_versions - 1)
-        rows = read_versions(
-            store.uri(schemas.ACTION_LOG), start, end, pa.schema(columns), store.storage_options
-        )
-        total += build_pull_log_rows(store, rows, through_version=end)
-        start = end + 1
-    return total
+    columns = pa.schema([schemas.ACTION_LOG_SCHEMA.field(c) for c in PULL_LOG_SOURCE_COLUMNS])
+    chunks = store.versions_after(
+        schemas.ACTION_LOG, pulled_version(store), columns, max_versions=max_versions
+    )
+    return sum(build_pull_log_rows(store, rows, through_version=last) for rows, last in chunks)

@@ -67,7 +67,7 @@ from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
 from engine.store.consume_queue import QueueIndex
 from engine.store.delta import Snapshot
-from engine.store.delta_log import VERSION_COLUMN, read_versions
+from engine.store.delta_log import VERSION_COLUMN
 from engine.store.stamping import PendingMessage
 from engine.store.store import Store
 from engine.store.store import now_ms as _clock_ms
@@ -390,14 +390,5 @@ def route_retries(
             f"max_versions {max_versions!r} must be an int >= 1", max_versions=max_versions
         )
     router = router or RetryRouter(store, max_reconsume_times=max_reconsume_times)
-    total = 0
-    latest = store.version(schemas.ACTION_LOG)
-    start = routed_version(store) + 1
-    while start <= latest:
-        end = min(latest, start + max_versions - 1)
-        rows = read_versions(
-            store.uri(schemas.ACTION_LOG), start, end, schemas.ACTION_LOG_SCHEMA, store.storage_options
-        )
-        total += router.route(rows, now_ms)
-        start = end + 1
-    return total
+    chunks = store.versions_after(schemas.ACTION_LOG, routed_version(store), max_versions=max_versions)
+    return sum(router.route(rows, now_ms) for rows, _ in chunks)

@@ -365,8 +365,8 @@ def commit_next(
     With ``max_retries=0`` (the default; None: delta-rs's own retries) the commit lands exactly on
     ``snapshot.version() + 1`` or fails: a writer that decided what to write from the snapshot never
     lands on top of commits it did not see. A commit with neither rows nor actions commits only its
-    metadata (app transactions, markers). On success the snapshot is at the new version, which is
-    returned.
+    metadata (app transactions, markers). Returns the new version: after a commit of rows the
+    snapshot is at it, after a commit of ready actions it stays where it was (refresh it to go on).
 
     Raises:
         CommitConflictError: another writer took the version (retryable; nothing was committed).
@@ -375,7 +375,10 @@ def commit_next(
         CommitStateUnknownError: the write failed mid-way (``on_error="unknown"``) and may have
             happened.
     """
+    if actions and max_retries != 0:
+        raise ValueError("a commit of ready actions lands exactly on the next version: max_retries=0")
     dt = snapshot._dt
+    base = snapshot.version()
     props = CommitProperties(
         custom_metadata=dict(custom_metadata) if custom_metadata else None,
         max_commit_retries=max_retries,
@@ -419,7 +422,8 @@ def commit_next(
                 cause=exc,
             ) from exc
         raise StoreError(f"write to {snapshot.name} failed: {exc}", table=snapshot.name, cause=exc) from exc
-    return snapshot.version()
+    # delta-rs moves the handle on after a write, not after a transaction of ready actions.
+    return base + 1 if actions else snapshot.version()
 
 
 def backoff(attempt: int) -> None:

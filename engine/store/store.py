@@ -9,7 +9,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pyarrow as pa
@@ -29,6 +29,7 @@ from engine.store.delta import (
     create_table,
     open_snapshot,
 )
+from engine.store.delta_log import read_versions
 from engine.store.repair import repair_log
 from engine.store.topics import TopicCatalog
 
@@ -332,6 +333,23 @@ class Store:
     ) -> pa.Table:
         """Read rows of a table: files pruned by ``predicate``, rows kept by ``filter``."""
         return self.dataset(name, predicate, version=version).to_table(columns=columns, filter=filter)
+
+    def versions_after(
+        self, name: str, covered: int, schema: pa.Schema | None = None, *, max_versions: int = 1000
+    ) -> Iterator[tuple[pa.Table, int]]:
+        """The rows each committed version after ``covered`` added to table ``name``, up to the
+        version that is latest when called, in chunks of at most ``max_versions`` versions.
+
+        Yields ``(rows, last)``: the chunk's rows in commit order with their ``_version`` (only
+        ``schema``'s columns; default all), and the chunk's last version, which a caller that
+        records progress covers even when the chunk added no rows. This is how a broker job catches
+        up without Spark.
+        """
+        latest = self.version(name)
+        columns = schema if schema is not None else schemas.SCHEMAS[name]
+        for first in range(covered + 1, latest + 1, max_versions):
+            last = min(latest, first + max_versions - 1)
+            yield read_versions(self.uri(name), first, last, columns, self.storage_options), last
 
     # ----------------------------------------------------------------- topics
     def topic_configs(self, *, refresh: bool = False) -> dict[str, TopicConfig]:

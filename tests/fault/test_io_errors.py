@@ -20,9 +20,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import engine.store.sequencer as sequencer
 import pytest
 
+import engine.store.delta as delta
 from engine import (
     Admin,
     CommitStateUnknownError,
@@ -216,7 +216,7 @@ def test_a_commit_that_landed_but_whose_answer_was_lost_is_acknowledged_once(
 ) -> None:
     s = scenario
     s.send(0)
-    real = sequencer.write_deltalake
+    real = delta.write_deltalake
     lost_answers = 0
 
     def commit_then_fail(*args: Any, **kwargs: Any) -> None:
@@ -225,10 +225,10 @@ def test_a_commit_that_landed_but_whose_answer_was_lost_is_acknowledged_once(
         lost_answers += 1
         raise OSError(104, "Connection reset by peer (after the commit was stored)")
 
-    monkeypatch.setattr(sequencer, "write_deltalake", commit_then_fail)
+    monkeypatch.setattr(delta, "write_deltalake", commit_then_fail)
     landed = s.send(0)  # the writer finds its own batch in the log: acknowledged, not retried
     batch = s.send_batch(3, queue_id=0)
-    monkeypatch.setattr(sequencer, "write_deltalake", real)
+    monkeypatch.setattr(delta, "write_deltalake", real)
     s.send(0)
 
     assert lost_answers == 2
@@ -245,8 +245,8 @@ def test_a_commit_whose_outcome_cannot_be_read_back_is_unknown_and_the_next_send
 ) -> None:
     s = scenario
     s.send(0)
-    real_write = sequencer.write_deltalake
-    real_open = s.store.open_table
+    real_write = delta.write_deltalake
+    real_open = s.store.snapshot
 
     def commit_then_fail(*args: Any, **kwargs: Any) -> None:
         real_write(*args, **kwargs)
@@ -255,14 +255,14 @@ def test_a_commit_whose_outcome_cannot_be_read_back_is_unknown_and_the_next_send
     def unreadable(name: str, version: int | None = None) -> Any:
         raise OSError(110, "Connection timed out")
 
-    monkeypatch.setattr(sequencer, "write_deltalake", commit_then_fail)
-    monkeypatch.setattr(s.store, "open_table", unreadable)
+    monkeypatch.setattr(delta, "write_deltalake", commit_then_fail)
+    monkeypatch.setattr(s.store, "snapshot", unreadable)
     [mid] = s.next_ids(1)
     s.log.sent([mid])
     with pytest.raises(CommitStateUnknownError) as caught:
         s.producer.send(Message(TOPIC, make_body(mid, 64)), queue_id=0)
-    monkeypatch.setattr(sequencer, "write_deltalake", real_write)
-    monkeypatch.setattr(s.store, "open_table", real_open)
+    monkeypatch.setattr(delta, "write_deltalake", real_write)
+    monkeypatch.setattr(s.store, "snapshot", real_open)
 
     fault_removed = time.monotonic()
     nxt = s.send(0)

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
 from engine import Store
 from engine.store import schemas
 
@@ -13,3 +18,31 @@ def versions(store: Store) -> dict[str, int]:
 
 def commit_log_rows(store: Store) -> list[dict[str, object]]:
     return sorted(store.read(schemas.COMMIT_LOG).to_pylist(), key=lambda r: int(r["physical_offset"]))  # type: ignore[arg-type]
+
+
+def eventually(condition: Callable[[], Any], timeout_s: float = 20.0) -> Any:
+    """Poll ``condition`` until it returns something truthy (generous deadline, no timing asserted)."""
+    end = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value or time.monotonic() > end:
+            return value
+        time.sleep(0.05)
+
+
+def run_in_threads(work: Callable[[int], None], count: int = 2) -> list[BaseException]:
+    """Run ``work(0)`` ... ``work(count - 1)`` at once, one thread each; returns what they raised."""
+    errors: list[BaseException] = []
+
+    def run(k: int) -> None:
+        try:
+            work(k)
+        except BaseException as exc:  # pragma: no cover - returned to the test, which asserts on it
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors

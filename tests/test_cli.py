@@ -207,23 +207,28 @@ def test_pull_before_dispatch_is_no_new_msg(capsys: pytest.CaptureFixture[str], 
     assert out.startswith("NO_NEW_MSG  next offset 0")
 
 
-def test_pull_past_max_offset_is_offset_illegal_with_correction(
-    capsys: pytest.CaptureFixture[str], root: str
+@pytest.mark.parametrize(
+    ("options", "first_words"),
+    [
+        pytest.param(
+            ["--offset", "99"],
+            "OFFSET_ILLEGAL  next offset 6",
+            id="past-max-offset-is-offset-illegal-with-correction",
+        ),
+        pytest.param(
+            ["--offset", "6", "--suspend-ms", "100"],
+            "NO_NEW_MSG",
+            id="with-suspend-waits-and-returns-no-new-msg",
+        ),
+    ],
+)
+def test_pull_at_or_past_the_end_says_why_nothing_came_and_where_to_go_on(
+    capsys: pytest.CaptureFixture[str], root: str, options: list[str], first_words: str
 ) -> None:
     seed(root)
-    code, out, _ = mq(capsys, "pull", "T", "--queue-id", "0", "--offset", "99", "--store", root)
+    code, out, _ = mq(capsys, "pull", "T", "--queue-id", "0", *options, "--store", root)
     assert code == 0
-    assert out.startswith("OFFSET_ILLEGAL  next offset 6")
-
-
-def test_pull_with_suspend_waits_and_returns_no_new_msg(
-    capsys: pytest.CaptureFixture[str], root: str
-) -> None:
-    seed(root)
-    argv = ["pull", "T", "--queue-id", "0", "--offset", "6", "--suspend-ms", "100", "--store", root]
-    code, out, _ = mq(capsys, *argv)
-    assert code == 0
-    assert out.startswith("NO_NEW_MSG")
+    assert out.startswith(first_words)
 
 
 def test_pull_with_commit_records_the_groups_offset(capsys: pytest.CaptureFixture[str], root: str) -> None:

@@ -82,44 +82,47 @@ def test_conf_dir_env_moves_the_file(conf_dir: Path) -> None:
     assert config_file() == conf_dir / "engine.toml"
 
 
-def test_non_integer_env_value_is_a_config_error(conf_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MQ_DEFAULT_QUEUES", "four")
-    with pytest.raises(ConfigError, match="default_queues"):
+@pytest.mark.parametrize(
+    ("variable", "value", "says"),
+    [
+        pytest.param("MQ_DEFAULT_QUEUES", "four", "default_queues", id="non-integer-env-value"),
+        pytest.param("MQ_PRODUCER_LINGER_MS", "-1", None, id="negative-linger"),
+    ],
+)
+def test_a_bad_env_value_is_a_config_error(
+    conf_dir: Path, monkeypatch: pytest.MonkeyPatch, variable: str, value: str, says: str | None
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(ConfigError, match=says):
         load_config()
 
 
-def test_wrong_type_in_file_is_a_config_error(conf_dir: Path) -> None:
-    write_toml(conf_dir, '[engine]\npull_batch_size = "lots"\n')
-    with pytest.raises(ConfigError, match="pull_batch_size"):
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        pytest.param('[engine]\npull_batch_size = "lots"\n', "pull_batch_size", id="wrong-type-in-file"),
+        pytest.param(
+            "[engine]\ndefault_queue = 4\n", "unknown key 'default_queue'", id="unknown-key-in-file"
+        ),
+        pytest.param("[engine\n", "not valid TOML", id="invalid-toml"),
+    ],
+)
+def test_a_bad_file_is_a_config_error(conf_dir: Path, text: str, says: str) -> None:
+    write_toml(conf_dir, text)
+    with pytest.raises(ConfigError, match=says):
         load_config()
 
 
-def test_out_of_range_value_is_a_config_error(conf_dir: Path) -> None:
-    with pytest.raises(ConfigError, match="default_queues"):
-        load_config(default_queues=0)
-
-
-def test_negative_linger_is_a_config_error(conf_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("MQ_PRODUCER_LINGER_MS", "-1")
-    with pytest.raises(ConfigError):
-        load_config()
-
-
-def test_unknown_key_in_file_is_a_config_error(conf_dir: Path) -> None:
-    write_toml(conf_dir, "[engine]\ndefault_queue = 4\n")
-    with pytest.raises(ConfigError, match="unknown key 'default_queue'"):
-        load_config()
-
-
-def test_unknown_explicit_key_is_a_config_error(conf_dir: Path) -> None:
-    with pytest.raises(ConfigError, match="unknown config key"):
-        load_config(queues=4)
-
-
-def test_invalid_toml_is_a_config_error(conf_dir: Path) -> None:
-    write_toml(conf_dir, "[engine\n")
-    with pytest.raises(ConfigError, match="not valid TOML"):
-        load_config()
+@pytest.mark.parametrize(
+    ("explicit", "says"),
+    [
+        pytest.param({"default_queues": 0}, "default_queues", id="out-of-range-value"),
+        pytest.param({"queues": 4}, "unknown config key", id="unknown-explicit-key"),
+    ],
+)
+def test_a_bad_explicit_value_is_a_config_error(conf_dir: Path, explicit: dict[str, int], says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        load_config(**explicit)
 
 
 def test_bool_is_not_an_integer() -> None:

@@ -11,19 +11,9 @@ import pytest
 from chispa import assert_df_equality
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
 
-from engine import (
-    Admin,
-    InvalidArgumentError,
-    InvalidMessageError,
-    InvalidTopicError,
-    Message,
-    Producer,
-    PullConsumer,
-    PullStatus,
-    Store,
-    TopicNotFoundError,
-)
+from engine import Admin, Message, Producer, PullConsumer, PullStatus, Store
 from engine.broker.dispatch import dispatch_pending
+from engine.errors import InvalidArgumentError, InvalidMessageError, InvalidTopicError, TopicNotFoundError
 from engine.spark.mq_options import ReadOptions, WriteOptions
 from engine.spark.mq_sink import ROWS_SCHEMA, check_sink_schema, commit_rows, normalize_rows
 from engine.spark.mq_source import MQStreamReader, share_budget, spark_message_schema
@@ -239,10 +229,7 @@ def test_group_offsets_move_only_after_the_sink_committed(
 
     query = (
         spark.readStream.format("mq")
-        .option("store", store.root)
-        .option("topic", topic)
-        .option("group", "g")
-        .option("startingOffsets", "earliest")
+        .options(store=store.root, topic=topic, group="g", startingOffsets="earliest")
         .load()
         .writeStream.foreachBatch(failing_sink)
         .option("checkpointLocation", str(tmp_path / "ck"))
@@ -260,11 +247,13 @@ def test_batch_read_with_tag_filter_and_offset_bounds(spark: Any, store: Store, 
     _send(store, topic, 8)
     df = (
         spark.read.format("mq")
-        .option("store", store.root)
-        .option("topic", topic)
-        .option("expression", "A")
-        .option("startingOffsets", '{"0": 1}')
-        .option("endingOffsets", '{"q": {"3": 1}}')
+        .options(
+            store=store.root,
+            topic=topic,
+            expression="A",
+            startingOffsets='{"0": 1}',
+            endingOffsets='{"q": {"3": 1}}',
+        )
         .load()
     )
     expected = spark.createDataFrame(

@@ -53,22 +53,10 @@ def test_messages_view_columns_and_store_timestamp(spark: Any, store: Store, top
     dispatch_pending(store)
     register_views(spark, store, ["messages"])
     df = spark.table("messages")
-    assert df.columns == [
-        "topic",
-        "queue_id",
-        "queue_offset",
-        "physical_offset",
-        "msg_id",
-        "uniq_key",
-        "tags",
-        "keys",
-        "properties",
-        "body",
-        "born_ts_ms",
-        "store_ts_ms",
-        "reconsume_times",
-        "store_ts",
-    ]
+    where = ["topic", "queue_id", "queue_offset", "physical_offset"]
+    what = ["msg_id", "uniq_key", "tags", "keys", "properties", "body"]
+    when = ["born_ts_ms", "store_ts_ms", "reconsume_times"]
+    assert df.columns == [*where, *what, *when, "store_ts"]  # the message columns, then the view's own
     assert dict(df.dtypes)["store_ts"] == "timestamp"
     mismatched = (
         spark.sql("SELECT count(*) AS n FROM messages WHERE unix_millis(store_ts) != store_ts_ms")

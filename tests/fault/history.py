@@ -415,10 +415,10 @@ def check(
         log_duplicates=duplicates,
         offsets_not_dense=not_dense,
         offsets_not_monotonic=not_monotonic,
+        consumer_acked=len(history.acked),
         never_seen=never_seen,
         undispatched=undispatched,
         recovery_s=recovery_s,
-        consumer_acked=len(history.acked),
         problems=problems,
     )
 

@@ -878,10 +878,11 @@ def foreign_table(e: Env) -> Path:
     return root
 
 
-def toml(e: Env, name: str, text: str) -> Path:
+def load_toml(e: Env, name: str, text: str) -> EngineConfig:
+    """``load_config`` of a file ``name`` holding ``text``."""
     path = e.tmp / name
     path.write_text(text)
-    return path
+    return load_config(path)
 
 
 STORE_CONFIG_CASES = [
@@ -933,25 +934,25 @@ STORE_CONFIG_CASES = [
     Case("load-config-path-int", lambda e: load_config(5), ConfigError, "path"),
     Case(
         "load-config-bad-toml",
-        lambda e: load_config(toml(e, "bad.toml", "queues = = 1")),
+        lambda e: load_toml(e, "bad.toml", "queues = = 1"),
         ConfigError,
         "not valid TOML",
     ),
     Case(
         "load-config-unknown-toml-key",
-        lambda e: load_config(toml(e, "k.toml", "[engine]\nqueues = 1")),
+        lambda e: load_toml(e, "k.toml", "[engine]\nqueues = 1"),
         ConfigError,
         "unknown key",
     ),
     Case(
         "load-config-toml-bad-value",
-        lambda e: load_config(toml(e, "v.toml", "[engine]\ndefault_queues = 'x'")),
+        lambda e: load_toml(e, "v.toml", "[engine]\ndefault_queues = 'x'"),
         ConfigError,
         "integer",
     ),
     Case(
         "load-config-toml-engine-not-table",
-        lambda e: load_config(toml(e, "t.toml", "engine = 5")),
+        lambda e: load_toml(e, "t.toml", "engine = 5"),
         ConfigError,
         "table",
     ),

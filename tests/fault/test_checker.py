@@ -26,6 +26,7 @@ from tests.fault.history import (
     render_faults,
     write_faults,
 )
+from tests.helpers import commit_log_rows
 from tests.raw_delta import raw_table
 
 
@@ -38,14 +39,23 @@ def _produce(store: Store, topic: str, log: HistoryLog, n: int) -> None:
             log.acknowledged([mid])
 
 
-def _commit_log(store: Store) -> list[dict[str, Any]]:
-    return sorted(store.read(schemas.COMMIT_LOG).to_pylist(), key=lambda r: int(r["physical_offset"]))
-
-
 def _append_rows(store: Store, table: str, rows: list[dict[str, Any]]) -> None:
     """Raw rows straight into a table, around the sequencer: the damage the checker must see."""
     store.shared(table)  # catch up with damage done behind the store's back
     store.append(table, pa.Table.from_pylist(rows, schema=schemas.SCHEMAS[table]))
+
+
+def _after_last(store: Store, queue_offsets_ahead: int) -> dict[str, Any]:
+    """A copy of the last commit-log row, placed right after it in the log and ``queue_offsets_ahead``
+    past the end of its queue (1: the next offset)."""
+    rows: list[dict[str, Any]] = commit_log_rows(store)
+    last = rows[-1]
+    end = max(r["queue_offset"] for r in rows if r["queue_id"] == last["queue_id"])
+    return dict(
+        last,
+        physical_offset=last["physical_offset"] + last["size"],
+        queue_offset=end + queue_offsets_ahead,
+    )
 
 
 def _clean_store(store: Store, topic: str, tmp_path: Path, n: int = 12) -> History:
@@ -93,11 +103,7 @@ def test_an_acknowledged_message_missing_from_the_log_is_reported_lost(
 
 def test_a_message_stored_twice_is_a_log_duplicate(store: Store, topic: str, tmp_path: Path) -> None:
     history = _clean_store(store, topic, tmp_path)
-    rows = _commit_log(store)
-    last = rows[-1]
-    copy = dict(last)
-    copy["physical_offset"] = last["physical_offset"] + last["size"]
-    copy["queue_offset"] = max(r["queue_offset"] for r in rows if r["queue_id"] == last["queue_id"]) + 1
+    copy = _after_last(store, 1)  # same message (same body), stored again
     _append_rows(store, schemas.COMMIT_LOG, [copy])
 
     figures = check(store, history, topics=[topic])
@@ -123,12 +129,7 @@ def test_a_commit_log_entry_indexed_twice_is_a_log_duplicate(
 
 def test_a_hole_in_a_queue_is_reported_not_dense(store: Store, topic: str, tmp_path: Path) -> None:
     history = _clean_store(store, topic, tmp_path)
-    rows = _commit_log(store)
-    last = rows[-1]
-    skipped = dict(last)
-    skipped["physical_offset"] = last["physical_offset"] + last["size"]
-    skipped["queue_offset"] = max(r["queue_offset"] for r in rows if r["queue_id"] == last["queue_id"]) + 2
-    skipped["body"] = make_body("extra", 64)
+    skipped = dict(_after_last(store, 2), body=make_body("extra", 64))
     _append_rows(store, schemas.COMMIT_LOG, [skipped])
 
     figures = check(store, history, topics=[topic])
@@ -142,7 +143,7 @@ def test_a_queue_offset_going_backwards_is_reported_not_monotonic(
     store: Store, topic: str, tmp_path: Path
 ) -> None:
     history = _clean_store(store, topic, tmp_path)
-    rows = _commit_log(store)
+    rows = commit_log_rows(store)
     # Swap the queue offsets of a queue's first two messages: still dense, no longer in commit order.
     first, second = [r for r in rows if r["queue_id"] == 0][:2]
     swapped = [dict(first, queue_offset=1), dict(second, queue_offset=0)]

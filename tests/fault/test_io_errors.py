@@ -24,13 +24,11 @@ import pytest
 
 import engine.store.delta as delta
 from engine import (
-    Admin,
     CommitStateUnknownError,
     ConsumeFrom,
     ConsumeResult,
     Message,
     MessageExt,
-    Producer,
     PullConsumer,
     PullStatus,
     PushConsumer,
@@ -42,14 +40,13 @@ from engine import (
 from engine.broker.dispatch import dispatch_pending
 from engine.store import schemas
 from engine.store.consume_queue import dispatched_version
-from tests.fault.history import HistoryLog, body_id, check, make_body, record
+from tests.fault.history import body_id, make_body
+from tests.fault.scenario import QUEUES, TOPIC, timed
+from tests.fault.scenario import Scenario as InProcessScenario
 from tests.helpers import versions
 from tests.raw_delta import raw_table
 
 pytestmark = pytest.mark.fault
-
-TOPIC = "T"
-QUEUES = 2
 
 
 def _chattr(flag: str, path: Path) -> subprocess.CompletedProcess[str]:
@@ -87,33 +84,12 @@ def refused_writes(directory: Path, flag: str = "i") -> Iterator[None]:
         assert _chattr(f"-{flag}", directory).returncode == 0
 
 
-class Scenario:
-    """A store with topic ``T``, a producer that logs every send to the history, and helpers."""
+class Scenario(InProcessScenario):
+    """Sends of 64-byte bodies (single sends tagged ``A``), async sends, and their settling."""
 
-    def __init__(self, store: Store, log: HistoryLog) -> None:
-        self.store = store
-        self.log = log
-        self.producer = Producer(store, "io-errors")
-        self.count = 0
-
-    def next_ids(self, n: int) -> list[str]:
-        ids = [f"m{self.count + i}" for i in range(n)]
-        self.count += n
-        return ids
-
-    def send(self, queue_id: int = 0) -> SendResult:
-        [mid] = self.next_ids(1)
-        self.log.sent([mid])
-        result = self.producer.send(Message(TOPIC, make_body(mid, 64), tags="A"), queue_id=queue_id)
-        self.log.acknowledged([mid])
-        return result
-
-    def send_batch(self, n: int, queue_id: int = 0) -> list[SendResult]:
-        ids = self.next_ids(n)
-        self.log.sent(ids)
-        results = self.producer.send_batch([Message(TOPIC, make_body(m, 64)) for m in ids], queue_id)
-        self.log.acknowledged(ids)
-        return results
+    producer_group = "io-errors"
+    body_size = 64
+    tags = "A"
 
     def send_async(self, n: int) -> list[tuple[str, Future[SendResult]]]:
         ids = self.next_ids(n)
@@ -131,19 +107,10 @@ class Scenario:
                 errors.append(error)
         return errors
 
-    def stored_ids(self) -> list[str]:
-        rows = self.store.read(schemas.COMMIT_LOG, columns=["topic", "body"]).to_pylist()
-        return [body_id(r["body"]) for r in rows if r["topic"] == TOPIC]
-
 
 @pytest.fixture
 def scenario(tmp_path: Path, history_dir: Path) -> Iterator[Scenario]:
-    store = Store.open(tmp_path / "mqdata")
-    Admin(store).create_topic(TOPIC, QUEUES)
-    with HistoryLog(history_dir / "producer.jsonl") as log:
-        s = Scenario(store, log)
-        yield s
-        s.producer.close()
+    yield from Scenario.running(tmp_path / "mqdata", history_dir)
 
 
 def _failures(call: Any, *args: Any) -> BaseException:
@@ -161,9 +128,8 @@ def _failures(call: Any, *args: Any) -> BaseException:
 def test_a_commit_log_write_refused_by_the_filesystem_surfaces_typed_and_acknowledges_nothing(
     chattr_works: None, scenario: Scenario, where: str
 ) -> None:
-    s = scenario
-    for i in range(6):
-        s.send(i % QUEUES)
+    s = scenario.named(f"commit-log write I/O error ({where} refused, EPERM)")
+    s.send_each(6)
     s.send_batch(4, queue_id=1)
     dispatch_pending(s.store)
     before = versions(s.store)
@@ -187,9 +153,7 @@ def test_a_commit_log_write_refused_by_the_filesystem_surfaces_typed_and_acknowl
     assert readable == 10
     assert pulled.status is PullStatus.FOUND and len(pulled.messages) == 3
 
-    fault_removed = time.monotonic()
-    first = s.send(0)
-    recovery_s = time.monotonic() - fault_removed
+    first, recovery_s = timed(s.send, 0)
     assert first.queue_offset == 3  # queue 0 held 0..2: the failed sends left no gap
     after_batch = s.send_batch(3, queue_id=1)
     assert [r.queue_offset for r in after_batch] == [7, 8, 9]  # queue 1 held 0..6
@@ -199,102 +163,91 @@ def test_a_commit_log_write_refused_by_the_filesystem_surfaces_typed_and_acknowl
     failed = s.log.history.sent - s.log.history.acknowledged
     live = {Path(uri).name for uri in raw_table(s.store, schemas.COMMIT_LOG).file_uris()}
     orphans = [p.name for p in table_dir.glob("*.parquet") if p.name not in live]
-    figures = check(s.store, s.log.history, topics=[TOPIC], dispatched=True, recovery_s=recovery_s)
-    record(
-        f"commit-log write I/O error ({where} refused, EPERM)",
-        figures,
+    s.check_and_record(
+        dispatched=True,
+        recovery_s=recovery_s,
         failed_sends=len(failed),
         typed_errors=sum(type(e) is StoreError for e in errors),
         orphan_data_files=len(orphans),  # written before the refused commit; never read, kept by vacuum
     )
-    figures.assert_ok()
     assert failed and not failed & set(s.stored_ids())  # a failed send is in no commit
+
+
+def _answers_lost_after_commits(monkeypatch: pytest.MonkeyPatch, errno: int, reason: str) -> list[int]:
+    """Until ``monkeypatch.undo()``, every commit-log write is stored and then fails with
+    ``OSError(errno, reason + " (after the commit was stored)")``: the answer lost on its way back.
+    Returns a list that grows by one per lost answer."""
+    real = delta.write_deltalake
+    lost: list[int] = []
+
+    def commit_then_fail(*args: Any, **kwargs: Any) -> None:
+        real(*args, **kwargs)
+        lost.append(errno)
+        raise OSError(errno, f"{reason} (after the commit was stored)")
+
+    monkeypatch.setattr(delta, "write_deltalake", commit_then_fail)
+    return lost
 
 
 def test_a_commit_that_landed_but_whose_answer_was_lost_is_acknowledged_once(
     scenario: Scenario, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    s = scenario
+    s = scenario.named("commit landed, its answer lost (OSError after the write)")
     s.send(0)
-    real = delta.write_deltalake
-    lost_answers = 0
-
-    def commit_then_fail(*args: Any, **kwargs: Any) -> None:
-        nonlocal lost_answers
-        real(*args, **kwargs)
-        lost_answers += 1
-        raise OSError(104, "Connection reset by peer (after the commit was stored)")
-
-    monkeypatch.setattr(delta, "write_deltalake", commit_then_fail)
+    lost = _answers_lost_after_commits(monkeypatch, 104, "Connection reset by peer")
     landed = s.send(0)  # the writer finds its own batch in the log: acknowledged, not retried
     batch = s.send_batch(3, queue_id=0)
-    monkeypatch.setattr(delta, "write_deltalake", real)
+    monkeypatch.undo()
     s.send(0)
 
-    assert lost_answers == 2
+    assert len(lost) == 2
     assert landed.queue_offset == 1
     assert [r.queue_offset for r in batch] == [2, 3, 4]
-    figures = check(s.store, s.log.history, topics=[TOPIC])
-    record("commit landed, its answer lost (OSError after the write)", figures, lost_answers=lost_answers)
-    figures.assert_ok()
+    figures = s.check_and_record(lost_answers=len(lost))
     assert figures.stored == figures.acknowledged == 6
 
 
 def test_a_commit_whose_outcome_cannot_be_read_back_is_unknown_and_the_next_send_continues_the_queue(
     scenario: Scenario, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    s = scenario
+    s = scenario.named("commit outcome unknown (write and read-back fail)")
     s.send(0)
-    real_write = delta.write_deltalake
-    real_open = s.store.snapshot
-
-    def commit_then_fail(*args: Any, **kwargs: Any) -> None:
-        real_write(*args, **kwargs)
-        raise OSError(110, "Connection timed out (after the commit was stored)")
 
     def unreadable(name: str, version: int | None = None) -> Any:
         raise OSError(110, "Connection timed out")
 
-    monkeypatch.setattr(delta, "write_deltalake", commit_then_fail)
+    _answers_lost_after_commits(monkeypatch, 110, "Connection timed out")
     monkeypatch.setattr(s.store, "snapshot", unreadable)
     [mid] = s.next_ids(1)
     s.log.sent([mid])
-    with pytest.raises(CommitStateUnknownError) as caught:
+    with pytest.raises(CommitStateUnknownError, match="outcome cannot be read back"):
         s.producer.send(Message(TOPIC, make_body(mid, 64)), queue_id=0)
-    monkeypatch.setattr(delta, "write_deltalake", real_write)
-    monkeypatch.setattr(s.store, "snapshot", real_open)
+    monkeypatch.undo()
 
-    fault_removed = time.monotonic()
-    nxt = s.send(0)
-    recovery_s = time.monotonic() - fault_removed
+    nxt, recovery_s = timed(s.send, 0)
     s.send_batch(2, queue_id=0)
     dispatch_pending(s.store)
 
-    assert "outcome cannot be read back" in str(caught.value)
     assert mid in s.stored_ids()  # it did land (unknown to the producer, so not acknowledged)
     assert nxt.queue_offset == 2  # after the unknown commit's offset 1: no repeat, no gap
-    figures = check(s.store, s.log.history, topics=[TOPIC], dispatched=True, recovery_s=recovery_s)
-    record("commit outcome unknown (write and read-back fail)", figures, unknown_outcomes=1)
-    figures.assert_ok()
+    s.check_and_record(dispatched=True, recovery_s=recovery_s, unknown_outcomes=1)
 
 
 def test_commits_whose_staging_file_cannot_be_removed_are_acknowledged_and_leave_only_strays(
     chattr_works: None, scenario: Scenario
 ) -> None:
-    s = scenario
+    s = scenario.named("commit staging file not removable (append-only _delta_log)")
+    log_dir = s.log_dir(schemas.COMMIT_LOG)
     s.send(0)
-    log_dir = Path(s.store.uri(schemas.COMMIT_LOG)) / "_delta_log"
     with refused_writes(log_dir, "a"):  # delta-rs links NNN.json#1 to NNN.json, then cannot unlink it
-        for i in range(4):
-            s.send(i % QUEUES)
+        s.send_each(4)
         s.send_batch(3, queue_id=1)
     strays = sorted(p.name for p in log_dir.iterdir() if "#" in p.name)
     reopened = Store.open(s.store.root)
     s.send(1)
     dispatch_pending(reopened)
-    figures = check(reopened, s.log.history, topics=[TOPIC], dispatched=True)
-    record("commit staging file not removable (append-only _delta_log)", figures, stray_files=len(strays))
-    figures.assert_ok()
+    s.store = reopened  # checked as a new process sees it
+    figures = s.check_and_record(dispatched=True, stray_files=len(strays))
     assert len(strays) == 5  # one per commit made under the fault, each ignored by every reader
     assert figures.stored == figures.acknowledged == 9
 
@@ -316,17 +269,15 @@ def test_opening_a_store_where_the_filesystem_refuses_writes_is_a_store_error(
 def test_a_dispatch_write_refused_leaves_the_consume_queue_as_it_was_and_resumes_exactly_once(
     chattr_works: None, scenario: Scenario
 ) -> None:
-    s = scenario
-    for i in range(4):
-        s.send(i % QUEUES)
-    dispatch_pending(s.store)
+    s = scenario.named("dispatch write I/O error (consume_queue _delta_log refused)")
+    s.send_and_dispatch(4)
     covered = dispatched_version(s.store)
     s.send_batch(5, queue_id=0)
     s.send(1)
-    cq_log = Path(s.store.uri(schemas.CONSUME_QUEUE)) / "_delta_log"
+    cq_log = s.log_dir(schemas.CONSUME_QUEUE)
     before = versions(s.store)
     with refused_writes(cq_log):
-        with pytest.raises(StoreError) as caught:
+        with pytest.raises(StoreError, match="consume_queue"):  # the error names the table
             dispatch_pending(s.store)
         with pytest.raises(StoreError):
             dispatch_pending(s.store)  # a retry while the fault lasts fails the same way
@@ -335,24 +286,19 @@ def test_a_dispatch_write_refused_leaves_the_consume_queue_as_it_was_and_resumes
     assert dispatched_version(s.store) == covered
     assert [m.queue_offset for m in stale.messages] == [0, 1]
 
-    fault_removed = time.monotonic()
-    added = dispatch_pending(s.store)
-    recovery_s = time.monotonic() - fault_removed
+    added, recovery_s = timed(dispatch_pending, s.store)
     assert added == 6
     assert dispatch_pending(s.store) == 0
     fresh = PullConsumer(s.store, "reader").pull(TOPIC, 0, 0, 32)
     assert [m.queue_offset for m in fresh.messages] == list(range(7))
-    figures = check(s.store, s.log.history, topics=[TOPIC], dispatched=True, recovery_s=recovery_s)
-    record("dispatch write I/O error (consume_queue _delta_log refused)", figures, failed_dispatches=2)
-    figures.assert_ok()
-    assert "consume_queue" in str(caught.value)
+    s.check_and_record(dispatched=True, recovery_s=recovery_s, failed_dispatches=2)
 
 
 # ----------------------------------------------------------------------------- consumer state
 def test_a_consumer_offset_commit_refused_surfaces_typed_and_keeps_the_previous_offset(
     chattr_works: None, scenario: Scenario
 ) -> None:
-    s = scenario
+    s = scenario.named("consumer-offset commit I/O error (consumer_offset refused)")
     for _ in range(5):
         s.send(0)
     dispatch_pending(s.store)
@@ -363,29 +309,21 @@ def test_a_consumer_offset_commit_refused_surfaces_typed_and_keeps_the_previous_
     second = consumer.pull(TOPIC, 0, first.next_begin_offset, 32)
     s.log.received([body_id(m.body) for m in second.messages])
     before = versions(s.store)
-    with refused_writes(Path(s.store.uri(schemas.CONSUMER_OFFSET)) / "_delta_log"):
-        with pytest.raises(StoreError) as caught:
+    with refused_writes(s.log_dir(schemas.CONSUMER_OFFSET)):
+        with pytest.raises(StoreError, match="consumer_offset"):  # the error names the table
             consumer.commit_offset(TOPIC, 0, second.next_begin_offset)
         assert consumer.committed_offset(TOPIC, 0) == 2
         assert versions(s.store) == before
-    fault_removed = time.monotonic()
-    consumer.commit_offset(TOPIC, 0, second.next_begin_offset)
-    recovery_s = time.monotonic() - fault_removed
+    _, recovery_s = timed(consumer.commit_offset, TOPIC, 0, second.next_begin_offset)
     assert consumer.committed_offset(TOPIC, 0) == 5
-    figures = check(s.store, s.log.history, topics=[TOPIC], consumed=True, recovery_s=recovery_s)
-    record("consumer-offset commit I/O error (consumer_offset refused)", figures, failed_commits=1)
-    figures.assert_ok()
-    assert "consumer_offset" in str(caught.value)
+    s.check_and_record(consumed=True, recovery_s=recovery_s, failed_commits=1)
 
 
 def test_a_push_consumer_whose_offset_commits_fail_keeps_consuming_and_commits_once_writes_resume(
     chattr_works: None, scenario: Scenario
 ) -> None:
-    s = scenario
-    for i in range(6):
-        s.send(i % QUEUES)
-    dispatch_pending(s.store)
-    offsets_log = Path(s.store.uri(schemas.CONSUMER_OFFSET)) / "_delta_log"
+    s = scenario.named("push consumer offset commits I/O error (consumer_offset refused)")
+    s.send_and_dispatch(6)
     seen: list[str] = []
 
     def listener(messages: list[MessageExt]) -> ConsumeResult:
@@ -406,21 +344,16 @@ def test_a_push_consumer_whose_offset_commits_fail_keeps_consuming_and_commits_o
 
     consumer.start()
     wait_for(lambda: committed() == [3, 3])
-    with refused_writes(offsets_log):
-        for i in range(4):  # more messages while every offset commit fails
-            s.send(i % QUEUES)
+    with refused_writes(s.log_dir(schemas.CONSUMER_OFFSET)):
+        s.send_each(4)  # more messages while every offset commit fails
         dispatch_pending(s.store)
         wait_for(lambda: len(seen) >= 10)
         time.sleep(0.3)  # several commit intervals go by with the table refusing writes
         during = committed()
-    fault_removed = time.monotonic()
-    wait_for(lambda: committed() == [5, 5])
-    recovery_s = time.monotonic() - fault_removed
+    _, recovery_s = timed(wait_for, lambda: committed() == [5, 5])
     consumer.shutdown()
 
-    figures = check(s.store, s.log.history, topics=[TOPIC], consumed=True, recovery_s=recovery_s)
-    record("push consumer offset commits I/O error (consumer_offset refused)", figures)
-    figures.assert_ok()
+    figures = s.check_and_record(consumed=True, recovery_s=recovery_s)
     assert during == [3, 3]  # consumption went on; its offsets could not be committed
     assert figures.redelivered == 0
 
@@ -436,28 +369,21 @@ def wait_for(condition: Callable[[], bool], timeout_s: float = 60.0) -> None:
 def test_a_receive_whose_claim_cannot_be_written_claims_nothing_and_the_messages_stay_available(
     chattr_works: None, scenario: Scenario
 ) -> None:
-    s = scenario
-    for i in range(6):
-        s.send(i % QUEUES)
-    dispatch_pending(s.store)
-    action_log = Path(s.store.uri(schemas.ACTION_LOG)) / "_delta_log"
+    s = scenario.named("receive claim I/O error (action_log refused)")
+    s.send_and_dispatch(6)
     with SimpleConsumer(s.store, "g-simple", "c1", ack_linger_ms=0) as consumer:
         consumer.subscribe(TOPIC)
         before = versions(s.store)
-        with refused_writes(action_log):
+        with refused_writes(s.log_dir(schemas.ACTION_LOG)):
             with pytest.raises(StoreError):
                 consumer.receive(16, 60_000)
             assert versions(s.store) == before
-        fault_removed = time.monotonic()
-        got = consumer.receive(16, 60_000)
-        recovery_s = time.monotonic() - fault_removed
+        got, recovery_s = timed(consumer.receive, 16, 60_000)
         while got:
             s.log.received([body_id(m.body) for m in got])
             for m in got:
                 consumer.ack(m)
             s.log.acked([body_id(m.body) for m in got])
             got = consumer.receive(16, 60_000)
-    figures = check(s.store, s.log.history, topics=[TOPIC], consumed=True, recovery_s=recovery_s)
-    record("receive claim I/O error (action_log refused)", figures, failed_receives=1)
-    figures.assert_ok()
+    figures = s.check_and_record(consumed=True, recovery_s=recovery_s, failed_receives=1)
     assert figures.received == 6 and figures.redelivered == 0

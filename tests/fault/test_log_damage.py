@@ -26,12 +26,9 @@ from deltalake import DeltaTable
 from deltalake.exceptions import DeltaError
 
 from engine import (
-    Admin,
-    Message,
     Producer,
     PullConsumer,
     PullStatus,
-    SendResult,
     SimpleConsumer,
     Store,
     StoreCorruptedError,
@@ -41,53 +38,29 @@ from engine.broker.maintenance import maintain
 from engine.store import schemas
 from engine.store.consume_queue import dispatched_version
 from engine.store.repair import QUARANTINE_DIR
-from tests.fault.history import HistoryLog, body_id, check, make_body, record
+from tests.fault.history import body_id, check, record
+from tests.fault.scenario import TOPIC, timed
+from tests.fault.scenario import Scenario as InProcessScenario
 from tests.helpers import versions
 
 pytestmark = pytest.mark.fault
 
-TOPIC = "T"
-QUEUES = 2
 
+class Scenario(InProcessScenario):
+    """Sends of 48-byte bodies; the store reopened as a new process would, its log files at hand."""
 
-class Scenario:
-    """A store at ``root`` whose sends are logged to a history; reopened as a new process would."""
-
-    def __init__(self, root: Path, log: HistoryLog) -> None:
-        self.root = root
-        self.log = log
-        self.store = Store.open(root)
-        Admin(self.store).create_topic(TOPIC, QUEUES)
-        self.producer = Producer(self.store, "log-damage")
-        self.count = 0
-
-    def send(self, queue_id: int = 0, *, acknowledge: bool = True) -> SendResult:
-        mid = f"m{self.count}"
-        self.count += 1
-        self.log.sent([mid])
-        result = self.producer.send(Message(TOPIC, make_body(mid, 48)), queue_id=queue_id)
-        if acknowledge:  # a crash before the acknowledgement reached the client leaves this out
-            self.log.acknowledged([mid])
-        return result
+    producer_group = "log-damage"
+    body_size = 48
 
     def reopen(self) -> float:
         """Open the store afresh (the crashed process is gone); returns how long opening took."""
         self.producer.close()
-        began = time.monotonic()
-        self.store = Store.open(self.root)
-        elapsed = time.monotonic() - began
-        self.producer = Producer(self.store, "log-damage")
+        self.store, elapsed = timed(Store.open, self.root)
+        self.producer = Producer(self.store, self.producer_group)
         return elapsed
-
-    def log_dir(self, table: str) -> Path:
-        return Path(self.store.uri(table)) / "_delta_log"
 
     def commit_file(self, table: str, version: int) -> Path:
         return self.log_dir(table) / f"{version:020d}.json"
-
-    def stored_ids(self) -> list[str]:
-        rows = self.store.read(schemas.COMMIT_LOG, columns=["topic", "body"]).to_pylist()
-        return [body_id(r["body"]) for r in rows if r["topic"] == TOPIC]
 
     def consume_all(self) -> None:
         with SimpleConsumer(self.store, "g-damage", "c1", ack_linger_ms=0) as consumer:
@@ -104,10 +77,7 @@ class Scenario:
 
 @pytest.fixture
 def scenario(tmp_path: Path, history_dir: Path) -> Iterator[Scenario]:
-    with HistoryLog(history_dir / "producer.jsonl") as log:
-        s = Scenario(tmp_path / "mqdata", log)
-        yield s
-        s.producer.close()
+    yield from Scenario.running(tmp_path / "mqdata", history_dir)
 
 
 # ----------------------------------------------------------------------------- stray files
@@ -138,9 +108,7 @@ def test_stray_temporary_and_uncommitted_files_are_ignored_by_readers_writers_an
     scenario: Scenario,
 ) -> None:
     s = scenario
-    for i in range(8):
-        s.send(i % QUEUES)
-    dispatch_pending(s.store)
+    s.send_and_dispatch(8)
     strays = [p for t in (schemas.COMMIT_LOG, schemas.CONSUME_QUEUE) for p in plant_strays(s, t)]
     before = versions(s.store)
 
@@ -152,8 +120,7 @@ def test_stray_temporary_and_uncommitted_files_are_ignored_by_readers_writers_an
 
     following = s.send(0)
     assert following.queue_offset == 4
-    for i in range(5):
-        s.send(i % QUEUES)
+    s.send_each(5)
     assert dispatch_pending(s.store) == 6
     s.consume_all()
     figures = check(s.store, s.log.history, topics=[TOPIC], dispatched=True, consumed=True)
@@ -203,10 +170,8 @@ def tear(path: Path, how: str = "cut") -> bytes:
 def test_a_torn_last_commit_log_entry_is_quarantined_at_open_and_its_version_taken_by_the_next_write(
     scenario: Scenario, caplog: pytest.LogCaptureFixture, how: str
 ) -> None:
-    s = scenario
-    for i in range(6):
-        s.send(i % QUEUES)
-    dispatch_pending(s.store)
+    s = scenario.named(f"torn last commit_log entry ({how}, unacknowledged), quarantined at open")
+    s.send_and_dispatch(6)
     torn_id = f"m{s.count}"
     unacknowledged = s.send(0, acknowledge=False)  # its commit file is torn by the crash below
     torn_version = s.store.version(schemas.COMMIT_LOG)
@@ -222,22 +187,17 @@ def test_a_torn_last_commit_log_entry_is_quarantined_at_open_and_its_version_tak
     assert sorted(s.stored_ids()) == sorted(s.log.history.acknowledged)
     following = s.send(0)
     recovery_s = open_s + time.monotonic() - began
-    for i in range(3):
-        s.send(i % QUEUES)
-    dispatch_pending(s.store)
+    s.send_and_dispatch(3)
     s.consume_all()
 
     quarantined = list((s.log_dir(schemas.COMMIT_LOG) / QUARANTINE_DIR).iterdir())
-    figures = check(
-        s.store, s.log.history, topics=[TOPIC], dispatched=True, consumed=True, recovery_s=recovery_s
-    )
-    record(
-        f"torn last commit_log entry ({how}, unacknowledged), quarantined at open",
-        figures,
+    s.check_and_record(
+        dispatched=True,
+        consumed=True,
+        recovery_s=recovery_s,
         quarantined=len(quarantined),
         open_s=round(open_s, 3),
     )
-    figures.assert_ok()
     assert [p.name.split(".json")[0] for p in quarantined] == [torn_file.stem]
     assert len(quarantined[0].read_bytes()) <= len(whole)  # kept, not deleted
     assert any(torn_file.name in r.getMessage() and r.levelno == logging.WARNING for r in caplog.records)
@@ -249,13 +209,10 @@ def test_a_torn_last_commit_log_entry_is_quarantined_at_open_and_its_version_tak
 def test_a_torn_last_consume_queue_entry_is_quarantined_and_dispatch_redoes_it_exactly_once(
     scenario: Scenario,
 ) -> None:
-    s = scenario
-    for i in range(4):
-        s.send(i % QUEUES)
-    dispatch_pending(s.store)
+    s = scenario.named("torn last consume_queue entry, quarantined and re-dispatched")
+    s.send_and_dispatch(4)
     covered = dispatched_version(s.store)
-    for i in range(4):
-        s.send(i % QUEUES)
+    s.send_each(4)
     dispatch_pending(s.store)  # this dispatch commit is torn by the crash below
     tear(s.commit_file(schemas.CONSUME_QUEUE, s.store.version(schemas.CONSUME_QUEUE)))
 
@@ -266,17 +223,12 @@ def test_a_torn_last_consume_queue_entry_is_quarantined_and_dispatch_redoes_it_e
     recovery_s = open_s + time.monotonic() - began
     assert dispatch_pending(s.store) == 0
     s.consume_all()
-    figures = check(
-        s.store, s.log.history, topics=[TOPIC], dispatched=True, consumed=True, recovery_s=recovery_s
-    )
-    record("torn last consume_queue entry, quarantined and re-dispatched", figures, open_s=round(open_s, 3))
-    figures.assert_ok()
+    s.check_and_record(dispatched=True, consumed=True, recovery_s=recovery_s, open_s=round(open_s, 3))
 
 
 def test_an_empty_last_commit_file_reads_as_an_empty_commit_and_writes_continue(scenario: Scenario) -> None:
-    s = scenario
-    for i in range(4):
-        s.send(i % QUEUES)
+    s = scenario.named("empty last commit_log entry (zero-length file)")
+    s.send_each(4)
     s.send(1, acknowledge=False)
     last = s.store.version(schemas.COMMIT_LOG)
     s.commit_file(schemas.COMMIT_LOG, last).write_bytes(b"")  # zero length after a crash (ext4)
@@ -287,14 +239,12 @@ def test_an_empty_last_commit_file_reads_as_an_empty_commit_and_writes_continue(
     assert following.queue_offset == 2  # the marks come from the last commit that has them
     dispatch_pending(s.store)
     s.consume_all()
-    figures = check(s.store, s.log.history, topics=[TOPIC], dispatched=True, consumed=True)
-    record("empty last commit_log entry (zero-length file)", figures, open_s=round(open_s, 3))
-    figures.assert_ok()
+    s.check_and_record(dispatched=True, consumed=True, open_s=round(open_s, 3))
     assert not (s.log_dir(schemas.COMMIT_LOG) / QUARANTINE_DIR).exists()
 
 
 def test_a_checksum_file_past_the_last_commit_is_moved_aside_at_open(scenario: Scenario) -> None:
-    s = scenario
+    s = scenario.named("checksum file past the last commit, moved aside at open")
     s.send(0)
     orphan = s.log_dir(schemas.COMMIT_LOG) / f"{s.store.version(schemas.COMMIT_LOG) + 1:020d}.crc"
     orphan.write_text('{"tableSizeBytes": 0}')
@@ -302,9 +252,7 @@ def test_a_checksum_file_past_the_last_commit_is_moved_aside_at_open(scenario: S
         DeltaTable(s.store.uri(schemas.COMMIT_LOG))
     s.reopen()
     s.send(0)
-    figures = check(s.store, s.log.history, topics=[TOPIC])
-    record("checksum file past the last commit, moved aside at open", figures)
-    figures.assert_ok()
+    s.check_and_record()
     assert not orphan.exists()
     assert [p.name.split(".crc")[0] for p in (orphan.parent / QUARANTINE_DIR).iterdir()] == [orphan.stem]
 
@@ -313,13 +261,11 @@ def test_a_checksum_file_past_the_last_commit_is_moved_aside_at_open(scenario: S
 def test_a_torn_newest_checkpoint_is_moved_aside_when_the_commits_it_summarizes_remain(
     scenario: Scenario, commits_kept: bool
 ) -> None:
-    s = scenario
-    for i in range(4):
-        s.send(i % QUEUES)
+    s = scenario.named("torn newest commit_log checkpoint, moved aside at open")
+    s.send_each(4)
     DeltaTable(s.store.uri(schemas.COMMIT_LOG)).create_checkpoint()
     checkpoint = next(s.log_dir(schemas.COMMIT_LOG).glob("*.checkpoint.parquet"))
-    for i in range(2):
-        s.send(i % QUEUES)
+    s.send_each(2)
     data = checkpoint.read_bytes()
     checkpoint.write_bytes(data[: len(data) // 2])
     if not commits_kept:  # as log cleanup does once a checkpoint covers them
@@ -336,9 +282,7 @@ def test_a_torn_newest_checkpoint_is_moved_aside_when_the_commits_it_summarizes_
     s.send(0)
     dispatch_pending(s.store)
     s.consume_all()
-    figures = check(s.store, s.log.history, topics=[TOPIC], dispatched=True, consumed=True)
-    record("torn newest commit_log checkpoint, moved aside at open", figures, open_s=round(open_s, 3))
-    figures.assert_ok()
+    s.check_and_record(dispatched=True, consumed=True, open_s=round(open_s, 3))
     quarantined = sorted(p.name.split(".", 1)[0] for p in (checkpoint.parent / QUARANTINE_DIR).iterdir())
     assert quarantined == sorted([checkpoint.name[:20], "_last_checkpoint"])
 
@@ -348,9 +292,9 @@ def test_a_torn_newest_checkpoint_is_moved_aside_when_the_commits_it_summarizes_
 def test_a_damaged_earlier_commit_is_a_typed_error_naming_the_file_and_nothing_is_moved(
     scenario: Scenario, last_torn_too: bool
 ) -> None:
-    s = scenario
-    for i in range(4):
-        s.send(i % QUEUES)
+    damage = "and a torn last one" if last_torn_too else "last intact"
+    s = scenario.named(f"damaged earlier commit_log entry ({damage}): typed error, then restored from backup")
+    s.send_each(4)
     damaged = [s.commit_file(schemas.COMMIT_LOG, 2)]
     if last_torn_too:
         damaged.append(s.commit_file(schemas.COMMIT_LOG, s.store.version(schemas.COMMIT_LOG)))
@@ -368,12 +312,4 @@ def test_a_damaged_earlier_commit_is_a_typed_error_naming_the_file_and_nothing_i
         path.write_bytes(data)
     s.reopen()
     s.send(0)
-    figures = check(s.store, s.log.history, topics=[TOPIC])
-    record(
-        f"damaged earlier commit_log entry ({'and a torn last one' if last_torn_too else 'last intact'}):"
-        " typed error, then restored from backup",
-        figures,
-        typed_error=type(caught.value).__name__,
-        files_moved=0,
-    )
-    figures.assert_ok()
+    s.check_and_record(typed_error=type(caught.value).__name__, files_moved=0)

@@ -30,8 +30,9 @@ from engine.store.commit_log import read_hwm
 from engine.store.commit_markers import MAINTENANCE_KEY
 from engine.store.consume_queue import dispatched_version, queue_marks
 from jobs._common import checkpoint_location
-from tests.fault.history import History, HistoryLog, body_id, check, make_body, record
+from tests.fault.history import Figures, History, HistoryLog, body_id, check, make_body, record
 from tests.fault.procs import Child, event_lines, spawn, wait_until, worker
+from tests.fault.scenario import timed
 from tests.raw_delta import raw_table
 
 pytestmark = pytest.mark.fault
@@ -43,6 +44,12 @@ SEED = int(os.environ.get("MQ_FAULT_SEED", "0")) or random.SystemRandom().randra
 def rng() -> random.Random:
     print(f"random moments from MQ_FAULT_SEED={SEED}")  # shown with a failure: rerun with it
     return random.Random(SEED)
+
+
+@pytest.fixture
+def logs(tmp_path: Path) -> Path:
+    """Where the children's stdout and stderr go."""
+    return tmp_path / "logs"
 
 
 def _backlog(store: Store) -> int:
@@ -138,6 +145,12 @@ def _leftovers(store: Store) -> dict[str, int]:
     }
 
 
+def _checked(store: Store, history_dir: Path, topic: str, **flags: Any) -> tuple[History, Figures]:
+    """Every process's history, and what :func:`check` finds comparing it with the store."""
+    history = History.load(history_dir)
+    return history, check(store, history, topics=[topic], **flags)
+
+
 def _misreported_offsets(store: Store, history_dir: Path, topic: str) -> int:
     """Acknowledged sends whose SendResult (queue id, queue offset, physical offset) is not where the
     message is stored: a result from a stamp that lost its race would show here."""
@@ -162,6 +175,14 @@ def _misreported_offsets(store: Store, history_dir: Path, topic: str) -> int:
     return wrong
 
 
+def _dispatched_and_checked(store: Store, history_dir: Path, topic: str) -> tuple[History, Figures, int]:
+    """After the producers: dispatch everything (recovery: restart -> all dispatched), then the check and
+    the number of acknowledged sends whose SendResult does not say where their message is stored."""
+    _, recovery = timed(dispatch_pending, store)
+    history, figures = _checked(store, history_dir, topic, dispatched=True, recovery_s=recovery)
+    return history, figures, _misreported_offsets(store, history_dir, topic)
+
+
 def _stored_not_acknowledged(history: History, stored: int) -> int:
     return stored - len(history.acknowledged)
 
@@ -174,10 +195,9 @@ LOCKS = {"host lock": {}, "no host lock": {"MQ_SEQUENCER_LOCK": "0"}}
 
 @pytest.mark.parametrize("lock", list(LOCKS))
 def test_producers_killed_at_random_moments_lose_no_acknowledged_message(
-    store: Store, admin: Admin, history_dir: Path, tmp_path: Path, rng: random.Random, lock: str
+    store: Store, admin: Admin, history_dir: Path, logs: Path, rng: random.Random, lock: str
 ) -> None:
     admin.create_topic("KILLED", 4)
-    logs = tmp_path / "logs"
     rounds, kills = 3, 0
     for r in range(rounds):
         # Two sync and two batch senders racing each other, each killed at its own random moment
@@ -212,12 +232,7 @@ def test_producers_killed_at_random_moments_lose_no_acknowledged_message(
     after = _producer("after", store, "KILLED", history_dir, logs, LOCKS[lock], count=40).finish()
     assert after["acknowledged"] == 40
 
-    restart = time.monotonic()
-    dispatch_pending(store)
-    recovery = time.monotonic() - restart
-    history = History.load(history_dir)
-    figures = check(store, history, topics=["KILLED"], dispatched=True, recovery_s=recovery)
-    misreported = _misreported_offsets(store, history_dir, "KILLED")
+    history, figures, misreported = _dispatched_and_checked(store, history_dir, "KILLED")
     record(
         f"producers SIGKILLed while sending (4 at once: sync + batch; {lock})",
         figures,
@@ -236,10 +251,9 @@ def test_producers_killed_at_random_moments_lose_no_acknowledged_message(
 # --------------------------------------------------------------------------- eight producers
 @pytest.mark.parametrize("lock", list(LOCKS))
 def test_eight_producer_processes_at_once_store_every_acknowledged_message_once(
-    store: Store, admin: Admin, history_dir: Path, tmp_path: Path, lock: str
+    store: Store, admin: Admin, history_dir: Path, logs: Path, lock: str
 ) -> None:
     admin.create_topic("EIGHT", 4)
-    logs = tmp_path / "logs"
     children = [
         _producer(f"p{i}", store, "EIGHT", history_dir, logs, LOCKS[lock], count=40, conflict_retries=2)
         for i in range(4)
@@ -251,12 +265,7 @@ def test_eight_producer_processes_at_once_store_every_acknowledged_message_once(
     ]
     outputs = [child.finish(timeout=180) for child in children]
 
-    restart = time.monotonic()
-    dispatch_pending(store)
-    recovery = time.monotonic() - restart
-    history = History.load(history_dir)
-    figures = check(store, history, topics=["EIGHT"], dispatched=True, recovery_s=recovery)
-    misreported = _misreported_offsets(store, history_dir, "EIGHT")
+    history, figures, misreported = _dispatched_and_checked(store, history_dir, "EIGHT")
     record(
         f"eight producer processes at once ({lock})",
         figures,
@@ -274,10 +283,9 @@ def test_eight_producer_processes_at_once_store_every_acknowledged_message_once(
 
 # --------------------------------------------------------------------------- dispatch killed
 def test_dispatcher_killed_mid_batch_and_restarted_leaves_no_gap_and_no_duplicate(
-    store: Store, admin: Admin, history_dir: Path, tmp_path: Path, rng: random.Random
+    store: Store, admin: Admin, history_dir: Path, logs: Path, rng: random.Random
 ) -> None:
     admin.create_topic("DISPATCHED", 4)
-    logs = tmp_path / "logs"
     producer = _producer("writer", store, "DISPATCHED", history_dir, logs, count=10**6, batch=5, pause_ms=5)
     at_kills: list[int] = []
     for r in range(4):
@@ -300,8 +308,7 @@ def test_dispatcher_killed_mid_batch_and_restarted_leaves_no_gap_and_no_duplicat
     last = worker("dispatcher-final", "dispatcher", logs, store=store.root, interval_ms=1)
     recovery = _await_dispatch(store, last, 120)
     last.stop()
-    history = History.load(history_dir)
-    figures = check(store, history, topics=["DISPATCHED"], dispatched=True, recovery_s=recovery)
+    _, figures = _checked(store, history_dir, "DISPATCHED", dispatched=True, recovery_s=recovery)
     record(
         "dispatchers (dispatch_pending, two at once) SIGKILLed repeatedly while a producer writes",
         figures,
@@ -317,10 +324,9 @@ def test_dispatcher_killed_mid_batch_and_restarted_leaves_no_gap_and_no_duplicat
 @pytest.mark.spark
 @pytest.mark.slow
 def test_spark_dispatch_job_killed_mid_batch_resumes_from_its_checkpoint(
-    store: Store, admin: Admin, history_dir: Path, tmp_path: Path, rng: random.Random
+    store: Store, admin: Admin, history_dir: Path, logs: Path, rng: random.Random
 ) -> None:
     admin.create_topic("SPARKJOB", 4)
-    logs = tmp_path / "logs"
     producer = _producer("writer", store, "SPARKJOB", history_dir, logs, count=10**6, batch=10, pause_ms=50)
     job = spawn("dispatch-job", ["jobs/dispatch.py", "--store", store.root], logs)
     wait_until(lambda: dispatched_version(store) > 3, 180, "the dispatch job to make progress", poll=0.2)
@@ -340,8 +346,7 @@ def test_spark_dispatch_job_killed_mid_batch_resumes_from_its_checkpoint(
     first_batch = time.monotonic() - began
     recovery = first_batch + _await_dispatch(store, restarted, 180)
     restarted.terminate(timeout=60)
-    history = History.load(history_dir)
-    figures = check(store, history, topics=["SPARKJOB"], dispatched=True, recovery_s=recovery)
+    _, figures = _checked(store, history_dir, "SPARKJOB", dispatched=True, recovery_s=recovery)
     record(
         "Spark dispatch job (jobs/dispatch.py) SIGKILLed mid-batch, restarted on its checkpoint",
         figures,
@@ -400,24 +405,47 @@ def _recovery(restart_wall: float, path: Path, ids: list[str]) -> float:
     return last - restart_wall
 
 
-def test_pull_consumer_killed_after_receive_before_commit_gets_its_batch_redelivered(
-    store: Store, admin: Admin, history_dir: Path, tmp_path: Path
-) -> None:
-    admin.create_topic("PULLED", 4)
-    logs = tmp_path / "logs"
-    _produce_in_process(store, "PULLED", history_dir, 300)
-    options = {"store": store.root, "topic": "PULLED", "group": "g", "max_nums": 16}
+def _killed_after_receive_then_replaced(
+    store: Store,
+    history_dir: Path,
+    logs: Path,
+    role: str,
+    topic: str,
+    *,
+    messages: int,
+    die_after: int,
+    idle_s: float,
+    **options: Any,
+) -> tuple[dict[str, Any], list[str], History, Figures]:
+    """``messages`` produced to ``topic``; consumer ``a`` (16 messages a receive) is SIGKILLed after its
+    ``die_after``-th receive, before it commits or acks; then consumer ``b`` consumes until idle
+    for ``idle_s``. Returns b's output, the batch a never finished, the history and its check
+    (recovery: b's start -> it has that batch)."""
+    _produce_in_process(store, topic, history_dir, messages)
+    options.update(store=store.root, topic=topic, max_nums=16)
+    kind = role.split("-")[0]
     first = _consumer(
-        "pull-a", "pull-consumer", history_dir, logs, consumer_id="a", die_after_batches=5, **options
+        f"{kind}-a", role, history_dir, logs, consumer_id="a", die_after_batches=die_after, **options
     )
     assert first.wait_killed() == -9
     restart = time.time()
-    second = _consumer("pull-b", "pull-consumer", history_dir, logs, consumer_id="b", idle_s=1.0, **options)
+    second = _consumer(f"{kind}-b", role, history_dir, logs, consumer_id="b", idle_s=idle_s, **options)
     out = second.finish()
-    lost_batch = _last_batch(history_dir / "pull-a.jsonl")
-    recovery = _recovery(restart, history_dir / "pull-b.jsonl", lost_batch)
-    history = History.load(history_dir)
-    figures = check(store, history, topics=["PULLED"], consumed=True, dispatched=True, recovery_s=recovery)
+    lost_batch = _last_batch(history_dir / f"{kind}-a.jsonl")
+    recovery = _recovery(restart, history_dir / f"{kind}-b.jsonl", lost_batch)
+    history, figures = _checked(
+        store, history_dir, topic, consumed=True, dispatched=True, recovery_s=recovery
+    )
+    return out, lost_batch, history, figures
+
+
+def test_pull_consumer_killed_after_receive_before_commit_gets_its_batch_redelivered(
+    store: Store, admin: Admin, history_dir: Path, logs: Path
+) -> None:
+    admin.create_topic("PULLED", 4)
+    out, lost_batch, history, figures = _killed_after_receive_then_replaced(
+        store, history_dir, logs, "pull-consumer", "PULLED", group="g", messages=300, die_after=5, idle_s=1.0
+    )
     record(
         "pull consumer SIGKILLed after receive, before committing its offset",
         figures,
@@ -434,25 +462,21 @@ def test_pull_consumer_killed_after_receive_before_commit_gets_its_batch_redeliv
 
 
 def test_simple_consumer_killed_after_receive_before_ack_gets_its_messages_after_the_invisible_time(
-    store: Store, admin: Admin, history_dir: Path, tmp_path: Path
+    store: Store, admin: Admin, history_dir: Path, logs: Path
 ) -> None:
     admin.create_topic("SIMPLE", 2)
-    logs = tmp_path / "logs"
-    _produce_in_process(store, "SIMPLE", history_dir, 120)
-    options = {"store": store.root, "topic": "SIMPLE", "group": "sg", "max_nums": 16, "invisible_ms": 2000}
-    first = _consumer(
-        "simple-a", "simple-consumer", history_dir, logs, consumer_id="a", die_after_batches=3, **options
+    out, lost_batch, history, figures = _killed_after_receive_then_replaced(
+        store,
+        history_dir,
+        logs,
+        "simple-consumer",
+        "SIMPLE",
+        group="sg",
+        messages=120,
+        die_after=3,
+        idle_s=4.0,
+        invisible_ms=2000,
     )
-    assert first.wait_killed() == -9
-    restart = time.time()
-    second = _consumer(
-        "simple-b", "simple-consumer", history_dir, logs, consumer_id="b", idle_s=4.0, **options
-    )
-    out = second.finish()
-    lost_batch = _last_batch(history_dir / "simple-a.jsonl")
-    recovery = _recovery(restart, history_dir / "simple-b.jsonl", lost_batch)
-    history = History.load(history_dir)
-    figures = check(store, history, topics=["SIMPLE"], consumed=True, dispatched=True, recovery_s=recovery)
     record(
         "SimpleConsumer SIGKILLed after receive, before ack (invisible time 2 s)",
         figures,
@@ -470,11 +494,10 @@ def test_simple_consumer_killed_after_receive_before_ack_gets_its_messages_after
 
 @pytest.mark.parametrize("role", ["pull-consumer", "simple-consumer"])
 def test_consumers_killed_at_random_moments_miss_no_message(
-    store: Store, admin: Admin, history_dir: Path, tmp_path: Path, rng: random.Random, role: str
+    store: Store, admin: Admin, history_dir: Path, logs: Path, rng: random.Random, role: str
 ) -> None:
     topic = "RANDOMPULL" if role == "pull-consumer" else "RANDOMSIMPLE"
     admin.create_topic(topic, 2)
-    logs = tmp_path / "logs"
     _produce_in_process(store, topic, history_dir, 1000)
     # Slow consumers (4 messages per receive, 50 ms of work before the ack): the kills find them busy.
     options: dict[str, object] = {"store": store.root, "topic": topic, "group": "rg"}
@@ -564,11 +587,23 @@ def _overlapping_claims(history_dir: Path) -> int:
 DOCUMENTED_PULL_STATUSES = {s.value for s in PullStatus}
 
 
+def _wind_down(
+    store: Store, history_dir: Path, topic: str, dispatcher: Child, consumer: Child, maintainer: Child
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any], Figures]:
+    """Once the writers are done: dispatch catches up, the consumer drains what is left and ends, the
+    maintainer stops. Returns the three workers' counters and the check of ``topic``."""
+    _await_dispatch(store, dispatcher, 120)
+    dispatched = dispatcher.stop()
+    pulled = consumer.stop(timeout=180)  # drains what is left, then ends
+    maintained = maintainer.stop()
+    _, figures = _checked(store, history_dir, topic, consumed=True, dispatched=True)
+    return dispatched, pulled, maintained, figures
+
+
 def test_compaction_in_a_loop_during_appends_and_pulls_changes_nothing_consumers_see(
-    store: Store, admin: Admin, history_dir: Path, tmp_path: Path
+    store: Store, admin: Admin, history_dir: Path, logs: Path
 ) -> None:
     admin.create_topic("COMPACTED", 2)
-    logs = tmp_path / "logs"
     producers = [
         _producer(f"w{i}", store, "COMPACTED", history_dir, logs, count=600, batch=4, pause_ms=5)
         for i in range(2)
@@ -590,12 +625,9 @@ def test_compaction_in_a_loop_during_appends_and_pulls_changes_nothing_consumers
     )
     for p in producers:
         p.finish(timeout=180)
-    _await_dispatch(store, dispatcher, 120)
-    dispatched = dispatcher.stop()
-    pulled = consumer.stop(timeout=180)  # drains what is left, then ends
-    maintained = maintainer.stop()
-    history = History.load(history_dir)
-    figures = check(store, history, topics=["COMPACTED"], consumed=True, dispatched=True)
+    dispatched, pulled, maintained, figures = _wind_down(
+        store, history_dir, "COMPACTED", dispatcher, consumer, maintainer
+    )
     record(
         "compaction in a loop during appends, dispatch and pulls",
         figures,
@@ -629,10 +661,9 @@ def _compacted_past(store: Store, commits: int) -> bool:
 
 
 def test_maintenance_killed_mid_compaction_and_restarted_loses_and_duplicates_nothing(
-    store: Store, admin: Admin, history_dir: Path, tmp_path: Path, rng: random.Random
+    store: Store, admin: Admin, history_dir: Path, logs: Path, rng: random.Random
 ) -> None:
     admin.create_topic("MAINTAINED", 2)
-    logs = tmp_path / "logs"
     producer = _producer("w", store, "MAINTAINED", history_dir, logs, count=10**6, batch=4, pause_ms=5)
     dispatcher = worker("dispatcher", "dispatcher", logs, store=store.root, interval_ms=20)
     consumer = _consumer(
@@ -658,12 +689,9 @@ def test_maintenance_killed_mid_compaction_and_restarted_loses_and_duplicates_no
         kills += 1
     producer.stop()
     last = worker("maintainer-final", "maintainer", logs, store=store.root, interval_ms=20)
-    _await_dispatch(store, dispatcher, 120)
-    dispatched = dispatcher.stop()
-    pulled = consumer.stop(timeout=180)  # drains what is left, then ends
-    maintained = last.stop()
-    history = History.load(history_dir)
-    figures = check(store, history, topics=["MAINTAINED"], consumed=True, dispatched=True)
+    dispatched, pulled, maintained, figures = _wind_down(
+        store, history_dir, "MAINTAINED", dispatcher, consumer, last
+    )
     record(
         "maintenance (compaction) SIGKILLed mid-pass during appends and pulls, restarted",
         figures,

@@ -24,7 +24,7 @@ CARRIED_MARKERS: dict[str, tuple[str, ...]] = {
 
 
 def commit(store: Store, name: str, plan: Callable[[Snapshot], Commit | None], operation: str) -> int | None:
-    """:func:`engine.store.rewrite.commit_planned` carrying table ``name``'s :data:`CARRIED_MARKERS`."""
+    """:func:`engine.store.data_files.commit_planned` carrying table ``name``'s :data:`CARRIED_MARKERS`."""
     return commit_planned(store, name, plan, operation, CARRIED_MARKERS.get(name, ()))
 
 

@@ -2,7 +2,7 @@
 
 Micro-batches leave one small file per commit; pulls then open many files and scans slow down by an
 order of magnitude. :func:`compact` rewrites them without blocking producers or consumers; the
-rewriting and the commit (markers carried, automatic retries off) are :mod:`engine.store.rewrite`'s.
+rewriting and the commit (markers carried, automatic retries off) are :mod:`engine.store.data_files`'s.
 
 Layouts. The commit log is bin-packed only across *consecutive* small files in physical-offset order
 and each output is sorted by physical offset, so files keep contiguous, disjoint physical-offset

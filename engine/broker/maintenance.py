@@ -8,7 +8,7 @@ directories small. :func:`maintain` runs one pass of all four.
 
 The Delta-level mechanics (reading a snapshot's files, rewriting them, committing remove + add with the
 table's markers carried forward and automatic retries off, checkpoints, vacuum) live in
-:mod:`engine.store.rewrite` and :mod:`engine.store.vacuum`; this package decides what to do.
+:mod:`engine.store.data_files` and :mod:`engine.store.vacuum`; this package decides what to do.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 :func:`retain` deletes commit-log messages older than the retention window that every consumer of
 their topic has consumed, keeps the consume queue's minimum offsets ahead of the deletion, and drops
 index files that only point at deleted messages. The file rewrites and commits are
-:mod:`engine.store.rewrite`'s; what to delete and the order of the commits are decided here.
+:mod:`engine.store.data_files`'s; what to delete and the order of the commits are decided here.
 """
 
 from __future__ import annotations

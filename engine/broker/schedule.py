@@ -289,7 +289,7 @@ class Scheduler:
 
     Args:
         store: an open store. Its schedule-topic entries must have been dispatched (the dispatch
-            job, or :func:`engine.store.dispatch.dispatch_pending`).
+            job, or :func:`engine.broker.dispatch.dispatch_pending`).
         max_messages_per_pass: most messages re-put in one commit.
         max_bytes_per_pass: most message bytes re-put in one commit (at least one message).
         max_timer_runs: handled runs of the timer queue kept before waiting timers are moved.

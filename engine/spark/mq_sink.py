@@ -9,7 +9,7 @@ Exactly once per micro-batch. Executors cannot safely commit to the commit log t
 retried task or a replayed batch would commit again), so they only validate their rows and return
 them as Arrow to the driver. ``commit(messages, batchId)``, on the driver, appends all of them as
 ONE commit-log commit carrying the Delta app transaction ``mq.sink.<sinkId> = batchId``, checked
-and written atomically by :class:`~engine.store.sequencer.CommitLogWriter`. A batch id already
+and written atomically by :class:`~engine.store.commit_log.CommitLogWriter`. A batch id already
 recorded writes nothing; a batch id BELOW the recorded one means the query's checkpoint was reset
 (or another query shares the sinkId) and fails instead of silently skipping data. ``sinkId`` is
 required for streams: a Python sink is not told its checkpoint location, so the marker cannot be

@@ -7,7 +7,7 @@ keys, properties, body, born_ts, store_ts (timestamps), reconsume_times. Options
 
 Offsets are per-queue queue offsets, ``{"q": {"<queue_id>": <next offset>}}``. ``latestOffset``
 comes from the consume queue's marks; a micro-batch reads ``[start, end)`` of every queue through
-:class:`~engine.store.queues.QueueIndex` (the pull path: consume-queue entries, tag filter on the
+:class:`~engine.store.consume_queue.QueueIndex` (the pull path: consume-queue entries, tag filter on the
 tags code then on the tag, commit-log rows by physical offset). ``maxMessagesPerTrigger`` counts
 queue entries (examined, filtered or not), shared fairly across the queues with a backlog.
 

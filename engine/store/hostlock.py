@@ -1,6 +1,6 @@
 """An advisory inter-process lock on a local file, so that writers on one host take turns.
 
-The commit-log writers of one host queue on it (:class:`engine.store.sequencer.CommitLogWriter`)
+The commit-log writers of one host queue on it (:class:`engine.store.commit_log.CommitLogWriter`)
 instead of racing: correctness never depends on it (the optimistic protocol on the Delta log is the
 guarantee), only fairness and wasted rewrites do.
 """

@@ -1,0 +1,177 @@
+"""The delta-rs mechanics of engine/store: snapshots, commits of exactly the next version, markers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from deltalake.exceptions import CommitFailedError, DeltaError
+
+import engine.store.delta as delta
+from engine import CommitConflictError, CommitStateUnknownError, Message, Producer, Store, StoreError
+from engine.store import schemas
+from engine.store.commit_markers import (
+    CQ_KEY,
+    EXPIRING_APP_PREFIX,
+    HWM_KEY,
+    MARKERS,
+    PULL_LOG_MARKS_KEY,
+    carried_markers,
+    transaction_app,
+)
+from engine.store.delta import TableMissingError, commit_next, open_snapshot
+from engine.store.stamping import HighWaterMarks
+from tests.raw_delta import raw_table
+
+_ROW = {"group": "g", "topic": "T", "queue_id": 0, "offset": 0, "ts_ms": 0, "consumer_id": ""}
+
+
+def _offsets(n: int, start: int = 0) -> pa.Table:
+    rows = [dict(_ROW, offset=start + i, ts_ms=start + i) for i in range(n)]
+    return pa.Table.from_pylist(rows, schema=schemas.CONSUMER_OFFSET_SCHEMA)
+
+
+def test_commit_next_lands_exactly_on_the_next_version_with_its_markers_and_app_version(store: Store) -> None:
+    snap = store.snapshot(schemas.CONSUMER_OFFSET)
+    base = snap.version()
+    version = commit_next(
+        snap,
+        rows=_offsets(2),
+        transactions=delta.app_transactions({"mq.test": 7}),
+        custom_metadata={"mq.k": "v"},
+    )
+    assert version == base + 1 == snap.version()
+    assert snap.app_version("mq.test") == 7
+    assert snap.app_version("mq.never") == -1
+    assert snap.commit_value("mq.k") == "v"
+    assert store.read(schemas.CONSUMER_OFFSET)["offset"].to_pylist() == [0, 1]
+
+
+def test_commit_next_on_a_stale_snapshot_is_a_conflict_and_writes_nothing(store: Store) -> None:
+    stale = store.snapshot(schemas.CONSUMER_OFFSET)
+    commit_next(store.snapshot(schemas.CONSUMER_OFFSET), rows=_offsets(1))  # another writer wins
+    before = store.version(schemas.CONSUMER_OFFSET)
+    with pytest.raises(CommitConflictError) as caught:
+        commit_next(stale, rows=_offsets(1, start=5))
+    assert caught.value.retryable
+    assert store.version(schemas.CONSUMER_OFFSET) == before
+    assert store.read(schemas.CONSUMER_OFFSET)["offset"].to_pylist() == [0]
+
+
+def test_a_commit_of_markers_only_adds_no_rows(store: Store) -> None:
+    snap = store.snapshot(schemas.PULL_LOG)
+    version = commit_next(snap, custom_metadata={"mq.only": "1"})
+    assert store.snapshot(schemas.PULL_LOG).commit_value("mq.only") == "1"
+    assert version == store.version(schemas.PULL_LOG)
+    assert store.read(schemas.PULL_LOG).num_rows == 0
+
+
+@pytest.mark.parametrize(
+    ("on_error", "expected"), [("failed", StoreError), ("unknown", CommitStateUnknownError)]
+)
+def test_an_io_failure_is_failed_or_unknown_as_the_caller_says(
+    store: Store, monkeypatch: pytest.MonkeyPatch, on_error: Any, expected: type[Exception]
+) -> None:
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(delta, "write_deltalake", broken)
+    with pytest.raises(expected) as caught:
+        commit_next(store.snapshot(schemas.CONSUMER_OFFSET), rows=_offsets(1), on_error=on_error)
+    assert not isinstance(caught.value, CommitStateUnknownError) or on_error == "unknown"
+    assert caught.value.table == schemas.CONSUMER_OFFSET
+
+
+def test_delta_errors_map_onto_the_engine_errors(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
+    def lost(*args: Any, **kwargs: Any) -> None:
+        raise CommitFailedError("version 1 exists")
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise DeltaError("object store unreachable")
+
+    monkeypatch.setattr(delta, "write_deltalake", lost)
+    with pytest.raises(CommitConflictError):
+        commit_next(store.snapshot(schemas.CONSUMER_OFFSET), rows=_offsets(1))
+    monkeypatch.setattr(delta, "write_deltalake", broken)
+    with pytest.raises(StoreError, match="unreachable"):
+        commit_next(store.snapshot(schemas.CONSUMER_OFFSET), rows=_offsets(1))
+
+
+def test_ready_actions_commit_only_on_exactly_the_next_version(store: Store) -> None:
+    with pytest.raises(ValueError, match="max_retries=0"):
+        commit_next(store.snapshot(schemas.INDEX), actions=[object()], max_retries=3)  # type: ignore[list-item]
+
+
+def test_a_stale_snapshot_finds_markers_by_exact_version(store: Store, topic: str) -> None:
+    with Producer(store) as producer:
+        producer.send(Message(topic, b"a"), queue_id=0)
+        stale = store.snapshot(schemas.COMMIT_LOG)
+        producer.send(Message(topic, b"b"), queue_id=0)
+    found = stale.find_commit_value(HWM_KEY)
+    assert found is not None and found[0] == stale.version()
+    assert HighWaterMarks.from_json(found[1]).queues[topic] == [1]  # the version it holds, not newer
+    fresh = stale.reopened()
+    assert fresh.version() == stale.version() + 1 and fresh.moved_since_open == 0
+    assert stale.refresh().version() == fresh.version() and stale.moved_since_open == 1
+
+
+def test_a_snapshot_lists_its_live_files_with_their_column_ranges(store: Store, topic: str) -> None:
+    with Producer(store) as producer:
+        for body in (b"a", b"bb", b"ccc"):
+            producer.send(Message(topic, body), queue_id=0)
+    snap = store.snapshot(schemas.COMMIT_LOG)
+    files = snap.files("physical_offset")
+    assert len(files) == 3 and set(snap.paths()) == snap.live_paths() == {f.path for f in files}
+    assert all(f.rows == 1 and f.size > 0 and f.lo == f.hi for f in files)
+    assert snap.column_max("physical_offset") == max(f.hi for f in files if f.hi is not None)
+    assert snap.column_max("no_such_column") == -1
+    assert snap.indexed_columns() == 8
+    assert snap.dataset().to_table().num_rows == 3
+
+
+def test_time_travel_and_missing_tables(store: Store, tmp_path: Path) -> None:
+    store.append(schemas.CONSUMER_OFFSET, _offsets(1))
+    store.append(schemas.CONSUMER_OFFSET, _offsets(1, start=1))
+    assert store.snapshot(schemas.CONSUMER_OFFSET, 1).dataset().to_table().num_rows == 1
+    with pytest.raises(TableMissingError):
+        open_snapshot(str(tmp_path / "nothing"))
+    with pytest.raises(StoreError, match="unknown table"):
+        store.snapshot("no_such_table")
+
+
+def test_the_shared_snapshot_follows_the_table_but_a_private_one_does_not(store: Store) -> None:
+    shared = store.shared(schemas.CONSUMER_OFFSET)
+    private = store.snapshot(schemas.CONSUMER_OFFSET)
+    raw_table(store, schemas.CONSUMER_OFFSET).vacuum(dry_run=True)  # a raw handle changes nothing
+    store.append(schemas.CONSUMER_OFFSET, _offsets(1))
+    assert store.shared(schemas.CONSUMER_OFFSET) is shared and shared.version() == private.version() + 1
+    assert store.app_version(schemas.CONSUMER_OFFSET, "mq.none") == -1
+
+
+def test_versions_after_yields_each_chunk_with_its_last_version(store: Store) -> None:
+    for i in range(5):
+        store.append(schemas.CONSUMER_OFFSET, _offsets(1, start=i))
+    chunks = list(store.versions_after(schemas.CONSUMER_OFFSET, 1, max_versions=2))
+    assert [last for _, last in chunks] == [3, 5]
+    assert [rows["_version"].to_pylist() for rows, _ in chunks] == [[2, 3], [4, 5]]
+    assert list(store.versions_after(schemas.CONSUMER_OFFSET, 5)) == []
+
+
+def test_every_marker_is_registered_once_and_only_table_state_is_carried() -> None:
+    keys = [(m.key, m.kind) for m in MARKERS]
+    assert len(keys) == len(set(keys))
+    assert all(m.key.startswith("mq.") for m in MARKERS)
+    assert carried_markers(schemas.COMMIT_LOG) == (HWM_KEY,)
+    assert carried_markers(schemas.CONSUME_QUEUE) == (CQ_KEY,)
+    assert carried_markers(schemas.PULL_LOG) == (PULL_LOG_MARKS_KEY,)
+    assert carried_markers(schemas.TOPICS) == ()
+    assert transaction_app(42).startswith(EXPIRING_APP_PREFIX)
+    expiring = delta.app_transactions({transaction_app(1): 3, "mq.job": 4}, EXPIRING_APP_PREFIX, 99)
+    assert expiring is not None
+    assert [(t.app_id, t.version, t.last_updated) for t in expiring] == [
+        ("mq.tx.1", 3, 99),
+        ("mq.job", 4, None),
+    ]
+    assert delta.app_transactions({}) is None

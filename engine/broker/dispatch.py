@@ -10,10 +10,9 @@ upstream and stops the job rather than writing a hole.
 from __future__ import annotations
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
+from engine.broker.visible_rows import visible_rows_after
 from engine.errors import CommitConflictError, StoreError
-from engine.model import UNDISPATCHED_FLAGS
 from engine.store import schemas
 from engine.store.consume_queue import (
     QueueMarks,
@@ -34,12 +33,9 @@ def plan_entries(rows: pa.Table, last: int, marks: QueueMarks) -> tuple[pa.Table
     Raises:
         StoreError: a queue-offset gap (entries must continue each queue densely).
     """
-    rows = rows.filter(pc.greater(rows[VERSION_COLUMN], last))
-    if rows.num_rows == 0:
+    rows, covered = visible_rows_after(rows, last)
+    if covered == last:
         return schemas.CONSUME_QUEUE_SCHEMA.empty_table(), last
-    covered = int(pc.max(rows[VERSION_COLUMN]).as_py())
-    flags = pa.array(sorted(UNDISPATCHED_FLAGS), pa.int32())
-    rows = rows.filter(pc.invert(pc.is_in(rows["sys_flag"], value_set=flags)))
     rows = rows.sort_by([(VERSION_COLUMN, "ascending"), ("physical_offset", "ascending")])
     topics = rows["topic"].to_pylist()
     qids = rows["queue_id"].to_pylist()

@@ -17,8 +17,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from engine.broker.visible_rows import visible_rows_after
 from engine.errors import CommitConflictError, StoreError
-from engine.model import UNDISPATCHED_FLAGS
 from engine.store import schemas
 from engine.store.delta_log import VERSION_COLUMN, read_versions
 from engine.store.index import (
@@ -51,12 +51,9 @@ def index_rows(rows: pa.Table, after_version: int = -1) -> tuple[pa.Table, int]:
     Pure. Returns the rows, sorted by :data:`INDEX_SORT` with duplicates removed, and the last
     commit-log version they cover (``after_version`` when ``rows`` holds no newer version).
     """
-    rows = rows.filter(pc.greater(rows[VERSION_COLUMN], after_version))
-    if rows.num_rows == 0:
+    rows, covered = visible_rows_after(rows, after_version)
+    if covered == after_version:
         return schemas.INDEX_SCHEMA.empty_table(), after_version
-    covered = int(pc.max(rows[VERSION_COLUMN]).as_py())
-    flags = pa.array(sorted(UNDISPATCHED_FLAGS), pa.int32())
-    rows = rows.filter(pc.invert(pc.is_in(rows["sys_flag"], value_set=flags)))
     parts = []
     if rows.num_rows:
         # One row per (message, key): flatten the keys and repeat the message's columns for each.

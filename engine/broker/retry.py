@@ -313,10 +313,7 @@ class RetryRouter:
         return messages, skipped
 
     def _commit_log(self) -> Snapshot:
-        if self._dt is None:
-            self._dt = self._store.snapshot(schemas.COMMIT_LOG)
-        else:
-            self._dt.refresh()
+        self._dt = self._store.caught_up(schemas.COMMIT_LOG, self._dt)
         return self._dt
 
     def _ensure_topics(self, group: str, retry: bool) -> None:

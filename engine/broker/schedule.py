@@ -386,10 +386,7 @@ class Scheduler:
     def _pass(self, now: int) -> tuple[int, bool] | None:
         """One commit's worth: (delivered, maybe more due), or None when another writer won."""
         self._index.refresh()
-        if self._dt is None:
-            self._dt = self._store.snapshot(schemas.COMMIT_LOG)
-        else:
-            self._dt.refresh()
+        self._dt = self._store.caught_up(schemas.COMMIT_LOG, self._dt)
         dt = self._dt  # a private snapshot: every part of the state comes from one version
         state = self._read_state(dt)
         budget = _Budget(self._max_messages, self._max_bytes)

@@ -31,7 +31,6 @@ Usage::
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +47,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from engine.errors import InvalidArgumentError, StoreError
+from engine.spark.mq_options import storage_options_option
 from engine.store.delta import Snapshot, TableMissingError, open_snapshot
 from engine.store.delta_log import VERSION_COLUMN, read_files, read_versions
 
@@ -81,16 +81,7 @@ class LogOptions:
         path = lowered.get("path")
         if not path:
             raise InvalidArgumentError("deltalog needs option 'path' (the Delta table's URI)")
-        storage: dict[str, str] | None = None
-        raw_storage = lowered.get("storageoptions")
-        if raw_storage:
-            try:
-                decoded = json.loads(raw_storage)
-            except json.JSONDecodeError as exc:
-                raise InvalidArgumentError(f"deltalog option storageOptions is not JSON: {exc}") from exc
-            if not isinstance(decoded, dict):
-                raise InvalidArgumentError("deltalog option storageOptions must be a JSON object")
-            storage = {str(k): str(v) for k, v in decoded.items()}
+        storage = storage_options_option(lowered, SHORT_NAME)
         raw_columns = lowered.get("columns")
         columns = tuple(c.strip() for c in raw_columns.split(",") if c.strip()) if raw_columns else None
         parsed = cls(

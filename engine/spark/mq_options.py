@@ -85,16 +85,22 @@ def parse_position(raw: str | None, name: str, default: Position) -> Position:
     return offsets
 
 
-def _storage_options(options: Mapping[str, str]) -> dict[str, str] | None:
+def storage_options_option(options: Mapping[str, str], source: str = SHORT_NAME) -> dict[str, str] | None:
+    """The ``storageOptions`` option (a JSON object, delta-rs storage options) of a data source,
+    from its options with lower-cased keys; None when not given.
+
+    Raises:
+        InvalidArgumentError: not a JSON object.
+    """
     raw = options.get("storageoptions")
     if not raw:
         return None
     try:
         decoded = json.loads(raw)
     except json.JSONDecodeError as exc:
-        raise InvalidArgumentError(f"mq option storageOptions is not JSON: {exc}") from exc
+        raise InvalidArgumentError(f"{source} option storageOptions is not JSON: {exc}") from exc
     if not isinstance(decoded, dict):
-        raise InvalidArgumentError("mq option storageOptions must be a JSON object")
+        raise InvalidArgumentError(f"{source} option storageOptions must be a JSON object")
     return {str(k): str(v) for k, v in decoded.items()}
 
 
@@ -218,7 +224,7 @@ class ReadOptions:
             if start_time is not None and end_time is not None and end_time < start_time:
                 raise InvalidArgumentError(f"mq option endTime {end_time} is before startTime {start_time}")
         return cls(
-            store=StoreRef.of(_store_path(o), _storage_options(o)),
+            store=StoreRef.of(_store_path(o), storage_options_option(o)),
             topic=topic,
             group=group,
             expression=expression,
@@ -278,4 +284,4 @@ class WriteOptions:
                 raise InvalidArgumentError("mq option batchId is for batch writes only", option="batchId")
         elif batch_id is not None and sink_id is None:
             raise InvalidArgumentError("mq option batchId needs sinkId too", option="batchId")
-        return cls(StoreRef.of(_store_path(o), _storage_options(o)), sink_id, batch_id)
+        return cls(StoreRef.of(_store_path(o), storage_options_option(o)), sink_id, batch_id)

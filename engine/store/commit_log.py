@@ -143,10 +143,7 @@ class CommitLogWriter:
         self.conflicts = 0  # lost races, for benchmarks and tests
 
     def _catch_up(self) -> tuple[Snapshot, HighWaterMarks]:
-        if self._dt is None:
-            self._dt = self._store.snapshot(schemas.COMMIT_LOG)
-        else:
-            self._dt.refresh()
+        self._dt = self._store.caught_up(schemas.COMMIT_LOG, self._dt)
         self._hwm = read_hwm(self._dt)
         return self._dt, self._hwm
 

@@ -103,13 +103,13 @@ def commit_entries(
         CommitConflictError: another dispatcher committed first (plan again from a new snapshot).
         StoreError: the write failed.
     """
-    return store.append(
+    markers = {CQ_KEY: marks.to_json()}
+    return store.append_progress(
         schemas.CONSUME_QUEUE,
         entries,
         app_id=DISPATCH_APP,
-        app_version=covered,
-        custom_metadata={CQ_KEY: marks.to_json()},
-        max_retries=0,
+        covered=covered,
+        markers=markers,
         snapshot=snapshot,
     )
 
@@ -160,10 +160,7 @@ class QueueIndex:
 
     def _refresh_log(self) -> None:
         with self._lock:
-            if self._log is None:
-                self._log = self._store.snapshot(schemas.COMMIT_LOG)
-            else:
-                self._log.refresh()
+            self._log = self._store.caught_up(schemas.COMMIT_LOG, self._log)
             self._log_files = FileStats.of(self._log, ["physical_offset"])
             self._log_reader.forget(set(self._log_files.paths))
 

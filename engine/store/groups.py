@@ -165,10 +165,7 @@ class GroupLog:
             return self._state_at(self._catch_up())
 
     def _catch_up(self) -> Snapshot:
-        if self._dt is None:
-            self._dt = self._store.snapshot(schemas.GROUPS)
-        else:
-            self._dt.refresh()
+        self._dt = self._store.caught_up(schemas.GROUPS, self._dt)
         return self._dt
 
     def _state_at(self, dt: Snapshot) -> _State:

@@ -81,11 +81,7 @@ def commit_pulls(writer: Store, rows: pa.Table, through_version: int, marks: Mar
         CommitConflictError: another builder committed first (plan again from a new snapshot).
         StoreError: the write failed.
     """
-    return writer.append(
-        schemas.PULL_LOG,
-        rows,
-        app_id=PULL_LOG_APP,
-        app_version=through_version,
-        custom_metadata={PULL_LOG_MARKS_KEY: json.dumps(marks, separators=(",", ":"), sort_keys=True)},
-        max_retries=0,
+    markers = {PULL_LOG_MARKS_KEY: json.dumps(marks, separators=(",", ":"), sort_keys=True)}
+    return writer.append_progress(
+        schemas.PULL_LOG, rows, app_id=PULL_LOG_APP, covered=through_version, markers=markers
     )

@@ -204,6 +204,11 @@ class Store:
             raise StoreError(f"unknown table {name!r}; tables: {', '.join(schemas.SCHEMAS)}", table=name)
         return open_snapshot(self.uri(name), self.storage_options, version, name=name)
 
+    def caught_up(self, name: str, snapshot: Snapshot | None) -> Snapshot:
+        """A caller's own ``snapshot`` of table ``name`` moved on to the latest version, or a new
+        snapshot when it has none yet (None)."""
+        return self.snapshot(name) if snapshot is None else snapshot.refresh()
+
     def shared(self, name: str, *, fresh: bool = True) -> Snapshot:
         """The snapshot of one table the store's users in this process share, brought up to the
         latest version when ``fresh``. Any user may move it at any time: read from it, never plan a
@@ -297,6 +302,34 @@ class Store:
             if snapshot is None:
                 self._renew_if_aged(name)
             return version
+
+    def append_progress(
+        self,
+        name: str,
+        rows: pa.Table,
+        *,
+        app_id: str,
+        covered: int,
+        markers: Mapping[str, str] | None = None,
+        snapshot: Snapshot | None = None,
+    ) -> int:
+        """Append rows a job derived from another log, recording in the same commit the last source
+        version they cover (app transaction ``app_id``) and the table's ``markers``, as exactly the
+        version after ``snapshot`` (default: the shared snapshot, as it stands); see :meth:`append`.
+
+        Raises:
+            CommitConflictError: another writer took that version (plan again from a new snapshot).
+            StoreError: the write failed.
+        """
+        return self.append(
+            name,
+            rows,
+            app_id=app_id,
+            app_version=covered,
+            custom_metadata=markers,
+            max_retries=0,
+            snapshot=snapshot,
+        )
 
     def _renew_if_aged(self, name: str) -> None:
         """Swap the shared snapshot of ``name`` for a fresh one every :data:`RENEW_HANDLE_COMMITS`

@@ -25,7 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.broker.schedule import Scheduler, schedule_progress
+from engine.broker.schedule import Scheduler
+from engine.broker.schedule_state import schedule_progress
 from engine.store.dispatch import dispatch_pending
 from engine.store.store import Store
 from jobs._common import (

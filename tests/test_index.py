@@ -24,12 +24,11 @@ from engine import (
 )
 from engine.broker.index import (
     INDEX_APP,
-    KIND_KEY,
-    KIND_UNIQ_KEY,
     build_index,
     index_pending,
     indexed_version,
 )
+from engine.protocol.index_keys import KIND_KEY, KIND_UNIQ_KEY
 from engine.store import schemas
 from engine.store.files import FileReader
 from engine.store.log import table_filesystem

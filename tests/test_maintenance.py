@@ -26,7 +26,7 @@ from engine import (
     Store,
 )
 from engine.broker import maintenance
-from engine.broker.index import INDEX_SORT, KIND_KEY, KIND_UNIQ_KEY, index_pending
+from engine.broker.index import INDEX_SORT, index_pending
 from engine.broker.maintenance import (
     MAINTENANCE_KEY,
     DataFile,
@@ -40,6 +40,7 @@ from engine.broker.maintenance import (
     vacuum,
 )
 from engine.client.offsets import OffsetStore
+from engine.protocol.index_keys import KIND_KEY, KIND_UNIQ_KEY
 from engine.store import schemas
 from engine.store import sequencer as sequencer_module
 from engine.store.dispatch import dispatch_pending

@@ -18,7 +18,8 @@ from engine.broker.pull_log import (
     pulled_version,
     read_marks,
 )
-from engine.client.actions import ACK, PULL, ActionLogWriter
+from engine.client.actions import ActionLogWriter
+from engine.protocol.actions import ACK, PULL
 from engine.store import schemas
 from engine.store.dispatch import dispatch_pending
 from engine.store.log import VERSION_COLUMN, read_versions

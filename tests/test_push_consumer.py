@@ -31,10 +31,11 @@ from engine import (
     Store,
     TopicNotFoundError,
 )
-from engine.client.actions import ACK, NACK, PULL, ActionLogWriter, read_actions
+from engine.client.actions import ActionLogWriter, read_actions
 from engine.client.membership import GroupMembership, live_members
 from engine.client.offsets import OffsetStore
 from engine.protocol import PROPERTY_RETRY_TOPIC, retry_topic
+from engine.protocol.actions import ACK, NACK, PULL
 from engine.store import schemas
 from engine.store.dispatch import dispatch_pending
 from engine.store.groups import LOCK, UNLOCK

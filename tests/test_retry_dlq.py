@@ -12,20 +12,16 @@ import pytest
 
 from engine import Admin, InvalidArgumentError, Message, MessageExt, Producer, PullConsumer, Store
 from engine.broker.retry import (
-    EXPIRED,
-    NACK,
     RETRY_APP,
     SKIPPED_KEY,
     RetryRouter,
-    max_reconsume_times,
     route_action_rows,
     route_message,
     route_retries,
     routed_version,
 )
 from engine.broker.schedule import deliver_due
-from engine.client.actions import ACK, PULL, ActionLogWriter
-from engine.delays import DELAY_LEVELS_MS
+from engine.client.actions import ActionLogWriter
 from engine.protocol import (
     PROPERTY_DELAY,
     PROPERTY_MAX_RECONSUME_TIMES,
@@ -36,6 +32,8 @@ from engine.protocol import (
     PROPERTY_RETRY_TOPIC,
     SCHEDULE_TOPIC,
 )
+from engine.protocol.actions import ACK, EXPIRED, NACK, PULL
+from engine.protocol.delays import DELAY_LEVELS_MS, max_reconsume_times
 from engine.store import schemas
 from engine.store.dispatch import dispatch_pending
 from engine.store.log import read_versions

@@ -12,17 +12,14 @@ import numpy as np
 import pytest
 
 from engine import Admin, InvalidArgumentError, Message, MessageExt, Producer, PullConsumer, Store
-from engine.broker.schedule import (
+from engine.broker.schedule import Scheduler, deliver_due
+from engine.broker.schedule_state import (
     SCHEDULE_APP,
-    TIMER_QUEUE_ID,
-    Scheduler,
     add_handled,
-    deliver_due,
     handled_mask,
     queue_app_id,
     schedule_progress,
 )
-from engine.delays import DELAY_LEVELS_MS, MAX_DELAY_LEVEL
 from engine.protocol import (
     PROPERTY_DELAY,
     PROPERTY_REAL_QUEUE_ID,
@@ -30,6 +27,8 @@ from engine.protocol import (
     PROPERTY_TIMER_DELIVER_MS,
     SCHEDULE_TOPIC,
 )
+from engine.protocol.delays import DELAY_LEVELS_MS, MAX_DELAY_LEVEL
+from engine.protocol.schedule import TIMER_QUEUE_ID
 from engine.store import schemas
 from engine.store.dispatch import dispatch_pending
 from engine.store.store import now_ms

@@ -21,10 +21,11 @@ from engine import (
     Store,
     TopicNotFoundError,
 )
-from engine.client.actions import ACK, CHANGE_INVISIBLE, NACK, PULL, read_actions
+from engine.client.actions import read_actions
 from engine.client.offsets import OffsetStore
 from engine.client.simple import ClaimBook, ReceivedMessage
 from engine.config import load_config
+from engine.protocol.actions import ACK, CHANGE_INVISIBLE, NACK, PULL
 from engine.store.dispatch import dispatch_pending
 from tests.helpers import versions
 

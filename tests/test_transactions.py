@@ -25,27 +25,24 @@ from engine import (
     TransactionError,
     TransactionProducer,
 )
-from engine.broker.transactions import (
-    EVENT_CHECK,
-    EVENT_COMMIT,
-    EVENT_ROLLBACK,
-    PROPERTY_HALF_OFFSET,
-    PROPERTY_PRODUCER_GROUP,
-    REASON_MAX_CHECKS,
-    check_transactions,
-    end_transaction,
-    is_decided,
-    load_half,
-    next_check,
-    tx_app_id,
-    undecided_halves,
-)
+from engine.broker.transaction_log import end_transaction, is_decided, load_half
+from engine.broker.transactions import check_transactions, undecided_halves
 from engine.protocol import (
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
     PROPERTY_TRANSACTION_PREPARED,
     TRANS_HALF_TOPIC,
     TRANS_OP_HALF_TOPIC,
+)
+from engine.protocol.transactions import (
+    EVENT_CHECK,
+    EVENT_COMMIT,
+    EVENT_ROLLBACK,
+    PROPERTY_HALF_OFFSET,
+    PROPERTY_PRODUCER_GROUP,
+    REASON_MAX_CHECKS,
+    next_check,
+    tx_app_id,
 )
 from engine.store import schemas
 from engine.store.dispatch import dispatch_pending

@@ -36,13 +36,12 @@ from deltalake.transaction import AddAction, RemoveAction
 
 from engine.errors import CommitConflictError, StoreError
 from engine.model import UNDISPATCHED_FLAGS
+from engine.protocol.index_keys import KIND_KEY, KIND_UNIQ_KEY
 from engine.store import schemas
 from engine.store.log import VERSION_COLUMN, read_versions, table_filesystem
 from engine.store.store import Store, now_ms
 
 INDEX_APP = "mq.index"
-KIND_KEY = "KEY"
-KIND_UNIQ_KEY = "UNIQ_KEY"
 # What the indexer reads from a commit-log row; bodies stay on disk.
 INDEX_SOURCE_COLUMNS = (
     "topic",

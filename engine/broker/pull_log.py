@@ -22,8 +22,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from engine.client.actions import PULL
 from engine.errors import CommitConflictError
+from engine.protocol.actions import PULL
 from engine.store import schemas
 from engine.store.log import VERSION_COLUMN, read_versions, table_dataset
 from engine.store.marks import latest_commit_value

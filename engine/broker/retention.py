@@ -19,7 +19,7 @@ import pyarrow.fs as pa_fs
 
 from engine.broker._upkeep import HOUR_MS, check_hours, check_int, commit
 from engine.broker.compaction import dispatched_physical
-from engine.broker.schedule import schedule_progress
+from engine.broker.schedule_state import schedule_progress
 from engine.errors import CommitStateUnknownError
 from engine.protocol import SCHEDULE_TOPIC
 from engine.store import schemas

@@ -24,7 +24,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from types import TracebackType
 
-from engine.client.actions import NACK, ActionLogWriter
+from engine.client.actions import ActionLogWriter
 from engine.client.admin import Admin
 from engine.client.membership import GroupMembership
 from engine.client.offsets import OffsetStore
@@ -46,6 +46,7 @@ from engine.protocol import (
     validate_group_name,
     validate_topic_name,
 )
+from engine.protocol.actions import NACK
 from engine.store.groups import MAX_LEASE_MS
 from engine.store.queues import QueueIndex
 from engine.store.store import Store, now_ms

@@ -61,7 +61,6 @@ from dataclasses import dataclass, fields
 from types import TracebackType
 from typing import Any
 
-from engine.client.actions import ACK, CHANGE_INVISIBLE, NACK, PULL
 from engine.client.claim_log import ClaimLog, Held
 from engine.client.claims import CLAIM_ACTIONS, Claim, ClaimBook, Key, QueueBook
 from engine.client.offsets import OffsetStore
@@ -74,7 +73,10 @@ from engine.errors import (
     ProducerClosedError,
 )
 from engine.model import MessageExt
-from engine.protocol import SYSTEM_TOPICS, TagFilter, parse_tag_expression, validate_group_name
+from engine.protocol.actions import ACK, CHANGE_INVISIBLE, NACK, PULL
+from engine.protocol.names import SYSTEM_TOPICS, validate_group_name
+from engine.protocol.permissions import is_readable
+from engine.protocol.tags import TagFilter, parse_tag_expression
 from engine.store import schemas
 from engine.store.queues import QueueIndex
 from engine.store.store import Store, now_ms
@@ -196,7 +198,7 @@ class SimpleConsumer:
         config = self._store.topic(topic)
         if config.name in SYSTEM_TOPICS or config.name.lower().startswith("rmq_sys_"):
             raise InvalidArgumentError(f"topic {topic!r} is internal to the broker", topic=topic)
-        if not config.perm & 4:
+        if not is_readable(config.perm):
             raise InvalidArgumentError(f"topic {topic!r} is not readable (perm {config.perm})", topic=topic)
         tag_filter = parse_tag_expression(expression)
         with self._lock:

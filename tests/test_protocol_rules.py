@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engine.errors import InvalidArgumentError, StoreError
-from engine.model import SysFlag, TopicConfig
+from engine.model import PullStatus, SysFlag, TopicConfig
 from engine.protocol.actions import ACTIONS, EXPIRED, NACK, ROUTED_ACTIONS
 from engine.protocol.delays import (
     DELAY_LEVELS_MS,
@@ -26,6 +26,7 @@ from engine.protocol.names import (
     retry_topic,
 )
 from engine.protocol.permissions import DEFAULT_PERM, Perm, is_readable, is_writeable
+from engine.protocol.pull import pull_status
 from engine.protocol.schedule import (
     SCHEDULE_PROPERTIES,
     SCHEDULE_QUEUES,
@@ -256,3 +257,21 @@ def test_local_state_reads_the_enum_or_its_name(
     value: object, expected: LocalTransactionState | None
 ) -> None:
     assert local_state(value) is expected
+
+
+# ----------------------------------------------------------------- pull offset checks
+@pytest.mark.parametrize(
+    ("offset", "bounds", "expected"),
+    [
+        (0, (0, 0), (PullStatus.NO_NEW_MSG, 0)),
+        (3, (0, 0), (PullStatus.OFFSET_ILLEGAL, 0)),
+        (1, (2, 5), (PullStatus.OFFSET_ILLEGAL, 2)),
+        (5, (2, 5), (PullStatus.NO_NEW_MSG, 5)),
+        (9, (2, 5), (PullStatus.OFFSET_ILLEGAL, 5)),
+        (3, (2, 5), (None, 3)),
+    ],
+)
+def test_pull_status_corrects_offsets_as_rocketmq_does(
+    offset: int, bounds: tuple[int, int], expected: tuple[PullStatus | None, int]
+) -> None:
+    assert pull_status(offset, *bounds) == expected

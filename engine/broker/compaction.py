@@ -22,8 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypedDict
 
-from engine.broker._upkeep import check_int, commit, table_names
+from engine.broker.carried_markers import commit
 from engine.broker.index import INDEX_ROW_GROUP_ROWS, INDEX_SORT
+from engine.broker.maintenance_args import check_int, table_names
 from engine.errors import CommitStateUnknownError
 from engine.store import schemas
 from engine.store.log import table_filesystem

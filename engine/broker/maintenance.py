@@ -17,7 +17,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.broker._upkeep import CARRIED_MARKERS, HOUR_MS, check_hours, check_int, table_names
+from engine.broker.carried_markers import CARRIED_MARKERS
 from engine.broker.compaction import (
     DEFAULT_LAYOUT,
     DEFAULT_MIN_FILES,
@@ -29,6 +29,7 @@ from engine.broker.compaction import (
     compact,
     plan_bins,
 )
+from engine.broker.maintenance_args import HOUR_MS, check_hours, check_int, table_names
 from engine.broker.retention import RetentionReport, consumed_offsets, protected_offsets, retain
 from engine.errors import MQError
 from engine.store import schemas

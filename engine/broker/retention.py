@@ -17,8 +17,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pa_fs
 
-from engine.broker._upkeep import HOUR_MS, check_hours, check_int, commit
+from engine.broker.carried_markers import commit
 from engine.broker.compaction import dispatched_physical
+from engine.broker.maintenance_args import HOUR_MS, check_hours, check_int
 from engine.broker.schedule_state import schedule_progress
 from engine.errors import CommitStateUnknownError
 from engine.protocol import SCHEDULE_TOPIC

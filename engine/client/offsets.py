@@ -1,7 +1,9 @@
-"""Consumer offsets in the append-only ``consumer_offset`` table (latest row wins)."""
+"""Consumer offsets: committed ones in the append-only ``consumer_offset`` table (latest row wins),
+and where a queue without one starts."""
 
 from __future__ import annotations
 
+import enum
 import threading
 from collections.abc import Iterable
 
@@ -10,6 +12,7 @@ import pyarrow.dataset as ds
 
 from engine.errors import InvalidArgumentError
 from engine.store import schemas
+from engine.store.queues import QueueIndex
 from engine.store.store import Store, now_ms, sql_literal
 
 
@@ -69,3 +72,28 @@ class OffsetStore:
             if key not in latest or row["ts_ms"] >= latest[key][0]:
                 latest[key] = (row["ts_ms"], row["offset"])
         return {k: v[1] for k, v in latest.items()}
+
+
+class ConsumeFrom(enum.StrEnum):
+    """Where a group with no committed offset for a queue starts (RocketMQ ``ConsumeFromWhere``)."""
+
+    LAST = "LAST"
+    FIRST = "FIRST"
+    TIMESTAMP = "TIMESTAMP"
+
+
+def offset_by_time(index: QueueIndex, topic: str, queue_id: int, timestamp_ms: int) -> int:
+    """First offset of a queue stored at or after ``timestamp_ms`` (max offset if none): binary search.
+
+    Store times never decrease along a queue (the sequencer stamps them monotonically).
+    """
+    index.refresh()
+    lo, hi = index.bounds(topic, queue_id)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        entry = index.entries(topic, queue_id, mid, mid + 1)
+        if entry.num_rows == 0 or int(entry["store_ts_ms"][0].as_py()) >= timestamp_ms:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo

@@ -98,7 +98,18 @@ def _plain_batch(messages: Sequence[object], topic: str) -> bool:
     return True
 
 
-def _writeable(topic: TopicConfig) -> TopicConfig:
+def _writeable_topic(store: Store, name: str) -> TopicConfig:
+    """The configuration of a topic producers may send to.
+
+    Raises:
+        InvalidMessageError: a system topic, or one without write permission.
+        TopicNotFoundError: no such topic.
+    """
+    if is_system_topic(name):
+        raise InvalidMessageError(
+            f"topic {name!r} is a system topic; producers cannot send to it", topic=name
+        )
+    topic = store.topic(name)
     if not is_writeable(topic.perm):
         raise InvalidMessageError(
             f"topic {topic.name!r} is not writable (perm {topic.perm})", topic=topic.name
@@ -179,11 +190,7 @@ class Producer:
                 message.properties,
                 message.deliver_at_ms,
             )
-        if is_system_topic(message.topic):
-            raise InvalidMessageError(
-                f"topic {message.topic!r} is a system topic; producers cannot send to it", topic=message.topic
-            )
-        topic = _writeable(self._store.topic(message.topic))
+        topic = _writeable_topic(self._store, message.topic)
         validate_delay_level(delay_level)
         qid = self._choose_queue(topic.name, topic.queues, queue_id, sharding_key)
         if plain and not delay_level:
@@ -309,11 +316,7 @@ class Producer:
         return _results(self._writer.append_batch(batch))
 
     def _batch_queue(self, topic_name: str, queue_id: int | None) -> tuple[int, str]:
-        if is_system_topic(topic_name):
-            raise InvalidMessageError(
-                f"topic {topic_name!r} is a system topic; producers cannot send to it", topic=topic_name
-            )
-        topic = _writeable(self._store.topic(topic_name))
+        topic = _writeable_topic(self._store, topic_name)
         return self._choose_queue(topic.name, topic.queues, queue_id, None), topic.name
 
     def _send_plain_batch(

@@ -10,12 +10,16 @@ Nothing here does I/O; every function is tested without a JVM or a disk.
 - :mod:`~engine.protocol.permissions`: topic permissions (RocketMQ's ``PermName``)
 - :mod:`~engine.protocol.topics`: topic settings and the broker's own topics
 - :mod:`~engine.protocol.actions`: the consumer actions of the ``action_log`` table
+- :mod:`~engine.protocol.index_keys`: the kinds of lookup key of the ``index`` table
+- :mod:`~engine.protocol.rebalance`: which queues each consumer of a group takes
+- :mod:`~engine.protocol.pull`: limits of a pull and the offset checks before reading
 - :mod:`~engine.protocol.schedule`: the schedule envelope of delayed, timer and retried messages
 - :mod:`~engine.protocol.transactions`: transaction records and the check policy
 
-The names listed in ``__all__`` are re-exported here; :mod:`~engine.protocol.topics` and
-:mod:`~engine.protocol.transactions`, which build :mod:`engine.model` values, are imported by their
-own paths, so that :mod:`engine.model` may use the rules above without an import cycle.
+The names listed in ``__all__`` are re-exported here. :mod:`~engine.protocol.pull`,
+:mod:`~engine.protocol.topics` and :mod:`~engine.protocol.transactions` build :mod:`engine.model`
+values, so they are imported by their own paths: :mod:`engine.model` uses the permissions without
+an import cycle.
 """
 
 from __future__ import annotations
@@ -40,6 +44,10 @@ from engine.protocol.delays import (
     retry_delay_level,
     validate_delay_level,
     validate_max_reconsume,
+)
+from engine.protocol.index_keys import (
+    KIND_KEY,
+    KIND_UNIQ_KEY,
 )
 from engine.protocol.message_ids import (
     UniqKeyGenerator,
@@ -93,6 +101,17 @@ from engine.protocol.permissions import (
     is_readable,
     is_writeable,
 )
+from engine.protocol.rebalance import (
+    STRATEGIES,
+    AllocateStrategy,
+    MessageModel,
+    MessageQueue,
+    StrategyName,
+    allocate_averagely,
+    allocate_averagely_by_circle,
+    allocate_consistent_hash,
+    resolve_strategy,
+)
 from engine.protocol.schedule import (
     LEVEL_QUEUES,
     MAX_TIMER_DELAY_MS,
@@ -121,6 +140,8 @@ __all__ = [
     "DELAY_LEVELS_MS",
     "DLQ_PREFIX",
     "EXPIRED",
+    "KIND_KEY",
+    "KIND_UNIQ_KEY",
     "LEVEL_QUEUES",
     "MAX_BODY_BYTES",
     "MAX_DELAY_LEVEL",
@@ -151,18 +172,26 @@ __all__ = [
     "SCHEDULE_PROPERTIES",
     "SCHEDULE_QUEUES",
     "SCHEDULE_TOPIC",
+    "STRATEGIES",
     "SYSTEM_TOPICS",
     "TIMER_QUEUE_ID",
     "TOPIC_PATTERN",
     "TOPIC_PERMS",
     "TRANS_HALF_TOPIC",
     "TRANS_OP_HALF_TOPIC",
+    "AllocateStrategy",
     "MaxReconsume",
+    "MessageModel",
+    "MessageQueue",
     "Perm",
     "RealDestination",
     "ScheduleEnvelope",
+    "StrategyName",
     "TagFilter",
     "UniqKeyGenerator",
+    "allocate_averagely",
+    "allocate_averagely_by_circle",
+    "allocate_consistent_hash",
     "delay_due_ms",
     "dlq_topic",
     "encode_properties",
@@ -178,6 +207,7 @@ __all__ = [
     "parse_tag_expression",
     "real_destination",
     "record_size",
+    "resolve_strategy",
     "retry_delay_level",
     "retry_topic",
     "schedule_envelope",

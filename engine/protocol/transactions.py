@@ -110,22 +110,7 @@ class HalfMessage:
 
     def view(self) -> MessageExt:
         """The message as a checker sees it: real topic and queue, the half's offsets and id."""
-        return MessageExt(
-            topic=self.topic,
-            queue_id=self.queue_id,
-            queue_offset=-1,
-            physical_offset=self.physical_offset,
-            msg_id=self.msg_id,
-            uniq_key=self.uniq_key,
-            body=self.body,
-            tags=self.tags,
-            keys=self.keys,
-            properties=dict(self.properties),
-            born_ts_ms=self.born_ts_ms,
-            store_ts_ms=self.store_ts_ms,
-            reconsume_times=0,
-            sys_flag=int(SysFlag.PREPARED),
-        )
+        return MessageExt.from_row({**vars(self), "queue_offset": -1, "sys_flag": int(SysFlag.PREPARED)})
 
 
 def half_properties(

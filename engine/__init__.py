@@ -4,13 +4,13 @@ The public names of the engine; everything else is internal.
 """
 
 from engine.client.admin import Admin
+from engine.client.offsets import ConsumeFrom
 from engine.client.producer import Producer
 from engine.client.pull import PullConsumer
-from engine.client.push import ConsumeFrom, ConsumeResult, PushConsumer
-from engine.client.queries import MessageNotFoundError
-from engine.client.rebalance import MessageModel, MessageQueue
+from engine.client.push import PushConsumer
+from engine.client.queue_workers import ConsumeResult
 from engine.client.simple import SimpleConsumer
-from engine.client.transaction import LocalTransactionState, TransactionProducer
+from engine.client.transaction import TransactionProducer
 from engine.config import EngineConfig, load_config
 from engine.errors import (
     CommitConflictError,
@@ -20,6 +20,7 @@ from engine.errors import (
     InvalidArgumentError,
     InvalidMessageError,
     InvalidTopicError,
+    MessageNotFoundError,
     MQError,
     OffsetOutOfRangeError,
     ProducerClosedError,
@@ -40,6 +41,8 @@ from engine.model import (
     SysFlag,
     TopicConfig,
 )
+from engine.protocol.rebalance import MessageModel, MessageQueue
+from engine.protocol.transactions import LocalTransactionState
 from engine.store import Store
 
 __version__ = "0.1.0"

@@ -52,6 +52,11 @@ class OffsetOutOfRangeError(InvalidArgumentError):
     """An offset lies outside what a queue holds."""
 
 
+class MessageNotFoundError(InvalidArgumentError):
+    """A well-formed message id of this store names no stored message (never written, or removed
+    by retention)."""
+
+
 class StoreError(MQError):
     """The store is unreadable or a table is not what the engine expects."""
 

@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.protocol.permissions import DEFAULT_PERM
+
 
 class SendStatus(enum.StrEnum):
     """Outcome of a send, as RocketMQ's ``SendStatus``."""
@@ -146,6 +148,6 @@ class TopicConfig:
 
     name: str
     queues: int
-    perm: int = 6
+    perm: int = DEFAULT_PERM  # bit flags of engine.protocol.permissions.Perm: READ | WRITE
     type: str = "NORMAL"
     created_ts_ms: int = 0

@@ -23,8 +23,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from engine.broker.retry import ROUTE_COLUMNS, MaxReconsume, RetryRouter, routed_version
+from engine.broker.retry import ROUTE_COLUMNS, RetryRouter, routed_version
 from engine.errors import InvalidArgumentError
+from engine.protocol.delays import MaxReconsume
 from engine.store import schemas
 from engine.store.store import Store
 from jobs._common import (

@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.broker.dispatch import dispatch_pending
-from engine.broker.schedule import Scheduler, schedule_progress
+from engine.broker.schedule import Scheduler
+from engine.broker.schedule_state import schedule_progress
 from engine.store.store import Store
 from jobs._common import (
     EXIT_OK,

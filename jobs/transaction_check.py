@@ -20,14 +20,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.broker.transactions import (
+from engine.broker.transactions import check_transactions
+from engine.errors import InvalidArgumentError
+from engine.protocol.transactions import (
     DEFAULT_CHECK_INTERVAL_MS,
     DEFAULT_MAX_CHECKS,
     DEFAULT_TIMEOUT_MS,
-    check_transactions,
     validate_check_settings,
 )
-from engine.errors import InvalidArgumentError
 from engine.store.commit_log import CommitLogWriter
 from engine.store.store import Store
 from jobs._common import (

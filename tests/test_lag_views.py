@@ -14,7 +14,7 @@ from engine.broker.dispatch import dispatch_pending
 from engine.cli import main
 from engine.client.admin_offsets import QueueLag, lag_rows
 from engine.spark import register_views
-from engine.store import schemas, sequencer
+from engine.store import commit_log, schemas
 from engine.store.commit_log import CommitLogWriter
 from engine.store.consumer_offset import OffsetStore
 from engine.store.stamping import PendingMessage
@@ -31,7 +31,7 @@ def _put(store: Store, topic: str, queue_id: int, n: int, ts: int | None = None)
         CommitLogWriter(store).append(messages)
     else:
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(sequencer, "now_ms", lambda: ts)
+            mp.setattr(commit_log, "now_ms", lambda: ts)
             CommitLogWriter(store).append(messages)
 
 

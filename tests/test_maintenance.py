@@ -40,13 +40,14 @@ from engine.broker.maintenance import (
     retain,
     vacuum,
 )
+from engine.protocol.index_keys import KIND_KEY, KIND_UNIQ_KEY
 from engine.store import commit_log, schemas
 from engine.store.commit_log import CommitLogWriter, read_hwm
 from engine.store.commit_markers import CQ_KEY, HWM_KEY
 from engine.store.consume_queue import queue_marks
 from engine.store.consumer_offset import OffsetStore
 from engine.store.delta_log import table_filesystem
-from engine.store.index import INDEX_SORT, KIND_KEY, KIND_UNIQ_KEY
+from engine.store.index import INDEX_SORT
 from engine.store.stamping import PendingMessage
 from tests.helpers import commit_log_rows, versions
 

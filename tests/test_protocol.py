@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from engine.delays import DELAY_LEVELS_MS, delay_due_ms, retry_delay_level, validate_delay_level
 from engine.errors import InvalidArgumentError, InvalidMessageError, InvalidTopicError
 from engine.protocol import (
     UniqKeyGenerator,
@@ -19,6 +18,7 @@ from engine.protocol import (
     validate_message_fields,
     validate_topic_name,
 )
+from engine.protocol.delays import DELAY_LEVELS_MS, delay_due_ms, retry_delay_level, validate_delay_level
 
 
 @pytest.mark.parametrize(

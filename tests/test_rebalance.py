@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from engine import InvalidArgumentError, MessageQueue
-from engine.client.rebalance import (
+from engine.protocol.rebalance import (
     STRATEGIES,
     allocate_averagely,
     allocate_averagely_by_circle,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -12,17 +13,8 @@ import pytest
 
 from engine import Admin, InvalidArgumentError, Message, MessageExt, Producer, PullConsumer, Store
 from engine.broker.dispatch import dispatch_pending
-from engine.broker.schedule import (
-    SCHEDULE_APP,
-    TIMER_QUEUE_ID,
-    Scheduler,
-    add_handled,
-    deliver_due,
-    handled_mask,
-    queue_app_id,
-    schedule_progress,
-)
-from engine.delays import DELAY_LEVELS_MS, MAX_DELAY_LEVEL
+from engine.broker.schedule import Scheduler, deliver_due
+from engine.broker.schedule_state import add_handled, handled_mask, schedule_progress
 from engine.protocol import (
     PROPERTY_DELAY,
     PROPERTY_REAL_QUEUE_ID,
@@ -30,9 +22,12 @@ from engine.protocol import (
     PROPERTY_TIMER_DELIVER_MS,
     SCHEDULE_TOPIC,
 )
+from engine.protocol.delays import DELAY_LEVELS_MS, MAX_DELAY_LEVEL
+from engine.protocol.schedule import TIMER_QUEUE_ID
 from engine.store import schemas
+from engine.store.commit_markers import SCHEDULE_APP, schedule_queue_app
 from engine.store.store import now_ms
-from tests.helpers import commit_log_rows, run_in_threads, versions
+from tests.helpers import commit_log_rows, versions
 from tests.raw_delta import raw_table
 
 FAR_FUTURE = 10**13
@@ -237,15 +232,24 @@ def test_two_stores_delivering_concurrently_deliver_each_message_once(tmp_path: 
             producer.send(Message("T", f"t{i}".encode(), deliver_at_ms=base + ahead))
     dispatch_pending(first)
     stores = [first, Store.open(path)]
+    errors: list[BaseException] = []
     delivered = [0, 0]
 
-    def deliver_from(k: int) -> None:
-        scheduler = Scheduler(stores[k], max_messages_per_pass=7)
-        for step in range(12):  # clocks advance differently in each instance
-            delivered[k] += scheduler.deliver_due(base + 1_000 * (step + k) * 2)
-        delivered[k] += scheduler.deliver_due(FAR_FUTURE)
+    def run(k: int) -> None:
+        try:
+            scheduler = Scheduler(stores[k], max_messages_per_pass=7)
+            for step in range(12):  # clocks advance differently in each instance
+                delivered[k] += scheduler.deliver_due(base + 1_000 * (step + k) * 2)
+            delivered[k] += scheduler.deliver_due(FAR_FUTURE)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
 
-    assert run_in_threads(deliver_from) == []
+    threads = [threading.Thread(target=run, args=(k,)) for k in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
     assert sum(delivered) == 60
     counts = uniq_counts(pull_all(first))
     assert len(counts) == 60 and set(counts.values()) == {1}
@@ -298,7 +302,7 @@ def test_a_pass_larger_than_the_budget_takes_several_commits(store: Store, topic
     before = store.version(schemas.COMMIT_LOG)
     assert deliver(store, FAR_FUTURE, Scheduler(store, max_messages_per_pass=4)) == 9
     assert store.version(schemas.COMMIT_LOG) == before + 3
-    assert store.app_version(schemas.COMMIT_LOG, queue_app_id(0)) == 8
+    assert store.app_version(schemas.COMMIT_LOG, schedule_queue_app(0)) == 8
 
 
 # ----------------------------------------------------------------- bad input

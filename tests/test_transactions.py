@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -25,21 +26,7 @@ from engine import (
     TransactionProducer,
 )
 from engine.broker.dispatch import dispatch_pending
-from engine.broker.transactions import (
-    EVENT_CHECK,
-    EVENT_COMMIT,
-    EVENT_ROLLBACK,
-    PROPERTY_HALF_OFFSET,
-    PROPERTY_PRODUCER_GROUP,
-    REASON_MAX_CHECKS,
-    check_transactions,
-    end_transaction,
-    is_decided,
-    load_half,
-    next_check,
-    tx_app_id,
-    undecided_halves,
-)
+from engine.broker.transactions import check_transactions, undecided_halves
 from engine.protocol import (
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
@@ -47,9 +34,20 @@ from engine.protocol import (
     TRANS_HALF_TOPIC,
     TRANS_OP_HALF_TOPIC,
 )
+from engine.protocol.transactions import (
+    EVENT_CHECK,
+    EVENT_COMMIT,
+    EVENT_ROLLBACK,
+    PROPERTY_HALF_OFFSET,
+    PROPERTY_PRODUCER_GROUP,
+    REASON_MAX_CHECKS,
+    next_check,
+)
 from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
-from tests.helpers import commit_log_rows, eventually, versions
+from engine.store.commit_markers import transaction_app
+from engine.store.transactions import end_transaction, is_decided, load_half
+from tests.helpers import commit_log_rows, versions
 
 COMMIT = LocalTransactionState.COMMIT
 ROLLBACK = LocalTransactionState.ROLLBACK
@@ -98,6 +96,15 @@ def pull_all(store: Store, topic: str, queues: int = 4) -> list[MessageExt]:
 def transactions(store: Store, event: str | None = None) -> list[dict[str, Any]]:
     rows = store.read(schemas.TRANSACTIONS).to_pylist()
     return sorted((r for r in rows if event is None or r["event"] == event), key=lambda r: r["ts_ms"])
+
+
+def eventually(condition: Callable[[], Any], timeout_s: float = 20.0) -> Any:
+    end = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value or time.monotonic() > end:
+            return value
+        time.sleep(0.05)
 
 
 # ----------------------------------------------------------------------------- local decisions
@@ -339,7 +346,7 @@ def test_a_decision_older_than_its_guard_is_found_by_content_and_never_taken_twi
     committed, rolled, pending = sorted(
         r["physical_offset"] for r in commit_log_rows(store) if r["topic"] == TRANS_HALF_TOPIC
     )
-    assert store.app_version(schemas.COMMIT_LOG, tx_app_id(committed)) == -1  # the guard expired
+    assert store.app_version(schemas.COMMIT_LOG, transaction_app(committed)) == -1  # the guard expired
 
     assert is_decided(store, committed) and is_decided(store, rolled)
     assert not is_decided(store, pending)

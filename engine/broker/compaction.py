@@ -2,7 +2,7 @@
 
 Micro-batches leave one small file per commit; pulls then open many files and scans slow down by an
 order of magnitude. :func:`compact` rewrites them without blocking producers or consumers; the
-rewriting and the commit (markers carried, automatic retries off) are :mod:`engine.store.data_files`'s.
+rewriting and the commit (markers carried, automatic retries off) are :mod:`engine.store.rewrite`'s.
 
 Layouts. The commit log is bin-packed only across *consecutive* small files in physical-offset order
 and each output is sorted by physical offset, so files keep contiguous, disjoint physical-offset
@@ -22,16 +22,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypedDict
 
-from engine.broker._upkeep import check_int, commit, table_names
+from engine.broker.maintenance_args import check_int, table_names
 from engine.errors import CommitStateUnknownError
 from engine.store import schemas
 from engine.store.commit_log import COMMIT_LOG_ROW_GROUP_ROWS
-from engine.store.data_files import (
-    Commit,
-    delete_files,
-    remove_action,
-    rewrite_files,
-)
+from engine.store.data_files import Commit, commit_planned, delete_files, remove_action, rewrite_files
 from engine.store.delta import Action, DataFile, Snapshot
 from engine.store.delta_log import table_filesystem
 from engine.store.index import INDEX_ROW_GROUP_ROWS, INDEX_SORT
@@ -208,7 +203,7 @@ def _compact_table(store: Store, name: str, min_files: int, target: int | None) 
                 row_group_rows=layout.row_group_rows,
             )
             written.append((sources, adds, rows))
-        version = commit(store, name, plan, "compact")
+        version = commit_planned(store, name, plan, "compact")
     except CommitStateUnknownError:
         raise  # the files may be referenced now: leave them to vacuum
     except BaseException:

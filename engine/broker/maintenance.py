@@ -17,7 +17,6 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.broker._upkeep import CARRIED_MARKERS, HOUR_MS, check_hours, check_int, table_names
 from engine.broker.compaction import (
     DEFAULT_LAYOUT,
     DEFAULT_MIN_FILES,
@@ -29,6 +28,7 @@ from engine.broker.compaction import (
     compact,
     plan_bins,
 )
+from engine.broker.maintenance_args import HOUR_MS, check_hours, check_int, table_names
 from engine.broker.retention import RetentionReport, consumed_offsets, protected_offsets, retain
 from engine.errors import MQError
 from engine.store import schemas
@@ -38,7 +38,6 @@ from engine.store.store import Store
 from engine.store.vacuum import checkpoint_table, vacuum_table
 
 __all__ = [
-    "CARRIED_MARKERS",
     "DEFAULT_LAYOUT",
     "DEFAULT_MIN_FILES",
     "DEFAULT_VACUUM_RETENTION_HOURS",

@@ -16,8 +16,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.client.actions import PULL
 from engine.errors import CommitConflictError
+from engine.protocol.actions import PULL
 from engine.store import schemas
 from engine.store.delta_log import VERSION_COLUMN
 from engine.store.pull_log import (

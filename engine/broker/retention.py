@@ -17,9 +17,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pa_fs
 
-from engine.broker._upkeep import HOUR_MS, check_hours, check_int, commit
 from engine.broker.compaction import dispatched_physical
-from engine.broker.schedule import schedule_progress
+from engine.broker.maintenance_args import HOUR_MS, check_hours, check_int
+from engine.broker.schedule_state import schedule_progress
 from engine.errors import CommitStateUnknownError
 from engine.protocol import SCHEDULE_TOPIC
 from engine.store import schemas
@@ -29,6 +29,7 @@ from engine.store.commit_markers import CQ_KEY
 from engine.store.consume_queue import queue_marks
 from engine.store.data_files import (
     Commit,
+    commit_planned,
     delete_files,
     read_columns,
     read_file,
@@ -332,7 +333,7 @@ def _retain_consume_queue(store: Store, plan: _RetentionPlan, report: RetentionR
         return Commit(actions, {CQ_KEY: marks.to_json()})
 
     try:
-        version = commit(store, schemas.CONSUME_QUEUE, plan_cq, "retain")
+        version = commit_planned(store, schemas.CONSUME_QUEUE, plan_cq, "retain")
     except CommitStateUnknownError:
         raise
     except BaseException:
@@ -360,7 +361,7 @@ def _retain_commit_log(
             actions.extend([add, remove_action(f, True)])
         return Commit(actions)
 
-    version = commit(store, schemas.COMMIT_LOG, plan_log, "retain")
+    version = commit_planned(store, schemas.COMMIT_LOG, plan_log, "retain")
     if version is None:
         delete_files(fs, [a.path for _, a in plan.rewrites])
         return
@@ -382,7 +383,7 @@ def _retain_index(store: Store, report: RetentionReport) -> None:
         report["index_files_removed"] = len(gone)
         return Commit([remove_action(f, True) for f in gone])
 
-    version = commit(store, schemas.INDEX, plan_index, "retain")
+    version = commit_planned(store, schemas.INDEX, plan_index, "retain")
     if version is not None:
         report["versions"][schemas.INDEX] = version
     else:

@@ -45,26 +45,30 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.broker.schedule import SCHEDULE_PROPERTIES
-from engine.client import actions as _actions
-from engine.client.admin import Admin
-from engine.delays import DELAY_LEVELS_MS, retry_delay_level
+from engine.broker.reput import reput, row_properties
 from engine.errors import CommitConflictError, InvalidArgumentError, StoreError
 from engine.model import UNDISPATCHED_FLAGS
-from engine.protocol import (
-    PROPERTY_DELAY,
-    PROPERTY_MAX_RECONSUME_TIMES,
+from engine.protocol.actions import ROUTED_ACTIONS
+from engine.protocol.delays import (
+    MaxReconsume,
+    is_dead_letter,
+    max_reconsume_times,
+    retry_delay_level,
+    validate_max_reconsume,
+)
+from engine.protocol.names import (
     PROPERTY_ORIGIN_MESSAGE_ID,
-    PROPERTY_REAL_QUEUE_ID,
-    PROPERTY_REAL_TOPIC,
     PROPERTY_RECONSUME_TIME,
     PROPERTY_RETRY_TOPIC,
     SCHEDULE_TOPIC,
     dlq_topic,
     retry_topic,
 )
+from engine.protocol.schedule import schedule_envelope, without_schedule_properties
+from engine.protocol.topics import system_topic_config
 from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
+from engine.store.commit_markers import RETRY_APP, RETRY_GUARD_APP, RETRY_RANGE_KEY, RETRY_SKIPPED_KEY
 from engine.store.consume_queue import QueueIndex
 from engine.store.delta import Snapshot
 from engine.store.delta_log import VERSION_COLUMN
@@ -72,14 +76,6 @@ from engine.store.stamping import PendingMessage
 from engine.store.store import Store
 from engine.store.store import now_ms as _clock_ms
 
-RETRY_APP = "mq.retry"
-RETRY_GUARD_APP = "mq.retry.seq"
-RANGE_KEY = "mq.retry.range"
-SKIPPED_KEY = "mq.retry.skipped"
-NACK: str = _actions.NACK
-# Emitted by consumers whose invisible deadline passed without an ack (SimpleConsumer).
-EXPIRED: str = getattr(_actions, "EXPIRED", "EXPIRED")
-ROUTED_ACTIONS: frozenset[str] = frozenset({NACK, EXPIRED})
 # Columns of action_log the router reads (a stream may select just these, plus ``_version``).
 ROUTE_COLUMNS = ("group", "action", "physical_offset", "msg_id", "reconsume_times")
 # With no failure in a range, progress is committed (as an empty commit) only every this many
@@ -89,38 +85,11 @@ ADVANCE_EVERY = 64
 _MAX_LOST_RACES = 64
 _MAX_SKIPPED_LISTED = 100
 
-MaxReconsume = int | Mapping[str, int] | None
-
 
 # ----------------------------------------------------------------- pure rules
-def _properties(row: Mapping[str, Any]) -> dict[str, str]:
-    props = row.get("properties") or {}
-    return dict(props) if not isinstance(props, Mapping) else {str(k): str(v) for k, v in props.items()}
-
-
-def max_reconsume_times(
-    properties: Mapping[str, str], group: str, setting: MaxReconsume, default: int
-) -> int:
-    """The reconsume limit for one message of ``group``; pure (precedence in the module docstring)."""
-    raw = properties.get(PROPERTY_MAX_RECONSUME_TIMES)
-    if raw is not None:
-        try:
-            value = int(raw)
-        except ValueError:
-            value = -1
-        if value >= 0:
-            return value
-    if isinstance(setting, Mapping):
-        if group in setting:
-            return int(setting[group])
-    elif setting is not None:
-        return int(setting)
-    return default
-
-
 def _history(row: Mapping[str, Any]) -> dict[str, str]:
     """The failed message's properties with the failure history filled in."""
-    props = {k: v for k, v in _properties(row).items() if k not in SCHEDULE_PROPERTIES}
+    props = without_schedule_properties(row_properties(row))
     props.setdefault(PROPERTY_ORIGIN_MESSAGE_ID, str(row["msg_id"]))
     props.setdefault(PROPERTY_RETRY_TOPIC, str(row["topic"]))
     props[PROPERTY_RECONSUME_TIME] = str(int(row.get("reconsume_times") or 0) + 1)
@@ -130,65 +99,26 @@ def _history(row: Mapping[str, Any]) -> dict[str, str]:
 def retry_message(row: Mapping[str, Any], group: str, now_ms: int) -> PendingMessage:
     """The schedule-topic copy that brings a failed message back to ``%RETRY%<group>``; pure."""
     times = int(row.get("reconsume_times") or 0)
-    level = retry_delay_level(times)
-    due = now_ms + DELAY_LEVELS_MS[level - 1]
-    props = _history(row)
-    props[PROPERTY_REAL_TOPIC] = retry_topic(group)
-    props[PROPERTY_REAL_QUEUE_ID] = "0"
-    props[PROPERTY_DELAY] = str(level)
-    return PendingMessage(
-        topic=SCHEDULE_TOPIC,
-        queue_id=level - 1,
-        body=bytes(row["body"]),
-        uniq_key=str(row["uniq_key"]),
-        tags=row.get("tags"),
-        keys=tuple(row.get("keys") or ()),
-        properties=props,
-        born_ts_ms=int(row["born_ts_ms"]),
-        delay_level=level,
-        deliver_at_ms=due,
-        reconsume_times=times + 1,
-        tags_code=due,
+    envelope = schedule_envelope(
+        retry_topic(group), 0, _history(row), sent_ms=now_ms, delay_level=retry_delay_level(times)
     )
+    return reput(row, **envelope._asdict(), reconsume_times=times + 1)
 
 
 def dead_letter(row: Mapping[str, Any], group: str) -> PendingMessage:
     """The ``%DLQ%<group>`` copy of a message that failed too often; pure."""
-    return PendingMessage(
-        topic=dlq_topic(group),
-        queue_id=0,
-        body=bytes(row["body"]),
-        uniq_key=str(row["uniq_key"]),
-        tags=row.get("tags"),
-        keys=tuple(row.get("keys") or ()),
-        properties=_history(row),
-        born_ts_ms=int(row["born_ts_ms"]),
-        reconsume_times=int(row.get("reconsume_times") or 0) + 1,
-    )
+    times = int(row.get("reconsume_times") or 0)
+    return reput(row, topic=dlq_topic(group), queue_id=0, properties=_history(row), reconsume_times=times + 1)
 
 
 def route_message(
     row: Mapping[str, Any], group: str, now_ms: int, setting: MaxReconsume = None, default: int = 16
 ) -> PendingMessage:
     """Retry or dead letter for one failed message (a commit-log row); pure."""
-    limit = max_reconsume_times(_properties(row), group, setting, default)
-    if int(row.get("reconsume_times") or 0) + 1 > limit:
+    limit = max_reconsume_times(row_properties(row), group, setting, default)
+    if is_dead_letter(int(row.get("reconsume_times") or 0), limit):
         return dead_letter(row, group)
     return retry_message(row, group, now_ms)
-
-
-def _check_setting(setting: MaxReconsume) -> MaxReconsume:
-    def ok(value: object) -> bool:
-        return not isinstance(value, bool) and isinstance(value, int) and value >= 0
-
-    if setting is None or (not isinstance(setting, Mapping) and ok(setting)):
-        return setting
-    if isinstance(setting, Mapping) and all(isinstance(g, str) and ok(v) for g, v in setting.items()):
-        return dict(setting)
-    raise InvalidArgumentError(
-        f"max_reconsume_times {setting!r} must be an int >= 0 or a mapping of group to int >= 0",
-        max_reconsume_times=setting,
-    )
 
 
 # ----------------------------------------------------------------- store level
@@ -214,10 +144,9 @@ class RetryRouter:
 
     def __init__(self, store: Store, *, max_reconsume_times: MaxReconsume = None) -> None:
         self._store = store
-        self._setting = _check_setting(max_reconsume_times)
+        self._setting = validate_max_reconsume(max_reconsume_times)
         self._writer = CommitLogWriter(store)
         self._index = QueueIndex(store)
-        self._admin = Admin(store)
         self._ensured: set[str] = set()
         self._dt: Snapshot | None = None  # a private snapshot: the state and the decision agree
         self._lock = threading.Lock()
@@ -259,9 +188,9 @@ class RetryRouter:
                     return routed  # nothing to route; progress catches up with the next commit
                 now = _clock_ms() if now_ms is None else now_ms
                 messages, skipped = self._messages(failures, now)
-                metadata = {RANGE_KEY: f"{progress + 1}..{covered}"}
+                metadata = {RETRY_RANGE_KEY: f"{progress + 1}..{covered}"}
                 if skipped:
-                    metadata[SKIPPED_KEY] = json.dumps(skipped[:_MAX_SKIPPED_LISTED])
+                    metadata[RETRY_SKIPPED_KEY] = json.dumps(skipped[:_MAX_SKIPPED_LISTED])
                 stamped = self._writer.append(
                     messages,
                     app_transactions={RETRY_APP: covered, RETRY_GUARD_APP: seq + 1},
@@ -317,13 +246,16 @@ class RetryRouter:
         return self._dt
 
     def _ensure_topics(self, group: str, retry: bool) -> None:
+        """Create the schedule and retry topics (a retry) or the dead-letter topic on first use."""
         names = [SCHEDULE_TOPIC, retry_topic(group)] if retry else [dlq_topic(group)]
         for name in names:
             if name not in self._ensured:
-                if name == SCHEDULE_TOPIC:
-                    self._admin.ensure_schedule_topic()
-                else:
-                    self._admin._ensure_system_topic(name, 1)
+                store = self._store
+                if (
+                    store.topic_configs().get(name) is None
+                    and store.topic_configs(refresh=True).get(name) is None
+                ):
+                    store.put_topic(system_topic_config(name, _clock_ms()))
                 self._ensured.add(name)
 
     def _fetch(self, physical: list[int]) -> dict[int, dict[str, Any]]:

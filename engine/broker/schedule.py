@@ -51,177 +51,60 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
 
-from engine.delays import MAX_DELAY_LEVEL
+from engine.broker.reput import reput, row_properties
+from engine.broker.schedule_state import HandledRun, ScheduleState, add_handled, handled_mask, read_state
 from engine.errors import CommitConflictError, InvalidArgumentError, StoreError
-from engine.protocol import (
-    PROPERTY_DELAY,
-    PROPERTY_REAL_QUEUE_ID,
-    PROPERTY_REAL_TOPIC,
-    PROPERTY_TIMER_DELIVER_MS,
-    SCHEDULE_TOPIC,
-)
+from engine.protocol.names import PROPERTY_REAL_TOPIC, SCHEDULE_TOPIC
+from engine.protocol.schedule import LEVEL_QUEUES, TIMER_QUEUE_ID, real_destination
 from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
+from engine.store.commit_markers import (
+    SCHEDULE_APP,
+    SCHEDULE_DROPPED_KEY,
+    SCHEDULE_STATE_KEY,
+    schedule_queue_app,
+)
 from engine.store.consume_queue import QueueIndex
 from engine.store.delta import Snapshot
 from engine.store.stamping import PendingMessage
 from engine.store.store import Store
 from engine.store.store import now_ms as _clock_ms
 
-SCHEDULE_APP = "mq.schedule"
-STATE_KEY = "mq.schedule"
-DROPPED_KEY = "mq.schedule.dropped"
-TIMER_QUEUE_ID = MAX_DELAY_LEVEL  # queue 18: arbitrary-time timers
-LEVEL_QUEUES = range(MAX_DELAY_LEVEL)
-SCHEDULE_PROPERTIES = frozenset(
-    {PROPERTY_DELAY, PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID, PROPERTY_TIMER_DELIVER_MS}
-)
 _CHUNK = 1024  # consume-queue entries read at a time
 _MAX_LOST_RACES = 64
 
-Run = tuple[int, int]
-
-
-def queue_app_id(queue_id: int) -> str:
-    """App transaction id recording the progress of one schedule queue."""
-    return f"{SCHEDULE_APP}.{queue_id}"
-
 
 # ----------------------------------------------------------------- pure helpers
-def add_handled(prefix: int, runs: Sequence[Run], offsets: Iterable[int]) -> tuple[int, tuple[Run, ...]]:
-    """Merge handled ``offsets`` into a (prefix, runs) state; pure.
-
-    Runs come back sorted, disjoint, non-adjacent and above the prefix; a run that reaches the
-    prefix is absorbed into it.
-    """
-    arr = np.unique(np.fromiter(offsets, dtype=np.int64))
-    pieces: list[Run] = list(runs)
-    if arr.size:
-        breaks = np.nonzero(np.diff(arr) != 1)[0]
-        starts = np.concatenate((arr[:1], arr[breaks + 1]))
-        ends = np.concatenate((arr[breaks], arr[-1:]))
-        pieces.extend(zip(starts.tolist(), ends.tolist(), strict=True))
-    pieces.sort()
-    merged: list[list[int]] = []
-    for lo, hi in pieces:
-        if hi <= prefix:
-            continue
-        lo = max(lo, prefix + 1)
-        if merged and lo <= merged[-1][1] + 1:
-            merged[-1][1] = max(merged[-1][1], hi)
-        else:
-            merged.append([lo, hi])
-    while merged and merged[0][0] <= prefix + 1:
-        prefix = max(prefix, merged.pop(0)[1])
-    return prefix, tuple((lo, hi) for lo, hi in merged)
-
-
-def handled_mask(prefix: int, runs: Sequence[Run], offsets: np.ndarray) -> np.ndarray:
-    """For each offset: True when the (prefix, runs) state says it was handled; pure."""
-    mask = offsets <= prefix
-    if runs and offsets.size:
-        starts = np.array([r[0] for r in runs], dtype=np.int64)
-        ends = np.array([r[1] for r in runs], dtype=np.int64)
-        idx = np.searchsorted(starts, offsets, side="right") - 1
-        inside = (idx >= 0) & (offsets <= ends[np.clip(idx, 0, None)])
-        mask = mask | inside
-    return np.asarray(mask, dtype=bool)
-
-
-def _properties(row: Mapping[str, Any]) -> dict[str, str]:
-    props = row.get("properties") or {}
-    return dict(props) if not isinstance(props, Mapping) else {str(k): str(v) for k, v in props.items()}
-
-
 def delivery_of(row: Mapping[str, Any], queues: int | None = None) -> PendingMessage | None:
     """The real-topic message for a due schedule-topic row, or None if the row names no real topic.
 
     Pure. ``queues`` (the real topic's queue count, when known) folds a ``REAL_QID`` that no longer
     exists onto an existing queue rather than losing the message.
     """
-    props = _properties(row)
-    real_topic = props.get(PROPERTY_REAL_TOPIC)
-    try:
-        real_qid = int(props.get(PROPERTY_REAL_QUEUE_ID, "0"))
-    except ValueError:
-        real_qid = 0
-    if not real_topic or real_qid < 0:
+    destination = real_destination(row_properties(row), queues)
+    if destination is None:
         return None
-    if queues is not None and queues > 0 and real_qid >= queues:
-        real_qid %= queues
-    return PendingMessage(
-        topic=real_topic,
-        queue_id=real_qid,
-        body=bytes(row["body"]),
-        uniq_key=str(row["uniq_key"]),
-        tags=row.get("tags"),
-        keys=tuple(row.get("keys") or ()),
-        properties={k: v for k, v in props.items() if k not in SCHEDULE_PROPERTIES},
-        born_ts_ms=int(row["born_ts_ms"]),
-        reconsume_times=int(row.get("reconsume_times") or 0),
-    )
+    return reput(row, **destination._asdict(), reconsume_times=int(row.get("reconsume_times") or 0))
 
 
 def moved_copy(row: Mapping[str, Any]) -> PendingMessage:
     """An unchanged copy of a waiting timer, re-put at the tail of the timer queue; pure."""
-    return PendingMessage(
+    return reput(
+        row,
         topic=SCHEDULE_TOPIC,
         queue_id=TIMER_QUEUE_ID,
-        body=bytes(row["body"]),
-        uniq_key=str(row["uniq_key"]),
-        tags=row.get("tags"),
-        keys=tuple(row.get("keys") or ()),
-        properties=_properties(row),
-        born_ts_ms=int(row["born_ts_ms"]),
+        properties=row_properties(row),
         delay_level=int(row.get("delay_level") or 0),
         deliver_at_ms=row.get("deliver_at_ms"),
         reconsume_times=int(row.get("reconsume_times") or 0),
         tags_code=int(row["tags_code"]),
     )
-
-
-# ----------------------------------------------------------------- state
-@dataclass(frozen=True)
-class ScheduleState:
-    """What the schedule has handled, as of one commit-log version."""
-
-    seq: int  # the mq.schedule counter (-1 before the first schedule commit)
-    delivered: tuple[int, ...]  # per level queue: last delivered queue offset (-1: none)
-    timer_prefix: int
-    timer_runs: tuple[Run, ...]
-    version: int  # commit-log version whose commitInfo holds timer_runs (-1: none)
-
-
-def _find_state_commit(dt: Snapshot, seq: int) -> tuple[int, tuple[Run, ...]]:
-    """The version of the commit holding the schedule state ``seq``, and its timer runs."""
-
-    def has_seq(raw: str) -> bool:
-        return int(json.loads(raw).get("seq", -2)) == seq
-
-    found = dt.find_commit_value(STATE_KEY, has_seq, walk_back=None)
-    if found is None:
-        raise StoreError(
-            f"the schedule's state commit (seq {seq}) is no longer in the commit-log history; refusing "
-            "to deliver timers that may have been delivered already",
-            table=schemas.COMMIT_LOG,
-            seq=seq,
-        )
-    version, raw = found
-    runs = tuple((int(lo), int(hi)) for lo, hi in json.loads(raw).get("timer", []))
-    return version, runs
-
-
-def schedule_progress(store: Store) -> dict[int, int]:
-    """Per schedule queue: last delivered offset (level queues) or handled prefix (timer queue)."""
-    dt = store.shared(schemas.COMMIT_LOG)
-    return {qid: dt.app_version(queue_app_id(qid)) for qid in (*LEVEL_QUEUES, TIMER_QUEUE_ID)}
 
 
 # ----------------------------------------------------------------- the scheduler
@@ -289,7 +172,7 @@ class Scheduler:
 
     Args:
         store: an open store. Its schedule-topic entries must have been dispatched (the dispatch
-            job, or :func:`engine.broker.dispatch.dispatch_pending`).
+            job, or :func:`engine.store.dispatch.dispatch_pending`).
         max_messages_per_pass: most messages re-put in one commit.
         max_bytes_per_pass: most message bytes re-put in one commit (at least one message).
         max_timer_runs: handled runs of the timer queue kept before waiting timers are moved.
@@ -368,19 +251,7 @@ class Scheduler:
 
     # ------------------------------------------------------------- one pass
     def _read_state(self, dt: Snapshot) -> ScheduleState:
-        seq = dt.app_version(SCHEDULE_APP)
-        delivered = tuple(dt.app_version(queue_app_id(q)) for q in LEVEL_QUEUES)
-        prefix = dt.app_version(queue_app_id(TIMER_QUEUE_ID))
-        cached = self._state
-        if seq < 0:
-            runs: tuple[Run, ...] = ()
-            version = -1
-        elif cached is not None and cached.seq == seq:
-            runs, version = cached.timer_runs, cached.version
-        else:
-            version, runs = _find_state_commit(dt, seq)
-        state = ScheduleState(seq, delivered, prefix, runs, version)
-        self._state = state
+        self._state = state = read_state(dt, self._state)
         return state
 
     def _pass(self, now: int) -> tuple[int, bool] | None:
@@ -410,7 +281,7 @@ class Scheduler:
         dropped: list[str] = []
         for pick in picks:
             row = rows[pick.physical]
-            config = configs.get(str(_properties(row).get(PROPERTY_REAL_TOPIC)))
+            config = configs.get(str(row_properties(row).get(PROPERTY_REAL_TOPIC)))
             message = delivery_of(row, config.queues if config is not None else None)
             if row["topic"] != SCHEDULE_TOPIC or message is None:
                 dropped.append(str(row["msg_id"]))  # unroutable: handled, so it cannot block its queue
@@ -420,14 +291,16 @@ class Scheduler:
         messages.extend(moved_copy(rows[int(p)]) for p in moves)
 
         seq = state.seq + 1
-        txns = {SCHEDULE_APP: seq, **{queue_app_id(q): off for q, off in last.items()}}
+        txns = {SCHEDULE_APP: seq, **{schedule_queue_app(q): off for q, off in last.items()}}
         if prefix > state.timer_prefix:
-            txns[queue_app_id(TIMER_QUEUE_ID)] = prefix
+            txns[schedule_queue_app(TIMER_QUEUE_ID)] = prefix
         metadata = {
-            STATE_KEY: json.dumps({"seq": seq, "timer": [list(r) for r in runs]}, separators=(",", ":"))
+            SCHEDULE_STATE_KEY: json.dumps(
+                {"seq": seq, "timer": [list(r) for r in runs]}, separators=(",", ":")
+            )
         }
         if dropped:
-            metadata[DROPPED_KEY] = json.dumps(dropped)
+            metadata[SCHEDULE_DROPPED_KEY] = json.dumps(dropped)
         stamped = self._writer.append(messages, app_transactions=txns, custom_metadata=metadata)
         if messages and not stamped:
             self._state = None
@@ -483,7 +356,7 @@ class Scheduler:
 
     def _scan_timer(
         self, state: ScheduleState, now: int, budget: _Budget
-    ) -> tuple[list[_Pick], list[int], int, tuple[Run, ...]]:
+    ) -> tuple[list[_Pick], list[int], int, tuple[HandledRun, ...]]:
         """Every due timer (earliest first, within the budget), the physical offsets of timers to
         move, and the new (prefix, runs)."""
         cache = self._timers
@@ -521,7 +394,12 @@ class Scheduler:
         return picks, moves, prefix, runs
 
     def _holes_to_move(
-        self, prefix: int, runs: tuple[Run, ...], offsets: np.ndarray, sizes: np.ndarray, budget: _Budget
+        self,
+        prefix: int,
+        runs: tuple[HandledRun, ...],
+        offsets: np.ndarray,
+        sizes: np.ndarray,
+        budget: _Budget,
     ) -> np.ndarray:
         """Offsets of the waiting timers in the smallest holes, enough to halve the runs."""
         order = np.argsort(offsets)

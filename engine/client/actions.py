@@ -1,4 +1,4 @@
-"""Consumer actions (PULL, ACK, NACK, …) recorded in the ``action_log`` table, in micro-batches.
+"""Consumer actions (:mod:`engine.protocol.actions`) recorded in the ``action_log`` table, in micro-batches.
 
 The action log is the consumers' side of the broker's bookkeeping, as QMQ's action log: the
 retry/DLQ job turns NACKs (and unacked-past-deadline pulls) into re-puts, and the pull-log job
@@ -19,16 +19,10 @@ import pyarrow.dataset as ds
 
 from engine.errors import InvalidArgumentError
 from engine.model import MessageExt
-from engine.protocol import validate_group_name
+from engine.protocol.actions import ACTIONS
+from engine.protocol.names import validate_group_name
 from engine.store import schemas
 from engine.store.store import Store, now_ms, sql_literal
-
-PULL = "PULL"
-ACK = "ACK"
-NACK = "NACK"
-CHANGE_INVISIBLE = "CHANGE_INVISIBLE"
-OFFLINE = "OFFLINE"
-ACTIONS: frozenset[str] = frozenset({PULL, ACK, NACK, CHANGE_INVISIBLE, OFFLINE})
 
 
 def last_sequence(store: Store, group: str, consumer_id: str) -> int:

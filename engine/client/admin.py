@@ -6,28 +6,23 @@ from engine.client import admin_offsets
 from engine.client.admin_offsets import QueueLag
 from engine.client.producer import Producer
 from engine.client.queries import query_by_key, query_by_uniq_key, view_message
-from engine.delays import MAX_DELAY_LEVEL
 from engine.errors import InvalidArgumentError, InvalidTopicError, StoreError, TopicExistsError
 from engine.model import Message, MessageExt, QueueStats, SendResult, TopicConfig
-from engine.protocol import (
-    MAX_QUEUES,
-    PROPERTY_DELAY,
-    PROPERTY_REAL_QUEUE_ID,
-    PROPERTY_REAL_TOPIC,
+from engine.protocol.message_ids import parse_msg_id
+from engine.protocol.names import (
     PROPERTY_RECONSUME_TIME,
     PROPERTY_RETRY_TOPIC,
-    PROPERTY_TIMER_DELIVER_MS,
     SCHEDULE_TOPIC,
     dlq_topic,
     is_system_topic,
-    parse_msg_id,
     validate_group_name,
     validate_topic_name,
 )
+from engine.protocol.permissions import DEFAULT_PERM
+from engine.protocol.schedule import SCHEDULE_PROPERTIES
+from engine.protocol.topics import system_topic_queues, validate_topic_settings
 from engine.store.consume_queue import QueueIndex
 from engine.store.store import Store, now_ms
-
-TOPIC_TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION")
 
 
 class Admin:
@@ -39,7 +34,7 @@ class Admin:
         self._producer: Producer | None = None
 
     def create_topic(
-        self, name: str, queues: int | None = None, *, type: str = "NORMAL", perm: int = 6
+        self, name: str, queues: int | None = None, *, type: str = "NORMAL", perm: int = DEFAULT_PERM
     ) -> TopicConfig:
         """Create a topic with ``queues`` queues (default 4); idempotent for the same settings.
 
@@ -56,14 +51,7 @@ class Admin:
         return self._create(name, self._store.config.default_queues if queues is None else queues, type, perm)
 
     def _create(self, name: str, queues: int, type: str, perm: int) -> TopicConfig:
-        if isinstance(queues, bool) or not isinstance(queues, int) or not 1 <= queues <= MAX_QUEUES:
-            raise InvalidArgumentError(
-                f"queues {queues!r} must be 1..{MAX_QUEUES}", topic=name, queues=queues
-            )
-        if type not in TOPIC_TYPES:
-            raise InvalidArgumentError(f"type {type!r} must be one of {', '.join(TOPIC_TYPES)}", topic=name)
-        if perm not in (2, 4, 6):
-            raise InvalidArgumentError("perm must be 2 (write), 4 (read) or 6 (read and write)", topic=name)
+        validate_topic_settings(name, queues, type, perm)
         existing = self._store.topic_configs(refresh=True).get(name)
         if existing is not None:
             if (existing.queues, existing.type, existing.perm) == (queues, type, perm):
@@ -77,16 +65,16 @@ class Admin:
         self._store.put_topic(config)
         return config
 
-    def _ensure_system_topic(self, name: str, queues: int = 1) -> TopicConfig:
-        """Create a broker-owned topic (retry, DLQ, schedule) if it is missing."""
+    def _ensure_system_topic(self, name: str) -> TopicConfig:
+        """Create a broker-owned topic (retry, DLQ, schedule) if it is missing; returns its configuration."""
         existing = self._store.topic_configs().get(name) or self._store.topic_configs(refresh=True).get(name)
         if existing is not None:
             return existing
-        return self._create(name, queues, "NORMAL", 6)
+        return self._create(name, system_topic_queues(name), "NORMAL", DEFAULT_PERM)
 
     def ensure_schedule_topic(self) -> TopicConfig:
         """The delay topic: one queue per delay level plus one for arbitrary-time timers."""
-        return self._ensure_system_topic(SCHEDULE_TOPIC, MAX_DELAY_LEVEL + 1)
+        return self._ensure_system_topic(SCHEDULE_TOPIC)
 
     def topics(self, *, include_system: bool = False) -> list[TopicConfig]:
         """Every topic, sorted by name (system topics only when asked)."""
@@ -252,14 +240,7 @@ class Admin:
                 group=group,
                 msg_id=msg_id,
             )
-        dropped = {
-            PROPERTY_RETRY_TOPIC,
-            PROPERTY_RECONSUME_TIME,
-            PROPERTY_DELAY,
-            PROPERTY_REAL_TOPIC,
-            PROPERTY_REAL_QUEUE_ID,
-            PROPERTY_TIMER_DELIVER_MS,
-        }
+        dropped = {PROPERTY_RETRY_TOPIC, PROPERTY_RECONSUME_TIME, *SCHEDULE_PROPERTIES}
         properties = {k: v for k, v in message.properties.items() if k not in dropped}
         copy = Message(original, message.body, message.tags, message.keys, properties)
         if self._producer is None:

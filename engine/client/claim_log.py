@@ -2,8 +2,33 @@
 
 :class:`ClaimLog` keeps a :class:`~engine.client.claims.ClaimBook` in step with the action log (a
 snapshot scan once, then only the new versions), commits claim rows as exactly the next version of
-the log (the optimistic claim protocol of :mod:`engine.client.simple`), and buffers acks, which change
-no claim and are appended blindly or ride along with the next claim commit.
+the log (the optimistic claim protocol below), and buffers acks, which change no claim and are
+appended blindly or ride along with the next claim commit.
+
+Claim protocol (all state is in ``action_log``; no lock service):
+
+* Every action is a row of ``action_log`` for ``(group, consumer_id, sequence)``: ``PULL`` (a claim,
+  with ``deadline_ms``), ``CHANGE_INVISIBLE`` (a new deadline), ``ACK`` and ``NACK``.
+* The claim state of a message is a pure function of those rows, evaluated in commit order
+  (:class:`ClaimBook`): a ``PULL`` is valid when the message is not finished and has no claim, or
+  the current claim's deadline is at or before the row's ``ts_ms``; ``CHANGE_INVISIBLE`` is valid from
+  the current claimant before its deadline; ``NACK`` from the current claimant finishes the message
+  (the retry job re-puts it into ``%RETRY%<group>``); ``ACK`` finishes it.
+* Claim-changing rows (``PULL``, ``CHANGE_INVISIBLE``, ``NACK``) are committed optimistically: the
+  consumer reads the action log up to version ``v``, decides against the state at ``v``, and commits
+  exactly version ``v + 1`` with Delta's automatic retries disabled. If anyone else committed ``v + 1``
+  first the commit fails, the consumer reads the newer versions and decides again. So a claim is
+  only ever committed against the complete state before it: two consumers never both hold a
+  message while its invisibility lasts, and nothing is claimed after its ack is committed.
+* Those commits stamp ``ts_ms`` strictly increasing per group (``max(now, last claim ts + 1)``), so
+  commit order can be recovered from the rows alone: a consumer starting up reads the group's rows
+  from one snapshot scan, orders claim rows by ``(ts_ms, consumer_id, sequence)`` and applies acks
+  after them (an ack is always committed after every claim of its message, so its position does not
+  matter). Steady state reads only the new versions of the log.
+* Acks change no claim, so they are buffered briefly and appended blindly (or ride along with the
+  consumer's next claim commit). An ack is accepted from any consumer that received the message,
+  even after its invisibility ended (the message is then not delivered again, though a consumer that
+  took it over may still be processing it — at least once).
 
 Not thread-safe: :class:`~engine.client.simple.SimpleConsumer` calls it under its lock.
 """
@@ -11,7 +36,7 @@ Not thread-safe: :class:`~engine.client.simple.SimpleConsumer` calls it under it
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any
 
 import pyarrow as pa
@@ -34,6 +59,39 @@ class Held:
     reconsume_times: int
     msg_id: str
     physical_offset: int
+
+    @classmethod
+    def of(cls, received: ReceivedMessage) -> Held:
+        """What this consumer keeps of a message it just received."""
+        sequence = int(received.receipt_handle.rsplit("#", 1)[1])
+        return cls(
+            sequence,
+            received.invisible_until_ms,
+            received.reconsume_times,
+            received.msg_id,
+            received.physical_offset,
+        )
+
+
+@dataclass(frozen=True)
+class ReceivedMessage(MessageExt):
+    """A message returned by :meth:`SimpleConsumer.receive`: a :class:`MessageExt` with its claim.
+
+    ``receipt_handle`` names the claim (consumer id and action sequence); ``invisible_until_ms`` is
+    when the message becomes visible to the group again unless acked or extended.
+    """
+
+    receipt_handle: str = ""
+    invisible_until_ms: int = 0
+
+
+def received_message(
+    message: MessageExt, reconsume_times: int, receipt_handle: str, until_ms: int
+) -> ReceivedMessage:
+    """``message`` as handed to the consumer that claimed it: its delivery count and its claim."""
+    values = {f.name: getattr(message, f.name) for f in fields(MessageExt)}
+    values["reconsume_times"] = reconsume_times
+    return ReceivedMessage(**values, receipt_handle=receipt_handle, invisible_until_ms=until_ms)
 
 
 class ClaimLog:

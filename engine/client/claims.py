@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.client.actions import ACK, CHANGE_INVISIBLE, NACK, PULL
+from engine.protocol.actions import ACK, CHANGE_INVISIBLE, NACK, PULL
 
 CLAIM_ACTIONS = frozenset({PULL, CHANGE_INVISIBLE, NACK})
 

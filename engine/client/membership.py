@@ -14,19 +14,27 @@ lapse stops before anyone else can take the queue, with half a TTL of slack for 
 from __future__ import annotations
 
 import json
+import os
+import socket
 import threading
 import time
+import uuid
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from engine.client.rebalance import MessageModel, MessageQueue
 from engine.errors import InvalidArgumentError
 from engine.protocol import validate_group_name
+from engine.protocol.rebalance import MessageModel, MessageQueue
 from engine.store.groups import HEARTBEAT, LEAVE, MAX_LEASE_MS, MAX_MEMBER_MS, GroupLog
 from engine.store.store import Store, now_ms
 
 DEFAULT_MEMBER_TIMEOUT_MS = 6_000
 DEFAULT_LOCK_TTL_MS = 60_000
+
+
+def default_consumer_id() -> str:
+    """A consumer id unique to this instance: host, pid and a random suffix."""
+    return f"{socket.gethostname()}@{os.getpid()}@{uuid.uuid4().hex[:8]}"
 
 
 def _positive_ms(name: str, value: object, maximum: int | None = None) -> int:

@@ -11,32 +11,23 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from types import TracebackType
 
-from engine.delays import delay_due_ms, validate_delay_level
 from engine.errors import InvalidArgumentError, InvalidMessageError, MQError, ProducerClosedError, StoreError
-from engine.model import Message, SendResult, SendStatus
-from engine.protocol import (
-    MAX_BODY_BYTES,
-    PROPERTY_DELAY,
+from engine.model import Message, SendResult, SendStatus, TopicConfig
+from engine.protocol.delays import validate_delay_level
+from engine.protocol.message_ids import UniqKeyGenerator
+from engine.protocol.messages import MAX_BODY_BYTES, select_queue_by_hash, validate_message_fields
+from engine.protocol.names import (
     PROPERTY_KEYS,
-    PROPERTY_REAL_QUEUE_ID,
-    PROPERTY_REAL_TOPIC,
-    PROPERTY_TIMER_DELIVER_MS,
-    SCHEDULE_TOPIC,
-    UniqKeyGenerator,
     is_system_topic,
     is_valid_topic_name,
-    select_queue_by_hash,
     validate_group_name,
-    validate_message_fields,
     validate_topic_name,
 )
+from engine.protocol.permissions import is_writeable
+from engine.protocol.schedule import MAX_TIMER_DELAY_MS, schedule_envelope
 from engine.store.commit_log import CommitLogWriter
-from engine.store.stamping import PendingBatch, PendingMessage, Stamped, StampedBatch
+from engine.store.stamping import PendingBatch, PendingMessage, StampedBatch
 from engine.store.store import Store, now_ms
-
-# Timer messages: how far ahead a deliver_at_ms may be (RocketMQ 5 default timerMaxDelaySec).
-MAX_TIMER_DELAY_MS = 7 * 24 * 3600 * 1000
-
 
 _SEND_OK = SendStatus.SEND_OK
 # SendResult is a frozen dataclass: its __init__ sets every field through object.__setattr__, which
@@ -108,6 +99,25 @@ def _plain_batch(messages: Sequence[object], topic: str) -> bool:
     return True
 
 
+def _writeable_topic(store: Store, name: str) -> TopicConfig:
+    """The configuration of a topic producers may send to.
+
+    Raises:
+        InvalidMessageError: a system topic, or one without write permission.
+        TopicNotFoundError: no such topic.
+    """
+    if is_system_topic(name):
+        raise InvalidMessageError(
+            f"topic {name!r} is a system topic; producers cannot send to it", topic=name
+        )
+    topic = store.topic(name)
+    if not is_writeable(topic.perm):
+        raise InvalidMessageError(
+            f"topic {topic.name!r} is not writable (perm {topic.perm})", topic=topic.name
+        )
+    return topic
+
+
 class Producer:
     """Sends messages to a store.
 
@@ -168,8 +178,6 @@ class Producer:
         queue_id: int | None = None,
         sharding_key: str | None = None,
         delay_level: int = 0,
-        *,
-        internal: bool = False,
     ) -> PendingMessage:
         if not isinstance(message, Message):
             raise InvalidMessageError(f"expected engine.Message, got {type(message).__name__}")
@@ -183,15 +191,7 @@ class Producer:
                 message.properties,
                 message.deliver_at_ms,
             )
-        if not internal and is_system_topic(message.topic):
-            raise InvalidMessageError(
-                f"topic {message.topic!r} is a system topic; producers cannot send to it", topic=message.topic
-            )
-        topic = self._store.topic(message.topic)
-        if not topic.perm & 2:
-            raise InvalidMessageError(
-                f"topic {topic.name!r} is not writable (perm {topic.perm})", topic=topic.name
-            )
+        topic = _writeable_topic(self._store, message.topic)
         validate_delay_level(delay_level)
         qid = self._choose_queue(topic.name, topic.queues, queue_id, sharding_key)
         if plain and not delay_level:
@@ -204,47 +204,24 @@ class Producer:
             props[PROPERTY_KEYS] = " ".join(keys)
         born = now_ms()
         uniq = self._ids.next()
-        if delay_level or message.deliver_at_ms is not None:
-            # Delayed and timer messages wait in the schedule topic; the schedule job re-puts them.
-            if delay_level:
-                due = delay_due_ms(delay_level, born)
-                props[PROPERTY_DELAY] = str(delay_level)
-                level = delay_level
-            else:
-                assert message.deliver_at_ms is not None
-                if message.deliver_at_ms > born + MAX_TIMER_DELAY_MS:
-                    raise InvalidMessageError(
-                        "deliver_at_ms is more than 7 days ahead; timers reach at most 7 days",
-                        topic=topic.name,
-                    )
-                due = message.deliver_at_ms
-                props[PROPERTY_TIMER_DELIVER_MS] = str(due)
-                level = 0
-            props[PROPERTY_REAL_TOPIC] = topic.name
-            props[PROPERTY_REAL_QUEUE_ID] = str(qid)
-            schedule_qid = level - 1 if level else 18  # queue 18 holds arbitrary-time timers
-            return PendingMessage(
-                topic=SCHEDULE_TOPIC,
-                queue_id=schedule_qid,
-                body=bytes(message.body),
-                uniq_key=uniq,
-                tags=message.tags,
-                keys=keys,
-                properties=props,
-                born_ts_ms=born,
-                delay_level=level,
-                deliver_at_ms=due,
-                tags_code=due,
+        deliver_at = message.deliver_at_ms
+        if not delay_level and deliver_at is None:
+            return PendingMessage(topic.name, qid, bytes(message.body), uniq, message.tags, keys, props, born)
+        # Delayed and timer messages wait in the schedule topic; the schedule job re-puts them.
+        if not delay_level and deliver_at is not None and deliver_at > born + MAX_TIMER_DELAY_MS:
+            raise InvalidMessageError(
+                "deliver_at_ms is more than 7 days ahead; timers reach at most 7 days", topic=topic.name
             )
+        envelope = schedule_envelope(
+            topic.name, qid, props, sent_ms=born, delay_level=delay_level, deliver_at_ms=deliver_at
+        )
         return PendingMessage(
-            topic=topic.name,
-            queue_id=qid,
             body=bytes(message.body),
             uniq_key=uniq,
             tags=message.tags,
             keys=keys,
-            properties=props,
             born_ts_ms=born,
+            **envelope._asdict(),
         )
 
     def _check_open(self) -> None:
@@ -340,15 +317,7 @@ class Producer:
         return _results(self._writer.append_batch(batch))
 
     def _batch_queue(self, topic_name: str, queue_id: int | None) -> tuple[int, str]:
-        if is_system_topic(topic_name):
-            raise InvalidMessageError(
-                f"topic {topic_name!r} is a system topic; producers cannot send to it", topic=topic_name
-            )
-        topic = self._store.topic(topic_name)
-        if not topic.perm & 2:
-            raise InvalidMessageError(
-                f"topic {topic.name!r} is not writable (perm {topic.perm})", topic=topic.name
-            )
+        topic = _writeable_topic(self._store, topic_name)
         return self._choose_queue(topic.name, topic.queues, queue_id, None), topic.name
 
     def _send_plain_batch(
@@ -380,10 +349,6 @@ class Producer:
         self._ensure_worker()
         self._pending.put((pending, future))
         return future
-
-    def _send_internal(self, messages: Sequence[PendingMessage]) -> list[Stamped]:
-        """Append already-prepared messages (system topics included): the broker jobs' path."""
-        return self._writer.append(list(messages))
 
     def _ensure_worker(self) -> None:
         if self._worker is None:

@@ -9,30 +9,10 @@ import pyarrow as pa
 from engine.errors import InvalidArgumentError
 from engine.model import MessageExt, PullResult, PullStatus
 from engine.protocol import TagFilter, parse_tag_expression, validate_group_name
+from engine.protocol.pull import MAX_PULL_NUMS, MAX_SCAN_ENTRIES, pull_status
 from engine.store.consume_queue import QueueIndex
 from engine.store.consumer_offset import OffsetStore
 from engine.store.store import Store
-
-# How many consume-queue entries one pull examines at most while filtering (RocketMQ reads up to
-# 16000 bytes of 20-byte entries, i.e. 800, before answering NO_MATCHED_MSG).
-MAX_SCAN_ENTRIES = 800
-MAX_PULL_NUMS = 1024
-
-
-def pull_status(offset: int, min_offset: int, max_offset: int) -> tuple[PullStatus | None, int]:
-    """RocketMQ's broker-side checks before reading: a status and next offset, or (None, offset).
-
-    Pure function: the table of REFERENCE.md "Pull (broker side)".
-    """
-    if max_offset == 0:
-        return (PullStatus.NO_NEW_MSG, 0) if offset == 0 else (PullStatus.OFFSET_ILLEGAL, 0)
-    if offset < min_offset:
-        return PullStatus.OFFSET_ILLEGAL, min_offset
-    if offset == max_offset:
-        return PullStatus.NO_NEW_MSG, offset
-    if offset > max_offset:
-        return PullStatus.OFFSET_ILLEGAL, max_offset
-    return None, offset
 
 
 class PullConsumer:

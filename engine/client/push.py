@@ -13,37 +13,33 @@ while holding its lock, so a queue moving between members is never consumed by t
 
 from __future__ import annotations
 
-import dataclasses
-import enum
 import logging
-import os
-import socket
 import threading
 import time
-import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from types import TracebackType
 
-from engine.client.actions import NACK, ActionLogWriter
+from engine.client.actions import ActionLogWriter
 from engine.client.admin import Admin
-from engine.client.membership import GroupMembership
-from engine.client.pull import MAX_PULL_NUMS, PullConsumer
-from engine.client.rebalance import (
-    AllocateStrategy,
-    MessageModel,
-    MessageQueue,
-    StrategyName,
-    resolve_strategy,
-)
-from engine.errors import ConsumerError, InvalidArgumentError, MQError
-from engine.model import MessageExt, PullStatus
+from engine.client.membership import GroupMembership, default_consumer_id
+from engine.client.offsets import ConsumeFrom, offset_by_time
+from engine.client.pull import PullConsumer
+from engine.client.queue_workers import Listener, ProcessQueue, QueueWorkers
+from engine.errors import ConsumerError, InvalidArgumentError
 from engine.protocol import (
-    PROPERTY_RETRY_TOPIC,
     RETRY_PREFIX,
     parse_tag_expression,
     retry_topic,
     validate_group_name,
     validate_topic_name,
+)
+from engine.protocol.pull import MAX_PULL_NUMS
+from engine.protocol.rebalance import (
+    AllocateStrategy,
+    MessageModel,
+    MessageQueue,
+    StrategyName,
+    resolve_strategy,
 )
 from engine.store.consume_queue import QueueIndex
 from engine.store.consumer_offset import OffsetStore
@@ -54,45 +50,6 @@ _log = logging.getLogger(__name__)
 _ACTION_FLUSH_S = 0.2  # NACKs reach the action log this soon (and always before offsets pass them)
 
 
-class ConsumeResult(enum.StrEnum):
-    """What a listener returns (RocketMQ ``ConsumeConcurrentlyStatus`` / ``ConsumeOrderlyStatus``).
-
-    SUCCESS: the messages are consumed. RECONSUME_LATER: a concurrent listener's messages go to the
-    group's retry topic; an orderly listener's queue pauses and the same messages come again.
-    """
-
-    SUCCESS = "SUCCESS"
-    RECONSUME_LATER = "RECONSUME_LATER"
-
-
-class ConsumeFrom(enum.StrEnum):
-    """Where a group with no committed offset for a queue starts (RocketMQ ``ConsumeFromWhere``)."""
-
-    LAST = "LAST"
-    FIRST = "FIRST"
-    TIMESTAMP = "TIMESTAMP"
-
-
-Listener = Callable[[list[MessageExt]], "ConsumeResult | str"]
-
-
-def offset_by_time(index: QueueIndex, topic: str, queue_id: int, timestamp_ms: int) -> int:
-    """First offset of a queue stored at or after ``timestamp_ms`` (max offset if none): binary search.
-
-    Store times never decrease along a queue (the sequencer stamps them monotonically).
-    """
-    index.refresh()
-    lo, hi = index.bounds(topic, queue_id)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        entry = index.entries(topic, queue_id, mid, mid + 1)
-        if entry.num_rows == 0 or int(entry["store_ts_ms"][0].as_py()) >= timestamp_ms:
-            hi = mid
-        else:
-            lo = mid + 1
-    return lo
-
-
 def _positive(name: str, value: object, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise InvalidArgumentError(f"{name} {value!r} must be an int > 0", **{name: value})
@@ -101,26 +58,7 @@ def _positive(name: str, value: object, maximum: int | None = None) -> int:
     return value
 
 
-def _default_instance_id() -> str:
-    return f"{socket.gethostname()}@{os.getpid()}@{uuid.uuid4().hex[:8]}"
-
-
-class _ProcessQueue:
-    """An assigned queue: its worker thread and offsets (RocketMQ's ``ProcessQueue``)."""
-
-    def __init__(self, mq: MessageQueue, expression: str, offset: int, committed: int | None) -> None:
-        self.mq = mq
-        self.expression = expression
-        self.offset = offset  # next offset to pull
-        self.consumed = offset  # every message before this is consumed (or NACKed)
-        self.committed = committed
-        self.dropped = threading.Event()
-        self.thread: threading.Thread | None = None
-        self.attempts: dict[int, int] = {}  # orderly: queue offset -> reconsume times so far
-        self.no_match: tuple[int, int] | None = None  # last NO_MATCHED_MSG (offset, next)
-
-
-class PushConsumer:
+class PushConsumer(QueueWorkers):
     """Messages pushed to a listener, with rebalance, offsets, retries and orderly consumption.
 
     Args:
@@ -235,7 +173,7 @@ class PushConsumer:
             )
         self._relock_s = relock_interval_ms / 1000
         self._suspend_s = _positive("suspend_current_queue_ms", suspend_current_queue_ms) / 1000
-        self.instance_id = _default_instance_id() if instance_id is None else instance_id
+        self.instance_id = default_consumer_id() if instance_id is None else instance_id
         self._store = store
         self._membership = GroupMembership(
             store,
@@ -253,7 +191,7 @@ class PushConsumer:
         self._subscriptions: dict[str, str] = {}
         self._listener: Listener | None = None
         self._orderly = False
-        self._pqs: dict[MessageQueue, _ProcessQueue] = {}
+        self._pqs: dict[MessageQueue, ProcessQueue] = {}
         self._state_lock = threading.RLock()  # guards _pqs, _subscriptions and the lifecycle
         self._persist_lock = threading.Lock()
         self._stop = threading.Event()
@@ -266,11 +204,6 @@ class PushConsumer:
     @property
     def consumer_id(self) -> str:
         return self.instance_id
-
-    @property
-    def _uses_locks(self) -> bool:
-        # RocketMQ locks queues for orderly clustering only; a broadcasting instance owns every queue.
-        return self._orderly and self.model is MessageModel.CLUSTERING
 
     def subscribe(self, topic: str, expression: str = "*") -> None:
         """Consume ``topic`` messages matching a tag expression (``"*"``, ``"TagA || TagB"``).
@@ -414,12 +347,6 @@ class PushConsumer:
             wake = min(next_heartbeat, next_commit, time.monotonic() + _ACTION_FLUSH_S)
             self._stop.wait(max(0.0, wake - time.monotonic()))
 
-    def _warn(self, what: str, exc: Exception) -> None:
-        # Expected failures (MQError) are one line; anything else is a bug worth its traceback.
-        _log.warning(
-            "push consumer %s: %s: %s", self.instance_id, what, exc, exc_info=not isinstance(exc, MQError)
-        )
-
     def _rebalance_loop(self) -> None:
         while not self._stop.is_set():
             try:
@@ -486,7 +413,7 @@ class PushConsumer:
             if offset is None:
                 offset = self._initial_offset(mq)
                 initial.append((mq.topic, mq.queue_id, offset))
-            pq = _ProcessQueue(mq, target[mq], offset, committed.get((mq.topic, mq.queue_id)))
+            pq = ProcessQueue(mq, target[mq], offset, committed.get((mq.topic, mq.queue_id)))
             pqs.append(pq)
         if initial:
             # Fix "first sight" now, so a queue moving on before it is consumed does not skip ahead.
@@ -520,7 +447,7 @@ class PushConsumer:
             return hi
         return offset_by_time(self._index, mq.topic, mq.queue_id, self.consume_from_timestamp_ms)
 
-    def _drop(self, pqs: Sequence[_ProcessQueue], *, commit: bool = True) -> None:
+    def _drop(self, pqs: Sequence[ProcessQueue], *, commit: bool = True) -> None:
         """Stop consuming queues: wait for their in-flight batch, commit, then unlock them."""
         for pq in pqs:
             pq.dropped.set()
@@ -546,7 +473,7 @@ class PushConsumer:
             except Exception as exc:  # logged; background work goes on
                 self._warn("unlock failed (leases expire)", exc)
 
-    def _persist(self, pqs: Sequence[_ProcessQueue] | None = None) -> None:
+    def _persist(self, pqs: Sequence[ProcessQueue] | None = None) -> None:
         """Commit consumed offsets that moved; NACKs of the messages they pass are flushed first."""
         with self._persist_lock:
             if pqs is None:
@@ -560,149 +487,3 @@ class PushConsumer:
             self._offsets.commit([(pq.mq.topic, pq.mq.queue_id, offset) for pq, offset in snapshot])
             for pq, offset in snapshot:
                 pq.committed = offset
-
-    # ----------------------------------------------------------------- consuming
-    def _active(self, pq: _ProcessQueue) -> bool:
-        return not pq.dropped.is_set() and not self._stop.is_set()
-
-    def _run_queue(self, pq: _ProcessQueue) -> None:
-        mq = pq.mq
-        while self._active(pq):
-            if self._uses_locks and not self._membership.is_locked(mq):
-                pq.dropped.wait(min(self._rebalance_s, 0.2))  # the rebalance thread relocks it
-                continue
-            try:
-                result = self._puller.pull(
-                    mq.topic,
-                    mq.queue_id,
-                    pq.offset,
-                    max_nums=self.pull_batch_size,
-                    expression=pq.expression,
-                    suspend_ms=self._pull_suspend_ms,
-                )
-            except Exception as exc:  # logged; background work goes on
-                self._warn(f"pull of {mq} failed", exc)
-                pq.dropped.wait(self._suspend_s)
-                continue
-            # Offsets move only past entries the pull has shown to us. A pull's queue bounds can
-            # run one dispatch commit ahead of the entries it read (QueueIndex takes them from
-            # table history, which on a stale snapshot already holds newer commits), so "the
-            # rest of the window was filtered out" is trusted only when a second pull agrees.
-            if result.status is PullStatus.FOUND:
-                if self._orderly:
-                    done = self._consume_orderly(pq, result.messages)
-                else:
-                    done = self._consume_concurrently(pq, result.messages)
-                if done:
-                    pq.consumed = pq.offset = result.messages[-1].queue_offset + 1
-                else:
-                    pq.offset = pq.consumed  # interrupted: pull the unconsumed rest again
-                pq.no_match = None
-            elif result.status is PullStatus.OFFSET_ILLEGAL:
-                _log.warning(
-                    "push consumer %s: offset %d of %s is illegal; corrected to %d",
-                    self.instance_id,
-                    pq.offset,
-                    mq,
-                    result.next_begin_offset,
-                )
-                pq.consumed = pq.offset = result.next_begin_offset
-            elif result.status is PullStatus.NO_MATCHED_MSG:
-                seen = (pq.offset, result.next_begin_offset)
-                if pq.no_match == seen and not parse_tag_expression(pq.expression).matches_all:
-                    pq.consumed = pq.offset = result.next_begin_offset
-                    pq.no_match = None
-                else:
-                    pq.no_match = seen  # "*" matches every entry: this can only be a stale view
-            # NO_NEW_MSG: next_begin_offset is the offset pulled; nothing to move.
-
-    def _view(self, message: MessageExt, reconsume_times: int | None = None) -> MessageExt:
-        """The message as the listener sees it: a retry shows its original topic, as in RocketMQ."""
-        changes: dict[str, object] = {}
-        origin = message.properties.get(PROPERTY_RETRY_TOPIC)
-        if origin and message.topic.startswith(RETRY_PREFIX):
-            changes["topic"] = origin
-        if reconsume_times is not None and reconsume_times != message.reconsume_times:
-            changes["reconsume_times"] = reconsume_times
-        return dataclasses.replace(message, **changes) if changes else message  # type: ignore[arg-type]
-
-    def _call(self, messages: list[MessageExt]) -> ConsumeResult:
-        assert self._listener is not None
-        try:
-            result = self._listener(messages)
-        except Exception as exc:  # a failing listener means "reconsume later", as in RocketMQ
-            _log.warning("push consumer %s: listener raised %r; reconsume later", self.instance_id, exc)
-            return ConsumeResult.RECONSUME_LATER
-        if isinstance(result, ConsumeResult):
-            return result
-        if isinstance(result, str) and result in ConsumeResult.__members__:
-            return ConsumeResult(result)
-        _log.warning("push consumer %s: listener returned %r; reconsume later", self.instance_id, result)
-        return ConsumeResult.RECONSUME_LATER
-
-    def _dead_letter_times(self, reconsume_times: int) -> int:
-        # The retry job dead-letters a NACK whose reconsume_times reach its max (config); a lower
-        # per-consumer max is carried by raising the count to the job's threshold.
-        return max(reconsume_times, self.max_reconsume_times, self._store.config.max_reconsume_times)
-
-    def _nack(self, message: MessageExt, reconsume_times: int) -> None:
-        self._actions.record(NACK, message, reconsume_times=reconsume_times)
-
-    def _consume_concurrently(self, pq: _ProcessQueue, messages: list[MessageExt]) -> bool:
-        size = self.consume_batch_size
-        for start in range(0, len(messages), size):
-            if not self._active(pq):
-                return False
-            chunk = messages[start : start + size]
-            if self._call([self._view(m) for m in chunk]) is ConsumeResult.RECONSUME_LATER:
-                if self.model is MessageModel.BROADCASTING:
-                    # RocketMQ drops failed broadcast messages: there is no per-instance retry topic.
-                    _log.warning(
-                        "push consumer %s: broadcast consume failed; dropping %d message(s)",
-                        self.instance_id,
-                        len(chunk),
-                    )
-                else:
-                    for m in chunk:
-                        times = m.reconsume_times
-                        if times >= self.max_reconsume_times:
-                            times = self._dead_letter_times(times)
-                        self._nack(m, times)
-            pq.consumed = chunk[-1].queue_offset + 1
-        return True
-
-    def _consume_orderly(self, pq: _ProcessQueue, messages: list[MessageExt]) -> bool:
-        pending = list(messages)
-        size = self.consume_batch_size
-        while pending:
-            if not self._active(pq) or (self._uses_locks and not self._membership.is_locked(pq.mq)):
-                return False
-            chunk = pending[:size]
-            times = {m.queue_offset: pq.attempts.get(m.queue_offset, m.reconsume_times) for m in chunk}
-            result = self._call([self._view(m, times[m.queue_offset]) for m in chunk])
-            if result is ConsumeResult.SUCCESS:
-                done = chunk
-            else:
-                # RocketMQ's checkReconsumeTimes: past the max, a message is dead-lettered and counts
-                # as consumed; the others are retried, in order, after a pause.
-                done = []
-                for m in chunk:
-                    attempts = times[m.queue_offset]
-                    if attempts >= self.max_reconsume_times:
-                        self._nack(m, self._dead_letter_times(attempts))
-                        done.append(m)
-                    else:
-                        pq.attempts[m.queue_offset] = attempts + 1
-            done_offsets = {m.queue_offset for m in done}
-            for offset in done_offsets:
-                pq.attempts.pop(offset, None)
-            pending = [m for m in pending if m.queue_offset not in done_offsets]
-            # Consumed up to the first message still pending (orderly never passes a failure).
-            if done:
-                first_pending = pending[0].queue_offset if pending else None
-                last_done = max(done_offsets)
-                if first_pending is None or first_pending > last_done:
-                    pq.consumed = last_done + 1
-            if len(done) < len(chunk):
-                pq.dropped.wait(self._suspend_s)
-        return True

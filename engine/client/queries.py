@@ -16,21 +16,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from engine.errors import InvalidArgumentError, StoreError
+from engine.errors import InvalidArgumentError, MessageNotFoundError, StoreError
 from engine.model import MessageExt
-from engine.protocol import parse_msg_id, validate_topic_name
+from engine.protocol.index_keys import KIND_KEY, KIND_UNIQ_KEY
+from engine.protocol.message_ids import parse_msg_id
+from engine.protocol.names import validate_topic_name
 from engine.store import schemas
 from engine.store.consume_queue import QueueIndex
-from engine.store.index import KIND_KEY, KIND_UNIQ_KEY
 from engine.store.store import Store, sql_literal
 
 DEFAULT_MAX_NUM = 32  # RocketMQ's default for a key query
 MAX_MAX_NUM = 1024
-
-
-class MessageNotFoundError(InvalidArgumentError):
-    """A well-formed message id of this store names no stored message (never written, or removed
-    by retention)."""
 
 
 def _check_key(value: object, name: str) -> str:

@@ -4,30 +4,8 @@ Consumers of a group share the queues of a topic message by message, so a group 
 consumers than queues. A received message is invisible to the rest of the group until its deadline;
 an ack removes it for good; a message not acked by its deadline is delivered again.
 
-Claim protocol (all state is in ``action_log``; no lock service):
-
-* Every action is a row of ``action_log`` for ``(group, consumer_id, sequence)``: ``PULL`` (a claim,
-  with ``deadline_ms``), ``CHANGE_INVISIBLE`` (a new deadline), ``ACK`` and ``NACK``.
-* The claim state of a message is a pure function of those rows, evaluated in commit order
-  (:class:`ClaimBook`): a ``PULL`` is valid when the message is not finished and has no claim, or
-  the current claim's deadline is at or before the row's ``ts_ms``; ``CHANGE_INVISIBLE`` is valid from
-  the current claimant before its deadline; ``NACK`` from the current claimant finishes the message
-  (the retry job re-puts it into ``%RETRY%<group>``); ``ACK`` finishes it.
-* Claim-changing rows (``PULL``, ``CHANGE_INVISIBLE``, ``NACK``) are committed optimistically: the
-  consumer reads the action log up to version ``v``, decides against the state at ``v``, and commits
-  exactly version ``v + 1`` with Delta's automatic retries disabled. If anyone else committed ``v + 1``
-  first the commit fails, the consumer reads the newer versions and decides again. So a claim is
-  only ever committed against the complete state before it: two consumers never both hold a
-  message while its invisibility lasts, and nothing is claimed after its ack is committed.
-* Those commits stamp ``ts_ms`` strictly increasing per group (``max(now, last claim ts + 1)``), so
-  commit order can be recovered from the rows alone: a consumer starting up reads the group's rows
-  from one snapshot scan, orders claim rows by ``(ts_ms, consumer_id, sequence)`` and applies acks
-  after them (an ack is always committed after every claim of its message, so its position does not
-  matter). Steady state reads only the new versions of the log.
-* Acks change no claim, so they are buffered briefly and appended blindly (or ride along with the
-  consumer's next claim commit). An ack is accepted from any consumer that received the message,
-  even after its invisibility ended (the message is then not delivered again, though a consumer that
-  took it over may still be processing it — at least once).
+Claims, acks and redelivery need no lock service: all state is in ``action_log``, and the claim
+protocol is described in :mod:`engine.client.claim_log`.
 
 Redelivery: a message whose deadline passed without an ack is claimed again straight from its
 original queue, with ``reconsume_times`` + 1 per earlier delivery in this group (instead of being
@@ -45,26 +23,22 @@ Timing assumes the clocks of the group's consumers agree to well within an invis
 New groups start at each queue's first stored message.
 
 Modules: the claim state is :mod:`engine.client.claims` (pure), reading and writing the action log
-:mod:`engine.client.claim_log`, finding visible messages :mod:`engine.client.visible`; this module is
+:mod:`engine.client.claim_log`, finding visible messages :mod:`engine.client.visible_messages`; this module is
 the public :class:`SimpleConsumer`.
 """
 
 from __future__ import annotations
 
-import os
 import random
-import socket
 import threading
 import time
-import uuid
-from dataclasses import dataclass, fields
 from types import TracebackType
 from typing import Any
 
-from engine.client.actions import ACK, CHANGE_INVISIBLE, NACK, PULL
-from engine.client.claim_log import ClaimLog, Held
+from engine.client.claim_log import ClaimLog, Held, ReceivedMessage, received_message
 from engine.client.claims import CLAIM_ACTIONS, Claim, ClaimBook, Key, QueueBook
-from engine.client.visible import SCAN_WINDOW, Source, pick_visible, receive_sources
+from engine.client.membership import default_consumer_id
+from engine.client.visible_messages import SCAN_WINDOW, Source, pick_visible, receive_sources
 from engine.errors import (
     CommitConflictError,
     ConsumerError,
@@ -73,7 +47,10 @@ from engine.errors import (
     ProducerClosedError,
 )
 from engine.model import MessageExt
-from engine.protocol import SYSTEM_TOPICS, TagFilter, parse_tag_expression, validate_group_name
+from engine.protocol.actions import ACK, CHANGE_INVISIBLE, NACK, PULL
+from engine.protocol.names import SYSTEM_TOPICS, validate_group_name
+from engine.protocol.permissions import is_readable
+from engine.protocol.tags import TagFilter, parse_tag_expression
 from engine.store import schemas
 from engine.store.consume_queue import QueueIndex
 from engine.store.consumer_offset import OffsetStore
@@ -98,18 +75,6 @@ MAX_INVISIBLE_MS = 12 * 3600 * 1000  # RocketMQ 5's longest invisible duration
 OFFSET_PERSIST_MS = 5000  # as RocketMQ's consumer offset persistence
 
 
-@dataclass(frozen=True)
-class ReceivedMessage(MessageExt):
-    """A message returned by :meth:`SimpleConsumer.receive`: a :class:`MessageExt` with its claim.
-
-    ``receipt_handle`` names the claim (consumer id and action sequence); ``invisible_until_ms`` is
-    when the message becomes visible to the group again unless acked or extended.
-    """
-
-    receipt_handle: str = ""
-    invisible_until_ms: int = 0
-
-
 # ----------------------------------------------------------------------------- the consumer
 def _int_arg(name: str, value: object, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
@@ -127,11 +92,6 @@ def _key_of(message: object) -> Key:
     if not isinstance(message, MessageExt):
         raise InvalidArgumentError(f"expected a message returned by receive(), got {type(message).__name__}")
     return (message.topic, message.queue_id, message.queue_offset)
-
-
-def default_consumer_id() -> str:
-    """A consumer id unique to this instance: host, pid and a random suffix."""
-    return f"{socket.gethostname()}@{os.getpid()}@{uuid.uuid4().hex[:8]}"
 
 
 class SimpleConsumer:
@@ -196,7 +156,7 @@ class SimpleConsumer:
         config = self._store.topic(topic)
         if config.name in SYSTEM_TOPICS or config.name.lower().startswith("rmq_sys_"):
             raise InvalidArgumentError(f"topic {topic!r} is internal to the broker", topic=topic)
-        if not config.perm & 4:
+        if not is_readable(config.perm):
             raise InvalidArgumentError(f"topic {topic!r} is not readable (perm {config.perm})", topic=topic)
         tag_filter = parse_tag_expression(expression)
         with self._lock:
@@ -296,32 +256,23 @@ class SimpleConsumer:
                             self._log.row(NACK, message, self._log.next_sequence(), ts, reconsume, None)
                         )
                         continue
-                    out.append(self._received(message, reconsume, sequence, ts + invisible_ms))
+                    out.append(
+                        received_message(
+                            message, reconsume, f"{self.consumer_id}#{sequence}", ts + invisible_ms
+                        )
+                    )
                 if not self._log.commit(rows):
                     self.conflicts += 1
                     _backoff(attempt)
                     continue
                 for m in out:
-                    self._held[(m.topic, m.queue_id, m.queue_offset)] = Held(
-                        int(m.receipt_handle.rsplit("#", 1)[1]),
-                        m.invisible_until_ms,
-                        m.reconsume_times,
-                        m.msg_id,
-                        m.physical_offset,
-                    )
+                    self._held[(m.topic, m.queue_id, m.queue_offset)] = Held.of(m)
                 return out
             raise CommitConflictError(
                 f"receive lost {attempts} races for the action log in a row; retry later",
                 table=schemas.ACTION_LOG,
                 group=self.group,
             )
-
-    def _received(self, message: MessageExt, reconsume: int, sequence: int, until: int) -> ReceivedMessage:
-        values = {f.name: getattr(message, f.name) for f in fields(MessageExt)}
-        values["reconsume_times"] = reconsume
-        return ReceivedMessage(
-            **values, receipt_handle=f"{self.consumer_id}#{sequence}", invisible_until_ms=until
-        )
 
     def _sources(self) -> list[Source]:
         """Every (topic, queue, filter) to receive from, starting at a different queue each time so
@@ -351,13 +302,7 @@ class SimpleConsumer:
         with self._lock:
             held = self._held.pop(key, None)
             if held is None:
-                raise InvalidArgumentError(
-                    f"message {key[0]}:{key[1]}@{key[2]} is not held by consumer {self.consumer_id}: "
-                    "it was not received here, or was already acked or nacked",
-                    topic=key[0],
-                    queue_id=key[1],
-                    offset=key[2],
-                )
+                raise self._not_held(key, ": it was not received here, or was already acked or nacked")
             self._log.book.queue(key[0], key[1]).finish(key[2])
             self._log.buffer_ack(
                 self._log.row(ACK, key, self._log.next_sequence(), now_ms(), held.reconsume_times, None, held)
@@ -387,6 +332,15 @@ class SimpleConsumer:
         _int_arg("invisible_ms", invisible_ms, 1, MAX_INVISIBLE_MS)
         self._claim_action(CHANGE_INVISIBLE, message, invisible_ms)
 
+    def _not_held(self, key: Key, why: str = "") -> InvalidArgumentError:
+        topic, queue_id, offset = key
+        return InvalidArgumentError(
+            f"message {topic}:{queue_id}@{offset} is not held by consumer {self.consumer_id}{why}",
+            topic=topic,
+            queue_id=queue_id,
+            offset=offset,
+        )
+
     def _claim_action(self, action: str, message: MessageExt, invisible_ms: int | None) -> None:
         self._check_open()
         key = _key_of(message)
@@ -394,12 +348,7 @@ class SimpleConsumer:
         with self._lock:
             held = self._held.get(key)
             if held is None:
-                raise InvalidArgumentError(
-                    f"message {key[0]}:{key[1]}@{key[2]} is not held by consumer {self.consumer_id}",
-                    topic=key[0],
-                    queue_id=key[1],
-                    offset=key[2],
-                )
+                raise self._not_held(key)
             for attempt in range(attempts):
                 self._sync()
                 claim = self._log.book.claim(key)

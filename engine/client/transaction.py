@@ -4,7 +4,7 @@
 then commits the message into its real queue or rolls it back. When the local outcome is unknown
 (or the producer dies before deciding), the transaction check job asks the producer group again:
 a background thread of every :class:`TransactionProducer` reads the CHECK requests for its group and
-answers them with the ``checker``. See :mod:`engine.broker.transactions` for the storage design.
+answers them with the ``checker``. The records are described in :mod:`engine.protocol.transactions`.
 """
 
 from __future__ import annotations
@@ -14,25 +14,29 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from engine.broker.transactions import (
+from engine.client.producer import Producer
+from engine.errors import InvalidArgumentError, InvalidMessageError, TransactionError
+from engine.model import Message, MessageExt, SendResult, SendStatus
+from engine.protocol.names import TRANS_HALF_TOPIC, validate_group_name
+from engine.protocol.transactions import (
     REASON_CHECK,
     REASON_LOCAL,
-    Decision,
     HalfMessage,
     LocalTransactionState,
+    local_state,
+)
+from engine.store import schemas
+from engine.store.store import Store
+from engine.store.transactions import (
+    Decision,
     check_floor,
     check_requests,
     end_transaction,
     half_message,
     is_decided,
     load_half,
+    stored_half,
 )
-from engine.client.producer import Producer
-from engine.errors import InvalidArgumentError, InvalidMessageError, TransactionError
-from engine.model import Message, MessageExt, SendResult, SendStatus
-from engine.protocol import TRANS_HALF_TOPIC, validate_group_name
-from engine.store import schemas
-from engine.store.store import Store
 
 __all__ = ["LocalTransactionState", "TransactionProducer", "TransactionSendResult"]
 
@@ -55,10 +59,9 @@ class TransactionSendResult(SendResult):
 
 
 def _state_of(value: object, what: str) -> LocalTransactionState:
-    if isinstance(value, LocalTransactionState):
-        return value
-    if isinstance(value, str) and value in LocalTransactionState.__members__:
-        return LocalTransactionState(value)
+    state = local_state(value)
+    if state is not None:
+        return state
     _log.warning("%s returned %r, not a LocalTransactionState; treated as UNKNOWN", what, value)
     return LocalTransactionState.UNKNOWN
 
@@ -153,20 +156,7 @@ class TransactionProducer(Producer):
         pending = self._prepare(message, queue_id, sharding_key)
         half_pending = half_message(pending, self.group)
         [stamped] = self._writer.append([half_pending])
-        half = HalfMessage(
-            physical_offset=stamped.physical_offset,
-            msg_id=stamped.msg_id,
-            uniq_key=stamped.uniq_key,
-            topic=pending.topic,
-            queue_id=pending.queue_id,
-            producer_group=self.group,
-            body=pending.body,
-            tags=pending.tags,
-            keys=pending.keys,
-            properties=dict(half_pending.properties),
-            born_ts_ms=pending.born_ts_ms,
-            store_ts_ms=stamped.store_ts_ms,
-        )
+        half = stored_half(half_pending, stamped)
         try:
             state = _state_of(execute(message), "execute")
         except Exception as exc:

@@ -54,6 +54,7 @@ from engine.protocol import (
     select_queue_by_hash,
     validate_message_fields,
 )
+from engine.protocol.permissions import is_writeable
 from engine.spark.mq_options import WriteOptions
 from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
@@ -187,7 +188,7 @@ def pending_messages(
                 f"topic {name!r} is a system topic; the mq sink cannot write it", topic=name
             )
         topic = store.topic(name)
-        if not topic.perm & 2:
+        if not is_writeable(topic.perm):
             raise InvalidMessageError(f"topic {name!r} is not writable (perm {topic.perm})", topic=name)
         qid = row["queue_id"]
         if qid is not None:

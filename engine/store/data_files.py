@@ -37,7 +37,7 @@ from deltalake.transaction import AddAction, RemoveAction
 
 from engine.errors import CommitConflictError, StoreError
 from engine.store.commit_log import read_hwm
-from engine.store.commit_markers import HWM_KEY, MAINTENANCE_KEY
+from engine.store.commit_markers import HWM_KEY, MAINTENANCE_KEY, carried_markers
 from engine.store.delta import Action, DataFile, Snapshot, backoff, commit_next
 from engine.store.store import Store, now_ms
 
@@ -222,7 +222,7 @@ def commit_planned(
     name: str,
     plan: Callable[[Snapshot], Commit | None],
     operation: str,
-    carried: Sequence[str] = (),
+    carried: Sequence[str] | None = None,
 ) -> int | None:
     """Plan and commit on the latest snapshot until a commit wins; returns its version.
 
@@ -234,7 +234,8 @@ def commit_planned(
         name: the table.
         plan: the planner, called with the snapshot the commit must land right after.
         operation: the ``mq.maintenance`` value of the commit (``compact``, ``retain``).
-        carried: the marker keys carried forward when the plan sets no markers of its own.
+        carried: the marker keys carried forward when the plan sets no markers of its own (default
+            the table's, :func:`engine.store.commit_markers.carried_markers`).
 
     Raises:
         CommitConflictError: every attempt lost its race (nothing was committed).
@@ -248,7 +249,8 @@ def commit_planned(
         commit = plan(dt)
         if commit is None:
             return None
-        markers = current_markers(dt, carried) if commit.markers is None else commit.markers
+        keys = carried_markers(name) if carried is None else carried
+        markers = current_markers(dt, keys) if commit.markers is None else commit.markers
         try:
             return commit_next(
                 dt,

@@ -20,6 +20,7 @@ import pyarrow.compute as pc
 from deltalake.transaction import AddAction
 
 from engine.errors import CommitConflictError, StoreError
+from engine.protocol.index_keys import KIND_KEY, KIND_UNIQ_KEY
 from engine.store import schemas
 from engine.store.commit_markers import INDEX_APP
 from engine.store.data_files import delete_files, write_file
@@ -27,8 +28,6 @@ from engine.store.delta import Snapshot, app_transactions, commit_next
 from engine.store.delta_log import table_filesystem
 from engine.store.store import Store
 
-KIND_KEY = "KEY"
-KIND_UNIQ_KEY = "UNIQ_KEY"
 # The order index rows are written in: a file per kind, a lookup's key in few row groups.
 INDEX_SORT = ("kind", "topic", "key", "store_ts_ms", "physical_offset")
 INDEX_ROW_GROUP_ROWS = 1024

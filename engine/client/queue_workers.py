@@ -1,0 +1,232 @@
+"""The push consumer's queue workers: one thread per assigned queue long-polls it, hands the messages
+to the listener and moves the queue's offsets (RocketMQ's ``ProcessQueue`` and its
+``ConsumeMessageConcurrentlyService`` / ``ConsumeMessageOrderlyService``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+import threading
+from collections.abc import Callable
+
+from engine.client.actions import ActionLogWriter
+from engine.client.membership import GroupMembership
+from engine.client.pull import PullConsumer
+from engine.errors import MQError
+from engine.model import MessageExt, PullStatus
+from engine.protocol.actions import NACK
+from engine.protocol.names import PROPERTY_RETRY_TOPIC, RETRY_PREFIX
+from engine.protocol.rebalance import MessageModel, MessageQueue
+from engine.protocol.tags import parse_tag_expression
+from engine.store.store import Store
+
+_log = logging.getLogger(__name__)
+
+
+class ConsumeResult(enum.StrEnum):
+    """What a listener returns (RocketMQ ``ConsumeConcurrentlyStatus`` / ``ConsumeOrderlyStatus``).
+
+    SUCCESS: the messages are consumed. RECONSUME_LATER: a concurrent listener's messages go to the
+    group's retry topic; an orderly listener's queue pauses and the same messages come again.
+    """
+
+    SUCCESS = "SUCCESS"
+    RECONSUME_LATER = "RECONSUME_LATER"
+
+
+Listener = Callable[[list[MessageExt]], "ConsumeResult | str"]
+
+
+class ProcessQueue:
+    """An assigned queue: its worker thread and offsets (RocketMQ's ``ProcessQueue``)."""
+
+    def __init__(self, mq: MessageQueue, expression: str, offset: int, committed: int | None) -> None:
+        self.mq = mq
+        self.expression = expression
+        self.offset = offset  # next offset to pull
+        self.consumed = offset  # every message before this is consumed (or NACKed)
+        self.committed = committed
+        self.dropped = threading.Event()
+        self.thread: threading.Thread | None = None
+        self.attempts: dict[int, int] = {}  # orderly: queue offset -> reconsume times so far
+        self.no_match: tuple[int, int] | None = None  # last NO_MATCHED_MSG (offset, next)
+
+
+class QueueWorkers:
+    """The consuming half of :class:`~engine.client.push.PushConsumer` (a mixin): what one queue's
+    worker thread runs. The consumer sets the attributes below."""
+
+    instance_id: str
+    model: MessageModel
+    max_reconsume_times: int
+    pull_batch_size: int
+    consume_batch_size: int
+    _store: Store
+    _membership: GroupMembership
+    _puller: PullConsumer
+    _actions: ActionLogWriter
+    _listener: Listener | None
+    _orderly: bool
+    _stop: threading.Event
+    _rebalance_s: float
+    _suspend_s: float
+    _pull_suspend_ms: int
+
+    @property
+    def _uses_locks(self) -> bool:
+        # RocketMQ locks queues for orderly clustering only; a broadcasting instance owns every queue.
+        return self._orderly and self.model is MessageModel.CLUSTERING
+
+    def _warn(self, what: str, exc: Exception) -> None:
+        # Expected failures (MQError) are one line; anything else is a bug worth its traceback.
+        _log.warning(
+            "push consumer %s: %s: %s", self.instance_id, what, exc, exc_info=not isinstance(exc, MQError)
+        )
+
+    # ----------------------------------------------------------------- consuming
+    def _active(self, pq: ProcessQueue) -> bool:
+        return not pq.dropped.is_set() and not self._stop.is_set()
+
+    def _run_queue(self, pq: ProcessQueue) -> None:
+        mq = pq.mq
+        while self._active(pq):
+            if self._uses_locks and not self._membership.is_locked(mq):
+                pq.dropped.wait(min(self._rebalance_s, 0.2))  # the rebalance thread relocks it
+                continue
+            try:
+                result = self._puller.pull(
+                    mq.topic,
+                    mq.queue_id,
+                    pq.offset,
+                    max_nums=self.pull_batch_size,
+                    expression=pq.expression,
+                    suspend_ms=self._pull_suspend_ms,
+                )
+            except Exception as exc:  # logged; background work goes on
+                self._warn(f"pull of {mq} failed", exc)
+                pq.dropped.wait(self._suspend_s)
+                continue
+            # Offsets move only past entries the pull has shown to us. A pull's queue bounds can
+            # run one dispatch commit ahead of the entries it read (QueueIndex takes them from
+            # table history, which on a stale snapshot already holds newer commits), so "the
+            # rest of the window was filtered out" is trusted only when a second pull agrees.
+            if result.status is PullStatus.FOUND:
+                if self._orderly:
+                    done = self._consume_orderly(pq, result.messages)
+                else:
+                    done = self._consume_concurrently(pq, result.messages)
+                if done:
+                    pq.consumed = pq.offset = result.messages[-1].queue_offset + 1
+                else:
+                    pq.offset = pq.consumed  # interrupted: pull the unconsumed rest again
+                pq.no_match = None
+            elif result.status is PullStatus.OFFSET_ILLEGAL:
+                _log.warning(
+                    "push consumer %s: offset %d of %s is illegal; corrected to %d",
+                    self.instance_id,
+                    pq.offset,
+                    mq,
+                    result.next_begin_offset,
+                )
+                pq.consumed = pq.offset = result.next_begin_offset
+            elif result.status is PullStatus.NO_MATCHED_MSG:
+                seen = (pq.offset, result.next_begin_offset)
+                if pq.no_match == seen and not parse_tag_expression(pq.expression).matches_all:
+                    pq.consumed = pq.offset = result.next_begin_offset
+                    pq.no_match = None
+                else:
+                    pq.no_match = seen  # "*" matches every entry: this can only be a stale view
+            # NO_NEW_MSG: next_begin_offset is the offset pulled; nothing to move.
+
+    def _view(self, message: MessageExt, reconsume_times: int | None = None) -> MessageExt:
+        """The message as the listener sees it: a retry shows its original topic, as in RocketMQ."""
+        changes: dict[str, object] = {}
+        origin = message.properties.get(PROPERTY_RETRY_TOPIC)
+        if origin and message.topic.startswith(RETRY_PREFIX):
+            changes["topic"] = origin
+        if reconsume_times is not None and reconsume_times != message.reconsume_times:
+            changes["reconsume_times"] = reconsume_times
+        return dataclasses.replace(message, **changes) if changes else message  # type: ignore[arg-type]
+
+    def _call(self, messages: list[MessageExt]) -> ConsumeResult:
+        assert self._listener is not None
+        try:
+            result = self._listener(messages)
+        except Exception as exc:  # a failing listener means "reconsume later", as in RocketMQ
+            _log.warning("push consumer %s: listener raised %r; reconsume later", self.instance_id, exc)
+            return ConsumeResult.RECONSUME_LATER
+        if isinstance(result, ConsumeResult):
+            return result
+        if isinstance(result, str) and result in ConsumeResult.__members__:
+            return ConsumeResult(result)
+        _log.warning("push consumer %s: listener returned %r; reconsume later", self.instance_id, result)
+        return ConsumeResult.RECONSUME_LATER
+
+    def _dead_letter_times(self, reconsume_times: int) -> int:
+        # The retry job dead-letters a NACK whose reconsume_times reach its max (config); a lower
+        # per-consumer max is carried by raising the count to the job's threshold.
+        return max(reconsume_times, self.max_reconsume_times, self._store.config.max_reconsume_times)
+
+    def _nack(self, message: MessageExt, reconsume_times: int) -> None:
+        self._actions.record(NACK, message, reconsume_times=reconsume_times)
+
+    def _consume_concurrently(self, pq: ProcessQueue, messages: list[MessageExt]) -> bool:
+        size = self.consume_batch_size
+        for start in range(0, len(messages), size):
+            if not self._active(pq):
+                return False
+            chunk = messages[start : start + size]
+            if self._call([self._view(m) for m in chunk]) is ConsumeResult.RECONSUME_LATER:
+                if self.model is MessageModel.BROADCASTING:
+                    # RocketMQ drops failed broadcast messages: there is no per-instance retry topic.
+                    _log.warning(
+                        "push consumer %s: broadcast consume failed; dropping %d message(s)",
+                        self.instance_id,
+                        len(chunk),
+                    )
+                else:
+                    for m in chunk:
+                        times = m.reconsume_times
+                        if times >= self.max_reconsume_times:
+                            times = self._dead_letter_times(times)
+                        self._nack(m, times)
+            pq.consumed = chunk[-1].queue_offset + 1
+        return True
+
+    def _consume_orderly(self, pq: ProcessQueue, messages: list[MessageExt]) -> bool:
+        pending = list(messages)
+        size = self.consume_batch_size
+        while pending:
+            if not self._active(pq) or (self._uses_locks and not self._membership.is_locked(pq.mq)):
+                return False
+            chunk = pending[:size]
+            times = {m.queue_offset: pq.attempts.get(m.queue_offset, m.reconsume_times) for m in chunk}
+            result = self._call([self._view(m, times[m.queue_offset]) for m in chunk])
+            if result is ConsumeResult.SUCCESS:
+                done = chunk
+            else:
+                # RocketMQ's checkReconsumeTimes: past the max, a message is dead-lettered and counts
+                # as consumed; the others are retried, in order, after a pause.
+                done = []
+                for m in chunk:
+                    attempts = times[m.queue_offset]
+                    if attempts >= self.max_reconsume_times:
+                        self._nack(m, self._dead_letter_times(attempts))
+                        done.append(m)
+                    else:
+                        pq.attempts[m.queue_offset] = attempts + 1
+            done_offsets = {m.queue_offset for m in done}
+            for offset in done_offsets:
+                pq.attempts.pop(offset, None)
+            pending = [m for m in pending if m.queue_offset not in done_offsets]
+            # Consumed up to the first message still pending (orderly never passes a failure).
+            if done:
+                first_pending = pending[0].queue_offset if pending else None
+                last_done = max(done_offsets)
+                if first_pending is None or first_pending > last_done:
+                    pq.consumed = last_done + 1
+            if len(done) < len(chunk):
+                pq.dropped.wait(self._suspend_s)
+        return True

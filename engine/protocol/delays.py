@@ -1,0 +1,93 @@
+"""RocketMQ delay levels and retry policy: pure functions."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from engine.errors import InvalidArgumentError
+from engine.protocol.names import PROPERTY_MAX_RECONSUME_TIMES
+
+# messageDelayLevel = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
+DELAY_LEVELS_MS: tuple[int, ...] = tuple(
+    s * 1000 for s in (1, 5, 10, 30, 60, 120, 180, 240, 300, 360, 420, 480, 540, 600, 1200, 1800, 3600, 7200)
+)
+MAX_DELAY_LEVEL = len(DELAY_LEVELS_MS)
+
+
+def validate_delay_level(level: object) -> int:
+    """Check a delay level: 0 (none) or 1..18.
+
+    Raises:
+        InvalidArgumentError: anything else.
+    """
+    if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level <= MAX_DELAY_LEVEL:
+        raise InvalidArgumentError(
+            f"delay_level {level!r} is invalid; use 0 (no delay) or 1..{MAX_DELAY_LEVEL}", delay_level=level
+        )
+    return level
+
+
+def delay_due_ms(level: int, from_ms: int) -> int:
+    """When a message sent at ``from_ms`` with ``level`` is due."""
+    validate_delay_level(level)
+    if level == 0:
+        return from_ms
+    return from_ms + DELAY_LEVELS_MS[level - 1]
+
+
+def retry_delay_level(reconsume_times: int) -> int:
+    """Delay level of the next retry: 3 + reconsume times, capped at the last level."""
+    return min(3 + max(reconsume_times, 0), MAX_DELAY_LEVEL)
+
+
+# A reconsume limit setting: one int for every group, a mapping group -> int, or None (the default).
+MaxReconsume = int | Mapping[str, int] | None
+
+
+def max_reconsume_times(
+    properties: Mapping[str, str], group: str, setting: MaxReconsume, default: int
+) -> int:
+    """The reconsume limit for one message of ``group``.
+
+    In order of precedence: the message's ``MAX_RECONSUME_TIMES`` property (when it is an int >= 0),
+    the group's entry of a mapping ``setting``, an int ``setting``, then ``default``.
+    """
+    raw = properties.get(PROPERTY_MAX_RECONSUME_TIMES)
+    if raw is not None:
+        try:
+            value = int(raw)
+        except ValueError:
+            value = -1
+        if value >= 0:
+            return value
+    if isinstance(setting, Mapping):
+        if group in setting:
+            return int(setting[group])
+    elif setting is not None:
+        return int(setting)
+    return default
+
+
+def validate_max_reconsume(setting: MaxReconsume) -> MaxReconsume:
+    """Check a reconsume limit setting; returns it (a mapping as a plain dict).
+
+    Raises:
+        InvalidArgumentError: neither None, an int >= 0, nor a mapping of group names to ints >= 0.
+    """
+
+    def ok(value: object) -> bool:
+        return not isinstance(value, bool) and isinstance(value, int) and value >= 0
+
+    if setting is None or (not isinstance(setting, Mapping) and ok(setting)):
+        return setting
+    if isinstance(setting, Mapping) and all(isinstance(g, str) and ok(v) for g, v in setting.items()):
+        return dict(setting)
+    raise InvalidArgumentError(
+        f"max_reconsume_times {setting!r} must be an int >= 0 or a mapping of group to int >= 0",
+        max_reconsume_times=setting,
+    )
+
+
+def is_dead_letter(reconsume_times: int, limit: int) -> bool:
+    """True when a message that failed for the ``reconsume_times + 1``-th time exceeds ``limit``."""
+    return reconsume_times + 1 > limit

@@ -1,0 +1,98 @@
+"""Messages: what a producer may send, the stored size of a record, and queue selection by key."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from engine.errors import InvalidArgumentError, InvalidMessageError
+from engine.protocol.names import RESERVED_PROPERTIES, validate_topic_name
+from engine.protocol.tags import java_string_hashcode
+
+MAX_BODY_BYTES = 4 * 1024 * 1024
+
+# Fixed part of a RocketMQ commit-log record (CommitLog.calMsgLength with IPv4 hosts).
+_RECORD_HEADER_BYTES = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + 8 + 8 + 8 + 4 + 8 + 4 + 1 + 2
+
+
+def validate_message_fields(
+    topic: object,
+    body: object,
+    tags: object,
+    keys: object,
+    properties: object,
+    deliver_at_ms: object = None,
+) -> None:
+    """Check one message against RocketMQ's client-side rules.
+
+    Raises:
+        InvalidTopicError: bad topic name.
+        InvalidMessageError: empty or over 4 MiB body, tags containing ``||``, non-string keys or
+            properties, or a property name in :data:`RESERVED_PROPERTIES`.
+    """
+    validate_topic_name(topic)
+    if type(body) is not bytes and not isinstance(body, bytearray | memoryview):
+        raise InvalidMessageError("body must be bytes", topic=topic)
+    size = len(body)
+    if size == 0:
+        raise InvalidMessageError("body is empty; a message needs 1 byte to 4 MiB", topic=topic)
+    if size > MAX_BODY_BYTES:
+        raise InvalidMessageError(
+            f"body is {size} bytes; at most {MAX_BODY_BYTES} (4 MiB) are allowed", topic=topic
+        )
+    if tags is not None:
+        if not isinstance(tags, str) or not tags:
+            raise InvalidMessageError("tags must be a non-empty string or None", topic=topic)
+        if "||" in tags:
+            raise InvalidMessageError(
+                f"tags {tags!r} contain '||', which separates tags in subscriptions", topic=topic
+            )
+    if isinstance(keys, str) or not isinstance(keys, tuple | list | Sequence | frozenset | set):
+        raise InvalidMessageError("keys must be a sequence of strings, e.g. ('order-1',)", topic=topic)
+    for key in keys:
+        if not isinstance(key, str) or not key or any(c.isspace() for c in key):
+            raise InvalidMessageError(
+                f"key {key!r} must be a non-empty string without whitespace", topic=topic
+            )
+    if type(properties) is not dict and not isinstance(properties, Mapping):
+        raise InvalidMessageError("properties must be a mapping of strings to strings", topic=topic)
+    for name, value in properties.items():
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise InvalidMessageError(
+                f"property {name!r}={value!r} is not a string pair; properties are strings only",
+                topic=topic,
+            )
+        if not name or "\x01" in name or "\x02" in name or "\x01" in value or "\x02" in value:
+            raise InvalidMessageError(
+                f"property {name!r} is empty or holds the reserved separators \\x01 / \\x02", topic=topic
+            )
+        if name in RESERVED_PROPERTIES:
+            raise InvalidMessageError(
+                f"property {name!r} is reserved for the broker; reserved names: "
+                f"{', '.join(sorted(RESERVED_PROPERTIES))}",
+                topic=topic,
+            )
+    if deliver_at_ms is not None and (
+        isinstance(deliver_at_ms, bool) or not isinstance(deliver_at_ms, int) or deliver_at_ms < 0
+    ):
+        raise InvalidMessageError("deliver_at_ms must be a non-negative epoch-millisecond int", topic=topic)
+
+
+def encode_properties(properties: Mapping[str, str]) -> bytes:
+    """RocketMQ's wire form of properties (``name\\x01value\\x02``…)."""
+    return "".join(f"{k}\x01{v}\x02" for k, v in properties.items()).encode()
+
+
+def record_size(topic: str, body_len: int, properties: Mapping[str, str]) -> int:
+    """Stored size of a message, as RocketMQ's ``CommitLog.calMsgLength``.
+
+    The physical offset advances by this much per message.
+    """
+    props = len(encode_properties(properties)) if properties else 0
+    return _RECORD_HEADER_BYTES + body_len + len(topic.encode()) + props
+
+
+def select_queue_by_hash(sharding_key: str, queues: int) -> int:
+    """Stable queue for a sharding key (same key, same queue, across processes and runs)."""
+    if queues <= 0:
+        raise InvalidArgumentError("a topic needs at least one queue", queues=queues)
+    return (java_string_hashcode(sharding_key) & 0x7FFFFFFF) % queues

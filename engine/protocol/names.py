@@ -1,0 +1,119 @@
+"""Names: topic and group name rules, limits, the broker's system topics and property keys."""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+from engine.errors import InvalidArgumentError, InvalidTopicError
+
+MAX_TOPIC_LENGTH = 127
+MAX_GROUP_LENGTH = 255
+MAX_QUEUES = 1024
+TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
+TRANS_OP_HALF_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
+RETRY_PREFIX = "%RETRY%"
+DLQ_PREFIX = "%DLQ%"
+SYSTEM_TOPICS = frozenset(
+    {
+        SCHEDULE_TOPIC,
+        TRANS_HALF_TOPIC,
+        TRANS_OP_HALF_TOPIC,
+        "TBW102",
+        "BenchmarkTest",
+        "OFFSET_MOVED_EVENT",
+        "RMQ_SYS_TRACE_TOPIC",
+        "SELF_TEST_TOPIC",
+    }
+)
+
+# System property names (RocketMQ MessageConst) used by the broker.
+PROPERTY_KEYS = "KEYS"
+PROPERTY_TAGS = "TAGS"
+PROPERTY_DELAY = "DELAY"
+PROPERTY_REAL_TOPIC = "REAL_TOPIC"
+PROPERTY_REAL_QUEUE_ID = "REAL_QID"
+PROPERTY_RETRY_TOPIC = "RETRY_TOPIC"
+PROPERTY_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
+PROPERTY_RECONSUME_TIME = "RECONSUME_TIME"
+PROPERTY_MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"
+PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
+PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
+PROPERTY_UNIQ_KEY = "UNIQ_KEY"
+PROPERTY_SHARDING_KEY = "SHARDING_KEY"
+
+# Properties the broker acts on (delays, re-put targets, retry lineage, transactions): a user message
+# that set them would be re-routed or misread, so producers may not (RocketMQ refuses system property
+# names in ``Message.putUserProperty`` too). KEYS, ORIGIN_MESSAGE_ID and MAX_RECONSUME_TIMES stay
+# allowed: the producer overwrites KEYS, and a resent dead letter keeps its origin and limit.
+RESERVED_PROPERTIES = frozenset(
+    {
+        PROPERTY_TAGS,
+        PROPERTY_DELAY,
+        PROPERTY_REAL_TOPIC,
+        PROPERTY_REAL_QUEUE_ID,
+        PROPERTY_RETRY_TOPIC,
+        PROPERTY_RECONSUME_TIME,
+        PROPERTY_TRANSACTION_PREPARED,
+        PROPERTY_TIMER_DELIVER_MS,
+        PROPERTY_UNIQ_KEY,
+    }
+)
+
+
+def validate_topic_name(name: object) -> str:
+    """Check a topic name against RocketMQ's rules and return it.
+
+    Raises:
+        InvalidTopicError: empty, longer than 127 characters, or with characters outside
+            ``[%|a-zA-Z0-9_-]``.
+    """
+    if not isinstance(name, str) or not name:
+        raise InvalidTopicError("topic name must be a non-empty string", topic=name)
+    if len(name) > MAX_TOPIC_LENGTH:
+        raise InvalidTopicError(
+            f"topic name is {len(name)} characters; at most {MAX_TOPIC_LENGTH} are allowed", topic=name
+        )
+    if not TOPIC_PATTERN.match(name):
+        raise InvalidTopicError(f"topic name {name!r} has characters outside [%|a-zA-Z0-9_-]", topic=name)
+    return name
+
+
+@lru_cache(maxsize=1024)
+def is_valid_topic_name(name: str) -> bool:
+    """Cached yes/no form of :func:`validate_topic_name` for hot paths."""
+    return 0 < len(name) <= MAX_TOPIC_LENGTH and TOPIC_PATTERN.match(name) is not None
+
+
+def is_system_topic(name: str) -> bool:
+    """True for topics the broker owns: schedule, transaction, retry and dead-letter topics."""
+    return (
+        name in SYSTEM_TOPICS
+        or name.lower().startswith("rmq_sys_")
+        or name.startswith(RETRY_PREFIX)
+        or name.startswith(DLQ_PREFIX)
+    )
+
+
+def retry_topic(group: str) -> str:
+    """Name of a group's retry topic."""
+    return RETRY_PREFIX + group
+
+
+def dlq_topic(group: str) -> str:
+    """Name of a group's dead-letter topic."""
+    return DLQ_PREFIX + group
+
+
+def validate_group_name(group: object) -> str:
+    """Check a consumer group name (same character rules as topics)."""
+    if not isinstance(group, str) or not group:
+        raise InvalidArgumentError("group must be a non-empty string", group=group)
+    if len(group) > MAX_GROUP_LENGTH or not TOPIC_PATTERN.match(group):
+        raise InvalidArgumentError(
+            f"group {group!r} must be at most {MAX_GROUP_LENGTH} characters of [%|a-zA-Z0-9_-]", group=group
+        )
+    return group

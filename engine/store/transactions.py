@@ -1,0 +1,278 @@
+"""Transaction records: half messages and decisions in ``commit_log``, check requests and the audit
+trail in the ``transactions`` table.
+
+Both the transactional producer (which decides its own transactions and answers check requests)
+and the check job (which asks, and gives up) use these; the record shapes and rules are pure, in
+:mod:`engine.protocol.transactions`. A decision is a commit-log row appended with the Delta app
+transaction ``mq.tx.<half physical offset>`` = 0 in the same commit (:func:`end_transaction`), so
+COMMIT and ROLLBACK of one half exclude each other and a commit re-puts the message exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from engine.errors import InvalidArgumentError, StoreError
+from engine.model import MessageExt, SysFlag
+from engine.protocol.names import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
+from engine.protocol.transactions import (
+    EVENT_CHECK,
+    EVENT_COMMIT,
+    EVENT_ROLLBACK,
+    OP_TAG_REMOVE,
+    REASON_LOCAL,
+    HalfMessage,
+    LocalTransactionState,
+    committed_properties,
+    decides,
+    guard_may_have_expired,
+    half_properties,
+    rollback_properties,
+    transaction_record,
+)
+from engine.store import schemas
+from engine.store.commit_log import CommitLogWriter
+from engine.store.commit_markers import TX_FLOOR_KEY, transaction_app
+from engine.store.stamping import PendingMessage, Stamped
+from engine.store.store import Store, sql_literal
+from engine.store.store import now_ms as _clock_ms
+
+_log = logging.getLogger(__name__)
+
+
+# ----------------------------------------------------------------------------- records
+def half_message(message: PendingMessage, producer_group: str) -> PendingMessage:
+    """The half message that stands for ``message`` (bound for its real topic and queue) until decided."""
+    return message._replace(
+        topic=TRANS_HALF_TOPIC,
+        queue_id=0,
+        properties=half_properties(message.properties, message.topic, message.queue_id, producer_group),
+        sys_flag=int(SysFlag.PREPARED),
+        delay_level=0,
+        deliver_at_ms=None,
+        tags_code=None,
+    )
+
+
+def stored_half(half: PendingMessage, stamped: Stamped) -> HalfMessage:
+    """The :class:`HalfMessage` of a half (from :func:`half_message`) that was just stored as ``stamped``."""
+    return HalfMessage.from_row(
+        {
+            **half._asdict(),
+            "physical_offset": stamped.physical_offset,
+            "msg_id": stamped.msg_id,
+            "uniq_key": stamped.uniq_key,
+            "store_ts_ms": stamped.store_ts_ms,
+        }
+    )
+
+
+def committed_message(half: HalfMessage) -> PendingMessage:
+    """The re-put of a committed half into its real topic and queue (same uniq key, body, born time)."""
+    return PendingMessage(
+        topic=half.topic,
+        queue_id=half.queue_id,
+        body=half.body,
+        uniq_key=half.uniq_key,
+        tags=half.tags,
+        keys=half.keys,
+        properties=committed_properties(half),
+        born_ts_ms=half.born_ts_ms,
+        sys_flag=int(SysFlag.COMMIT),
+    )
+
+
+def rollback_record(half: HalfMessage) -> PendingMessage:
+    """The op record of a rolled-back half (never dispatched)."""
+    return PendingMessage(
+        topic=TRANS_OP_HALF_TOPIC,
+        queue_id=0,
+        body=str(half.physical_offset).encode(),
+        uniq_key=half.uniq_key,
+        tags=OP_TAG_REMOVE,
+        properties=rollback_properties(half),
+        born_ts_ms=half.born_ts_ms,
+        sys_flag=int(SysFlag.ROLLBACK),
+    )
+
+
+# ----------------------------------------------------------------------------- decisions
+@dataclass(frozen=True)
+class Decision:
+    """How a half message was decided."""
+
+    state: LocalTransactionState  # COMMIT or ROLLBACK
+    committed: MessageExt | None  # the re-put message (COMMIT), when it could be read
+    won: bool  # this call made the decision (False: another decider got there first)
+
+
+def _guarded(store: Store, half_physical_offset: int) -> bool:
+    return store.app_version(schemas.COMMIT_LOG, transaction_app(half_physical_offset)) >= 0
+
+
+def guard_may_have_expired_now(store_ts_ms: int) -> bool:
+    return guard_may_have_expired(store_ts_ms, _clock_ms())
+
+
+def decision_record(store: Store, half_physical_offset: int, uniq_key: str) -> dict[str, Any] | None:
+    """The commit-log row that decided a half (its COMMIT re-put or ROLLBACK op record), or None.
+
+    Found by content, not by the guard: decision rows keep the half's unique key and name its
+    physical offset in ``TRAN_HALF_OFFSET``. A scan of the commit log: only for halves whose guard
+    may have expired.
+    """
+    po = int(half_physical_offset)
+    rows = store.read(
+        schemas.COMMIT_LOG,
+        columns=[n for n in schemas.COMMIT_LOG_SCHEMA.names if n != "body"],
+        predicate=f"uniq_key = {sql_literal(uniq_key)} AND physical_offset > {po}",
+        filter=(ds.field("uniq_key") == uniq_key)
+        & (ds.field("physical_offset") > po)
+        & ds.field("sys_flag").isin([int(SysFlag.COMMIT), int(SysFlag.ROLLBACK)]),
+    ).to_pylist()
+    for row in sorted(rows, key=lambda r: int(r["physical_offset"])):
+        if decides(dict(row.get("properties") or {}), po):
+            found: dict[str, Any] = row
+            return found
+    return None
+
+
+def is_decided(store: Store, half_physical_offset: int, *, half: HalfMessage | None = None) -> bool:
+    """True once a COMMIT or ROLLBACK of the half is in the commit log.
+
+    Args:
+        store: the store.
+        half_physical_offset: the half's physical offset.
+        half: the half, if already loaded (saves reading it when its guard is missing).
+    """
+    if _guarded(store, half_physical_offset):
+        return True
+    half = half if half is not None else load_half(store, half_physical_offset)
+    if half is None or not guard_may_have_expired_now(half.store_ts_ms):
+        return False
+    return decision_record(store, half.physical_offset, half.uniq_key) is not None
+
+
+def load_half(store: Store, half_physical_offset: int) -> HalfMessage | None:
+    """The half message at a physical offset, or None if there is none (wrong offset, retention)."""
+    po = int(half_physical_offset)
+    rows = store.read(
+        schemas.COMMIT_LOG,
+        predicate=f"physical_offset = {po}",
+        filter=(ds.field("physical_offset") == po) & (ds.field("topic") == TRANS_HALF_TOPIC),
+    ).to_pylist()
+    return HalfMessage.from_row(rows[0]) if rows else None
+
+
+def find_decision(store: Store, half: HalfMessage) -> Decision | None:
+    """The decision already taken on a half, or None while it is undecided."""
+    if not is_decided(store, half.physical_offset, half=half):
+        return None
+    rows = store.read(
+        schemas.COMMIT_LOG,
+        predicate=f"topic = {sql_literal(half.topic)} AND uniq_key = {sql_literal(half.uniq_key)}",
+        filter=(ds.field("topic") == half.topic)
+        & (ds.field("uniq_key") == half.uniq_key)
+        & (ds.field("sys_flag") == int(SysFlag.COMMIT)),
+    ).to_pylist()
+    for row in rows:
+        if decides(dict(row.get("properties") or {}), half.physical_offset):
+            return Decision(LocalTransactionState.COMMIT, MessageExt.from_row(row), won=False)
+    return Decision(LocalTransactionState.ROLLBACK, None, won=False)
+
+
+def append_records(
+    store: Store, rows: list[dict[str, Any]], metadata: Mapping[str, str] | None = None
+) -> None:
+    """Append ``transactions`` rows (from :func:`~engine.protocol.transactions.transaction_record`)."""
+    store.append(
+        schemas.TRANSACTIONS,
+        pa.Table.from_pylist(rows, schema=schemas.TRANSACTIONS_SCHEMA),
+        custom_metadata=metadata,
+    )
+
+
+def end_transaction(
+    store: Store,
+    writer: CommitLogWriter,
+    half: HalfMessage,
+    state: LocalTransactionState,
+    *,
+    reason: str = REASON_LOCAL,
+    check_times: int = 0,
+) -> Decision:
+    """Decide a half message: COMMIT re-puts it into its real queue, ROLLBACK records an op record.
+
+    Exactly once: the decision is committed with the app transaction ``mq.tx.<half offset>``; if
+    another decider recorded one first, nothing is written and its decision is returned
+    (``won=False``) — which may differ from ``state``.
+
+    Raises:
+        InvalidArgumentError: ``state`` is not COMMIT or ROLLBACK.
+        CommitConflictError, StoreError, CommitStateUnknownError: as :meth:`CommitLogWriter.append`.
+    """
+    if state is LocalTransactionState.COMMIT:
+        record = committed_message(half)
+    elif state is LocalTransactionState.ROLLBACK:
+        record = rollback_record(half)
+    else:
+        raise InvalidArgumentError(f"a transaction ends with COMMIT or ROLLBACK, not {state!r}", state=state)
+    if guard_may_have_expired_now(half.store_ts_ms) and not _guarded(store, half.physical_offset):
+        existing = find_decision(store, half)  # decided before its guard expired
+        if existing is not None:
+            return existing
+    stamped = writer.append([record], app_transactions={transaction_app(half.physical_offset): 0})
+    if not stamped:
+        existing = find_decision(store, half)
+        if existing is None:  # pragma: no cover - the sequencer only refuses when it is recorded
+            raise StoreError("transaction decision refused but none is recorded", offset=half.physical_offset)
+        return existing
+    event = EVENT_COMMIT if state is LocalTransactionState.COMMIT else EVENT_ROLLBACK
+    committed = stamped[0] if state is LocalTransactionState.COMMIT else None
+    try:
+        append_records(
+            store,
+            [
+                transaction_record(
+                    half,
+                    event,
+                    ts_ms=_clock_ms(),
+                    check_times=check_times,
+                    reason=reason,
+                    physical_offset=committed.physical_offset if committed else None,
+                    queue_offset=committed.queue_offset if committed else None,
+                )
+            ],
+        )
+    except Exception as exc:  # the decision of record is in the commit log; this row is the audit trail
+        _log.warning(
+            "transaction %s decided but not recorded in the transactions table: %s", half.msg_id, exc
+        )
+    view = None
+    if committed is not None:
+        view = MessageExt.from_row({**record._asdict(), **committed._asdict()})
+    return Decision(state, view, won=True)
+
+
+# ----------------------------------------------------------------------------- check requests
+def check_floor(store: Store) -> int:
+    """Physical offset below which every half message is decided (0 before the first check run)."""
+    raw = store.shared(schemas.TRANSACTIONS).commit_value(TX_FLOOR_KEY)
+    return 0 if raw is None else int(json.loads(raw))
+
+
+def check_requests(store: Store, *, producer_group: str | None = None, floor: int = 0) -> pa.Table:
+    """CHECK rows of the ``transactions`` table (one producer group's, or all) at or above ``floor``."""
+    predicate = f"event = {sql_literal(EVENT_CHECK)} AND half_physical_offset >= {int(floor)}"
+    row_filter = (ds.field("event") == EVENT_CHECK) & (ds.field("half_physical_offset") >= int(floor))
+    if producer_group is not None:
+        predicate += f" AND producer_group = {sql_literal(producer_group)}"
+        row_filter &= ds.field("producer_group") == producer_group
+    return store.read(schemas.TRANSACTIONS, predicate=predicate, filter=row_filter)

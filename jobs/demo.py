@@ -23,7 +23,7 @@ from rich.table import Table
 
 from engine import Admin, Message, MQError, Producer, PullConsumer, PullStatus, Store
 from engine.errors import StoreError
-from jobs.broker import run_once
+from engine.spark.jobs.broker_app import run_once
 
 TOPIC = "DemoTopic"
 QUEUES = 4

@@ -1,165 +1,21 @@
-"""The index job: commit_log -> index, as a Spark structured-streaming query.
+"""Entry point of the index job: ``./spark-submit.sh jobs/index.py [--once] ...``.
 
-The source is the commit log read through the ``deltalog`` data source from the first version not
-yet indexed; each micro-batch goes to :func:`engine.broker.index.build_index`, which commits the
-index rows (one per message key and one per uniq key) together with a Delta app transaction
-recording the last commit-log version covered (app id ``mq.index``). A replayed micro-batch (a
-restart after a crash, a lost checkpoint, a second indexer) therefore adds nothing: exactly once,
-whatever the checkpoint says. ``Admin.query_by_key`` / ``query_by_uniq_key`` read what it builds.
-
-Usage::
-
-    python jobs/index.py --store ./mqdata --once     # index what is committed, then exit
-    ./spark-submit.sh jobs/index.py --store ./mqdata  # run until SIGTERM / Ctrl-C
+Index messages by key and uniq key. The job is declared in :mod:`engine.spark.jobs.registry` and
+lives in ``engine/spark/jobs/index.py``; ``run_index`` and ``IndexStats`` are re-exported here for
+notebooks and scripts.
 """
 
-from __future__ import annotations
-
 import sys
-import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
+from engine.spark.jobs.index import IndexStats, run_index
+from engine.spark.jobs.registry import main as _main
 
-from engine.broker.index import (
-    INDEX_SOURCE_COLUMNS,
-    INDEX_SOURCE_SCHEMA,
-    build_index,
-    indexed_version,
-    unindexed_rows,
-)
-from engine.store import schemas
-from engine.store.store import Store
-from jobs._common import (
-    EXIT_OK,
-    JobArgumentParser,
-    JobContext,
-    add_trigger_ms,
-    job_main,
-    positive,
-    run_log_job,
-    run_or_serve,
-)
-
-JOB = "index"
-PROG = "jobs/index.py"
-DEFAULT_TRIGGER_MS = 1000
-
-
-@dataclass
-class IndexStats:
-    """Progress of one run of the job (updated on the driver, once per micro-batch)."""
-
-    batches: int = 0
-    rows: int = 0
-    entries: int = 0
-    max_store_ts_ms: int | None = None  # newest message indexed by this run
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def add(self, rows: int, entries: int, max_store_ts_ms: int | None) -> None:
-        with self._lock:
-            self.batches += 1
-            self.rows += rows
-            self.entries += entries
-            if max_store_ts_ms is not None:
-                self.max_store_ts_ms = max(self.max_store_ts_ms or 0, max_store_ts_ms)
-
-
-def run_index(
-    spark: Any,
-    store: Store,
-    *,
-    once: bool = True,
-    checkpoint: str | None = None,
-    stats: IndexStats | None = None,
-    trigger_ms: int = DEFAULT_TRIGGER_MS,
-) -> Any:
-    """Start the index query on ``spark`` for ``store``.
-
-    Args:
-        spark: a SparkSession with the project's data sources (:func:`engine.spark.session`).
-        store: the store to index.
-        once: index every version committed now and wait for the query to finish
-            (``Trigger.AvailableNow``); otherwise start a query triggered every ``trigger_ms`` and
-            return it running.
-        checkpoint: the streaming checkpoint; default ``<store>/_checkpoints/index``.
-        stats: counters to update after each micro-batch.
-        trigger_ms: the processing-time trigger of a running query.
-
-    Returns:
-        The started ``StreamingQuery`` (terminated already when ``once``).
-
-    Raises:
-        pyspark.errors.StreamingQueryException: a micro-batch failed (``once`` only; a running
-            query reports it through ``exception()`` / ``awaitTermination()``).
-    """
-    counters = stats if stats is not None else IndexStats()
-
-    def index_batch(rows: pa.Table) -> None:
-        # build_index is idempotent per commit-log version, so a replayed batch adds nothing.
-        entries = build_index(store, rows) if rows.num_rows else 0
-        newest = pc.max(rows["store_ts_ms"]).as_py() if rows.num_rows else None
-        counters.add(rows.num_rows, entries, None if newest is None else int(newest))
-
-    return run_log_job(
-        spark,
-        store,
-        job=JOB,
-        table=schemas.COMMIT_LOG,
-        columns=INDEX_SOURCE_COLUMNS,
-        schema=INDEX_SOURCE_SCHEMA,
-        handler=index_batch,
-        marker=lambda: indexed_version(store),
-        catch_up=lambda first, last: unindexed_rows(store, first, last),
-        once=once,
-        checkpoint=checkpoint,
-        trigger_ms=trigger_ms,
-    )
-
-
-def summary(store: Store, stats: IndexStats, elapsed_s: float) -> str:
-    """The one line a run ends with."""
-    return (
-        f"index: {stats.entries} index rows from {stats.rows} commit-log rows in {stats.batches} "
-        f"batches ({elapsed_s:.1f}s); index version {store.version(schemas.INDEX)}, commit_log "
-        f"indexed through version {indexed_version(store)}"
-    )
-
-
-def _options(parser: JobArgumentParser) -> None:
-    add_trigger_ms(parser, DEFAULT_TRIGGER_MS)
+__all__ = ["IndexStats", "main", "run_index"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the index job; returns the process exit code (0 ok, 1 the query failed, 2 bad input)."""
-    stats = IndexStats()
-
-    def run(ctx: JobContext, args: Any) -> int:
-        run_or_serve(
-            args.once,
-            lambda once: run_index(
-                ctx.spark,
-                ctx.store,
-                once=once,
-                checkpoint=args.checkpoint,
-                stats=stats,
-                trigger_ms=args.trigger_ms,
-            ),
-        )
-        print(summary(ctx.store, stats, ctx.elapsed_s()))
-        return EXIT_OK
-
-    return job_main(
-        JOB,
-        "Index messages by key and uniq key for query_by_key / query_by_uniq_key.",
-        argv,
-        run,
-        options=_options,
-        check=lambda args: positive("--trigger-ms", args.trigger_ms),
-    )
+    return _main("index", argv)
 
 
 if __name__ == "__main__":

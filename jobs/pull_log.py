@@ -1,125 +1,21 @@
-"""The pull-log job: action_log PULL rows -> pull_log, as a Spark structured-streaming query.
+"""Entry point of the pull_log job: ``./spark-submit.sh jobs/pull_log.py [--once] ...``.
 
-The source is the action log read through the ``deltalog`` data source from the first version not yet
-covered; each micro-batch goes to :func:`engine.broker.pull_log.build_pull_log_rows`, which commits
-the pull-log rows together with a Delta app transaction recording the last action-log version
-covered (app id ``mq.pull_log``). A replayed micro-batch (a restart, a lost checkpoint, a second
-builder) therefore adds nothing: exactly once, whatever the checkpoint says.
-
-Usage::
-
-    python jobs/pull_log.py --store ./mqdata --once     # build from what is committed, then exit
-    ./spark-submit.sh jobs/pull_log.py --store ./mqdata  # run until SIGTERM / Ctrl-C
+Build each consumer's pull log from the action log. The job is declared in
+:mod:`engine.spark.jobs.registry` and lives in ``engine/spark/jobs/pull_log.py``; ``run_pull_log``
+and ``PullLogStats`` are re-exported here for notebooks and scripts.
 """
 
-from __future__ import annotations
-
 import sys
-import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
-import pyarrow as pa
+from engine.spark.jobs.pull_log import PullLogStats, run_pull_log
+from engine.spark.jobs.registry import main as _main
 
-from engine.broker.pull_log import PULL_LOG_SOURCE_COLUMNS, build_pull_log_rows, pulled_version
-from engine.store import schemas
-from engine.store.store import Store
-from jobs._common import EXIT_OK, JobContext, job_main, run_log_job, run_or_serve
-
-JOB = "pull_log"
-PROG = "jobs/pull_log.py"
-TRIGGER_MS = 1000
-
-
-@dataclass
-class PullLogStats:
-    """Progress of one run of the job (updated on the driver, once per micro-batch)."""
-
-    batches: int = 0
-    actions: int = 0
-    pulls: int = 0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def add(self, actions: int, pulls: int) -> None:
-        with self._lock:
-            self.batches += 1
-            self.actions += actions
-            self.pulls += pulls
-
-
-def run_pull_log(
-    spark: Any,
-    store: Store,
-    *,
-    once: bool = True,
-    checkpoint: str | None = None,
-    stats: PullLogStats | None = None,
-    trigger_ms: int = TRIGGER_MS,
-) -> Any:
-    """Start the pull-log query on ``spark`` for ``store``.
-
-    Args:
-        spark: a SparkSession with the project's data sources (:func:`engine.spark.session`).
-        store: the store.
-        once: process every version committed now and wait for the query to finish
-            (``Trigger.AvailableNow``); otherwise start a query triggered every ``trigger_ms`` and
-            return it running.
-        checkpoint: the streaming checkpoint; default ``<store>/_checkpoints/pull_log``.
-        stats: counters to update after each micro-batch.
-        trigger_ms: the processing-time trigger of a running query.
-
-    Returns:
-        The started ``StreamingQuery`` (terminated already when ``once``).
-
-    Raises:
-        pyspark.errors.StreamingQueryException: a micro-batch failed (``once`` only).
-    """
-    counters = stats if stats is not None else PullLogStats()
-
-    def build_batch(rows: pa.Table) -> None:
-        # Idempotent per action-log version, so a replayed batch adds nothing.
-        pulls = build_pull_log_rows(store, rows) if rows.num_rows else 0
-        counters.add(rows.num_rows, pulls)
-
-    return run_log_job(
-        spark,
-        store,
-        job=JOB,
-        table=schemas.ACTION_LOG,
-        columns=PULL_LOG_SOURCE_COLUMNS,
-        handler=build_batch,
-        marker=lambda: pulled_version(store),
-        once=once,
-        checkpoint=checkpoint,
-        trigger_ms=trigger_ms,
-    )
-
-
-def summary(store: Store, stats: PullLogStats, elapsed_s: float) -> str:
-    """The one line a run ends with."""
-    return (
-        f"pull_log: {stats.pulls} pull-log rows from {stats.actions} action-log rows in "
-        f"{stats.batches} batches ({elapsed_s:.1f}s); pull_log version {store.version(schemas.PULL_LOG)}, "
-        f"action_log covered through version {pulled_version(store)}"
-    )
+__all__ = ["PullLogStats", "main", "run_pull_log"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the pull-log job; returns the exit code (0 ok, 1 the query failed, 2 bad input)."""
-    stats = PullLogStats()
-
-    def run(ctx: JobContext, args: Any) -> int:
-        run_or_serve(
-            args.once,
-            lambda once: run_pull_log(
-                ctx.spark, ctx.store, once=once, checkpoint=args.checkpoint, stats=stats
-            ),
-        )
-        print(summary(ctx.store, stats, ctx.elapsed_s()))
-        return EXIT_OK
-
-    return job_main(JOB, "Build each consumer's pull log from the action log.", argv, run)
+    return _main("pull_log", argv)
 
 
 if __name__ == "__main__":

@@ -1,168 +1,21 @@
-"""The retry job: consumers' failures in action_log -> %RETRY%<group> (delayed) or %DLQ%<group>.
+"""Entry point of the retry job: ``./spark-submit.sh jobs/retry.py [--once] ...``.
 
-The source is ``action_log`` read through the ``deltalog`` data source from the first version not
-yet routed; each micro-batch goes to :meth:`engine.broker.retry.RetryRouter.route`, which re-puts
-the NACKed / EXPIRED messages in one commit-log commit together with Delta app transactions
-recording the last action-log version routed. A replayed micro-batch (a restart after a crash, a
-lost checkpoint, a second instance) therefore re-puts nothing: exactly once, whatever the
-checkpoint says. Retries wait in ``SCHEDULE_TOPIC_XXXX``; the schedule job delivers them.
-
-Usage::
-
-    python jobs/retry.py --store ./mqdata --once     # route what is committed, then exit
-    ./spark-submit.sh jobs/retry.py --store ./mqdata  # run until SIGTERM / Ctrl-C
+Route NACKed messages to retry topics and dead-letter queues. The job is declared in
+:mod:`engine.spark.jobs.registry` and lives in ``engine/spark/jobs/retry.py``; ``run_retry`` and
+``RetryStats`` are re-exported here for notebooks and scripts.
 """
 
-from __future__ import annotations
-
 import sys
-import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
-import pyarrow as pa
+from engine.spark.jobs.registry import main as _main
+from engine.spark.jobs.retry import RetryStats, run_retry
 
-from engine.broker.retry import ROUTE_COLUMNS, MaxReconsume, RetryRouter, routed_version
-from engine.errors import InvalidArgumentError
-from engine.store import schemas
-from engine.store.store import Store
-from jobs._common import (
-    EXIT_OK,
-    JobArgumentParser,
-    JobContext,
-    add_trigger_ms,
-    job_main,
-    positive,
-    run_log_job,
-    run_or_serve,
-)
-
-JOB = "retry"
-PROG = "jobs/retry.py"
-DEFAULT_TRIGGER_MS = 500
-
-
-@dataclass
-class RetryStats:
-    """Progress of one run of the job (updated on the driver, once per micro-batch)."""
-
-    batches: int = 0
-    rows: int = 0
-    routed: int = 0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def add(self, rows: int, routed: int) -> None:
-        with self._lock:
-            self.batches += 1
-            self.rows += rows
-            self.routed += routed
-
-
-def run_retry(
-    spark: Any,
-    store: Store,
-    *,
-    once: bool = True,
-    checkpoint: str | None = None,
-    stats: RetryStats | None = None,
-    trigger_ms: int = DEFAULT_TRIGGER_MS,
-    max_reconsume_times: MaxReconsume = None,
-) -> Any:
-    """Start the retry query on ``spark`` for ``store``.
-
-    Args:
-        spark: a SparkSession with the project's data sources (:func:`engine.spark.session`).
-        store: the store whose failures to route.
-        once: route every action-log version committed now and wait for the query to finish
-            (``Trigger.AvailableNow``); otherwise start a query triggered every ``trigger_ms``
-            and return it running.
-        checkpoint: the streaming checkpoint; default ``<store>/_checkpoints/retry``.
-        stats: counters to update after each micro-batch.
-        trigger_ms: the trigger interval of a running query.
-        max_reconsume_times: per-group (mapping) or global (int) limit; default the config's.
-
-    Returns:
-        The started ``StreamingQuery`` (terminated already when ``once``).
-
-    Raises:
-        InvalidArgumentError: a bad ``max_reconsume_times``.
-        pyspark.errors.StreamingQueryException: a micro-batch failed (``once`` only).
-    """
-    counters = stats if stats is not None else RetryStats()
-    router = RetryRouter(store, max_reconsume_times=max_reconsume_times)
-
-    def route_batch(rows: pa.Table) -> None:
-        # The router drops rows of versions already routed, so a replayed batch re-puts nothing.
-        routed = router.route(rows) if rows.num_rows else 0
-        counters.add(rows.num_rows, routed)
-
-    return run_log_job(
-        spark,
-        store,
-        job=JOB,
-        table=schemas.ACTION_LOG,
-        columns=ROUTE_COLUMNS,
-        handler=route_batch,
-        marker=lambda: routed_version(store),
-        once=once,
-        checkpoint=checkpoint,
-        trigger_ms=trigger_ms,
-    )
-
-
-def summary(store: Store, stats: RetryStats, elapsed_s: float) -> str:
-    """The one line a run ends with."""
-    return (
-        f"retry: {stats.routed} messages re-put from {stats.rows} action-log rows in {stats.batches} "
-        f"batches ({elapsed_s:.1f}s); action_log routed through version {routed_version(store)}"
-    )
-
-
-def _options(parser: JobArgumentParser) -> None:
-    parser.add_argument(
-        "--max-reconsume-times",
-        type=int,
-        default=None,
-        help="reconsume limit for every group (default: the engine config's, 16)",
-    )
-    add_trigger_ms(parser, DEFAULT_TRIGGER_MS)
-
-
-def _check(args: Any) -> None:
-    positive("--trigger-ms", args.trigger_ms)
-    if args.max_reconsume_times is not None and args.max_reconsume_times < 0:
-        raise InvalidArgumentError(f"--max-reconsume-times must be >= 0, got {args.max_reconsume_times}")
+__all__ = ["RetryStats", "main", "run_retry"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the retry job; returns the process exit code (0 ok, 1 the query failed, 2 bad input)."""
-    stats = RetryStats()
-
-    def run(ctx: JobContext, args: Any) -> int:
-        run_or_serve(
-            args.once,
-            lambda once: run_retry(
-                ctx.spark,
-                ctx.store,
-                once=once,
-                checkpoint=args.checkpoint,
-                stats=stats,
-                trigger_ms=args.trigger_ms,
-                max_reconsume_times=args.max_reconsume_times,
-            ),
-        )
-        print(summary(ctx.store, stats, ctx.elapsed_s()))
-        return EXIT_OK
-
-    return job_main(
-        JOB,
-        "Route NACKed messages to retry topics and dead-letter queues.",
-        argv,
-        run,
-        options=_options,
-        check=_check,
-    )
+    return _main("retry", argv)
 
 
 if __name__ == "__main__":

@@ -1,163 +1,21 @@
-"""The transaction check job: old undecided half messages -> check requests, or a rollback.
+"""Entry point of the transaction_check job: ``./spark-submit.sh jobs/transaction_check.py [--once] ...``.
 
-A Spark structured-streaming query driven by a ticker (the ``rate-micro-batch`` source: one row per
-micro-batch, one micro-batch per trigger); each micro-batch runs one pass of
-:func:`engine.broker.transactions.check_transactions`. A pass is safe to repeat and to run from
-several places (a request is re-sent only after the check interval; decisions are exclusive), so
-the at-least-once ``foreachBatch`` needs no further idempotency marker.
-
-Usage::
-
-    python jobs/transaction_check.py --store ./mqdata --once     # one pass, then exit
-    ./spark-submit.sh jobs/transaction_check.py --store ./mqdata  # a pass every --trigger-ms
+Check back undecided transactional messages. The job is declared in
+:mod:`engine.spark.jobs.registry` and lives in ``engine/spark/jobs/transaction_check.py``;
+``run_transaction_check`` and ``CheckStats`` are re-exported here for notebooks and scripts.
 """
 
-from __future__ import annotations
-
 import sys
-import threading
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
-from engine.broker.transactions import (
-    DEFAULT_CHECK_INTERVAL_MS,
-    DEFAULT_MAX_CHECKS,
-    DEFAULT_TIMEOUT_MS,
-    check_transactions,
-    validate_check_settings,
-)
-from engine.errors import InvalidArgumentError
-from engine.store.sequencer import CommitLogWriter
-from engine.store.store import Store
-from jobs._common import (
-    EXIT_OK,
-    JobArgumentParser,
-    JobContext,
-    add_trigger_ms,
-    job_main,
-    run_or_serve,
-    start_query,
-)
+from engine.spark.jobs.registry import main as _main
+from engine.spark.jobs.transaction_check import CheckStats, run_transaction_check
 
-JOB = "transaction_check"
-PROG = "jobs/transaction_check.py"
-TRIGGER_MS = 5000
-
-
-@dataclass
-class CheckStats:
-    """Progress of one run of the job (updated on the driver, once per micro-batch)."""
-
-    passes: int = 0
-    acted: int = 0
-    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
-
-    def add(self, acted: int) -> None:
-        with self._lock:
-            self.passes += 1
-            self.acted += acted
-
-
-def run_transaction_check(
-    spark: Any,
-    store: Store,
-    *,
-    once: bool = True,
-    checkpoint: str | None = None,
-    stats: CheckStats | None = None,
-    trigger_ms: int = TRIGGER_MS,
-    timeout_ms: int = DEFAULT_TIMEOUT_MS,
-    max_checks: int = DEFAULT_MAX_CHECKS,
-    check_interval_ms: int = DEFAULT_CHECK_INTERVAL_MS,
-    now_ms: int | None = None,
-) -> Any:
-    """Start the transaction-check query on ``spark`` for ``store``.
-
-    Args:
-        spark: a SparkSession (:func:`engine.spark.session`).
-        store: the store.
-        once: run one pass and wait for the query to finish; otherwise start a query that runs a
-            pass every ``trigger_ms`` and return it running.
-        checkpoint: the streaming checkpoint; default ``<store>/_checkpoints/transaction_check``.
-        stats: counters to update after each pass.
-        trigger_ms: time between passes of a running query.
-        timeout_ms, max_checks, check_interval_ms: as :func:`check_transactions` (RocketMQ's 6 s,
-            15 checks, 30 s by default).
-        now_ms: a fixed clock for every pass (tests); default the time of each pass.
-
-    Returns:
-        The started ``StreamingQuery`` (terminated already when ``once``).
-
-    Raises:
-        InvalidArgumentError: a bad trigger or check setting.
-        pyspark.errors.StreamingQueryException: a pass failed (``once`` only).
-    """
-    if isinstance(trigger_ms, bool) or not isinstance(trigger_ms, int) or trigger_ms < 1:
-        raise InvalidArgumentError(f"trigger_ms {trigger_ms!r} must be an int >= 1", trigger_ms=trigger_ms)
-    validate_check_settings(timeout_ms, max_checks, check_interval_ms)  # here, not in a micro-batch
-    counters = stats if stats is not None else CheckStats()
-    writer = CommitLogWriter(store)
-
-    def check_batch(batch: Any, batch_id: int) -> None:
-        # Called once per micro-batch on the driver; the ticker's rows only pace the passes.
-        acted = check_transactions(
-            store,
-            now_ms=now_ms,
-            timeout_ms=timeout_ms,
-            max_checks=max_checks,
-            check_interval_ms=check_interval_ms,
-            writer=writer,
-        )
-        counters.add(acted)
-
-    ticker = spark.readStream.format("rate-micro-batch").option("rowsPerBatch", 1).load()
-    return start_query(
-        ticker, store, JOB, check_batch, once=once, checkpoint=checkpoint, trigger_ms=trigger_ms
-    )
-
-
-def _options(parser: JobArgumentParser) -> None:
-    add_trigger_ms(parser, TRIGGER_MS, "time between passes")
-    parser.add_argument("--timeout-ms", type=int, default=DEFAULT_TIMEOUT_MS, help="age before a first check")
-    parser.add_argument("--max-checks", type=int, default=DEFAULT_MAX_CHECKS, help="checks before rollback")
-    parser.add_argument(
-        "--check-interval-ms", type=int, default=DEFAULT_CHECK_INTERVAL_MS, help="time between checks"
-    )
+__all__ = ["CheckStats", "main", "run_transaction_check"]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the transaction-check job; returns the exit code (0 ok, 1 a pass failed, 2 bad input)."""
-    stats = CheckStats()
-
-    def run(ctx: JobContext, args: Any) -> int:
-        run_or_serve(
-            args.once,
-            lambda once: run_transaction_check(
-                ctx.spark,
-                ctx.store,
-                once=once,
-                checkpoint=args.checkpoint,
-                stats=stats,
-                trigger_ms=args.trigger_ms,
-                timeout_ms=args.timeout_ms,
-                max_checks=args.max_checks,
-                check_interval_ms=args.check_interval_ms,
-            ),
-        )
-        print(
-            f"transaction_check: {stats.acted} halves checked or rolled back in {stats.passes} passes "
-            f"({ctx.elapsed_s():.1f}s)"
-        )
-        return EXIT_OK
-
-    return job_main(
-        JOB,
-        "Check back undecided transactional messages; roll back the abandoned.",
-        argv,
-        run,
-        options=_options,
-    )
+    return _main("transaction_check", argv)
 
 
 if __name__ == "__main__":

@@ -30,11 +30,11 @@ from engine.broker.index import (
     index_pending,
     indexed_version,
 )
+from engine.spark.jobs.index import IndexStats, run_index
 from engine.store import schemas
 from engine.store.files import FileReader
 from engine.store.log import table_filesystem
 from engine.store.sequencer import CommitLogWriter, PendingMessage
-from jobs.index import IndexStats, run_index
 
 FAR_FUTURE = 2**62
 

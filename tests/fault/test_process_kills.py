@@ -24,12 +24,12 @@ from typing import Any
 import pytest
 
 from engine import Admin, Message, Producer, PullConsumer, PullStatus, SimpleConsumer, Store
+from engine.spark.jobs.streams import checkpoint_location
 from engine.store import schemas
 from engine.store.dispatch import dispatch_pending, dispatched_version
 from engine.store.marks import queue_marks
 from engine.store.rewrite import MAINTENANCE_KEY
 from engine.store.sequencer import read_hwm
-from jobs._common import checkpoint_location
 from tests.fault.history import History, HistoryLog, body_id, check, make_body, record
 from tests.fault.procs import Child, event_lines, spawn, wait_until, worker
 

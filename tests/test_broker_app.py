@@ -146,6 +146,37 @@ def test_progress_monitor_logs_batches_with_rows_counts_missed_ones_and_writes_s
     assert {s.job: s.state for s in read_statuses(store)} == {"dispatch": STOPPED}
 
 
+class _Clock:
+    """A monotonic clock that reads what the test sets: a machine booted ``now`` seconds ago."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_progress_monitor_heartbeat_does_not_depend_on_the_machines_uptime(store: Store) -> None:
+    clock = _Clock(5.0)  # booted 5 s ago: time.monotonic() is far below the heartbeat
+    lines: list[str] = []
+    monitor = ProgressMonitor(store, heartbeat_s=30, log=lines.append, clock=clock)
+    query = _FakeQuery()
+    monitor.watch("schedule", query)
+    query.batch(0)
+    [written] = monitor.poll()  # the first idle batch is logged and written whatever the clock says
+    assert written.batch_id == 0 and len(lines) == 1
+    clock.now = 6.0
+    query.batch(0)
+    assert monitor.poll() == [] and len(lines) == 1  # 1 s later: neither a line nor a status
+    clock.now = 11.0
+    query.batch(0)
+    assert [s.batch_id for s in monitor.poll()] == [2] and len(lines) == 1  # status every 5 s
+    clock.now = 35.0
+    query.batch(0)
+    monitor.poll()
+    assert len(lines) == 2 and "batch 3: 0 rows" in lines[-1]  # a heartbeat 30 s after the first
+
+
 def test_mq_status_without_jobs_shows_table_sizes(store: Store, topic: str, capsys: Any) -> None:
     with Producer(store) as p:
         p.send_batch([Message(topic, b"a"), Message(topic, b"b")])

@@ -1,22 +1,7 @@
-"""Entry point of the index job: ``./spark-submit.sh jobs/index.py [--once] ...``.
-
-Index messages by key and uniq key. The job is declared in :mod:`engine.spark.jobs.registry` and
-lives in ``engine/spark/jobs/index.py``; ``run_index`` and ``IndexStats`` are re-exported here for
-notebooks and scripts.
-"""
-
-import sys
-from collections.abc import Sequence
+"""``./spark-submit.sh jobs/index.py [--once] ...`` runs the job of engine/spark/jobs/index.py."""
 
 from engine.spark.jobs.index import IndexStats, run_index
-from engine.spark.jobs.registry import main as _main
+from engine.spark.jobs.registry import entry_point
 
-__all__ = ["IndexStats", "main", "run_index"]
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    return _main("index", argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+__all__ = ["IndexStats", "main", "run_index"]  # re-exported for notebooks and scripts
+main = entry_point("index", __name__)

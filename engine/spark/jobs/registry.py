@@ -10,6 +10,7 @@ shares is :mod:`engine.spark.jobs.runner`.
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -248,3 +249,21 @@ def job_named(name: str) -> Job:
 def main(name: str, argv: Sequence[str] | None = None) -> int:
     """Run the job called ``name`` as a program (``jobs/<name>.py``); returns the exit code."""
     return job_named(name).main(argv)
+
+
+def entry_point(name: str, module: str) -> Callable[[Sequence[str] | None], int]:
+    """The ``main`` of ``jobs/<name>.py``; called as the program (``module`` is ``"__main__"``), it runs.
+
+    Each entry point is ``main = entry_point("<job>", __name__)``: imported, it only defines ``main``;
+    run by ``python`` or ``spark-submit``, the job runs with ``sys.argv`` and the process exits with
+    its code.
+    """
+    job = job_named(name)
+
+    def main(argv: Sequence[str] | None = None) -> int:
+        return job.main(argv)
+
+    main.__doc__ = f"Run the {name} job as a program; returns the exit code (0 ok, 1 failed, 2 bad input)."
+    if module == "__main__":
+        sys.exit(main())
+    return main

@@ -64,24 +64,11 @@ def run_index(
     stats: IndexStats | None = None,
     trigger_ms: int = DEFAULT_TRIGGER_MS,
 ) -> Any:
-    """Start the index query on ``spark`` for ``store``.
+    """Start the index query on ``spark`` for ``store`` (commit log -> index).
 
-    Args:
-        spark: a SparkSession with the project's data sources (:func:`engine.spark.session`).
-        store: the store to index.
-        once: index every version committed now and wait for the query to finish
-            (``Trigger.AvailableNow``); otherwise start a query triggered every ``trigger_ms`` and
-            return it running.
-        checkpoint: the streaming checkpoint; default ``<store>/_checkpoints/index``.
-        stats: counters to update after each micro-batch.
-        trigger_ms: the processing-time trigger of a running query.
-
-    Returns:
-        The started ``StreamingQuery`` (terminated already when ``once``).
-
-    Raises:
-        pyspark.errors.StreamingQueryException: a micro-batch failed (``once`` only; a running
-            query reports it through ``exception()`` / ``awaitTermination()``).
+    The arguments, result and errors are those of every job's ``run``
+    (:class:`~engine.spark.jobs.registry.Job`); ``trigger_ms`` is the processing-time trigger of a
+    running query.
     """
     counters = stats if stats is not None else IndexStats()
 

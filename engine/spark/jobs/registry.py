@@ -45,9 +45,15 @@ class Job:
         name: ``dispatch``, ``index``, ...: the program ``jobs/<name>.py``, the query name, the
             default checkpoint ``<store>/_checkpoints/<name>`` and the status file.
         description: the ``--help`` text.
-        run: ``run(spark, store, *, once, checkpoint, stats, **keywords)``: with ``once``, process
-            what is committed now and return the finished query (or a pass's report); otherwise
-            start the streaming query and return it running.
+        run: ``run(spark, store, *, once=True, checkpoint=None, stats=None, **keywords)``, the
+            contract every ``run_<job>`` keeps. ``spark`` is a SparkSession with the project's data
+            sources (:func:`engine.spark.session`). With ``once`` it processes what is committed now
+            (``Trigger.AvailableNow``), waits for the query to finish and returns it (maintenance:
+            the pass's report); otherwise it starts the query on its trigger and returns it
+            running. ``checkpoint`` is the streaming checkpoint (default
+            ``<store>/_checkpoints/<name>``); ``stats`` is updated once per micro-batch on the
+            driver. A failed micro-batch raises ``pyspark.errors.StreamingQueryException`` when
+            ``once``; a running query reports it through ``exception()`` / ``awaitTermination()``.
         summary: ``summary(store, stats, elapsed_s)``: the line a run of the program ends with
             (None: nothing to add).
         stats: makes the counters ``run`` updates.

@@ -52,25 +52,17 @@ def run_retry(
     trigger_ms: int = DEFAULT_TRIGGER_MS,
     max_reconsume_times: MaxReconsume = None,
 ) -> Any:
-    """Start the retry query on ``spark`` for ``store``.
+    """Start the retry query on ``spark`` for ``store`` (action-log failures -> retry topics, DLQs).
+
+    The arguments, result and errors are those of every job's ``run``
+    (:class:`~engine.spark.jobs.registry.Job`), and:
 
     Args:
-        spark: a SparkSession with the project's data sources (:func:`engine.spark.session`).
-        store: the store whose failures to route.
-        once: route every action-log version committed now and wait for the query to finish
-            (``Trigger.AvailableNow``); otherwise start a query triggered every ``trigger_ms``
-            and return it running.
-        checkpoint: the streaming checkpoint; default ``<store>/_checkpoints/retry``.
-        stats: counters to update after each micro-batch.
         trigger_ms: the trigger interval of a running query.
         max_reconsume_times: per-group (mapping) or global (int) limit; default the config's.
 
-    Returns:
-        The started ``StreamingQuery`` (terminated already when ``once``).
-
     Raises:
         InvalidArgumentError: a bad ``max_reconsume_times``.
-        pyspark.errors.StreamingQueryException: a micro-batch failed (``once`` only).
     """
     counters = stats if stats is not None else RetryStats()
     router = RetryRouter(store, max_reconsume_times=max_reconsume_times)

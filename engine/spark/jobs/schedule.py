@@ -54,27 +54,17 @@ def run_schedule(
     dispatch: bool | None = None,
     scheduler: Scheduler | None = None,
 ) -> Any:
-    """Start the schedule query on ``spark`` for ``store``.
+    """Start the schedule query on ``spark`` for ``store``: a ticker delivering what is due.
+
+    The arguments, result and errors are those of every job's ``run``
+    (:class:`~engine.spark.jobs.registry.Job`); with ``once`` the job dispatches, delivers
+    everything due now and dispatches again. Also:
 
     Args:
-        spark: a SparkSession (:func:`engine.spark.session`).
-        store: the store whose schedule topic to deliver.
-        once: dispatch, deliver everything due now, dispatch again, and wait for the query to
-            finish (``Trigger.AvailableNow``); otherwise start a query ticking every
-            ``trigger_ms`` and return it running.
-        checkpoint: the streaming checkpoint; default ``<store>/_checkpoints/schedule``.
-        stats: counters to update after each micro-batch.
         trigger_ms: the tick interval of a running query.
         dispatch: also dispatch the commit log around each delivery (default: only when
             ``once``; a running schedule relies on the dispatch job).
         scheduler: the :class:`Scheduler` to use (default a new one).
-
-    Returns:
-        The started ``StreamingQuery`` (terminated already when ``once``).
-
-    Raises:
-        pyspark.errors.StreamingQueryException: a micro-batch failed (``once`` only; a running
-            query reports it through ``exception()`` / ``awaitTermination()``).
     """
     counters = stats if stats is not None else ScheduleStats()
     service = scheduler if scheduler is not None else Scheduler(store)

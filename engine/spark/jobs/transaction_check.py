@@ -58,26 +58,19 @@ def run_transaction_check(
     check_interval_ms: int = DEFAULT_CHECK_INTERVAL_MS,
     now_ms: int | None = None,
 ) -> Any:
-    """Start the transaction-check query on ``spark`` for ``store``.
+    """Start the transaction-check query on ``spark`` for ``store``: a ticker, one pass per tick.
+
+    The arguments, result and errors are those of every job's ``run``
+    (:class:`~engine.spark.jobs.registry.Job`); with ``once`` the job runs one pass. Also:
 
     Args:
-        spark: a SparkSession (:func:`engine.spark.session`).
-        store: the store.
-        once: run one pass and wait for the query to finish; otherwise start a query that runs a
-            pass every ``trigger_ms`` and return it running.
-        checkpoint: the streaming checkpoint; default ``<store>/_checkpoints/transaction_check``.
-        stats: counters to update after each pass.
         trigger_ms: time between passes of a running query.
         timeout_ms, max_checks, check_interval_ms: as :func:`check_transactions` (RocketMQ's 6 s,
             15 checks, 30 s by default).
         now_ms: a fixed clock for every pass (tests); default the time of each pass.
 
-    Returns:
-        The started ``StreamingQuery`` (terminated already when ``once``).
-
     Raises:
         InvalidArgumentError: a bad trigger or check setting.
-        pyspark.errors.StreamingQueryException: a pass failed (``once`` only).
     """
     if isinstance(trigger_ms, bool) or not isinstance(trigger_ms, int) or trigger_ms < 1:
         raise InvalidArgumentError(f"trigger_ms {trigger_ms!r} must be an int >= 1", trigger_ms=trigger_ms)

@@ -79,10 +79,6 @@ class Job:
     pass_before_serving: bool = False
     plan_keywords: Mapping[str, Any] = field(default_factory=dict)
 
-    @property
-    def program(self) -> str:
-        return f"jobs/{self.name}.py"
-
     def add_options(self, parser: JobArgumentParser) -> None:
         for option in self.options:
             option.add_to(parser)

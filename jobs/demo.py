@@ -23,7 +23,7 @@ from rich.table import Table
 
 from engine import Admin, Message, MQError, Producer, PullConsumer, PullStatus, Store
 from engine.errors import StoreError
-from jobs.broker import run_once
+from engine.spark.jobs.broker_app import run_once
 
 TOPIC = "DemoTopic"
 QUEUES = 4
@@ -66,8 +66,10 @@ def produce(store: Store, console: Console) -> float:
         )
         # Held in the schedule topic until due; the schedule job then re-puts it into DemoTopic.
         delayed = Message(TOPIC, b"delayed by level 1 (1s)", tags="TagA")
-        due = time.monotonic() + DELAY_S
         r = producer.send(delayed, delay_level=1)
+        # Due 1 s after its store time, which is before send returns: counted from here, a commit that
+        # takes long on a busy machine cannot make the wait too short.
+        due = time.monotonic() + DELAY_S
         table.add_row("TagA", "-", "(schedule)", "-", f"{r.msg_id} (delay level 1)")
     console.print(table)
     return due

@@ -1,4 +1,5 @@
-"""The broker app (jobs/broker.py): every job in one Spark application, progress, ``mq status``."""
+"""The broker app (jobs/broker.py): every job of the registry in one Spark application, progress,
+``mq status``."""
 
 from __future__ import annotations
 
@@ -16,9 +17,11 @@ import pytest
 
 from engine import Admin, Message, Producer, PullConsumer, PullStatus, SendResult, Store
 from engine.cli import main as mq
+from engine.errors import InvalidArgumentError
+from engine.spark.jobs.broker_app import selected_jobs
+from engine.spark.jobs.registry import JOBS, job_named
 from engine.spark.progress import (
     FINISHED,
-    SKIPPED,
     STOPPED,
     JobStatus,
     ProgressMonitor,
@@ -28,7 +31,7 @@ from engine.spark.progress import (
     write_status,
 )
 from engine.store import schemas
-from jobs.broker import JOB_ORDER, discover_jobs, main, run_forever
+from jobs.broker import JOB_ORDER, main, run_forever
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -46,12 +49,25 @@ def _bodies(store: Store, topic: str, queues: int = 4) -> list[bytes]:
     return sorted(out)
 
 
-def test_discover_jobs_includes_present_modules_and_reports_missing_ones() -> None:
-    found, skipped = discover_jobs([*JOB_ORDER, "no_such_job"])
-    assert {"dispatch", "index"} <= set(found)
-    assert skipped["no_such_job"].startswith("no module")
-    assert set(found) | set(skipped) == {*JOB_ORDER, "no_such_job"}
-    assert found["dispatch"].source_table == schemas.COMMIT_LOG
+def test_the_broker_runs_the_registrys_jobs_in_order_and_rejects_unknown_names() -> None:
+    assert tuple(job.name for job in JOBS) == JOB_ORDER
+    assert JOB_ORDER == (
+        "dispatch",
+        "index",
+        "schedule",
+        "retry",
+        "pull_log",
+        "transaction_check",
+        "maintenance",
+    )
+    assert list(selected_jobs()) == list(JOB_ORDER)
+    assert list(selected_jobs(["index", "dispatch", "retry"], skip=["retry"])) == ["dispatch", "index"]
+    assert job_named("dispatch").source_table == schemas.COMMIT_LOG
+    assert job_named("pull_log").source_table == schemas.ACTION_LOG
+    with pytest.raises(InvalidArgumentError, match="unknown jobs"):
+        selected_jobs([*JOB_ORDER, "no_such_job"])
+    with pytest.raises(InvalidArgumentError, match="unknown job 'no_such_job'"):
+        job_named("no_such_job")
 
 
 def test_unknown_job_names_are_bad_input(store: Store, capsys: pytest.CaptureFixture[str]) -> None:
@@ -130,6 +146,37 @@ def test_progress_monitor_logs_batches_with_rows_counts_missed_ones_and_writes_s
     assert {s.job: s.state for s in read_statuses(store)} == {"dispatch": STOPPED}
 
 
+class _Clock:
+    """A monotonic clock that reads what the test sets: a machine booted ``now`` seconds ago."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_progress_monitor_heartbeat_does_not_depend_on_the_machines_uptime(store: Store) -> None:
+    clock = _Clock(5.0)  # booted 5 s ago: time.monotonic() is far below the heartbeat
+    lines: list[str] = []
+    monitor = ProgressMonitor(store, heartbeat_s=30, log=lines.append, clock=clock)
+    query = _FakeQuery()
+    monitor.watch("schedule", query)
+    query.batch(0)
+    [written] = monitor.poll()  # the first idle batch is logged and written whatever the clock says
+    assert written.batch_id == 0 and len(lines) == 1
+    clock.now = 6.0
+    query.batch(0)
+    assert monitor.poll() == [] and len(lines) == 1  # 1 s later: neither a line nor a status
+    clock.now = 11.0
+    query.batch(0)
+    assert [s.batch_id for s in monitor.poll()] == [2] and len(lines) == 1  # status every 5 s
+    clock.now = 35.0
+    query.batch(0)
+    monitor.poll()
+    assert len(lines) == 2 and "batch 3: 0 rows" in lines[-1]  # a heartbeat 30 s after the first
+
+
 def test_mq_status_without_jobs_shows_table_sizes(store: Store, topic: str, capsys: Any) -> None:
     with Producer(store) as p:
         p.send_batch([Message(topic, b"a"), Message(topic, b"b")])
@@ -150,7 +197,6 @@ def test_mq_status_without_jobs_shows_table_sizes(store: Store, topic: str, caps
 def test_broker_once_runs_every_job_so_sends_are_pullable_indexed_and_delays_delivered(
     spark: Any, store: Store, topic: str, capsys: Any
 ) -> None:
-    found, _ = discover_jobs()
     with Producer(store) as p:
         plain = p.send(Message(topic, b"plain", keys=("order-1",)))
         p.send(Message(topic, b"delayed"), delay_level=1)  # due in 1 s
@@ -162,17 +208,16 @@ def test_broker_once_runs_every_job_so_sends_are_pullable_indexed_and_delays_del
     assert _pull_one(store, topic, plain) is PullStatus.FOUND
     [by_key] = Admin(store).query_by_key(topic, "order-1", 0, 2**62)
     assert by_key.msg_id == plain.msg_id
-    if "schedule" in found:  # the delivered copy was dispatched by the second dispatch round
-        assert _bodies(store, topic) == [b"delayed", b"plain"]
+    assert _bodies(store, topic) == [b"delayed", b"plain"]  # delivered, then dispatched by round two
 
     statuses = {s.job: s for s in read_statuses(store)}
     assert statuses["dispatch"].state == FINISHED
     assert statuses["dispatch"].total_input_rows >= 2
     assert statuses["index"].end_to_end_delay_ms is not None
-    assert set(found) <= set(statuses)
+    assert set(JOB_ORDER) <= set(statuses)
     assert statuses["broker"].detail is not None and "dispatch" in statuses["broker"].detail
     for job, s in statuses.items():
-        assert s.state in (FINISHED, SKIPPED), (job, s)
+        assert s.state == FINISHED, (job, s)
 
     assert mq(["--store", store.root, "status"]) == 0
     shown = capsys.readouterr().out

@@ -6,15 +6,16 @@ import io
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from rich.console import Console
 
-from engine import PullConsumer, Store
+from engine import Admin, Producer, PullConsumer, Store
 from engine.store import schemas
-from jobs.demo import GROUP, QUEUES, TOPIC, run_demo
+from jobs.demo import DELAY_S, GROUP, QUEUES, TOPIC, produce, run_demo
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -22,6 +23,26 @@ ROOT = Path(__file__).resolve().parent.parent
 def _console() -> tuple[Console, io.StringIO]:
     out = io.StringIO()
     return Console(file=out, width=200, force_terminal=False), out
+
+
+def test_the_delayed_message_is_awaited_from_when_its_send_returned(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    Admin(store).create_topic(TOPIC, QUEUES)
+    real_send = Producer.send
+    returned: list[float] = []
+
+    def slow_send(self: Producer, message: Any, *args: Any, **kwargs: Any) -> Any:
+        result = real_send(self, message, *args, **kwargs)
+        if kwargs.get("delay_level"):
+            time.sleep(0.5)  # a busy machine: the delayed message's commit returns late
+            returned.append(time.monotonic())
+        return result
+
+    monkeypatch.setattr(Producer, "send", slow_send)
+    due = produce(store, _console()[0])
+    [sent] = returned
+    assert due >= sent + DELAY_S  # its store time is before the send returned: it is surely due by then
 
 
 @pytest.mark.spark

@@ -10,13 +10,14 @@ from typing import Any
 import pytest
 
 from engine import Message, Producer, PullConsumer, PullStatus, SendResult, Store, SysFlag
+from engine.spark.jobs.dispatch import DispatchStats, run_dispatch
+from engine.spark.jobs.streams import checkpoint_location
 from engine.spark.progress import query_status
 from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
 from engine.store.consume_queue import dispatched_version
 from engine.store.stamping import PendingMessage
-from jobs._common import checkpoint_location
-from jobs.dispatch import DispatchStats, main, run_dispatch
+from jobs.dispatch import main
 
 
 def _send(store: Store, topic: str, n: int, start: int = 0) -> list[SendResult]:
@@ -106,7 +107,7 @@ def test_replaying_the_whole_log_adds_nothing(
     run_dispatch(spark, store, once=True)
     before = _consume_queue(store)
     # A fresh checkpoint that starts from version 0: every micro-batch is a replay.
-    from jobs import dispatch as job
+    from engine.spark.jobs import dispatch as job
 
     monkeypatch.setattr(job, "dispatched_version", lambda s: -1)
     run_dispatch(spark, store, once=True, checkpoint=str(tmp_path / "replay"))
@@ -119,7 +120,7 @@ def test_replaying_the_whole_log_adds_nothing(
 def test_a_checkpoint_ahead_of_the_consume_queue_is_caught_up(
     spark: Any, store: Store, topic: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from jobs import dispatch as job
+    from engine.spark.jobs import dispatch as job
 
     sent = _send(store, topic, 3)
     # A run whose batch "succeeded" without writing: the checkpoint moves past versions the
@@ -235,14 +236,14 @@ def test_checkpoint_location_defaults_under_the_store(store: Store) -> None:
 
 @pytest.mark.spark
 def test_the_query_follows_commit_log_versions_only(spark: Any, store: Store, topic: str) -> None:
-    from jobs.dispatch import commit_log_versions
+    from engine.spark.jobs.dispatch import commit_log_versions
 
     frame = commit_log_versions(spark, store, 0)
     assert frame.isStreaming and frame.columns == ["_version"]
 
 
 def test_dispatch_committed_resumes_at_the_marker_in_bounded_commits(store: Store, topic: str) -> None:
-    from jobs.dispatch import dispatch_committed
+    from engine.spark.jobs.dispatch import dispatch_committed
 
     sent = [r for i in range(5) for r in _send(store, topic, 1, start=i)]  # five commit-log versions
     cq_before = store.version(schemas.CONSUME_QUEUE)

@@ -23,6 +23,7 @@ from engine import (
 )
 from engine.broker.index import build_index, index_pending
 from engine.protocol.index_keys import KIND_KEY, KIND_UNIQ_KEY
+from engine.spark.jobs.index import IndexStats, run_index
 from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
 from engine.store.commit_markers import INDEX_APP
@@ -30,7 +31,6 @@ from engine.store.delta_log import table_filesystem
 from engine.store.file_reader import FileReader
 from engine.store.index import indexed_version
 from engine.store.stamping import PendingMessage
-from jobs.index import IndexStats, run_index
 
 FAR_FUTURE = 2**62
 

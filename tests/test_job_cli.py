@@ -1,4 +1,4 @@
-"""The command line every job shares (jobs/_common.py job_main): bad input is one line and exit 2,
+"""The command line every job shares (engine/spark/jobs/runner.py job_main): bad input is one line and exit 2,
 before Spark starts."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from jobs.broker import JOB_ORDER
+from engine.spark.jobs.registry import JOB_ORDER
 
 JOBS = [*JOB_ORDER, "broker"]
 

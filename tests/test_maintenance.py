@@ -663,7 +663,7 @@ def test_job_with_a_store_that_is_a_file_is_one_line_and_exit_2(
 def test_periodic_run_is_a_ticker_query_running_one_pass_per_tick(
     spark: Any, store: Store, topic: str, tmp_path: Path
 ) -> None:
-    from jobs.maintenance import PassOptions, run_maintenance
+    from engine.spark.jobs.maintenance import PassOptions, run_maintenance
 
     _fill(store, topic, 4)
     passes: list[maintenance.MaintenanceReport] = []

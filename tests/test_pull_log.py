@@ -149,7 +149,7 @@ def test_pull_rows_is_pure_and_orders_by_version_then_sequence() -> None:
 # ----------------------------------------------------------------------------- the Spark job
 @pytest.mark.spark
 def test_pull_log_job_builds_exactly_once(spark: Any, store: Store, received: list[tuple[str, int]]) -> None:
-    from jobs.pull_log import PullLogStats, run_pull_log
+    from engine.spark.jobs.pull_log import PullLogStats, run_pull_log
 
     stats = PullLogStats()
     query = run_pull_log(spark, store, once=True, stats=stats)

@@ -443,7 +443,7 @@ def test_route_message_chooses_retry_below_the_limit_and_dlq_past_it() -> None:
 def test_run_retry_once_routes_failures_and_a_second_run_routes_nothing(
     spark: Any, store: Store, topic: str
 ) -> None:
-    from jobs.retry import RetryStats, run_retry
+    from engine.spark.jobs.retry import RetryStats, run_retry
 
     original = sent_message(store, topic)
     fail(store, [original])

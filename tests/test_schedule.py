@@ -339,7 +339,7 @@ def test_handled_mask_covers_the_prefix_and_the_runs() -> None:
 # ----------------------------------------------------------------- the Spark job
 @pytest.mark.spark
 def test_run_schedule_once_delivers_what_is_due_and_exits(spark: Any, store: Store, topic: str) -> None:
-    from jobs.schedule import ScheduleStats, run_schedule
+    from engine.spark.jobs.schedule import ScheduleStats, run_schedule
 
     producer = Producer(store)
     producer.send(Message(topic, b"due", deliver_at_ms=now_ms() - 1))
@@ -357,8 +357,8 @@ def test_run_schedule_once_delivers_what_is_due_and_exits(spark: Any, store: Sto
 @pytest.mark.spark
 @pytest.mark.slow
 def test_a_one_second_delay_through_the_running_jobs(spark: Any, store: Store, topic: str) -> None:
-    from jobs.dispatch import run_dispatch
-    from jobs.schedule import run_schedule
+    from engine.spark.jobs.dispatch import run_dispatch
+    from engine.spark.jobs.schedule import run_schedule
 
     dispatch = run_dispatch(spark, store, once=False, checkpoint=str(store.root) + "/_cp_dispatch")
     schedule = run_schedule(

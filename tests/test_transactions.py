@@ -285,7 +285,7 @@ def test_next_check_rules() -> None:
 def test_transaction_check_job_drives_the_check_back(
     spark: Any, store: Store, topic: str, producers: Any
 ) -> None:
-    from jobs.transaction_check import CheckStats, run_transaction_check
+    from engine.spark.jobs.transaction_check import CheckStats, run_transaction_check
 
     checker = Checker(COMMIT)
     producer = producers(checker, group="TXG")

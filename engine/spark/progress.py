@@ -348,8 +348,10 @@ class _Watched:
     query: Any
     source_table: str | None
     last_batch: int = -1
-    last_logged: float = 0.0
-    last_written: float = 0.0
+    # When the last line / status was, on the monitor's clock; None: never. Not 0.0: time.monotonic()
+    # counts from boot, so on a machine up for less than a heartbeat "0.0" would be "just now".
+    last_logged: float | None = None
+    last_written: float | None = None
     total_rows: int = 0
     batches: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -366,6 +368,7 @@ class ProgressMonitor:
         interval_s: polling period.
         heartbeat_s: least time between two lines (and status writes) for idle batches.
         log: where lines go (default the ``lakemq.broker`` logger at INFO).
+        clock: seconds on a monotonic clock (default ``time.monotonic``; tests pass their own).
     """
 
     def __init__(
@@ -375,8 +378,10 @@ class ProgressMonitor:
         interval_s: float = 1.0,
         heartbeat_s: float = 30.0,
         log: Callable[[str], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._store = store
+        self._clock = clock
         self._interval = interval_s
         self._heartbeat = heartbeat_s
         self._log = log or LOGGER.info
@@ -414,11 +419,11 @@ class ProgressMonitor:
                     total_input_rows=w.total_rows,
                     batches=w.batches,
                 )
-                now = time.monotonic()
-                if rows or now - w.last_logged >= self._heartbeat:
+                now = self._clock()
+                if rows or _due(w.last_logged, now, self._heartbeat):
                     self._log(status.line())
                     w.last_logged = now
-                if rows or now - w.last_written >= min(self._heartbeat, 5.0):
+                if rows or _due(w.last_written, now, min(self._heartbeat, 5.0)):
                     write_status(self._store, status)
                     w.last_written = now
                     written.append(status)
@@ -473,6 +478,11 @@ class ProgressMonitor:
             self.poll()
         except Exception as exc:
             LOGGER.warning("progress monitor: %s", exc)
+
+
+def _due(last: float | None, now: float, every_s: float) -> bool:
+    """Whether something done at ``last`` (None: never) is due again at ``now``."""
+    return last is None or now - last >= every_s
 
 
 def _name(query: Any) -> str | None:

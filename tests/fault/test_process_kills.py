@@ -25,11 +25,11 @@ import pytest
 
 from engine import Admin, Message, Producer, PullConsumer, PullStatus, SimpleConsumer, Store
 from engine.broker.dispatch import dispatch_pending
+from engine.spark.jobs.streams import checkpoint_location
 from engine.store import schemas
 from engine.store.commit_log import read_hwm
 from engine.store.commit_markers import MAINTENANCE_KEY
 from engine.store.consume_queue import dispatched_version, queue_marks
-from jobs._common import checkpoint_location
 from tests.fault.history import Figures, History, HistoryLog, body_id, check, make_body, record
 from tests.fault.procs import Child, event_lines, spawn, wait_until, worker
 from tests.fault.scenario import timed

@@ -1,4 +1,4 @@
-"""``mq``: the command line of a lakemq store.
+"""The ``mq`` commands: their parser, what each does, and ``main``.
 
 ::
 
@@ -27,7 +27,7 @@ from typing import Any, NoReturn
 
 from rich.console import Console
 
-from engine import cli_render as render
+from engine.cli import render
 from engine.client.admin import Admin
 from engine.client.producer import Producer
 from engine.client.pull import PullConsumer
@@ -228,16 +228,17 @@ def _dispatch(args: argparse.Namespace, out: Console, err: Console) -> int:
         out.print(f"dispatched {added} entries (without Spark)")
         return EXIT_OK
     require_java()
-    from jobs.dispatch import main as dispatch_main
+    from engine.spark.jobs.registry import job_named
 
+    dispatch = job_named("dispatch")
     argv = ["--store", store.root]
     if args.checkpoint:
         argv += ["--checkpoint", args.checkpoint]
     if args.once:
         with _progress(err, "running the dispatch job once (Spark)"):
-            return dispatch_main([*argv, "--once"])
+            return dispatch.main([*argv, "--once"])
     err.print(f"dispatch job running on {store.root}; Ctrl-C stops it")
-    return dispatch_main(argv)
+    return dispatch.main(argv)
 
 
 def _status(args: argparse.Namespace, out: Console, err: Console) -> int:
@@ -378,7 +379,3 @@ def _run(argv: Sequence[str] | None) -> int:
             raise
         print(f"{PROG}: error: {_one_line(exc)}", file=sys.stderr)
         return EXIT_ERROR
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,21 +1,20 @@
-"""What every broker job shares: its command line, opening the store, starting Spark, its query, stopping.
+"""What every broker job shares as a program: its command line, opening the store, Spark, stopping.
 
-Each job is a plain module runnable as ``python jobs/<job>.py`` or ``spark-submit jobs/<job>.py``::
+Each job runs as ``python jobs/<job>.py`` or ``./spark-submit.sh jobs/<job>.py``::
 
     --store PATH        the store (default: MQ_STORE, else ./mqdata)
     --once              process what is committed now, then exit (Trigger.AvailableNow)
     --checkpoint PATH   the streaming checkpoint (default: under the store)
 
-A job module keeps only what is its own: the handler of a micro-batch (:func:`run_log_job` for jobs fed
-by a table's log, :func:`start_query` for ticker-driven ones), its options and its summary line;
-:func:`job_main` is the rest of its ``main``. A bad argument or an unusable store is one line on
-stderr and exit code 2, a failed run one line and exit code 1, never a traceback.
+plus the options its registry entry declares (:mod:`engine.spark.jobs.registry`). :func:`job_main`
+is every job's ``main``: a bad argument or an unusable store is one line on stderr and exit code 2,
+a failed run one line and exit code 1, never a traceback. How a job's query is wired is
+:mod:`engine.spark.jobs.streams`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import sys
@@ -27,11 +26,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
-
 from engine.errors import InvalidArgumentError, MQError
-from engine.store.delta_log import VERSION_COLUMN
 from engine.store.store import Store
 
 EXIT_OK = 0
@@ -109,17 +104,6 @@ def start(args: argparse.Namespace, app_name: str, began: float | None = None) -
     )
 
 
-def checkpoint_location(store: Store, job: str, override: str | None = None) -> str:
-    """A job's streaming checkpoint: ``override``, else ``<checkpoint_dir or store>/_checkpoints/<job>``.
-
-    ``checkpoint_dir`` from the engine config replaces the ``<store>/_checkpoints`` parent.
-    """
-    if override:
-        return override
-    parent = store.config.checkpoint_dir or f"{store.root}/_checkpoints"
-    return f"{parent.rstrip('/')}/{job}"
-
-
 class StopSignal:
     """Turns SIGTERM / SIGINT into an event a job's loop checks (handlers only in the main thread).
 
@@ -158,169 +142,11 @@ def fail(prog: str, error: BaseException, code: int = EXIT_USAGE) -> int:
     return code
 
 
-# ----------------------------------------------------------------------------- the query
+# TODO(errors): BatchNotReadError belongs in engine/errors.py (under StoreError? it is raised when a
+# micro-batch's rows cannot be read, usually because its query is being stopped). It stays here until
+# that module can take it; nothing else defines it.
 class BatchNotReadError(RuntimeError):
     """A micro-batch could not be read (the query was stopped, or the read failed)."""
-
-
-def read_batch(batch: Any, batch_id: int) -> pa.Table:
-    """A micro-batch's rows as Arrow.
-
-    Raises:
-        BatchNotReadError: the rows could not be read, typically because the query is being stopped
-            mid-batch. Its message is one short line: Spark matches failure messages of Python
-            callbacks with a regex that overflows the stack on long ones.
-    """
-    try:
-        return batch.toArrow()
-    except Exception as exc:
-        raise BatchNotReadError(f"micro-batch {batch_id} was not read: {first_line(exc)}") from None
-
-
-def query_name(store: Store, job: str) -> str:
-    """The name a job's streaming query shows in the Spark UI and in progress reports."""
-    return f"lakemq-{job.replace('_', '-')}-{store.store_id}"
-
-
-def start_query(
-    frame: Any,
-    store: Store,
-    job: str,
-    on_batch: Callable[[Any, int], None],
-    *,
-    once: bool,
-    checkpoint: str | None,
-    trigger_ms: int,
-) -> Any:
-    """Start ``frame`` as the job's ``foreachBatch`` query with its checkpoint.
-
-    Args:
-        frame: the streaming DataFrame (a table's log, or a ticker).
-        store: the store (names the query and the default checkpoint).
-        job: the job's name (``dispatch``, ``schedule``, ...).
-        on_batch: called once per micro-batch on the driver with ``(batch, batch_id)``.
-        once: process what is available now (``Trigger.AvailableNow``) and wait for the query to
-            finish; otherwise start it triggered every ``trigger_ms`` and return it running.
-        checkpoint: the streaming checkpoint; default :func:`checkpoint_location`.
-        trigger_ms: the processing-time trigger of a running query.
-
-    Returns:
-        The started ``StreamingQuery`` (terminated already when ``once``).
-
-    Raises:
-        pyspark.errors.StreamingQueryException: a micro-batch failed (``once`` only; a running
-            query reports it through ``exception()`` / ``awaitTermination()``).
-    """
-    writer = (
-        frame.writeStream.queryName(query_name(store, job))
-        .foreachBatch(on_batch)
-        .option("checkpointLocation", checkpoint_location(store, job, checkpoint))
-    )
-    if once:
-        query = writer.trigger(availableNow=True).start()
-        query.awaitTermination()
-        return query
-    return writer.trigger(processingTime=f"{trigger_ms} milliseconds").start()
-
-
-def log_stream(
-    spark: Any,
-    store: Store,
-    table: str,
-    starting_version: int,
-    columns: Sequence[str],
-    schema: pa.Schema | None = None,
-) -> Any:
-    """A table's new rows (``columns`` and ``_version``) from ``starting_version`` on, streaming.
-
-    ``schema`` (the Arrow schema of ``columns``) spares the source inferring it from the table.
-    """
-    from engine.spark.deltalog import SHORT_NAME, spark_schema
-
-    reader = spark.readStream.format(SHORT_NAME)
-    if schema is not None:
-        reader = reader.schema(spark_schema(schema))
-    reader = (
-        reader.option("path", store.uri(table))
-        .option("startingVersion", str(starting_version))
-        .option("columns", ",".join(columns))
-    )
-    if store.storage_options:
-        reader = reader.option("storageOptions", json.dumps(store.storage_options))
-    return reader.load()
-
-
-def with_missing_versions(rows: pa.Table, marker: int, read: Callable[[int, int], pa.Table]) -> pa.Table:
-    """``rows`` preceded by the versions between a job's exactly-once ``marker`` and them.
-
-    The stream's checkpoint and the job's marker normally agree. When the checkpoint is ahead (a
-    checkpoint copied from elsewhere, a target table restored from a backup), the versions in between
-    would otherwise never be offered again; ``read(first, last)`` reads them from the source table.
-    """
-    if rows.num_rows == 0:
-        return rows
-    first = int(pc.min(rows[VERSION_COLUMN]).as_py())
-    if first <= marker + 1:
-        return rows
-    missing = read(marker + 1, first - 1)
-    return pa.concat_tables([missing.select(rows.column_names).cast(rows.schema), rows])
-
-
-def run_log_job(
-    spark: Any,
-    store: Store,
-    *,
-    job: str,
-    table: str,
-    columns: Sequence[str],
-    handler: Callable[[pa.Table], None],
-    marker: Callable[[], int],
-    once: bool,
-    checkpoint: str | None,
-    trigger_ms: int,
-    schema: pa.Schema | None = None,
-    catch_up: Callable[[int, int], pa.Table] | None = None,
-) -> Any:
-    """Start a job fed by ``table``'s log: every micro-batch's rows go to ``handler``.
-
-    The stream starts at the version after ``marker()`` (the job's exactly-once marker, committed with
-    what the handler writes), so a lost or fresh checkpoint resumes where the job's output stops.
-
-    Args:
-        spark: a SparkSession with the project's data sources (:func:`engine.spark.session`).
-        store: the store.
-        job: the job's name (query name, default checkpoint ``<store>/_checkpoints/<job>``).
-        table: the source table.
-        columns: the source columns the handler needs; it also gets ``_version``.
-        handler: called once per micro-batch on the driver with its rows (possibly none). It must be
-            idempotent per source version, so that a replayed batch writes nothing twice, and must
-            raise when it did not write: returning makes Spark commit the batch and never offer its
-            versions again.
-        marker: the last source version the job's output covers.
-        once: process every version committed now and wait for the query to finish; otherwise
-            start a query triggered every ``trigger_ms`` and return it running.
-        checkpoint: the streaming checkpoint (default under the store).
-        trigger_ms: the trigger interval of a running query.
-        schema: the Arrow schema of ``columns`` (default: inferred by the source).
-        catch_up: ``read(first, last)`` of the source's rows of versions ``first..last``: when given,
-            a batch that starts past ``marker() + 1`` is preceded by the versions in between
-            (:func:`with_missing_versions`).
-
-    Returns:
-        The started ``StreamingQuery`` (terminated already when ``once``).
-
-    Raises:
-        pyspark.errors.StreamingQueryException: a micro-batch failed (``once`` only).
-    """
-
-    def on_batch(batch: Any, batch_id: int) -> None:
-        rows = read_batch(batch, batch_id)
-        if catch_up is not None:
-            rows = with_missing_versions(rows, marker(), catch_up)
-        handler(rows)
-
-    frame = log_stream(spark, store, table, marker() + 1, columns, schema).select(*columns, VERSION_COLUMN)
-    return start_query(frame, store, job, on_batch, once=once, checkpoint=checkpoint, trigger_ms=trigger_ms)
 
 
 def stop_query(query: Any, deadline: float) -> None:
@@ -419,16 +245,54 @@ def job_main(
         ctx.close()
 
 
-def add_trigger_ms(
-    parser: JobArgumentParser, default: int, what: str = "trigger interval of a running job"
-) -> None:
-    """Add a job's ``--trigger-ms`` option (milliseconds; the job checks it with :func:`positive`)."""
-    help_text = f"{what} in milliseconds (default {default})"
-    parser.add_argument("--trigger-ms", type=int, default=default, help=help_text)
+@dataclass(frozen=True)
+class Option:
+    """One option of a job's command line, declared as argparse takes it.
+
+    Its value goes to the job's ``run`` as the keyword ``keyword`` (default argparse's ``dest``:
+    ``--trigger-ms`` -> ``trigger_ms``), after ``check(flag, value)`` accepted it before anything
+    started.
+    """
+
+    flag: str
+    help: str
+    type: Callable[[str], Any] | None = None  # None: a flag (store_true)
+    default: Any = None
+    check: Callable[[str, Any], None] | None = None
+    keyword: str | None = None
+
+    @property
+    def dest(self) -> str:
+        return self.flag.lstrip("-").replace("-", "_")
+
+    def add_to(self, parser: argparse.ArgumentParser) -> None:
+        if self.type is None:
+            parser.add_argument(self.flag, action="store_true", help=self.help)
+        else:
+            parser.add_argument(self.flag, type=self.type, default=self.default, help=self.help)
+
+
+def trigger_ms_option(
+    default: int, what: str = "trigger interval of a running job", *, checked: bool = True
+) -> Option:
+    """A job's ``--trigger-ms`` (milliseconds; checked > 0 before the job starts unless not ``checked``)."""
+    return Option(
+        "--trigger-ms",
+        f"{what} in milliseconds (default {default})",
+        type=int,
+        default=default,
+        check=positive if checked else None,
+    )
 
 
 def positive(option: str, value: float) -> None:
-    """Raise :class:`InvalidArgumentError` unless ``value`` > 0 (a check of :func:`job_main`)."""
+    """Raise :class:`InvalidArgumentError` unless ``value`` > 0 (an :class:`Option` check)."""
     if not value > 0:
         shown = f"{value:g}" if isinstance(value, float) else str(value)
         raise InvalidArgumentError(f"{option} must be > 0, got {shown}")
+
+
+def not_negative(option: str, value: int | None) -> None:
+    """Raise :class:`InvalidArgumentError` when ``value`` is given and < 0 (an :class:`Option` check)."""
+    if value is not None and value < 0:
+        raise InvalidArgumentError(f"{option} must be >= 0, got {value}")

@@ -576,3 +576,38 @@ def test_start_needs_a_listener_and_runs_once(store: Store, topic: str) -> None:
     c.shutdown()  # idempotent
     with pytest.raises(ConsumerError):
         c.start()
+
+
+def test_queue_locks_are_renewed_a_relock_interval_after_the_first_lock_whatever_the_uptime(
+    store: Store, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from types import SimpleNamespace
+
+    from engine.client import push as push_module
+    from engine.client.queue_workers import ProcessQueue
+
+    clock = [5.0]  # time.monotonic() on a machine booted 5 s ago
+    monkeypatch.setattr(push_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    c = PushConsumer(store, "g", relock_interval_ms=20_000, lock_ttl_ms=60_000)
+    c.subscribe(topic)
+    c.register_listener(Collector(), orderly=True)
+    asked: list[set[Any]] = []
+
+    def lock(queues: list[Any]) -> set[Any]:
+        asked.append(set(queues))
+        return set(queues)
+
+    def start_queues(added: list[Any], target: dict[Any, str]) -> None:
+        c._pqs.update({mq: ProcessQueue(mq, target[mq], 0, None) for mq in added})
+
+    monkeypatch.setattr(c._membership, "lock", lock)
+    monkeypatch.setattr(c._membership, "is_locked", lambda mq: True)
+    monkeypatch.setattr(c._membership, "live_members", lambda: [c.instance_id])
+    monkeypatch.setattr(c, "_start_queues", start_queues)
+    c._rebalance()  # every queue is new: locked now
+    clock[0] = 21.0
+    c._rebalance()  # 16 s later, still held: nothing to renew yet
+    clock[0] = 25.5
+    c._rebalance()  # 20.5 s after the first lock: every held queue renewed
+    assert len(asked) == 2 and asked[0] == asked[1]
+    assert {(mq.topic, mq.queue_id) for mq in asked[0]} >= {(topic, q) for q in range(4)}

@@ -11,6 +11,7 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 
 import engine.store.delta as delta
 from engine import CommitConflictError, CommitStateUnknownError, Message, Producer, Store, StoreError
+from engine.errors import TableMissingError
 from engine.store import schemas
 from engine.store.commit_markers import (
     CQ_KEY,
@@ -21,7 +22,7 @@ from engine.store.commit_markers import (
     carried_markers,
     transaction_app,
 )
-from engine.store.delta import TableMissingError, commit_next, open_snapshot
+from engine.store.delta import commit_next, open_snapshot
 from engine.store.stamping import HighWaterMarks
 from tests.raw_delta import raw_table
 

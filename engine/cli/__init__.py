@@ -4,6 +4,7 @@ The commands and their parser are :mod:`engine.cli.commands`; how results are sh
 :mod:`engine.cli.render`.
 """
 
-from engine.cli.commands import JAVA_MESSAGE, CliError, build_parser, main, require_java
+from engine.cli.commands import JAVA_MESSAGE, build_parser, main, require_java
+from engine.errors import CliError
 
 __all__ = ["JAVA_MESSAGE", "CliError", "build_parser", "main", "require_java"]

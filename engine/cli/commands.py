@@ -32,7 +32,7 @@ from engine.client.admin import Admin
 from engine.client.producer import Producer
 from engine.client.pull import PullConsumer
 from engine.config import load_config
-from engine.errors import InvalidArgumentError, MQError
+from engine.errors import CliError, InvalidArgumentError, MQError
 from engine.model import Message, PullStatus
 from engine.store.store import Store
 
@@ -44,10 +44,6 @@ CLI_PRODUCER_GROUP = "mq-cli"
 CLI_CONSUMER_GROUP = "mq-cli"
 JAVA_MESSAGE = "lakemq needs Java 17: install it (e.g. apt-get install -y openjdk-17-jre-headless)"
 MIN_JAVA = 17
-
-
-class CliError(MQError):
-    """A command-line problem: a bad argument, a missing runtime, a failed Spark statement."""
 
 
 class _Parser(argparse.ArgumentParser):

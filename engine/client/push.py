@@ -198,7 +198,7 @@ class PushConsumer(QueueWorkers):
         self._threads: list[threading.Thread] = []
         self._started = False
         self._closed = False
-        self._last_relock = 0.0
+        self._last_relock: float | None = None  # monotonic time of the last renewal of every lock
 
     # ----------------------------------------------------------------- setup
     @property
@@ -387,7 +387,9 @@ class PushConsumer(QueueWorkers):
             self._drop(removed)
         added = sorted(mq for mq in target if mq not in current)
         if self._uses_locks:
-            relock = time.monotonic() - self._last_relock >= self._relock_s
+            # None: never renewed yet. Not 0.0: time.monotonic() is about the machine's uptime, so on
+            # a freshly booted machine "long ago" would still be too recent.
+            relock = self._last_relock is None or time.monotonic() - self._last_relock >= self._relock_s
             kept = [mq for mq in current if mq in target]
             asked = added + (kept if relock else [mq for mq in kept if not self._membership.is_locked(mq)])
             if relock:

@@ -46,9 +46,9 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from engine.errors import InvalidArgumentError, StoreError
+from engine.errors import InvalidArgumentError, StoreError, TableMissingError
 from engine.spark.mq_options import storage_options_option
-from engine.store.delta import Snapshot, TableMissingError, open_snapshot
+from engine.store.delta import Snapshot, open_snapshot
 from engine.store.delta_log import VERSION_COLUMN, read_files, read_versions
 
 SHORT_NAME = "deltalog"

@@ -31,7 +31,7 @@ from deltalake import (
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
 from deltalake.transaction import AddAction, RemoveAction
 
-from engine.errors import CommitConflictError, CommitStateUnknownError, StoreError
+from engine.errors import CommitConflictError, CommitStateUnknownError, StoreError, TableMissingError
 from engine.store.delta_log import read_version, table_filesystem
 
 # A DeltaTable handle gets slower with every version it moves on by: delta-rs keeps the file list of
@@ -45,10 +45,6 @@ RENEW_HANDLE_COMMITS = 32
 MAX_WALK_BACK = 4096
 
 Action = AddAction | RemoveAction
-
-
-class TableMissingError(StoreError):
-    """No Delta table at a location (store-internal: :class:`engine.store.Store` creates it)."""
 
 
 @dataclass(frozen=True)

@@ -16,14 +16,13 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from engine.config import EngineConfig, load_config
-from engine.errors import CommitConflictError, ConfigError, MQError, StoreError
+from engine.errors import CommitConflictError, ConfigError, MQError, StoreError, TableMissingError
 from engine.model import TopicConfig
 from engine.store import schemas
 from engine.store.commit_markers import HWM_KEY
 from engine.store.delta import (
     RENEW_HANDLE_COMMITS,
     Snapshot,
-    TableMissingError,
     app_transactions,
     commit_next,
     create_table,

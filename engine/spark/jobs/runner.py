@@ -142,13 +142,6 @@ def fail(prog: str, error: BaseException, code: int = EXIT_USAGE) -> int:
     return code
 
 
-# TODO(errors): BatchNotReadError belongs in engine/errors.py (under StoreError? it is raised when a
-# micro-batch's rows cannot be read, usually because its query is being stopped). It stays here until
-# that module can take it; nothing else defines it.
-class BatchNotReadError(RuntimeError):
-    """A micro-batch could not be read (the query was stopped, or the read failed)."""
-
-
 def stop_query(query: Any, deadline: float) -> None:
     """Let a micro-batch in flight finish (until ``time.monotonic()`` reaches ``deadline``), then stop."""
     while query.isActive and query.status.get("isTriggerActive") and time.monotonic() < deadline:

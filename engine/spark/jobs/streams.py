@@ -15,7 +15,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.spark.jobs.runner import BatchNotReadError, first_line
+from engine.errors import BatchNotReadError
+from engine.spark.jobs.runner import first_line
 from engine.store.delta_log import VERSION_COLUMN
 from engine.store.store import Store
 

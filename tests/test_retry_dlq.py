@@ -3,35 +3,24 @@
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
 
-from engine import Admin, InvalidArgumentError, Message, MessageExt, Producer, PullConsumer, Store
+from engine import Admin, InvalidArgumentError, Message, MessageExt, Producer, PullConsumer, Store, protocol
 from engine.broker.dispatch import dispatch_pending
 from engine.broker.retry import RetryRouter, route_action_rows, route_message, route_retries, routed_version
 from engine.broker.schedule import deliver_due
 from engine.client.actions import ActionLogWriter
-from engine.protocol import (
-    PROPERTY_DELAY,
-    PROPERTY_MAX_RECONSUME_TIMES,
-    PROPERTY_ORIGIN_MESSAGE_ID,
-    PROPERTY_REAL_QUEUE_ID,
-    PROPERTY_REAL_TOPIC,
-    PROPERTY_RECONSUME_TIME,
-    PROPERTY_RETRY_TOPIC,
-    SCHEDULE_TOPIC,
-)
 from engine.protocol.actions import ACK, EXPIRED, NACK, PULL
 from engine.protocol.delays import DELAY_LEVELS_MS, max_reconsume_times
 from engine.store import schemas
 from engine.store.commit_markers import RETRY_APP, RETRY_SKIPPED_KEY
 from engine.store.delta_log import read_versions
 from engine.store.store import now_ms
-from tests.helpers import commit_log_rows, versions
+from tests.helpers import commit_log_rows, run_in_threads, versions
 from tests.raw_delta import raw_table
 
 FAR_FUTURE = 10**13
@@ -99,13 +88,13 @@ def test_a_nack_waits_at_level_3_in_the_schedule_for_the_retry_topic(store: Stor
     assert route_retries(store, now_ms=now) == 1
     row = commit_log_rows(store)[-1]
     props = dict(row["properties"])  # type: ignore[call-overload]
-    assert (row["topic"], row["queue_id"], row["delay_level"]) == (SCHEDULE_TOPIC, 2, 3)
+    assert (row["topic"], row["queue_id"], row["delay_level"]) == (protocol.SCHEDULE_TOPIC, 2, 3)
     assert row["deliver_at_ms"] == row["tags_code"] == now + DELAY_LEVELS_MS[2]
     assert row["reconsume_times"] == 1
-    assert props[PROPERTY_REAL_TOPIC] == RETRY and props[PROPERTY_REAL_QUEUE_ID] == "0"
-    assert props[PROPERTY_DELAY] == "3"
-    assert props[PROPERTY_RETRY_TOPIC] == topic
-    assert props[PROPERTY_ORIGIN_MESSAGE_ID] == original.msg_id
+    assert props[protocol.PROPERTY_REAL_TOPIC] == RETRY and props[protocol.PROPERTY_REAL_QUEUE_ID] == "0"
+    assert props[protocol.PROPERTY_DELAY] == "3"
+    assert props[protocol.PROPERTY_RETRY_TOPIC] == topic
+    assert props[protocol.PROPERTY_ORIGIN_MESSAGE_ID] == original.msg_id
     assert store.topic(RETRY).queues == 1
 
     dispatch_pending(store)
@@ -120,9 +109,12 @@ def test_a_nack_waits_at_level_3_in_the_schedule_for_the_retry_topic(store: Stor
         original.uniq_key,
     )
     assert retry.reconsume_times == 1
-    assert retry.properties[PROPERTY_RECONSUME_TIME] == "1"
-    assert retry.properties[PROPERTY_ORIGIN_MESSAGE_ID] == original.msg_id
-    assert PROPERTY_REAL_TOPIC not in retry.properties and PROPERTY_DELAY not in retry.properties
+    assert retry.properties[protocol.PROPERTY_RECONSUME_TIME] == "1"
+    assert retry.properties[protocol.PROPERTY_ORIGIN_MESSAGE_ID] == original.msg_id
+    assert (
+        protocol.PROPERTY_REAL_TOPIC not in retry.properties
+        and protocol.PROPERTY_DELAY not in retry.properties
+    )
 
 
 def test_each_retry_waits_one_level_longer_and_keeps_its_history(store: Store, topic: str) -> None:
@@ -136,8 +128,8 @@ def test_each_retry_waits_one_level_longer_and_keeps_its_history(store: Store, t
         retries = redeliver(store)
         current = retries[-1]
         assert current.reconsume_times == attempt
-        assert current.properties[PROPERTY_ORIGIN_MESSAGE_ID] == original.msg_id
-        assert current.properties[PROPERTY_RETRY_TOPIC] == topic
+        assert current.properties[protocol.PROPERTY_ORIGIN_MESSAGE_ID] == original.msg_id
+        assert current.properties[protocol.PROPERTY_RETRY_TOPIC] == topic
     assert len(pull_all(store, RETRY)) == 3
 
 
@@ -157,15 +149,15 @@ def test_after_16_reconsumes_the_message_goes_to_the_dead_letter_queue(
     assert store.topic(DLQ).queues == 1
     assert dead.body == b"payload" and dead.uniq_key == original.uniq_key
     assert dead.reconsume_times == 17
-    assert dead.properties[PROPERTY_ORIGIN_MESSAGE_ID] == original.msg_id
-    assert dead.properties[PROPERTY_RETRY_TOPIC] == topic
-    assert dead.properties[PROPERTY_RECONSUME_TIME] == "17"
+    assert dead.properties[protocol.PROPERTY_ORIGIN_MESSAGE_ID] == original.msg_id
+    assert dead.properties[protocol.PROPERTY_RETRY_TOPIC] == topic
+    assert dead.properties[protocol.PROPERTY_RECONSUME_TIME] == "17"
     assert len(pull_all(store, RETRY)) == 16
     assert [m.msg_id for m in admin.dlq_messages(GROUP)] == [dead.msg_id]
 
 
 def test_the_message_property_max_reconsume_times_overrides_the_group(store: Store, topic: str) -> None:
-    original = sent_message(store, topic, properties={PROPERTY_MAX_RECONSUME_TIMES: "1"})
+    original = sent_message(store, topic, properties={protocol.PROPERTY_MAX_RECONSUME_TIMES: "1"})
     fail(store, [original])
     [retry] = redeliver(store)
     fail(store, [retry])
@@ -271,7 +263,7 @@ def test_a_router_that_loses_its_race_routes_only_what_the_winner_left(store: St
     loser._writer.append = race  # type: ignore[method-assign]
     assert route_retries(store, router=loser) == 2  # only the second version's failures
     assert raced == [2]
-    scheduled = [r for r in commit_log_rows(store) if r["topic"] == SCHEDULE_TOPIC]
+    scheduled = [r for r in commit_log_rows(store) if r["topic"] == protocol.SCHEDULE_TOPIC]
     assert sorted(str(r["uniq_key"]) for r in scheduled) == sorted(m.uniq_key for m in messages)
 
 
@@ -287,24 +279,15 @@ def test_two_routers_in_two_processes_route_each_failure_once(tmp_path: Path) ->
         fail(first, messages[i : i + 3])
     stores = [first, Store.open(path)]
     counts = [0, 0]
-    errors: list[BaseException] = []
 
-    def run(k: int) -> None:
-        try:
-            router = RetryRouter(stores[k])
-            for _ in range(3):
-                counts[k] += route_retries(stores[k], max_versions=2 + k, router=router)
-        except BaseException as exc:  # pragma: no cover - reported below
-            errors.append(exc)
+    def route(k: int) -> None:
+        router = RetryRouter(stores[k])
+        for _ in range(3):
+            counts[k] += route_retries(stores[k], max_versions=2 + k, router=router)
 
-    threads = [threading.Thread(target=run, args=(k,)) for k in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    assert run_in_threads(route) == []
     assert sum(counts) == 30
-    scheduled = [r for r in commit_log_rows(first) if r["topic"] == SCHEDULE_TOPIC]
+    scheduled = [r for r in commit_log_rows(first) if r["topic"] == protocol.SCHEDULE_TOPIC]
     assert sorted(str(r["uniq_key"]) for r in scheduled) == sorted(m.uniq_key for m in messages)
 
 
@@ -340,10 +323,10 @@ def test_resend_dlq_sends_a_fresh_copy_to_the_original_topic(store: Store, topic
     resent = next(m for m in pull_all(store, topic) if m.msg_id == result.msg_id)
     assert resent.body == b"payload" and resent.tags == "TagA" and resent.keys == ("k1",)
     assert resent.reconsume_times == 0
-    assert resent.properties[PROPERTY_ORIGIN_MESSAGE_ID] == original.msg_id
+    assert resent.properties[protocol.PROPERTY_ORIGIN_MESSAGE_ID] == original.msg_id
     assert resent.properties["user"] == "v"
-    assert PROPERTY_RECONSUME_TIME not in resent.properties
-    assert PROPERTY_RETRY_TOPIC not in resent.properties
+    assert protocol.PROPERTY_RECONSUME_TIME not in resent.properties
+    assert protocol.PROPERTY_RETRY_TOPIC not in resent.properties
     by_uniq_key = admin.resend_dlq(GROUP, dead.uniq_key)  # the id consumers see works too
     assert by_uniq_key.topic == topic and by_uniq_key.msg_id != result.msg_id
 
@@ -415,8 +398,8 @@ def test_reconsume_limit_precedence_is_message_then_group_then_default() -> None
     assert max_reconsume_times({}, "g", 3, 16) == 3
     assert max_reconsume_times({}, "g", {"g": 2}, 16) == 2
     assert max_reconsume_times({}, "h", {"g": 2}, 16) == 16
-    assert max_reconsume_times({PROPERTY_MAX_RECONSUME_TIMES: "5"}, "g", {"g": 2}, 16) == 5
-    assert max_reconsume_times({PROPERTY_MAX_RECONSUME_TIMES: "junk"}, "g", 4, 16) == 4
+    assert max_reconsume_times({protocol.PROPERTY_MAX_RECONSUME_TIMES: "5"}, "g", {"g": 2}, 16) == 5
+    assert max_reconsume_times({protocol.PROPERTY_MAX_RECONSUME_TIMES: "junk"}, "g", 4, 16) == 4
 
 
 def test_route_message_chooses_retry_below_the_limit_and_dlq_past_it() -> None:
@@ -432,7 +415,7 @@ def test_route_message_chooses_retry_below_the_limit_and_dlq_past_it() -> None:
         "reconsume_times": 15,
     }
     retry = route_message(row, "g", 1_000, None, 16)
-    assert (retry.topic, retry.queue_id, retry.reconsume_times) == (SCHEDULE_TOPIC, 17, 16)
+    assert (retry.topic, retry.queue_id, retry.reconsume_times) == (protocol.SCHEDULE_TOPIC, 17, 16)
     assert retry.deliver_at_ms == 1_000 + DELAY_LEVELS_MS[17]  # level 3 + 15 = 18, the last
     dead = route_message({**row, "reconsume_times": 16}, "g", 1_000, None, 16)
     assert (dead.topic, dead.queue_id, dead.reconsume_times) == (DLQ, 0, 17)

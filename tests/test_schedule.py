@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -27,7 +26,7 @@ from engine.protocol.schedule import TIMER_QUEUE_ID
 from engine.store import schemas
 from engine.store.commit_markers import SCHEDULE_APP, schedule_queue_app
 from engine.store.store import now_ms
-from tests.helpers import commit_log_rows, versions
+from tests.helpers import commit_log_rows, run_in_threads, versions
 from tests.raw_delta import raw_table
 
 FAR_FUTURE = 10**13
@@ -232,24 +231,15 @@ def test_two_stores_delivering_concurrently_deliver_each_message_once(tmp_path: 
             producer.send(Message("T", f"t{i}".encode(), deliver_at_ms=base + ahead))
     dispatch_pending(first)
     stores = [first, Store.open(path)]
-    errors: list[BaseException] = []
     delivered = [0, 0]
 
-    def run(k: int) -> None:
-        try:
-            scheduler = Scheduler(stores[k], max_messages_per_pass=7)
-            for step in range(12):  # clocks advance differently in each instance
-                delivered[k] += scheduler.deliver_due(base + 1_000 * (step + k) * 2)
-            delivered[k] += scheduler.deliver_due(FAR_FUTURE)
-        except BaseException as exc:  # pragma: no cover - reported below
-            errors.append(exc)
+    def deliver_from(k: int) -> None:
+        scheduler = Scheduler(stores[k], max_messages_per_pass=7)
+        for step in range(12):  # clocks advance differently in each instance
+            delivered[k] += scheduler.deliver_due(base + 1_000 * (step + k) * 2)
+        delivered[k] += scheduler.deliver_due(FAR_FUTURE)
 
-    threads = [threading.Thread(target=run, args=(k,)) for k in (0, 1)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert errors == []
+    assert run_in_threads(deliver_from) == []
     assert sum(delivered) == 60
     counts = uniq_counts(pull_all(first))
     assert len(counts) == 60 and set(counts.values()) == {1}

@@ -27,7 +27,7 @@ from engine.client.simple import ClaimBook, ReceivedMessage
 from engine.config import load_config
 from engine.protocol.actions import ACK, CHANGE_INVISIBLE, NACK, PULL
 from engine.store.consumer_offset import OffsetStore
-from tests.helpers import versions
+from tests.helpers import eventually, versions
 
 GROUP = "G"
 
@@ -61,14 +61,12 @@ def produce(store: Store, topic: str, n: int, tags: str | None = None, start: in
     return bodies
 
 
-def eventually(condition: Callable[[], Any], timeout_s: float = 20.0) -> Any:
-    """Poll ``condition`` until it returns something truthy (generous deadline, no timing asserted)."""
-    end = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value or time.monotonic() > end:
-            return value
-        time.sleep(0.05)
+def subscribed(consumers: Callable[..., SimpleConsumer], topic: str, *ids: str) -> list[SimpleConsumer]:
+    """One consumer per id, each subscribed to ``topic``."""
+    made = [consumers(consumer_id) for consumer_id in ids]
+    for consumer in made:
+        consumer.subscribe(topic)
+    return made
 
 
 def actions(store: Store, action: str | None = None) -> list[dict[str, Any]]:
@@ -78,8 +76,7 @@ def actions(store: Store, action: str | None = None) -> list[dict[str, Any]]:
 # ----------------------------------------------------------------------------- basics
 def test_receive_returns_messages_and_ack_finishes_them(store: Store, one_queue: str, consumers: Any) -> None:
     bodies = produce(store, one_queue, 5)
-    consumer = consumers("c1")
-    consumer.subscribe(one_queue)
+    [consumer] = subscribed(consumers, one_queue, "c1")
     got = consumer.receive(max_nums=10)
     assert [m.body for m in got] == bodies
     assert all(isinstance(m, ReceivedMessage) and m.reconsume_times == 0 for m in got)
@@ -105,9 +102,7 @@ def test_two_consumers_on_one_queue_get_disjoint_messages(
     store: Store, one_queue: str, consumers: Any
 ) -> None:
     bodies = produce(store, one_queue, 10)
-    a, b = consumers("a"), consumers("b")
-    a.subscribe(one_queue)
-    b.subscribe(one_queue)
+    a, b = subscribed(consumers, one_queue, "a", "b")
     got_a = a.receive(max_nums=4)
     got_b = b.receive(max_nums=4)
     got_a2 = a.receive(max_nums=4)
@@ -201,9 +196,7 @@ def test_unacked_message_is_delivered_again_after_its_deadline(
     store: Store, one_queue: str, consumers: Any
 ) -> None:
     produce(store, one_queue, 1)
-    dying, survivor = consumers("dying"), consumers("survivor")
-    dying.subscribe(one_queue)
-    survivor.subscribe(one_queue)
+    dying, survivor = subscribed(consumers, one_queue, "dying", "survivor")
     first = dying.receive(invisible_ms=300)
     assert len(first) == 1 and first[0].reconsume_times == 0
     # "dies": never acks. While invisible, nobody else gets it; afterwards the survivor does.
@@ -222,9 +215,7 @@ def test_message_is_invisible_to_the_group_until_its_deadline(
     store: Store, one_queue: str, consumers: Any
 ) -> None:
     produce(store, one_queue, 1)
-    a, b = consumers("a"), consumers("b")
-    a.subscribe(one_queue)
-    b.subscribe(one_queue)
+    a, b = subscribed(consumers, one_queue, "a", "b")
     assert len(a.receive(invisible_ms=60_000)) == 1
     assert b.receive() == []
     assert a.receive() == []  # the holder does not get it twice either
@@ -232,9 +223,7 @@ def test_message_is_invisible_to_the_group_until_its_deadline(
 
 def test_acked_message_is_never_delivered_again(store: Store, one_queue: str, consumers: Any) -> None:
     produce(store, one_queue, 2)
-    a, b = consumers("a"), consumers("b")
-    a.subscribe(one_queue)
-    b.subscribe(one_queue)
+    a, b = subscribed(consumers, one_queue, "a", "b")
     got = a.receive(invisible_ms=200)
     a.ack(got[0])
     a.flush()
@@ -249,9 +238,7 @@ def test_acked_message_is_never_delivered_again(store: Store, one_queue: str, co
 
 def test_change_invisible_time_extends_the_deadline(store: Store, one_queue: str, consumers: Any) -> None:
     produce(store, one_queue, 1)
-    a, b = consumers("a"), consumers("b")
-    a.subscribe(one_queue)
-    b.subscribe(one_queue)
+    a, b = subscribed(consumers, one_queue, "a", "b")
     [message] = a.receive(invisible_ms=300)
     a.change_invisible_time(message, 60_000)
     [row] = actions(store, CHANGE_INVISIBLE)
@@ -263,9 +250,7 @@ def test_change_invisible_time_extends_the_deadline(store: Store, one_queue: str
 
 def test_change_invisible_time_after_takeover_raises(store: Store, one_queue: str, consumers: Any) -> None:
     produce(store, one_queue, 1)
-    a, b = consumers("a"), consumers("b")
-    a.subscribe(one_queue)
-    b.subscribe(one_queue)
+    a, b = subscribed(consumers, one_queue, "a", "b")
     [message] = a.receive(invisible_ms=100)
     assert eventually(lambda: b.receive())
     before = versions(store)
@@ -280,9 +265,7 @@ def test_nack_records_a_nack_and_the_message_leaves_the_queue(
     store: Store, one_queue: str, consumers: Any
 ) -> None:
     produce(store, one_queue, 1)
-    a, b = consumers("a"), consumers("b")
-    a.subscribe(one_queue)
-    b.subscribe(one_queue)
+    a, b = subscribed(consumers, one_queue, "a", "b")
     [message] = a.receive(invisible_ms=100)
     a.nack(message)
     [row] = actions(store, NACK)
@@ -299,8 +282,7 @@ def test_nacked_message_comes_back_through_the_retry_topic(
     retry = pytest.importorskip("engine.broker.retry")
     schedule = pytest.importorskip("engine.broker.schedule")
     produce(store, one_queue, 1)
-    consumer = consumers("a")
-    consumer.subscribe(one_queue)
+    [consumer] = subscribed(consumers, one_queue, "a")
     [message] = consumer.receive()
     consumer.nack(message)
     assert retry.route_retries(store) == 1
@@ -334,13 +316,11 @@ def test_a_new_consumer_rebuilds_the_claims_from_the_action_log(
     store: Store, one_queue: str, consumers: Any
 ) -> None:
     produce(store, one_queue, 4)
-    first = consumers("first")
-    first.subscribe(one_queue)
+    [first] = subscribed(consumers, one_queue, "first")
     got = first.receive(max_nums=3, invisible_ms=60_000)
     first.ack(got[0])
     first.close()
-    late = consumers("late")
-    late.subscribe(one_queue)
+    [late] = subscribed(consumers, one_queue, "late")
     assert [m.queue_offset for m in late.receive()] == [3]  # 0 acked, 1 and 2 still invisible
 
 
@@ -348,12 +328,10 @@ def test_a_restarted_consumer_id_continues_its_sequences(
     store: Store, one_queue: str, consumers: Any
 ) -> None:
     produce(store, one_queue, 2)
-    one = consumers("same")
-    one.subscribe(one_queue)
+    [one] = subscribed(consumers, one_queue, "same")
     one.ack(one.receive(max_nums=1)[0])
     one.close()
-    two = consumers("same")
-    two.subscribe(one_queue)
+    [two] = subscribed(consumers, one_queue, "same")
     two.ack(two.receive(max_nums=1)[0])
     two.close()
     sequences = [r["sequence"] for r in actions(store)]
@@ -362,8 +340,7 @@ def test_a_restarted_consumer_id_continues_its_sequences(
 
 def test_floors_are_persisted_as_consumer_offsets(store: Store, one_queue: str, consumers: Any) -> None:
     produce(store, one_queue, 3)
-    consumer = consumers("c")
-    consumer.subscribe(one_queue)
+    [consumer] = subscribed(consumers, one_queue, "c")
     got = consumer.receive()
     consumer.ack(got[0])
     consumer.ack(got[2])
@@ -390,8 +367,7 @@ def test_receive_spans_every_queue_of_a_topic(store: Store, topic: str, consumer
 
 
 def test_receive_waits_for_new_messages(store: Store, one_queue: str, consumers: Any) -> None:
-    consumer = consumers("c")
-    consumer.subscribe(one_queue)
+    [consumer] = subscribed(consumers, one_queue, "c")
     timer = threading.Timer(0.3, produce, args=(store, one_queue, 1))
     timer.start()
     try:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -47,7 +46,7 @@ from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
 from engine.store.commit_markers import transaction_app
 from engine.store.transactions import end_transaction, is_decided, load_half
-from tests.helpers import commit_log_rows, versions
+from tests.helpers import commit_log_rows, eventually, versions
 
 COMMIT = LocalTransactionState.COMMIT
 ROLLBACK = LocalTransactionState.ROLLBACK
@@ -96,15 +95,6 @@ def pull_all(store: Store, topic: str, queues: int = 4) -> list[MessageExt]:
 def transactions(store: Store, event: str | None = None) -> list[dict[str, Any]]:
     rows = store.read(schemas.TRANSACTIONS).to_pylist()
     return sorted((r for r in rows if event is None or r["event"] == event), key=lambda r: r["ts_ms"])
-
-
-def eventually(condition: Callable[[], Any], timeout_s: float = 20.0) -> Any:
-    end = time.monotonic() + timeout_s
-    while True:
-        value = condition()
-        if value or time.monotonic() > end:
-            return value
-        time.sleep(0.05)
 
 
 # ----------------------------------------------------------------------------- local decisions

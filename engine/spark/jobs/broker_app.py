@@ -12,11 +12,6 @@ marker, so a job run here and the same job run alone (``jobs/<job>.py``) continu
 
 Progress is logged (rows/s, batch duration, end-to-end delay) and written to
 ``<store>/_status/<job>.json`` (:mod:`engine.spark.progress`); ``mq status`` shows it.
-
-Usage::
-
-    python jobs/broker.py --store ./mqdata --once     # one pass of every job, then exit
-    ./spark-submit.sh jobs/broker.py --store ./mqdata  # run every job until SIGTERM / Ctrl-C
 """
 
 from __future__ import annotations

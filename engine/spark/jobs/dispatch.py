@@ -13,11 +13,6 @@ versions in an executor) costs about half a second on a small machine, more than
 dispatch itself, and kept the send -> pullable latency well above a second. The versions a batch
 covers are a few small Parquet files, read as fast by the driver as by an executor, on a local disk
 and on an object store alike, so there is one path.
-
-Usage::
-
-    python jobs/dispatch.py --store ./mqdata --once     # dispatch what is committed, then exit
-    ./spark-submit.sh jobs/dispatch.py --store ./mqdata  # run until SIGTERM / Ctrl-C
 """
 
 from __future__ import annotations
@@ -25,7 +20,6 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -69,16 +63,10 @@ REMEMBERED_BATCHES = 1000
 VERSIONS_PER_COMMIT = 1000
 
 
-@dataclass
 class DispatchStats(JobStats):
-    """Progress of one run of the job (updated on the driver, once per micro-batch)."""
+    """Micro-batches, commit-log rows read and consume-queue entries written by one run."""
 
-    batches: int = 0
-    rows: int = 0
-    entries: int = 0
-
-    def add(self, rows: int, entries: int) -> None:
-        self.count(batches=1, rows=rows, entries=entries)
+    COUNTERS = ("batches", "rows", "entries")
 
 
 class BatchRows:
@@ -222,7 +210,7 @@ def run_dispatch(
         # batch in the checkpoint, so a failure must raise (it does: dispatch raises on any error).
         started = time.monotonic()
         rows, entries = dispatch_committed(store)
-        counters.add(rows, entries)
+        counters.count(batches=1, rows=rows, entries=entries)
         batches.record(batch_id, rows, started)
 
     frame = commit_log_versions(spark, store, dispatched_version(store) + 1)

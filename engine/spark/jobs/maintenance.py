@@ -6,11 +6,6 @@ ticker, one micro-batch (one pass) per ``--interval``: the job is then one more 
 app, with the same lifecycle, stop signal and UI as the others. ``--once`` needs no Spark at all and
 starts no JVM.
 
-Usage::
-
-    python jobs/maintenance.py --store ./mqdata --once            # one pass, then exit
-    ./spark-submit.sh jobs/maintenance.py --store ./mqdata       # a pass now, then every 5 minutes
-
 Retention keeps messages some group has not consumed; ``--force`` deletes by age alone (RocketMQ's
 rule). Exit codes: 0 ok, 1 a pass failed, 2 bad input (one line on stderr).
 """
@@ -42,15 +37,10 @@ class PassOptions:
     target_file_size: int | None = None
 
 
-@dataclass
 class MaintenanceStats(JobStats):
     """Passes of one run of the job and how many of them reported errors."""
 
-    passes: int = 0
-    failed_passes: int = 0
-
-    def add(self, report: MaintenanceReport) -> None:
-        self.count(passes=1, failed_passes=1 if report.errors else 0)
+    COUNTERS = ("passes", "failed_passes")
 
     @property
     def errors(self) -> int:
@@ -100,7 +90,7 @@ def run_maintenance(
     def one_pass() -> MaintenanceReport:
         report = run_pass(store, opts)
         if stats is not None:
-            stats.add(report)
+            stats.count(passes=1, failed_passes=1 if report.errors else 0)
         if on_pass is not None:
             on_pass(report)
         return report

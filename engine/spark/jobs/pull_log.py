@@ -5,83 +5,51 @@ covered; each micro-batch goes to :func:`engine.broker.pull_log.build_pull_log_r
 the pull-log rows together with a Delta app transaction recording the last action-log version
 covered (app id ``mq.pull_log``). A replayed micro-batch (a restart, a lost checkpoint, a second
 builder) therefore adds nothing: exactly once, whatever the checkpoint says.
-
-Usage::
-
-    python jobs/pull_log.py --store ./mqdata --once     # build from what is committed, then exit
-    ./spark-submit.sh jobs/pull_log.py --store ./mqdata  # run until SIGTERM / Ctrl-C
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
 
 import pyarrow as pa
 
 from engine.broker.pull_log import PULL_LOG_SOURCE_COLUMNS, build_pull_log_rows
 from engine.spark.jobs.stats import JobStats
-from engine.spark.jobs.streams import run_log_job
+from engine.spark.jobs.streams import LogJob
 from engine.store import schemas
 from engine.store.pull_log import pulled_version
 from engine.store.store import Store
 
-JOB = "pull_log"
-TRIGGER_MS = 1000
 
-
-@dataclass
 class PullLogStats(JobStats):
-    """Progress of one run of the job (updated on the driver, once per micro-batch)."""
+    """Micro-batches, action-log rows read and pull-log rows written by one run."""
 
-    batches: int = 0
-    actions: int = 0
-    pulls: int = 0
-
-    def add(self, actions: int, pulls: int) -> None:
-        self.count(batches=1, actions=actions, pulls=pulls)
+    COUNTERS = ("batches", "actions", "pulls")
 
 
-def run_pull_log(
-    spark: Any,
-    store: Store,
-    *,
-    once: bool = True,
-    checkpoint: str | None = None,
-    stats: PullLogStats | None = None,
-    trigger_ms: int = TRIGGER_MS,
-) -> Any:
-    """Start the pull-log query on ``spark`` for ``store`` (action log PULL rows -> pull log).
-
-    The arguments, result and errors are those of every job's ``run``
-    (:class:`~engine.spark.jobs.registry.Job`); ``trigger_ms`` is the processing-time trigger of a
-    running query.
-    """
-    counters = stats if stats is not None else PullLogStats()
+def pull_log_batches(store: Store, stats: JobStats) -> Callable[[pa.Table], None]:
+    """The pull-log job's micro-batch: its PULL actions into the pull log."""
 
     def build_batch(rows: pa.Table) -> None:
         # Idempotent per action-log version, so a replayed batch adds nothing.
         pulls = build_pull_log_rows(store, rows) if rows.num_rows else 0
-        counters.add(rows.num_rows, pulls)
+        stats.count(batches=1, actions=rows.num_rows, pulls=pulls)
 
-    return run_log_job(
-        spark,
-        store,
-        job=JOB,
-        table=schemas.ACTION_LOG,
-        columns=PULL_LOG_SOURCE_COLUMNS,
-        handler=build_batch,
-        marker=lambda: pulled_version(store),
-        once=once,
-        checkpoint=checkpoint,
-        trigger_ms=trigger_ms,
-    )
+    return build_batch
 
 
-def summary(store: Store, stats: PullLogStats, elapsed_s: float) -> str:
-    """The one line a run ends with."""
-    return (
-        f"pull_log: {stats.pulls} pull-log rows from {stats.actions} action-log rows in "
-        f"{stats.batches} batches ({elapsed_s:.1f}s); pull_log version {store.version(schemas.PULL_LOG)}, "
-        f"action_log covered through version {pulled_version(store)}"
-    )
+PULL_LOG_JOB = LogJob(
+    name="pull_log",
+    table=schemas.ACTION_LOG,
+    columns=PULL_LOG_SOURCE_COLUMNS,
+    covered=pulled_version,
+    handler=pull_log_batches,
+    stats=PullLogStats,
+    trigger_ms=1000,
+    output=schemas.PULL_LOG,
+    line=(
+        "pull_log: {pulls} pull-log rows from {actions} action-log rows in {batches} batches "
+        "({elapsed_s:.1f}s); pull_log version {version}, action_log covered through version {covered}"
+    ),
+)
+run_pull_log = PULL_LOG_JOB.run

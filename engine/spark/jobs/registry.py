@@ -153,10 +153,10 @@ JOBS: tuple[Job, ...] = (
     Job(
         "index",
         "Index messages by key and uniq key for query_by_key / query_by_uniq_key.",
-        index.run_index,
-        index.summary,
+        index.INDEX_JOB.run,
+        index.INDEX_JOB.summary,
         index.IndexStats,
-        options=(trigger_ms_option(index.DEFAULT_TRIGGER_MS),),
+        options=(trigger_ms_option(index.INDEX_JOB.trigger_ms),),
         source_table=schemas.COMMIT_LOG,
     ),
     Job(
@@ -171,8 +171,8 @@ JOBS: tuple[Job, ...] = (
     Job(
         "retry",
         "Route NACKed messages to retry topics and dead-letter queues.",
-        retry.run_retry,
-        retry.summary,
+        retry.RETRY_JOB.run,
+        retry.RETRY_JOB.summary,
         retry.RetryStats,
         options=(
             Option(
@@ -181,15 +181,15 @@ JOBS: tuple[Job, ...] = (
                 type=int,
                 check=not_negative,
             ),
-            trigger_ms_option(retry.DEFAULT_TRIGGER_MS),
+            trigger_ms_option(retry.RETRY_JOB.trigger_ms),
         ),
         source_table=schemas.ACTION_LOG,
     ),
     Job(
         "pull_log",
         "Build each consumer's pull log from the action log.",
-        pull_log.run_pull_log,
-        pull_log.summary,
+        pull_log.PULL_LOG_JOB.run,
+        pull_log.PULL_LOG_JOB.summary,
         pull_log.PullLogStats,
         source_table=schemas.ACTION_LOG,
     ),

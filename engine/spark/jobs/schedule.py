@@ -10,16 +10,10 @@ no progress: a replayed micro-batch, a restart or a second instance delivers not
 The schedule reads the consume queue, so the dispatch job must run alongside (it indexes the
 schedule topic's entries, then the re-put messages). With ``--once`` the job dispatches what is
 committed, delivers everything due now, dispatches the deliveries and exits.
-
-Usage::
-
-    python jobs/schedule.py --store ./mqdata --once     # deliver what is due now, then exit
-    ./spark-submit.sh jobs/schedule.py --store ./mqdata  # run until SIGTERM / Ctrl-C
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from engine.broker.dispatch import dispatch_pending
@@ -33,15 +27,10 @@ JOB = "schedule"
 DEFAULT_TRIGGER_MS = 250
 
 
-@dataclass
 class ScheduleStats(JobStats):
-    """Progress of one run of the job (updated on the driver, once per micro-batch)."""
+    """Ticks of one run and the delayed messages they delivered."""
 
-    ticks: int = 0
-    delivered: int = 0
-
-    def add(self, delivered: int) -> None:
-        self.count(ticks=1, delivered=delivered)
+    COUNTERS = ("ticks", "delivered")
 
 
 def run_schedule(
@@ -79,7 +68,7 @@ def run_schedule(
         delivered = service.deliver_due()
         if with_dispatch and delivered:
             dispatch_pending(store)
-        counters.add(delivered)
+        counters.count(ticks=1, delivered=delivered)
 
     return start_query(
         ticker(spark, trigger_ms), store, JOB, tick, once=once, checkpoint=checkpoint, trigger_ms=trigger_ms

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -17,6 +18,7 @@ import pyarrow.compute as pc
 
 from engine.errors import BatchNotReadError
 from engine.spark.jobs.runner import first_line
+from engine.spark.jobs.stats import JobStats
 from engine.store.delta_log import VERSION_COLUMN
 from engine.store.store import Store
 
@@ -205,3 +207,78 @@ def run_log_job(
 
     frame = log_stream(spark, store, table, marker() + 1, columns, schema).select(*columns, VERSION_COLUMN)
     return start_query(frame, store, job, on_batch, once=once, checkpoint=checkpoint, trigger_ms=trigger_ms)
+
+
+@dataclass(frozen=True)
+class LogJob:
+    """A job fed by one table's log (index, pull log, retry), declared once: :meth:`run` is its
+    ``run_<job>`` and :meth:`summary` its summary (the contract of
+    :class:`~engine.spark.jobs.registry.Job`).
+
+    Attributes:
+        name: the job's name.
+        table: the source table.
+        columns: the source columns the batch handler needs (it also gets ``_version``).
+        covered: the last source version the job's output covers (its exactly-once marker).
+        handler: ``handler(store, stats, **options)`` makes the per-micro-batch function (see
+            :func:`run_log_job`); it validates ``options`` first, raising before anything starts.
+        stats: makes the run's counters.
+        trigger_ms: the default trigger interval of a running query.
+        output: the table the job writes (its version ends the summary line).
+        line: the summary line, formatted with the counters, ``elapsed_s``, ``version`` (of
+            ``output``) and ``covered``.
+        schema: the source columns' schema, when not the table's own.
+        catch_up: ``catch_up(store, first, last)``: rows of source versions ``first..last`` the
+            stream's first batch starts after (see :func:`run_log_job`).
+    """
+
+    name: str
+    table: str
+    columns: Sequence[str]
+    covered: Callable[[Store], int]
+    handler: Callable[..., Callable[[pa.Table], None]]
+    stats: Callable[[], JobStats]
+    trigger_ms: int
+    output: str
+    line: str
+    schema: pa.Schema | None = None
+    catch_up: Callable[[Store, int, int], pa.Table] | None = None
+
+    def run(
+        self,
+        spark: Any,
+        store: Store,
+        *,
+        once: bool = True,
+        checkpoint: str | None = None,
+        stats: JobStats | None = None,
+        trigger_ms: int | None = None,
+        **options: Any,
+    ) -> Any:
+        """Start the job's query on ``spark`` for ``store``; ``trigger_ms`` (default the job's) is
+        the trigger interval of a running query, ``options`` go to the batch handler."""
+        handle = self.handler(store, stats if stats is not None else self.stats(), **options)
+        catch_up = self.catch_up
+        return run_log_job(
+            spark,
+            store,
+            job=self.name,
+            table=self.table,
+            columns=self.columns,
+            handler=handle,
+            marker=lambda: self.covered(store),
+            once=once,
+            checkpoint=checkpoint,
+            trigger_ms=self.trigger_ms if trigger_ms is None else trigger_ms,
+            schema=self.schema,
+            catch_up=None if catch_up is None else (lambda first, last: catch_up(store, first, last)),
+        )
+
+    def summary(self, store: Store, stats: JobStats, elapsed_s: float) -> str:
+        """The one line a run ends with."""
+        return self.line.format(
+            **stats.counters(),
+            elapsed_s=elapsed_s,
+            version=store.version(self.output),
+            covered=self.covered(store),
+        )

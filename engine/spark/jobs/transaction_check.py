@@ -5,16 +5,10 @@ micro-batch, one micro-batch per trigger); each micro-batch runs one pass of
 :func:`engine.broker.transactions.check_transactions`. A pass is safe to repeat and to run from
 several places (a request is re-sent only after the check interval; decisions are exclusive), so
 the at-least-once ``foreachBatch`` needs no further idempotency marker.
-
-Usage::
-
-    python jobs/transaction_check.py --store ./mqdata --once     # one pass, then exit
-    ./spark-submit.sh jobs/transaction_check.py --store ./mqdata  # a pass every --trigger-ms
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from engine.broker.transactions import check_transactions
@@ -34,15 +28,10 @@ JOB = "transaction_check"
 TRIGGER_MS = 5000
 
 
-@dataclass
 class CheckStats(JobStats):
-    """Progress of one run of the job (updated on the driver, once per micro-batch)."""
+    """Passes of one run and the halves they checked or rolled back."""
 
-    passes: int = 0
-    acted: int = 0
-
-    def add(self, acted: int) -> None:
-        self.count(passes=1, acted=acted)
+    COUNTERS = ("passes", "acted")
 
 
 def run_transaction_check(
@@ -88,7 +77,7 @@ def run_transaction_check(
             check_interval_ms=check_interval_ms,
             writer=writer,
         )
-        counters.add(acted)
+        counters.count(passes=1, acted=acted)
 
     return start_query(
         ticker(spark, trigger_ms),

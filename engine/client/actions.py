@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import threading
 import time
-from types import TracebackType
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from engine.client.closing import Closing
 from engine.errors import InvalidArgumentError
 from engine.model import MessageExt
 from engine.protocol.actions import ACTIONS
@@ -38,7 +38,7 @@ def last_sequence(store: Store, group: str, consumer_id: str) -> int:
     return int(pc.max(table["sequence"]).as_py())
 
 
-class ActionLogWriter:
+class ActionLogWriter(Closing):
     """Buffers one consumer's actions and appends them to ``action_log`` in micro-batches.
 
     Thread-safe. :meth:`record` only buffers (and flushes itself once ``batch_rows`` rows are
@@ -196,17 +196,6 @@ class ActionLogWriter:
     def close(self) -> None:
         """Flush what is buffered."""
         self.flush()
-
-    def __enter__(self) -> ActionLogWriter:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
 
 
 def read_actions(store: Store, group: str, action: str | None = None) -> list[dict[str, Any]]:

@@ -9,8 +9,8 @@ import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
-from types import TracebackType
 
+from engine.client.closing import Closing
 from engine.errors import InvalidArgumentError, InvalidMessageError, MQError, ProducerClosedError, StoreError
 from engine.model import Message, SendResult, SendStatus, TopicConfig
 from engine.protocol.delays import validate_delay_level
@@ -118,7 +118,7 @@ def _writeable_topic(store: Store, name: str) -> TopicConfig:
     return topic
 
 
-class Producer:
+class Producer(Closing):
     """Sends messages to a store.
 
     Args:
@@ -450,11 +450,3 @@ class Producer:
         if self._worker is not None:
             self._pending.put(None)
             self._worker.join(timeout=10)
-
-    def __enter__(self) -> Producer:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()

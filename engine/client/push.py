@@ -17,10 +17,10 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from types import TracebackType
 
 from engine.client.actions import ActionLogWriter
 from engine.client.admin import Admin
+from engine.client.closing import Closing
 from engine.client.membership import GroupMembership, default_consumer_id
 from engine.client.offsets import ConsumeFrom, offset_by_time
 from engine.client.pull import PullConsumer
@@ -58,7 +58,7 @@ def _positive(name: str, value: object, maximum: int | None = None) -> int:
     return value
 
 
-class PushConsumer(QueueWorkers):
+class PushConsumer(QueueWorkers, Closing):
     """Messages pushed to a listener, with rebalance, offsets, retries and orderly consumption.
 
     Args:
@@ -284,6 +284,10 @@ class PushConsumer(QueueWorkers):
             return sorted(self._pqs)
 
     # ----------------------------------------------------------------- shutdown
+    def close(self) -> None:
+        """Same as :meth:`shutdown` (leaving ``with`` calls it)."""
+        self.shutdown()
+
     def shutdown(self) -> None:
         """Stop consuming: commit offsets, release locks and leave the group. Idempotent."""
         with self._state_lock:
@@ -309,17 +313,6 @@ class PushConsumer(QueueWorkers):
             self._membership.leave()
         except Exception as exc:  # logged; background work goes on
             self._warn("leave failed", exc)
-
-    def __enter__(self) -> PushConsumer:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.shutdown()
 
     # ----------------------------------------------------------------- background
     def _service_loop(self) -> None:

@@ -32,11 +32,11 @@ from __future__ import annotations
 import random
 import threading
 import time
-from types import TracebackType
 from typing import Any
 
 from engine.client.claim_log import ClaimLog, Held, ReceivedMessage, received_message
 from engine.client.claims import CLAIM_ACTIONS, Claim, ClaimBook, Key, QueueBook
+from engine.client.closing import Closing
 from engine.client.membership import default_consumer_id
 from engine.client.visible_messages import SCAN_WINDOW, Source, pick_visible, receive_sources
 from engine.errors import (
@@ -94,7 +94,7 @@ def _key_of(message: object) -> Key:
     return (message.topic, message.queue_id, message.queue_offset)
 
 
-class SimpleConsumer:
+class SimpleConsumer(Closing):
     """Receives messages one by one with per-message ack (RocketMQ 5 ``SimpleConsumer``).
 
     Args:
@@ -479,14 +479,6 @@ class SimpleConsumer:
         if self._flusher is not None:
             self._flusher.join(timeout=10)
         self.persist_offsets()
-
-    def __enter__(self) -> SimpleConsumer:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
 
     def __repr__(self) -> str:
         return f"SimpleConsumer(group={self.group!r}, consumer_id={self.consumer_id!r})"

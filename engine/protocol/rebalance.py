@@ -47,8 +47,13 @@ StrategyName = Literal["averagely", "averagely_by_circle", "consistent_hash"]
 
 def _check(
     group_queues: Sequence[MessageQueue], consumers: Sequence[str], me: str
-) -> tuple[list[MessageQueue], list[str]] | None:
-    """RocketMQ's ``AbstractAllocateMessageQueueStrategy.check``: sorted inputs, or None if not a member."""
+) -> tuple[list[MessageQueue], list[str], int]:
+    """RocketMQ's ``AbstractAllocateMessageQueueStrategy.check``: the sorted queues and consumers, and
+    ``me``'s place among the consumers (-1: not a member, so it takes nothing).
+
+    Raises:
+        InvalidArgumentError: ``me`` is empty, or there are no queues or no consumers.
+    """
     if not isinstance(me, str) or not me:
         raise InvalidArgumentError("current consumer id must be a non-empty string", consumer_id=me)
     if not group_queues:
@@ -57,9 +62,8 @@ def _check(
         raise InvalidArgumentError("there are no consumers to allocate queues to")
     queues = sorted(set(group_queues))
     cids = sorted(set(consumers))
-    if me not in cids:
-        return None  # not (yet) seen as a member: take nothing, as RocketMQ does
-    return queues, cids
+    # Not (yet) seen as a member: take nothing, as RocketMQ does.
+    return queues, cids, cids.index(me) if me in cids else -1
 
 
 def allocate_averagely(
@@ -68,16 +72,12 @@ def allocate_averagely(
     """Contiguous blocks, the first ``len(queues) % len(consumers)`` consumers one queue larger.
 
     8 queues over 3 consumers: ``[0, 1, 2]``, ``[3, 4, 5]``, ``[6, 7]``. With more consumers than
-    queues, the extra consumers get nothing.
-
-    Raises:
-        InvalidArgumentError: ``me`` is empty, or there are no queues or no consumers.
+    queues, the extra consumers get nothing. Raises as :func:`_check`.
     """
-    checked = _check(group_queues, consumers, me)
-    if checked is None:
+    queues, cids, index = _check(group_queues, consumers, me)
+    if index < 0:
         return []
-    queues, cids = checked
-    index, n, m = cids.index(me), len(queues), len(cids)
+    n, m = len(queues), len(cids)
     mod = n % m
     if n <= m:
         average = 1
@@ -95,17 +95,10 @@ def allocate_averagely_by_circle(
 ) -> list[MessageQueue]:
     """Round robin: consumer ``i`` takes queues ``i``, ``i + m``, ``i + 2m``, …
 
-    8 queues over 3 consumers: ``[0, 3, 6]``, ``[1, 4, 7]``, ``[2, 5]``.
-
-    Raises:
-        InvalidArgumentError: ``me`` is empty, or there are no queues or no consumers.
+    8 queues over 3 consumers: ``[0, 3, 6]``, ``[1, 4, 7]``, ``[2, 5]``. Raises as :func:`_check`.
     """
-    checked = _check(group_queues, consumers, me)
-    if checked is None:
-        return []
-    queues, cids = checked
-    index, m = cids.index(me), len(cids)
-    return [q for i, q in enumerate(queues) if i % m == index]
+    queues, cids, index = _check(group_queues, consumers, me)
+    return [q for i, q in enumerate(queues) if i % len(cids) == index]
 
 
 def _md5_hash(key: str) -> int:
@@ -130,10 +123,9 @@ def allocate_consistent_hash(
         raise InvalidArgumentError(
             f"virtual_nodes {virtual_nodes!r} must be an int >= 1", virtual_nodes=virtual_nodes
         )
-    checked = _check(group_queues, consumers, me)
-    if checked is None:
+    queues, cids, index = _check(group_queues, consumers, me)
+    if index < 0:
         return []
-    queues, cids = checked
     ring: dict[int, str] = {}
     for cid in cids:
         for replica in range(virtual_nodes):

@@ -1,4 +1,4 @@
-"""The targets of DESIGN.md §6 and the Markdown report (BENCHMARKS.md): pure functions of the results.
+"""The design's performance targets and the Markdown report (BENCHMARKS.md): pure functions of the results.
 
 ``results`` is what ``bench/run.py`` writes to ``bench/results/latest.json``: ``machine``,
 ``versions``, ``params``, ``workloads`` (a list of ``{"id", "title", "kind", "systems", "notes"}``)
@@ -39,7 +39,7 @@ class Condition:
 
 @dataclass(frozen=True)
 class Target:
-    """A target of DESIGN.md §6 on one workload: every condition must hold."""
+    """A performance target of the design on one workload: every condition must hold."""
 
     label: str
     workload: str
@@ -205,7 +205,7 @@ def render(results: Mapping[str, Any]) -> str:
         f"{results['elapsed_s']:.0f} s). lakemq is measured side by side with its peers in the same "
         "run: bare delta-rs (the same Arrow data written and scanned with `deltalake`/`pyarrow` alone, the "
         "floor of our own overhead) and Redis Streams (a real broker on loopback, persistence off). "
-        "Targets are DESIGN.md §6; they are never asserted by tests. Raw figures: "
+        "Targets are the design's performance targets; they are never asserted by tests. Raw figures: "
         "`bench/results/latest.json`.",
         "",
         "## Machine and versions",
@@ -227,7 +227,7 @@ def render(results: Mapping[str, Any]) -> str:
     if results.get("context_note"):
         out += [results["context_note"], ""]
     out += [
-        "## Targets (DESIGN.md §6)",
+        "## Targets",
         "",
         f"**{len(met)} of {len(TARGETS)} targets met.**"
         + (f" Not met: {'; '.join(t.label for t in missed)}." if missed else "")

@@ -189,7 +189,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
     args.markdown.write_text(report.render(results) + "\n")
-    table = Table(title="DESIGN.md §6 targets")
+    table = Table(title="performance targets")
     for column in ("target", "lakemq", "verdict"):
         table.add_column(column)
     for row in report.console_rows(results):

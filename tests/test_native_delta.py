@@ -1,6 +1,6 @@
 """The store's tables are plain Delta tables: where the Delta JVM jars are on Spark's classpath, every
 table reads natively with ``spark.read.format("delta")`` and holds exactly what the project's own
-``deltalog`` source reads (DESIGN.md §2: tables stay readable by any Delta reader).
+``deltalog`` source reads (tables stay readable by any Delta reader).
 
 The jars come from Maven (``delta-spark``'s ``io.delta:delta-spark_2.13``), which is unreachable
 here, so on this machine the test skips; on Databricks or a machine with the jars it runs.

@@ -12,9 +12,9 @@ import pytest
 from engine import Admin, Message, Producer, SimpleConsumer, Store
 from engine.broker.dispatch import dispatch_pending
 from engine.broker.pull_log import build_pull_log, build_pull_log_rows, pull_rows
-from engine.client.actions import ActionLogWriter
 from engine.protocol.actions import ACK, PULL
 from engine.store import schemas
+from engine.store.action_log import ActionLogWriter
 from engine.store.commit_markers import PULL_LOG_APP
 from engine.store.delta_log import VERSION_COLUMN, read_versions
 from engine.store.pull_log import pulled_version, read_marks

@@ -32,11 +32,11 @@ from engine import (
     TopicNotFoundError,
 )
 from engine.broker.dispatch import dispatch_pending
-from engine.client.actions import ActionLogWriter, read_actions
 from engine.client.membership import GroupMembership, live_members
 from engine.protocol import PROPERTY_RETRY_TOPIC, retry_topic
 from engine.protocol.actions import ACK, NACK, PULL
 from engine.store import schemas
+from engine.store.action_log import ActionLogWriter, read_actions
 from engine.store.commit_log import CommitLogWriter
 from engine.store.consumer_offset import OffsetStore
 from engine.store.groups import LOCK, UNLOCK

@@ -13,10 +13,10 @@ from engine import Admin, InvalidArgumentError, Message, MessageExt, Producer, P
 from engine.broker.dispatch import dispatch_pending
 from engine.broker.retry import RetryRouter, route_action_rows, route_message, route_retries, routed_version
 from engine.broker.schedule import deliver_due
-from engine.client.actions import ActionLogWriter
 from engine.protocol.actions import ACK, EXPIRED, NACK, PULL
 from engine.protocol.delays import DELAY_LEVELS_MS, max_reconsume_times
 from engine.store import schemas
+from engine.store.action_log import ActionLogWriter
 from engine.store.commit_markers import RETRY_APP, RETRY_SKIPPED_KEY
 from engine.store.delta_log import read_versions
 from engine.store.store import now_ms

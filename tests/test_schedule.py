@@ -367,7 +367,7 @@ def test_a_one_second_delay_through_the_running_jobs(spark: Any, store: Store, t
                 found = result.messages
             else:
                 time.sleep(0.05)
-        # Lateness is a benchmark target (DESIGN.md §6), never asserted in a timed test.
+        # Lateness is a benchmark target (bench/), never asserted in a timed test.
         assert [m.uniq_key for m in found] == [sent.uniq_key]
         assert found[0].store_ts_ms >= due
         assert schedule.exception() is None and dispatch.exception() is None

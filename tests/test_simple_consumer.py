@@ -22,10 +22,10 @@ from engine import (
     TopicNotFoundError,
 )
 from engine.broker.dispatch import dispatch_pending
-from engine.client.actions import read_actions
 from engine.client.simple import ClaimBook, ReceivedMessage
 from engine.config import load_config
 from engine.protocol.actions import ACK, CHANGE_INVISIBLE, NACK, PULL
+from engine.store.action_log import read_actions
 from engine.store.consumer_offset import OffsetStore
 from tests.helpers import eventually, versions
 

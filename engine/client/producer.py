@@ -10,7 +10,7 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 
-from engine.client.closing import Closing
+from engine.closing import Closing
 from engine.errors import InvalidArgumentError, InvalidMessageError, MQError, ProducerClosedError, StoreError
 from engine.model import Message, SendResult, SendStatus, TopicConfig
 from engine.protocol.delays import validate_delay_level

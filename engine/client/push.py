@@ -18,13 +18,12 @@ import threading
 import time
 from collections.abc import Sequence
 
-from engine.client.actions import ActionLogWriter
 from engine.client.admin import Admin
-from engine.client.closing import Closing
 from engine.client.membership import GroupMembership, default_consumer_id
 from engine.client.offsets import ConsumeFrom, offset_by_time
 from engine.client.pull import PullConsumer
 from engine.client.queue_workers import Listener, ProcessQueue, QueueWorkers
+from engine.closing import Closing
 from engine.errors import ConsumerError, InvalidArgumentError
 from engine.protocol import (
     RETRY_PREFIX,
@@ -41,6 +40,7 @@ from engine.protocol.rebalance import (
     StrategyName,
     resolve_strategy,
 )
+from engine.store.action_log import ActionLogWriter
 from engine.store.consume_queue import QueueIndex
 from engine.store.consumer_offset import OffsetStore
 from engine.store.groups import MAX_LEASE_MS

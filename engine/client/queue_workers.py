@@ -11,7 +11,6 @@ import logging
 import threading
 from collections.abc import Callable
 
-from engine.client.actions import ActionLogWriter
 from engine.client.membership import GroupMembership
 from engine.client.pull import PullConsumer
 from engine.errors import MQError
@@ -20,6 +19,7 @@ from engine.protocol.actions import NACK
 from engine.protocol.names import PROPERTY_RETRY_TOPIC, RETRY_PREFIX
 from engine.protocol.rebalance import MessageModel, MessageQueue
 from engine.protocol.tags import parse_tag_expression
+from engine.store.action_log import ActionLogWriter
 from engine.store.store import Store
 
 _log = logging.getLogger(__name__)

@@ -36,9 +36,9 @@ from typing import Any
 
 from engine.client.claim_log import ClaimLog, Held, ReceivedMessage, received_message
 from engine.client.claims import CLAIM_ACTIONS, Claim, ClaimBook, Key, QueueBook
-from engine.client.closing import Closing
 from engine.client.membership import default_consumer_id
 from engine.client.visible_messages import SCAN_WINDOW, Source, pick_visible, receive_sources
+from engine.closing import Closing
 from engine.errors import (
     CommitConflictError,
     ConsumerError,

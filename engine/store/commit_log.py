@@ -18,7 +18,7 @@ stopped holder delays the others at most ``LOCK_WAIT_S`` (:mod:`engine.store.hos
 which they append without it.
 
 A lost race rewrites the batch's data file: the offsets are columns of the rows (the table is
-self-describing, DESIGN.md §2), so there is no cheaper re-stamp that keeps files readable by any
+self-describing and compaction-safe), so there is no cheaper re-stamp that keeps files readable by any
 Delta reader. With the lock, only writers of other hosts and maintenance commits still cause it.
 
 What an append costs is mostly delta-rs's, and grows with two things (``bench/commit_cost.py``):

@@ -1,4 +1,8 @@
-"""Fixed schemas of the store's Delta tables (DESIGN.md §2)."""
+"""The store's tables: their names and fixed schemas (the catalog :class:`engine.store.Store` creates).
+
+Each table's reads and writes live in its own module (``commit_log``, ``consume_queue``, ``index``, …);
+the schemas stay together here so that opening a store creates every table without importing them.
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Bad input at every public entry point: a typed error that says what was wrong, no new table version.
 
-DESIGN.md §7: "Every bad input gets a typed error from one hierarchy (``engine.errors``), says what
+The project's rule: "Every bad input gets a typed error from one hierarchy (``engine.errors``), says what
 was wrong and what is allowed, and changes no table." Each case below calls one public entry point
 (the names of ``engine.__all__``, the ``mq`` data source's options and the ``mq`` command line) with
 one bad argument and asserts:

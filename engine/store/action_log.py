@@ -1,4 +1,4 @@
-"""Consumer actions (:mod:`engine.protocol.actions`) recorded in the ``action_log`` table, in micro-batches.
+"""The ``action_log`` table: consumer actions (:mod:`engine.protocol.actions`), written in micro-batches.
 
 The action log is the consumers' side of the broker's bookkeeping, as QMQ's action log: the
 retry/DLQ job turns NACKs (and unacked-past-deadline pulls) into re-puts, and the pull-log job
@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from engine.client.closing import Closing
+from engine.closing import Closing
 from engine.errors import InvalidArgumentError
 from engine.model import MessageExt
 from engine.protocol.actions import ACTIONS

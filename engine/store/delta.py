@@ -290,8 +290,17 @@ class Snapshot:
             raise StoreError(f"vacuum of {self.name} failed: {exc}", table=self.name, cause=exc) from exc
 
     def set_properties(self, properties: Mapping[str, str]) -> None:
-        """Add table properties (one metadata commit)."""
-        self._dt.alter.set_table_properties(dict(properties))
+        """Add table properties (one metadata commit).
+
+        Raises:
+            StoreError: the commit failed (another writer changed the table, or the I/O failed).
+        """
+        try:
+            self._dt.alter.set_table_properties(dict(properties))
+        except (DeltaError, OSError) as exc:
+            raise StoreError(
+                f"cannot set properties of {self.name}: {exc}", table=self.name, cause=exc
+            ) from exc
 
     def __repr__(self) -> str:
         return f"Snapshot({self.name!r}, version={self.version()})"

@@ -175,7 +175,7 @@ class Store:
         wanted = {k: v for k, v in _TABLE_PROPERTIES.get(name, {}).items() if k not in configured}
         if wanted:  # a store created before the property was introduced
             # Failing here means another process is changing the table; a later open tries again.
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(StoreError):
                 snap.set_properties(wanted)
 
     def _load_repaired(self, name: str, error: StoreError) -> Snapshot | None:

@@ -7,8 +7,8 @@ consume-queue entries, then commit-log rows by physical offset), split over Spar
   each bound, found by binary search (:mod:`engine.client.admin_offsets`); store times are
   non-decreasing within a queue, so the offsets between them are exactly the messages in the window.
 * ``as_of_version``: the topic as it stood at that commit-log version. The commit log's own marks
-  at that version (read from its commitInfo with delta-rs time travel, ``DeltaTable(uri,
-  version=...)``) give each queue's end at the time; queue offsets are assigned in commit order, so
+  at that version (read from its commitInfo with Delta time travel, ``Store.snapshot(name,
+  version)``) give each queue's end at the time; queue offsets are assigned in commit order, so
   the offsets below it are exactly the messages committed by then. Unlike re-reading the old
   snapshot's data files, this keeps working after compaction and vacuum of those files.
 * ``group``: only what the group had consumed: offsets below its committed offset per queue (a

@@ -18,6 +18,7 @@ from engine.config import load_config
 from engine.errors import InvalidArgumentError, StoreError
 from engine.protocol import parse_tag_expression, validate_group_name, validate_topic_name
 from engine.store import schemas
+from engine.store.commit_markers import sink_app
 from engine.store.store import Store
 
 SHORT_NAME = "mq"
@@ -257,7 +258,7 @@ class WriteOptions:
 
     @property
     def app_id(self) -> str | None:
-        return None if self.sink_id is None else f"mq.sink.{self.sink_id}"
+        return None if self.sink_id is None else sink_app(self.sink_id)
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, streaming: bool) -> WriteOptions:

@@ -327,8 +327,10 @@ def create_table(
             mode="error",
             configuration=dict(configuration),
             storage_options=dict(storage_options) if storage_options else None,
+            # No retries: with them a create that loses the race for version 0 to another process
+            # lands as version 1, a second CREATE TABLE with a new table id (and a new store id).
             commit_properties=CommitProperties(
-                custom_metadata=dict(custom_metadata) if custom_metadata else None
+                custom_metadata=dict(custom_metadata) if custom_metadata else None, max_commit_retries=0
             ),
         )
     except (DeltaError, OSError) as exc:

@@ -113,7 +113,7 @@ def test_a_stale_snapshot_finds_markers_by_exact_version(store: Store, topic: st
     found = stale.find_commit_value(HWM_KEY)
     assert found is not None and found[0] == stale.version()
     assert HighWaterMarks.from_json(found[1]).queues[topic] == [1]  # the version it holds, not newer
-    fresh = stale.reopened()
+    fresh = store.snapshot(schemas.COMMIT_LOG)
     assert fresh.version() == stale.version() + 1 and fresh.moved_since_open == 0
     assert stale.refresh().version() == fresh.version() and stale.moved_since_open == 1
 

@@ -152,10 +152,6 @@ class Snapshot:
             ) from exc
         return self
 
-    def reopened(self) -> Snapshot:
-        """A fresh handle on the same table at its latest version (a handle slows as it moves on)."""
-        return open_snapshot(self.uri, self.storage_options, name=self.name)
-
     # ------------------------------------------------------------------ metadata
     def app_version(self, app_id: str) -> int:
         """Last version recorded by Delta app transaction ``app_id`` (-1 when none)."""

@@ -129,7 +129,6 @@ class GroupLog:
         self._store = store
         self._lock = threading.Lock()
         self._dt: Snapshot | None = None
-        self._commits = 0  # made through self._dt (see RENEW_HANDLE_COMMITS)
         self._state = _State()
         self._state_version = -1  # version whose state is cached in _state
         self.conflicts = 0  # lost races, for tests
@@ -283,9 +282,8 @@ class GroupLog:
                     self._dt, self._state_version = None, -1
                     raise
                 self._state, self._state_version = state, base + 1
-                self._commits += 1
-                if self._commits >= RENEW_HANDLE_COMMITS:  # reopen (the state stays: it is current)
-                    self._dt, self._commits = None, 0
+                if dt.moved_since_open >= RENEW_HANDLE_COMMITS:  # reopen (the state stays: current)
+                    self._dt = None
                 return set(granted)
             raise CommitConflictError(
                 f"groups write lost {attempts} races in a row; retry later", table=schemas.GROUPS

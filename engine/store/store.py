@@ -72,7 +72,6 @@ class Store:
         self.storage_options: dict[str, str] | None = dict(storage_options) if storage_options else None
         self.config = config
         self._shared: dict[str, Snapshot] = {}
-        self._commits_through: dict[str, int] = {}  # commits made through each shared snapshot
         self._lock = threading.RLock()
         self._topics = TopicCatalog(self)
         self._store_id: str | None = None
@@ -296,7 +295,8 @@ class Store:
                     max_retries=max_retries,
                 )
             except CommitConflictError:
-                snap.refresh()
+                if snapshot is None:  # a caller's own snapshot is the caller's to move on
+                    snap.refresh()
                 raise
             if snapshot is None:
                 self._renew_if_aged(name)
@@ -331,17 +331,13 @@ class Store:
         )
 
     def _renew_if_aged(self, name: str) -> None:
-        """Swap the shared snapshot of ``name`` for a fresh one every :data:`RENEW_HANDLE_COMMITS`
-        commits."""
-        made = self._commits_through.get(name, 0) + 1
-        if made < RENEW_HANDLE_COMMITS:
-            self._commits_through[name] = made
+        """Swap the shared snapshot of ``name`` for a fresh one once it has moved on by
+        :data:`RENEW_HANDLE_COMMITS` versions."""
+        if self._shared[name].moved_since_open < RENEW_HANDLE_COMMITS:
             return
-        try:
+        # Failing leaves the aged snapshot: it still works, and the next commit tries again.
+        with contextlib.suppress(MQError):
             self._shared[name] = self.snapshot(name)
-        except MQError:
-            return  # the commit is done; the aged snapshot still works, the next commit tries again
-        self._commits_through[name] = 0
 
     def dataset(self, name: str, predicate: str | None = None, *, version: int | None = None) -> ds.Dataset:
         """A PyArrow dataset over a table's current (or past) snapshot.

@@ -107,9 +107,11 @@ def test_replaying_the_whole_log_adds_nothing(
     run_dispatch(spark, store, once=True)
     before = _consume_queue(store)
     # A fresh checkpoint that starts from version 0: every micro-batch is a replay.
+    from engine.broker import dispatch as decisions
     from engine.spark.jobs import dispatch as job
 
-    monkeypatch.setattr(job, "dispatched_version", lambda s: -1)
+    monkeypatch.setattr(job, "dispatched_version", lambda s: -1)  # where the stream starts
+    monkeypatch.setattr(decisions, "dispatched_version", lambda s: -1)  # what each batch reads
     run_dispatch(spark, store, once=True, checkpoint=str(tmp_path / "replay"))
     monkeypatch.undo()
     assert _consume_queue(store) == before
@@ -120,12 +122,12 @@ def test_replaying_the_whole_log_adds_nothing(
 def test_a_checkpoint_ahead_of_the_consume_queue_is_caught_up(
     spark: Any, store: Store, topic: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from engine.spark.jobs import dispatch as job
+    from engine.broker import dispatch as decisions
 
     sent = _send(store, topic, 3)
     # A run whose batch "succeeded" without writing: the checkpoint moves past versions the
     # consume queue does not have (as with a checkpoint copied from elsewhere).
-    monkeypatch.setattr(job, "dispatch_rows", lambda store, rows: 0)
+    monkeypatch.setattr(decisions, "dispatch_rows", lambda store, rows: 0)
     run_dispatch(spark, store, once=True)
     monkeypatch.undo()
     assert dispatched_version(store) == -1
@@ -243,11 +245,11 @@ def test_the_query_follows_commit_log_versions_only(spark: Any, store: Store, to
 
 
 def test_dispatch_committed_resumes_at_the_marker_in_bounded_commits(store: Store, topic: str) -> None:
-    from engine.spark.jobs.dispatch import dispatch_committed
+    from engine.broker.dispatch import dispatch_committed
 
     sent = [r for i in range(5) for r in _send(store, topic, 1, start=i)]  # five commit-log versions
     cq_before = store.version(schemas.CONSUME_QUEUE)
-    assert dispatch_committed(store, versions_per_commit=2) == (5, 5)
+    assert dispatch_committed(store, max_versions=2) == (5, 5)
     assert store.version(schemas.CONSUME_QUEUE) == cq_before + 3  # versions 2 + 2 + 1
     assert dispatched_version(store) == store.version(schemas.COMMIT_LOG)
     _assert_exactly_once(store, topic, sent)

@@ -24,6 +24,21 @@ from engine.store.consume_queue import (
 from engine.store.delta_log import VERSION_COLUMN
 from engine.store.store import Store
 
+# What dispatch needs from a commit-log row; bodies stay on disk.
+DISPATCH_COLUMNS = (
+    "topic",
+    "queue_id",
+    "queue_offset",
+    "physical_offset",
+    "size",
+    "tags_code",
+    "store_ts_ms",
+    "sys_flag",
+)
+DISPATCH_SCHEMA = pa.schema([schemas.COMMIT_LOG_SCHEMA.field(c) for c in DISPATCH_COLUMNS])
+# Commit-log versions read and dispatched in one consume-queue commit (bounds a catch-up's memory).
+VERSIONS_PER_COMMIT = 1000
+
 
 def plan_entries(rows: pa.Table, last: int, marks: QueueMarks) -> tuple[pa.Table, int]:
     """Consume-queue entries for the commit-log ``rows`` (carrying ``_version``) of versions after
@@ -98,13 +113,35 @@ def dispatch_rows(store: Store, rows: pa.Table, attempts: int = 8) -> int:
     raise CommitConflictError("dispatch lost every race for the consume queue", table=schemas.CONSUME_QUEUE)
 
 
-def dispatch_pending(store: Store, max_versions: int = 1000) -> int:
+def dispatch_committed(store: Store, max_versions: int = VERSIONS_PER_COMMIT) -> tuple[int, int]:
+    """Dispatch every commit-log version committed after the consume queue's marker, at most
+    ``max_versions`` versions per consume-queue commit (bounds a catch-up's memory).
+
+    What the Spark dispatch job does on its driver each micro-batch. Only the
+    :data:`DISPATCH_COLUMNS` of the commit log are read; bodies stay on disk.
+
+    Returns:
+        (commit-log rows read, consume-queue entries added).
+
+    Raises:
+        StoreError: a queue-offset gap, or a read or write failure.
+        CommitConflictError: lost every race against another dispatcher.
+    """
+    rows = entries = 0
+    chunks = store.versions_after(
+        schemas.COMMIT_LOG, dispatched_version(store), DISPATCH_SCHEMA, max_versions=max_versions
+    )
+    for batch, _ in chunks:  # versions without rows (only transaction halves) leave no marker
+        # dispatch_rows is idempotent per commit-log version, so a replayed batch adds nothing.
+        entries += dispatch_rows(store, batch) if batch.num_rows else 0
+        rows += batch.num_rows
+    return rows, entries
+
+
+def dispatch_pending(store: Store, max_versions: int = VERSIONS_PER_COMMIT) -> int:
     """Dispatch every committed commit-log version not yet dispatched, without Spark.
 
-    The same reading and committing the Spark dispatch job (``jobs/dispatch.py``) does on its driver
-    each micro-batch, without the streaming query around it: for tools and tests. Returns the number
-    of entries added.
+    :func:`dispatch_committed` without the streaming query around it: for tools and tests. Returns
+    the number of entries added.
     """
-    # Versions with nothing to dispatch (only transaction halves) leave no marker; move on anyway.
-    chunks = store.versions_after(schemas.COMMIT_LOG, dispatched_version(store), max_versions=max_versions)
-    return sum(dispatch_rows(store, rows) for rows, _ in chunks)
+    return dispatch_committed(store, max_versions)[1]

@@ -2,8 +2,8 @@
 
 The query follows the commit log through the ``deltalog`` data source, but only its offsets (commit-log
 versions): a micro-batch starts as soon as new versions are committed, and its rows are never read
-by Spark. Its ``foreachBatch`` reads every commit-log version after the consume queue's marker on the
-driver with delta-rs and hands them to :func:`engine.store.dispatch.dispatch_rows`, which commits the
+by Spark. Its ``foreachBatch`` calls :func:`engine.broker.dispatch.dispatch_committed` on the driver,
+which reads every commit-log version after the consume queue's marker with delta-rs and commits the
 consume-queue entries together with a Delta app transaction recording the last commit-log version
 covered. A replayed micro-batch (a restart after a crash, a lost or copied checkpoint, a second
 dispatcher) therefore adds nothing and misses nothing: exactly once, whatever the checkpoint says.
@@ -24,43 +24,27 @@ from typing import Any
 
 import pyarrow as pa
 
-from engine.broker.dispatch import dispatch_rows
+from engine.broker.dispatch import dispatch_committed
 from engine.spark.jobs.stats import JobStats
 from engine.spark.jobs.streams import log_stream, start_query
 from engine.spark.progress import progress_dict
 from engine.store import schemas
 from engine.store.consume_queue import dispatched_version
-from engine.store.delta_log import VERSION_COLUMN, read_versions
+from engine.store.delta_log import VERSION_COLUMN
 from engine.store.store import Store
 
 __all__ = [
-    "DISPATCH_COLUMNS",
     "BatchRows",
     "DispatchQuery",
     "DispatchStats",
     "commit_log_versions",
-    "dispatch_committed",
     "run_dispatch",
     "summary",
 ]
 
 JOB = "dispatch"
-# What dispatch needs from a commit-log row; bodies stay on disk.
-DISPATCH_COLUMNS = (
-    "topic",
-    "queue_id",
-    "queue_offset",
-    "physical_offset",
-    "size",
-    "tags_code",
-    "store_ts_ms",
-    "sys_flag",
-)
-DISPATCH_SCHEMA = pa.schema([schemas.COMMIT_LOG_SCHEMA.field(c) for c in DISPATCH_COLUMNS])
 # Batches whose row counts a DispatchQuery remembers (Spark keeps the last 100 progresses).
 REMEMBERED_BATCHES = 1000
-# Commit-log versions read and dispatched in one consume-queue commit (bounds a catch-up's memory).
-VERSIONS_PER_COMMIT = 1000
 
 
 class DispatchStats(JobStats):
@@ -150,30 +134,6 @@ def commit_log_versions(spark: Any, store: Store, starting_version: int) -> Any:
     return log_stream(spark, store, schemas.COMMIT_LOG, starting_version, columns, schema).select(
         VERSION_COLUMN
     )
-
-
-def dispatch_committed(store: Store, versions_per_commit: int = VERSIONS_PER_COMMIT) -> tuple[int, int]:
-    """Dispatch every commit-log version committed after the consume queue's marker, on the driver.
-
-    Returns:
-        (commit-log rows read, consume-queue entries added).
-
-    Raises:
-        StoreError: a queue-offset gap, or a read or write failure.
-        CommitConflictError: lost every race against another dispatcher.
-    """
-    latest = store.version(schemas.COMMIT_LOG)
-    first = dispatched_version(store) + 1
-    rows = entries = 0
-    uri = store.uri(schemas.COMMIT_LOG)
-    while first <= latest:
-        last = min(latest, first + versions_per_commit - 1)
-        batch = read_versions(uri, first, last, DISPATCH_SCHEMA, store.storage_options)
-        # dispatch_rows is idempotent per commit-log version, so a replayed batch adds nothing.
-        entries += dispatch_rows(store, batch) if batch.num_rows else 0
-        rows += batch.num_rows
-        first = last + 1  # versions without rows leave no marker: move on anyway
-    return rows, entries
 
 
 def run_dispatch(

@@ -395,7 +395,7 @@ class Store:
 
     def put_topic(self, config: TopicConfig) -> None:
         """Record a topic's configuration (a new row; the latest row per name wins)."""
-        self._topics.put(config)
+        self._topics.put(config, now_ms())
 
     def __repr__(self) -> str:
         return f"Store({self.root!r})"

@@ -6,7 +6,6 @@ asks for a topic's configuration costs a dictionary lookup until the table chang
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -60,14 +59,15 @@ class TopicCatalog:
             )
         return topic
 
-    def put(self, config: TopicConfig) -> None:
-        """Append one configuration row (a topic's creation, update or, with 0 queues, deletion)."""
+    def put(self, config: TopicConfig, now_ms: int) -> None:
+        """Append one configuration row (a topic's creation, update or, with 0 queues, deletion),
+        stamped ``now_ms`` unless the configuration has its own creation time."""
         row = {
             "name": config.name,
             "queues": config.queues,
             "perm": int(config.perm),
             "type": config.type,
-            "created_ts_ms": config.created_ts_ms or int(time.time() * 1000),
+            "created_ts_ms": config.created_ts_ms or now_ms,
         }
         self._store.append(schemas.TOPICS, pa.Table.from_pylist([row], schema=schemas.TOPICS_SCHEMA))
         self._topics = None

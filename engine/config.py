@@ -36,6 +36,10 @@ class EngineConfig:
     checkpoint_dir: str = ""
     file_reserved_hours: int = 72
     max_reconsume_times: int = 16
+    # A queue whose first message (offset 0) was stored less than this long ago counts as "still in
+    # memory", RocketMQ's test for where a new group starts: ConsumeFrom.LAST starts such a young queue
+    # at 0, an older one at its end (0 disables: QMQ's rule, new groups always start at the latest).
+    in_memory_age_ms: int = 600_000
     log_level: str = "WARN"
 
     def __post_init__(self) -> None:
@@ -61,8 +65,13 @@ class EngineConfig:
         for name in positive:
             if getattr(self, name) <= 0:
                 raise ConfigError(f"config {name} must be > 0, got {getattr(self, name)}", key=name)
-        if self.producer_linger_ms < 0 or self.long_poll_max_ms < 0 or self.file_reserved_hours < 0:
-            raise ConfigError("linger, long-poll and retention settings must be >= 0")
+        if (
+            self.producer_linger_ms < 0
+            or self.long_poll_max_ms < 0
+            or self.file_reserved_hours < 0
+            or self.in_memory_age_ms < 0
+        ):
+            raise ConfigError("linger, long-poll, retention and in-memory-age settings must be >= 0")
 
     def replace(self, **changes: Any) -> EngineConfig:
         return dataclasses.replace(self, **changes)

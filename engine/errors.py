@@ -93,6 +93,16 @@ class ConsumerError(MQError):
     """A consumer was used out of order (not subscribed, not started, …)."""
 
 
+class InvalidReceiptHandleError(InvalidArgumentError):
+    """A receipt handle this consumer does not hold: never received here, already acked or nacked,
+    superseded, or the message was taken over (RocketMQ 5's ``INVALID_RECEIPT_HANDLE``)."""
+
+
+class ReceiptHandleExpiredError(InvalidReceiptHandleError):
+    """A receipt handle whose invisible time has passed: the message may be redelivered already, so
+    acking or changing it is refused (RocketMQ 5 refuses an expired receipt handle)."""
+
+
 class TransactionError(MQError):
     """A transactional send or its check-back failed."""
 

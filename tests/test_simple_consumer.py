@@ -24,7 +24,8 @@ from engine import (
 from engine.broker.dispatch import dispatch_pending
 from engine.client.simple import ClaimBook, ReceivedMessage
 from engine.config import load_config
-from engine.protocol.actions import ACK, CHANGE_INVISIBLE, NACK, PULL
+from engine.errors import InvalidReceiptHandleError, ReceiptHandleExpiredError
+from engine.protocol.actions import ACK, CHANGE_INVISIBLE, EXPIRED, NACK, PULL
 from engine.store.action_log import read_actions
 from engine.store.consumer_offset import OffsetStore
 from tests.helpers import eventually, versions
@@ -73,6 +74,15 @@ def actions(store: Store, action: str | None = None) -> list[dict[str, Any]]:
     return read_actions(store, GROUP, action)
 
 
+def covered(rows: list[dict[str, Any]]) -> list[int]:
+    """The queue offsets action rows cover (a range row covers [queue_offset, end_offset))."""
+    out: list[int] = []
+    for r in rows:
+        end = r["end_offset"] if r["end_offset"] is not None else r["queue_offset"] + 1
+        out.extend(range(r["queue_offset"], end))
+    return sorted(out)
+
+
 # ----------------------------------------------------------------------------- basics
 def test_receive_returns_messages_and_ack_finishes_them(store: Store, one_queue: str, consumers: Any) -> None:
     bodies = produce(store, one_queue, 5)
@@ -81,11 +91,13 @@ def test_receive_returns_messages_and_ack_finishes_them(store: Store, one_queue:
     assert [m.body for m in got] == bodies
     assert all(isinstance(m, ReceivedMessage) and m.reconsume_times == 0 for m in got)
     assert all(m.receipt_handle.startswith("c1#") for m in got)
-    assert len(actions(store, PULL)) == 5  # durable before receive returned
+    [lease] = actions(store, PULL)  # one lease for the five, durable before receive returned
+    assert (lease["queue_offset"], lease["end_offset"]) == (0, 5)
     for m in got:
         consumer.ack(m)
     consumer.flush()
-    assert sorted(r["queue_offset"] for r in actions(store, ACK)) == [0, 1, 2, 3, 4]
+    [acks] = actions(store, ACK)  # acks travel as ranges
+    assert covered([acks]) == [0, 1, 2, 3, 4]
     assert consumer.receive() == []
 
 
@@ -95,7 +107,7 @@ def test_acks_are_flushed_in_the_background(store: Store, one_queue: str, consum
     consumer.subscribe(one_queue)
     for m in consumer.receive():
         consumer.ack(m)
-    assert eventually(lambda: len(actions(store, ACK)) == 3)
+    assert eventually(lambda: covered(actions(store, ACK)) == [0, 1, 2])
 
 
 def test_two_consumers_on_one_queue_get_disjoint_messages(
@@ -240,12 +252,14 @@ def test_change_invisible_time_extends_the_deadline(store: Store, one_queue: str
     produce(store, one_queue, 1)
     a, b = subscribed(consumers, one_queue, "a", "b")
     [message] = a.receive(invisible_ms=300)
-    a.change_invisible_time(message, 60_000)
+    changed = a.change_invisible_time(message, 60_000)
     [row] = actions(store, CHANGE_INVISIBLE)
     assert row["consumer_id"] == "a" and row["deadline_ms"] >= message.invisible_until_ms + 50_000
+    assert changed.invisible_until_ms == row["deadline_ms"]
+    assert changed.receipt_handle == f"a#{row['sequence']}" != message.receipt_handle
     time.sleep(0.4)  # past the original deadline
     assert b.receive() == []
-    a.ack(message)
+    a.ack(message)  # the first handle of this delivery still acks it
 
 
 def test_change_invisible_time_after_takeover_raises(store: Store, one_queue: str, consumers: Any) -> None:
@@ -254,10 +268,12 @@ def test_change_invisible_time_after_takeover_raises(store: Store, one_queue: st
     [message] = a.receive(invisible_ms=100)
     assert eventually(lambda: b.receive())
     before = versions(store)
-    with pytest.raises(ConsumerError):
+    with pytest.raises(ReceiptHandleExpiredError):
         a.change_invisible_time(message, 10_000)
-    with pytest.raises(ConsumerError):
+    with pytest.raises(InvalidReceiptHandleError):
         a.nack(message)
+    with pytest.raises(InvalidReceiptHandleError):
+        a.ack(message)
     assert versions(store) == before
 
 
@@ -294,7 +310,9 @@ def test_nacked_message_comes_back_through_the_retry_topic(
     assert again.reconsume_times == 1
 
 
-def test_too_many_deliveries_are_handed_to_the_retry_job(tmp_path: Any) -> None:
+def test_too_many_deliveries_are_dead_lettered_with_the_right_count(tmp_path: Any) -> None:
+    from engine.broker.retry import route_retries
+
     store = Store.open(tmp_path / "s", config=load_config(max_reconsume_times=1))
     Admin(store).create_topic("Q1", 1)
     produce(store, "Q1", 1)
@@ -304,9 +322,15 @@ def test_too_many_deliveries_are_handed_to_the_retry_job(tmp_path: Any) -> None:
         assert [m.reconsume_times for m in consumer.receive(invisible_ms=50)] == [0]
         assert [m.reconsume_times for m in eventually(lambda: consumer.receive(invisible_ms=50))] == [1]
         time.sleep(0.1)
-        assert consumer.receive() == []  # the third delivery would exceed 1 reconsume
-        [nack] = read_actions(store, GROUP, NACK)
-        assert nack["reconsume_times"] == 2
+        # The third delivery would exceed 1 reconsume: the consumer that finds the expired lease
+        # records EXPIRED with the failed delivery's count, and the retry job dead-letters it.
+        assert eventually(lambda: read_actions(store, GROUP, EXPIRED) or consumer.receive())
+        assert consumer.receive() == []
+        [expired] = read_actions(store, GROUP, EXPIRED)
+        assert expired["reconsume_times"] == 1
+        assert route_retries(store) == 1
+        [dead] = [r for r in store.read("commit_log").to_pylist() if r["topic"] == "%DLQ%G"]
+        assert dead["reconsume_times"] == 2  # two failed deliveries, not three
     finally:
         consumer.close()
 
@@ -396,9 +420,9 @@ def test_bad_input_raises_typed_errors_and_writes_nothing(
             consumer.receive(**bad)
     stranger = MessageExt("Q1", 0, 0, 0, "X" * 32, "u", b"x", None, (), {}, 0, 0, 0)
     with pytest.raises(InvalidArgumentError):
-        consumer.ack(stranger)
+        consumer.ack(stranger)  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError):
-        consumer.nack(stranger)
+        consumer.nack(stranger)  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError):
         consumer.ack("not a message")  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError):
@@ -410,13 +434,16 @@ def test_bad_input_raises_typed_errors_and_writes_nothing(
     with pytest.raises(InvalidArgumentError):
         consumer.change_invisible_time(message, 0)
     consumer.ack(message)
-    with pytest.raises(InvalidArgumentError):
+    with pytest.raises(InvalidReceiptHandleError):
         consumer.ack(message)  # twice
 
 
 # ----------------------------------------------------------------------------- the rules, pure
-def _row(action: str, consumer: str, seq: int, ts: int, offset: int = 0, deadline: int | None = None) -> Any:
+def _row(
+    action: str, consumer: str, seq: int, ts: int, offset: int = 0, deadline: int | None = None, end: Any = None
+) -> Any:
     return {
+        "end_offset": end,
         "group": GROUP,
         "consumer_id": consumer,
         "sequence": seq,
@@ -467,4 +494,3 @@ def test_claim_rules_snapshot_order_matches_commit_order() -> None:
     for book in (in_order, shuffled):
         assert book.queue("T", 0).floor == 3
         assert book.sequences == {"a": 3, "b": 2}
-        assert book.last_claim_ts == 260

@@ -2,7 +2,9 @@
 
 As QMQ's pull log, each consumer of a group gets a dense sequence of what it pulled: pull sequence
 0, 1, 2, … -> (topic, queue_id, queue_offset, physical_offset), in the order the pulls were
-committed (action-log version, then the consumer's own action sequence).
+committed (action-log version, then the consumer's own action sequence). A PULL row leasing the
+range ``[queue_offset, end_offset)`` makes one pull-log row per offset of the range that the consume
+queue still holds (physical offsets are looked up there).
 
 Exactly once: every ``pull_log`` commit carries the last action-log version it covers and the next
 pull sequence of every consumer (see :mod:`engine.store.pull_log`). Commits are made with automatic
@@ -13,12 +15,15 @@ therefore a no-op.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.errors import CommitConflictError
 from engine.protocol.actions import PULL
 from engine.store import schemas
+from engine.store.consume_queue import QueueIndex
 from engine.store.delta_log import VERSION_COLUMN
 from engine.store.pull_log import (
     Marks,
@@ -41,38 +46,60 @@ PULL_LOG_SOURCE_COLUMNS = (
     "queue_offset",
     "physical_offset",
     "ts_ms",
+    "end_offset",
 )
 
+# (topic, queue_id, start, end) -> {queue offset: physical offset} for the entries the queue holds.
+Resolver = Callable[[str, int, int, int], dict[int, int]]
 
-def pull_rows(actions: pa.Table, marks: Marks) -> pa.Table:
+
+def queue_resolver(store: Store) -> Resolver:
+    """A :data:`Resolver` reading the store's consume queue."""
+    index = QueueIndex(store)
+    index.refresh()
+
+    def resolve(topic: str, queue_id: int, start: int, end: int) -> dict[int, int]:
+        entries = index.entries(topic, queue_id, start, end)
+        return dict(
+            zip(entries["queue_offset"].to_pylist(), entries["physical_offset"].to_pylist(), strict=True)
+        )
+
+    return resolve
+
+
+def _expand(pulls: pa.Table, resolve: Resolver | None) -> list[dict[str, object]]:
+    """One row per leased offset: single-offset rows as they are, ranges through ``resolve``."""
+    out: list[dict[str, object]] = []
+    for row in pulls.to_pylist():
+        end = row.get("end_offset")
+        if end is None:
+            out.append(row)
+            continue
+        if resolve is None:
+            raise ValueError("a PULL row leasing a range needs a resolver of physical offsets")
+        found = resolve(row["topic"], int(row["queue_id"]), int(row["queue_offset"]), int(end))
+        out.extend({**row, "queue_offset": o, "physical_offset": found[o]} for o in sorted(found))
+    return out
+
+
+def pull_rows(actions: pa.Table, marks: Marks, resolve: Resolver | None = None) -> pa.Table:
     """Pull-log rows for the PULL actions among ``actions`` (which carry ``_version``).
 
-    Pure: ``marks`` (group -> consumer -> next pull sequence) is advanced in place.
+    Pure but for ``resolve`` (needed when a PULL row leases a range): ``marks`` (group -> consumer
+    -> next pull sequence) is advanced in place.
     """
     pulls = actions.filter(pc.equal(actions["action"], PULL))
     if pulls.num_rows == 0:
         return schemas.PULL_LOG_SCHEMA.empty_table()
     pulls = pulls.sort_by([(VERSION_COLUMN, "ascending"), ("sequence", "ascending")])
-    groups = pulls["group"].to_pylist()
-    consumers = pulls["consumer_id"].to_pylist()
-    sequences = []
-    for group, consumer in zip(groups, consumers, strict=True):
-        per_group = marks.setdefault(group, {})
-        nxt = per_group.get(consumer, 0)
-        sequences.append(nxt)
-        per_group[consumer] = nxt + 1
-    return pa.table(
-        {
-            "group": pulls["group"],
-            "consumer_id": pulls["consumer_id"],
-            "pull_sequence": pa.array(sequences, pa.int64()),
-            "topic": pulls["topic"],
-            "queue_id": pulls["queue_id"],
-            "queue_offset": pulls["queue_offset"],
-            "physical_offset": pulls["physical_offset"],
-            "ts_ms": pulls["ts_ms"],
-        },
-        schema=schemas.PULL_LOG_SCHEMA,
+    rows = _expand(pulls, resolve) if "end_offset" in pulls.column_names else pulls.to_pylist()
+    for row in rows:
+        per_group = marks.setdefault(str(row["group"]), {})
+        nxt = per_group.get(str(row["consumer_id"]), 0)
+        row["pull_sequence"] = nxt
+        per_group[str(row["consumer_id"])] = nxt + 1
+    return pa.Table.from_pylist(
+        [{f: r[f] for f in schemas.PULL_LOG_SCHEMA.names} for r in rows], schema=schemas.PULL_LOG_SCHEMA
     )
 
 
@@ -100,6 +127,7 @@ def build_pull_log_rows(
             return 0
         through_version = int(pc.max(actions[VERSION_COLUMN]).as_py())
     writer, lock = private_store(store)
+    resolve = queue_resolver(store)
     with lock:
         for _ in range(attempts):
             # One handle for the read and the commit: the commit lands on exactly the next version of
@@ -110,7 +138,7 @@ def build_pull_log_rows(
                 return 0
             fresh = actions.filter(pc.greater(actions[VERSION_COLUMN], last))
             marks = read_marks(snapshot)
-            rows = pull_rows(fresh, marks)
+            rows = pull_rows(fresh, marks, resolve)
             try:
                 commit_pulls(writer, rows, through_version, marks)
             except CommitConflictError:

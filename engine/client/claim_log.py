@@ -1,34 +1,23 @@
-"""One consumer's view of its group's claims in ``action_log``: reading it, writing claim rows, acks.
+"""One consumer's view of its group's leases in ``action_log``: reading it, committing leases, acks.
 
-:class:`ClaimLog` keeps a :class:`~engine.client.claims.ClaimBook` in step with the action log (a
-snapshot scan once, then only the new versions), commits claim rows as exactly the next version of
-the log (the optimistic claim protocol below), and buffers acks, which change no claim and are
-appended blindly or ride along with the next claim commit.
+Lease protocol (QMQ's pull / ack / action log, with Delta as the broker; no lock service):
 
-Claim protocol (all state is in ``action_log``; no lock service):
-
-* Every action is a row of ``action_log`` for ``(group, consumer_id, sequence)``: ``PULL`` (a claim,
-  with ``deadline_ms``), ``CHANGE_INVISIBLE`` (a new deadline), ``ACK`` and ``NACK``.
-* The claim state of a message is a pure function of those rows, evaluated in commit order
-  (:class:`ClaimBook`): a ``PULL`` is valid when the message is not finished and has no claim, or
-  the current claim's deadline is at or before the row's ``ts_ms``; ``CHANGE_INVISIBLE`` is valid from
-  the current claimant before its deadline; ``NACK`` from the current claimant finishes the message
-  (the retry job re-puts it into ``%RETRY%<group>``); ``ACK`` finishes it.
-* Claim-changing rows (``PULL``, ``CHANGE_INVISIBLE``, ``NACK``) are committed optimistically: the
-  consumer reads the action log up to version ``v``, decides against the state at ``v``, and commits
-  exactly version ``v + 1`` with Delta's automatic retries disabled. If anyone else committed ``v + 1``
-  first the commit fails, the consumer reads the newer versions and decides again. So a claim is
-  only ever committed against the complete state before it: two consumers never both hold a
-  message while its invisibility lasts, and nothing is claimed after its ack is committed.
-* Those commits stamp ``ts_ms`` strictly increasing per group (``max(now, last claim ts + 1)``), so
-  commit order can be recovered from the rows alone: a consumer starting up reads the group's rows
-  from one snapshot scan, orders claim rows by ``(ts_ms, consumer_id, sequence)`` and applies acks
-  after them (an ack is always committed after every claim of its message, so its position does not
-  matter). Steady state reads only the new versions of the log.
-* Acks change no claim, so they are buffered briefly and appended blindly (or ride along with the
-  consumer's next claim commit). An ack is accepted from any consumer that received the message,
-  even after its invisibility ended (the message is then not delivered again, though a consumer that
-  took it over may still be processing it — at least once).
+* Every action is a row of ``action_log`` for ``(group, consumer_id, sequence)``; the rules that
+  evaluate them are :mod:`engine.client.claims`. One ``PULL`` row leases a range of a queue to one
+  consumer until its deadline; acks travel as ``ACK`` ranges.
+* The group's lease frontier in a queue (the next offset never leased) is the Delta app transaction
+  :func:`~engine.store.commit_markers.lease_app` of ``action_log``. Every commit that decides about
+  the queue's leases (a fresh lease, a redelivery, ``CHANGE_INVISIBLE``, ``NACK``, ``EXPIRED``, a
+  reset) carries it, so Delta's conflict check lets exactly one of two such commits on one queue
+  land; the loser reads again and decides again. Commits for other queues and acks carry no such
+  id and are rebased by Delta without a conflict: consumers of one group do not serialise on one
+  log, only on one queue.
+* A fresh lease needs nothing but the frontier (a table snapshot, no data read): the consumer
+  leases ``[frontier, frontier + n)``. Redelivering an expired lease needs the lease state, kept
+  by :class:`ClaimLog` from the log (one snapshot scan, then only the new versions).
+* Acks change no lease and are valid only before their lease's deadline (the consumer refuses an
+  expired receipt), so they are buffered briefly and appended blindly, or ride along with the
+  consumer's next lease commit.
 
 Not thread-safe: :class:`~engine.client.simple.SimpleConsumer` calls it under its lock.
 """
@@ -36,48 +25,42 @@ Not thread-safe: :class:`~engine.client.simple.SimpleConsumer` calls it under it
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.client.claims import ClaimBook, Key
-from engine.errors import CommitConflictError, StoreError
+from engine.client.claims import ClaimBook
+from engine.errors import StoreError
 from engine.model import MessageExt
+from engine.protocol.actions import RESET
 from engine.store import schemas
+from engine.store.action_log import lease_frontier
+from engine.store.commit_markers import lease_app
 from engine.store.delta_log import read_versions
 from engine.store.store import Store, sql_literal
+
+LEASE_COMMIT_RETRIES = 32  # rebases past other queues' leases and acks before giving up
 
 
 @dataclass
 class Held:
-    """A message this consumer received and has not acked or nacked yet."""
+    """A message this consumer handed to its user and that is not acked or nacked yet."""
 
-    sequence: int
+    sequence: int  # the lease's (the receipt handle's) action sequence
     deadline_ms: int
     reconsume_times: int
     msg_id: str
     physical_offset: int
-
-    @classmethod
-    def of(cls, received: ReceivedMessage) -> Held:
-        """What this consumer keeps of a message it just received."""
-        sequence = int(received.receipt_handle.rsplit("#", 1)[1])
-        return cls(
-            sequence,
-            received.invisible_until_ms,
-            received.reconsume_times,
-            received.msg_id,
-            received.physical_offset,
-        )
+    handles: set[str] = field(default_factory=set)  # every receipt handle of this delivery
 
 
 @dataclass(frozen=True)
 class ReceivedMessage(MessageExt):
-    """A message returned by :meth:`SimpleConsumer.receive`: a :class:`MessageExt` with its claim.
+    """A message returned by :meth:`SimpleConsumer.receive`: a :class:`MessageExt` with its lease.
 
-    ``receipt_handle`` names the claim (consumer id and action sequence); ``invisible_until_ms`` is
+    ``receipt_handle`` names the lease (consumer id and action sequence); ``invisible_until_ms`` is
     when the message becomes visible to the group again unless acked or extended.
     """
 
@@ -88,14 +71,25 @@ class ReceivedMessage(MessageExt):
 def received_message(
     message: MessageExt, reconsume_times: int, receipt_handle: str, until_ms: int
 ) -> ReceivedMessage:
-    """``message`` as handed to the consumer that claimed it: its delivery count and its claim."""
+    """``message`` as handed to the consumer that leased it: its delivery count and its lease."""
     values = {f.name: getattr(message, f.name) for f in fields(MessageExt)}
     values["reconsume_times"] = reconsume_times
     return ReceivedMessage(**values, receipt_handle=receipt_handle, invisible_until_ms=until_ms)
 
 
+def ranges(offsets: list[int]) -> list[tuple[int, int]]:
+    """Sorted offsets as half-open runs: [1, 2, 3, 7] -> [(1, 4), (7, 8)]."""
+    out: list[tuple[int, int]] = []
+    for offset in sorted(offsets):
+        if out and out[-1][1] == offset:
+            out[-1] = (out[-1][0], offset + 1)
+        else:
+            out.append((offset, offset + 1))
+    return out
+
+
 class ClaimLog:
-    """The claim state of ``group`` as of the action log's latest version read, and this consumer's
+    """The lease state of ``group`` as of the action log's latest version read, and this consumer's
     writes to the log.
 
     Args:
@@ -108,20 +102,26 @@ class ClaimLog:
         self.group = group
         self.consumer_id = consumer_id
         self._store = store
-        # Private table handles: the claim commit must land on exactly the version the state was read
-        # at, which a handle shared with other users of ``store`` cannot promise.
+        # Private table handles: a commit and the frontier it was decided from must come from one
+        # snapshot, which a handle shared with other users of ``store`` cannot promise.
         self._writer = Store(store.root, store.storage_options, store.config)
         self.book = ClaimBook(group)
         self.version = -1
         self._sequence = -1
-        self._acks: list[dict[str, Any]] = []
+        self._acks: dict[tuple[str, int, str], list[int]] = {}  # (topic, queue, action) -> offsets
+        self._ack_ts = 0
         self.oldest_ack: float | None = None  # monotonic time of the oldest buffered ack
+        self.earliest_deadline: int | None = None  # of the leases the buffered acks belong to
 
     # ----------------------------------------------------------------- reading
-    def sync(self) -> bool:
-        """Bring the claim state up to the action log's latest version (held by the private handle).
+    @property
+    def started(self) -> bool:
+        return self.version >= 0
 
-        Returns whether the state moved on.
+    def sync(self) -> set[tuple[str, int]]:
+        """Bring the lease state up to the action log's latest version.
+
+        Returns the queues other writers reset in the versions read (empty on the first read).
         """
         version = self._writer.shared(schemas.ACTION_LOG).version()
         if self.version < 0:
@@ -130,27 +130,42 @@ class ClaimLog:
             ).to_table()
             snapshot = snapshot.filter(pc.equal(snapshot["group"], self.group))
             self.book.bootstrap(snapshot.to_pylist())
-        elif version > self.version:
-            try:
-                rows = read_versions(
-                    self._store.uri(schemas.ACTION_LOG),
-                    self.version + 1,
-                    version,
-                    schemas.ACTION_LOG_SCHEMA,
-                    self._store.storage_options,
-                )
-            except StoreError:
-                # The log files we need are gone (log cleanup): rebuild the state from a snapshot.
-                self.book = ClaimBook(self.group)
-                self.version = -1
-                return self.sync()
-            if rows.num_rows:
-                rows = rows.filter(pc.equal(rows["group"], self.group))
-                self.book.apply(rows.to_pylist())
-        else:
-            return False
+            self.version = version
+            self._sequence = max(self._sequence, self.book.sequences.get(self.consumer_id, -1))
+            return set()
+        if version <= self.version:
+            return set()
+        try:
+            rows = read_versions(
+                self._store.uri(schemas.ACTION_LOG),
+                self.version + 1,
+                version,
+                schemas.ACTION_LOG_SCHEMA,
+                self._store.storage_options,
+            )
+        except StoreError:
+            # The log files we need are gone (log cleanup): rebuild the state from a snapshot.
+            self.book = ClaimBook(self.group)
+            self.version = -1
+            self.sync()
+            return set()
+        reset: set[tuple[str, int]] = set()
+        if rows.num_rows:
+            mine = rows.filter(pc.equal(rows["group"], self.group)).to_pylist()
+            self.book.apply(mine)
+            reset = {
+                (r["topic"], int(r["queue_id"]))
+                for r in mine
+                if r["action"] == RESET and r["consumer_id"] != self.consumer_id
+            }
         self.version = version
-        return True
+        return reset
+
+    def frontier(self, topic: str, queue_id: int, *, refresh: bool) -> int:
+        """The group's lease frontier in a queue as of the private snapshot (-1: never leased)."""
+        return lease_frontier(
+            self._writer.shared(schemas.ACTION_LOG, fresh=refresh), self.group, topic, queue_id
+        )
 
     # ----------------------------------------------------------------- writing
     def next_sequence(self) -> int:
@@ -161,68 +176,96 @@ class ClaimLog:
     def row(
         self,
         action: str,
-        where: MessageExt | Key,
-        sequence: int,
+        topic: str,
+        queue_id: int,
+        start: int,
+        *,
+        end: int | None = None,
+        physical_offset: int = -1,
+        msg_id: str | None = None,
+        reconsume_times: int = 0,
+        deadline_ms: int | None = None,
         ts: int,
-        reconsume_times: int,
-        deadline_ms: int | None,
-        held: Held | None = None,
+        sequence: int | None = None,
     ) -> dict[str, Any]:
-        """An action-log row of this consumer about a message (or a held message's key)."""
-        if isinstance(where, MessageExt):
-            topic, queue_id, offset = where.topic, where.queue_id, where.queue_offset
-            physical, msg_id = where.physical_offset, where.msg_id
-        else:
-            topic, queue_id, offset = where
-            assert held is not None
-            physical, msg_id = held.physical_offset, held.msg_id
+        """An action-log row of this consumer about ``[start, end)`` (one offset without ``end``)."""
         return {
             "group": self.group,
             "consumer_id": self.consumer_id,
-            "sequence": sequence,
+            "sequence": self.next_sequence() if sequence is None else sequence,
             "action": action,
             "topic": topic,
             "queue_id": queue_id,
-            "queue_offset": offset,
-            "physical_offset": physical,
+            "queue_offset": start,
+            "end_offset": end,
+            "physical_offset": physical_offset,
             "msg_id": msg_id,
             "reconsume_times": reconsume_times,
             "deadline_ms": deadline_ms,
             "ts_ms": ts,
         }
 
-    def commit(self, rows: list[dict[str, Any]]) -> bool:
-        """Commit claim rows (and buffered acks) as exactly the next action-log version.
+    def commit(self, rows: list[dict[str, Any]], topic: str, queue_id: int, frontier: int) -> int:
+        """Commit rows deciding about a queue's leases (and the buffered acks) with the queue's lease
+        frontier set to ``frontier``; returns the version.
 
-        Returns False when another writer took that version (nothing written).
+        Raises:
+            CommitConflictError: another commit about the same queue landed first (read again).
+            StoreError: the write failed; nothing was committed.
         """
-        acks = self._acks
+        acks = self._ack_rows()
         table = pa.Table.from_pylist(rows + acks, schema=schemas.ACTION_LOG_SCHEMA)
-        try:
-            version = self._writer.append(schemas.ACTION_LOG, table, max_retries=0)
-        except CommitConflictError:
-            return False
-        self._acks = []
-        self.oldest_ack = None
+        version = self._writer.append(
+            schemas.ACTION_LOG,
+            table,
+            app_id=lease_app(self.group, topic, queue_id),
+            app_version=frontier,
+            max_retries=LEASE_COMMIT_RETRIES,
+        )
+        self._clear_acks()
         if version == self.version + 1:
             self.book.apply(rows + acks)
             self.version = version
-        return True
+        return version
 
-    # ----------------------------------------------------------------- acks
-    def buffer_ack(self, row: dict[str, Any]) -> None:
-        """Keep an ``ACK`` row for the next :meth:`flush_acks` or claim commit."""
+    # ----------------------------------------------------------------- acks and releases
+    def buffer(self, action: str, topic: str, queue_id: int, offset: int, deadline_ms: int, ts: int) -> None:
+        """Keep an ``ACK`` (or ``RELEASE``) of one offset for the next flush or lease commit."""
         if not self._acks:
             self.oldest_ack = time.monotonic()
-        self._acks.append(row)
+        self._acks.setdefault((topic, queue_id, action), []).append(offset)
+        self._ack_ts = max(self._ack_ts, ts)
+        if self.earliest_deadline is None or deadline_ms < self.earliest_deadline:
+            self.earliest_deadline = deadline_ms
 
-    def flush_acks(self) -> int:
-        """Append the buffered acks; returns how many were written."""
-        acks = self._acks
-        if not acks:
-            return 0
-        # Acks change no claim, so they need no particular version: a plain append.
-        self._writer.append(schemas.ACTION_LOG, pa.Table.from_pylist(acks, schema=schemas.ACTION_LOG_SCHEMA))
-        self._acks = []
+    @property
+    def buffered(self) -> int:
+        return sum(len(v) for v in self._acks.values())
+
+    def _ack_rows(self) -> list[dict[str, Any]]:
+        rows = []
+        for (topic, queue_id, action), offsets in self._acks.items():
+            for start, end in ranges(offsets):
+                rows.append(self.row(action, topic, queue_id, start, end=end, ts=self._ack_ts))
+        return rows
+
+    def _clear_acks(self) -> None:
+        self._acks = {}
         self.oldest_ack = None
-        return len(acks)
+        self.earliest_deadline = None
+
+    def flush_acks(self, extra: list[dict[str, Any]] | None = None) -> int:
+        """Append the buffered acks and releases (with ``extra`` rows that decide no lease either);
+        returns how many offsets the acks and releases cover.
+
+        Raises:
+            StoreError, CommitConflictError: the write failed; they stay buffered.
+        """
+        count = self.buffered
+        if not count and not extra:
+            return 0
+        # Acks decide no lease, so they need no particular version: a plain append.
+        rows = self._ack_rows() + (extra or [])
+        self._writer.append(schemas.ACTION_LOG, pa.Table.from_pylist(rows, schema=schemas.ACTION_LOG_SCHEMA))
+        self._clear_acks()
+        return count

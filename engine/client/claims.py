@@ -1,26 +1,43 @@
-"""Claim state of a group's messages, evaluated from ``action_log`` rows (pure: no I/O).
+"""Lease state of a group's messages, evaluated from ``action_log`` rows (pure: no I/O).
 
-The rules (see :mod:`engine.client.simple` for the whole protocol): a ``PULL`` claims a message that
-is not finished and has no claim, or whose claim's deadline is at or before the row's ``ts_ms``;
-``CHANGE_INVISIBLE`` moves the deadline of the current claimant's claim before it ends; ``NACK`` from
-the current claimant finishes the message (the retry job re-puts it); ``ACK`` finishes it.
+The rules (the protocol as a whole is described in :mod:`engine.client.claim_log`):
+
+* ``RESET`` moves the group's position in a queue to ``queue_offset``: everything below is finished,
+  nothing at or above it is finished or leased.
+* ``PULL`` leases the offsets of ``[queue_offset, end_offset)`` to its consumer until ``deadline_ms``:
+  an offset not finished and not leased, or whose lease ended at or before the row's ``ts_ms``. Each
+  lease counts one delivery of the offset.
+* ``CHANGE_INVISIBLE`` from the current holder, before its deadline, sets a new deadline; the row's
+  sequence becomes the lease's (a new receipt handle).
+* ``RELEASE`` from the current holder, before its deadline, ends the lease and takes back its
+  delivery (the consumer leased the message but never handed it to its user).
+* ``OFFLINE`` (QMQ's FOREVER_OFFLINE) ends every lease of its consumer at the row's time.
+* ``ACK`` finishes the offsets of its range; ``NACK`` from the current holder and ``EXPIRED`` finish
+  one offset (the retry job re-puts or dead-letters it).
+
+An ack is written only before its lease's deadline (the consumer refuses later ones), so the
+offsets finished do not depend on whether an ack or a later lease of the same offset is applied
+first: rows may be applied in commit order (new versions) or, from a snapshot, in time order.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.protocol.actions import ACK, CHANGE_INVISIBLE, NACK, PULL
+from engine.protocol.actions import ACK, CHANGE_INVISIBLE, EXPIRED, NACK, OFFLINE, PULL, RELEASE, RESET
 
-CLAIM_ACTIONS = frozenset({PULL, CHANGE_INVISIBLE, NACK})
+# Order of actions with the same time in a snapshot: a reset first, then leases, then the rest.
+_RANK = {RESET: 0, PULL: 1, CHANGE_INVISIBLE: 2, RELEASE: 3, OFFLINE: 4, NACK: 5, EXPIRED: 6, ACK: 7}
 
 Key = tuple[str, int, int]  # topic, queue_id, queue_offset
 
 
 @dataclass
 class Claim:
-    """The current claim of a message: who holds it, until when, and how often it was delivered."""
+    """The lease of one offset: who holds it (``sequence`` names the receipt), until when, and how
+    often the offset was delivered."""
 
     consumer_id: str
     sequence: int
@@ -30,7 +47,7 @@ class Claim:
 
 @dataclass
 class QueueBook:
-    """Claim state of one queue for one group: offsets below ``floor`` are all finished."""
+    """Lease state of one queue for one group: offsets below ``floor`` are all finished."""
 
     floor: int = 0
     done: set[int] = field(default_factory=set)
@@ -40,11 +57,21 @@ class QueueBook:
         return offset < self.floor or offset in self.done
 
     def available(self, offset: int, now: int) -> bool:
-        """Not finished and not held by an unexpired claim at ``now``."""
+        """Not finished and not held by an unexpired lease at ``now``."""
         if self.is_done(offset):
             return False
         claim = self.claims.get(offset)
         return claim is None or now >= claim.deadline_ms
+
+    def expired(self, now: int) -> list[int]:
+        """Leased offsets, not finished, whose lease ended at or before ``now``, ascending."""
+        return sorted(o for o, c in self.claims.items() if c.deadline_ms <= now and not self.is_done(o))
+
+    def held_by(self, consumer_id: str, now: int) -> list[tuple[int, Claim]]:
+        """Offsets ``consumer_id`` holds an unexpired lease on at ``now``, ascending."""
+        return sorted(
+            (o, c) for o, c in self.claims.items() if c.consumer_id == consumer_id and c.deadline_ms > now
+        )
 
     def finish(self, offset: int) -> None:
         self.claims.pop(offset, None)
@@ -55,8 +82,14 @@ class QueueBook:
             self.done.remove(self.floor)
             self.floor += 1
 
+    def reset(self, offset: int) -> None:
+        """The group's position moves to ``offset``: forget every lease and ack."""
+        self.floor = offset
+        self.done = set()
+        self.claims = {}
+
     def raise_floor(self, offset: int) -> None:
-        """Offsets below ``offset`` are gone from the queue (retention): nothing left to claim there."""
+        """Offsets below ``offset`` are gone from the queue (retention): nothing left to lease there."""
         if offset <= self.floor:
             return
         self.floor = offset
@@ -67,8 +100,14 @@ class QueueBook:
             self.floor += 1
 
 
+def _offsets(row: dict[str, Any]) -> Iterator[int]:
+    start = int(row["queue_offset"])
+    end = row.get("end_offset")
+    return iter(range(start, int(end) if end is not None else start + 1))
+
+
 class ClaimBook:
-    """Claim state of a group's messages, evaluated from ``action_log`` rows (see the module docstring).
+    """Lease state of a group's messages, evaluated from ``action_log`` rows (module docstring).
 
     Pure: no I/O. Rows are mappings by action-log column name.
     """
@@ -76,7 +115,6 @@ class ClaimBook:
     def __init__(self, group: str) -> None:
         self.group = group
         self.queues: dict[tuple[str, int], QueueBook] = {}
-        self.last_claim_ts = 0
         self.sequences: dict[str, int] = {}  # consumer_id -> highest sequence seen
 
     def queue(self, topic: str, queue_id: int) -> QueueBook:
@@ -104,32 +142,55 @@ class ClaimBook:
             if sequence > self.sequences.get(consumer, -1):
                 self.sequences[consumer] = sequence
             action = row["action"]
-            book = self.queue(row["topic"], int(row["queue_id"]))
-            offset = int(row["queue_offset"])
-            if action == ACK:
-                book.finish(offset)
-                continue
-            if action not in CLAIM_ACTIONS:
-                continue
             ts = int(row["ts_ms"])
-            self.last_claim_ts = max(self.last_claim_ts, ts)
-            if book.is_done(offset):
+            if action == OFFLINE:
+                for book in self.queues.values():
+                    for claim in book.claims.values():
+                        if claim.consumer_id == consumer and claim.deadline_ms > ts:
+                            claim.deadline_ms = ts
                 continue
+            book = self.queue(row["topic"], int(row["queue_id"]))
+            if action == RESET:
+                book.reset(int(row["queue_offset"]))
+            elif action in (ACK, EXPIRED):
+                for offset in _offsets(row):
+                    book.finish(offset)
+            elif action == PULL:
+                deadline = int(row["deadline_ms"] or ts)
+                for offset in _offsets(row):
+                    if book.is_done(offset):
+                        continue
+                    earlier = book.claims.get(offset)
+                    if earlier is None:
+                        book.claims[offset] = Claim(consumer, sequence, deadline, 1)
+                    elif ts >= earlier.deadline_ms:
+                        book.claims[offset] = Claim(consumer, sequence, deadline, earlier.deliveries + 1)
+            else:
+                self._holder_action(book, row, action, consumer, sequence, ts)
+
+    @staticmethod
+    def _holder_action(
+        book: QueueBook, row: dict[str, Any], action: str, consumer: str, sequence: int, ts: int
+    ) -> None:
+        """CHANGE_INVISIBLE, RELEASE and NACK: valid from the current holder before its deadline."""
+        for offset in _offsets(row):
             claim = book.claims.get(offset)
-            if action == PULL:
-                if claim is None or ts >= claim.deadline_ms:
-                    deliveries = claim.deliveries + 1 if claim is not None else 1
-                    deadline = int(row["deadline_ms"] or ts)
-                    book.claims[offset] = Claim(consumer, sequence, deadline, deliveries)
-            elif action == CHANGE_INVISIBLE:
-                if claim is not None and claim.consumer_id == consumer and ts < claim.deadline_ms:
-                    claim.deadline_ms = int(row["deadline_ms"] or ts)
-            elif claim is not None and claim.consumer_id == consumer:  # NACK
+            if claim is None or claim.consumer_id != consumer or book.is_done(offset):
+                continue
+            if action == NACK:
                 book.finish(offset)
+            elif ts < claim.deadline_ms:
+                if action == CHANGE_INVISIBLE:
+                    claim.deadline_ms = int(row["deadline_ms"] or ts)
+                    claim.sequence = sequence
+                elif action == RELEASE:
+                    claim.deadline_ms = ts
+                    claim.deliveries -= 1
 
     def bootstrap(self, rows: list[dict[str, Any]]) -> None:
-        """Apply a snapshot's rows (no commit order): claims by their stamped order, then acks."""
-        claims = [r for r in rows if r["action"] in CLAIM_ACTIONS]
-        claims.sort(key=lambda r: (int(r["ts_ms"]), r["consumer_id"], int(r["sequence"])))
-        others = [r for r in rows if r["action"] not in CLAIM_ACTIONS]
-        self.apply(claims + others)
+        """Apply a snapshot's rows (no commit order): by time, then action, consumer and sequence."""
+        rows = [r for r in rows if r["group"] == self.group]
+        rows.sort(
+            key=lambda r: (int(r["ts_ms"]), _RANK.get(r["action"], 9), r["consumer_id"], int(r["sequence"]))
+        )
+        self.apply(rows)

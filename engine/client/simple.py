@@ -1,97 +1,90 @@
-"""Per-message ack (RocketMQ 5 ``SimpleConsumer`` / POP, QMQ): receive, then ack each message.
+"""Per-message ack (RocketMQ 5 ``SimpleConsumer`` / POP) on QMQ's pull and action logs.
 
 Consumers of a group share the queues of a topic message by message, so a group may have more
 consumers than queues. A received message is invisible to the rest of the group until its deadline;
-an ack removes it for good; a message not acked by its deadline is delivered again.
+an ack removes it for good; a message not acked by its deadline is delivered again, to any consumer
+of the group, with ``reconsume_times`` + 1.
 
-Claims, acks and redelivery need no lock service: all state is in ``action_log``, and the claim
-protocol is described in :mod:`engine.client.claim_log`.
+As QMQ: one ``PULL`` action in ``action_log`` leases a range of a queue to one consumer, which
+hands the messages out from a local buffer; acks travel as ranges, appended in micro-batches; a
+consumer that comes back with its id first gets back what it leased and did not ack; an
+administrator's offset reset reaches running consumers within :data:`SCAN_INTERVAL_MS`. The lease
+protocol is described in :mod:`engine.client.claim_log`, the leasing in :mod:`engine.client.leasing`.
 
-Redelivery: a message whose deadline passed without an ack is claimed again straight from its
-original queue, with ``reconsume_times`` + 1 per earlier delivery in this group (instead of being
-revived into the retry topic as RocketMQ 5 does: the queue already holds it and the claim state says
-how often it was delivered). Past ``max_reconsume_times`` the claiming consumer records the claim and
-a ``NACK`` (whose ``reconsume_times`` is that delivery count) in one commit instead of returning it,
-for the retry job to route (to ``%DLQ%<group>`` when it honours the row's count). ``nack`` records a
-``NACK`` for the retry job; the group's retry topic is received from automatically once it exists.
+Receipts: an ack, nack or change of invisible time names the receipt handle of a delivery; one
+after the deadline, or for a delivery superseded by a later one, is refused with
+:class:`~engine.errors.ReceiptHandleExpiredError` / :class:`~engine.errors.InvalidReceiptHandleError`,
+as RocketMQ 5 refuses a stale receipt handle. ``change_invisible_time`` returns the message with its
+new handle; the earlier handles of the same delivery stay valid for an ack.
 
-Cost: every receive is one action-log commit, so a group's receives are serialised on that log; a
-consumer that loses a race catches up with the new versions only (no re-read of messages) and
-retries after a random backoff. Receive in batches (``max_nums``) when throughput matters.
+Redelivery happens in place (from the original queue) rather than through ``%RETRY%<group>`` as
+RocketMQ 5 revives it; past ``max_reconsume_times`` deliveries an ``EXPIRED`` row (carrying the
+failed delivery's ``reconsume_times``) hands the message to the retry job, which dead-letters it.
+``nack`` records a ``NACK`` for the retry job; the group's retry topic is received from
+automatically once it exists.
+
+New groups: a queue starts at the group's committed offset if it has one, else by
+``consume_from`` (:func:`engine.client.offsets.start_offset`: LAST is the last message, or 0 while
+the queue is young, as RocketMQ's POP).
 
 Timing assumes the clocks of the group's consumers agree to well within an invisible time.
-New groups start at each queue's first stored message.
-
-Modules: the claim state is :mod:`engine.client.claims` (pure), reading and writing the action log
-:mod:`engine.client.claim_log`, finding visible messages :mod:`engine.client.visible_messages`; this module is
-the public :class:`SimpleConsumer`.
 """
 
 from __future__ import annotations
 
-import random
 import threading
 import time
-from typing import Any
 
 from engine.client.claim_log import ClaimLog, Held, ReceivedMessage, received_message
-from engine.client.claims import CLAIM_ACTIONS, Claim, ClaimBook, Key, QueueBook
+from engine.client.claims import ClaimBook
+from engine.client.leases import Source, receive_sources
+from engine.client.leasing import LEASE_HOLD_MS, MAX_PREFETCH, SCAN_INTERVAL_MS, Leaser
 from engine.client.membership import default_consumer_id
-from engine.client.visible_messages import SCAN_WINDOW, Source, pick_visible, receive_sources
+from engine.client.offsets import ConsumeFrom
 from engine.closing import Closing
 from engine.errors import (
     CommitConflictError,
     ConsumerError,
     InvalidArgumentError,
+    InvalidReceiptHandleError,
     InvalidTopicError,
     ProducerClosedError,
+    ReceiptHandleExpiredError,
 )
 from engine.model import MessageExt
-from engine.protocol.actions import ACK, CHANGE_INVISIBLE, NACK, PULL
+from engine.protocol.actions import ACK, CHANGE_INVISIBLE, NACK, OFFLINE
+from engine.protocol.delays import max_reconsume_times
 from engine.protocol.names import SYSTEM_TOPICS, validate_group_name
 from engine.protocol.permissions import is_readable
 from engine.protocol.tags import TagFilter, parse_tag_expression
 from engine.store import schemas
-from engine.store.consume_queue import QueueIndex
 from engine.store.consumer_offset import OffsetStore
+from engine.store.delta import backoff
 from engine.store.store import Store, now_ms
 
 __all__ = [
-    "CLAIM_ACTIONS",
+    "LEASE_HOLD_MS",
     "MAX_INVISIBLE_MS",
+    "MAX_PREFETCH",
     "MAX_RECEIVE_NUMS",
     "OFFSET_PERSIST_MS",
-    "SCAN_WINDOW",
-    "Claim",
+    "SCAN_INTERVAL_MS",
     "ClaimBook",
-    "QueueBook",
     "ReceivedMessage",
     "SimpleConsumer",
-    "default_consumer_id",
 ]
 
 MAX_RECEIVE_NUMS = 1024
 MAX_INVISIBLE_MS = 12 * 3600 * 1000  # RocketMQ 5's longest invisible duration
 OFFSET_PERSIST_MS = 5000  # as RocketMQ's consumer offset persistence
+ACK_FLUSH_ROWS = 256  # buffered acks that are flushed at once
+ACK_DEADLINE_MARGIN_MS = 1000  # acks whose lease ends sooner than this (plus the linger) go at once
 
 
-# ----------------------------------------------------------------------------- the consumer
 def _int_arg(name: str, value: object, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise InvalidArgumentError(f"{name} {value!r} must be an int in {low}..{high}", **{name: value})
     return value
-
-
-def _backoff(attempt: int) -> None:
-    """Sleep after a lost race: long and random enough to fall out of step with a consumer whose
-    commits keep landing in our window (a Delta commit takes tens of milliseconds)."""
-    time.sleep(random.uniform(0.002, min(0.2, 0.01 * 2 ** min(attempt, 5))))
-
-
-def _key_of(message: object) -> Key:
-    if not isinstance(message, MessageExt):
-        raise InvalidArgumentError(f"expected a message returned by receive(), got {type(message).__name__}")
-    return (message.topic, message.queue_id, message.queue_offset)
 
 
 class SimpleConsumer(Closing):
@@ -101,13 +94,21 @@ class SimpleConsumer(Closing):
         store: an open store.
         group: the consumer group; its consumers share the subscribed topics message by message.
         consumer_id: this instance's id, unique among live instances (default: host, pid, random).
+            A consumer started again with the same id gets back at once what it held.
         invisible_ms_default: invisible time of :meth:`receive` when it is not given.
         ack_linger_ms: how long acks wait in the buffer before they are appended.
+        consume_from: where the group starts a queue it has no position in (module docstring).
+        consume_from_timestamp_ms: the time for ``ConsumeFrom.TIMESTAMP`` (default 30 min ago).
+        max_unacked: most messages received and not yet acked; :meth:`receive` returns no more
+            until some are acked, nacked or expire (back-pressure).
+        max_reconsume_times: deliveries after the first before a message is dead-lettered; -1 (or
+            None) is the store's setting (RocketMQ's 16). A message's ``MAX_RECONSUME_TIMES``
+            property wins.
 
     Thread-safe. Use :meth:`close` (or a ``with`` block) to flush buffered acks.
 
     Raises:
-        InvalidArgumentError: a bad group, consumer id or time.
+        InvalidArgumentError: a bad group, consumer id, time or limit.
     """
 
     def __init__(
@@ -118,6 +119,10 @@ class SimpleConsumer(Closing):
         invisible_ms_default: int = 30_000,
         *,
         ack_linger_ms: int = 100,
+        consume_from: ConsumeFrom | str = ConsumeFrom.LAST,
+        consume_from_timestamp_ms: int | None = None,
+        max_unacked: int = 4096,
+        max_reconsume_times: int | None = None,
     ) -> None:
         self.group = validate_group_name(group)
         if consumer_id is None:
@@ -129,12 +134,24 @@ class SimpleConsumer(Closing):
             "invisible_ms_default", invisible_ms_default, 1, MAX_INVISIBLE_MS
         )
         self._ack_linger_s = _int_arg("ack_linger_ms", ack_linger_ms, 0, 60_000) / 1000
+        try:
+            start = ConsumeFrom(consume_from)
+        except ValueError:
+            raise InvalidArgumentError(
+                f"consume_from must be one of {[c.value for c in ConsumeFrom]}, got {consume_from!r}",
+                consume_from=consume_from,
+            ) from None
+        timestamp = now_ms() - 30 * 60_000 if consume_from_timestamp_ms is None else consume_from_timestamp_ms
+        _int_arg("consume_from_timestamp_ms", timestamp, 0, 2**62)
+        self.max_unacked = _int_arg("max_unacked", max_unacked, 1, 1 << 20)
+        limit = -1 if max_reconsume_times is None else max_reconsume_times
+        limit = _int_arg("max_reconsume_times", limit, -1, 1 << 30)
+        self._max_reconsume = store.config.max_reconsume_times if limit == -1 else limit
         self._store = store
         self._log = ClaimLog(store, self.group, consumer_id)
-        self._index = QueueIndex(store)
+        self._leaser = Leaser(store, self._log, start, timestamp, self._limit_of)
         self._subscriptions: dict[str, TagFilter] = {}
-        self._held: dict[Key, Held] = {}
-        self._rotation = 0
+        self._held: dict[tuple[str, int, int], Held] = {}
         self._lock = threading.RLock()
         self._wake = threading.Event()
         self._flusher: threading.Thread | None = None
@@ -142,7 +159,14 @@ class SimpleConsumer(Closing):
         self._persisted: dict[tuple[str, int], int] = {}
         self._persisted_at = time.monotonic()
         self._closed = False
-        self.conflicts = 0  # lost claim races, for tests and benchmarks
+
+    @property
+    def conflicts(self) -> int:
+        """Lease commits that lost a race with another consumer of the same queue."""
+        return self._leaser.conflicts
+
+    def _limit_of(self, message: MessageExt) -> int:
+        return max_reconsume_times(message.properties, self.group, None, self._max_reconsume)
 
     # ----------------------------------------------------------------- subscriptions
     def subscribe(self, topic: str, expression: str = "*") -> None:
@@ -183,23 +207,26 @@ class SimpleConsumer(Closing):
     def receive(
         self, max_nums: int = 16, invisible_ms: int | None = None, *, wait_ms: int = 0
     ) -> list[ReceivedMessage]:
-        """Claim up to ``max_nums`` visible messages; they stay invisible to the group until acked or
-        until ``invisible_ms`` has passed.
+        """Up to ``max_nums`` messages visible to the group; they stay invisible to it until acked
+        or until ``invisible_ms`` has passed.
 
-        The claims are committed to ``action_log`` before this returns.
+        Messages come from this consumer's leases (one action-log commit leases many), so most
+        receives commit nothing. Fewer are returned while ``max_unacked`` messages are unacked.
 
         Args:
             max_nums: most messages returned (1..1024).
-            invisible_ms: invisible time (1 ms..12 h); default ``invisible_ms_default``.
+            invisible_ms: invisible time (1 ms..12 h); default ``invisible_ms_default``. A message
+                is returned only with at least this long left of its lease.
             wait_ms: when nothing is visible, keep looking up to this long (long polling).
 
         Returns:
-            The messages, each with ``reconsume_times`` counting earlier deliveries.
+            The messages, each with ``reconsume_times`` counting earlier deliveries, its receipt
+            handle and ``invisible_until_ms``.
 
         Raises:
             ConsumerError: nothing is subscribed.
             InvalidArgumentError: a bad argument.
-            CommitConflictError: lost every race for the action log (retryable; nothing claimed).
+            StoreError: reading or writing the store failed (nothing leased).
             ProducerClosedError: the consumer is closed.
         """
         self._check_open()
@@ -220,168 +247,162 @@ class SimpleConsumer(Closing):
             time.sleep(min(interval, remaining))
 
     def _receive_once(self, max_nums: int, invisible_ms: int) -> list[ReceivedMessage]:
-        attempts = self._store.config.max_commit_attempts
-        cache: dict[int, MessageExt] = {}  # messages read by an attempt that lost its race
         with self._lock:
-            self._sync()
-            self._index.refresh()
-            chosen: list[MessageExt] = []
-            for attempt in range(attempts):
-                if not chosen:
-                    chosen = self._pick(max_nums, now_ms(), cache)
-                    if not chosen:
-                        return []
-                # The race window opens here: catch up with commits made since the pick (a few
-                # milliseconds of reading) and keep what is still visible, then commit the next version.
-                self._sync()
-                now = now_ms()
-                chosen = [
-                    m
-                    for m in chosen
-                    if self._log.book.queue(m.topic, m.queue_id).available(m.queue_offset, now)
-                ]
-                if not chosen:
-                    continue  # all taken meanwhile: pick again
-                ts = max(now, self._log.book.last_claim_ts + 1)
-                rows: list[dict[str, Any]] = []
-                out: list[ReceivedMessage] = []
-                for message in chosen:
-                    claim = self._log.book.claim((message.topic, message.queue_id, message.queue_offset))
-                    reconsume = message.reconsume_times + (claim.deliveries if claim is not None else 0)
-                    sequence = self._log.next_sequence()
-                    rows.append(self._log.row(PULL, message, sequence, ts, reconsume, ts + invisible_ms))
-                    if reconsume > self._store.config.max_reconsume_times:
-                        # Delivered too often: hand it to the retry job, which sends it to the DLQ.
-                        rows.append(
-                            self._log.row(NACK, message, self._log.next_sequence(), ts, reconsume, None)
-                        )
-                        continue
-                    out.append(
-                        received_message(
-                            message, reconsume, f"{self.consumer_id}#{sequence}", ts + invisible_ms
-                        )
-                    )
-                if not self._log.commit(rows):
-                    self.conflicts += 1
-                    _backoff(attempt)
-                    continue
-                for m in out:
-                    self._held[(m.topic, m.queue_id, m.queue_offset)] = Held.of(m)
-                return out
-            raise CommitConflictError(
-                f"receive lost {attempts} races for the action log in a row; retry later",
-                table=schemas.ACTION_LOG,
-                group=self.group,
-            )
+            leaser = self._leaser
+            leaser.start(self._held)
+            sources = self._sources()
+            leaser.maintain(sources, self._held)
+            room = min(max_nums, self.max_unacked - len(self._held))
+            if room <= 0:
+                return []
+            out = leaser.take(room, invisible_ms, self._held)
+            if len(out) < room:
+                capacity = self.max_unacked - len(self._held) - len(leaser.buffer)
+                since = time.monotonic()
+                if capacity > 0 and leaser.lease(sources, min(room - len(out), capacity), invisible_ms) > 0:
+                    out += leaser.take(room - len(out), invisible_ms, self._held, leased_since=since)
+        if self._log.buffered:
+            self._wake.set()
+        return out
 
     def _sources(self) -> list[Source]:
-        """Every (topic, queue, filter) to receive from, starting at a different queue each time so
-        one busy queue does not starve the others."""
-        sources = receive_sources(self._store, self.group, self._subscriptions)
-        if sources:
-            self._rotation = (self._rotation + 1) % len(sources)
-            sources = sources[self._rotation :] + sources[: self._rotation]
-        return sources
-
-    def _pick(self, max_nums: int, now: int, cache: dict[int, MessageExt]) -> list[MessageExt]:
-        """Messages visible to the group as of the state read, to claim."""
-        return pick_visible(self._index, self._log.book, self._sources(), max_nums, now, cache)
+        return receive_sources(self._store, self.group, self._subscriptions)
 
     # ----------------------------------------------------------------- acknowledging
-    def ack(self, message: MessageExt) -> None:
+    def _held_for(self, message: object) -> tuple[tuple[str, int, int], Held]:
+        """The delivery a received message names, checked against its receipt handle and deadline."""
+        if not isinstance(message, ReceivedMessage):
+            raise InvalidArgumentError(
+                f"expected a message returned by receive(), got {type(message).__name__}"
+            )
+        key = (message.topic, message.queue_id, message.queue_offset)
+        where = f"{key[0]}:{key[1]}@{key[2]}"
+        held = self._held.get(key)
+        if held is None or message.receipt_handle not in held.handles:
+            raise InvalidReceiptHandleError(
+                f"receipt handle {message.receipt_handle!r} of message {where} is not held by consumer "
+                f"{self.consumer_id}: it was not received here, was already acked or nacked, or was "
+                "delivered again",
+                topic=key[0],
+                queue_id=key[1],
+                offset=key[2],
+            )
+        if now_ms() >= held.deadline_ms:
+            del self._held[key]
+            raise ReceiptHandleExpiredError(
+                f"receipt handle {message.receipt_handle!r} of message {where} expired at "
+                f"{held.deadline_ms}: its invisible time ended (it may be delivered again)",
+                topic=key[0],
+                queue_id=key[1],
+                offset=key[2],
+            )
+        return key, held
+
+    def ack(self, message: ReceivedMessage) -> None:
         """Acknowledge a received message: it is never delivered to the group again.
 
-        The ack is buffered and appended within ``ack_linger_ms`` (or with the next claim commit,
-        or at :meth:`close`). It is accepted even after the message's invisibility ended.
+        The ack is buffered and appended within ``ack_linger_ms`` (sooner when its deadline is near,
+        or with the next lease commit, or at :meth:`close`).
 
         Raises:
-            InvalidArgumentError: not a message this consumer received, or already acked / nacked.
+            InvalidReceiptHandleError: not a message this consumer holds (never received here,
+                already acked or nacked).
+            ReceiptHandleExpiredError: its invisible time has passed.
         """
         self._check_open()
-        key = _key_of(message)
         with self._lock:
-            held = self._held.pop(key, None)
-            if held is None:
-                raise self._not_held(key, ": it was not received here, or was already acked or nacked")
-            self._log.book.queue(key[0], key[1]).finish(key[2])
-            self._log.buffer_ack(
-                self._log.row(ACK, key, self._log.next_sequence(), now_ms(), held.reconsume_times, None, held)
-            )
+            key, held = self._held_for(message)
+            del self._held[key]
+            self._log.buffer(ACK, key[0], key[1], key[2], held.deadline_ms, now_ms())
         self._ensure_flusher()
         self._wake.set()
 
-    def nack(self, message: MessageExt) -> None:
+    def nack(self, message: ReceivedMessage) -> None:
         """Give a received message back for a later retry: records a ``NACK`` that the retry job
         routes to ``%RETRY%<group>`` (or, past the maximum reconsume times, ``%DLQ%<group>``).
 
-        Raises:
-            InvalidArgumentError: not a message this consumer holds.
-            ConsumerError: its invisibility ended and another consumer took it over.
-        """
-        self._claim_action(NACK, message, None)
+        Committed before this returns.
 
-    def change_invisible_time(self, message: MessageExt, invisible_ms: int) -> None:
+        Raises:
+            InvalidReceiptHandleError: not a message this consumer holds.
+            ReceiptHandleExpiredError: its invisible time ended (another consumer may hold it).
+        """
+        self._holder_action(NACK, message, None)
+
+    def change_invisible_time(self, message: ReceivedMessage, invisible_ms: int) -> ReceivedMessage:
         """Keep a received message invisible for ``invisible_ms`` more, counted from now.
 
         Committed before this returns; until then the old deadline holds.
 
+        Returns:
+            The message with its new receipt handle and ``invisible_until_ms`` (the old handle
+            stays valid for :meth:`ack`).
+
         Raises:
-            InvalidArgumentError: not a message this consumer holds, or a bad time.
-            ConsumerError: its invisibility already ended.
+            InvalidArgumentError: a bad time.
+            InvalidReceiptHandleError: not a message this consumer holds.
+            ReceiptHandleExpiredError: its invisible time already ended.
         """
         _int_arg("invisible_ms", invisible_ms, 1, MAX_INVISIBLE_MS)
-        self._claim_action(CHANGE_INVISIBLE, message, invisible_ms)
+        changed = self._holder_action(CHANGE_INVISIBLE, message, invisible_ms)
+        assert changed is not None
+        return changed
 
-    def _not_held(self, key: Key, why: str = "") -> InvalidArgumentError:
-        topic, queue_id, offset = key
-        return InvalidArgumentError(
-            f"message {topic}:{queue_id}@{offset} is not held by consumer {self.consumer_id}{why}",
-            topic=topic,
-            queue_id=queue_id,
-            offset=offset,
-        )
-
-    def _claim_action(self, action: str, message: MessageExt, invisible_ms: int | None) -> None:
+    def _holder_action(
+        self, action: str, message: ReceivedMessage, invisible_ms: int | None
+    ) -> ReceivedMessage | None:
         self._check_open()
-        key = _key_of(message)
         attempts = self._store.config.max_commit_attempts
         with self._lock:
-            held = self._held.get(key)
-            if held is None:
-                raise self._not_held(key)
+            key, held = self._held_for(message)
+            topic, queue_id, offset = key
             for attempt in range(attempts):
-                self._sync()
+                self._log.sync()
                 claim = self._log.book.claim(key)
-                ts = max(now_ms(), self._log.book.last_claim_ts + 1)
-                lost = (
+                ts = now_ms()
+                if (
                     claim is None
                     or claim.consumer_id != self.consumer_id
                     or claim.sequence != held.sequence
-                    or (action == CHANGE_INVISIBLE and ts >= claim.deadline_ms)
-                )
-                if lost:
-                    if self._log.book.is_done(key) or (claim is not None and claim.sequence != held.sequence):
-                        self._held.pop(key, None)
-                    raise ConsumerError(
-                        f"message {key[0]}:{key[1]}@{key[2]} is no longer held by {self.consumer_id}: "
+                    or ts >= claim.deadline_ms
+                    or self._log.book.is_done(key)
+                ):
+                    self._held.pop(key, None)
+                    raise ReceiptHandleExpiredError(
+                        f"message {topic}:{queue_id}@{offset} is no longer held by {self.consumer_id}: "
                         "its invisible time ended (it may have been delivered again)",
-                        topic=key[0],
-                        queue_id=key[1],
-                        offset=key[2],
+                        topic=topic,
+                        queue_id=queue_id,
+                        offset=offset,
                     )
                 deadline = ts + invisible_ms if invisible_ms is not None else None
+                sequence = self._log.next_sequence()
                 row = self._log.row(
-                    action, key, self._log.next_sequence(), ts, held.reconsume_times, deadline, held
+                    action,
+                    topic,
+                    queue_id,
+                    offset,
+                    physical_offset=held.physical_offset,
+                    msg_id=held.msg_id,
+                    reconsume_times=held.reconsume_times,
+                    deadline_ms=deadline,
+                    ts=ts,
+                    sequence=sequence,
                 )
-                if not self._log.commit([row]):
-                    self.conflicts += 1
-                    _backoff(attempt)
+                try:
+                    self._log.commit(
+                        [row], topic, queue_id, self._log.frontier(topic, queue_id, refresh=False)
+                    )
+                except CommitConflictError:
+                    backoff(attempt)
                     continue
-                if action == NACK:
+                if deadline is None:
                     self._held.pop(key, None)
-                elif deadline is not None:
-                    held.deadline_ms = deadline
-                return
+                    return None
+                handle = f"{self.consumer_id}#{sequence}"
+                held.sequence, held.deadline_ms = sequence, deadline
+                held.handles.add(handle)
+                return received_message(message, held.reconsume_times, handle, deadline)
             raise CommitConflictError(
                 f"{action.lower()} lost {attempts} races for the action log in a row; retry later",
                 table=schemas.ACTION_LOG,
@@ -389,20 +410,10 @@ class SimpleConsumer(Closing):
             )
 
     # ----------------------------------------------------------------- the action log
-    def _sync(self) -> None:
-        """Bring the claim state up to the action log's latest version; forget held messages it
-        shows finished."""
-        if self._log.sync():
-            for key in [k for k in self._held if self._log.book.is_done(k)]:
-                del self._held[key]
-
-    def _flush_acks(self) -> int:
+    def flush(self) -> int:
+        """Append buffered acks now; returns how many messages they cover."""
         with self._lock:
             return self._log.flush_acks()
-
-    def flush(self) -> int:
-        """Append buffered acks now; returns how many were written."""
-        return self._flush_acks()
 
     def persist_offsets(self) -> int:
         """Record, per queue, the offset below which every message is finished (acked, nacked or
@@ -412,6 +423,8 @@ class SimpleConsumer(Closing):
         Returns the queues recorded.
         """
         with self._lock:
+            if self._log.started:
+                self._log.sync()
             entries = [
                 (topic, queue_id, book.floor)
                 for (topic, queue_id), book in self._log.book.queues.items()
@@ -433,48 +446,62 @@ class SimpleConsumer(Closing):
                     )
                     self._flusher.start()
 
-    def _flush_when_due(self) -> None:
-        """Append buffered acks once the oldest is ``ack_linger_ms`` old, unless a claim commit of
-        this consumer takes them along first (a busy consumer's acks then cost no commit of their own)."""
-        while not self._closed:
-            with self._lock:
-                oldest = self._log.oldest_ack
-            if oldest is None:
-                return
-            wait = oldest + self._ack_linger_s - time.monotonic()
-            if wait <= 0:
-                self._flush_acks()
-                return
-            time.sleep(wait)
+    def _flush_wait(self) -> float | None:
+        """Seconds until the buffered acks are due (0: now; None: nothing buffered)."""
+        log = self._log
+        if log.oldest_ack is None:
+            return None
+        if log.buffered >= ACK_FLUSH_ROWS:
+            return 0.0
+        wait = log.oldest_ack + self._ack_linger_s - time.monotonic()
+        if log.earliest_deadline is not None:
+            margin = (log.earliest_deadline - now_ms() - ACK_DEADLINE_MARGIN_MS) / 1000 - self._ack_linger_s
+            wait = min(wait, margin)
+        return max(0.0, wait)
 
     def _run_flusher(self) -> None:
-        """Background: append buffered acks ``ack_linger_ms`` after the first one; persist offsets."""
+        """Background: append buffered acks when due; persist offsets every ``OFFSET_PERSIST_MS``."""
         persist_s = OFFSET_PERSIST_MS / 1000
         while not self._closed:
-            woken = self._wake.wait(persist_s)
-            self._wake.clear()
+            with self._lock:
+                wait = self._flush_wait()
+            if wait == 0.0:
+                try:
+                    self.flush()
+                except Exception:  # acks stay buffered; the next round or close() retries them
+                    time.sleep(self._ack_linger_s)
+                continue
+            woken = self._wake.wait(persist_s if wait is None else min(wait, persist_s))
+            if woken:
+                self._wake.clear()
             if self._closed:
                 break
-            try:
-                if woken:
-                    self._flush_when_due()
-                if time.monotonic() - self._persisted_at >= persist_s:
+            if time.monotonic() - self._persisted_at >= persist_s:
+                try:
                     self.persist_offsets()
-            except Exception:  # acks stay buffered; the next round or close() retries them
-                time.sleep(self._ack_linger_s)
-                self._wake.set()
+                except Exception:  # the next round retries
+                    self._persisted_at = time.monotonic()
 
     # ----------------------------------------------------------------- lifecycle
     def _check_open(self) -> None:
         if self._closed:
             raise ProducerClosedError("consumer is closed", group=self.group)
 
-    def close(self) -> None:
-        """Append buffered acks and stop. Messages still held become visible at their deadlines."""
+    def close(self, *, offline: bool = False) -> None:
+        """Give back what was leased and never handed out, append buffered acks and stop.
+
+        Messages received and not acked become visible at their deadlines, or at once with
+        ``offline=True`` (QMQ's FOREVER_OFFLINE: this consumer id is gone for good).
+        """
         if self._closed:
             return
-        self._flush_acks()
-        self._closed = True
+        with self._lock:
+            self._leaser.release_all()
+            if offline and not self._log.started:
+                self._log.sync()  # this id's last sequence
+            offline_rows = [self._log.row(OFFLINE, "", 0, 0, ts=now_ms())] if offline else None
+            self._log.flush_acks(offline_rows)
+            self._closed = True
         self._wake.set()
         if self._flusher is not None:
             self._flusher.join(timeout=10)

@@ -32,6 +32,8 @@ from engine.protocol.actions import (
     NACK,
     OFFLINE,
     PULL,
+    RELEASE,
+    RESET,
     ROUTED_ACTIONS,
 )
 from engine.protocol.delays import (
@@ -166,7 +168,9 @@ __all__ = [
     "PROPERTY_UNIQ_KEY",
     "PULL",
     "READ_WRITE",
+    "RELEASE",
     "RESERVED_PROPERTIES",
+    "RESET",
     "RETRY_PREFIX",
     "ROUTED_ACTIONS",
     "SCHEDULE_PROPERTIES",

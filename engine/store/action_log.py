@@ -17,12 +17,62 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from engine.closing import Closing
-from engine.errors import InvalidArgumentError
+from engine.errors import CommitConflictError, InvalidArgumentError
 from engine.model import MessageExt
-from engine.protocol.actions import ACTIONS
+from engine.protocol.actions import ACTIONS, RESET
 from engine.protocol.names import validate_group_name
 from engine.store import schemas
+from engine.store.commit_markers import lease_app
+from engine.store.delta import Snapshot, backoff
 from engine.store.store import Store, now_ms, sql_literal
+
+ADMIN_CONSUMER_ID = "%ADMIN%"  # the consumer id of rows written by administration (offset resets)
+
+
+def lease_frontier(snapshot: Snapshot, group: str, topic: str, queue_id: int) -> int:
+    """A group's lease frontier in a queue (the next offset never leased; -1 before any lease), as
+    of an ``action_log`` snapshot."""
+    return snapshot.app_version(lease_app(group, topic, queue_id))
+
+
+def reset_leases(
+    store: Store, group: str, topic: str, queue_id: int, offset: int, *, attempts: int = 64
+) -> int:
+    """Move a group's lease position in a queue to ``offset`` (a live offset reset for consumers
+    with per-message ack): one ``RESET`` row with the queue's lease frontier set to ``offset``, which
+    running consumers of the group pick up (they drop what they hold of the queue and lease from
+    ``offset`` on). Returns the action-log version.
+
+    Raises:
+        CommitConflictError: lost ``attempts`` races with the group's lease commits on the queue.
+        StoreError: the write failed.
+    """
+    ts = now_ms()
+    row = {
+        "group": group,
+        "consumer_id": ADMIN_CONSUMER_ID,
+        "sequence": ts,
+        "action": RESET,
+        "topic": topic,
+        "queue_id": queue_id,
+        "queue_offset": offset,
+        "physical_offset": -1,
+        "reconsume_times": 0,
+        "ts_ms": ts,
+    }
+    table = pa.Table.from_pylist([row], schema=schemas.ACTION_LOG_SCHEMA)
+    for attempt in range(attempts):
+        try:
+            return store.append(
+                schemas.ACTION_LOG, table, app_id=lease_app(group, topic, queue_id), app_version=offset
+            )
+        except CommitConflictError:
+            backoff(attempt)
+    raise CommitConflictError(
+        f"offset reset of {group} on {topic}:{queue_id} lost {attempts} races with its consumers",
+        table=schemas.ACTION_LOG,
+        group=group,
+    )
 
 
 def last_sequence(store: Store, group: str, consumer_id: str) -> int:

@@ -61,6 +61,10 @@ EXPIRING_APP_PREFIX = TX_APP_PREFIX = "mq.tx."
 """commit_log: ``mq.tx.<half offset>`` guards the decision on one transaction half. The only app ids
 that expire (they carry ``lastUpdated``; the table's transaction retention drops them): every other
 app id is a progress marker, and an expired one would read as "nothing done yet"."""
+LEASE_APP_PREFIX = "mq.lease."
+"""action_log: ``mq.lease.<group>/<topic>/<queue>`` = the group's lease frontier in that queue (the next
+offset never leased). Every commit that decides about leases of the queue carries it, so Delta's
+conflict check serialises those commits per queue while acks and other queues' leases rebase freely."""
 SINK_APP_PREFIX = "mq.sink."
 """commit_log: ``mq.sink.<id>`` the last micro-batch a Spark ``mq`` sink committed."""
 
@@ -73,6 +77,11 @@ def schedule_queue_app(queue_id: int) -> str:
 def transaction_app(half_physical_offset: int) -> str:
     """App id guarding the decision on one transaction half."""
     return f"{TX_APP_PREFIX}{half_physical_offset}"
+
+
+def lease_app(group: str, topic: str, queue_id: int) -> str:
+    """App id of a group's lease frontier in one queue (group and topic names hold no ``/``)."""
+    return f"{LEASE_APP_PREFIX}{group}/{topic}/{queue_id}"
 
 
 def sink_app(sink_id: str) -> str:
@@ -111,6 +120,7 @@ MARKERS: tuple[Marker, ...] = (
     Marker(SCHEDULE_APP, "app_transaction", schemas.COMMIT_LOG, "the schedule job"),
     Marker(TX_APP_PREFIX, "app_transaction", schemas.COMMIT_LOG, "transaction producers and the check job"),
     Marker(SINK_APP_PREFIX, "app_transaction", schemas.COMMIT_LOG, "Spark mq sinks"),
+    Marker(LEASE_APP_PREFIX, "app_transaction", schemas.ACTION_LOG, "SimpleConsumers (leases)"),
 )
 
 

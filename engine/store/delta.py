@@ -29,6 +29,7 @@ from deltalake import (
     write_deltalake,
 )
 from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundError
+from deltalake.schema import Field as DeltaField
 from deltalake.transaction import AddAction, RemoveAction
 
 from engine.errors import CommitConflictError, CommitStateUnknownError, StoreError, TableMissingError
@@ -297,6 +298,18 @@ class Snapshot:
             raise StoreError(
                 f"cannot set properties of {self.name}: {exc}", table=self.name, cause=exc
             ) from exc
+
+    def add_columns(self, fields: Sequence[pa.Field]) -> None:
+        """Add nullable columns at the end of the table's schema (one metadata commit): a table
+        created before a column was introduced gains it.
+
+        Raises:
+            StoreError: the commit failed (another writer changed the table, or the I/O failed).
+        """
+        try:
+            self._dt.alter.add_columns([DeltaField.from_arrow(f) for f in fields])
+        except (DeltaError, OSError) as exc:
+            raise StoreError(f"cannot add columns to {self.name}: {exc}", table=self.name, cause=exc) from exc
 
     def __repr__(self) -> str:
         return f"Snapshot({self.name!r}, version={self.version()})"

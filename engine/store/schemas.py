@@ -89,7 +89,7 @@ ACTION_LOG_SCHEMA = pa.schema(
         pa.field("group", _str, nullable=False),
         pa.field("consumer_id", _str, nullable=False),
         pa.field("sequence", _i64, nullable=False),
-        pa.field("action", _str, nullable=False),  # PULL, ACK, NACK, CHANGE_INVISIBLE, OFFLINE
+        pa.field("action", _str, nullable=False),  # engine.protocol.actions
         pa.field("topic", _str, nullable=False),
         pa.field("queue_id", _i32, nullable=False),
         pa.field("queue_offset", _i64, nullable=False),
@@ -98,6 +98,9 @@ ACTION_LOG_SCHEMA = pa.schema(
         pa.field("reconsume_times", _i32, nullable=False),
         pa.field("deadline_ms", _i64),
         pa.field("ts_ms", _i64, nullable=False),
+        # PULL, ACK and RELEASE rows cover the queue offsets [queue_offset, end_offset); null: one
+        # offset. Last, so a store created before it gains it by schema evolution (Store.open).
+        pa.field("end_offset", _i64),
     ]
 )
 

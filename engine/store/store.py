@@ -168,6 +168,18 @@ class Store:
                     raise exc from None
         existing = set(snap.arrow_schema().names)
         missing = [f.name for f in schema if f.name not in existing]
+        if (
+            missing
+            and all(schema.field(n).nullable for n in missing)
+            and schema.names[-len(missing) :] == missing
+        ):
+            # A store created before these (nullable, trailing) columns were introduced: evolve it.
+            # Failing here means another process is evolving it too; look again.
+            with contextlib.suppress(StoreError):
+                snap.add_columns([schema.field(n) for n in missing])
+            snap.refresh()
+            existing = set(snap.arrow_schema().names)
+            missing = [f.name for f in schema if f.name not in existing]
         if missing:
             raise StoreError(f"table {uri} is not a {name} table: columns {missing} are missing", table=name)
         configured = snap.configuration()

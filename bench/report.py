@@ -75,6 +75,16 @@ TARGETS: tuple[Target, ...] = (
     ),
     Target("delayed delivery lateness: p99 <= 1.5 s", "delay_lateness", (Condition("p99_ms", "<=", 1500),)),
     Target("Spark batch replay: >= 300k msg/s", "replay", (Condition("msg_s", ">=", 300_000),)),
+    Target(
+        "per-message ack, 4 processes, batches of 32: >= 25 % of Redis XREADGROUP + XACK",
+        "ack_4proc",
+        (Condition(f"ratio:{REDIS}", ">=", 0.25),),
+    ),
+    Target(
+        "receive(max_nums=1) + ack, one consumer: >= 500 msg/s",
+        "ack_single",
+        (Condition("msg_s", ">=", 500),),
+    ),
 )
 
 

@@ -36,7 +36,7 @@ from rich.table import Table  # noqa: E402
 
 from bench import machine, report  # noqa: E402
 from bench.peers import RedisServer  # noqa: E402
-from bench.workloads import Context, Sizes, flow, produce, pull, replay  # noqa: E402  # noqa: E402
+from bench.workloads import Context, Sizes, ack, flow, produce, pull, replay  # noqa: E402
 
 Step = Callable[[Context], list[dict[str, Any]]]
 # (name, function, needs the big store built by "produce")
@@ -47,6 +47,7 @@ STEPS: tuple[tuple[str, Step, bool], ...] = (
     ("pull", pull.pulls, True),
     ("replay", replay.replay_throughput, False),
     ("flow", flow.flow, False),
+    ("ack", ack.acks, False),
 )
 DESCRIPTIONS = {
     "produce": "batched produce (builds the big store)",
@@ -55,6 +56,7 @@ DESCRIPTIONS = {
     "pull": "pulls before and after compaction",
     "replay": "Spark batch replay",
     "flow": "end to end and delayed delivery, broker running",
+    "ack": "per-message ack: SimpleConsumer processes vs Redis XREADGROUP + XACK",
 }
 
 

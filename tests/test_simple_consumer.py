@@ -440,7 +440,13 @@ def test_bad_input_raises_typed_errors_and_writes_nothing(
 
 # ----------------------------------------------------------------------------- the rules, pure
 def _row(
-    action: str, consumer: str, seq: int, ts: int, offset: int = 0, deadline: int | None = None, end: Any = None
+    action: str,
+    consumer: str,
+    seq: int,
+    ts: int,
+    offset: int = 0,
+    deadline: int | None = None,
+    end: Any = None,
 ) -> Any:
     return {
         "end_offset": end,

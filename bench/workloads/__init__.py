@@ -37,6 +37,8 @@ class Sizes:
     # and task launch halves the rate, so the full run replays as many as the big store holds.
     replay_messages: int = 1_000_000
     replay_runs: int = 3  # the best run counts; the first also starts the Python workers
+    ack_messages: int = 100_000  # SimpleConsumer receive + ack, 4 processes
+    ack_single: int = 10_000  # receive(max_nums=1) + ack, one consumer
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -48,6 +50,8 @@ class Sizes:
             e2e_seconds=10.0,
             delayed_seconds=8.0,
             replay_messages=20_000,
+            ack_messages=20_000,
+            ack_single=3_000,
         )
 
 

@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 from engine.errors import InvalidArgumentError, OffsetOutOfRangeError
 from engine.protocol import validate_group_name
 from engine.store import schemas
+from engine.store.action_log import reset_leases
 from engine.store.consume_queue import QueueIndex, QueueMarks, queue_marks
 from engine.store.consumer_offset import OffsetStore
 from engine.store.delta import Snapshot
@@ -167,6 +168,7 @@ def reset_offset_by_time(store: Store, group: str, topic: str, timestamp_ms: int
     validate_group_name(group)
     offsets = offsets_for_time(store, topic, timestamp_ms)
     OffsetStore(store, group).commit((topic, qid, off) for qid, off in sorted(offsets.items()))
+    reset_leases(store, group, topic, offsets)  # running SimpleConsumers of the group follow
     return offsets
 
 
@@ -198,6 +200,7 @@ def reset_offset(store: Store, group: str, topic: str, queue_id: int, offset: in
             offset=offset,
         )
     OffsetStore(store, group).commit([(topic, queue_id, offset)])
+    reset_leases(store, group, topic, {queue_id: offset})  # running SimpleConsumers of the group follow
 
 
 def committed_offsets(store: Store, group: str, topic: str, *, as_of_ms: int | None = None) -> dict[int, int]:

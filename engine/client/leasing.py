@@ -86,7 +86,7 @@ class Leaser:
         self.buffer: collections.deque[Leased] = collections.deque()
         self.prefetch = 1
         self._drained_since: float | None = None  # monotonic time the last lease was taken
-        self._scanned_at = -1.0
+        self._scanned_at: float | None = None  # monotonic; None: never
         self._expired: dict[tuple[str, int], list[int]] = {}
         self._committed: dict[tuple[str, int], int] | None = None
         self._rotation = zlib.crc32(log.consumer_id.encode())
@@ -98,8 +98,8 @@ class Leaser:
         if self._log.started:
             return
         self._log.sync()
-        self._scanned_at = time.monotonic()
         now = now_ms()
+        recovered: list[Leased] = []
         for (topic, queue_id), book in self._log.book.queues.items():
             mine = [
                 (o, c)
@@ -117,14 +117,14 @@ class Leaser:
                 if message is not None:
                     claim = claims[offset]
                     reconsume = message.reconsume_times + claim.deliveries - 1
-                    self.buffer.appendleft(
-                        Leased(message, claim.sequence, claim.deadline_ms, reconsume, True)
-                    )
+                    recovered.append(Leased(message, claim.sequence, claim.deadline_ms, reconsume, True))
+        self.buffer.extendleft(reversed(recovered))
 
     def maintain(self, sources: list[Source], held: dict[Key, Held], *, force: bool = False) -> None:
         """Every :data:`SCAN_INTERVAL_MS` (or when forced): read the new lease state, drop what an
         administrator reset, and note the expired leases of ``sources`` for redelivery."""
-        if not force and time.monotonic() - self._scanned_at < SCAN_INTERVAL_MS / 1000:
+        due = self._scanned_at is None or time.monotonic() - self._scanned_at >= SCAN_INTERVAL_MS / 1000
+        if not (force or due):
             return
         reset = self._log.sync()
         self._scanned_at = time.monotonic()

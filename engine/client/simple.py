@@ -301,8 +301,9 @@ class SimpleConsumer(Closing):
     def ack(self, message: ReceivedMessage) -> None:
         """Acknowledge a received message: it is never delivered to the group again.
 
-        The ack is buffered and appended within ``ack_linger_ms`` (sooner when its deadline is near,
-        or with the next lease commit, or at :meth:`close`).
+        The ack is buffered and appended within ``ack_linger_ms`` (or with the next lease commit, or
+        at :meth:`close`); less than a second before its deadline it is committed before this
+        returns, so that it never lands after the message was delivered again.
 
         Raises:
             InvalidReceiptHandleError: not a message this consumer holds (never received here,
@@ -312,6 +313,11 @@ class SimpleConsumer(Closing):
         self._check_open()
         with self._lock:
             key, held = self._held_for(message)
+            if held.deadline_ms - now_ms() < ACK_DEADLINE_MARGIN_MS:
+                # Close to its deadline: committed now, under the queue's lease lock, so an ack can
+                # never land after another consumer's lease of the same message.
+                self._holder_action(ACK, message, None)
+                return
             del self._held[key]
             self._log.buffer(ACK, key[0], key[1], key[2], held.deadline_ms, now_ms())
         self._ensure_flusher()

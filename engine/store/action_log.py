@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -36,43 +37,52 @@ def lease_frontier(snapshot: Snapshot, group: str, topic: str, queue_id: int) ->
 
 
 def reset_leases(
-    store: Store, group: str, topic: str, queue_id: int, offset: int, *, attempts: int = 64
+    store: Store, group: str, topic: str, offsets: Mapping[int, int], *, attempts: int = 64
 ) -> int:
-    """Move a group's lease position in a queue to ``offset`` (a live offset reset for consumers
-    with per-message ack): one ``RESET`` row with the queue's lease frontier set to ``offset``, which
-    running consumers of the group pick up (they drop what they hold of the queue and lease from
-    ``offset`` on). Returns the action-log version.
+    """Move a group's lease position in queues of ``topic`` (queue id -> offset): a live offset reset
+    for consumers with per-message ack. Each queue the group has leased from gets one ``RESET`` row
+    with its lease frontier set to the offset; the group's running consumers drop what they hold of
+    it and lease from there on. Queues never leased from are left alone (their first lease starts at
+    the group's committed offset). Returns the number of queues reset.
 
     Raises:
-        CommitConflictError: lost ``attempts`` races with the group's lease commits on the queue.
+        CommitConflictError: lost ``attempts`` races with the group's lease commits on a queue.
         StoreError: the write failed.
     """
-    ts = now_ms()
-    row = {
-        "group": group,
-        "consumer_id": ADMIN_CONSUMER_ID,
-        "sequence": ts,
-        "action": RESET,
-        "topic": topic,
-        "queue_id": queue_id,
-        "queue_offset": offset,
-        "physical_offset": -1,
-        "reconsume_times": 0,
-        "ts_ms": ts,
-    }
-    table = pa.Table.from_pylist([row], schema=schemas.ACTION_LOG_SCHEMA)
-    for attempt in range(attempts):
-        try:
-            return store.append(
-                schemas.ACTION_LOG, table, app_id=lease_app(group, topic, queue_id), app_version=offset
+    snapshot = store.shared(schemas.ACTION_LOG)
+    reset = 0
+    for queue_id, offset in sorted(offsets.items()):
+        if lease_frontier(snapshot, group, topic, queue_id) < 0:
+            continue
+        ts = now_ms()
+        row = {
+            "group": group,
+            "consumer_id": ADMIN_CONSUMER_ID,
+            "sequence": ts,
+            "action": RESET,
+            "topic": topic,
+            "queue_id": queue_id,
+            "queue_offset": offset,
+            "physical_offset": -1,
+            "reconsume_times": 0,
+            "ts_ms": ts,
+        }
+        table = pa.Table.from_pylist([row], schema=schemas.ACTION_LOG_SCHEMA)
+        app = lease_app(group, topic, queue_id)
+        for attempt in range(attempts):
+            try:
+                store.append(schemas.ACTION_LOG, table, app_id=app, app_version=offset)
+                break
+            except CommitConflictError:
+                backoff(attempt)
+        else:
+            raise CommitConflictError(
+                f"offset reset of {group} on {topic}:{queue_id} lost {attempts} races with its consumers",
+                table=schemas.ACTION_LOG,
+                group=group,
             )
-        except CommitConflictError:
-            backoff(attempt)
-    raise CommitConflictError(
-        f"offset reset of {group} on {topic}:{queue_id} lost {attempts} races with its consumers",
-        table=schemas.ACTION_LOG,
-        group=group,
-    )
+        reset += 1
+    return reset
 
 
 def last_sequence(store: Store, group: str, consumer_id: str) -> int:

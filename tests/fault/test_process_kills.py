@@ -25,8 +25,10 @@ import pytest
 
 from engine import Admin, Message, Producer, PullConsumer, PullStatus, SimpleConsumer, Store
 from engine.broker.dispatch import dispatch_pending
+from engine.protocol.actions import ACK
 from engine.spark.jobs.streams import checkpoint_location
 from engine.store import schemas
+from engine.store.action_log import read_actions
 from engine.store.commit_log import read_hwm
 from engine.store.commit_markers import MAINTENANCE_KEY
 from engine.store.consume_queue import dispatched_version, queue_marks
@@ -415,6 +417,7 @@ def _killed_after_receive_then_replaced(
     messages: int,
     die_after: int,
     idle_s: float,
+    successor: str = "b",
     **options: Any,
 ) -> tuple[dict[str, Any], list[str], History, Figures]:
     """``messages`` produced to ``topic``; consumer ``a`` (16 messages a receive) is SIGKILLed after its
@@ -429,7 +432,7 @@ def _killed_after_receive_then_replaced(
     )
     assert first.wait_killed() == -9
     restart = time.time()
-    second = _consumer(f"{kind}-b", role, history_dir, logs, consumer_id="b", idle_s=idle_s, **options)
+    second = _consumer(f"{kind}-b", role, history_dir, logs, consumer_id=successor, idle_s=idle_s, **options)
     out = second.finish()
     lost_batch = _last_batch(history_dir / f"{kind}-a.jsonl")
     recovery = _recovery(restart, history_dir / f"{kind}-b.jsonl", lost_batch)
@@ -490,6 +493,77 @@ def test_simple_consumer_killed_after_receive_before_ack_gets_its_messages_after
     assert out["reconsumed"] >= len(lost_batch)
     # Acks are durable: once the last claim's invisible time is over, nothing is visible again.
     _assert_group_done(store, "SIMPLE", "sg", "simple-consumer")
+
+
+def test_simple_consumer_killed_holding_leases_and_restarted_with_its_id_gets_them_back_at_once(
+    store: Store, admin: Admin, history_dir: Path, logs: Path
+) -> None:
+    admin.create_topic("RETURNING", 2)
+    out, lost_batch, history, figures = _killed_after_receive_then_replaced(
+        store,
+        history_dir,
+        logs,
+        "simple-consumer",
+        "RETURNING",
+        group="rg",
+        messages=120,
+        die_after=3,
+        idle_s=4.0,
+        successor="a",
+        invisible_ms=60_000,
+    )
+    record(
+        "SimpleConsumer SIGKILLed holding leases, restarted with the same id (invisible time 60 s)",
+        figures,
+        killed_batch=len(lost_batch),
+        redelivered_with_reconsume_times=out["reconsumed"],
+        note="recovery = restart with the same consumer id -> it has its unacked messages back (QMQ: "
+        "no wait for the invisible time, same delivery)",
+    )
+    figures.assert_ok()
+    assert all(history.received[mid] == 2 for mid in lost_batch)
+    # Handed back as the same delivery (not redelivered after expiry): reconsume_times stays 0.
+    assert out["reconsumed"] == 0
+
+
+def test_acks_racing_lease_expiry_ack_each_message_once_and_lose_none(
+    store: Store, admin: Admin, history_dir: Path, logs: Path
+) -> None:
+    admin.create_topic("RACING", 2)
+    _produce_in_process(store, "RACING", history_dir, 400)
+    # Work takes 0..1.2 s against an invisible time of 0.6 s: about half the acks race the deadline.
+    options: dict[str, Any] = {
+        "store": store.root,
+        "topic": "RACING",
+        "group": "race",
+        "invisible_ms": 600,
+        "max_nums": 4,
+        "work_ms": 0,
+        "work_ms_max": 1200,
+        "idle_s": 4.0,
+    }
+    children = [_consumer(n, "simple-consumer", history_dir, logs, consumer_id=n, **options) for n in "xy"]
+    outs = [child.finish() for child in children]
+    _, figures = _checked(store, history_dir, "RACING", consumed=True, dispatched=True)
+    ackers: dict[tuple[int, int], set[str]] = {}
+    for row in read_actions(store, "race", ACK):
+        end = row["end_offset"] if row["end_offset"] is not None else row["queue_offset"] + 1
+        for offset in range(row["queue_offset"], end):
+            ackers.setdefault((row["queue_id"], offset), set()).add(row["consumer_id"])
+    acked_twice = sum(1 for who in ackers.values() if len(who) > 1)
+    refused = sum(o["refused"] for o in outs)
+    record(
+        "acks racing lease expiry: 2 SimpleConsumers, work 0-1.2 s, invisible time 0.6 s",
+        figures,
+        acks_refused=refused,
+        acked_by_two_consumers=acked_twice,
+        note="a late ack is refused (ReceiptHandleExpiredError); the message comes again",
+    )
+    figures.assert_ok()
+    assert refused > 0  # the race happened
+    assert acked_twice == 0
+    assert sum(len(who) for who in ackers.values()) == len(ackers) == 400
+    _assert_group_done(store, "RACING", "race", "simple-consumer")
 
 
 @pytest.mark.parametrize("role", ["pull-consumer", "simple-consumer"])

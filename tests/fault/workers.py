@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import signal
 import sys
 import threading
@@ -52,6 +53,7 @@ from engine import (  # noqa: E402
     SimpleConsumer,
     Store,
 )
+from engine.errors import InvalidReceiptHandleError  # noqa: E402
 from tests.fault.history import HistoryLog, body_id, make_body  # noqa: E402
 
 
@@ -171,7 +173,7 @@ def simple_consume(args: argparse.Namespace) -> None:
     batches = received = 0
     stop = _Stop(args.seconds)
     idle_since = time.monotonic()
-    reconsumed = 0
+    reconsumed = refused = 0
     while not stop:
         try:
             got = consumer.receive(max_nums=args.max_nums, wait_ms=200)
@@ -191,13 +193,23 @@ def simple_consume(args: argparse.Namespace) -> None:
         reconsumed += sum(1 for m in got if m.reconsume_times > 0)
         if batches == args.die_after_batches:
             _die()
-        time.sleep(args.work_ms / 1000)
-        for m in got:
-            consumer.ack(m)
-        log.acked(ids, flushed=False)  # ack() called; the ack row is appended within ack_linger_ms
+        work_ms = (
+            args.work_ms
+            if args.work_ms_max <= args.work_ms
+            else random.uniform(args.work_ms, args.work_ms_max)
+        )
+        time.sleep(work_ms / 1000)
+        acked = []
+        for m, mid in zip(got, ids, strict=True):
+            try:
+                consumer.ack(m)
+                acked.append(mid)
+            except InvalidReceiptHandleError:  # its invisible time ended first: it comes again
+                refused += 1
+        log.acked(acked, flushed=False)  # ack() called; the ack row is appended within ack_linger_ms
     consumer.close()  # flushes the buffered acks
     log.close()
-    _out(batches=batches, received=received, reconsumed=reconsumed)
+    _out(batches=batches, received=received, reconsumed=reconsumed, refused=refused)
 
 
 # --------------------------------------------------------------------------- broker work
@@ -267,6 +279,9 @@ def parser() -> argparse.ArgumentParser:
         s.add_argument("--max-nums", type=int, default=16)
         s.add_argument("--die-after-batches", type=int, default=0)
         s.add_argument("--work-ms", type=float, default=0, help="pause between receive and ack/commit")
+        s.add_argument(
+            "--work-ms-max", type=float, default=0, help="with --work-ms: a random pause up to this"
+        )
         s.add_argument("--idle-s", type=float, default=2.0, help="stop after this long with nothing new")
         s.add_argument(
             "--until-stopped", action="store_true", help="run until SIGTERM, then until idle (pull only)"

@@ -11,7 +11,7 @@ from engine.errors import InvalidArgumentError
 from engine.model import MessageExt, PullResult, PullStatus
 from engine.protocol import validate_group_name
 from engine.protocol.pull import MAX_PULL_NUMS, MAX_SCAN_ENTRIES, batch_stop, pull_status
-from engine.protocol.selectors import MessageSelector
+from engine.protocol.selectors import ExpressionType, MessageSelector
 from engine.store import schemas
 from engine.store.consume_queue import QueueIndex
 from engine.store.consumer_offset import OffsetStore
@@ -146,10 +146,15 @@ class PullConsumer:
         (and twice as many as the round before, so a sparse SQL92 match takes a few rounds).
         """
         sizes = entries["size"].to_numpy().astype(np.int64)
-        known = np.where(selector.match_codes(entries["tags_code"]).to_numpy(zero_copy_only=False), -1, 0)
         physical = entries["physical_offset"]
+        if selector.matches_all:
+            stop = batch_stop(np.ones(len(sizes), dtype=bool), sizes, limit, max_bytes)
+            return self._index.messages(physical.slice(0, stop).to_pylist()), stop
+        known = np.where(selector.match_codes(entries["tags_code"]).to_numpy(zero_copy_only=False), -1, 0)
         read: list[tuple[np.ndarray, pa.Table]] = []
-        grow = limit
+        # A tag selector's code stage is all but exact: read what the batch needs. A SQL92 selector's
+        # selectivity is unknown: read the window at once (a read decodes whole row groups anyway).
+        grow = limit if selector.type is ExpressionType.TAG else len(known)
         while True:
             stop = batch_stop(known != 0, sizes, limit, max_bytes)
             unknown = np.flatnonzero(known[:stop] == -1)

@@ -87,14 +87,22 @@ def _parse_integral(s: Datum, kind: Kind) -> tuple[Datum, Datum]:
     """``Integer.valueOf`` / ``Long.valueOf`` of strings: int64 values and where parsing failed."""
     lo, hi = _RANGES[kind]
     ok = pc.fill_null(pc.match_substring_regex(s, _INTEGRAL), False)
-    digits = pc.replace_substring_regex(pc.replace_substring_regex(s, r"^\+", ""), r"^(-?)0+([0-9])", r"\1\2")
-    ok = pc.and_(ok, pc.fill_null(pc.less_equal(pc.utf8_length(digits), 20), False))
-    number = pc.cast(pc.if_else(ok, digits, "0"), _DEC)
-    in_range = pc.and_(
-        pc.greater_equal(number, pa.scalar(lo, _DEC)), pc.less_equal(number, pa.scalar(hi, _DEC))
-    )
-    ok = pc.and_(ok, pc.fill_null(in_range, False))
-    values = pc.cast(pc.if_else(ok, number, pa.scalar(0, _DEC)), pa.int64())
+    length = pc.utf8_length(s)
+    if pc.all(pc.or_(pc.invert(ok), pc.less_equal(length, 18))).as_py() is not False:
+        # Common case: at most 18 characters always fit in a long; a leading '+' is Java's, not Arrow's.
+        values = pc.cast(pc.if_else(ok, pc.utf8_ltrim(s, characters="+"), "0"), pa.int64())
+    else:  # long digit strings (leading zeros, or past a long): exact range checks in decimal
+        digits = pc.replace_substring_regex(pc.utf8_ltrim(s, characters="+"), r"^(-?)0+([0-9])", r"\1\2")
+        ok = pc.and_(ok, pc.fill_null(pc.less_equal(pc.utf8_length(digits), 20), False))
+        number = pc.cast(pc.if_else(ok, digits, "0"), _DEC)
+        fits = pc.and_(
+            pc.greater_equal(number, pa.scalar(-(2**63), _DEC)),
+            pc.less_equal(number, pa.scalar(2**63 - 1, _DEC)),
+        )
+        ok = pc.and_(ok, pc.fill_null(fits, False))
+        values = pc.cast(pc.if_else(ok, number, pa.scalar(0, _DEC)), pa.int64())
+    if kind is Kind.INT:
+        ok = pc.and_(ok, pc.and_(pc.greater_equal(values, lo), pc.less_equal(values, hi)))
     return values, pc.and_(pc.is_valid(s), pc.invert(ok))
 
 
@@ -102,7 +110,7 @@ def _parse_double(s: Datum) -> tuple[Datum, Datum]:
     """``Double.valueOf`` of strings (trimmed, optional f/d suffix, NaN, Infinity)."""
     trimmed = pc.utf8_trim(s, characters=_JAVA_TRIM)
     ok = pc.fill_null(pc.match_substring_regex(trimmed, _JAVA_DOUBLE), False)
-    text = pc.replace_substring_regex(trimmed, r"(?i)^([+-]?[0-9.][0-9.eE+-]*)[fd]$", r"\1")
+    text = pc.utf8_rtrim(trimmed, characters="fFdD")  # the regex allowed one suffix, after a digit or '.'
     values = pc.cast(pc.if_else(ok, text, "0"), pa.float64())
     return values, pc.and_(pc.is_valid(s), pc.invert(ok))
 

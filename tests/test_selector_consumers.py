@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,7 +25,8 @@ from engine.broker.dispatch import dispatch_pending
 from engine.spark.mq_options import ReadOptions
 from engine.store import schemas
 from engine.store.consumer_offset import OffsetStore
-from tests.helpers import versions
+from tests.helpers import eventually, versions
+from tests.test_push_consumer import dispatcher  # noqa: F401  (the fixture)
 
 FAST: dict[str, Any] = {
     "heartbeat_interval_ms": 100,
@@ -37,7 +36,7 @@ FAST: dict[str, Any] = {
 }
 
 
-def _orders(store: Store, n: int) -> None:
+def _orders(store: Store, n: int, *, dispatch: bool = True) -> None:
     with Producer(store) as p:
         p.send_batch(
             [
@@ -51,37 +50,12 @@ def _orders(store: Store, n: int) -> None:
             ],
             queue_id=0,
         )
-    dispatch_pending(store)
+    if dispatch:
+        dispatch_pending(store)
 
 
-def _eventually(condition: Any, what: str, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.03)
-    raise AssertionError(f"{what} did not hold within {timeout_s} s")
-
-
-@pytest.fixture
-def dispatcher(store: Store) -> Iterator[None]:
-    stop = threading.Event()
-
-    def run() -> None:
-        while not stop.is_set():
-            dispatch_pending(store)
-            stop.wait(0.03)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    yield
-    stop.set()
-    thread.join()
-
-
-def test_push_consumer_delivers_only_what_a_sql92_selector_matches(
-    store: Store, topic: str, dispatcher: None
-) -> None:
+@pytest.mark.usefixtures("dispatcher")
+def test_push_consumer_delivers_only_what_a_sql92_selector_matches(store: Store, topic: str) -> None:
     seen: list[MessageExt] = []
     lock = threading.Lock()
 
@@ -96,10 +70,10 @@ def test_push_consumer_delivers_only_what_a_sql92_selector_matches(
     assert consumer.subscriptions()["T"] == "SQL92: TAGS = 'Paid' AND amount BETWEEN 3 AND 7"
     assert consumer.selectors()["T"].type is ExpressionType.SQL92
     with consumer.start():
-        _orders(store, 12)
-        _eventually(lambda: len(seen) >= 3, "matching messages consumed")
+        _orders(store, 12, dispatch=False)  # the dispatcher thread dispatches them
+        assert eventually(lambda: len(seen) >= 3), "matching messages consumed"
         offsets = OffsetStore(store, "g")  # the group's committed progress passes the filtered entries
-        _eventually(lambda: offsets.read("T").get(("T", 0)) == 12, "offset past filtered entries")
+        assert eventually(lambda: offsets.read("T").get(("T", 0)) == 12), "offset past filtered entries"
     with lock:
         assert sorted(m.body for m in seen) == [b"order-3", b"order-5", b"order-7"]
 

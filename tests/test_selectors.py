@@ -251,3 +251,11 @@ def test_batch_stop_is_rocketmqs_is_the_batch_full(
 def test_batch_stop_carries_what_earlier_windows_took() -> None:
     assert batch_stop(np.array([1, 1], bool), np.array([10, 10], np.int64), 3, 1000, count=2) == 1
     assert batch_stop(np.array([1], bool), np.array([10], np.int64), 32, 100, count=1, size=95) == 0
+
+
+def test_the_benchmarks_selectors_agree_with_their_row_by_row_python_reference() -> None:
+    from bench.selector_filters import CASES, evaluation
+
+    results = evaluation(rows=2_000, repeat=1)  # raises when a mask differs from the reference
+    assert [r["expression"] for r in results] == [e for e, _ in CASES]
+    assert all(0 < r["matched"] < 2_000 for r in results)

@@ -16,6 +16,7 @@ from engine import ExpressionType, InvalidArgumentError, InvalidSelectorError, M
 from engine.protocol import java_string_hashcode, parse_sql92
 from engine.protocol.pull import batch_stop
 from engine.protocol.sql92_ast import Compare, Kind, Literal, Logic, Not, Property
+from engine.protocol.sql92_parser import tokenize
 from engine.store.schemas import COMMIT_LOG_SCHEMA
 
 PROPS = pa.map_(pa.string(), pa.string())
@@ -172,6 +173,23 @@ def test_longest_literals_and_keywords_parse_to_their_java_types() -> None:
     assert parse_sql92("ANDY = 1") == Compare("=", Property("ANDY"), Literal(1, Kind.INT))
 
 
+def test_tokens_are_the_longest_match_and_comments_are_dropped() -> None:
+    tokens = tokenize("a<>5.5e3 /* x */ AnD b<=1L -- y\n IS NOT")
+    assert [(t.kind, t.text) for t in tokens] == [
+        ("ID", "a"),
+        ("OP", "<>"),
+        ("FLOAT", "5.5e3"),
+        ("AND", "AnD"),
+        ("ID", "b"),
+        ("OP", "<="),
+        ("DECIMAL", "1L"),
+        ("IS", "IS"),
+        ("NOT", "NOT"),
+        ("EOF", ""),
+    ]
+    assert [t.position for t in tokens][:3] == [0, 1, 3]
+
+
 def test_property_values_convert_as_java_does() -> None:
     values = ["5", "+5", "-5", "0005", " 5", "5.0", "5e0", "2147483648", "-2147483648", "x", ""]
     table = rows([(None, {"a": v}) for v in values])
@@ -206,7 +224,9 @@ def test_selector_values_and_plain_strings() -> None:
     sql = MessageSelector.by_sql("a > 1")
     assert MessageSelector.of(sql) is sql
     assert sql == MessageSelector.parse("sql92", "a > 1") and sql != MessageSelector.by_tag("a > 1")
-    assert sql.properties == frozenset({"a"}) and not sql.matches_all
+    assert sql.properties == frozenset({"a"}) and not sql.matches_all and sql.tag_filter is None
+    assert tag.tag_filter is not None and tag.tag_filter.tags == frozenset({"TagA", "TagB"})
+    assert tag.properties == frozenset()
     assert MessageSelector.by_sql("TRUE").matches_all
     assert str(sql) == "SQL92: a > 1" and str(tag) == "TagA || TagB"
     with pytest.raises(InvalidSelectorError):

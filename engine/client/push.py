@@ -206,13 +206,10 @@ class PushConsumer(QueueWorkers, Closing):
         return self.instance_id
 
     def subscribe(self, topic: str, expression: MessageSelector | str = "*") -> None:
-        """Consume ``topic`` messages matching a selector or a tag expression.
+        """Consume ``topic`` messages matching a :class:`MessageSelector` or a tag expression string.
 
-        ``expression`` is a :class:`MessageSelector` (``MessageSelector.by_sql("amount > 100")``) or a
-        tag expression string (``"*"``, ``"TagA || TagB"``). A clustering consumer also subscribes
-        the group's retry topic ``%RETRY%<group>``, created if missing, as RocketMQ does; it takes
-        every retried message of the group (the selector was applied when they were first pulled).
-        Subscribing again replaces the selector, from the queue's next pull.
+        A clustering consumer also subscribes the group's retry topic ``%RETRY%<group>`` (``"*"``),
+        created if missing, as RocketMQ does. Subscribing again replaces the selector.
 
         Raises:
             InvalidTopicError, TopicNotFoundError: a bad or unknown topic.

@@ -19,6 +19,7 @@ from engine.errors import (
     ConsumerError,
     InvalidArgumentError,
     InvalidMessageError,
+    InvalidSelectorError,
     InvalidTopicError,
     MessageNotFoundError,
     MQError,
@@ -42,6 +43,7 @@ from engine.model import (
     TopicConfig,
 )
 from engine.protocol.rebalance import MessageModel, MessageQueue
+from engine.protocol.selectors import ExpressionType, MessageSelector
 from engine.protocol.transactions import LocalTransactionState
 from engine.store import Store
 
@@ -56,8 +58,10 @@ __all__ = [
     "ConsumeResult",
     "ConsumerError",
     "EngineConfig",
+    "ExpressionType",
     "InvalidArgumentError",
     "InvalidMessageError",
+    "InvalidSelectorError",
     "InvalidTopicError",
     "LocalTransactionState",
     "MQError",
@@ -66,6 +70,7 @@ __all__ = [
     "MessageModel",
     "MessageNotFoundError",
     "MessageQueue",
+    "MessageSelector",
     "OffsetOutOfRangeError",
     "Producer",
     "ProducerClosedError",

@@ -30,6 +30,8 @@ class EngineConfig:
     producer_linger_ms: int = 5
     producer_batch_size: int = 2048
     pull_batch_size: int = 32
+    max_transfer_count: int = 32
+    max_transfer_bytes: int = 256 * 1024
     long_poll_interval_ms: int = 20
     long_poll_max_ms: int = 20_000
     dispatch_trigger_ms: int = 200
@@ -59,6 +61,8 @@ class EngineConfig:
             "max_commit_attempts",
             "producer_batch_size",
             "pull_batch_size",
+            "max_transfer_count",
+            "max_transfer_bytes",
             "long_poll_interval_ms",
             "dispatch_trigger_ms",
         )

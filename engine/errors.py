@@ -48,6 +48,12 @@ class InvalidArgumentError(MQError):
     """An argument (queue id, offset, batch size, expression, group, …) is out of range."""
 
 
+class InvalidSelectorError(InvalidArgumentError):
+    """A message selector (``MessageSelector.by_sql`` / ``by_tag``) does not parse or breaks a type
+    rule of RocketMQ's SQL92 grammar; ``expression`` is the text and ``position`` the 0-based offset
+    of the offending token (None when the whole expression is at fault)."""
+
+
 class OffsetOutOfRangeError(InvalidArgumentError):
     """An offset lies outside what a queue holds."""
 

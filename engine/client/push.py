@@ -27,7 +27,6 @@ from engine.closing import Closing
 from engine.errors import ConsumerError, InvalidArgumentError
 from engine.protocol import (
     RETRY_PREFIX,
-    parse_tag_expression,
     retry_topic,
     validate_group_name,
     validate_topic_name,
@@ -40,6 +39,7 @@ from engine.protocol.rebalance import (
     StrategyName,
     resolve_strategy,
 )
+from engine.protocol.selectors import MessageSelector
 from engine.store.action_log import ActionLogWriter
 from engine.store.consume_queue import QueueIndex
 from engine.store.consumer_offset import OffsetStore
@@ -188,7 +188,7 @@ class PushConsumer(QueueWorkers, Closing):
         self._actions = ActionLogWriter(store, self.group, self.instance_id)
         self._puller = PullConsumer(store, self.group)
         self._index = QueueIndex(store)
-        self._subscriptions: dict[str, str] = {}
+        self._subscriptions: dict[str, MessageSelector] = {}
         self._listener: Listener | None = None
         self._orderly = False
         self._pqs: dict[MessageQueue, ProcessQueue] = {}
@@ -205,31 +205,37 @@ class PushConsumer(QueueWorkers, Closing):
     def consumer_id(self) -> str:
         return self.instance_id
 
-    def subscribe(self, topic: str, expression: str = "*") -> None:
-        """Consume ``topic`` messages matching a tag expression (``"*"``, ``"TagA || TagB"``).
+    def subscribe(self, topic: str, expression: MessageSelector | str = "*") -> None:
+        """Consume ``topic`` messages matching a :class:`MessageSelector` or a tag expression string.
 
-        A clustering consumer also subscribes the group's retry topic ``%RETRY%<group>``, created
-        if missing, as RocketMQ does. Subscribing again replaces the expression.
+        A clustering consumer also subscribes the group's retry topic ``%RETRY%<group>`` (``"*"``),
+        created if missing, as RocketMQ does. Subscribing again replaces the selector.
 
         Raises:
             InvalidTopicError, TopicNotFoundError: a bad or unknown topic.
-            InvalidArgumentError: a bad expression.
+            InvalidSelectorError: a bad expression (parsed here, once).
             ConsumerError: the consumer was shut down.
         """
         validate_topic_name(topic)
         self._store.topic(topic)
-        parse_tag_expression(expression)
+        selector = MessageSelector.of(expression)
         with self._state_lock:
             if self._closed:
                 raise ConsumerError("the consumer was shut down; create a new one", group=self.group)
             if self.model is MessageModel.CLUSTERING:
                 retry = retry_topic(self.group)
                 Admin(self._store)._ensure_system_topic(retry)
-                self._subscriptions[retry] = "*"
-            self._subscriptions[topic] = expression
+                self._subscriptions[retry] = MessageSelector.by_tag("*")
+            self._subscriptions[topic] = selector
 
     def subscriptions(self) -> dict[str, str]:
-        """Subscribed topics and their expressions (the retry topic included)."""
+        """Subscribed topics and their expressions (the retry topic included); a SQL92 selector
+        shows as ``"SQL92: <expression>"``."""
+        with self._state_lock:
+            return {topic: str(selector) for topic, selector in self._subscriptions.items()}
+
+    def selectors(self) -> dict[str, MessageSelector]:
+        """Subscribed topics and their selectors (the retry topic included)."""
         with self._state_lock:
             return dict(self._subscriptions)
 
@@ -270,7 +276,7 @@ class PushConsumer(QueueWorkers, Closing):
                 raise ConsumerError("register a listener before start()", group=self.group)
             if not any(not t.startswith(RETRY_PREFIX) for t in self._subscriptions):
                 raise ConsumerError("subscribe to a topic before start()", group=self.group)
-            self._membership.heartbeat(self._subscriptions)
+            self._membership.heartbeat(self.subscriptions())
             self._started = True
             for name, target in (("service", self._service_loop), ("rebalance", self._rebalance_loop)):
                 thread = threading.Thread(target=target, name=f"push-{self.group}-{name}", daemon=True)
@@ -350,14 +356,14 @@ class PushConsumer(QueueWorkers, Closing):
 
     def _rebalance(self) -> None:
         """One round of RocketMQ's ``RebalanceImpl.doRebalance``."""
-        subscriptions = self.subscriptions()
+        subscriptions = self.selectors()
         members: list[str] = []
         if self.model is MessageModel.CLUSTERING:
             members = self._membership.live_members()
             if self.instance_id not in members:
                 members.append(self.instance_id)  # alive by definition; our heartbeat may lag
         topics = self._store.topic_configs(refresh=True)
-        target: dict[MessageQueue, str] = {}
+        target: dict[MessageQueue, MessageSelector] = {}
         for topic, expression in subscriptions.items():
             config = topics.get(topic)
             if config is None:
@@ -397,7 +403,9 @@ class PushConsumer(QueueWorkers, Closing):
         if added and not self._stop.is_set():
             self._start_queues(added, target)
 
-    def _start_queues(self, added: Sequence[MessageQueue], target: dict[MessageQueue, str]) -> None:
+    def _start_queues(
+        self, added: Sequence[MessageQueue], target: dict[MessageQueue, MessageSelector]
+    ) -> None:
         committed: dict[tuple[str, int], int] = {}
         for topic in sorted({mq.topic for mq in added}):
             committed.update(self._offsets.read(topic))

@@ -18,7 +18,7 @@ from engine.model import MessageExt, PullStatus
 from engine.protocol.actions import NACK
 from engine.protocol.names import PROPERTY_RETRY_TOPIC, RETRY_PREFIX
 from engine.protocol.rebalance import MessageModel, MessageQueue
-from engine.protocol.tags import parse_tag_expression
+from engine.protocol.selectors import MessageSelector
 from engine.store.action_log import ActionLogWriter
 from engine.store.store import Store
 
@@ -42,7 +42,9 @@ Listener = Callable[[list[MessageExt]], "ConsumeResult | str"]
 class ProcessQueue:
     """An assigned queue: its worker thread and offsets (RocketMQ's ``ProcessQueue``)."""
 
-    def __init__(self, mq: MessageQueue, expression: str, offset: int, committed: int | None) -> None:
+    def __init__(
+        self, mq: MessageQueue, expression: MessageSelector | str, offset: int, committed: int | None
+    ) -> None:
         self.mq = mq
         self.expression = expression
         self.offset = offset  # next offset to pull
@@ -133,7 +135,7 @@ class QueueWorkers:
                 pq.consumed = pq.offset = result.next_begin_offset
             elif result.status is PullStatus.NO_MATCHED_MSG:
                 seen = (pq.offset, result.next_begin_offset)
-                if pq.no_match == seen and not parse_tag_expression(pq.expression).matches_all:
+                if pq.no_match == seen and not MessageSelector.of(pq.expression).matches_all:
                     pq.consumed = pq.offset = result.next_begin_offset
                     pq.no_match = None
                 else:

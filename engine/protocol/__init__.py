@@ -4,6 +4,9 @@ Nothing here does I/O; every function is tested without a JVM or a disk.
 
 - :mod:`~engine.protocol.names`: topic and group names, limits, system topics, property keys
 - :mod:`~engine.protocol.tags`: tags codes and TAG subscription expressions
+- :mod:`~engine.protocol.selectors`: message selectors (TAG and SQL92), filtering Arrow batches;
+  :mod:`~engine.protocol.sql92_parser`, :mod:`~engine.protocol.sql92_ast` and
+  :mod:`~engine.protocol.sql92_eval` hold RocketMQ's SQL92 grammar and its vectorised evaluation
 - :mod:`~engine.protocol.messages`: message validation, record size, queue selection by key
 - :mod:`~engine.protocol.message_ids`: offset message ids and client unique ids
 - :mod:`~engine.protocol.delays`: delay levels and the retry policy
@@ -127,6 +130,8 @@ from engine.protocol.schedule import (
     schedule_queue_id,
     without_schedule_properties,
 )
+from engine.protocol.selectors import ExpressionType, MessageSelector
+from engine.protocol.sql92_parser import parse_sql92
 from engine.protocol.tags import (
     TagFilter,
     java_string_hashcode,
@@ -184,9 +189,11 @@ __all__ = [
     "TRANS_HALF_TOPIC",
     "TRANS_OP_HALF_TOPIC",
     "AllocateStrategy",
+    "ExpressionType",
     "MaxReconsume",
     "MessageModel",
     "MessageQueue",
+    "MessageSelector",
     "Perm",
     "RealDestination",
     "ScheduleEnvelope",
@@ -208,6 +215,7 @@ __all__ = [
     "make_msg_id",
     "max_reconsume_times",
     "parse_msg_id",
+    "parse_sql92",
     "parse_tag_expression",
     "real_destination",
     "record_size",

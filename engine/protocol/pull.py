@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from engine.model import PullStatus
 
 # How many consume-queue entries one pull examines at most while filtering (RocketMQ reads up to
@@ -26,3 +28,28 @@ def pull_status(offset: int, min_offset: int, max_offset: int) -> tuple[PullStat
     if offset > max_offset:
         return PullStatus.OFFSET_ILLEGAL, max_offset
     return None, offset
+
+
+def batch_stop(
+    matched: np.ndarray, sizes: np.ndarray, max_count: int, max_bytes: int, count: int = 0, size: int = 0
+) -> int:
+    """Index of the first entry a pull no longer examines (``len(matched)`` when it examines all).
+
+    RocketMQ's ``DefaultMessageStore.isTheBatchFull``, checked before each entry of the window, the
+    filtered ones included: once at least one message is taken, the batch is full when it holds
+    ``max_count`` messages or when the entry's size would take it past ``max_bytes``. The first
+    message is taken whatever its size.
+
+    Args:
+        matched: which entries of the window the selector takes, in queue order.
+        sizes: each entry's stored size in bytes (the consume queue's ``size``).
+        max_count: most messages (``min(max_nums, max_transfer_count)``).
+        max_bytes: most bytes (``max_transfer_bytes``).
+        count, size: messages and bytes already taken before this window.
+    """
+    taken = matched.astype(np.int64)
+    before = count + np.cumsum(taken) - taken
+    bytes_before = size + np.cumsum(taken * sizes) - taken * sizes
+    full = (before > 0) & ((before >= max_count) | (bytes_before + sizes > max_bytes))
+    hits = np.flatnonzero(full)
+    return int(hits[0]) if len(hits) else len(matched)

@@ -16,7 +16,8 @@ from typing import Literal
 
 from engine.config import load_config
 from engine.errors import InvalidArgumentError, StoreError
-from engine.protocol import parse_tag_expression, validate_group_name, validate_topic_name
+from engine.protocol import validate_group_name, validate_topic_name
+from engine.protocol.selectors import ExpressionType, MessageSelector
 from engine.store import schemas
 from engine.store.commit_markers import sink_app
 from engine.store.store import Store
@@ -155,7 +156,10 @@ class ReadOptions:
         store: where the store is.
         topic: the topic read.
         group: stream: the group whose offsets start the stream and are committed after each batch.
-        expression: tag expression (``*``, ``TagA || TagB``).
+        expression: the selector's text: a tag expression (``*``, ``TagA || TagB``) or, with
+            ``expressionType`` ``SQL92``, a SQL92 condition on message properties
+            (``region = 'eu' AND amount > 100``), as RocketMQ's ``MessageSelector``.
+        expression_type: option ``expressionType``, ``TAG`` (default) or ``SQL92``.
         starting: where to start (stream default ``latest``, batch default ``earliest``).
         ending: batch: where to stop, exclusive (default ``latest``).
         start_time / end_time: batch: store-time bounds ``[start_time, end_time)`` in epoch ms.
@@ -169,6 +173,7 @@ class ReadOptions:
     topic: str
     group: str | None = None
     expression: str = "*"
+    expression_type: ExpressionType = ExpressionType.TAG
     starting: Position | None = None
     ending: Position | None = None
     start_time: int | None = None
@@ -177,6 +182,11 @@ class ReadOptions:
     as_of_version: int | None = None
     consumed_by: str | None = None
     entries_per_partition: int = DEFAULT_ENTRIES_PER_PARTITION
+
+    @property
+    def selector(self) -> MessageSelector:
+        """The read's message selector (``expression`` read as ``expression_type``)."""
+        return MessageSelector.parse(self.expression_type, self.expression)
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
@@ -197,7 +207,7 @@ class ReadOptions:
         if consumed_by is not None:
             validate_group_name(consumed_by)
         expression = o.get("expression", "*")
-        parse_tag_expression(expression)
+        expression_type = MessageSelector.parse(o.get("expressiontype", "TAG"), expression).type
         mode = "streaming" if streaming else "batch"
         only = (
             ("endingOffsets", "startTime", "endTime", "asOfVersion", "consumedBy")
@@ -229,6 +239,7 @@ class ReadOptions:
             topic=topic,
             group=group,
             expression=expression,
+            expression_type=expression_type,
             starting=starting,
             ending=None if streaming else ending,
             start_time=start_time,

@@ -7,8 +7,9 @@ keys, properties, body, born_ts, store_ts (timestamps), reconsume_times. Options
 
 Offsets are per-queue queue offsets, ``{"q": {"<queue_id>": <next offset>}}``. ``latestOffset``
 comes from the consume queue's marks; a micro-batch reads ``[start, end)`` of every queue through
-:class:`~engine.store.consume_queue.QueueIndex` (the pull path: consume-queue entries, tag filter on the
-tags code then on the tag, commit-log rows by physical offset). ``maxMessagesPerTrigger`` counts
+:class:`~engine.store.consume_queue.QueueIndex` (the pull path: consume-queue entries, the selector
+on the tags code, commit-log rows by physical offset, the selector on the rows; option
+``expressionType`` ``SQL92`` reads ``expression`` as a SQL92 condition). ``maxMessagesPerTrigger`` counts
 queue entries (examined, filtered or not), shared fairly across the queues with a backlog.
 
 Group offsets (streams with option ``group``) are committed to ``consumer_offset`` only for data
@@ -56,7 +57,7 @@ from pyspark.sql.types import StructType
 
 from engine.client.admin_offsets import QueueTimeIndex, committed_offsets
 from engine.errors import InvalidArgumentError, StoreError
-from engine.protocol import TagFilter, parse_tag_expression
+from engine.protocol.selectors import MessageSelector
 from engine.spark.mq_options import SHORT_NAME, Position, ReadOptions, StoreRef, WriteOptions
 from engine.store import schemas
 from engine.store.commit_log import read_hwm
@@ -173,11 +174,11 @@ def to_message_rows(rows: pa.Table) -> pa.Table:
 
 
 def read_queue(
-    index: QueueIndex, topic: str, queue_id: int, start: int, end: int, tag_filter: TagFilter
+    index: QueueIndex, topic: str, queue_id: int, start: int, end: int, selector: MessageSelector
 ) -> Iterator[pa.Table]:
-    """Commit-log rows of the dispatched messages at ``[start, end)`` of a queue that pass the tag
-    filter, in offset order, a chunk at a time. Entries below the queue's retained minimum are gone
-    and skipped."""
+    """Commit-log rows of the dispatched messages at ``[start, end)`` of a queue that the selector
+    takes (tag or SQL92, vectorised), in offset order, a chunk at a time. Entries below the queue's
+    retained minimum are gone and skipped."""
     index.refresh()
     low, high = index.bounds(topic, queue_id)
     if end > high:
@@ -188,15 +189,13 @@ def read_queue(
         )
     for lo in range(max(start, low), end, _READ_CHUNK):
         entries = index.entries(topic, queue_id, lo, min(end, lo + _READ_CHUNK))
-        if not tag_filter.matches_all:
-            codes = pa.array(sorted(tag_filter.codes), pa.int64())
-            entries = entries.filter(pc.is_in(entries["tags_code"], value_set=codes))
+        if not selector.matches_all:
+            entries = entries.filter(selector.match_codes(entries["tags_code"]))
         if entries.num_rows == 0:
             continue
         rows = index.messages(entries["physical_offset"].to_pylist())
-        if not tag_filter.matches_all:
-            wanted = pa.array(sorted(tag_filter.tags), pa.string())
-            rows = rows.filter(pc.is_in(rows["tags"], value_set=wanted))  # tags-code collisions
+        if not selector.matches_all:
+            rows = rows.filter(selector.matches(rows))  # tags-code collisions, or the SQL92 condition
         if rows.num_rows:
             yield rows
 
@@ -231,10 +230,10 @@ class _Reading:
         if not isinstance(partition, QueueRange):
             return  # Spark's placeholder partition of an empty read
         target = to_arrow_schema(self.schema, timezone="UTC")
-        tag_filter = parse_tag_expression(self.options.expression)
+        selector = self.options.selector
         index = queue_index(self.options.store)
         for rows in read_queue(
-            index, self.options.topic, partition.queue_id, partition.start, partition.end, tag_filter
+            index, self.options.topic, partition.queue_id, partition.start, partition.end, selector
         ):
             table = to_message_rows(rows).select(target.names).cast(target)
             yield from table.to_batches()

@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 from deltalake import write_deltalake
 
-from engine import Admin, Message, Producer, SimpleConsumer, Store
+from engine import Admin, Message, MessageSelector, Producer, SimpleConsumer, Store
 from engine.broker.dispatch import dispatch_pending
 from engine.broker.pull_log import pull_rows
 from engine.client.claims import ClaimBook
@@ -316,3 +316,19 @@ def test_a_store_from_before_end_offset_gains_the_column(tmp_path: Path) -> None
     write_deltalake(str(root / schemas.ACTION_LOG), old.empty_table())
     store = Store.open(root)
     assert "end_offset" in store.read(schemas.ACTION_LOG).column_names
+
+
+def test_sql92_selector_filters_what_a_simple_consumer_receives(
+    store: Store, one_queue: str, consumers: Any
+) -> None:
+    with Producer(store) as producer:
+        producer.send_batch(
+            [Message("Q1", f"m{i}".encode(), tags="A", properties={"amount": str(i * 10)}) for i in range(6)]
+        )
+    dispatch_pending(store)
+    consumer = consumers("c", topic="Q1")
+    consumer.subscribe("Q1", MessageSelector.by_sql("amount BETWEEN 20 AND 40 AND TAGS = 'A'"))
+    got = consumer.receive(max_nums=10)
+    assert [m.body for m in got] == [b"m2", b"m3", b"m4"]
+    assert consumer.subscriptions == {"Q1": "SQL92: amount BETWEEN 20 AND 40 AND TAGS = 'A'"}
+    assert consumer.receive(max_nums=10) == []  # the others were consumed by filtering

@@ -27,12 +27,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from engine.client.claim_log import ClaimLog, Held, ReceivedMessage, ranges, received_message
-from engine.client.leases import Entries, Source, read_entries, read_messages
+from engine.client.leases import MATCH_ALL, Entries, Source, read_entries, read_messages
 from engine.client.offsets import ConsumeFrom, start_offset
 from engine.errors import CommitConflictError
 from engine.model import MessageExt
 from engine.protocol.actions import ACK, EXPIRED, PULL, RELEASE, RESET
-from engine.protocol.tags import TagFilter, parse_tag_expression
+from engine.protocol.selectors import MessageSelector
 from engine.store.consume_queue import QueueIndex
 from engine.store.consumer_offset import OffsetStore
 from engine.store.store import Store, now_ms
@@ -43,7 +43,6 @@ LEASE_HOLD_MS = 1000  # a leased message may wait this long in the buffer and st
 MAX_PREFETCH = 1024  # most messages one lease takes
 SCAN_INTERVAL_MS = 1000  # how often the lease state is read for expired leases and resets
 LEASE_ATTEMPTS = 8  # lease commits tried on one queue before moving to the next
-_ALL = parse_tag_expression("*")
 
 
 @dataclass
@@ -109,7 +108,7 @@ class Leaser:
             if not mine:
                 continue
             self._index.refresh()
-            entries = read_entries(self._index, topic, queue_id, [o for o, _ in mine], _ALL)
+            entries = read_entries(self._index, topic, queue_id, [o for o, _ in mine], MATCH_ALL)
             messages = read_messages(self._index, entries.physical)
             claims = dict(mine)
             for offset, phys in zip(entries.offsets, entries.physical, strict=True):
@@ -209,8 +208,8 @@ class Leaser:
         self._index.refresh()
         start = self._rotation % len(sources)
         self._rotation += 1
-        for i, (topic, queue_id, tag_filter) in enumerate(sources[start:] + sources[:start]):
-            total += self._lease_fresh(topic, queue_id, tag_filter, want - total, invisible_ms, n, i == 0)
+        for i, (topic, queue_id, selector) in enumerate(sources[start:] + sources[:start]):
+            total += self._lease_fresh(topic, queue_id, selector, want - total, invisible_ms, n, i == 0)
             if total >= n:
                 break
         return total
@@ -243,7 +242,7 @@ class Leaser:
         self,
         topic: str,
         queue_id: int,
-        tag_filter: TagFilter,
+        selector: MessageSelector,
         size: int,
         invisible_ms: int,
         needed: int,
@@ -268,7 +267,7 @@ class Leaser:
                         self.conflicts += 1
                 return 0
             end = min(high, start + size)
-            entries = read_entries(self._index, topic, queue_id, list(range(start, end)), tag_filter)
+            entries = read_entries(self._index, topic, queue_id, list(range(start, end)), selector)
             deadline = self._deadline(ts, invisible_ms, end - start, needed)
             sequence = log.next_sequence()
             rows.append(
@@ -280,11 +279,11 @@ class Leaser:
             except CommitConflictError:
                 self.conflicts += 1
                 continue
-            return self._buffer(topic, queue_id, entries, tag_filter, sequence, deadline)
+            return self._buffer(topic, queue_id, entries, selector, sequence, deadline)
         return 0
 
     def _redeliver(
-        self, topic: str, queue_id: int, tag_filter: TagFilter, size: int, invisible_ms: int, needed: int
+        self, topic: str, queue_id: int, selector: MessageSelector, size: int, invisible_ms: int, needed: int
     ) -> int:
         log = self._log
         wanted = self._expired.pop((topic, queue_id))
@@ -294,16 +293,21 @@ class Leaser:
             offsets = [o for o in wanted if book.available(o, now) and o in book.claims][:size]
             if not offsets:
                 return 0
-            entries = read_entries(self._index, topic, queue_id, offsets, tag_filter)
-            messages = read_messages(self._index, entries.physical)
+            entries = read_entries(self._index, topic, queue_id, offsets, selector)
+            messages = read_messages(self._index, entries.physical, selector)
             deadline = self._deadline(now, invisible_ms, len(offsets), needed)
-            rows = [log.row(ACK, topic, queue_id, s, end=e, ts=now) for s, e in ranges(entries.filtered)]
+            unmatched = entries.filtered + [
+                o
+                for o, p in zip(entries.offsets, entries.physical, strict=True)
+                if p in messages and not messages[p]
+            ]
+            rows = [log.row(ACK, topic, queue_id, s, end=e, ts=now) for s, e in ranges(unmatched)]
             counts: dict[int, int] = {}
             leased: list[int] = []
             for offset, phys in zip(entries.offsets, entries.physical, strict=True):
                 message = messages.get(phys)
                 if message is None:
-                    continue
+                    continue  # gone (retention), or consumed by filtering above
                 reconsume = message.reconsume_times + book.claims[offset].deliveries
                 if reconsume > self._max_reconsume(message):
                     rows.append(
@@ -347,18 +351,13 @@ class Leaser:
                 log.sync()
                 continue
             kept = [(o, p) for o, p in zip(entries.offsets, entries.physical, strict=True) if o in counts]
-            buffered = 0
             for offset, phys in kept:
-                message = messages[phys]
-                if tag_filter.match_tag(message.tags):
-                    leased_at = time.monotonic()
-                    self.buffer.append(
-                        Leased(message, sequences[offset], deadline, counts[offset], False, leased_at)
-                    )
-                    buffered += 1
-                else:
-                    log.buffer(ACK, topic, queue_id, offset, deadline, now)
-            return buffered
+                item = messages[phys]
+                assert item is not None
+                self.buffer.append(
+                    Leased(item, sequences[offset], deadline, counts[offset], False, time.monotonic())
+                )
+            return len(kept)
         return 0
 
     def _buffer(
@@ -366,17 +365,17 @@ class Leaser:
         topic: str,
         queue_id: int,
         entries: Entries,
-        tag_filter: TagFilter,
+        selector: MessageSelector,
         sequence: int,
         deadline: int,
     ) -> int:
-        messages = read_messages(self._index, entries.physical)
+        messages = read_messages(self._index, entries.physical, selector)
         now = now_ms()
         before = len(self.buffer)
         for offset, phys in zip(entries.offsets, entries.physical, strict=True):
             message = messages.get(phys)
-            if message is None or not tag_filter.match_tag(message.tags):
-                self._log.buffer(ACK, topic, queue_id, offset, deadline, now)  # a tags-code collision
+            if message is None:  # not matched by its tags or properties: consumed by filtering
+                self._log.buffer(ACK, topic, queue_id, offset, deadline, now)
                 continue
             leased_at = time.monotonic()
             self.buffer.append(Leased(message, sequence, deadline, message.reconsume_times, False, leased_at))

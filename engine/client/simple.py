@@ -56,7 +56,7 @@ from engine.protocol.actions import ACK, CHANGE_INVISIBLE, NACK, OFFLINE
 from engine.protocol.delays import max_reconsume_times
 from engine.protocol.names import SYSTEM_TOPICS, validate_group_name
 from engine.protocol.permissions import is_readable
-from engine.protocol.tags import TagFilter, parse_tag_expression
+from engine.protocol.selectors import MessageSelector
 from engine.store import schemas
 from engine.store.consumer_offset import OffsetStore
 from engine.store.delta import backoff
@@ -150,7 +150,7 @@ class SimpleConsumer(Closing):
         self._store = store
         self._log = ClaimLog(store, self.group, consumer_id)
         self._leaser = Leaser(store, self._log, start, timestamp, self._limit_of)
-        self._subscriptions: dict[str, TagFilter] = {}
+        self._subscriptions: dict[str, MessageSelector] = {}
         self._held: dict[tuple[str, int, int], Held] = {}
         self._lock = threading.RLock()
         self._wake = threading.Event()
@@ -169,12 +169,15 @@ class SimpleConsumer(Closing):
         return max_reconsume_times(message.properties, self.group, None, self._max_reconsume)
 
     # ----------------------------------------------------------------- subscriptions
-    def subscribe(self, topic: str, expression: str = "*") -> None:
-        """Receive messages of ``topic`` matching a tag expression (``"*"``, ``"TagA || TagB"``).
+    def subscribe(self, topic: str, expression: MessageSelector | str = "*") -> None:
+        """Receive messages of ``topic`` matching a selector: a tag expression (``"*"``,
+        ``"TagA || TagB"``), ``MessageSelector.by_tag`` or ``MessageSelector.by_sql`` (SQL92 over the
+        message's properties and ``TAGS``, as RocketMQ's).
 
         Raises:
             TopicNotFoundError: no such topic.
-            InvalidArgumentError: a bad expression, a broker-internal or unreadable topic.
+            InvalidSelectorError: a bad expression.
+            InvalidArgumentError: a broker-internal or unreadable topic.
         """
         self._check_open()
         config = self._store.topic(topic)
@@ -182,9 +185,9 @@ class SimpleConsumer(Closing):
             raise InvalidArgumentError(f"topic {topic!r} is internal to the broker", topic=topic)
         if not is_readable(config.perm):
             raise InvalidArgumentError(f"topic {topic!r} is not readable (perm {config.perm})", topic=topic)
-        tag_filter = parse_tag_expression(expression)
+        selector = MessageSelector.of(expression)
         with self._lock:
-            self._subscriptions[config.name] = tag_filter
+            self._subscriptions[config.name] = selector
 
     def unsubscribe(self, topic: str) -> None:
         """Stop receiving ``topic`` (messages already received may still be acked).
@@ -201,7 +204,7 @@ class SimpleConsumer(Closing):
     def subscriptions(self) -> dict[str, str]:
         """Subscribed topics and their expressions."""
         with self._lock:
-            return {t: f.expression for t, f in self._subscriptions.items()}
+            return {t: str(f) for t, f in self._subscriptions.items()}
 
     # ----------------------------------------------------------------- receiving
     def receive(

@@ -87,8 +87,15 @@ def _assert_disjoint(ranges: list[tuple[int, int]]) -> None:
 def _pull_all(consumer: PullConsumer, topic: str, queues: int = 4, start: int = 0) -> list[list[str]]:
     out = []
     for q in range(queues):
-        r = consumer.pull(topic, q, start, max_nums=1024)
-        out.append([m.msg_id for m in r.messages])
+        ids: list[str] = []
+        offset = start
+        while True:  # a pull returns at most 32 messages (RocketMQ's transfer cap)
+            r = consumer.pull(topic, q, offset, max_nums=1024)
+            if not r.messages:
+                break
+            ids.extend(m.msg_id for m in r.messages)
+            offset = r.next_begin_offset
+        out.append(ids)
     return out
 
 

@@ -1,32 +1,17 @@
 """Per-message ack (RocketMQ 5 ``SimpleConsumer`` / POP) on QMQ's pull and action logs.
 
-Consumers of a group share the queues of a topic message by message, so a group may have more
-consumers than queues. A received message is invisible to the rest of the group until its deadline;
-an ack removes it for good; a message not acked by its deadline is delivered again, to any consumer
-of the group, with ``reconsume_times`` + 1.
+Consumers of a group share the queues of a topic message by message (a group may have more
+consumers than queues). A received message is invisible to the group until its deadline; an ack
+removes it for good; one not acked by then is delivered again, to any consumer of the group, with
+``reconsume_times`` + 1 (in place, from its queue; past ``max_reconsume_times`` an ``EXPIRED`` row
+with the failed delivery's count hands it to the retry job, which dead-letters it). ``nack`` records
+a ``NACK`` for the retry job; the group's retry topic is received from once it exists.
 
-As QMQ: one ``PULL`` action in ``action_log`` leases a range of a queue to one consumer, which
-hands the messages out from a local buffer; acks travel as ranges, appended in micro-batches; a
-consumer that comes back with its id first gets back what it leased and did not ack; an
-administrator's offset reset reaches running consumers within :data:`SCAN_INTERVAL_MS`. The lease
-protocol is described in :mod:`engine.client.claim_log`, the leasing in :mod:`engine.client.leasing`.
-
-Receipts: an ack, nack or change of invisible time names the receipt handle of a delivery; one
-after the deadline, or for a delivery superseded by a later one, is refused with
-:class:`~engine.errors.ReceiptHandleExpiredError` / :class:`~engine.errors.InvalidReceiptHandleError`,
-as RocketMQ 5 refuses a stale receipt handle. ``change_invisible_time`` returns the message with its
-new handle; the earlier handles of the same delivery stay valid for an ack.
-
-Redelivery happens in place (from the original queue) rather than through ``%RETRY%<group>`` as
-RocketMQ 5 revives it; past ``max_reconsume_times`` deliveries an ``EXPIRED`` row (carrying the
-failed delivery's ``reconsume_times``) hands the message to the retry job, which dead-letters it.
-``nack`` records a ``NACK`` for the retry job; the group's retry topic is received from
-automatically once it exists.
-
-New groups: a queue starts at the group's committed offset if it has one, else by
-``consume_from`` (:func:`engine.client.offsets.start_offset`: LAST is the last message, or 0 while
-the queue is young, as RocketMQ's POP).
-
+Leases (:mod:`engine.client.leasing`, protocol in :mod:`engine.client.claim_log`): one ``PULL`` row
+leases a range of a queue; messages are handed out from a local buffer; acks travel as ranges in
+micro-batches; a consumer back with its id gets what it held at once; offset resets reach running
+consumers. Receipt handles: an ack, nack or change after the deadline, or of a superseded delivery,
+is refused (:class:`~engine.errors.ReceiptHandleExpiredError`), as RocketMQ 5 refuses a stale one.
 Timing assumes the clocks of the group's consumers agree to well within an invisible time.
 """
 
@@ -38,7 +23,7 @@ import time
 from engine.client.claim_log import ClaimLog, Held, ReceivedMessage, received_message
 from engine.client.claims import ClaimBook
 from engine.client.leases import Source, receive_sources
-from engine.client.leasing import LEASE_HOLD_MS, MAX_PREFETCH, SCAN_INTERVAL_MS, Leaser
+from engine.client.leasing import Leaser
 from engine.client.membership import default_consumer_id
 from engine.client.offsets import ConsumeFrom
 from engine.closing import Closing
@@ -63,12 +48,9 @@ from engine.store.delta import backoff
 from engine.store.store import Store, now_ms
 
 __all__ = [
-    "LEASE_HOLD_MS",
     "MAX_INVISIBLE_MS",
-    "MAX_PREFETCH",
     "MAX_RECEIVE_NUMS",
     "OFFSET_PERSIST_MS",
-    "SCAN_INTERVAL_MS",
     "ClaimBook",
     "ReceivedMessage",
     "SimpleConsumer",

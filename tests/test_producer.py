@@ -32,13 +32,13 @@ def test_send_returns_offsets_and_ids(store: Store, topic: str) -> None:
         r = p.send(Message(topic, b"hello", tags="TagA", keys=("k1",), properties={"a": "b"}))
     assert r.status is SendStatus.SEND_OK
     assert (r.topic, r.queue_offset, r.physical_offset) == (topic, 0, 0)
-    assert parse_msg_id(r.msg_id) == (store.store_id, 0)
+    assert parse_msg_id(r.offset_msg_id) == (store.store_id, 0)
     assert len(r.uniq_key) == 32
     [row] = commit_log_rows(store)
     assert row["body"] == b"hello" and row["tags"] == "TagA" and row["keys"] == ["k1"]
     assert dict(row["properties"])["a"] == "b"  # type: ignore[call-overload]
     assert dict(row["properties"])["KEYS"] == "k1"  # type: ignore[call-overload]
-    assert row["msg_id"] == r.msg_id and row["uniq_key"] == r.uniq_key
+    assert row["msg_id"] == r.offset_msg_id and row["uniq_key"] == r.msg_id == r.uniq_key
 
 
 def test_round_robin_spreads_over_queues(store: Store, topic: str) -> None:
@@ -151,7 +151,7 @@ def test_batch_results_are_ordinary_frozen_send_results(store: Store, topic: str
     rows: list[dict[str, Any]] = commit_log_rows(store)
     expected = [
         SendResult(
-            SendStatus.SEND_OK, r["msg_id"], r["uniq_key"], topic, 2, r["queue_offset"], r["physical_offset"]
+            SendStatus.SEND_OK, r["uniq_key"], r["msg_id"], topic, 2, r["queue_offset"], r["physical_offset"]
         )
         for r in rows
     ]
@@ -193,7 +193,7 @@ def test_async_results_match_the_stored_rows(store: Store, topic: str) -> None:
     for i, f in enumerate(futures):
         r = f.result()
         row = by_uniq[r.uniq_key]
-        assert (row["body"], row["queue_id"], row["msg_id"]) == (f"{i}".encode(), i % 2, r.msg_id)
+        assert (row["body"], row["queue_id"], row["msg_id"]) == (f"{i}".encode(), i % 2, r.offset_msg_id)
         assert (row["queue_offset"], row["physical_offset"]) == (r.queue_offset, r.physical_offset)
 
 

@@ -320,7 +320,7 @@ def test_resend_dlq_sends_a_fresh_copy_to_the_original_topic(store: Store, topic
     original, dead = _dead(store, topic)
     result = admin.resend_dlq(GROUP, dead.msg_id)
     assert result.topic == topic
-    resent = next(m for m in pull_all(store, topic) if m.msg_id == result.msg_id)
+    resent = next(m for m in pull_all(store, topic) if m.msg_id == result.offset_msg_id)
     assert resent.body == b"payload" and resent.tags == "TagA" and resent.keys == ("k1",)
     assert resent.reconsume_times == 0
     assert resent.properties[protocol.PROPERTY_ORIGIN_MESSAGE_ID] == original.msg_id

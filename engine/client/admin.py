@@ -105,14 +105,16 @@ class Admin:
         return stats
 
     # ----------------------------------------------------------------- finding messages
-    def view_message(self, msg_id: str) -> MessageExt:
-        """The stored message with offset message id ``msg_id``: one point read of the commit log.
+    def view_message(self, msg_id: str, topic: str | None = None) -> MessageExt:
+        """The stored message with id ``msg_id``: an offset msg id (one point read of the commit
+        log) or a client unique id (an ``index`` look-up, in ``topic`` when given); see
+        :func:`engine.client.queries.view_message`.
 
         Raises:
-            InvalidArgumentError: a malformed id, or one issued by another store.
-            MessageNotFoundError: nothing is stored at that offset (never written, or expired).
+            InvalidArgumentError: a malformed id, or an offset id issued by another store.
+            MessageNotFoundError: no such message (never written, not indexed yet, or expired).
         """
-        return view_message(self._store, msg_id, index=self._index)
+        return view_message(self._store, msg_id, topic=topic, index=self._index)
 
     def query_by_key(
         self, topic: str, key: str, begin_ms: int, end_ms: int, max_num: int = 32

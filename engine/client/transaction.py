@@ -177,8 +177,8 @@ class TransactionProducer(Producer):
     def _half_result(self, half: HalfMessage, state: LocalTransactionState) -> TransactionSendResult:
         return TransactionSendResult(
             status=SendStatus.SEND_OK,
-            msg_id=half.msg_id,
-            uniq_key=half.uniq_key,
+            msg_id=half.uniq_key,
+            offset_msg_id=half.msg_id,
             topic=TRANS_HALF_TOPIC,
             queue_id=0,
             queue_offset=-1,
@@ -193,8 +193,8 @@ class TransactionProducer(Producer):
             return self._half_result(half, decision.state)
         return TransactionSendResult(
             status=SendStatus.SEND_OK,
-            msg_id=committed.msg_id,
-            uniq_key=committed.uniq_key,
+            msg_id=committed.uniq_key,
+            offset_msg_id=committed.msg_id,
             topic=committed.topic,
             queue_id=committed.queue_id,
             queue_offset=committed.queue_offset,

@@ -53,6 +53,7 @@ from engine.protocol.message_ids import (
     UniqKeyGenerator,
     make_msg_id,
     parse_msg_id,
+    uniq_key_time_ms,
 )
 from engine.protocol.messages import (
     MAX_BODY_BYTES,
@@ -214,6 +215,7 @@ __all__ = [
     "schedule_queue_id",
     "select_queue_by_hash",
     "tags_code",
+    "uniq_key_time_ms",
     "validate_delay_level",
     "validate_group_name",
     "validate_max_reconsume",

@@ -92,7 +92,12 @@ def record_size(topic: str, body_len: int, properties: Mapping[str, str]) -> int
 
 
 def select_queue_by_hash(sharding_key: str, queues: int) -> int:
-    """Stable queue for a sharding key (same key, same queue, across processes and runs)."""
+    """Stable queue for a sharding key, as RocketMQ's ``SelectMessageQueueByHash``.
+
+    Java computes ``key.hashCode() % n`` (the remainder takes the dividend's sign) and then
+    ``Math.abs`` of a negative remainder; ``|h| mod n`` is the same number, also for
+    ``Integer.MIN_VALUE`` (whose remainder is small, so Java's abs never overflows there).
+    """
     if queues <= 0:
         raise InvalidArgumentError("a topic needs at least one queue", queues=queues)
-    return (java_string_hashcode(sharding_key) & 0x7FFFFFFF) % queues
+    return abs(java_string_hashcode(sharding_key)) % queues

@@ -36,6 +36,7 @@ class EngineConfig:
     checkpoint_dir: str = ""
     file_reserved_hours: int = 72
     max_reconsume_times: int = 16
+    timer_max_delay_sec: int = 3 * 24 * 3600
     log_level: str = "WARN"
 
     def __post_init__(self) -> None:
@@ -57,6 +58,7 @@ class EngineConfig:
             "pull_batch_size",
             "long_poll_interval_ms",
             "dispatch_trigger_ms",
+            "timer_max_delay_sec",
         )
         for name in positive:
             if getattr(self, name) <= 0:

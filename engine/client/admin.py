@@ -10,8 +10,9 @@ from engine.errors import InvalidArgumentError, InvalidTopicError, StoreError, T
 from engine.model import Message, MessageExt, QueueStats, SendResult, TopicConfig
 from engine.protocol.message_ids import parse_msg_id
 from engine.protocol.names import (
-    PROPERTY_RECONSUME_TIME,
     PROPERTY_RETRY_TOPIC,
+    RESEND_PROPERTIES,
+    RESERVED_PROPERTIES,
     SCHEDULE_TOPIC,
     dlq_topic,
     is_system_topic,
@@ -242,12 +243,16 @@ class Admin:
                 group=group,
                 msg_id=msg_id,
             )
-        dropped = {PROPERTY_RETRY_TOPIC, PROPERTY_RECONSUME_TIME, *SCHEDULE_PROPERTIES}
-        properties = {k: v for k, v in message.properties.items() if k not in dropped}
+        # System properties stay behind (KEYS comes back from the keys), but for the lineage.
+        properties = {
+            k: v
+            for k, v in message.properties.items()
+            if k not in SCHEDULE_PROPERTIES and (k not in RESERVED_PROPERTIES or k in RESEND_PROPERTIES)
+        }
         copy = Message(original, message.body, message.tags, message.keys, properties)
         if self._producer is None:
             self._producer = Producer(self._store, "DLQ_RESEND")
-        return self._producer.send(copy)
+        return self._producer._resend(copy)
 
     # ----------------------------------------------------------------- consumer offsets
     def reset_offset_by_time(self, group: str, topic: str, timestamp_ms: int) -> dict[int, int]:

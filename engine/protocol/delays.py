@@ -27,6 +27,21 @@ def validate_delay_level(level: object) -> int:
     return level
 
 
+def clamp_delay_level(level: object) -> int:
+    """The delay level a send uses, as RocketMQ's broker: a level above 18 is clamped to 18.
+
+    Raises:
+        InvalidArgumentError: not an int >= 0 (0: no delay).
+    """
+    if isinstance(level, bool) or not isinstance(level, int) or level < 0:
+        raise InvalidArgumentError(
+            f"delay_level {level!r} is invalid; use 0 (no delay) or 1..{MAX_DELAY_LEVEL} (higher levels are "
+            f"clamped to {MAX_DELAY_LEVEL})",
+            delay_level=level,
+        )
+    return min(level, MAX_DELAY_LEVEL)
+
+
 def delay_due_ms(level: int, from_ms: int) -> int:
     """When a message sent at ``from_ms`` with ``level`` is due."""
     validate_delay_level(level)

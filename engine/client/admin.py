@@ -260,8 +260,10 @@ class Admin:
 
         Found by binary search over the consume queue (file statistics, then within a file), not a
         scan. Before every message: the min offset; after all of them: the max offset. The offsets
-        are committed for the group (newest commit wins); consumers pick them up when they next
-        read the group's offsets (a PushConsumer on rebalance, an ``mq`` stream on a fresh start).
+        are committed for the group (newest commit wins) and the reset is recorded for the group's
+        running PushConsumers, which drop what they hold of those queues and resume from the new
+        offsets within about a second (their next commit keeps the reset); consumers started later
+        read the offsets (an ``mq`` stream on a fresh start).
 
         Returns:
             Queue id -> the group's new offset.
@@ -273,7 +275,8 @@ class Admin:
         return admin_offsets.reset_offset_by_time(self._store, group, topic, timestamp_ms)
 
     def reset_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
-        """Set a clustering group's offset of one queue (the next offset it consumes).
+        """Set a clustering group's offset of one queue (the next offset it consumes); running
+        PushConsumers of the group pick it up as after :meth:`reset_offset_by_time`.
 
         Raises:
             TopicNotFoundError: no such topic.

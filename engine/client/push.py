@@ -23,6 +23,7 @@ from engine.client.membership import GroupMembership, default_consumer_id
 from engine.client.offsets import ConsumeFrom, offset_by_time
 from engine.client.pull import PullConsumer
 from engine.client.queue_workers import Listener, ProcessQueue, QueueWorkers
+from engine.client.resets import ResetWatcher
 from engine.closing import Closing
 from engine.errors import ConsumerError, InvalidArgumentError
 from engine.protocol import (
@@ -199,6 +200,9 @@ class PushConsumer(QueueWorkers, Closing):
         self._started = False
         self._closed = False
         self._last_relock: float | None = None  # monotonic time of the last renewal of every lock
+        self._resets: ResetWatcher | None = None  # set by start()
+        self._pending_resets: dict[tuple[str, int], int] = {}  # (topic, queue id) -> reset offset
+        self._resets_lock = threading.Lock()
 
     # ----------------------------------------------------------------- setup
     @property
@@ -270,6 +274,9 @@ class PushConsumer(QueueWorkers, Closing):
                 raise ConsumerError("register a listener before start()", group=self.group)
             if not any(not t.startswith(RETRY_PREFIX) for t in self._subscriptions):
                 raise ConsumerError("subscribe to a topic before start()", group=self.group)
+            # Before any queue is started: a reset made from here on is seen by the watcher, one made
+            # before is in the committed offsets the queues start from.
+            self._resets = ResetWatcher(self._store, self.group)
             self._membership.heartbeat(self._subscriptions)
             self._started = True
             for name, target in (("service", self._service_loop), ("rebalance", self._rebalance_loop)):
@@ -346,7 +353,49 @@ class PushConsumer(QueueWorkers, Closing):
                 self._rebalance()
             except Exception as exc:  # logged; background work goes on
                 self._warn("rebalance failed", exc)
+            try:
+                self._apply_resets()
+            except Exception as exc:  # logged; background work goes on
+                self._warn("applying an offset reset failed", exc)
             self._stop.wait(self._rebalance_s)
+
+    # ----------------------------------------------------------------- live resets
+    def _collect_resets(self) -> dict[tuple[str, int], int]:
+        """Resets seen so far and not applied yet: (topic, queue id) -> the offset to resume from."""
+        if self._resets is None:
+            return {}
+        with self._resets_lock:
+            for key, reset in self._resets.poll().items():
+                self._pending_resets[key] = reset.offset
+            return dict(self._pending_resets)
+
+    def _apply_resets(self) -> None:
+        """Resume every held queue that was reset from its new offset (the rebalance thread only, so
+        no rebalance round starts or drops a queue meanwhile).
+
+        The queue's worker is stopped and its progress forgotten (nothing of it is committed), the
+        reset offset is committed again by this instance (a commit of ours that raced the reset
+        cannot leave the old offset standing), and a new worker starts from it. An orderly
+        consumer keeps the queue's lock throughout.
+        """
+        pending = self._collect_resets()
+        if not pending:
+            return
+        with self._state_lock:
+            held = {mq: pq for mq, pq in self._pqs.items() if (mq.topic, mq.queue_id) in pending}
+        with self._persist_lock:  # no periodic commit of the old progress in between
+            if held:
+                self._drop(list(held.values()), commit=False)
+                self._offsets.commit(
+                    [(mq.topic, mq.queue_id, pending[(mq.topic, mq.queue_id)]) for mq in held]
+                )
+            with self._resets_lock:
+                for key, offset in pending.items():
+                    if self._pending_resets.get(key) == offset:
+                        del self._pending_resets[key]  # applied, or not ours: committed offsets hold it
+        if held and not self._stop.is_set():
+            _log.info("push consumer %s: offsets reset for %s", self.instance_id, sorted(held))
+            self._start_queues(sorted(held), {mq: pq.expression for mq, pq in held.items()})
 
     def _rebalance(self) -> None:
         """One round of RocketMQ's ``RebalanceImpl.doRebalance``."""
@@ -474,8 +523,14 @@ class PushConsumer(QueueWorkers, Closing):
             if pqs is None:
                 with self._state_lock:
                     pqs = list(self._pqs.values())
-            # Read offsets before flushing: a worker records a NACK before moving its offset.
-            snapshot = [(pq, pq.consumed) for pq in pqs if pq.consumed != pq.committed]
+            # Read offsets before flushing: a worker records a NACK before moving its offset. A queue
+            # reset but not resumed yet keeps the reset: its old progress is never committed.
+            reset = self._collect_resets()
+            snapshot = [
+                (pq, pq.consumed)
+                for pq in pqs
+                if pq.consumed != pq.committed and (pq.mq.topic, pq.mq.queue_id) not in reset
+            ]
             self._actions.flush()
             if not snapshot:
                 return

@@ -5,13 +5,40 @@ from __future__ import annotations
 
 import pytest
 
-from engine import Admin, ConsumeFrom, InvalidArgumentError, Store
+from engine import (
+    Admin,
+    ConsumeConcurrentlyContext,
+    ConsumeFrom,
+    ConsumeOrderlyContext,
+    ConsumeResult,
+    InvalidArgumentError,
+    MessageExt,
+    MessageQueue,
+    PullConsumer,
+    Store,
+)
 from engine.broker.dispatch import dispatch_pending
+from engine.broker.retry import retry_message, route_retries
 from engine.client.resets import ResetWatcher
+from engine.protocol import PROPERTY_REAL_TOPIC, SCHEDULE_TOPIC
+from engine.protocol.actions import NACK
+from engine.store.action_log import read_actions
 from engine.store.offset_resets import latest_resets, record_resets
+from engine.store.store import now_ms
+from tests.helpers import commit_log_rows
 from tests.test_push_consumer import Collector, committed, consumer, dispatcher, eventually, send
 
 __all__ = ["dispatcher"]  # the fixture, used by name
+
+
+def pull_everything(store: Store, topic: str) -> list[MessageExt]:
+    dispatch_pending(store)
+    if topic not in store.topic_configs(refresh=True):
+        return []
+    puller = PullConsumer(store, "probe")
+    return [
+        m for q in range(store.topic(topic).queues) for m in puller.pull(topic, q, 0, max_nums=64).messages
+    ]
 
 
 # --------------------------------------------------------------------------- live resets
@@ -75,3 +102,121 @@ def test_a_reset_of_one_queue_resumes_that_queue_from_the_new_offset_only(
         eventually(lambda: len(seen.bodies()) == 7, what="queue 2 consumed again from offset 2")
         assert sorted(seen.bodies()[5:]) == [b"c", b"d"]
         eventually(lambda: committed(store, "g").get(2) == 4, what="committed again")
+
+
+# --------------------------------------------------------------------------- orderly retry in place
+def test_an_orderly_listener_retries_a_failing_message_in_place_beyond_16_times_by_default(
+    store: Store, topic: str, dispatcher: None
+) -> None:
+    attempts: list[int] = []
+
+    def listener(messages: list[MessageExt]) -> ConsumeResult:
+        (m,) = messages
+        if m.body == b"poison" and len(attempts) < 20:
+            attempts.append(m.reconsume_times)
+            return ConsumeResult.SUSPEND_CURRENT_QUEUE_A_MOMENT
+        seen.append(m.body)
+        return ConsumeResult.SUCCESS
+
+    seen: list[bytes] = []
+    c = consumer(store, "g", listener=listener, orderly=True, consume_from=ConsumeFrom.FIRST)
+    assert c.max_reconsume_times == 2**31 - 1  # RocketMQ's orderly default: Integer.MAX_VALUE
+    with c.start():
+        send(store, ["a", "poison", "b"], queue_id=0)
+        eventually(lambda: seen == [b"a", b"poison", b"b"], what="the poison message succeeded in place")
+        eventually(lambda: committed(store, "g").get(0) == 3, what="committed past it")
+    assert attempts == list(range(20))  # the same message again and again, its count visible
+    assert read_actions(store, "g", NACK) == []  # never dead-lettered
+
+
+def test_an_orderly_context_sets_the_pause_before_the_batch_comes_again(
+    store: Store, topic: str, dispatcher: None
+) -> None:
+    calls: list[bytes] = []
+
+    def listener(messages: list[MessageExt], context: ConsumeOrderlyContext) -> ConsumeResult:
+        assert context.message_queue == MessageQueue("T", 0)
+        calls.extend(m.body for m in messages)
+        if len(calls) == 1:
+            context.suspend_current_queue_time_ms = 10
+            return ConsumeResult.SUSPEND_CURRENT_QUEUE_A_MOMENT
+        return ConsumeResult.SUCCESS
+
+    c = consumer(store, "g", listener=listener, orderly=True, consume_from=ConsumeFrom.FIRST)
+    with c.start():
+        send(store, ["x"], queue_id=0)
+        eventually(lambda: calls == [b"x", b"x"], what="retried in place")
+
+
+def test_an_orderly_limit_set_by_the_user_still_dead_letters(store: Store, topic: str) -> None:
+    c = consumer(store, "g", orderly=True, max_reconsume_times=3)
+    assert c.max_reconsume_times == 3
+
+
+# --------------------------------------------------------------------------- reconsume limits
+def test_max_reconsume_times_minus_one_means_rocketmq_default(store: Store, topic: str) -> None:
+    assert consumer(store, "g", max_reconsume_times=-1).max_reconsume_times == 16
+    assert consumer(store, "g").max_reconsume_times == 16
+    assert consumer(store, "g", orderly=True, max_reconsume_times=-1).max_reconsume_times == 2**31 - 1
+    with pytest.raises(InvalidArgumentError):
+        consumer(store, "g", max_reconsume_times=-2)
+
+
+def test_a_concurrent_listener_sends_failures_to_the_dlq_at_once_with_delay_level_minus_one(
+    store: Store, topic: str, dispatcher: None
+) -> None:
+    def listener(messages: list[MessageExt], context: ConsumeConcurrentlyContext) -> ConsumeResult:
+        context.delay_level_when_next_consume = -1
+        return ConsumeResult.RECONSUME_LATER
+
+    c = consumer(store, "g", listener=listener, consume_from=ConsumeFrom.FIRST)
+    with c.start():
+        send(store, ["x"], queue_id=1)
+        eventually(lambda: len(read_actions(store, "g", NACK)) == 1, what="a NACK")
+    [nack] = read_actions(store, "g", NACK)
+    assert nack["reconsume_times"] >= store.config.max_reconsume_times and nack["deadline_ms"] is None
+    route_retries(store)
+    assert [m.body for m in pull_everything(store, "%DLQ%g")] == [b"x"]
+
+
+def test_a_concurrent_listener_chooses_the_next_delay_level(
+    store: Store, topic: str, dispatcher: None
+) -> None:
+    def listener(messages: list[MessageExt], context: ConsumeConcurrentlyContext) -> ConsumeResult:
+        context.delay_level_when_next_consume = 2  # 5 s, where the broker would choose 10 s
+        return ConsumeResult.RECONSUME_LATER
+
+    c = consumer(store, "g", listener=listener, consume_from=ConsumeFrom.FIRST)
+    before = now_ms()
+    with c.start():
+        send(store, ["x"], queue_id=1)
+        eventually(lambda: len(read_actions(store, "g", NACK)) == 1, what="a NACK")
+    after = now_ms()
+    [nack] = read_actions(store, "g", NACK)
+    assert before + 5_000 <= nack["deadline_ms"] <= after + 5_000
+    assert nack["reconsume_times"] == 0
+    route_retries(store)
+    [row] = [r for r in commit_log_rows(store) if r["topic"] == SCHEDULE_TOPIC]
+    assert row["deliver_at_ms"] == nack["deadline_ms"]
+    assert dict(row["properties"])[PROPERTY_REAL_TOPIC] == "%RETRY%g"  # type: ignore[call-overload]
+
+
+def test_retry_message_at_a_chosen_time_waits_as_a_timer() -> None:
+    row = {
+        "topic": "T",
+        "queue_id": 0,
+        "body": b"x",
+        "msg_id": "M",
+        "uniq_key": "U",
+        "reconsume_times": 0,
+        "properties": [],
+        "tags": None,
+        "keys": [],
+        "born_ts_ms": 1,
+        "sys_flag": 0,
+    }
+    timed = retry_message(row, "g", 1_000, retry_at_ms=6_000)
+    assert (timed.deliver_at_ms, timed.delay_level) == (6_000, 0)
+    broker = retry_message(row, "g", 1_000)
+    assert broker.delay_level == 3
+    assert retry_message(row, "g", 9_000, retry_at_ms=6_000).deliver_at_ms == 9_000  # late: at once

@@ -22,7 +22,13 @@ from engine.client.admin import Admin
 from engine.client.membership import GroupMembership, default_consumer_id
 from engine.client.offsets import ConsumeFrom, offset_by_time
 from engine.client.pull import PullConsumer
-from engine.client.queue_workers import Listener, ProcessQueue, QueueWorkers
+from engine.client.queue_workers import (
+    UNLIMITED_RECONSUME,
+    Listener,
+    ProcessQueue,
+    QueueWorkers,
+    takes_context,
+)
 from engine.client.resets import ResetWatcher
 from engine.closing import Closing
 from engine.errors import ConsumerError, InvalidArgumentError
@@ -71,7 +77,9 @@ class PushConsumer(QueueWorkers, Closing):
             ``"consistent_hash"`` or a callable ``(queues, consumer_ids, me) -> queues``.
         consume_from: where to start a queue the group has no committed offset for.
         consume_from_timestamp_ms: the time for ``ConsumeFrom.TIMESTAMP`` (default 30 min ago).
-        max_reconsume_times: attempts after which a failing message goes to ``%DLQ%<group>``.
+        max_reconsume_times: failures after which a message goes to ``%DLQ%<group>``; -1 or None
+            (the default) means 16 (the engine's ``max_reconsume_times``) for a concurrent
+            listener and no limit for an orderly one, as in RocketMQ.
         pull_batch_size: most messages pulled from a queue at a time (1..1024).
         consume_batch_size: most messages passed to one listener call.
         instance_id: this instance's id in the group; give a stable one to a broadcasting
@@ -137,17 +145,17 @@ class PushConsumer(QueueWorkers, Closing):
         self.consume_from_timestamp_ms = consume_from_timestamp_ms
         cfg = store.config
         if max_reconsume_times is None:
-            max_reconsume_times = cfg.max_reconsume_times
+            max_reconsume_times = -1
         if (
             isinstance(max_reconsume_times, bool)
             or not isinstance(max_reconsume_times, int)
-            or max_reconsume_times < 0
+            or max_reconsume_times < -1
         ):
             raise InvalidArgumentError(
-                f"max_reconsume_times {max_reconsume_times!r} must be an int >= 0",
+                f"max_reconsume_times {max_reconsume_times!r} must be an int >= 0, or -1 (the default)",
                 max_reconsume_times=max_reconsume_times,
             )
-        self.max_reconsume_times = max_reconsume_times
+        self._max_reconsume_setting = max_reconsume_times
         self.pull_batch_size = _positive(
             "pull_batch_size",
             cfg.pull_batch_size if pull_batch_size is None else pull_batch_size,
@@ -191,6 +199,7 @@ class PushConsumer(QueueWorkers, Closing):
         self._index = QueueIndex(store)
         self._subscriptions: dict[str, str] = {}
         self._listener: Listener | None = None
+        self._with_context = False
         self._orderly = False
         self._pqs: dict[MessageQueue, ProcessQueue] = {}
         self._state_lock = threading.RLock()  # guards _pqs, _subscriptions and the lifecycle
@@ -208,6 +217,15 @@ class PushConsumer(QueueWorkers, Closing):
     @property
     def consumer_id(self) -> str:
         return self.instance_id
+
+    @property
+    def max_reconsume_times(self) -> int:
+        """Failures after which a message goes to ``%DLQ%<group>``. The default (-1), as RocketMQ's:
+        the engine's ``max_reconsume_times`` (16) for a concurrent listener, no limit for an orderly
+        one (its failing message is retried in place, so the queue's order holds)."""
+        if self._max_reconsume_setting != -1:
+            return self._max_reconsume_setting
+        return UNLIMITED_RECONSUME if self._orderly else self._store.config.max_reconsume_times
 
     def subscribe(self, topic: str, expression: str = "*") -> None:
         """Consume ``topic`` messages matching a tag expression (``"*"``, ``"TagA || TagB"``).
@@ -240,12 +258,17 @@ class PushConsumer(QueueWorkers, Closing):
     def register_listener(self, listener: Listener, orderly: bool = False) -> None:
         """Set the function called with each batch of messages; it returns a :class:`ConsumeResult`.
 
+        ``listener(messages)`` or ``listener(messages, context)``: a listener taking two arguments
+        also gets a :class:`ConsumeConcurrentlyContext` (choose the next retry delay) or a
+        :class:`ConsumeOrderlyContext` (choose the pause).
+
         A concurrent listener is called from one thread per queue at once and must be thread-safe;
         a failed (RECONSUME_LATER or raising) batch is recorded as NACKs and redelivered later
         through the retry topic. An orderly listener sees each queue's messages in queue order,
-        one batch at a time, only while this instance holds the queue's lock; a failed batch is
-        retried after ``suspend_current_queue_ms``, never skipped, and a message that fails more
-        than ``max_reconsume_times`` times goes to the dead-letter topic.
+        one batch at a time, only while this instance holds the queue's lock; a failed batch
+        (SUSPEND_CURRENT_QUEUE_A_MOMENT, RECONSUME_LATER or raising) is retried in place after
+        ``suspend_current_queue_ms``, never skipped; only when the user set
+        ``max_reconsume_times`` does a message failing more often go to the dead-letter topic.
 
         Raises:
             InvalidArgumentError: not callable.
@@ -257,6 +280,7 @@ class PushConsumer(QueueWorkers, Closing):
             if self._started:
                 raise ConsumerError("register the listener before start()", group=self.group)
             self._listener = listener
+            self._with_context = takes_context(listener)
             self._orderly = bool(orderly)
 
     def start(self) -> PushConsumer:

@@ -13,6 +13,7 @@ from engine import (
     ConsumeResult,
     InvalidArgumentError,
     MessageExt,
+    MessageModel,
     MessageQueue,
     PullConsumer,
     Store,
@@ -220,3 +221,22 @@ def test_retry_message_at_a_chosen_time_waits_as_a_timer() -> None:
     broker = retry_message(row, "g", 1_000)
     assert broker.delay_level == 3
     assert retry_message(row, "g", 9_000, retry_at_ms=6_000).deliver_at_ms == 9_000  # late: at once
+
+
+# --------------------------------------------------------------------------- broadcasting ids
+def test_a_broadcasting_consumer_id_is_stable_per_host_and_a_restart_resumes(
+    store: Store, topic: str, dispatcher: None
+) -> None:
+    first_seen = Collector()
+    first = consumer(store, "g", listener=first_seen, model=MessageModel.BROADCASTING, consume_from="FIRST")
+    assert first.instance_id.endswith("@DEFAULT")
+    with first.start():
+        send(store, ["a", "b", "c", "d"])
+        eventually(lambda: len(first_seen.bodies()) == 4, what="first run consumed")
+    send(store, ["e", "f"])
+    again_seen = Collector()
+    again = consumer(store, "g", listener=again_seen, model=MessageModel.BROADCASTING, consume_from="FIRST")
+    assert again.instance_id == first.instance_id
+    with again.start():
+        eventually(lambda: sorted(again_seen.bodies()) == [b"e", b"f"], what="resumed after the restart")
+    assert consumer(store, "g").instance_id != consumer(store, "g").instance_id  # clustering: unique

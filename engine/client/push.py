@@ -19,7 +19,7 @@ import time
 from collections.abc import Sequence
 
 from engine.client.admin import Admin
-from engine.client.membership import GroupMembership, default_consumer_id
+from engine.client.membership import GroupMembership, default_consumer_id, host_client_id
 from engine.client.offsets import ConsumeFrom, offset_by_time
 from engine.client.pull import PullConsumer
 from engine.client.queue_workers import (
@@ -82,8 +82,10 @@ class PushConsumer(QueueWorkers, Closing):
             listener and no limit for an orderly one, as in RocketMQ.
         pull_batch_size: most messages pulled from a queue at a time (1..1024).
         consume_batch_size: most messages passed to one listener call.
-        instance_id: this instance's id in the group; give a stable one to a broadcasting
-            consumer so a restart resumes from its offsets.
+        instance_id: this instance's id in the group. Default: unique per instance for clustering;
+            ``ip@DEFAULT`` for broadcasting (RocketMQ's client id), so a broadcasting consumer
+            restarted on the same host resumes from its offsets; give each of several
+            broadcasting consumers of one group on one host its own id.
         heartbeat_interval_ms, member_timeout_ms: liveness (a member silent for the timeout is
             dropped from the group).
         rebalance_interval_ms: how often the queues are reallocated.
@@ -182,7 +184,12 @@ class PushConsumer(QueueWorkers, Closing):
             )
         self._relock_s = relock_interval_ms / 1000
         self._suspend_s = _positive("suspend_current_queue_ms", suspend_current_queue_ms) / 1000
-        self.instance_id = default_consumer_id() if instance_id is None else instance_id
+        if instance_id is None:
+            # RocketMQ: a clustering instance gets a unique name (pid#time); a broadcasting one keeps
+            # ip@DEFAULT, so a restart on the same host finds its offsets.
+            broadcast = self.model is MessageModel.BROADCASTING
+            instance_id = host_client_id() if broadcast else default_consumer_id()
+        self.instance_id = instance_id
         self._store = store
         self._membership = GroupMembership(
             store,

@@ -30,6 +30,7 @@ from engine.protocol import (
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
     PROPERTY_TRANSACTION_PREPARED,
+    TRANS_CHECK_MAX_TIME_TOPIC,
     TRANS_HALF_TOPIC,
     TRANS_OP_HALF_TOPIC,
 )
@@ -37,6 +38,7 @@ from engine.protocol.transactions import (
     EVENT_CHECK,
     EVENT_COMMIT,
     EVENT_ROLLBACK,
+    PROPERTY_CHECK_IMMUNITY_TIME,
     PROPERTY_HALF_OFFSET,
     PROPERTY_PRODUCER_GROUP,
     REASON_MAX_CHECKS,
@@ -189,6 +191,42 @@ def test_checker_unknown_is_asked_again_then_rolled_back(store: Store, topic: st
     assert [r["check_times"] for r in transactions(store, EVENT_CHECK)] == [1, 2]
     assert pull_all(store, topic) == []
     assert check_transactions(store, now_ms=now + 10**6, max_checks=2, check_interval_ms=1000) == 0
+
+
+def test_a_half_whose_checks_ran_out_is_kept_in_trans_check_max_time_topic(
+    store: Store, topic: str, producers: Any
+) -> None:
+    producer = producers(Checker(UNKNOWN))
+    result = producer.send_in_transaction(
+        Message(topic, b"stuck", tags="T1", keys=("k1",), properties={"user": "v"}), lambda m: UNKNOWN
+    )
+    assert check_transactions(store, now_ms=FUTURE, max_checks=0) == 1  # gives up at once
+    assert pull_all(store, topic) == []  # never delivered
+    [kept] = pull_all(store, TRANS_CHECK_MAX_TIME_TOPIC, queues=1)
+    assert (kept.body, kept.tags, kept.keys, kept.uniq_key) == (b"stuck", "T1", ("k1",), result.msg_id)
+    assert kept.properties["user"] == "v"
+    assert (kept.properties[PROPERTY_REAL_TOPIC], kept.properties[PROPERTY_HALF_OFFSET]) == (
+        topic,
+        str(result.physical_offset),
+    )
+    assert check_transactions(store, now_ms=FUTURE, max_checks=0) == 0  # decided: kept once
+
+
+def test_check_immunity_time_replaces_the_timeout_of_its_half(
+    store: Store, topic: str, producers: Any
+) -> None:
+    producer = producers()
+    slow = producer.send_in_transaction(
+        Message(topic, b"slow", properties={PROPERTY_CHECK_IMMUNITY_TIME: "60"}), lambda m: UNKNOWN
+    )
+    plain = producer.send_in_transaction(Message(topic, b"plain"), lambda m: UNKNOWN)
+    born = int(load_half(store, slow.physical_offset).store_ts_ms)  # type: ignore[union-attr]
+    assert check_transactions(store, now_ms=born + 30_000, check_interval_ms=10**9) == 1
+    checked = [r["half_physical_offset"] for r in transactions(store, EVENT_CHECK)]
+    assert checked == [plain.physical_offset]  # the plain half only (6 s timeout)
+    assert check_transactions(store, now_ms=born + 61_000, check_interval_ms=10**9) == 1
+    checked = [r["half_physical_offset"] for r in transactions(store, EVENT_CHECK)]
+    assert sorted(checked) == sorted([plain.physical_offset, slow.physical_offset])
 
 
 def test_young_halves_are_not_checked(store: Store, topic: str, producers: Any) -> None:

@@ -15,6 +15,8 @@ TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
 TRANS_OP_HALF_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
+# Where a half message goes once its check-backs are used up (RocketMQ keeps it there for inspection).
+TRANS_CHECK_MAX_TIME_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
 RETRY_PREFIX = "%RETRY%"
 DLQ_PREFIX = "%DLQ%"
 SYSTEM_TOPICS = frozenset(
@@ -22,6 +24,7 @@ SYSTEM_TOPICS = frozenset(
         SCHEDULE_TOPIC,
         TRANS_HALF_TOPIC,
         TRANS_OP_HALF_TOPIC,
+        TRANS_CHECK_MAX_TIME_TOPIC,
         "TBW102",
         "BenchmarkTest",
         "OFFSET_MOVED_EVENT",

@@ -201,3 +201,10 @@ def test_uniq_key_time_decodes_into_the_previous_month_when_the_span_is_ahead_of
 def test_uniq_key_time_of_a_malformed_id_raises(bad: object) -> None:
     with pytest.raises(InvalidArgumentError):
         uniq_key_time_ms(bad)  # type: ignore[arg-type]
+
+
+def test_timer_properties_are_reserved_unless_the_writer_takes_timer_requests() -> None:
+    props = {"TIMER_DELAY_SEC": "5"}
+    with pytest.raises(InvalidMessageError, match="reserved"):
+        validate_message_fields("T", b"x", None, (), props)  # e.g. the mq sink: no timers there
+    validate_message_fields("T", b"x", None, (), props, allowed=frozenset(props))

@@ -26,6 +26,7 @@ from engine.protocol.names import (
     PROPERTY_KEYS,
     RESEND_PROPERTIES,
     SCHEDULE_TOPIC,
+    TIMER_REQUEST_PROPERTIES,
     is_system_topic,
     is_valid_topic_name,
     validate_group_name,
@@ -202,7 +203,7 @@ class Producer(Closing):
         queue_id: int | None = None,
         sharding_key: str | None = None,
         delay_level: int = 0,
-        allowed: frozenset[str] = frozenset(),
+        allowed: frozenset[str] = TIMER_REQUEST_PROPERTIES,
     ) -> PendingMessage:
         if not isinstance(message, Message):
             raise InvalidMessageError(f"expected engine.Message, got {type(message).__name__}")
@@ -293,7 +294,7 @@ class Producer(Closing):
         """:meth:`send` of a broker-side copy (a dead letter sent back), which may carry the
         reserved properties :data:`~engine.protocol.names.RESEND_PROPERTIES`."""
         self._check_open()
-        pending = self._prepare(message, allowed=RESEND_PROPERTIES)
+        pending = self._prepare(message, allowed=RESEND_PROPERTIES | TIMER_REQUEST_PROPERTIES)
         return _as_sent(_results(self._writer.append_batch([pending]))[0], pending)
 
     def send_batch(self, messages: Sequence[Message], queue_id: int | None = None) -> list[SendResult]:

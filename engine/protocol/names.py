@@ -53,9 +53,10 @@ PROPERTY_SHARDING_KEY = "SHARDING_KEY"
 # Property names RocketMQ keeps for the system (MessageConst.STRING_HASH_SET): refused on user
 # messages, as ``Message.putUserProperty`` refuses them, so no user property is re-routed or misread
 # by the broker. KEYS is set from ``Message.keys``. The three timer requests (TIMER_DELAY_SEC,
-# TIMER_DELAY_MS, TIMER_DELIVER_MS) are not in the set: they are how a user asks for a timer message
-# (Java's ``setDelayTimeSec`` / ``setDelayTimeMs`` / ``setDeliverTimeMs`` put them), and the producer
-# honours them. Broker-side re-puts (retries, schedule, transactions, DLQ resends) write the others.
+# TIMER_DELAY_MS, TIMER_DELIVER_MS; Java's ``setDelayTimeSec`` / ``setDelayTimeMs`` /
+# ``setDeliverTimeMs`` put them) are reserved too, but ``Producer.send`` / ``send_async`` take them
+# as a timer request (:data:`TIMER_REQUEST_PROPERTIES`); writers without timers refuse them.
+# Broker-side re-puts (retries, schedule, transactions, DLQ resends) write the others.
 RESERVED_PROPERTIES = frozenset(
     {
         "TRACE_ON",
@@ -95,6 +96,9 @@ RESERVED_PROPERTIES = frozenset(
         "CLUSTER",
         "MSG_TYPE",
         "INNER_MULTI_QUEUE_OFFSET",
+        PROPERTY_TIMER_DELAY_MS,
+        PROPERTY_TIMER_DELAY_SEC,
+        PROPERTY_TIMER_DELIVER_MS,
         "TIMER_ENQUEUE_MS",
         "TIMER_DEQUEUE_MS",
         "TIMER_ROLL_TIMES",
@@ -108,6 +112,10 @@ RESERVED_PROPERTIES = frozenset(
         "__CRC32#",
         "TRAN_HALF_OFFSET",  # this engine's own: the half a transaction decision belongs to
     }
+)
+# The reserved names a producer's single sends accept as a timer request.
+TIMER_REQUEST_PROPERTIES = frozenset(
+    {PROPERTY_TIMER_DELAY_SEC, PROPERTY_TIMER_DELAY_MS, PROPERTY_TIMER_DELIVER_MS}
 )
 # Properties a resent dead letter carries over from its original (Admin.resend_dlq).
 RESEND_PROPERTIES = frozenset({PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_MAX_RECONSUME_TIMES})

@@ -24,6 +24,7 @@ from engine.client.resets import ResetWatcher
 from engine.protocol import PROPERTY_REAL_TOPIC, SCHEDULE_TOPIC
 from engine.protocol.actions import NACK
 from engine.store.action_log import read_actions
+from engine.store.consumer_offset import OffsetStore
 from engine.store.offset_resets import latest_resets, record_resets
 from engine.store.store import now_ms
 from tests.helpers import commit_log_rows
@@ -103,6 +104,34 @@ def test_a_reset_of_one_queue_resumes_that_queue_from_the_new_offset_only(
         eventually(lambda: len(seen.bodies()) == 7, what="queue 2 consumed again from offset 2")
         assert sorted(seen.bodies()[5:]) == [b"c", b"d"]
         eventually(lambda: committed(store, "g").get(2) == 4, what="committed again")
+
+
+def test_a_reset_wins_over_a_commit_of_the_old_progress_that_raced_it(
+    store: Store, topic: str, dispatcher: None
+) -> None:
+    seen = Collector()
+    c = consumer(store, "g", listener=seen, consume_from=ConsumeFrom.FIRST)
+    with c.start():
+        send(store, ["a", "b", "c"], queue_id=3)
+        eventually(lambda: committed(store, "g").get(3) == 3, what="consumed and committed")
+        Admin(store).reset_offset("g", "T", 3, 0)
+        OffsetStore(store, "g").commit([("T", 3, 3)])  # the old progress, committed after the reset
+        eventually(lambda: len(seen.bodies()) == 6, what="consumed again from the reset")
+        eventually(lambda: committed(store, "g").get(3) == 3, what="committed again")
+    assert sorted(seen.bodies()) == [b"a", b"a", b"b", b"b", b"c", b"c"]
+
+
+def test_a_reset_made_while_no_consumer_runs_is_where_the_next_one_starts(
+    store: Store, topic: str, dispatcher: None
+) -> None:
+    first = consumer(store, "g", consume_from=ConsumeFrom.FIRST)
+    with first.start():
+        send(store, ["a", "b", "c"], queue_id=1)
+        eventually(lambda: committed(store, "g").get(1) == 3, what="consumed and committed")
+    Admin(store).reset_offset("g", "T", 1, 1)
+    seen = Collector()
+    with consumer(store, "g", listener=seen).start():
+        eventually(lambda: seen.bodies() == [b"b", b"c"], what="resumed from the reset")
 
 
 # --------------------------------------------------------------------------- orderly retry in place

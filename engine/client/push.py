@@ -426,7 +426,8 @@ class PushConsumer(QueueWorkers, Closing):
                         del self._pending_resets[key]  # applied, or not ours: committed offsets hold it
         if held and not self._stop.is_set():
             _log.info("push consumer %s: offsets reset for %s", self.instance_id, sorted(held))
-            self._start_queues(sorted(held), {mq: pq.expression for mq, pq in held.items()})
+            offsets = {(mq.topic, mq.queue_id): pending[(mq.topic, mq.queue_id)] for mq in held}
+            self._start_queues(sorted(held), {mq: pq.expression for mq, pq in held.items()}, offsets)
 
     def _rebalance(self) -> None:
         """One round of RocketMQ's ``RebalanceImpl.doRebalance``."""
@@ -477,10 +478,18 @@ class PushConsumer(QueueWorkers, Closing):
         if added and not self._stop.is_set():
             self._start_queues(added, target)
 
-    def _start_queues(self, added: Sequence[MessageQueue], target: dict[MessageQueue, str]) -> None:
+    def _start_queues(
+        self,
+        added: Sequence[MessageQueue],
+        target: dict[MessageQueue, str],
+        known: dict[tuple[str, int], int] | None = None,
+    ) -> None:
+        """Start workers for queues, from their committed offsets (``known``: offsets just
+        committed by this instance, used as they are)."""
         committed: dict[tuple[str, int], int] = {}
         for topic in sorted({mq.topic for mq in added}):
             committed.update(self._offsets.read(topic))
+        committed.update(known or {})
         pqs = []
         initial = []
         for mq in added:

@@ -370,7 +370,8 @@ class Producer(Closing):
         bodies = [m.body for m in messages]
         tags = [m.tags for m in messages]
         # As RocketMQ's MessageBatch: a tag travels as the property TAGS\x01<tag>\x02 (6 bytes + tag).
-        total = sum(map(len, bodies)) + sum(len(t.encode()) + 6 for t in tags if t)
+        present = [t for t in tags if t is not None]
+        total = sum(map(len, bodies)) + len("".join(present).encode()) + 6 * len(present)
         limit = self._store.config.max_batch_bytes
         if total > limit:
             raise InvalidMessageError(

@@ -374,7 +374,7 @@ def test_bad_dlq_arguments_are_typed_errors(store: Store, admin: Admin, call: An
     "kwargs",
     [
         {"max_versions": 0},
-        {"max_reconsume_times": -1},
+        {"max_reconsume_times": -2},
         {"max_reconsume_times": "16"},
         {"max_reconsume_times": {"g": -2}},
         {"now_ms": -5},

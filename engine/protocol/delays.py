@@ -75,30 +75,32 @@ def max_reconsume_times(
             value = -1
         if value >= 0:
             return value
+    value = None
     if isinstance(setting, Mapping):
         if group in setting:
-            return int(setting[group])
+            value = int(setting[group])
     elif setting is not None:
-        return int(setting)
-    return default
+        value = int(setting)
+    return default if value is None or value == -1 else value  # -1: RocketMQ's "the default"
 
 
 def validate_max_reconsume(setting: MaxReconsume) -> MaxReconsume:
     """Check a reconsume limit setting; returns it (a mapping as a plain dict).
 
     Raises:
-        InvalidArgumentError: neither None, an int >= 0, nor a mapping of group names to ints >= 0.
+        InvalidArgumentError: neither None, an int >= -1, nor a mapping of group names to ints >= -1
+            (-1 means the default, as RocketMQ's ``maxReconsumeTimes = -1``).
     """
 
     def ok(value: object) -> bool:
-        return not isinstance(value, bool) and isinstance(value, int) and value >= 0
+        return not isinstance(value, bool) and isinstance(value, int) and value >= -1
 
     if setting is None or (not isinstance(setting, Mapping) and ok(setting)):
         return setting
     if isinstance(setting, Mapping) and all(isinstance(g, str) and ok(v) for g, v in setting.items()):
         return dict(setting)
     raise InvalidArgumentError(
-        f"max_reconsume_times {setting!r} must be an int >= 0 or a mapping of group to int >= 0",
+        f"max_reconsume_times {setting!r} must be an int >= -1 or a mapping of group to int >= -1",
         max_reconsume_times=setting,
     )
 

@@ -75,13 +75,13 @@ def max_reconsume_times(
             value = -1
         if value >= 0:
             return value
-    value = None
+    chosen = -1  # -1: RocketMQ's "the default"
     if isinstance(setting, Mapping):
         if group in setting:
-            value = int(setting[group])
+            chosen = int(setting[group])
     elif setting is not None:
-        value = int(setting)
-    return default if value is None or value == -1 else value  # -1: RocketMQ's "the default"
+        chosen = int(setting)
+    return default if chosen == -1 else chosen
 
 
 def validate_max_reconsume(setting: MaxReconsume) -> MaxReconsume:

@@ -275,11 +275,17 @@ class Producer(Closing):
         Args:
             message: what to send.
             queue_id: an explicit queue; default round robin over the topic's queues.
-            sharding_key: choose the queue by a stable hash of this key (ordered messages).
-            delay_level: 1..18, RocketMQ's delay levels; 0 sends at once.
+            sharding_key: choose the queue by a stable hash of this key (ordered messages), as
+                Java's ``SelectMessageQueueByHash``.
+            delay_level: 1..18, RocketMQ's delay levels (higher: clamped to 18); 0 sends at once,
+                or as a timer when ``message.deliver_at_ms`` or a ``TIMER_DELAY_SEC`` /
+                ``TIMER_DELAY_MS`` / ``TIMER_DELIVER_MS`` property says so (at most
+                ``timer_max_delay_sec`` ahead; a time already past sends at once).
 
         Returns:
-            Where the message was stored.
+            Where the message was stored: ``msg_id`` is its client unique id, ``offset_msg_id``
+            the store's offset id; a delayed or timer message's result names its real topic and
+            queue (its queue offset is the schedule queue's, as RocketMQ's broker answers).
 
         Raises:
             InvalidMessageError, InvalidTopicError, TopicNotFoundError, InvalidArgumentError: bad

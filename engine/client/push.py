@@ -22,6 +22,7 @@ from engine.client.admin import Admin
 from engine.client.membership import GroupMembership, default_consumer_id, host_client_id
 from engine.client.offsets import ConsumeFrom, offset_by_time
 from engine.client.pull import PullConsumer
+from engine.client.push_resets import LiveResets
 from engine.client.queue_workers import (
     UNLIMITED_RECONSUME,
     Listener,
@@ -65,7 +66,7 @@ def _positive(name: str, value: object, maximum: int | None = None) -> int:
     return value
 
 
-class PushConsumer(QueueWorkers, Closing):
+class PushConsumer(QueueWorkers, LiveResets, Closing):
     """Messages pushed to a listener, with rebalance, offsets, retries and orderly consumption.
 
     Args:
@@ -389,45 +390,6 @@ class PushConsumer(QueueWorkers, Closing):
             except Exception as exc:  # logged; background work goes on
                 self._warn("applying an offset reset failed", exc)
             self._stop.wait(self._rebalance_s)
-
-    # ----------------------------------------------------------------- live resets
-    def _collect_resets(self) -> dict[tuple[str, int], int]:
-        """Resets seen so far and not applied yet: (topic, queue id) -> the offset to resume from."""
-        if self._resets is None:
-            return {}
-        with self._resets_lock:
-            for key, reset in self._resets.poll().items():
-                self._pending_resets[key] = reset.offset
-            return dict(self._pending_resets)
-
-    def _apply_resets(self) -> None:
-        """Resume every held queue that was reset from its new offset (the rebalance thread only, so
-        no rebalance round starts or drops a queue meanwhile).
-
-        The queue's worker is stopped and its progress forgotten (nothing of it is committed), the
-        reset offset is committed again by this instance (a commit of ours that raced the reset
-        cannot leave the old offset standing), and a new worker starts from it. An orderly
-        consumer keeps the queue's lock throughout.
-        """
-        pending = self._collect_resets()
-        if not pending:
-            return
-        with self._state_lock:
-            held = {mq: pq for mq, pq in self._pqs.items() if (mq.topic, mq.queue_id) in pending}
-        with self._persist_lock:  # no periodic commit of the old progress in between
-            if held:
-                self._drop(list(held.values()), commit=False)
-                self._offsets.commit(
-                    [(mq.topic, mq.queue_id, pending[(mq.topic, mq.queue_id)]) for mq in held]
-                )
-            with self._resets_lock:
-                for key, offset in pending.items():
-                    if self._pending_resets.get(key) == offset:
-                        del self._pending_resets[key]  # applied, or not ours: committed offsets hold it
-        if held and not self._stop.is_set():
-            _log.info("push consumer %s: offsets reset for %s", self.instance_id, sorted(held))
-            offsets = {(mq.topic, mq.queue_id): pending[(mq.topic, mq.queue_id)] for mq in held}
-            self._start_queues(sorted(held), {mq: pq.expression for mq, pq in held.items()}, offsets)
 
     def _rebalance(self) -> None:
         """One round of RocketMQ's ``RebalanceImpl.doRebalance``."""

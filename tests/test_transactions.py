@@ -396,3 +396,13 @@ def test_a_decision_older_than_its_guard_is_found_by_content_and_never_taken_twi
     assert end_transaction(store, writer, late, COMMIT).won
     assert not end_transaction(store, CommitLogWriter(store), late, COMMIT).won
     assert sorted(m.body for m in pull_all(store, topic)) == [b"old commit", b"old, undecided"]
+
+
+@pytest.mark.parametrize("timer", [{"TIMER_DELAY_SEC": "30"}, {"TIMER_DELIVER_MS": str(FUTURE)}])
+def test_a_transactional_message_with_timer_properties_is_refused(
+    store: Store, topic: str, producers: Any, timer: dict[str, str]
+) -> None:
+    before = versions(store)
+    with pytest.raises(InvalidMessageError, match="cannot be delayed"):
+        producers().send_in_transaction(Message(topic, b"x", properties=timer), lambda m: COMMIT)
+    assert versions(store) == before

@@ -81,7 +81,8 @@ def _as_sent(result: SendResult, pending: PendingMessage) -> SendResult:
     return dataclasses.replace(result, topic=real.topic, queue_id=real.queue_id)
 
 
-def _has_timer(properties: Mapping[str, str]) -> bool:
+def has_timer(properties: Mapping[str, str]) -> bool:
+    """True when a message's properties ask for a timer (:data:`TIMER_PROPERTIES`)."""
     return any(name in properties for name in TIMER_PROPERTIES)
 
 
@@ -335,7 +336,7 @@ class Producer(Closing):
             topics = sorted({repr(m.topic) for m in messages})
             raise InvalidMessageError(f"a batch holds messages of exactly one topic, got {', '.join(topics)}")
         validate_topic_name(first_topic)
-        if any(m.deliver_at_ms is not None or _has_timer(m.properties) for m in messages):
+        if any(m.deliver_at_ms is not None or has_timer(m.properties) for m in messages):
             raise InvalidMessageError("a batch cannot hold delayed or timer messages")
         for m in messages:
             if not _is_plain(m):  # the full check names what is wrong

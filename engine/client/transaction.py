@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from engine.client.producer import Producer
+from engine.client.producer import Producer, has_timer
 from engine.errors import InvalidArgumentError, InvalidMessageError, TransactionError
 from engine.model import Message, MessageExt, SendResult, SendStatus
 from engine.protocol.names import TRANS_HALF_TOPIC, validate_group_name
@@ -149,7 +149,10 @@ class TransactionProducer(Producer):
         self._check_open()
         if not callable(execute):
             raise InvalidArgumentError("execute must be callable: execute(message) -> LocalTransactionState")
-        if isinstance(message, Message) and message.deliver_at_ms is not None:
+        if isinstance(message, Message) and (
+            message.deliver_at_ms is not None
+            or (isinstance(message.properties, Mapping) and has_timer(message.properties))
+        ):
             raise InvalidMessageError(
                 "transactional messages cannot be delayed or timed", topic=message.topic
             )

@@ -8,7 +8,7 @@ from engine.client.offsets import ConsumeFrom
 from engine.client.producer import Producer
 from engine.client.pull import PullConsumer
 from engine.client.push import PushConsumer
-from engine.client.queue_workers import ConsumeResult
+from engine.client.queue_workers import ConsumeConcurrentlyContext, ConsumeOrderlyContext, ConsumeResult
 from engine.client.simple import SimpleConsumer
 from engine.client.transaction import TransactionProducer
 from engine.config import EngineConfig, load_config
@@ -54,7 +54,9 @@ __all__ = [
     "CommitConflictError",
     "CommitStateUnknownError",
     "ConfigError",
+    "ConsumeConcurrentlyContext",
     "ConsumeFrom",
+    "ConsumeOrderlyContext",
     "ConsumeResult",
     "ConsumerError",
     "EngineConfig",

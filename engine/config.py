@@ -42,6 +42,7 @@ class EngineConfig:
     # memory", RocketMQ's test for where a new group starts: ConsumeFrom.LAST starts such a young queue
     # at 0, an older one at its end (0 disables: QMQ's rule, new groups always start at the latest).
     in_memory_age_ms: int = 600_000
+    timer_max_delay_sec: int = 3 * 24 * 3600
     log_level: str = "WARN"
 
     def __post_init__(self) -> None:
@@ -65,6 +66,7 @@ class EngineConfig:
             "max_transfer_bytes",
             "long_poll_interval_ms",
             "dispatch_trigger_ms",
+            "timer_max_delay_sec",
         )
         for name in positive:
             if getattr(self, name) <= 0:

@@ -64,15 +64,26 @@ class Message:
 
 @dataclass(frozen=True)
 class SendResult:
-    """Where a sent message was stored."""
+    """Where a sent message was stored, as RocketMQ's ``SendResult``.
+
+    ``msg_id`` is the client unique id (``getMsgId()``: producer ip, pid, time, counter; see
+    :func:`engine.protocol.uniq_key_time_ms`), the id consumers and key queries know the message by;
+    ``offset_msg_id`` is the store's offset id (``getOffsetMsgId()``: store id + physical offset),
+    found with one point read and no index. Every look-up accepts either.
+    """
 
     status: SendStatus
     msg_id: str
-    uniq_key: str
+    offset_msg_id: str
     topic: str
     queue_id: int
     queue_offset: int
     physical_offset: int
+
+    @property
+    def uniq_key(self) -> str:
+        """The client unique id (the same as :attr:`msg_id`)."""
+        return self.msg_id
 
 
 @dataclass(frozen=True)

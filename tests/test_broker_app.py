@@ -79,7 +79,7 @@ def test_status_of_a_progress_has_rates_and_end_to_end_delay(store: Store, topic
     with Producer(store) as p:
         sent = p.send(Message(topic, b"x"))
     version = store.version(schemas.COMMIT_LOG)
-    stored = Admin(store).view_message(sent.msg_id).store_ts_ms
+    stored = Admin(store).view_message(sent.offset_msg_id).store_ts_ms
     started = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(stored / 1000 + 2)) + ".000Z"
     progress = {
         "batchId": 4,
@@ -207,7 +207,7 @@ def test_broker_once_runs_every_job_so_sends_are_pullable_indexed_and_delays_del
 
     assert _pull_one(store, topic, plain) is PullStatus.FOUND
     [by_key] = Admin(store).query_by_key(topic, "order-1", 0, 2**62)
-    assert by_key.msg_id == plain.msg_id
+    assert by_key.msg_id == plain.offset_msg_id
     assert _bodies(store, topic) == [b"delayed", b"plain"]  # delivered, then dispatched by round two
 
     statuses = {s.job: s for s in read_statuses(store)}

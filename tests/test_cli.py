@@ -128,7 +128,8 @@ def test_send_prints_msg_id_queue_and_offsets(capsys: pytest.CaptureFixture[str]
     assert re.search(r"queue offset\s+0\b", out)
     assert re.search(r"physical offset\s+0\b", out)
     (row,) = commit_log_rows(Store.open(root))
-    assert row["msg_id"] == msg_id.group(1)
+    assert row["uniq_key"] == msg_id.group(1)  # RocketMQ's getMsgId(): the client unique id
+    assert re.search(rf"offset msg id\s+{row['msg_id']}", out)
     assert row["body"] == b"hello" and row["tags"] == "TagA" and row["queue_id"] == 2
 
 

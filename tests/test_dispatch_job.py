@@ -67,7 +67,11 @@ def test_dispatch_once_makes_sent_messages_pullable_and_a_second_run_adds_nothin
         r = PullConsumer(store, "g").pull(topic, s.queue_id, s.queue_offset, max_nums=1)
         assert r.status is PullStatus.FOUND
         m = r.messages[0]
-        assert (m.msg_id, m.queue_offset, m.physical_offset) == (s.msg_id, s.queue_offset, s.physical_offset)
+        assert (m.msg_id, m.queue_offset, m.physical_offset) == (
+            s.offset_msg_id,
+            s.queue_offset,
+            s.physical_offset,
+        )
     assert dispatched_version(store) == store.version(schemas.COMMIT_LOG)
     # Spark does not read the rows, yet the query's progress counts them (for progress lines and status).
     status = query_status("dispatch", query, state="finished", store=store, source_table=schemas.COMMIT_LOG)

@@ -15,6 +15,7 @@ from engine import (
     InvalidTopicError,
     Message,
     MessageNotFoundError,
+    MQError,
     Producer,
     SendResult,
     Store,
@@ -144,11 +145,11 @@ def test_view_message_reads_one_commit_log_file_by_msg_id(
         return original(self, path, *args, **kwargs)
 
     monkeypatch.setattr(FileReader, "rows_at", spy)
-    message = admin.view_message(sent[3].msg_id)
+    message = admin.view_message(sent[3].offset_msg_id)
     assert (message.body, message.keys, message.topic) == (b"m3", ("k3",), topic)
     assert (message.queue_id, message.queue_offset) == (sent[3].queue_id, sent[3].queue_offset)
     assert len(opened) == 1  # file statistics on physical_offset chose the one file
-    assert admin.view_message(sent[0].msg_id.lower()).body == b"m0"
+    assert admin.view_message(sent[0].offset_msg_id.lower()).body == b"m0"
 
 
 def test_view_message_finds_messages_that_are_not_dispatched(store: Store, topic: str) -> None:
@@ -167,7 +168,7 @@ def test_view_message_with_a_malformed_id_is_an_invalid_argument(store: Store, b
 
 def test_view_message_with_another_stores_id_is_an_invalid_argument(store: Store, topic: str) -> None:
     [sent] = _send(store, topic, [(b"a", ())])
-    other = ("0" if store.store_id[0] != "0" else "1") + sent.msg_id[1:]
+    other = ("0" if store.store_id[0] != "0" else "1") + sent.offset_msg_id[1:]
     with pytest.raises(InvalidArgumentError, match="belongs to store") as info:
         Admin(store).view_message(other)
     assert not isinstance(info.value, MessageNotFoundError)
@@ -189,7 +190,7 @@ def _timed_sends(store: Store, topic: str, n: int, key: str) -> list[tuple[SendR
     out = []
     for i in range(n):
         [sent] = _send(store, topic, [(f"m{i}".encode(), (key, f"only-{i}"))])
-        out.append((sent, admin.view_message(sent.msg_id).store_ts_ms))
+        out.append((sent, admin.view_message(sent.offset_msg_id).store_ts_ms))
         time.sleep(0.005)
     return out
 
@@ -206,7 +207,7 @@ def test_query_by_key_returns_messages_stored_within_the_time_range(store: Store
 
     begin, end = sent[2][1], sent[4][1]
     window = admin.query_by_key(topic, "order-1", begin, end)
-    assert [m.msg_id for m in window] == [s.msg_id for s, ts in sent if begin <= ts <= end]
+    assert [m.msg_id for m in window] == [s.offset_msg_id for s, ts in sent if begin <= ts <= end]
     assert {"m2", "m4"} <= {m.body.decode() for m in window}  # both ends are inclusive
     assert admin.query_by_key(topic, "order-1", 0, sent[0][1] - 1) == []
     assert admin.query_by_key(topic, "no-such-key", 0, FAR_FUTURE) == []
@@ -285,7 +286,7 @@ def test_query_by_uniq_key_finds_the_message_in_its_topic(store: Store, admin: A
     index_pending(store)
     found = admin.query_by_uniq_key(topic, sent[1].uniq_key)
     assert found is not None
-    assert (found.body, found.msg_id, found.uniq_key) == (b"b", sent[1].msg_id, sent[1].uniq_key)
+    assert (found.body, found.msg_id, found.uniq_key) == (b"b", sent[1].offset_msg_id, sent[1].msg_id)
     assert admin.query_by_uniq_key("U", sent[1].uniq_key) is None  # another topic
     assert admin.query_by_uniq_key(topic, "0" * 32) is None
 
@@ -314,3 +315,34 @@ def test_query_by_uniq_key_rejects_bad_input_with_a_typed_error(
 ) -> None:
     with pytest.raises(error):
         admin.query_by_uniq_key(topic_name, uniq)
+
+
+# ----------------------------------------------------------------------------- msg_id vs offset_msg_id
+def test_send_result_msg_id_is_the_unique_id_and_offset_msg_id_the_store_id(store: Store, topic: str) -> None:
+    [sent] = _send(store, topic, [(b"a", ())])
+    [row] = [r for r in store.read(schemas.COMMIT_LOG).to_pylist()]
+    assert (sent.msg_id, sent.offset_msg_id) == (row["uniq_key"], row["msg_id"])
+    assert sent.uniq_key == sent.msg_id
+
+
+def test_view_message_accepts_the_unique_id_or_the_offset_id(store: Store, admin: Admin, topic: str) -> None:
+    admin.create_topic("U", 1)
+    sent = _send(store, topic, [(b"a", ()), (b"b", ())])
+    assert admin.view_message(sent[1].offset_msg_id).body == b"b"  # no index needed
+    with pytest.raises(MQError):  # a unique id is found once the index job indexed it
+        admin.view_message(sent[1].msg_id)
+    index_pending(store)
+    assert admin.view_message(sent[1].msg_id).body == b"b"
+    assert admin.view_message(sent[1].msg_id, topic=topic).body == b"b"
+    with pytest.raises(MQError):
+        admin.view_message(sent[1].msg_id, topic="U")
+
+
+def test_query_by_uniq_key_accepts_an_offset_msg_id_of_its_topic(
+    store: Store, admin: Admin, topic: str
+) -> None:
+    admin.create_topic("U", 1)
+    [sent] = _send(store, topic, [(b"a", ())])
+    found = admin.query_by_uniq_key(topic, sent.offset_msg_id)
+    assert found is not None and found.uniq_key == sent.msg_id
+    assert admin.query_by_uniq_key("U", sent.offset_msg_id) is None

@@ -280,7 +280,7 @@ def test_compaction_concurrent_with_producers_dispatch_and_pulls_loses_nothing(
     by_id = {r["msg_id"]: r for r in rows}
     assert len(by_id) == len(rows)
     for s in everything:
-        assert by_id[s.msg_id]["queue_offset"] == s.queue_offset
+        assert by_id[s.offset_msg_id]["queue_offset"] == s.queue_offset
     for q in range(4):
         offsets = sorted(r["queue_offset"] for r in rows if r["queue_id"] == q)
         assert offsets == list(range(len(offsets)))

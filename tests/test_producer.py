@@ -32,13 +32,13 @@ def test_send_returns_offsets_and_ids(store: Store, topic: str) -> None:
         r = p.send(Message(topic, b"hello", tags="TagA", keys=("k1",), properties={"a": "b"}))
     assert r.status is SendStatus.SEND_OK
     assert (r.topic, r.queue_offset, r.physical_offset) == (topic, 0, 0)
-    assert parse_msg_id(r.msg_id) == (store.store_id, 0)
+    assert parse_msg_id(r.offset_msg_id) == (store.store_id, 0)
     assert len(r.uniq_key) == 32
     [row] = commit_log_rows(store)
     assert row["body"] == b"hello" and row["tags"] == "TagA" and row["keys"] == ["k1"]
     assert dict(row["properties"])["a"] == "b"  # type: ignore[call-overload]
     assert dict(row["properties"])["KEYS"] == "k1"  # type: ignore[call-overload]
-    assert row["msg_id"] == r.msg_id and row["uniq_key"] == r.uniq_key
+    assert row["msg_id"] == r.offset_msg_id and row["uniq_key"] == r.msg_id == r.uniq_key
 
 
 def test_round_robin_spreads_over_queues(store: Store, topic: str) -> None:
@@ -151,7 +151,7 @@ def test_batch_results_are_ordinary_frozen_send_results(store: Store, topic: str
     rows: list[dict[str, Any]] = commit_log_rows(store)
     expected = [
         SendResult(
-            SendStatus.SEND_OK, r["msg_id"], r["uniq_key"], topic, 2, r["queue_offset"], r["physical_offset"]
+            SendStatus.SEND_OK, r["uniq_key"], r["msg_id"], topic, 2, r["queue_offset"], r["physical_offset"]
         )
         for r in rows
     ]
@@ -193,7 +193,7 @@ def test_async_results_match_the_stored_rows(store: Store, topic: str) -> None:
     for i, f in enumerate(futures):
         r = f.result()
         row = by_uniq[r.uniq_key]
-        assert (row["body"], row["queue_id"], row["msg_id"]) == (f"{i}".encode(), i % 2, r.msg_id)
+        assert (row["body"], row["queue_id"], row["msg_id"]) == (f"{i}".encode(), i % 2, r.offset_msg_id)
         assert (row["queue_offset"], row["physical_offset"]) == (r.queue_offset, r.physical_offset)
 
 
@@ -208,3 +208,58 @@ def test_async_micro_batches_hold_at_most_max_batch_bytes(store: Store, topic: s
     per_commit = Counter(rows["_version"].to_pylist())
     assert max(per_commit.values()) == 3  # 3 bodies of 300 bytes fit in 1000, a 4th does not
     assert [r["body"] for r in commit_log_rows(small)] == [bytes([i]) * 300 for i in range(10)]
+
+
+# ----------------------------------------------------------------------------- RocketMQ's limits
+@pytest.mark.parametrize(
+    "name",
+    ["PGROUP", "MIN_OFFSET", "KEYS", "MAX_RECONSUME_TIMES", "ORIGIN_MESSAGE_ID", "TIMER_OUT_MS", "TRACE_ON"],
+)
+def test_reserved_property_names_are_refused_and_nothing_is_written(
+    store: Store, topic: str, name: str
+) -> None:
+    before = versions(store)
+    with Producer(store) as p:
+        with pytest.raises(InvalidMessageError, match="reserved"):
+            p.send(Message(topic, b"x", properties={name: "1"}))
+        with pytest.raises(InvalidMessageError, match="reserved"):
+            p.send_batch([Message(topic, b"x", properties={name: "1"})])
+    assert versions(store) == before
+
+
+def test_properties_over_32767_bytes_are_refused_and_nothing_is_written(store: Store, topic: str) -> None:
+    before = versions(store)
+    with Producer(store) as p:
+        with pytest.raises(InvalidMessageError, match="32767"):
+            p.send(Message(topic, b"x", properties={"big": "v" * 32_767}))
+        with pytest.raises(InvalidMessageError, match="32767"):
+            p.send(Message(topic, b"x", properties={"a": "v" * 20_000, "b": "v" * 20_000}))
+        assert versions(store) == before
+        p.send(Message(topic, b"x", properties={"big": "v" * 32_000}))  # just under: accepted
+
+
+def test_send_batch_counts_properties_tags_and_keys_towards_the_batch_limit(store: Store, topic: str) -> None:
+    small = Store.open(store.root, config=store.config.replace(max_batch_bytes=1_000))
+    before = versions(store)
+    with Producer(small) as p:
+        with pytest.raises(InvalidMessageError, match="batch takes"):
+            p.send_batch([Message(topic, b"x" * 100, properties={"p": "v" * 200}) for _ in range(4)])
+        with pytest.raises(InvalidMessageError, match="batch takes"):
+            p.send_batch([Message(topic, b"x" * 100, tags="T" * 200) for _ in range(4)])
+        with pytest.raises(InvalidMessageError, match="batch takes"):
+            p.send_batch([Message(topic, b"x" * 100, keys=("k" * 200,)) for _ in range(4)])
+        assert versions(store) == before
+        assert len(p.send_batch([Message(topic, b"x" * 100, tags="T") for _ in range(4)])) == 4
+
+
+def test_send_batch_refuses_timer_properties(store: Store, topic: str) -> None:
+    before = versions(store)
+    with Producer(store) as p, pytest.raises(InvalidMessageError, match="timer"):
+        p.send_batch([Message(topic, b"x", properties={"TIMER_DELAY_SEC": "10"})])
+    assert versions(store) == before
+
+
+@pytest.mark.parametrize("length", [256, 300])
+def test_group_names_over_255_characters_are_refused(store: Store, length: int) -> None:
+    with pytest.raises(InvalidArgumentError, match="255"):
+        Producer(store, "g" * length)

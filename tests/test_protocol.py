@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from engine.errors import InvalidArgumentError, InvalidMessageError, InvalidTopicError
@@ -15,6 +17,7 @@ from engine.protocol import (
     record_size,
     select_queue_by_hash,
     tags_code,
+    uniq_key_time_ms,
     validate_message_fields,
     validate_topic_name,
 )
@@ -112,6 +115,24 @@ def test_sharding_key_hash_is_stable_and_in_range() -> None:
     assert len({select_queue_by_hash(f"k{i}", 4) for i in range(200)}) == 4
 
 
+@pytest.mark.parametrize(
+    ("key", "queues", "java_queue"),
+    # Java: int v = key.hashCode() % n; if (v < 0) v = Math.abs(v);
+    # "order-1".hashCode() = -1207111310, "polygenelubricants".hashCode() = Integer.MIN_VALUE.
+    [
+        ("order-1", 3, 2),
+        ("order-2", 3, 1),
+        ("order-42", 3, 0),
+        ("polygenelubricants", 3, 2),
+        ("order-1", 8, 6),
+    ],
+)
+def test_sharding_key_queue_matches_java_select_message_queue_by_hash(
+    key: str, queues: int, java_queue: int
+) -> None:
+    assert select_queue_by_hash(key, queues) == java_queue
+
+
 def test_validate_message_fields_accepts_a_good_message() -> None:
     validate_message_fields("T", b"x", "TagA", ("k1", "k2"), {"a": "b"})
 
@@ -159,3 +180,31 @@ def test_retry_delay_level_is_three_plus_reconsume_times_capped() -> None:
     assert retry_delay_level(0) == 3
     assert retry_delay_level(5) == 8
     assert retry_delay_level(40) == 18
+
+
+def test_uniq_key_time_field_decodes_to_when_it_was_made() -> None:
+    before = int(time.time() * 1000)
+    key = UniqKeyGenerator().next()
+    after = int(time.time() * 1000)
+    assert before <= uniq_key_time_ms(key, now_ms=after) <= after
+
+
+def test_uniq_key_time_decodes_into_the_previous_month_when_the_span_is_ahead_of_now() -> None:
+    # 2026-03-01T00:00:00Z; a span of 2 days decoded on 2026-03-01T01:00Z belongs to February.
+    march = 1772323200000
+    key = "7F000001" + "0001" + "00000000" + f"{2 * 86_400_000:08X}" + "0001"
+    assert uniq_key_time_ms(key, now_ms=march + 3_600_000) == 1769904000000 + 2 * 86_400_000
+    assert uniq_key_time_ms(key, now_ms=march + 3 * 86_400_000) == march + 2 * 86_400_000
+
+
+@pytest.mark.parametrize("bad", ["", "XYZ", "G" * 32, 7])
+def test_uniq_key_time_of_a_malformed_id_raises(bad: object) -> None:
+    with pytest.raises(InvalidArgumentError):
+        uniq_key_time_ms(bad)  # type: ignore[arg-type]
+
+
+def test_timer_properties_are_reserved_unless_the_writer_takes_timer_requests() -> None:
+    props = {"TIMER_DELAY_SEC": "5"}
+    with pytest.raises(InvalidMessageError, match="reserved"):
+        validate_message_fields("T", b"x", None, (), props)  # e.g. the mq sink: no timers there
+    validate_message_fields("T", b"x", None, (), props, allowed=frozenset(props))

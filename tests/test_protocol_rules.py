@@ -144,9 +144,16 @@ def test_schedule_queue_ids() -> None:
 
 def test_unwrapping_an_envelope_gives_back_destination_and_properties() -> None:
     env = schedule_envelope("T", 2, {"a": "1"}, sent_ms=0, delay_level=4)
-    assert real_destination(env.properties) == ("T", 2, {"a": "1"})
+    # A delay-level message keeps REAL_TOPIC / REAL_QID in its real topic, as RocketMQ's schedule does.
+    assert real_destination(env.properties) == (
+        "T",
+        2,
+        {"a": "1", PROPERTY_REAL_TOPIC: "T", PROPERTY_REAL_QUEUE_ID: "2"},
+    )
     assert without_schedule_properties(env.properties) == {"a": "1"}
-    assert SCHEDULE_PROPERTIES.isdisjoint(real_destination(env.properties).properties)  # type: ignore[union-attr]
+    timer = schedule_envelope("T", 2, {"a": "1", "TIMER_DELAY_SEC": "9"}, sent_ms=0, deliver_at_ms=5)
+    assert real_destination(timer.properties) == ("T", 2, {"a": "1"})  # a timer keeps none of them
+    assert SCHEDULE_PROPERTIES.isdisjoint(real_destination(timer.properties).properties)  # type: ignore[union-attr]
 
 
 def test_unwrapping_folds_a_vanished_queue_and_refuses_a_missing_topic() -> None:
@@ -170,7 +177,7 @@ def test_a_message_is_dead_once_its_next_attempt_exceeds_the_limit() -> None:
     assert is_dead_letter(0, 0)
 
 
-@pytest.mark.parametrize("setting", [-1, True, "3", {"g": -1}, {1: 2}])
+@pytest.mark.parametrize("setting", [-2, True, "3", {"g": -2}, {1: 2}])
 def test_bad_reconsume_settings_are_refused(setting: object) -> None:
     with pytest.raises(InvalidArgumentError):
         validate_max_reconsume(setting)  # type: ignore[arg-type]
@@ -180,6 +187,12 @@ def test_good_reconsume_settings_pass() -> None:
     assert validate_max_reconsume(None) is None
     assert validate_max_reconsume(3) == 3
     assert validate_max_reconsume({"g": 0}) == {"g": 0}
+    assert validate_max_reconsume(-1) == -1
+
+
+def test_a_reconsume_setting_of_minus_one_means_the_default_as_in_rocketmq() -> None:
+    assert max_reconsume_times({}, "g", -1, 16) == 16
+    assert max_reconsume_times({}, "g", {"g": -1}, 16) == 16
 
 
 def test_retry_routes_nacks_and_expired_leases() -> None:

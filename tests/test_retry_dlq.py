@@ -17,8 +17,10 @@ from engine.protocol.actions import ACK, EXPIRED, NACK, PULL
 from engine.protocol.delays import DELAY_LEVELS_MS, max_reconsume_times
 from engine.store import schemas
 from engine.store.action_log import ActionLogWriter
+from engine.store.commit_log import CommitLogWriter
 from engine.store.commit_markers import RETRY_APP, RETRY_SKIPPED_KEY
 from engine.store.delta_log import read_versions
+from engine.store.stamping import PendingMessage
 from engine.store.store import now_ms
 from tests.helpers import commit_log_rows, run_in_threads, versions
 from tests.raw_delta import raw_table
@@ -111,10 +113,8 @@ def test_a_nack_waits_at_level_3_in_the_schedule_for_the_retry_topic(store: Stor
     assert retry.reconsume_times == 1
     assert retry.properties[protocol.PROPERTY_RECONSUME_TIME] == "1"
     assert retry.properties[protocol.PROPERTY_ORIGIN_MESSAGE_ID] == original.msg_id
-    assert (
-        protocol.PROPERTY_REAL_TOPIC not in retry.properties
-        and protocol.PROPERTY_DELAY not in retry.properties
-    )
+    assert protocol.PROPERTY_DELAY not in retry.properties
+    assert retry.properties[protocol.PROPERTY_REAL_TOPIC] == RETRY  # kept, as RocketMQ's schedule keeps it
 
 
 def test_each_retry_waits_one_level_longer_and_keeps_its_history(store: Store, topic: str) -> None:
@@ -157,7 +157,11 @@ def test_after_16_reconsumes_the_message_goes_to_the_dead_letter_queue(
 
 
 def test_the_message_property_max_reconsume_times_overrides_the_group(store: Store, topic: str) -> None:
-    original = sent_message(store, topic, properties={protocol.PROPERTY_MAX_RECONSUME_TIMES: "1"})
+    # A reserved property: users cannot set it; a consumer's send-back (or a DLQ resend) writes it.
+    CommitLogWriter(store).append(
+        [PendingMessage(topic, 0, b"payload", "U-1", properties={protocol.PROPERTY_MAX_RECONSUME_TIMES: "1"})]
+    )
+    [original] = pull_all(store, topic)
     fail(store, [original])
     [retry] = redeliver(store)
     fail(store, [retry])
@@ -320,7 +324,7 @@ def test_resend_dlq_sends_a_fresh_copy_to_the_original_topic(store: Store, topic
     original, dead = _dead(store, topic)
     result = admin.resend_dlq(GROUP, dead.msg_id)
     assert result.topic == topic
-    resent = next(m for m in pull_all(store, topic) if m.msg_id == result.msg_id)
+    resent = next(m for m in pull_all(store, topic) if m.msg_id == result.offset_msg_id)
     assert resent.body == b"payload" and resent.tags == "TagA" and resent.keys == ("k1",)
     assert resent.reconsume_times == 0
     assert resent.properties[protocol.PROPERTY_ORIGIN_MESSAGE_ID] == original.msg_id
@@ -370,7 +374,7 @@ def test_bad_dlq_arguments_are_typed_errors(store: Store, admin: Admin, call: An
     "kwargs",
     [
         {"max_versions": 0},
-        {"max_reconsume_times": -1},
+        {"max_reconsume_times": -2},
         {"max_reconsume_times": "16"},
         {"max_reconsume_times": {"g": -2}},
         {"now_ms": -5},

@@ -10,7 +10,16 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engine import Admin, InvalidArgumentError, Message, MessageExt, Producer, PullConsumer, Store
+from engine import (
+    Admin,
+    InvalidArgumentError,
+    InvalidMessageError,
+    Message,
+    MessageExt,
+    Producer,
+    PullConsumer,
+    Store,
+)
 from engine.broker.dispatch import dispatch_pending
 from engine.broker.schedule import Scheduler, deliver_due
 from engine.broker.schedule_state import add_handled, handled_mask, schedule_progress
@@ -84,7 +93,7 @@ def test_a_delayed_message_is_not_delivered_before_its_due_time(store: Store, to
     assert [m.body for m in pull_all(store)] == [b"x"]
 
 
-def test_a_delivered_message_keeps_its_identity_and_loses_the_schedule_properties(
+def test_a_delivered_message_keeps_its_identity_and_real_destination_but_not_its_delay(
     store: Store, topic: str
 ) -> None:
     sent = Producer(store).send(
@@ -101,7 +110,34 @@ def test_a_delivered_message_keeps_its_identity_and_loses_the_schedule_propertie
     assert message.born_ts_ms == scheduled["born_ts_ms"]
     assert message.reconsume_times == 0
     assert message.properties["user"] == "v"
-    assert not {PROPERTY_DELAY, PROPERTY_REAL_TOPIC, PROPERTY_REAL_QUEUE_ID} & set(message.properties)
+    assert PROPERTY_DELAY not in message.properties
+    # RocketMQ's ScheduleMessageService clears only the delay: REAL_TOPIC / REAL_QID stay.
+    assert (message.properties[PROPERTY_REAL_TOPIC], message.properties[PROPERTY_REAL_QUEUE_ID]) == (
+        topic,
+        "3",
+    )
+
+
+def test_a_delayed_send_result_names_the_real_topic_and_queue(store: Store, topic: str) -> None:
+    sent = Producer(store).send(Message(topic, b"x"), delay_level=2, queue_id=3)
+    assert (sent.topic, sent.queue_id) == (topic, 3)
+    [row] = commit_log_rows(store)
+    assert (row["topic"], sent.offset_msg_id, sent.msg_id) == (SCHEDULE_TOPIC, row["msg_id"], row["uniq_key"])
+
+
+def test_a_delay_level_above_the_highest_is_clamped_to_it(store: Store, topic: str) -> None:
+    sent = Producer(store).send(Message(topic, b"x"), delay_level=19)
+    [row] = commit_log_rows(store)
+    assert (row["queue_id"], row["delay_level"]) == (MAX_DELAY_LEVEL - 1, MAX_DELAY_LEVEL)
+    assert sent.topic == topic
+
+
+@pytest.mark.parametrize("level", [-1, True, "3", 2.0])
+def test_a_bad_delay_level_is_refused_and_writes_nothing(store: Store, topic: str, level: object) -> None:
+    before = versions(store)
+    with pytest.raises(InvalidArgumentError):
+        Producer(store).send(Message(topic, b"x"), delay_level=level)  # type: ignore[arg-type]
+    assert versions(store) == before
 
 
 def test_level_queues_deliver_in_offset_order_up_to_the_first_message_not_due(
@@ -118,6 +154,57 @@ def test_level_queues_deliver_in_offset_order_up_to_the_first_message_not_due(
 
 
 # ----------------------------------------------------------------- timers
+@pytest.mark.parametrize(
+    ("properties", "ahead_ms"),
+    [
+        ({"TIMER_DELAY_SEC": "90"}, 90_000),
+        ({"TIMER_DELAY_MS": "4500"}, 4_500),
+        ({"TIMER_DELIVER_MS": None}, 60_000),
+    ],
+)
+def test_timer_properties_make_a_timer_message(
+    store: Store, topic: str, properties: dict[str, str | None], ahead_ms: int
+) -> None:
+    before = now_ms()
+    props = {k: (v if v is not None else str(before + ahead_ms)) for k, v in properties.items()}
+    sent = Producer(store).send(Message(topic, b"t", properties=props), queue_id=1)
+    after = now_ms()
+    [row] = commit_log_rows(store)
+    assert (row["topic"], row["queue_id"]) == (SCHEDULE_TOPIC, TIMER_QUEUE_ID)
+    assert before + ahead_ms <= int(row["deliver_at_ms"]) <= after + ahead_ms  # type: ignore[call-overload]
+    assert (sent.topic, sent.queue_id) == (topic, 1)
+    assert deliver(store, int(row["deliver_at_ms"]) - 1) == 0  # type: ignore[call-overload]
+    assert deliver(store, FAR_FUTURE) == 1
+    [message] = pull_all(store)
+    assert (message.queue_id, message.body) == (1, b"t")
+    assert not {"TIMER_DELAY_SEC", "TIMER_DELAY_MS", PROPERTY_REAL_TOPIC} & set(message.properties)
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        Message("T", b"t", properties={"TIMER_DELAY_SEC": str(3 * 86_400 + 60)}),
+        Message("T", b"t", properties={"TIMER_DELAY_MS": "soon"}),
+        Message("T", b"t", deliver_at_ms=10**13),
+    ],
+)
+def test_a_timer_beyond_timer_max_delay_sec_or_malformed_is_refused(
+    store: Store, topic: str, message: Message
+) -> None:
+    before = versions(store)
+    with pytest.raises(InvalidMessageError, match="timer"):
+        Producer(store).send(message)
+    assert versions(store) == before
+
+
+def test_timer_max_delay_sec_defaults_to_three_days_and_is_a_setting(store: Store, topic: str) -> None:
+    assert store.config.timer_max_delay_sec == 3 * 86_400
+    short = Store.open(store.root, config=store.config.replace(timer_max_delay_sec=10))
+    with pytest.raises(InvalidMessageError, match="10 s"):
+        Producer(short).send(Message(topic, b"t", properties={"TIMER_DELAY_SEC": "11"}))
+    Producer(short).send(Message(topic, b"t", properties={"TIMER_DELAY_SEC": "10"}))
+
+
 def test_timers_are_delivered_by_due_time_not_by_send_order(store: Store, topic: str) -> None:
     producer = Producer(store)
     base = now_ms()
@@ -139,9 +226,16 @@ def test_timers_are_delivered_by_due_time_not_by_send_order(store: Store, topic:
     assert schedule_progress(store)[TIMER_QUEUE_ID] == 4
 
 
-def test_a_timer_in_the_past_is_delivered_at_the_next_tick(store: Store, topic: str) -> None:
+def test_a_timer_already_due_is_stored_in_its_topic_at_once(store: Store, topic: str) -> None:
+    Producer(store).send(Message(topic, b"t", properties={"TIMER_DELAY_SEC": "0"}))
+    [row] = commit_log_rows(store)
+    assert row["topic"] == topic
+
+
+def test_a_timer_in_the_past_is_stored_in_its_topic_at_once(store: Store, topic: str) -> None:
+    # RocketMQ's transformTimerMessage leaves a message due already in its real topic.
     Producer(store).send(Message(topic, b"late", deliver_at_ms=now_ms() - 5_000))
-    assert deliver(store) == 1
+    assert deliver(store) == 0
     assert [m.body for m in pull_all(store)] == [b"late"]
 
 
@@ -206,7 +300,7 @@ def test_the_timer_state_commit_is_found_by_its_own_version_on_a_handle_behind_t
 def test_deliver_due_twice_delivers_once(store: Store, topic: str) -> None:
     producer = Producer(store)
     producer.send(Message(topic, b"d"), delay_level=1)
-    producer.send(Message(topic, b"t", deliver_at_ms=now_ms() + 10))
+    producer.send(Message(topic, b"t", deliver_at_ms=now_ms() + 60_000))
     dispatch_pending(store)
     assert deliver_due(store, FAR_FUTURE) == 2
     assert deliver_due(store, FAR_FUTURE) == 0
@@ -227,7 +321,7 @@ def test_two_stores_delivering_concurrently_deliver_each_message_once(tmp_path: 
         if i % 3:
             producer.send(Message("T", f"d{i}".encode()), delay_level=int(rng.integers(1, 4)))
         else:
-            ahead = int(rng.integers(-1_000, 20_000))
+            ahead = int(rng.integers(60_000, 80_000))  # a timer due already would skip the schedule
             producer.send(Message("T", f"t{i}".encode(), deliver_at_ms=base + ahead))
     dispatch_pending(first)
     stores = [first, Store.open(path)]
@@ -236,7 +330,7 @@ def test_two_stores_delivering_concurrently_deliver_each_message_once(tmp_path: 
     def deliver_from(k: int) -> None:
         scheduler = Scheduler(stores[k], max_messages_per_pass=7)
         for step in range(12):  # clocks advance differently in each instance
-            delivered[k] += scheduler.deliver_due(base + 1_000 * (step + k) * 2)
+            delivered[k] += scheduler.deliver_due(base + 58_000 + 1_000 * (step + k) * 2)
         delivered[k] += scheduler.deliver_due(FAR_FUTURE)
 
     assert run_in_threads(deliver_from) == []
@@ -249,13 +343,14 @@ def test_a_restart_mid_stream_loses_and_duplicates_nothing(store: Store, topic: 
     producer = Producer(store)
     base = now_ms()
     for i in range(10):
-        producer.send(Message(topic, f"a{i}".encode(), deliver_at_ms=base + (i % 4) * 1_000))
+        # Timers far enough ahead to be timers however slow the sends (a due one is stored at once).
+        producer.send(Message(topic, f"a{i}".encode(), deliver_at_ms=base + 60_000 + (i % 4) * 1_000))
         producer.send(Message(topic, f"b{i}".encode()), delay_level=1 + i % 2)
-    first = deliver(store, base + 1_500, Scheduler(store))
+    first = deliver(store, base + 61_500, Scheduler(store))
     assert 0 < first < 20
     for i in range(10):  # more arrive while the job is down
-        producer.send(Message(topic, f"c{i}".encode(), deliver_at_ms=base + (i % 3) * 1_000))
-    second = deliver(store, base + 2_500, Scheduler(store))  # the restarted job
+        producer.send(Message(topic, f"c{i}".encode(), deliver_at_ms=base + 60_000 + (i % 3) * 1_000))
+    second = deliver(store, base + 62_500, Scheduler(store))  # the restarted job
     rest = deliver(store, FAR_FUTURE, Scheduler(store))
     assert first + second + rest == 30
     counts = uniq_counts(pull_all(store))
@@ -332,8 +427,11 @@ def test_run_schedule_once_delivers_what_is_due_and_exits(spark: Any, store: Sto
     from engine.spark.jobs.schedule import ScheduleStats, run_schedule
 
     producer = Producer(store)
-    producer.send(Message(topic, b"due", deliver_at_ms=now_ms() - 1))
+    due = now_ms() + 200
+    producer.send(Message(topic, b"due", deliver_at_ms=due))
     producer.send(Message(topic, b"later", deliver_at_ms=now_ms() + 3_600_000))
+    while now_ms() <= due:  # a timer due already when sent would not wait in the schedule at all
+        time.sleep(0.05)
     stats = ScheduleStats()
     query = run_schedule(spark, store, once=True, checkpoint=str(store.root) + "/_cp_schedule", stats=stats)
     assert not query.isActive

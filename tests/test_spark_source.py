@@ -176,7 +176,7 @@ def test_commit_log_rows_read_back_with_their_types(spark: Any, store: Store, to
         sent = p.send(Message(topic, b"\x00body", tags="A", keys=["k1"], properties={"p": "v"}), queue_id=1)
     row = spark.read.format("deltalog").option("path", store.uri(schemas.COMMIT_LOG)).load().collect()[0]
     assert (row.msg_id, row.queue_id, row.queue_offset, row.physical_offset) == (
-        sent.msg_id,
+        sent.offset_msg_id,
         1,
         0,
         sent.physical_offset,

@@ -40,7 +40,16 @@ def test_messages_view_has_every_dispatched_message_with_its_body(
     )
     expected = spark.createDataFrame(
         [
-            (r.topic, r.queue_id, r.queue_offset, r.physical_offset, r.msg_id, r.uniq_key, m.tags, m.body)
+            (
+                r.topic,
+                r.queue_id,
+                r.queue_offset,
+                r.physical_offset,
+                r.offset_msg_id,
+                r.msg_id,
+                m.tags,
+                m.body,
+            )
             for m, r in sent
         ],
         MESSAGE_SCHEMA,

@@ -30,6 +30,7 @@ from engine.protocol import (
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
     PROPERTY_TRANSACTION_PREPARED,
+    TRANS_CHECK_MAX_TIME_TOPIC,
     TRANS_HALF_TOPIC,
     TRANS_OP_HALF_TOPIC,
 )
@@ -37,6 +38,7 @@ from engine.protocol.transactions import (
     EVENT_CHECK,
     EVENT_COMMIT,
     EVENT_ROLLBACK,
+    PROPERTY_CHECK_IMMUNITY_TIME,
     PROPERTY_HALF_OFFSET,
     PROPERTY_PRODUCER_GROUP,
     REASON_MAX_CHECKS,
@@ -105,7 +107,7 @@ def test_commit_makes_the_message_visible_in_its_real_queue(store: Store, topic:
     )
     assert result.local_state is COMMIT and result.topic == topic and result.queue_offset == 0
     [message] = pull_all(store, topic)
-    assert (message.body, message.tags, message.msg_id) == (b"order-1", "A", result.msg_id)
+    assert (message.body, message.tags, message.msg_id) == (b"order-1", "A", result.offset_msg_id)
     assert message.sys_flag == SysFlag.COMMIT and message.uniq_key == result.uniq_key
     assert PROPERTY_REAL_TOPIC not in message.properties
     assert PROPERTY_TRANSACTION_PREPARED not in message.properties
@@ -165,7 +167,7 @@ def test_unknown_is_resolved_by_the_checker(store: Store, topic: str, producers:
     assert check_transactions(store, now_ms=FUTURE) == 1
     assert eventually(lambda: is_decided(store, result.physical_offset))
     [asked] = checker.asked
-    assert (asked.topic, asked.body, asked.msg_id) == (topic, b"late", result.msg_id)
+    assert (asked.topic, asked.body, asked.msg_id) == (topic, b"late", result.offset_msg_id)
     visible = pull_all(store, topic)
     assert [m.body for m in visible] == ([b"late"] if answer is COMMIT else [])
     [decision] = transactions(store, EVENT_COMMIT if answer is COMMIT else EVENT_ROLLBACK)
@@ -189,6 +191,42 @@ def test_checker_unknown_is_asked_again_then_rolled_back(store: Store, topic: st
     assert [r["check_times"] for r in transactions(store, EVENT_CHECK)] == [1, 2]
     assert pull_all(store, topic) == []
     assert check_transactions(store, now_ms=now + 10**6, max_checks=2, check_interval_ms=1000) == 0
+
+
+def test_a_half_whose_checks_ran_out_is_kept_in_trans_check_max_time_topic(
+    store: Store, topic: str, producers: Any
+) -> None:
+    producer = producers(Checker(UNKNOWN))
+    result = producer.send_in_transaction(
+        Message(topic, b"stuck", tags="T1", keys=("k1",), properties={"user": "v"}), lambda m: UNKNOWN
+    )
+    assert check_transactions(store, now_ms=FUTURE, max_checks=0) == 1  # gives up at once
+    assert pull_all(store, topic) == []  # never delivered
+    [kept] = pull_all(store, TRANS_CHECK_MAX_TIME_TOPIC, queues=1)
+    assert (kept.body, kept.tags, kept.keys, kept.uniq_key) == (b"stuck", "T1", ("k1",), result.msg_id)
+    assert kept.properties["user"] == "v"
+    assert (kept.properties[PROPERTY_REAL_TOPIC], kept.properties[PROPERTY_HALF_OFFSET]) == (
+        topic,
+        str(result.physical_offset),
+    )
+    assert check_transactions(store, now_ms=FUTURE, max_checks=0) == 0  # decided: kept once
+
+
+def test_check_immunity_time_replaces_the_timeout_of_its_half(
+    store: Store, topic: str, producers: Any
+) -> None:
+    producer = producers()
+    slow = producer.send_in_transaction(
+        Message(topic, b"slow", properties={PROPERTY_CHECK_IMMUNITY_TIME: "60"}), lambda m: UNKNOWN
+    )
+    plain = producer.send_in_transaction(Message(topic, b"plain"), lambda m: UNKNOWN)
+    born = int(load_half(store, slow.physical_offset).store_ts_ms)  # type: ignore[union-attr]
+    assert check_transactions(store, now_ms=born + 30_000, check_interval_ms=10**9) == 1
+    checked = [r["half_physical_offset"] for r in transactions(store, EVENT_CHECK)]
+    assert checked == [plain.physical_offset]  # the plain half only (6 s timeout)
+    assert check_transactions(store, now_ms=born + 61_000, check_interval_ms=10**9) == 1
+    checked = [r["half_physical_offset"] for r in transactions(store, EVENT_CHECK)]
+    assert sorted(checked) == sorted([plain.physical_offset, slow.physical_offset])
 
 
 def test_young_halves_are_not_checked(store: Store, topic: str, producers: Any) -> None:
@@ -358,3 +396,13 @@ def test_a_decision_older_than_its_guard_is_found_by_content_and_never_taken_twi
     assert end_transaction(store, writer, late, COMMIT).won
     assert not end_transaction(store, CommitLogWriter(store), late, COMMIT).won
     assert sorted(m.body for m in pull_all(store, topic)) == [b"old commit", b"old, undecided"]
+
+
+@pytest.mark.parametrize("timer", [{"TIMER_DELAY_SEC": "30"}, {"TIMER_DELIVER_MS": str(FUTURE)}])
+def test_a_transactional_message_with_timer_properties_is_refused(
+    store: Store, topic: str, producers: Any, timer: dict[str, str]
+) -> None:
+    before = versions(store)
+    with pytest.raises(InvalidMessageError, match="cannot be delayed"):
+        producers().send_in_transaction(Message(topic, b"x", properties=timer), lambda m: COMMIT)
+    assert versions(store) == before

@@ -8,6 +8,8 @@ module turns those rows into re-puts on the commit log, as RocketMQ's ``consumer
   ``3 + reconsume_times`` (capped at 18; the first retry waits 10 s) with ``REAL_TOPIC =
   %RETRY%<group>``, ``REAL_QID = 0``; the schedule (:mod:`engine.broker.schedule`) delivers it when
   due. ``reconsume_times`` and the ``RECONSUME_TIME`` property become ``reconsume_times + 1``.
+  A NACK with ``deadline_ms`` (a PushConsumer listener's ``delay_level_when_next_consume``) waits
+  as a timer until then instead.
 * otherwise -> a dead letter in ``%DLQ%<group>`` (one queue), delivered at once, with the same
   ``reconsume_times + 1`` (the number of failed deliveries).
 
@@ -48,7 +50,7 @@ import pyarrow.compute as pc
 from engine.broker.reput import reput, row_properties
 from engine.errors import CommitConflictError, InvalidArgumentError, StoreError
 from engine.model import UNDISPATCHED_FLAGS
-from engine.protocol.actions import ROUTED_ACTIONS
+from engine.protocol.actions import NACK, ROUTED_ACTIONS
 from engine.protocol.delays import (
     MaxReconsume,
     is_dead_letter,
@@ -77,7 +79,10 @@ from engine.store.store import Store
 from engine.store.store import now_ms as _clock_ms
 
 # Columns of action_log the router reads (a stream may select just these, plus ``_version``).
-ROUTE_COLUMNS = ("group", "action", "physical_offset", "msg_id", "reconsume_times")
+ROUTE_COLUMNS = ("group", "action", "physical_offset", "msg_id", "reconsume_times", "deadline_ms")
+# ``deadline_ms`` of a NACK is a retry time the consumer chose (RocketMQ's
+# delayLevelWhenNextConsume); rows without the column retry after the broker's delay.
+_OPTIONAL_COLUMNS = frozenset({"deadline_ms"})
 # With no failure in a range, progress is committed (as an empty commit) only every this many
 # action-log versions: a restart re-reads at most that many versions, and quiet consumers do not
 # fill the commit log with empty commits.
@@ -96,12 +101,20 @@ def _history(row: Mapping[str, Any]) -> dict[str, str]:
     return props
 
 
-def retry_message(row: Mapping[str, Any], group: str, now_ms: int) -> PendingMessage:
-    """The schedule-topic copy that brings a failed message back to ``%RETRY%<group>``; pure."""
+def retry_message(
+    row: Mapping[str, Any], group: str, now_ms: int, retry_at_ms: int | None = None
+) -> PendingMessage:
+    """The schedule-topic copy that brings a failed message back to ``%RETRY%<group>``: after delay
+    level 3 + reconsume times, or at ``retry_at_ms`` when the consumer chose a time; pure."""
     times = int(row.get("reconsume_times") or 0)
-    envelope = schedule_envelope(
-        retry_topic(group), 0, _history(row), sent_ms=now_ms, delay_level=retry_delay_level(times)
-    )
+    if retry_at_ms is not None:
+        envelope = schedule_envelope(
+            retry_topic(group), 0, _history(row), sent_ms=now_ms, deliver_at_ms=max(retry_at_ms, now_ms)
+        )
+    else:
+        envelope = schedule_envelope(
+            retry_topic(group), 0, _history(row), sent_ms=now_ms, delay_level=retry_delay_level(times)
+        )
     return reput(row, **envelope._asdict(), reconsume_times=times + 1)
 
 
@@ -112,13 +125,19 @@ def dead_letter(row: Mapping[str, Any], group: str) -> PendingMessage:
 
 
 def route_message(
-    row: Mapping[str, Any], group: str, now_ms: int, setting: MaxReconsume = None, default: int = 16
+    row: Mapping[str, Any],
+    group: str,
+    now_ms: int,
+    setting: MaxReconsume = None,
+    default: int = 16,
+    retry_at_ms: int | None = None,
 ) -> PendingMessage:
-    """Retry or dead letter for one failed message (a commit-log row); pure."""
+    """Retry (at ``retry_at_ms`` when given) or dead letter for one failed message (a commit-log
+    row); pure."""
     limit = max_reconsume_times(row_properties(row), group, setting, default)
     if is_dead_letter(int(row.get("reconsume_times") or 0), limit):
         return dead_letter(row, group)
-    return retry_message(row, group, now_ms)
+    return retry_message(row, group, now_ms, retry_at_ms)
 
 
 # ----------------------------------------------------------------- store level
@@ -169,7 +188,11 @@ class RetryRouter:
             raise InvalidArgumentError(
                 f"now_ms {now_ms!r} must be a non-negative epoch-ms int", now_ms=now_ms
             )
-        missing = [c for c in (*ROUTE_COLUMNS, VERSION_COLUMN) if c not in rows.column_names]
+        missing = [
+            c
+            for c in (*ROUTE_COLUMNS, VERSION_COLUMN)
+            if c not in rows.column_names and c not in _OPTIONAL_COLUMNS
+        ]
         if missing:
             raise InvalidArgumentError(f"action rows lack columns {missing}", missing=missing)
         routed = 0
@@ -210,7 +233,8 @@ class RetryRouter:
         )
 
     def _messages(self, failures: pa.Table, now: int) -> tuple[list[PendingMessage], list[dict[str, Any]]]:
-        rows = failures.select([*ROUTE_COLUMNS, VERSION_COLUMN]).to_pylist()
+        present = [c for c in ROUTE_COLUMNS if c in failures.column_names]
+        rows = failures.select([*present, VERSION_COLUMN]).to_pylist()
         found = self._fetch([int(r["physical_offset"]) for r in rows])
         default = self._store.config.max_reconsume_times
         seen: set[tuple[str, int]] = set()
@@ -236,7 +260,10 @@ class RetryRouter:
             # (the stored copy still says 0) and a PushConsumer raises it to dead-letter early.
             times = max(int(message["reconsume_times"] or 0), int(r["reconsume_times"] or 0))
             failed = {**message, "reconsume_times": times}
-            routed = route_message(failed, group, now, self._setting, default)
+            retry_at = r.get("deadline_ms") if r["action"] == NACK else None
+            routed = route_message(
+                failed, group, now, self._setting, default, None if retry_at is None else int(retry_at)
+            )
             self._ensure_topics(group, routed.topic == SCHEDULE_TOPIC)
             messages.append(routed)
         return messages, skipped

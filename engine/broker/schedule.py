@@ -1,12 +1,14 @@
 """Schedule: delayed and timer messages wait in ``SCHEDULE_TOPIC_XXXX``, then go to their real topic.
 
 Queues of the schedule topic: 0..17 hold delay levels 1..18 (RocketMQ's ``messageDelayLevel``), 18
-holds arbitrary-time timers (``Message(deliver_at_ms=...)``). Every consume-queue entry keeps its
-due time in the tags-code slot, so deciding what is due reads no message body.
+holds arbitrary-time timers (``Message(deliver_at_ms=...)`` or the ``TIMER_*`` properties). Every
+consume-queue entry keeps its due time in the tags-code slot, so deciding what is due reads no
+message body.
 
 Delivery re-puts a due message to its ``REAL_TOPIC`` / ``REAL_QID`` as a new commit-log row: same
-body, tags, keys, uniq key, born time and reconsume times; the schedule properties (``DELAY``,
-``REAL_TOPIC``, ``REAL_QID``, ``TIMER_DELIVER_MS``) removed.
+body, tags, keys, uniq key, born time and reconsume times; without ``DELAY`` and the timer
+properties. A delay-level message keeps ``REAL_TOPIC`` / ``REAL_QID`` (RocketMQ's
+ScheduleMessageService does); a timer message drops them (its TimerMessageStore does).
 
 Exactly once
 ------------

@@ -25,7 +25,10 @@ guards carry ``lastUpdated`` and expire after the commit log's ``delta.setTransa
 The ``transactions`` table is the conversation with producers and an audit trail: the check job
 (:func:`check_transactions`) appends CHECK requests for halves older than the timeout that have no
 decision (again every check interval, at most ``max_checks`` times, then it rolls them back); each
-producer group's check-back thread reads its CHECK rows, asks its checker and decides. Decisions are
+producer group's check-back thread reads its CHECK rows, asks its checker and decides. A half whose
+checks ran out is rolled back and, in the same commit, copied to ``TRANS_CHECK_MAX_TIME_TOPIC`` for
+inspection (RocketMQ's ``resolveDiscardMsg``); a half's ``CHECK_IMMUNITY_TIME_IN_SECONDS`` replaces
+the timeout before its first check. Decisions are
 recorded there too (COMMIT / ROLLBACK with the reason), for SQL over the table; a missing decision
 row never changes an outcome. The check job keeps, in the table's commitInfo (:data:`TX_FLOOR_KEY`), the
 physical offset below which every half is decided, so scans stay short.
@@ -40,7 +43,8 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from engine.model import SysFlag
-from engine.protocol.names import TRANS_HALF_TOPIC
+from engine.protocol.names import TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC
+from engine.protocol.topics import system_topic_config
 from engine.protocol.transactions import (
     DEFAULT_CHECK_INTERVAL_MS,
     DEFAULT_MAX_CHECKS,
@@ -51,6 +55,7 @@ from engine.protocol.transactions import (
     HalfMessage,
     LocalTransactionState,
     check_int,
+    check_timeout_ms,
     next_check,
     transaction_record,
     validate_check_settings,
@@ -63,10 +68,12 @@ from engine.store.store import now_ms as _clock_ms
 from engine.store.transactions import (
     append_records,
     check_floor,
+    check_max_time_copy,
     check_requests,
     decision_record,
     end_transaction,
     guard_may_have_expired_now,
+    load_half,
 )
 
 
@@ -118,7 +125,9 @@ def check_transactions(
     For every half message without a decision stored at least ``timeout_ms`` before ``now_ms``: if it
     was never checked, or its last check is ``check_interval_ms`` old, append a CHECK request (the
     producer group's check-back thread answers it); once it has been checked ``max_checks`` times and
-    the last answer is overdue, roll it back (RocketMQ discards it). Safe to run repeatedly and from
+    the last answer is overdue, roll it back and keep a copy in ``TRANS_CHECK_MAX_TIME_TOPIC``
+    (RocketMQ discards it there). A half's ``CHECK_IMMUNITY_TIME_IN_SECONDS`` property, when set,
+    replaces ``timeout_ms`` for that half. Safe to run repeatedly and from
     several places: a second pass at the same time does nothing, and decisions are exclusive.
 
     Args:
@@ -140,7 +149,8 @@ def check_transactions(
     validate_check_settings(timeout_ms, max_checks, check_interval_ms)
     old_floor = check_floor(store)
     halves, floor = undecided_halves(store, floor=old_floor)
-    due = [h for h in halves if h.store_ts_ms <= now - timeout_ms]
+    # A half's CHECK_IMMUNITY_TIME_IN_SECONDS replaces the timeout for that half, as in RocketMQ.
+    due = [h for h in halves if h.store_ts_ms <= now - check_timeout_ms(h.properties, timeout_ms)]
     history: dict[int, tuple[int, int]] = {}  # half -> (checks so far, last check time)
     if due:
         checks = check_requests(store, floor=old_floor).select(
@@ -163,13 +173,17 @@ def check_transactions(
         append_records(store, requests, {TX_FLOOR_KEY: json.dumps(floor)})
     if rollbacks:
         writer = writer or CommitLogWriter(store)
+        if store.topic_configs(refresh=True).get(TRANS_CHECK_MAX_TIME_TOPIC) is None:
+            store.put_topic(system_topic_config(TRANS_CHECK_MAX_TIME_TOPIC, _clock_ms()))
         for half, times in rollbacks:
+            full = load_half(store, half.physical_offset) or half  # the scan left the body out
             end_transaction(
                 store,
                 writer,
-                half,
+                full,
                 LocalTransactionState.ROLLBACK,
                 reason=REASON_MAX_CHECKS,
                 check_times=times,
+                extra=[check_max_time_copy(full)],
             )
     return len(requests) + len(rollbacks)

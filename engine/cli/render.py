@@ -91,7 +91,7 @@ def send_table(result: SendResult) -> Table:
     grid.add_column()
     grid.add_row("status", Text(result.status.value, style="bold green"))
     grid.add_row("msg id", result.msg_id)
-    grid.add_row("uniq key", result.uniq_key)
+    grid.add_row("offset msg id", result.offset_msg_id)
     grid.add_row("topic", result.topic)
     grid.add_row("queue id", str(result.queue_id))
     grid.add_row("queue offset", str(result.queue_offset))

@@ -10,8 +10,9 @@ from engine.errors import InvalidArgumentError, InvalidTopicError, StoreError, T
 from engine.model import Message, MessageExt, QueueStats, SendResult, TopicConfig
 from engine.protocol.message_ids import parse_msg_id
 from engine.protocol.names import (
-    PROPERTY_RECONSUME_TIME,
     PROPERTY_RETRY_TOPIC,
+    RESEND_PROPERTIES,
+    RESERVED_PROPERTIES,
     SCHEDULE_TOPIC,
     dlq_topic,
     is_system_topic,
@@ -105,14 +106,16 @@ class Admin:
         return stats
 
     # ----------------------------------------------------------------- finding messages
-    def view_message(self, msg_id: str) -> MessageExt:
-        """The stored message with offset message id ``msg_id``: one point read of the commit log.
+    def view_message(self, msg_id: str, topic: str | None = None) -> MessageExt:
+        """The stored message with id ``msg_id``: an offset msg id (one point read of the commit
+        log) or a client unique id (an ``index`` look-up, in ``topic`` when given); see
+        :func:`engine.client.queries.view_message`.
 
         Raises:
-            InvalidArgumentError: a malformed id, or one issued by another store.
-            MessageNotFoundError: nothing is stored at that offset (never written, or expired).
+            InvalidArgumentError: a malformed id, or an offset id issued by another store.
+            MessageNotFoundError: no such message (never written, not indexed yet, or expired).
         """
-        return view_message(self._store, msg_id, index=self._index)
+        return view_message(self._store, msg_id, topic=topic, index=self._index)
 
     def query_by_key(
         self, topic: str, key: str, begin_ms: int, end_ms: int, max_num: int = 32
@@ -240,12 +243,16 @@ class Admin:
                 group=group,
                 msg_id=msg_id,
             )
-        dropped = {PROPERTY_RETRY_TOPIC, PROPERTY_RECONSUME_TIME, *SCHEDULE_PROPERTIES}
-        properties = {k: v for k, v in message.properties.items() if k not in dropped}
+        # System properties stay behind (KEYS comes back from the keys), but for the lineage.
+        properties = {
+            k: v
+            for k, v in message.properties.items()
+            if k not in SCHEDULE_PROPERTIES and (k not in RESERVED_PROPERTIES or k in RESEND_PROPERTIES)
+        }
         copy = Message(original, message.body, message.tags, message.keys, properties)
         if self._producer is None:
             self._producer = Producer(self._store, "DLQ_RESEND")
-        return self._producer.send(copy)
+        return self._producer._resend(copy)
 
     # ----------------------------------------------------------------- consumer offsets
     def reset_offset_by_time(self, group: str, topic: str, timestamp_ms: int) -> dict[int, int]:
@@ -253,8 +260,10 @@ class Admin:
 
         Found by binary search over the consume queue (file statistics, then within a file), not a
         scan. Before every message: the min offset; after all of them: the max offset. The offsets
-        are committed for the group (newest commit wins); consumers pick them up when they next
-        read the group's offsets (a PushConsumer on rebalance, an ``mq`` stream on a fresh start).
+        are committed for the group (newest commit wins) and the reset is recorded for the group's
+        running PushConsumers, which drop what they hold of those queues and resume from the new
+        offsets within about a second (their next commit keeps the reset); consumers started later
+        read the offsets (an ``mq`` stream on a fresh start).
 
         Returns:
             Queue id -> the group's new offset.
@@ -266,7 +275,8 @@ class Admin:
         return admin_offsets.reset_offset_by_time(self._store, group, topic, timestamp_ms)
 
     def reset_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
-        """Set a clustering group's offset of one queue (the next offset it consumes).
+        """Set a clustering group's offset of one queue (the next offset it consumes); running
+        PushConsumers of the group pick it up as after :meth:`reset_offset_by_time`.
 
         Raises:
             TopicNotFoundError: no such topic.

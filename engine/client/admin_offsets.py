@@ -34,6 +34,7 @@ from engine.store.consume_queue import QueueIndex, QueueMarks, queue_marks
 from engine.store.consumer_offset import OffsetStore
 from engine.store.delta import Snapshot
 from engine.store.delta_log import table_filesystem
+from engine.store.offset_resets import record_resets
 from engine.store.store import Store, now_ms, sql_literal
 
 _SEARCH_COLUMNS = ["topic", "queue_id", "queue_offset", "store_ts_ms"]
@@ -164,12 +165,20 @@ def offsets_for_time(store: Store, topic: str, timestamp_ms: int) -> dict[int, i
 
 def reset_offset_by_time(store: Store, group: str, topic: str, timestamp_ms: int) -> dict[int, int]:
     """Move a clustering group's offsets of every queue of ``topic`` to the first message stored at
-    or after ``timestamp_ms``; one ``consumer_offset`` commit. Returns queue id -> new offset."""
+    or after ``timestamp_ms``: one ``consumer_offset`` commit, then the reset recorded in
+    ``offset_resets`` for the group's running consumers. Returns queue id -> new offset."""
     validate_group_name(group)
     offsets = offsets_for_time(store, topic, timestamp_ms)
-    OffsetStore(store, group).commit((topic, qid, off) for qid, off in sorted(offsets.items()))
+    _reset(store, group, [(topic, qid, off) for qid, off in sorted(offsets.items())])
     reset_leases(store, group, topic, offsets)  # running SimpleConsumers of the group follow
     return offsets
+
+
+def _reset(store: Store, group: str, entries: list[tuple[str, int, int]]) -> None:
+    """Commit a group's new offsets (what a consumer starting later reads), then record the reset
+    (what running consumers watch, see :mod:`engine.client.resets`)."""
+    OffsetStore(store, group).commit(entries)
+    record_resets(store, group, entries)
 
 
 def reset_offset(store: Store, group: str, topic: str, queue_id: int, offset: int) -> None:
@@ -199,7 +208,7 @@ def reset_offset(store: Store, group: str, topic: str, queue_id: int, offset: in
             queue_id=queue_id,
             offset=offset,
         )
-    OffsetStore(store, group).commit([(topic, queue_id, offset)])
+    _reset(store, group, [(topic, queue_id, offset)])
     reset_leases(store, group, topic, {queue_id: offset})  # running SimpleConsumers of the group follow
 
 

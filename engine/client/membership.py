@@ -37,6 +37,22 @@ def default_consumer_id() -> str:
     return f"{socket.gethostname()}@{os.getpid()}@{uuid.uuid4().hex[:8]}"
 
 
+DEFAULT_INSTANCE_NAME = "DEFAULT"
+
+
+def host_client_id(instance_name: str = DEFAULT_INSTANCE_NAME) -> str:
+    """RocketMQ's client id ``ip@instanceName``: the same for every process of this host.
+
+    A broadcasting consumer keeps its offsets under this id, so one restarted on the same host
+    resumes where it stopped (RocketMQ renames only clustering instances to ``pid#time``).
+    """
+    try:
+        ip = socket.gethostbyname(socket.gethostname())
+    except OSError:
+        ip = socket.gethostname()
+    return f"{ip}@{instance_name}"
+
+
 def _positive_ms(name: str, value: object, maximum: int | None = None) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise InvalidArgumentError(f"{name} {value!r} must be an int > 0 (milliseconds)", **{name: value})

@@ -2,29 +2,38 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 
 from engine.closing import Closing
 from engine.errors import InvalidArgumentError, InvalidMessageError, MQError, ProducerClosedError, StoreError
 from engine.model import Message, SendResult, SendStatus, TopicConfig
-from engine.protocol.delays import validate_delay_level
+from engine.protocol.delays import clamp_delay_level
 from engine.protocol.message_ids import UniqKeyGenerator
-from engine.protocol.messages import MAX_BODY_BYTES, select_queue_by_hash, validate_message_fields
+from engine.protocol.messages import (
+    MAX_BODY_BYTES,
+    batch_bytes,
+    select_queue_by_hash,
+    validate_message_fields,
+)
 from engine.protocol.names import (
     PROPERTY_KEYS,
+    RESEND_PROPERTIES,
+    SCHEDULE_TOPIC,
+    TIMER_REQUEST_PROPERTIES,
     is_system_topic,
     is_valid_topic_name,
     validate_group_name,
     validate_topic_name,
 )
 from engine.protocol.permissions import is_writeable
-from engine.protocol.schedule import MAX_TIMER_DELAY_MS, schedule_envelope
+from engine.protocol.schedule import TIMER_PROPERTIES, real_destination, schedule_envelope, timer_deliver_ms
 from engine.store.commit_log import CommitLogWriter
 from engine.store.stamping import PendingBatch, PendingMessage, StampedBatch
 from engine.store.store import Store, now_ms
@@ -48,16 +57,33 @@ def _results(stamped: StampedBatch) -> list[SendResult]:
         strict=True,
     )
     if not _FILL_DICT:  # pragma: no cover - a SendResult with slots
-        return [SendResult(_SEND_OK, m, u, t, q, o, p) for m, u, t, q, o, p in rows]
+        return [SendResult(_SEND_OK, u, m, t, q, o, p) for m, u, t, q, o, p in rows]
     new = object.__new__
     out = []
     for m, u, t, q, o, p in rows:
         r = new(SendResult)
         r.__dict__.update(
-            status=_SEND_OK, msg_id=m, uniq_key=u, topic=t, queue_id=q, queue_offset=o, physical_offset=p
+            status=_SEND_OK, msg_id=u, offset_msg_id=m, topic=t, queue_id=q, queue_offset=o, physical_offset=p
         )
         out.append(r)
     return out
+
+
+def _as_sent(result: SendResult, pending: PendingMessage) -> SendResult:
+    """The result a producer reports: a delayed or timer message, stored in the schedule topic,
+    names the topic and queue it was sent to (RocketMQ's SendResult names the queue the producer
+    selected; its queue offset is the schedule queue's, as the broker answers)."""
+    if pending.topic != SCHEDULE_TOPIC:
+        return result
+    real = real_destination(pending.properties or {})
+    if real is None:  # pragma: no cover - the producer always names the real topic
+        return result
+    return dataclasses.replace(result, topic=real.topic, queue_id=real.queue_id)
+
+
+def has_timer(properties: Mapping[str, str]) -> bool:
+    """True when a message's properties ask for a timer (:data:`TIMER_PROPERTIES`)."""
+    return any(name in properties for name in TIMER_PROPERTIES)
 
 
 _valid_topic_name = functools.lru_cache(maxsize=1024)(is_valid_topic_name)
@@ -178,6 +204,7 @@ class Producer(Closing):
         queue_id: int | None = None,
         sharding_key: str | None = None,
         delay_level: int = 0,
+        allowed: frozenset[str] = TIMER_REQUEST_PROPERTIES,
     ) -> PendingMessage:
         if not isinstance(message, Message):
             raise InvalidMessageError(f"expected engine.Message, got {type(message).__name__}")
@@ -190,9 +217,10 @@ class Producer(Closing):
                 message.keys,
                 message.properties,
                 message.deliver_at_ms,
+                allowed=allowed,
             )
         topic = _writeable_topic(self._store, message.topic)
-        validate_delay_level(delay_level)
+        delay_level = clamp_delay_level(delay_level)  # above 18: 18, as RocketMQ's broker
         qid = self._choose_queue(topic.name, topic.queues, queue_id, sharding_key)
         if plain and not delay_level:
             return PendingMessage(
@@ -204,14 +232,20 @@ class Producer(Closing):
             props[PROPERTY_KEYS] = " ".join(keys)
         born = now_ms()
         uniq = self._ids.next()
-        deliver_at = message.deliver_at_ms
-        if not delay_level and deliver_at is None:
+        deliver_at = None
+        if delay_level:  # a delay level wins over a timer (RocketMQ clears the timer properties)
+            props = {k: v for k, v in props.items() if k not in TIMER_PROPERTIES}
+        else:
+            max_delay_ms = self._store.config.timer_max_delay_sec * 1000
+            try:
+                deliver_at = timer_deliver_ms(
+                    props, message.deliver_at_ms, now_ms=born, max_delay_ms=max_delay_ms
+                )
+            except InvalidMessageError as exc:
+                raise InvalidMessageError(str(exc), topic=topic.name) from None
+        if deliver_at is None and not delay_level:
             return PendingMessage(topic.name, qid, bytes(message.body), uniq, message.tags, keys, props, born)
         # Delayed and timer messages wait in the schedule topic; the schedule job re-puts them.
-        if not delay_level and deliver_at is not None and deliver_at > born + MAX_TIMER_DELAY_MS:
-            raise InvalidMessageError(
-                "deliver_at_ms is more than 7 days ahead; timers reach at most 7 days", topic=topic.name
-            )
         envelope = schedule_envelope(
             topic.name, qid, props, sent_ms=born, delay_level=delay_level, deliver_at_ms=deliver_at
         )
@@ -242,11 +276,17 @@ class Producer(Closing):
         Args:
             message: what to send.
             queue_id: an explicit queue; default round robin over the topic's queues.
-            sharding_key: choose the queue by a stable hash of this key (ordered messages).
-            delay_level: 1..18, RocketMQ's delay levels; 0 sends at once.
+            sharding_key: choose the queue by a stable hash of this key (ordered messages), as
+                Java's ``SelectMessageQueueByHash``.
+            delay_level: 1..18, RocketMQ's delay levels (higher: clamped to 18); 0 sends at once,
+                or as a timer when ``message.deliver_at_ms`` or a ``TIMER_DELAY_SEC`` /
+                ``TIMER_DELAY_MS`` / ``TIMER_DELIVER_MS`` property says so (at most
+                ``timer_max_delay_sec`` ahead; a time already past sends at once).
 
         Returns:
-            Where the message was stored.
+            Where the message was stored: ``msg_id`` is its client unique id, ``offset_msg_id``
+            the store's offset id; a delayed or timer message's result names its real topic and
+            queue (its queue offset is the schedule queue's, as RocketMQ's broker answers).
 
         Raises:
             InvalidMessageError, InvalidTopicError, TopicNotFoundError, InvalidArgumentError: bad
@@ -255,7 +295,14 @@ class Producer(Closing):
         """
         self._check_open()
         pending = self._prepare(message, queue_id, sharding_key, delay_level)
-        return _results(self._writer.append_batch([pending]))[0]
+        return _as_sent(_results(self._writer.append_batch([pending]))[0], pending)
+
+    def _resend(self, message: Message) -> SendResult:
+        """:meth:`send` of a broker-side copy (a dead letter sent back), which may carry the
+        reserved properties :data:`~engine.protocol.names.RESEND_PROPERTIES`."""
+        self._check_open()
+        pending = self._prepare(message, allowed=RESEND_PROPERTIES | TIMER_REQUEST_PROPERTIES)
+        return _as_sent(_results(self._writer.append_batch([pending]))[0], pending)
 
     def send_batch(self, messages: Sequence[Message], queue_id: int | None = None) -> list[SendResult]:
         """Send several messages of one topic in one Delta commit; results in input order.
@@ -289,15 +336,18 @@ class Producer(Closing):
             topics = sorted({repr(m.topic) for m in messages})
             raise InvalidMessageError(f"a batch holds messages of exactly one topic, got {', '.join(topics)}")
         validate_topic_name(first_topic)
-        if any(m.deliver_at_ms is not None for m in messages):
+        if any(m.deliver_at_ms is not None or has_timer(m.properties) for m in messages):
             raise InvalidMessageError("a batch cannot hold delayed or timer messages")
         for m in messages:
             if not _is_plain(m):  # the full check names what is wrong
                 validate_message_fields(m.topic, m.body, m.tags, m.keys, m.properties)
-        total = sum(len(m.body) for m in messages)
+        total = sum(batch_bytes(m.body, m.tags, m.properties, m.keys) for m in messages)
         limit = self._store.config.max_batch_bytes
         if total > limit:
-            raise InvalidMessageError(f"batch bodies total {total} bytes; at most {limit} are allowed")
+            raise InvalidMessageError(
+                f"batch takes {total} bytes (bodies and properties, tags and keys included); at most "
+                f"{limit} are allowed"
+            )
         qid, topic_name = self._batch_queue(first_topic, queue_id)
         bodies: list[bytes] = []
         tags: list[str | None] = []
@@ -325,12 +375,16 @@ class Producer(Closing):
     ) -> list[SendResult]:
         """:meth:`send_batch` of plain messages (checked by :func:`_plain_batch`): columns at once."""
         bodies = [m.body for m in messages]
-        total = sum(map(len, bodies))
+        tags = [m.tags for m in messages]
+        # As RocketMQ's MessageBatch: a tag travels as the property TAGS\x01<tag>\x02 (6 bytes + tag).
+        present = [t for t in tags if t is not None]
+        total = sum(map(len, bodies)) + len("".join(present).encode()) + 6 * len(present)
         limit = self._store.config.max_batch_bytes
         if total > limit:
-            raise InvalidMessageError(f"batch bodies total {total} bytes; at most {limit} are allowed")
+            raise InvalidMessageError(
+                f"batch takes {total} bytes (bodies and tags); at most {limit} are allowed"
+            )
         qid, name = self._batch_queue(topic_name, queue_id)
-        tags = [m.tags for m in messages]
         uniq = self._ids.next_many(len(bodies))
         batch = PendingBatch.single_queue(name, qid, bodies, uniq, tags, None, None, now_ms())
         return _results(self._writer.append_batch(batch))
@@ -402,8 +456,8 @@ class Producer(Closing):
             for _, fut in batch:
                 fut.set_exception(err)
         else:
-            for (_, fut), result in zip(batch, results, strict=True):
-                fut.set_result(result)
+            for (pending, fut), result in zip(batch, results, strict=True):
+                fut.set_result(_as_sent(result, pending))
         self._tasks_done(len(batch))
 
     def _tasks_done(self, n: int) -> None:

@@ -19,10 +19,18 @@ import time
 from collections.abc import Sequence
 
 from engine.client.admin import Admin
-from engine.client.membership import GroupMembership, default_consumer_id
+from engine.client.membership import GroupMembership, default_consumer_id, host_client_id
 from engine.client.offsets import ConsumeFrom, offset_by_time
 from engine.client.pull import PullConsumer
-from engine.client.queue_workers import Listener, ProcessQueue, QueueWorkers
+from engine.client.push_resets import LiveResets
+from engine.client.queue_workers import (
+    UNLIMITED_RECONSUME,
+    Listener,
+    ProcessQueue,
+    QueueWorkers,
+    takes_context,
+)
+from engine.client.resets import ResetWatcher
 from engine.closing import Closing
 from engine.errors import ConsumerError, InvalidArgumentError
 from engine.protocol import (
@@ -58,7 +66,7 @@ def _positive(name: str, value: object, maximum: int | None = None) -> int:
     return value
 
 
-class PushConsumer(QueueWorkers, Closing):
+class PushConsumer(QueueWorkers, LiveResets, Closing):
     """Messages pushed to a listener, with rebalance, offsets, retries and orderly consumption.
 
     Args:
@@ -70,11 +78,15 @@ class PushConsumer(QueueWorkers, Closing):
             ``"consistent_hash"`` or a callable ``(queues, consumer_ids, me) -> queues``.
         consume_from: where to start a queue the group has no committed offset for.
         consume_from_timestamp_ms: the time for ``ConsumeFrom.TIMESTAMP`` (default 30 min ago).
-        max_reconsume_times: attempts after which a failing message goes to ``%DLQ%<group>``.
+        max_reconsume_times: failures after which a message goes to ``%DLQ%<group>``; -1 or None
+            (the default) means 16 (the engine's ``max_reconsume_times``) for a concurrent
+            listener and no limit for an orderly one, as in RocketMQ.
         pull_batch_size: most messages pulled from a queue at a time (1..1024).
         consume_batch_size: most messages passed to one listener call.
-        instance_id: this instance's id in the group; give a stable one to a broadcasting
-            consumer so a restart resumes from its offsets.
+        instance_id: this instance's id in the group. Default: unique per instance for clustering;
+            ``ip@DEFAULT`` for broadcasting (RocketMQ's client id), so a broadcasting consumer
+            restarted on the same host resumes from its offsets; give each of several
+            broadcasting consumers of one group on one host its own id.
         heartbeat_interval_ms, member_timeout_ms: liveness (a member silent for the timeout is
             dropped from the group).
         rebalance_interval_ms: how often the queues are reallocated.
@@ -136,17 +148,17 @@ class PushConsumer(QueueWorkers, Closing):
         self.consume_from_timestamp_ms = consume_from_timestamp_ms
         cfg = store.config
         if max_reconsume_times is None:
-            max_reconsume_times = cfg.max_reconsume_times
+            max_reconsume_times = -1
         if (
             isinstance(max_reconsume_times, bool)
             or not isinstance(max_reconsume_times, int)
-            or max_reconsume_times < 0
+            or max_reconsume_times < -1
         ):
             raise InvalidArgumentError(
-                f"max_reconsume_times {max_reconsume_times!r} must be an int >= 0",
+                f"max_reconsume_times {max_reconsume_times!r} must be an int >= 0, or -1 (the default)",
                 max_reconsume_times=max_reconsume_times,
             )
-        self.max_reconsume_times = max_reconsume_times
+        self._max_reconsume_setting = max_reconsume_times
         self.pull_batch_size = _positive(
             "pull_batch_size",
             cfg.pull_batch_size if pull_batch_size is None else pull_batch_size,
@@ -173,7 +185,12 @@ class PushConsumer(QueueWorkers, Closing):
             )
         self._relock_s = relock_interval_ms / 1000
         self._suspend_s = _positive("suspend_current_queue_ms", suspend_current_queue_ms) / 1000
-        self.instance_id = default_consumer_id() if instance_id is None else instance_id
+        if instance_id is None:
+            # RocketMQ: a clustering instance gets a unique name (pid#time); a broadcasting one keeps
+            # ip@DEFAULT, so a restart on the same host finds its offsets.
+            broadcast = self.model is MessageModel.BROADCASTING
+            instance_id = host_client_id() if broadcast else default_consumer_id()
+        self.instance_id = instance_id
         self._store = store
         self._membership = GroupMembership(
             store,
@@ -190,6 +207,7 @@ class PushConsumer(QueueWorkers, Closing):
         self._index = QueueIndex(store)
         self._subscriptions: dict[str, MessageSelector] = {}
         self._listener: Listener | None = None
+        self._with_context = False
         self._orderly = False
         self._pqs: dict[MessageQueue, ProcessQueue] = {}
         self._state_lock = threading.RLock()  # guards _pqs, _subscriptions and the lifecycle
@@ -199,11 +217,23 @@ class PushConsumer(QueueWorkers, Closing):
         self._started = False
         self._closed = False
         self._last_relock: float | None = None  # monotonic time of the last renewal of every lock
+        self._resets: ResetWatcher | None = None  # set by start()
+        self._pending_resets: dict[tuple[str, int], int] = {}  # (topic, queue id) -> reset offset
+        self._resets_lock = threading.Lock()
 
     # ----------------------------------------------------------------- setup
     @property
     def consumer_id(self) -> str:
         return self.instance_id
+
+    @property
+    def max_reconsume_times(self) -> int:
+        """Failures after which a message goes to ``%DLQ%<group>``. The default (-1), as RocketMQ's:
+        the engine's ``max_reconsume_times`` (16) for a concurrent listener, no limit for an orderly
+        one (its failing message is retried in place, so the queue's order holds)."""
+        if self._max_reconsume_setting != -1:
+            return self._max_reconsume_setting
+        return UNLIMITED_RECONSUME if self._orderly else self._store.config.max_reconsume_times
 
     def subscribe(self, topic: str, expression: MessageSelector | str = "*") -> None:
         """Consume ``topic`` messages matching a :class:`MessageSelector` or a tag expression string.
@@ -242,12 +272,17 @@ class PushConsumer(QueueWorkers, Closing):
     def register_listener(self, listener: Listener, orderly: bool = False) -> None:
         """Set the function called with each batch of messages; it returns a :class:`ConsumeResult`.
 
+        ``listener(messages)`` or ``listener(messages, context)``: a listener taking two arguments
+        also gets a :class:`ConsumeConcurrentlyContext` (choose the next retry delay) or a
+        :class:`ConsumeOrderlyContext` (choose the pause).
+
         A concurrent listener is called from one thread per queue at once and must be thread-safe;
         a failed (RECONSUME_LATER or raising) batch is recorded as NACKs and redelivered later
         through the retry topic. An orderly listener sees each queue's messages in queue order,
-        one batch at a time, only while this instance holds the queue's lock; a failed batch is
-        retried after ``suspend_current_queue_ms``, never skipped, and a message that fails more
-        than ``max_reconsume_times`` times goes to the dead-letter topic.
+        one batch at a time, only while this instance holds the queue's lock; a failed batch
+        (SUSPEND_CURRENT_QUEUE_A_MOMENT, RECONSUME_LATER or raising) is retried in place after
+        ``suspend_current_queue_ms``, never skipped; only when the user set
+        ``max_reconsume_times`` does a message failing more often go to the dead-letter topic.
 
         Raises:
             InvalidArgumentError: not callable.
@@ -259,6 +294,7 @@ class PushConsumer(QueueWorkers, Closing):
             if self._started:
                 raise ConsumerError("register the listener before start()", group=self.group)
             self._listener = listener
+            self._with_context = takes_context(listener)
             self._orderly = bool(orderly)
 
     def start(self) -> PushConsumer:
@@ -276,6 +312,9 @@ class PushConsumer(QueueWorkers, Closing):
                 raise ConsumerError("register a listener before start()", group=self.group)
             if not any(not t.startswith(RETRY_PREFIX) for t in self._subscriptions):
                 raise ConsumerError("subscribe to a topic before start()", group=self.group)
+            # Before any queue is started: a reset made from here on is seen by the watcher, one made
+            # before is in the committed offsets the queues start from.
+            self._resets = ResetWatcher(self._store, self.group)
             self._membership.heartbeat(self.subscriptions())
             self._started = True
             for name, target in (("service", self._service_loop), ("rebalance", self._rebalance_loop)):
@@ -352,6 +391,10 @@ class PushConsumer(QueueWorkers, Closing):
                 self._rebalance()
             except Exception as exc:  # logged; background work goes on
                 self._warn("rebalance failed", exc)
+            try:
+                self._apply_resets()
+            except Exception as exc:  # logged; background work goes on
+                self._warn("applying an offset reset failed", exc)
             self._stop.wait(self._rebalance_s)
 
     def _rebalance(self) -> None:
@@ -404,11 +447,17 @@ class PushConsumer(QueueWorkers, Closing):
             self._start_queues(added, target)
 
     def _start_queues(
-        self, added: Sequence[MessageQueue], target: dict[MessageQueue, MessageSelector]
+        self,
+        added: Sequence[MessageQueue],
+        target: dict[MessageQueue, MessageSelector],
+        known: dict[tuple[str, int], int] | None = None,
     ) -> None:
+        """Start workers for queues, from their committed offsets (``known``: offsets just
+        committed by this instance, used as they are)."""
         committed: dict[tuple[str, int], int] = {}
         for topic in sorted({mq.topic for mq in added}):
             committed.update(self._offsets.read(topic))
+        committed.update(known or {})
         pqs = []
         initial = []
         for mq in added:
@@ -482,8 +531,14 @@ class PushConsumer(QueueWorkers, Closing):
             if pqs is None:
                 with self._state_lock:
                     pqs = list(self._pqs.values())
-            # Read offsets before flushing: a worker records a NACK before moving its offset.
-            snapshot = [(pq, pq.consumed) for pq in pqs if pq.consumed != pq.committed]
+            # Read offsets before flushing: a worker records a NACK before moving its offset. A queue
+            # reset but not resumed yet keeps the reset: its old progress is never committed.
+            reset = self._collect_resets()
+            snapshot = [
+                (pq, pq.consumed)
+                for pq in pqs
+                if pq.consumed != pq.committed and (pq.mq.topic, pq.mq.queue_id) not in reset
+            ]
             self._actions.flush()
             if not snapshot:
                 return

@@ -57,52 +57,75 @@ def _read_messages(index: QueueIndex, offsets: list[int]) -> list[MessageExt]:
     return []
 
 
-def view_message(store: Store, msg_id: str, *, index: QueueIndex | None = None) -> MessageExt:
-    """The stored message with offset message id ``msg_id`` (any topic, dispatched or not).
+def view_message(
+    store: Store, msg_id: str, *, topic: str | None = None, index: QueueIndex | None = None
+) -> MessageExt:
+    """The stored message with id ``msg_id``: an offset msg id or a client unique id.
+
+    As RocketMQ's ``viewMessage``: an offset id (:attr:`SendResult.offset_msg_id`,
+    :attr:`MessageExt.msg_id`: store id + physical offset) is one point read of the commit log, any
+    topic, dispatched or not; anything else is taken as a client unique id
+    (:attr:`SendResult.msg_id`, :attr:`MessageExt.uniq_key`) and looked up in the ``index`` table,
+    which holds what the index job has indexed so far. Both are 32 hex characters.
 
     Args:
         store: the store.
-        msg_id: an offset message id (32 hex characters: store id + physical offset), as in
-            :attr:`SendResult.msg_id` and :attr:`MessageExt.msg_id`.
+        msg_id: an offset message id or a client unique id.
+        topic: narrows a unique-id look-up to one topic (default: every topic; the first stored
+            copy is returned when several share the id, e.g. a retry).
         index: a :class:`QueueIndex` to reuse (its cached commit-log file statistics).
 
     Raises:
-        InvalidArgumentError: ``msg_id`` is not 32 hex characters, or was issued by another store.
-        MessageNotFoundError: no message is stored at that offset (never written, or removed by
+        InvalidArgumentError: ``msg_id`` is not 32 hex characters, or is an offset id issued by
+            another store and no unique id of this store.
+        MessageNotFoundError: no such message (never written, not indexed yet, or removed by
             retention).
     """
     store_id, physical = parse_msg_id(msg_id)
+    reader = index or QueueIndex(store)
+    if store_id == store.store_id:
+        found = _read_messages(reader, [physical])
+        if found and found[0].msg_id == msg_id.upper() and (topic is None or found[0].topic == topic):
+            return found[0]
+    if topic is not None:
+        validate_topic_name(topic)
+    rows = index_lookup(store, topic, KIND_UNIQ_KEY, msg_id.upper())
+    for offset in _offsets(rows, newest_first=False):
+        hits = _read_messages(reader, [offset])
+        if hits:
+            return hits[0]
     if store_id != store.store_id:
         raise InvalidArgumentError(
-            f"msg_id {msg_id!r} belongs to store {store_id}, not to this store ({store.store_id}); "
-            "look it up in the store that issued it",
+            f"msg_id {msg_id!r} is no unique id indexed here and, as an offset id, belongs to store "
+            f"{store_id}, not to this store ({store.store_id}); look it up in the store that issued it",
             msg_id=msg_id,
         )
-    found = _read_messages(index or QueueIndex(store), [physical])
-    if not found or found[0].msg_id != msg_id.upper():
-        raise MessageNotFoundError(
-            f"no message is stored at physical offset {physical} (msg_id {msg_id!r}): it was never "
-            "written or retention removed it",
-            msg_id=msg_id,
-            physical_offset=physical,
-        )
-    return found[0]
+    raise MessageNotFoundError(
+        f"no message is stored at physical offset {physical} (msg_id {msg_id!r}: never written or "
+        "removed by retention), nor is it a unique id in the index (not sent, not indexed yet, or removed)",
+        msg_id=msg_id,
+        physical_offset=physical,
+    )
 
 
 def index_lookup(
     store: Store,
-    topic: str,
+    topic: str | None,
     kind: str,
     key: str,
     begin_ms: int | None = None,
     end_ms: int | None = None,
 ) -> pa.Table:
-    """Index rows (``physical_offset``, ``store_ts_ms``) of ``topic#key`` stored in ``[begin, end]``.
+    """Index rows (``physical_offset``, ``store_ts_ms``) of ``topic#key`` stored in ``[begin, end]``
+    (of ``key`` in any topic when ``topic`` is None).
 
     Files are pruned by their statistics, row groups by the parquet footers; no other file is read.
     """
-    predicate = f"topic = {sql_literal(topic)} AND key = {sql_literal(key)} AND kind = {sql_literal(kind)}"
-    row_filter = (ds.field("topic") == topic) & (ds.field("key") == key) & (ds.field("kind") == kind)
+    predicate = f"key = {sql_literal(key)} AND kind = {sql_literal(kind)}"
+    row_filter = (ds.field("key") == key) & (ds.field("kind") == kind)
+    if topic is not None:
+        predicate = f"topic = {sql_literal(topic)} AND {predicate}"
+        row_filter &= ds.field("topic") == topic
     if begin_ms is not None:
         predicate += f" AND store_ts_ms >= {int(begin_ms)}"
         row_filter &= ds.field("store_ts_ms") >= begin_ms
@@ -173,13 +196,14 @@ def query_by_key(
 def query_by_uniq_key(
     store: Store, topic: str, uniq_key: str, *, index: QueueIndex | None = None
 ) -> MessageExt | None:
-    """The message of ``topic`` with client unique id ``uniq_key`` (:attr:`SendResult.uniq_key`).
+    """The message of ``topic`` with client unique id ``uniq_key`` (:attr:`SendResult.msg_id`); an
+    offset msg id (:attr:`SendResult.offset_msg_id`) of a message in ``topic`` is accepted too.
 
     When several copies share the id in the topic (a resend), the first stored one is returned.
 
     Returns:
-        The message, or None when the index holds no such message (not sent, not indexed yet, or
-        removed by retention).
+        The message, or None when there is no such message (not sent, not indexed yet, or removed
+        by retention).
 
     Raises:
         InvalidTopicError: a malformed topic name.
@@ -189,10 +213,18 @@ def query_by_uniq_key(
     validate_topic_name(topic)
     _check_key(uniq_key, "uniq_key")
     store.topic(topic)
-    rows = index_lookup(store, topic, KIND_UNIQ_KEY, uniq_key)
     reader = index or QueueIndex(store)
-    for physical in _offsets(rows, newest_first=False):
+    try:
+        store_id, physical = parse_msg_id(uniq_key)
+    except InvalidArgumentError:
+        store_id, physical = "", -1  # not an offset id: an index look-up only
+    if store_id == store.store_id:
         found = _read_messages(reader, [physical])
-        if found:
+        if found and found[0].msg_id == uniq_key.upper() and found[0].topic == topic:
             return found[0]
+    rows = index_lookup(store, topic, KIND_UNIQ_KEY, uniq_key)
+    for offset in _offsets(rows, newest_first=False):
+        hits = _read_messages(reader, [offset])
+        if hits:
+            return hits[0]
     return None

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import inspect
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from engine.client.membership import GroupMembership
@@ -16,6 +18,7 @@ from engine.client.pull import PullConsumer
 from engine.errors import MQError
 from engine.model import MessageExt, PullStatus
 from engine.protocol.actions import NACK
+from engine.protocol.delays import DELAY_LEVELS_MS, MAX_DELAY_LEVEL
 from engine.protocol.names import PROPERTY_RETRY_TOPIC, RETRY_PREFIX
 from engine.protocol.rebalance import MessageModel, MessageQueue
 from engine.protocol.selectors import MessageSelector
@@ -29,14 +32,56 @@ class ConsumeResult(enum.StrEnum):
     """What a listener returns (RocketMQ ``ConsumeConcurrentlyStatus`` / ``ConsumeOrderlyStatus``).
 
     SUCCESS: the messages are consumed. RECONSUME_LATER: a concurrent listener's messages go to the
-    group's retry topic; an orderly listener's queue pauses and the same messages come again.
+    group's retry topic. SUSPEND_CURRENT_QUEUE_A_MOMENT: an orderly listener's queue pauses (about
+    1 s) and the same messages come again, in place (an orderly listener's RECONSUME_LATER means the
+    same; a concurrent listener's SUSPEND_CURRENT_QUEUE_A_MOMENT means RECONSUME_LATER).
     """
 
     SUCCESS = "SUCCESS"
     RECONSUME_LATER = "RECONSUME_LATER"
+    SUSPEND_CURRENT_QUEUE_A_MOMENT = "SUSPEND_CURRENT_QUEUE_A_MOMENT"
 
 
-Listener = Callable[[list[MessageExt]], "ConsumeResult | str"]
+@dataclasses.dataclass
+class ConsumeConcurrentlyContext:
+    """What a concurrent listener may say about a failed batch (RocketMQ's context of the same name).
+
+    A listener taking two arguments gets one per call. ``delay_level_when_next_consume``: 0 (the
+    default) lets the broker choose the retry delay (level 3 + reconsume times), -1 sends the
+    failed messages to the dead-letter queue at once, 1..18 retries after that delay level (a
+    higher level is clamped to 18).
+    """
+
+    message_queue: MessageQueue
+    delay_level_when_next_consume: int = 0
+
+
+@dataclasses.dataclass
+class ConsumeOrderlyContext:
+    """What an orderly listener may say about a failed batch (RocketMQ's context of the same name).
+
+    ``suspend_current_queue_time_ms``: how long the queue pauses before the batch comes again;
+    -1 (the default) means the consumer's ``suspend_current_queue_ms``.
+    """
+
+    message_queue: MessageQueue
+    suspend_current_queue_time_ms: int = -1
+
+
+Listener = Callable[..., "ConsumeResult | str"]
+# RocketMQ's orderly default: a failing message is retried in place, never dead-lettered.
+UNLIMITED_RECONSUME = 2**31 - 1
+
+
+def takes_context(listener: Callable[..., object]) -> bool:
+    """True when ``listener`` accepts two positional arguments (the messages and a context)."""
+    try:
+        inspect.signature(listener).bind([], None)
+    except TypeError:
+        return False
+    except ValueError:  # no signature (some builtins): called with the messages only
+        return False
+    return True
 
 
 class ProcessQueue:
@@ -62,7 +107,6 @@ class QueueWorkers:
 
     instance_id: str
     model: MessageModel
-    max_reconsume_times: int
     pull_batch_size: int
     consume_batch_size: int
     _store: Store
@@ -70,11 +114,16 @@ class QueueWorkers:
     _puller: PullConsumer
     _actions: ActionLogWriter
     _listener: Listener | None
+    _with_context: bool
     _orderly: bool
     _stop: threading.Event
     _rebalance_s: float
     _suspend_s: float
     _pull_suspend_ms: int
+
+    @property
+    def max_reconsume_times(self) -> int:  # pragma: no cover - the consumer defines it
+        raise NotImplementedError
 
     @property
     def _uses_locks(self) -> bool:
@@ -152,10 +201,14 @@ class QueueWorkers:
             changes["reconsume_times"] = reconsume_times
         return dataclasses.replace(message, **changes) if changes else message  # type: ignore[arg-type]
 
-    def _call(self, messages: list[MessageExt]) -> ConsumeResult:
+    def _call(
+        self,
+        messages: list[MessageExt],
+        context: ConsumeConcurrentlyContext | ConsumeOrderlyContext | None = None,
+    ) -> ConsumeResult:
         assert self._listener is not None
         try:
-            result = self._listener(messages)
+            result = self._listener(messages, context) if self._with_context else self._listener(messages)
         except Exception as exc:  # a failing listener means "reconsume later", as in RocketMQ
             _log.warning("push consumer %s: listener raised %r; reconsume later", self.instance_id, exc)
             return ConsumeResult.RECONSUME_LATER
@@ -171,8 +224,27 @@ class QueueWorkers:
         # per-consumer max is carried by raising the count to the job's threshold.
         return max(reconsume_times, self.max_reconsume_times, self._store.config.max_reconsume_times)
 
-    def _nack(self, message: MessageExt, reconsume_times: int) -> None:
-        self._actions.record(NACK, message, reconsume_times=reconsume_times)
+    def _nack(self, message: MessageExt, reconsume_times: int, retry_at_ms: int | None = None) -> None:
+        self._actions.record(NACK, message, reconsume_times=reconsume_times, deadline_ms=retry_at_ms)
+
+    def _nack_failed(self, chunk: list[MessageExt], delay_level: object) -> None:
+        """NACK a failed concurrent batch as ``delayLevelWhenNextConsume`` says: -1 dead-letters at
+        once, 0 lets the retry job choose the delay, 1..18 (higher: 18) retries after that level."""
+        if isinstance(delay_level, bool) or not isinstance(delay_level, int) or delay_level < -1:
+            _log.warning(
+                "push consumer %s: delay_level_when_next_consume %r is not -1, 0 or 1..18; using 0",
+                self.instance_id,
+                delay_level,
+            )
+            delay_level = 0
+        retry_at = None
+        if delay_level > 0:
+            retry_at = int(time.time() * 1000) + DELAY_LEVELS_MS[min(delay_level, MAX_DELAY_LEVEL) - 1]
+        for m in chunk:
+            times = m.reconsume_times
+            if times >= self.max_reconsume_times or delay_level == -1:
+                times = self._dead_letter_times(times)
+            self._nack(m, times, retry_at)
 
     def _consume_concurrently(self, pq: ProcessQueue, messages: list[MessageExt]) -> bool:
         size = self.consume_batch_size
@@ -180,7 +252,8 @@ class QueueWorkers:
             if not self._active(pq):
                 return False
             chunk = messages[start : start + size]
-            if self._call([self._view(m) for m in chunk]) is ConsumeResult.RECONSUME_LATER:
+            context = ConsumeConcurrentlyContext(pq.mq)
+            if self._call([self._view(m) for m in chunk], context) is not ConsumeResult.SUCCESS:
                 if self.model is MessageModel.BROADCASTING:
                     # RocketMQ drops failed broadcast messages: there is no per-instance retry topic.
                     _log.warning(
@@ -189,11 +262,7 @@ class QueueWorkers:
                         len(chunk),
                     )
                 else:
-                    for m in chunk:
-                        times = m.reconsume_times
-                        if times >= self.max_reconsume_times:
-                            times = self._dead_letter_times(times)
-                        self._nack(m, times)
+                    self._nack_failed(chunk, context.delay_level_when_next_consume)
             pq.consumed = chunk[-1].queue_offset + 1
         return True
 
@@ -205,7 +274,8 @@ class QueueWorkers:
                 return False
             chunk = pending[:size]
             times = {m.queue_offset: pq.attempts.get(m.queue_offset, m.reconsume_times) for m in chunk}
-            result = self._call([self._view(m, times[m.queue_offset]) for m in chunk])
+            context = ConsumeOrderlyContext(pq.mq)
+            result = self._call([self._view(m, times[m.queue_offset]) for m in chunk], context)
             if result is ConsumeResult.SUCCESS:
                 done = chunk
             else:
@@ -230,5 +300,7 @@ class QueueWorkers:
                 if first_pending is None or first_pending > last_done:
                     pq.consumed = last_done + 1
             if len(done) < len(chunk):
-                pq.dropped.wait(self._suspend_s)
+                pause = context.suspend_current_queue_time_ms
+                ok = not isinstance(pause, bool) and isinstance(pause, int) and 0 < pause <= 60_000
+                pq.dropped.wait(pause / 1000 if ok else self._suspend_s)
         return True

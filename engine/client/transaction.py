@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from engine.client.producer import Producer
+from engine.client.producer import Producer, has_timer
 from engine.errors import InvalidArgumentError, InvalidMessageError, TransactionError
 from engine.model import Message, MessageExt, SendResult, SendStatus
 from engine.protocol.names import TRANS_HALF_TOPIC, validate_group_name
@@ -149,7 +149,10 @@ class TransactionProducer(Producer):
         self._check_open()
         if not callable(execute):
             raise InvalidArgumentError("execute must be callable: execute(message) -> LocalTransactionState")
-        if isinstance(message, Message) and message.deliver_at_ms is not None:
+        if isinstance(message, Message) and (
+            message.deliver_at_ms is not None
+            or (isinstance(message.properties, Mapping) and has_timer(message.properties))
+        ):
             raise InvalidMessageError(
                 "transactional messages cannot be delayed or timed", topic=message.topic
             )
@@ -177,8 +180,8 @@ class TransactionProducer(Producer):
     def _half_result(self, half: HalfMessage, state: LocalTransactionState) -> TransactionSendResult:
         return TransactionSendResult(
             status=SendStatus.SEND_OK,
-            msg_id=half.msg_id,
-            uniq_key=half.uniq_key,
+            msg_id=half.uniq_key,
+            offset_msg_id=half.msg_id,
             topic=TRANS_HALF_TOPIC,
             queue_id=0,
             queue_offset=-1,
@@ -193,8 +196,8 @@ class TransactionProducer(Producer):
             return self._half_result(half, decision.state)
         return TransactionSendResult(
             status=SendStatus.SEND_OK,
-            msg_id=committed.msg_id,
-            uniq_key=committed.uniq_key,
+            msg_id=committed.uniq_key,
+            offset_msg_id=committed.msg_id,
             topic=committed.topic,
             queue_id=committed.queue_id,
             queue_offset=committed.queue_offset,

@@ -58,6 +58,7 @@ from engine.protocol.message_ids import (
     UniqKeyGenerator,
     make_msg_id,
     parse_msg_id,
+    uniq_key_time_ms,
 )
 from engine.protocol.messages import (
     MAX_BODY_BYTES,
@@ -89,6 +90,7 @@ from engine.protocol.names import (
     SCHEDULE_TOPIC,
     SYSTEM_TOPICS,
     TOPIC_PATTERN,
+    TRANS_CHECK_MAX_TIME_TOPIC,
     TRANS_HALF_TOPIC,
     TRANS_OP_HALF_TOPIC,
     dlq_topic,
@@ -186,6 +188,7 @@ __all__ = [
     "TIMER_QUEUE_ID",
     "TOPIC_PATTERN",
     "TOPIC_PERMS",
+    "TRANS_CHECK_MAX_TIME_TOPIC",
     "TRANS_HALF_TOPIC",
     "TRANS_OP_HALF_TOPIC",
     "AllocateStrategy",
@@ -226,6 +229,7 @@ __all__ = [
     "schedule_queue_id",
     "select_queue_by_hash",
     "tags_code",
+    "uniq_key_time_ms",
     "validate_delay_level",
     "validate_group_name",
     "validate_max_reconsume",

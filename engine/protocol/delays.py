@@ -27,6 +27,21 @@ def validate_delay_level(level: object) -> int:
     return level
 
 
+def clamp_delay_level(level: object) -> int:
+    """The delay level a send uses, as RocketMQ's broker: a level above 18 is clamped to 18.
+
+    Raises:
+        InvalidArgumentError: not an int >= 0 (0: no delay).
+    """
+    if isinstance(level, bool) or not isinstance(level, int) or level < 0:
+        raise InvalidArgumentError(
+            f"delay_level {level!r} is invalid; use 0 (no delay) or 1..{MAX_DELAY_LEVEL} (higher levels are "
+            f"clamped to {MAX_DELAY_LEVEL})",
+            delay_level=level,
+        )
+    return min(level, MAX_DELAY_LEVEL)
+
+
 def delay_due_ms(level: int, from_ms: int) -> int:
     """When a message sent at ``from_ms`` with ``level`` is due."""
     validate_delay_level(level)
@@ -60,30 +75,32 @@ def max_reconsume_times(
             value = -1
         if value >= 0:
             return value
+    chosen = -1  # -1: RocketMQ's "the default"
     if isinstance(setting, Mapping):
         if group in setting:
-            return int(setting[group])
+            chosen = int(setting[group])
     elif setting is not None:
-        return int(setting)
-    return default
+        chosen = int(setting)
+    return default if chosen == -1 else chosen
 
 
 def validate_max_reconsume(setting: MaxReconsume) -> MaxReconsume:
     """Check a reconsume limit setting; returns it (a mapping as a plain dict).
 
     Raises:
-        InvalidArgumentError: neither None, an int >= 0, nor a mapping of group names to ints >= 0.
+        InvalidArgumentError: neither None, an int >= -1, nor a mapping of group names to ints >= -1
+            (-1 means the default, as RocketMQ's ``maxReconsumeTimes = -1``).
     """
 
     def ok(value: object) -> bool:
-        return not isinstance(value, bool) and isinstance(value, int) and value >= 0
+        return not isinstance(value, bool) and isinstance(value, int) and value >= -1
 
     if setting is None or (not isinstance(setting, Mapping) and ok(setting)):
         return setting
     if isinstance(setting, Mapping) and all(isinstance(g, str) and ok(v) for g, v in setting.items()):
         return dict(setting)
     raise InvalidArgumentError(
-        f"max_reconsume_times {setting!r} must be an int >= 0 or a mapping of group to int >= 0",
+        f"max_reconsume_times {setting!r} must be an int >= -1 or a mapping of group to int >= -1",
         max_reconsume_times=setting,
     )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from engine.errors import InvalidArgumentError, InvalidMessageError
-from engine.protocol.names import RESERVED_PROPERTIES, validate_topic_name
+from engine.protocol.names import MAX_PROPERTIES_BYTES, RESERVED_PROPERTIES, validate_topic_name
 from engine.protocol.tags import java_string_hashcode
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
@@ -21,13 +21,20 @@ def validate_message_fields(
     keys: object,
     properties: object,
     deliver_at_ms: object = None,
+    *,
+    allowed: frozenset[str] = frozenset(),
 ) -> None:
-    """Check one message against RocketMQ's client-side rules.
+    """Check one message against RocketMQ's client- and broker-side rules.
+
+    Args:
+        topic, body, tags, keys, properties, deliver_at_ms: the message's fields.
+        allowed: reserved property names this message may carry (a broker-side resend).
 
     Raises:
         InvalidTopicError: bad topic name.
         InvalidMessageError: empty or over 4 MiB body, tags containing ``||``, non-string keys or
-            properties, or a property name in :data:`RESERVED_PROPERTIES`.
+            properties, a property name in :data:`RESERVED_PROPERTIES`, or properties (keys
+            included) longer than :data:`MAX_PROPERTIES_BYTES` encoded, as RocketMQ's broker.
     """
     validate_topic_name(topic)
     if type(body) is not bytes and not isinstance(body, bytearray | memoryview):
@@ -65,12 +72,19 @@ def validate_message_fields(
             raise InvalidMessageError(
                 f"property {name!r} is empty or holds the reserved separators \\x01 / \\x02", topic=topic
             )
-        if name in RESERVED_PROPERTIES:
+        if name in RESERVED_PROPERTIES and name not in allowed:
             raise InvalidMessageError(
                 f"property {name!r} is reserved for the broker; reserved names: "
                 f"{', '.join(sorted(RESERVED_PROPERTIES))}",
                 topic=topic,
             )
+    encoded = properties_bytes(properties, list(keys))
+    if encoded > MAX_PROPERTIES_BYTES:
+        raise InvalidMessageError(
+            f"properties take {encoded} bytes encoded (name\\x01value\\x02, keys included); at most "
+            f"{MAX_PROPERTIES_BYTES} are allowed",
+            topic=topic,
+        )
     if deliver_at_ms is not None and (
         isinstance(deliver_at_ms, bool) or not isinstance(deliver_at_ms, int) or deliver_at_ms < 0
     ):
@@ -80,6 +94,23 @@ def validate_message_fields(
 def encode_properties(properties: Mapping[str, str]) -> bytes:
     """RocketMQ's wire form of properties (``name\\x01value\\x02``…)."""
     return "".join(f"{k}\x01{v}\x02" for k, v in properties.items()).encode()
+
+
+def properties_bytes(properties: Mapping[str, str], keys: Sequence[str] = ()) -> int:
+    """Bytes of a message's properties in RocketMQ's wire form, with KEYS as the producer adds it."""
+    size = len(encode_properties(properties)) if properties else 0
+    if keys:
+        size += len(f"KEYS\x01{' '.join(keys)}\x02".encode())
+    return size
+
+
+def batch_bytes(body: bytes, tags: str | None, properties: Mapping[str, str], keys: Sequence[str]) -> int:
+    """What one message adds to a batch's size, as RocketMQ counts a batch (``MessageBatch``):
+    its body and its properties, tags and keys included (it carries them as TAGS / KEYS)."""
+    size = len(body) + properties_bytes(properties, keys)
+    if tags:
+        size += len(f"TAGS\x01{tags}\x02".encode())
+    return size
 
 
 def record_size(topic: str, body_len: int, properties: Mapping[str, str]) -> int:
@@ -92,7 +123,12 @@ def record_size(topic: str, body_len: int, properties: Mapping[str, str]) -> int
 
 
 def select_queue_by_hash(sharding_key: str, queues: int) -> int:
-    """Stable queue for a sharding key (same key, same queue, across processes and runs)."""
+    """Stable queue for a sharding key, as RocketMQ's ``SelectMessageQueueByHash``.
+
+    Java computes ``key.hashCode() % n`` (the remainder takes the dividend's sign) and then
+    ``Math.abs`` of a negative remainder; ``|h| mod n`` is the same number, also for
+    ``Integer.MIN_VALUE`` (whose remainder is small, so Java's abs never overflows there).
+    """
     if queues <= 0:
         raise InvalidArgumentError("a topic needs at least one queue", queues=queues)
-    return (java_string_hashcode(sharding_key) & 0x7FFFFFFF) % queues
+    return abs(java_string_hashcode(sharding_key)) % queues

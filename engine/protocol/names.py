@@ -15,6 +15,8 @@ TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
 TRANS_OP_HALF_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
+# Where a half message goes once its check-backs are used up (RocketMQ keeps it there for inspection).
+TRANS_CHECK_MAX_TIME_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
 RETRY_PREFIX = "%RETRY%"
 DLQ_PREFIX = "%DLQ%"
 SYSTEM_TOPICS = frozenset(
@@ -22,6 +24,7 @@ SYSTEM_TOPICS = frozenset(
         SCHEDULE_TOPIC,
         TRANS_HALF_TOPIC,
         TRANS_OP_HALF_TOPIC,
+        TRANS_CHECK_MAX_TIME_TOPIC,
         "TBW102",
         "BenchmarkTest",
         "OFFSET_MOVED_EVENT",
@@ -42,26 +45,82 @@ PROPERTY_RECONSUME_TIME = "RECONSUME_TIME"
 PROPERTY_MAX_RECONSUME_TIMES = "MAX_RECONSUME_TIMES"
 PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
 PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
+PROPERTY_TIMER_DELAY_SEC = "TIMER_DELAY_SEC"
+PROPERTY_TIMER_DELAY_MS = "TIMER_DELAY_MS"
 PROPERTY_UNIQ_KEY = "UNIQ_KEY"
 PROPERTY_SHARDING_KEY = "SHARDING_KEY"
 
-# Properties the broker acts on (delays, re-put targets, retry lineage, transactions): a user message
-# that set them would be re-routed or misread, so producers may not (RocketMQ refuses system property
-# names in ``Message.putUserProperty`` too). KEYS, ORIGIN_MESSAGE_ID and MAX_RECONSUME_TIMES stay
-# allowed: the producer overwrites KEYS, and a resent dead letter keeps its origin and limit.
+# Property names RocketMQ keeps for the system (MessageConst.STRING_HASH_SET): refused on user
+# messages, as ``Message.putUserProperty`` refuses them, so no user property is re-routed or misread
+# by the broker. KEYS is set from ``Message.keys``. The three timer requests (TIMER_DELAY_SEC,
+# TIMER_DELAY_MS, TIMER_DELIVER_MS; Java's ``setDelayTimeSec`` / ``setDelayTimeMs`` /
+# ``setDeliverTimeMs`` put them) are reserved too, but ``Producer.send`` / ``send_async`` take them
+# as a timer request (:data:`TIMER_REQUEST_PROPERTIES`); writers without timers refuse them.
+# Broker-side re-puts (retries, schedule, transactions, DLQ resends) write the others.
 RESERVED_PROPERTIES = frozenset(
     {
+        "TRACE_ON",
+        "MSG_REGION",
+        PROPERTY_KEYS,
         PROPERTY_TAGS,
+        "WAIT",
         PROPERTY_DELAY,
+        PROPERTY_RETRY_TOPIC,
         PROPERTY_REAL_TOPIC,
         PROPERTY_REAL_QUEUE_ID,
-        PROPERTY_RETRY_TOPIC,
-        PROPERTY_RECONSUME_TIME,
         PROPERTY_TRANSACTION_PREPARED,
-        PROPERTY_TIMER_DELIVER_MS,
+        "PGROUP",
+        "MIN_OFFSET",
+        "MAX_OFFSET",
+        "BUYER_ID",
+        PROPERTY_ORIGIN_MESSAGE_ID,
+        "TRANSFER_FLAG",
+        "CORRECTION_FLAG",
+        "MQ2_FLAG",
+        PROPERTY_RECONSUME_TIME,
         PROPERTY_UNIQ_KEY,
+        PROPERTY_MAX_RECONSUME_TIMES,
+        "CONSUME_START_TIME",
+        "POP_CK",
+        "POP_CK_OFFSET",
+        "1ST_POP_TIME",
+        "TRAN_PREPARED_QUEUE_OFFSET",
+        "DUP_INFO",
+        "EXTEND_UNIQ_INFO",
+        "INSTANCE_ID",
+        "CORRELATION_ID",
+        "REPLY_TO_CLIENT",
+        "TTL",
+        "ARRIVE_TIME",
+        "PUSH_REPLY_TIME",
+        "CLUSTER",
+        "MSG_TYPE",
+        "INNER_MULTI_QUEUE_OFFSET",
+        PROPERTY_TIMER_DELAY_MS,
+        PROPERTY_TIMER_DELAY_SEC,
+        PROPERTY_TIMER_DELIVER_MS,
+        "TIMER_ENQUEUE_MS",
+        "TIMER_DEQUEUE_MS",
+        "TIMER_ROLL_TIMES",
+        "TIMER_OUT_MS",
+        "TIMER_DEL_UNIQKEY",
+        "TIMER_DELAY_LEVEL",
+        "__BORNHOST",
+        "BORN_TIMESTAMP",
+        "DLQ_ORIGIN_TOPIC",
+        "DLQ_ORIGIN_MESSAGE_ID",
+        "__CRC32#",
+        "TRAN_HALF_OFFSET",  # this engine's own: the half a transaction decision belongs to
     }
 )
+# The reserved names a producer's single sends accept as a timer request.
+TIMER_REQUEST_PROPERTIES = frozenset(
+    {PROPERTY_TIMER_DELAY_SEC, PROPERTY_TIMER_DELAY_MS, PROPERTY_TIMER_DELIVER_MS}
+)
+# Properties a resent dead letter carries over from its original (Admin.resend_dlq).
+RESEND_PROPERTIES = frozenset({PROPERTY_ORIGIN_MESSAGE_ID, PROPERTY_MAX_RECONSUME_TIMES})
+# RocketMQ's broker refuses a message whose properties string is longer than Short.MAX_VALUE.
+MAX_PROPERTIES_BYTES = 32_767
 
 
 def validate_topic_name(name: object) -> str:

@@ -179,6 +179,25 @@ def transaction_record(
     }
 
 
+# A half's own first-check delay in seconds (RocketMQ's MessageConst.PROPERTY_CHECK_IMMUNITY_TIME_IN_SECONDS),
+# set by the producer as a user property; it replaces the check job's timeout for that half.
+PROPERTY_CHECK_IMMUNITY_TIME = "CHECK_IMMUNITY_TIME_IN_SECONDS"
+
+
+def check_timeout_ms(properties: Mapping[str, str], default_ms: int) -> int:
+    """How old a half must be before its first check: its ``CHECK_IMMUNITY_TIME_IN_SECONDS`` in
+    milliseconds when that is an integer >= 0 (as RocketMQ's ``getImmunityTime``), else
+    ``default_ms`` (the check job's timeout)."""
+    raw = properties.get(PROPERTY_CHECK_IMMUNITY_TIME)
+    if raw is None:
+        return default_ms
+    try:
+        seconds = int(raw)
+    except ValueError:
+        return default_ms
+    return seconds * 1000 if seconds >= 0 else default_ms
+
+
 def next_check(
     check_times: int, last_check_ms: int | None, now: int, max_checks: int, check_interval_ms: int
 ) -> str | None:

@@ -17,6 +17,7 @@ PULL_LOG = "pull_log"
 TOPICS = "topics"
 GROUPS = "groups"
 TRANSACTIONS = "transactions"
+OFFSET_RESETS = "offset_resets"
 
 _str = pa.string()
 _i32 = pa.int32()
@@ -161,6 +162,18 @@ TRANSACTIONS_SCHEMA = pa.schema(
     ]
 )
 
+# Offset resets of a group (Admin.reset_offset / reset_offset_by_time), append-only: running
+# consumers watch it to drop what they hold of a reset queue and resume from the new offset.
+OFFSET_RESETS_SCHEMA = pa.schema(
+    [
+        pa.field("group", _str, nullable=False),
+        pa.field("topic", _str, nullable=False),
+        pa.field("queue_id", _i32, nullable=False),
+        pa.field("offset", _i64, nullable=False),
+        pa.field("ts_ms", _i64, nullable=False),  # when the reset was made: newer resets win
+    ]
+)
+
 SCHEMAS: dict[str, pa.Schema] = {
     COMMIT_LOG: COMMIT_LOG_SCHEMA,
     CONSUME_QUEUE: CONSUME_QUEUE_SCHEMA,
@@ -171,4 +184,5 @@ SCHEMAS: dict[str, pa.Schema] = {
     TOPICS: TOPICS_SCHEMA,
     GROUPS: GROUPS_SCHEMA,
     TRANSACTIONS: TRANSACTIONS_SCHEMA,
+    OFFSET_RESETS: OFFSET_RESETS_SCHEMA,
 }

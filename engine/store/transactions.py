@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,12 +21,18 @@ import pyarrow.dataset as ds
 
 from engine.errors import InvalidArgumentError, StoreError
 from engine.model import MessageExt, SysFlag
-from engine.protocol.names import TRANS_HALF_TOPIC, TRANS_OP_HALF_TOPIC
+from engine.protocol.names import (
+    PROPERTY_TRANSACTION_PREPARED,
+    TRANS_CHECK_MAX_TIME_TOPIC,
+    TRANS_HALF_TOPIC,
+    TRANS_OP_HALF_TOPIC,
+)
 from engine.protocol.transactions import (
     EVENT_CHECK,
     EVENT_COMMIT,
     EVENT_ROLLBACK,
     OP_TAG_REMOVE,
+    PROPERTY_HALF_OFFSET,
     REASON_LOCAL,
     HalfMessage,
     LocalTransactionState,
@@ -100,6 +106,26 @@ def rollback_record(half: HalfMessage) -> PendingMessage:
         properties=rollback_properties(half),
         born_ts_ms=half.born_ts_ms,
         sys_flag=int(SysFlag.ROLLBACK),
+    )
+
+
+def check_max_time_copy(half: HalfMessage) -> PendingMessage:
+    """The copy of a half whose check-backs ran out, kept in ``TRANS_CHECK_MAX_TIME_TOPIC`` (queue 0)
+    for inspection, as RocketMQ's ``resolveDiscardMsg``: body, tags, keys, uniq key, born time and
+    the half's properties (``REAL_TOPIC`` / ``REAL_QID`` say where it was bound), naming the half in
+    ``TRAN_HALF_OFFSET``. An ordinary message of a system topic: pullable, never delivered to groups
+    that do not subscribe it."""
+    props = {k: v for k, v in half.properties.items() if k != PROPERTY_TRANSACTION_PREPARED}
+    props[PROPERTY_HALF_OFFSET] = str(half.physical_offset)
+    return PendingMessage(
+        topic=TRANS_CHECK_MAX_TIME_TOPIC,
+        queue_id=0,
+        body=half.body,
+        uniq_key=half.uniq_key,
+        tags=half.tags,
+        keys=half.keys,
+        properties=props,
+        born_ts_ms=half.born_ts_ms,
     )
 
 
@@ -207,8 +233,12 @@ def end_transaction(
     *,
     reason: str = REASON_LOCAL,
     check_times: int = 0,
+    extra: Sequence[PendingMessage] = (),
 ) -> Decision:
     """Decide a half message: COMMIT re-puts it into its real queue, ROLLBACK records an op record.
+
+    ``extra`` messages are appended in the same commit, only if this call decides (the check job's
+    copy of a half whose checks ran out, :func:`check_max_time_copy`).
 
     Exactly once: the decision is committed with the app transaction ``mq.tx.<half offset>``; if
     another decider recorded one first, nothing is written and its decision is returned
@@ -228,7 +258,7 @@ def end_transaction(
         existing = find_decision(store, half)  # decided before its guard expired
         if existing is not None:
             return existing
-    stamped = writer.append([record], app_transactions={transaction_app(half.physical_offset): 0})
+    stamped = writer.append([record, *extra], app_transactions={transaction_app(half.physical_offset): 0})
     if not stamped:
         existing = find_decision(store, half)
         if existing is None:  # pragma: no cover - the sequencer only refuses when it is recorded

@@ -20,9 +20,10 @@ from collections.abc import Sequence
 
 from engine.client.admin import Admin
 from engine.client.membership import GroupMembership, default_consumer_id, host_client_id
-from engine.client.offsets import ConsumeFrom, offset_by_time
+from engine.client.offsets import ConsumeFrom, start_offset
 from engine.client.pull import PullConsumer
 from engine.client.push_resets import LiveResets
+from engine.client.push_settings import push_settings
 from engine.client.queue_workers import (
     UNLIMITED_RECONSUME,
     Listener,
@@ -39,7 +40,6 @@ from engine.protocol import (
     validate_group_name,
     validate_topic_name,
 )
-from engine.protocol.pull import MAX_PULL_NUMS
 from engine.protocol.rebalance import (
     AllocateStrategy,
     MessageModel,
@@ -51,19 +51,10 @@ from engine.protocol.selectors import MessageSelector
 from engine.store.action_log import ActionLogWriter
 from engine.store.consume_queue import QueueIndex
 from engine.store.consumer_offset import OffsetStore
-from engine.store.groups import MAX_LEASE_MS
 from engine.store.store import Store, now_ms
 
 _log = logging.getLogger(__name__)
 _ACTION_FLUSH_S = 0.2  # NACKs reach the action log this soon (and always before offsets pass them)
-
-
-def _positive(name: str, value: object, maximum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise InvalidArgumentError(f"{name} {value!r} must be an int > 0", **{name: value})
-    if maximum is not None and value > maximum:
-        raise InvalidArgumentError(f"{name} {value!r} must be at most {maximum}", **{name: value})
-    return value
 
 
 class PushConsumer(QueueWorkers, LiveResets, Closing):
@@ -76,7 +67,8 @@ class PushConsumer(QueueWorkers, LiveResets, Closing):
             BROADCASTING (every instance gets every message and keeps its own offsets).
         allocate: rebalance strategy, ``"averagely"``, ``"averagely_by_circle"``,
             ``"consistent_hash"`` or a callable ``(queues, consumer_ids, me) -> queues``.
-        consume_from: where to start a queue the group has no committed offset for.
+        consume_from: where to start a queue the group has no committed offset for (LAST: its
+            end, or 0 while the queue is young: ``EngineConfig.in_memory_age_ms``, as RocketMQ).
         consume_from_timestamp_ms: the time for ``ConsumeFrom.TIMESTAMP`` (default 30 min ago).
         max_reconsume_times: failures after which a message goes to ``%DLQ%<group>``; -1 or None
             (the default) means 16 (the engine's ``max_reconsume_times``) for a concurrent
@@ -134,57 +126,31 @@ class PushConsumer(QueueWorkers, LiveResets, Closing):
                 consume_from=consume_from,
             ) from exc
         self._allocate = resolve_strategy(allocate)
-        if consume_from_timestamp_ms is None:
-            consume_from_timestamp_ms = now_ms() - 30 * 60_000
-        if (
-            isinstance(consume_from_timestamp_ms, bool)
-            or not isinstance(consume_from_timestamp_ms, int)
-            or consume_from_timestamp_ms < 0
-        ):
-            raise InvalidArgumentError(
-                "consume_from_timestamp_ms must be an epoch-millisecond int >= 0",
-                consume_from_timestamp_ms=consume_from_timestamp_ms,
-            )
-        self.consume_from_timestamp_ms = consume_from_timestamp_ms
-        cfg = store.config
-        if max_reconsume_times is None:
-            max_reconsume_times = -1
-        if (
-            isinstance(max_reconsume_times, bool)
-            or not isinstance(max_reconsume_times, int)
-            or max_reconsume_times < -1
-        ):
-            raise InvalidArgumentError(
-                f"max_reconsume_times {max_reconsume_times!r} must be an int >= 0, or -1 (the default)",
-                max_reconsume_times=max_reconsume_times,
-            )
-        self._max_reconsume_setting = max_reconsume_times
-        self.pull_batch_size = _positive(
-            "pull_batch_size",
-            cfg.pull_batch_size if pull_batch_size is None else pull_batch_size,
-            MAX_PULL_NUMS,
+        settings = push_settings(
+            store.config,
+            consume_from_timestamp_ms=consume_from_timestamp_ms,
+            max_reconsume_times=max_reconsume_times,
+            pull_batch_size=pull_batch_size,
+            consume_batch_size=consume_batch_size,
+            heartbeat_interval_ms=heartbeat_interval_ms,
+            member_timeout_ms=member_timeout_ms,
+            rebalance_interval_ms=rebalance_interval_ms,
+            commit_interval_ms=commit_interval_ms,
+            pull_suspend_ms=pull_suspend_ms,
+            lock_ttl_ms=lock_ttl_ms,
+            relock_interval_ms=relock_interval_ms,
+            suspend_current_queue_ms=suspend_current_queue_ms,
         )
-        self.consume_batch_size = _positive("consume_batch_size", consume_batch_size, MAX_PULL_NUMS)
-        self._heartbeat_s = _positive("heartbeat_interval_ms", heartbeat_interval_ms) / 1000
-        _positive("member_timeout_ms", member_timeout_ms)
-        if member_timeout_ms <= heartbeat_interval_ms:
-            raise InvalidArgumentError(
-                f"member_timeout_ms ({member_timeout_ms}) must exceed heartbeat_interval_ms "
-                f"({heartbeat_interval_ms})",
-                member_timeout_ms=member_timeout_ms,
-            )
-        self._rebalance_s = _positive("rebalance_interval_ms", rebalance_interval_ms) / 1000
-        self._commit_s = _positive("commit_interval_ms", commit_interval_ms) / 1000
-        self._pull_suspend_ms = _positive("pull_suspend_ms", pull_suspend_ms)
-        _positive("lock_ttl_ms", lock_ttl_ms, MAX_LEASE_MS)
-        if _positive("relock_interval_ms", relock_interval_ms) * 2 >= lock_ttl_ms:
-            raise InvalidArgumentError(
-                f"relock_interval_ms ({relock_interval_ms}) must be under half of lock_ttl_ms "
-                f"({lock_ttl_ms}), or held locks lapse between renewals",
-                relock_interval_ms=relock_interval_ms,
-            )
-        self._relock_s = relock_interval_ms / 1000
-        self._suspend_s = _positive("suspend_current_queue_ms", suspend_current_queue_ms) / 1000
+        self.consume_from_timestamp_ms = settings.consume_from_timestamp_ms
+        self._max_reconsume_setting = settings.max_reconsume_setting
+        self.pull_batch_size = settings.pull_batch_size
+        self.consume_batch_size = settings.consume_batch_size
+        self._heartbeat_s = settings.heartbeat_s
+        self._rebalance_s = settings.rebalance_s
+        self._commit_s = settings.commit_s
+        self._pull_suspend_ms = settings.pull_suspend_ms
+        self._relock_s = settings.relock_s
+        self._suspend_s = settings.suspend_s
         if instance_id is None:
             # RocketMQ: a clustering instance gets a unique name (pid#time); a broadcasting one keeps
             # ip@DEFAULT, so a restart on the same host finds its offsets.
@@ -488,16 +454,21 @@ class PushConsumer(QueueWorkers, LiveResets, Closing):
                 pq.thread.start()
 
     def _initial_offset(self, mq: MessageQueue) -> int:
-        """RocketMQ's ``computePullFromWhere`` for a queue without a committed offset."""
+        """RocketMQ's ``computePullFromWhere`` for a queue without a committed offset: LAST starts
+        a young queue (first message still "in memory") at 0, as the broker's answer does."""
         self._index.refresh()
-        lo, hi = self._index.bounds(mq.topic, mq.queue_id)
         if mq.topic.startswith(RETRY_PREFIX):
-            return lo  # a group's retries are never skipped
-        if self.consume_from is ConsumeFrom.FIRST:
-            return lo
-        if self.consume_from is ConsumeFrom.LAST:
-            return hi
-        return offset_by_time(self._index, mq.topic, mq.queue_id, self.consume_from_timestamp_ms)
+            return self._index.bounds(mq.topic, mq.queue_id)[0]  # a group's retries are never skipped
+        return start_offset(
+            self._index,
+            mq.topic,
+            mq.queue_id,
+            self.consume_from,
+            timestamp_ms=self.consume_from_timestamp_ms,
+            in_memory_age_ms=self._store.config.in_memory_age_ms,
+            now_ms=now_ms(),
+            pop=False,
+        )
 
     def _drop(self, pqs: Sequence[ProcessQueue], *, commit: bool = True) -> None:
         """Stop consuming queues: wait for their in-flight batch, commit, then unlock them."""

@@ -28,7 +28,15 @@ from engine.store.consumer_offset import OffsetStore
 from engine.store.offset_resets import latest_resets, record_resets
 from engine.store.store import now_ms
 from tests.helpers import commit_log_rows
-from tests.test_push_consumer import Collector, committed, consumer, dispatcher, eventually, send
+from tests.test_push_consumer import (
+    Collector,
+    committed,
+    consumer,
+    dispatcher,
+    eventually,
+    send,
+    topic_queues,
+)
 
 __all__ = ["dispatcher"]  # the fixture, used by name
 
@@ -89,6 +97,26 @@ def test_a_reset_reaches_a_running_consumer_which_consumes_again_and_keeps_the_r
         eventually(lambda: len(seen.bodies()) == 16, what="consumed again after the reset")
         assert sorted(seen.bodies()) == sorted([f"m{i}".encode() for i in range(8)] * 2)
         eventually(lambda: committed(store, "g") == {q: 2 for q in range(4)}, what="committed again")
+
+
+def test_a_reset_reaches_every_member_of_a_clustering_group(
+    store: Store, topic: str, dispatcher: None
+) -> None:
+    seen = Collector()  # shared: the group as a whole consumes everything twice
+    a = consumer(store, "g", listener=seen, consume_from=ConsumeFrom.FIRST, instance_id="a").start()
+    b = consumer(store, "g", listener=seen, consume_from=ConsumeFrom.FIRST, instance_id="b").start()
+    try:
+        eventually(lambda: len(topic_queues(a)) == len(topic_queues(b)) == 2, what="queues split")
+        send(store, [f"m{i}" for i in range(8)])
+        eventually(lambda: len(seen.bodies()) == 8, what="first pass consumed")
+        eventually(lambda: committed(store, "g") == {q: 2 for q in range(4)}, what="first pass committed")
+        Admin(store).reset_offset_by_time("g", "T", 0)
+        eventually(lambda: len(seen.bodies()) == 16, what="both members consumed their queues again")
+    finally:
+        a.shutdown()
+        b.shutdown()
+    assert sorted(seen.bodies()) == sorted([f"m{i}".encode() for i in range(8)] * 2)
+    assert committed(store, "g") == {q: 2 for q in range(4)}
 
 
 def test_a_reset_of_one_queue_resumes_that_queue_from_the_new_offset_only(

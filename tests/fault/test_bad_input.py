@@ -469,8 +469,8 @@ PUSH_CASES = [
         "consume_from_timestamp_ms",
     ),
     Case(
-        "push-max-reconsume-negative",
-        lambda e: push(e, max_reconsume_times=-1),
+        "push-max-reconsume-below-minus-one",
+        lambda e: push(e, max_reconsume_times=-2),
         InvalidArgumentError,
         "max_reconsume_times",
     ),

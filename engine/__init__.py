@@ -4,11 +4,13 @@ The public names of the engine; everything else is internal.
 """
 
 from engine.client.admin import Admin
+from engine.client.admin_groups import GroupSummary, QueueProgress
 from engine.client.offsets import ConsumeFrom
 from engine.client.producer import Producer
 from engine.client.pull import PullConsumer
 from engine.client.push import PushConsumer
 from engine.client.queue_workers import ConsumeResult
+from engine.client.trace import MessageTrace, TraceEvent, TraceKind
 from engine.client.simple import SimpleConsumer
 from engine.client.transaction import TransactionProducer
 from engine.config import EngineConfig, load_config
@@ -27,7 +29,9 @@ from engine.errors import (
     StoreCorruptedError,
     StoreError,
     TopicExistsError,
+    TopicInUseError,
     TopicNotFoundError,
+    TopicShrinkError,
     TransactionError,
 )
 from engine.model import (
@@ -56,6 +60,7 @@ __all__ = [
     "ConsumeResult",
     "ConsumerError",
     "EngineConfig",
+    "GroupSummary",
     "InvalidArgumentError",
     "InvalidMessageError",
     "InvalidTopicError",
@@ -66,6 +71,7 @@ __all__ = [
     "MessageModel",
     "MessageNotFoundError",
     "MessageQueue",
+    "MessageTrace",
     "OffsetOutOfRangeError",
     "Producer",
     "ProducerClosedError",
@@ -73,6 +79,7 @@ __all__ = [
     "PullResult",
     "PullStatus",
     "PushConsumer",
+    "QueueProgress",
     "QueueStats",
     "SendResult",
     "SendStatus",
@@ -83,7 +90,11 @@ __all__ = [
     "SysFlag",
     "TopicConfig",
     "TopicExistsError",
+    "TopicInUseError",
     "TopicNotFoundError",
+    "TopicShrinkError",
+    "TraceEvent",
+    "TraceKind",
     "TransactionError",
     "TransactionProducer",
     "load_config",

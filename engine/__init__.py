@@ -10,8 +10,8 @@ from engine.client.producer import Producer
 from engine.client.pull import PullConsumer
 from engine.client.push import PushConsumer
 from engine.client.queue_workers import ConsumeResult
-from engine.client.trace import MessageTrace, TraceEvent, TraceKind
 from engine.client.simple import SimpleConsumer
+from engine.client.trace import MessageTrace, TraceEvent, TraceKind
 from engine.client.transaction import TransactionProducer
 from engine.config import EngineConfig, load_config
 from engine.errors import (

@@ -12,7 +12,7 @@ from engine.client.admin_groups import (
 )
 from engine.client.admin_offsets import QueueLag
 from engine.client.producer import Producer
-from engine.client.queries import query_by_key, query_by_uniq_key, view_message
+from engine.client.queries import find_message, query_by_key, query_by_uniq_key, view_message
 from engine.client.trace import MessageTrace, trace_message
 from engine.errors import (
     InvalidArgumentError,
@@ -202,6 +202,15 @@ class Admin:
             MessageNotFoundError: nothing is stored at that offset (never written, or expired).
         """
         return view_message(self._store, msg_id, index=self._index)
+
+    def find_message(self, msg_id: str) -> MessageExt:
+        """The message with offset msg id or uniq key ``msg_id``, in any topic (``mq message view``).
+
+        Raises:
+            InvalidArgumentError: an empty id or one with whitespace.
+            MessageNotFoundError: no stored message has that id.
+        """
+        return find_message(self._store, msg_id, index=self._index)
 
     def query_by_key(
         self, topic: str, key: str, begin_ms: int, end_ms: int, max_num: int = 32

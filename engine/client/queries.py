@@ -196,3 +196,48 @@ def query_by_uniq_key(
         if found:
             return found[0]
     return None
+
+
+def find_message(store: Store, msg_id: str, *, index: QueueIndex | None = None) -> MessageExt:
+    """The message with offset msg id or client unique id ``msg_id``, in any topic (RocketMQ's
+    ``viewMessage`` accepts both kinds). A uniq key is looked up in the index, then, for a message
+    not indexed yet, in the commit log's ``uniq_key`` column; several copies (a retry, a delayed
+    message's re-put) give the first stored.
+
+    Raises:
+        InvalidArgumentError: an empty id or one with whitespace.
+        MessageNotFoundError: no stored message has that id.
+    """
+    _check_key(msg_id, "msg_id")
+    reader = index or QueueIndex(store)
+    try:  # offset ids and uniq keys are both 32 hex characters: try the offset first
+        store_id, _ = parse_msg_id(msg_id)
+    except InvalidArgumentError:
+        store_id = ""
+    if store_id == store.store_id:
+        try:
+            return view_message(store, msg_id, index=reader)
+        except MessageNotFoundError:
+            pass
+    predicate = f"kind = {sql_literal(KIND_UNIQ_KEY)} AND key = {sql_literal(msg_id)}"
+    rows = store.read(
+        schemas.INDEX,
+        predicate=predicate,
+        filter=(ds.field("kind") == KIND_UNIQ_KEY) & (ds.field("key") == msg_id),
+        columns=["physical_offset", "store_ts_ms"],
+    )
+    for physical in _offsets(rows, newest_first=False):
+        found = _read_messages(reader, [physical])
+        if found:
+            return found[0]
+    scanned = store.read(
+        schemas.COMMIT_LOG, filter=ds.field("uniq_key") == msg_id, columns=["physical_offset"]
+    )
+    found = _read_messages(reader, _offsets(scanned, newest_first=False)[:1])
+    if found:
+        return found[0]
+    raise MessageNotFoundError(
+        f"no message with id {msg_id!r} is stored (an offset msg id or a uniq key; never written, or "
+        "removed by retention)",
+        msg_id=msg_id,
+    )

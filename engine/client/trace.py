@@ -27,11 +27,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from engine.client.queries import view_message
-from engine.errors import InvalidArgumentError, MessageNotFoundError
+from engine.client.queries import find_message
 from engine.model import MessageExt
-from engine.protocol.index_keys import KIND_UNIQ_KEY
-from engine.protocol.message_ids import parse_msg_id
 from engine.protocol.names import (
     DLQ_PREFIX,
     PROPERTY_ORIGIN_MESSAGE_ID,
@@ -108,31 +105,10 @@ class MessageTrace:
 
 
 # ----------------------------------------------------------------- finding the copies
-def _start(store: Store, msg_id: str, index: QueueIndex) -> tuple[set[str], int | None]:
-    """Uniq keys to start from and a lower bound on the store time of every copy."""
-    if not isinstance(msg_id, str) or not msg_id or any(c.isspace() for c in msg_id):
-        raise InvalidArgumentError(
-            f"msg_id {msg_id!r} must be a non-empty id without whitespace", msg_id=msg_id
-        )
-    try:  # offset ids and uniq keys are both 32 hex characters: try the offset first
-        store_id, _ = parse_msg_id(msg_id)
-    except InvalidArgumentError:
-        store_id = ""
-    if store_id == store.store_id:
-        try:
-            message = view_message(store, msg_id, index=index)
-        except MessageNotFoundError:
-            message = None
-        if message is not None:
-            return {message.uniq_key}, message.born_ts_ms
-    rows = store.read(
-        schemas.INDEX,
-        predicate=f"kind = {sql_literal(KIND_UNIQ_KEY)} AND key = {sql_literal(msg_id)}",
-        filter=(ds.field("kind") == KIND_UNIQ_KEY) & (ds.field("key") == msg_id),
-        columns=["store_ts_ms"],
-    )
-    since = int(pc.min(rows["store_ts_ms"]).as_py()) if rows.num_rows else None
-    return {msg_id}, since
+def _start(store: Store, msg_id: str, index: QueueIndex) -> tuple[set[str], int]:
+    """The uniq key to start from and a lower bound on the store time of its copies."""
+    message = find_message(store, msg_id, index=index)
+    return {message.uniq_key}, min(message.born_ts_ms, message.store_ts_ms)
 
 
 def _family(store: Store, uniq_keys: set[str], since_ms: int | None) -> list[int]:
@@ -303,12 +279,6 @@ def trace_message(store: Store, msg_id: str, *, index: QueueIndex | None = None)
     reader = index or QueueIndex(store)
     keys, since = _start(store, msg_id, reader)
     offsets = _family(store, keys, since)
-    if not offsets:
-        raise MessageNotFoundError(
-            f"no message with id {msg_id!r} is stored (an offset msg id or a uniq key; never written, "
-            "or removed by retention)",
-            msg_id=msg_id,
-        )
     rows = reader.messages(offsets).to_pylist()
     copies = sorted((MessageExt.from_row(r) for r in rows), key=lambda m: m.physical_offset)
     events = _copy_events(copies) + _log_events(store, copies) + _consumed_events(store, copies)

@@ -14,7 +14,7 @@ from engine.broker.dispatch import dispatch_pending
 from engine.broker.index import index_pending
 from engine.broker.retry import route_retries
 from engine.cli import main
-from engine.cli.common import parse_time
+from engine.protocol.times import parse_time
 from engine.store import schemas
 from tests.test_cli import assert_one_line_error, mq
 
@@ -65,7 +65,7 @@ COMMANDS = [
     *(f"group {a}" for a in ("list", "progress", "reset")),
     *(f"message {a}" for a in ("view", "query", "trace")),
     *(f"dlq {a}" for a in ("list", "resend")),
-    *("send", "pull", "lag", "sql", "dispatch", "broker", "maintenance", "status"),
+    *("send", "pull", "lag", "sql", "dispatch", "broker", "maintenance", "status", "dashboard"),
 ]
 
 

@@ -20,12 +20,12 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from engine.cli import cmd_dlq, cmd_group, cmd_jobs, cmd_message, cmd_sql, cmd_topic
+from engine.cli import cmd_dashboard, cmd_dlq, cmd_group, cmd_jobs, cmd_message, cmd_sql, cmd_topic
 from engine.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, PROG, Output, Parser, console, one_line
 from engine.errors import MQError
 
 Command = Callable[[argparse.Namespace, Output], int]
-_GROUPS = (cmd_topic, cmd_group, cmd_message, cmd_dlq, cmd_sql, cmd_jobs)
+_GROUPS = (cmd_topic, cmd_group, cmd_message, cmd_dlq, cmd_sql, cmd_jobs, cmd_dashboard)
 
 
 def build_parser() -> argparse.ArgumentParser:

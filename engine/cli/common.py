@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import base64
 import dataclasses
-import datetime as _dt
 import enum
 import json
 import os
@@ -23,6 +22,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from engine.config import load_config
 from engine.errors import CliError, InvalidArgumentError
+from engine.protocol.times import parse_time
 from engine.store.store import Store
 
 PROG = "mq"
@@ -126,36 +126,12 @@ def int_at_least(minimum: int) -> Callable[[str], int]:
     return parse
 
 
-_RELATIVE = re.compile(r"^now(?:-(\d+)([smhd]))?$")
-_UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-
-
-def parse_time(text: str, now_ms: int | None = None) -> int:
-    """A time as epoch milliseconds: an integer (ms), ``now``, ``now-30m`` (s, m, h, d) or an ISO
-    8601 date-time (local time unless it names an offset).
-
-    Raises:
-        argparse.ArgumentTypeError: none of those.
-    """
-    text = text.strip()
-    if re.fullmatch(r"\d+", text):
-        return int(text)
-    relative = _RELATIVE.match(text)
-    if relative:
-        clock = now_ms if now_ms is not None else int(_dt.datetime.now().timestamp() * 1000)
-        amount, unit = relative.groups()
-        return clock - (int(amount) * _UNIT_MS[unit] if amount else 0)
-    try:
-        return int(_dt.datetime.fromisoformat(text).timestamp() * 1000)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a time: give epoch milliseconds, now, now-30m or 2026-01-31T12:00:00"
-        ) from None
-
-
 def time_arg(text: str) -> int:
-    """argparse type for :func:`parse_time`."""
-    return parse_time(text)
+    """argparse type for :func:`engine.protocol.times.parse_time`."""
+    try:
+        return parse_time(text)
+    except InvalidArgumentError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 time_arg.__name__ = "time"

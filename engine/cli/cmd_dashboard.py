@@ -1,0 +1,25 @@
+"""``mq dashboard``: the local web console (see :mod:`engine.dashboard`)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from engine.cli.common import EXIT_OK, Output, int_at_least, open_store
+
+
+def _dashboard(args: argparse.Namespace, out: Output) -> int:
+    from engine.dashboard.server import serve
+
+    serve(open_store(args), host=args.host, port=args.port, announce=out.note)
+    return EXIT_OK
+
+
+def register(commands: Any, common: argparse.ArgumentParser) -> None:
+    """Add ``dashboard`` to ``commands``."""
+    dashboard = commands.add_parser("dashboard", parents=[common], help="a local web console in the browser")
+    dashboard.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    dashboard.add_argument(
+        "--port", type=int_at_least(0), default=8765, help="port (default 8765; 0 = any free)"
+    )
+    dashboard.set_defaults(func=_dashboard)

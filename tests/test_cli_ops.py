@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 
-from engine import Admin, Message, Producer, PullConsumer, SimpleConsumer, Store
+from engine import Admin, Message, Producer, PullConsumer, Store
 from engine.broker.dispatch import dispatch_pending
 from engine.broker.index import index_pending
-from engine.broker.retry import route_retries
 from engine.cli import main
 from engine.protocol.times import parse_time
 from engine.store import schemas
+from tests.helpers import dead_letter_received
 from tests.test_cli import assert_one_line_error, mq
 
 
@@ -50,12 +50,7 @@ def seeded(root: str, n: int = 4) -> Store:
 
 def dead_lettered(root: str) -> Store:
     store = seeded(root, 2)
-    with SimpleConsumer(store, "g") as consumer:
-        consumer.subscribe("T")
-        for message in consumer.receive(max_nums=8, invisible_ms=60_000):
-            consumer.nack(message)
-    route_retries(store, max_reconsume_times=0)
-    dispatch_pending(store)
+    dead_letter_received(store, "T", "g")
     return store
 
 

@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
-from engine import Admin, Message, Producer, PullConsumer, SimpleConsumer, Store
+from engine import Admin, Message, Producer, PullConsumer, Store
 from engine.broker.dispatch import dispatch_pending
 from engine.broker.index import index_pending
-from engine.broker.retry import route_retries
 from engine.cli import build_parser
 from engine.dashboard.app import lag_chart
 from engine.dashboard.server import bind, make_server
+from tests.helpers import dead_letter_received
 
 CHROMIUM = os.environ.get("MQ_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_FLAGS = [
@@ -60,12 +60,7 @@ def _seed(store: Store) -> dict[str, Any]:
     dispatch_pending(store)
     index_pending(store)
     PullConsumer(store, "billing").commit_offset("Orders", 0, 2)  # 3 behind on queue 0
-    with SimpleConsumer(store, "failing") as consumer:
-        consumer.subscribe("Orders")
-        for message in consumer.receive(max_nums=1, invisible_ms=60_000):
-            consumer.nack(message)
-    route_retries(store, max_reconsume_times=0)
-    dispatch_pending(store)
+    dead_letter_received(store, "Orders", "failing", max_nums=1)
     return sent
 
 

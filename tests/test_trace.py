@@ -23,6 +23,7 @@ from engine.broker.index import index_pending
 from engine.broker.pull_log import build_pull_log
 from engine.broker.retry import route_retries
 from engine.broker.schedule import deliver_due
+from tests.helpers import dead_letter_received
 
 FAR_FUTURE = 2**50
 
@@ -41,12 +42,7 @@ def send(store: Store, body: bytes = b"hello", **options: object) -> SendResult:
 
 def dead_letter(store: Store, group: str = "g") -> None:
     """Receive everything of T with a per-message consumer, nack it, route the nacks to the DLQ."""
-    with SimpleConsumer(store, group) as consumer:
-        consumer.subscribe("T")
-        for message in consumer.receive(max_nums=8, invisible_ms=60_000):
-            consumer.nack(message)
-    route_retries(store, max_reconsume_times=0)
-    dispatch_pending(store)
+    dead_letter_received(store, "T", group)
     build_pull_log(store)
 
 

@@ -242,6 +242,17 @@ def test_message_trace_tells_the_story(capsys: pytest.CaptureFixture[str], root:
     assert code == 0 and "DEAD_LETTERED" in out and "%DLQ%g" in out
 
 
+def test_message_query_by_time_window(capsys: pytest.CaptureFixture[str], root: str) -> None:
+    store = seeded(root)
+    messages = PullConsumer(store, "x").pull("T", 0, 0).messages
+    begin, end = messages[2].store_ts_ms, messages[3].store_ts_ms + 1
+    found = mq_json(capsys, "message", "query", "T", "--begin", str(begin), "--store", root)
+    assert [m["body"] for m in found] == [m.body.decode() for m in messages if m.store_ts_ms >= begin]
+    window = ["--begin", "0", "--end", str(end), "--max", "2"]
+    found = mq_json(capsys, "message", "query", "T", *window, "--store", root)
+    assert [m["body"] for m in found] == ["body-0", "body-1"]  # the oldest two of the window
+
+
 @pytest.mark.parametrize(
     ("argv", "fragment"),
     [
@@ -249,7 +260,7 @@ def test_message_trace_tells_the_story(capsys: pytest.CaptureFixture[str], root:
         (["message", "trace", "nope"], "no message"),
         (["message", "query", "Nope", "--key", "k"], "does not exist"),
         (["message", "query", "T", "--key", "k", "--begin", "5", "--end", "1"], "after"),
-        (["message", "query", "T"], "--key"),
+        (["message", "query", "T", "--max", "5000"], "max_num"),
     ],
 )
 def test_message_bad_input_is_one_line_error(

@@ -153,6 +153,15 @@ def test_messages_found_by_key(running: Running, page: Any) -> None:
     assert "order 3" in rows.nth(1).inner_text()
 
 
+def test_messages_found_by_time(running: Running, page: Any) -> None:
+    page.goto(running.url + "/messages")
+    page.fill("#by-key input[name=topic]", "Orders")
+    page.fill("#by-key input[name=begin]", "0")
+    page.click("#by-key button")
+    bodies = page.locator("#found td.body").all_inner_texts()
+    assert bodies[:5] == [f"order {i}" for i in range(5)]
+
+
 def test_a_bad_search_is_an_error_page(running: Running, page: Any) -> None:
     response = page.goto(running.url + "/messages?id=nothing-like-this")
     assert response.status == 400

@@ -67,8 +67,14 @@ def _query(args: argparse.Namespace, out: Output) -> int:
 
     end = args.end if args.end is not None else now_ms()
     begin = args.begin if args.begin is not None else max(0, end - DEFAULT_QUERY_HOURS * 3_600_000)
-    messages = Admin(open_store(args)).query_by_key(args.topic, args.key, begin, end, args.max)
-    title = f"{len(messages)} message(s) of {args.topic} with key {args.key}"
+    admin = Admin(open_store(args))
+    if args.key is None:
+        messages = admin.query_by_time(args.topic, begin, end, args.max)
+        window = f"{render.format_ts(begin)} .. {render.format_ts(end)}"
+        title = f"{len(messages)} message(s) of {args.topic} stored {window}"
+    else:
+        messages = admin.query_by_key(args.topic, args.key, begin, end, args.max)
+        title = f"{len(messages)} message(s) of {args.topic} with key {args.key}"
     out.emit(messages, render.messages_table(messages, title=title))
     return EXIT_OK
 
@@ -113,9 +119,9 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
     view = actions.add_parser("view", parents=[common], help="one message by offset msg id or uniq key")
     view.add_argument("id", help="offset msg id or uniq key")
     view.set_defaults(func=_view)
-    query = actions.add_parser("query", parents=[common], help="messages of a topic with a key")
+    query = actions.add_parser("query", parents=[common], help="messages of a topic by key, or by store time")
     query.add_argument("topic")
-    query.add_argument("--key", required=True, help="a business key (Message.keys)")
+    query.add_argument("--key", default=None, help="a business key (Message.keys); without it, by time")
     query.add_argument(
         "--begin", type=time_arg, default=None, help=f"from (default: {DEFAULT_QUERY_HOURS} h ago)"
     )

@@ -12,7 +12,7 @@ from engine.client.admin_groups import (
 )
 from engine.client.admin_offsets import QueueLag
 from engine.client.producer import Producer
-from engine.client.queries import find_message, query_by_key, query_by_uniq_key, view_message
+from engine.client.queries import find_message, query_by_key, query_by_time, query_by_uniq_key, view_message
 from engine.client.trace import MessageTrace, trace_message
 from engine.errors import (
     InvalidArgumentError,
@@ -224,6 +224,16 @@ class Admin:
             InvalidArgumentError: a bad key, time range or ``max_num``.
         """
         return query_by_key(self._store, topic, key, begin_ms, end_ms, max_num, index=self._index)
+
+    def query_by_time(self, topic: str, begin_ms: int, end_ms: int, max_num: int = 32) -> list[MessageExt]:
+        """Dispatched messages of ``topic`` stored in ``[begin_ms, end_ms)``: the oldest ``max_num``,
+        in store order; see :func:`engine.client.queries.query_by_time`.
+
+        Raises:
+            TopicNotFoundError: no such topic.
+            InvalidArgumentError: a bad time range or ``max_num``.
+        """
+        return query_by_time(self._store, topic, begin_ms, end_ms, max_num, index=self._index)
 
     def query_by_uniq_key(self, topic: str, uniq_key: str) -> MessageExt | None:
         """The message of ``topic`` with client unique id ``uniq_key``, or None if the index has none.

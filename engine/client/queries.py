@@ -241,3 +241,49 @@ def find_message(store: Store, msg_id: str, *, index: QueueIndex | None = None) 
         "removed by retention)",
         msg_id=msg_id,
     )
+
+
+def query_by_time(
+    store: Store,
+    topic: str,
+    begin_ms: int,
+    end_ms: int,
+    max_num: int = DEFAULT_MAX_NUM,
+    *,
+    index: QueueIndex | None = None,
+) -> list[MessageExt]:
+    """Dispatched messages of ``topic`` stored in ``[begin_ms, end_ms)``, the oldest ``max_num``,
+    in store order (the RocketMQ dashboard's search by topic and time).
+
+    Each queue's range is found by binary search on store times
+    (:class:`~engine.client.admin_offsets.QueueTimeIndex`), then read as a pull reads it.
+
+    Raises:
+        InvalidTopicError: a malformed topic name.
+        TopicNotFoundError: no such topic.
+        InvalidArgumentError: a bad time range or ``max_num``.
+    """
+    from engine.client.admin_offsets import QueueTimeIndex
+
+    validate_topic_name(topic)
+    _check_time(begin_ms, "begin_ms")
+    _check_time(end_ms, "end_ms")
+    if begin_ms > end_ms:
+        raise InvalidArgumentError(
+            f"begin_ms {begin_ms} is after end_ms {end_ms}", begin_ms=begin_ms, end_ms=end_ms
+        )
+    if isinstance(max_num, bool) or not isinstance(max_num, int) or not 1 <= max_num <= MAX_MAX_NUM:
+        raise InvalidArgumentError(f"max_num {max_num!r} must be 1..{MAX_MAX_NUM}", max_num=max_num)
+    config = store.topic(topic)
+    times = QueueTimeIndex(store)
+    reader = index or QueueIndex(store)
+    reader.refresh()
+    found: list[MessageExt] = []
+    for qid in range(config.queues):
+        low = times.offset_for_time(topic, qid, begin_ms)
+        high = times.offset_for_time(topic, qid, end_ms)
+        if high > low:
+            entries = reader.entries(topic, qid, low, min(high, low + max_num))
+            found += _read_messages(reader, [int(p) for p in entries["physical_offset"].to_pylist()])
+    found.sort(key=lambda m: (m.store_ts_ms, m.physical_offset))
+    return found[:max_num]

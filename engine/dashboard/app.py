@@ -134,13 +134,16 @@ class Dashboard:
         if q.get("id"):
             searched = True
             found = [self.admin.find_message(q["id"].strip())]
-        elif q.get("topic") and q.get("key"):
+        elif q.get("topic"):
             searched = True
             end = parse_time(q["end"]) if q.get("end") else now_ms()
             begin = parse_time(q["begin"]) if q.get("begin") else max(0, end - 72 * 3_600_000)
-            found = self.admin.query_by_key(q["topic"], q["key"].strip(), begin, end)
-        elif q.get("topic") or q.get("key"):
-            raise InvalidArgumentError("a key search needs both a topic and a key")
+            if q.get("key"):
+                found = self.admin.query_by_key(q["topic"], q["key"].strip(), begin, end)
+            else:
+                found = self.admin.query_by_time(q["topic"], begin, end)
+        elif q.get("key") or q.get("begin") or q.get("end"):
+            raise InvalidArgumentError("a search by key or time needs a topic")
         return self.page("messages.html", found=found, searched=searched, q=q)
 
     def message(self, request: Request) -> Response:

@@ -224,3 +224,55 @@ def test_group_progress_of_a_group_without_offsets_is_empty(admin: Admin) -> Non
 def test_group_progress_bad_input_is_a_typed_error(admin: Admin, group: str, topic: str | None) -> None:
     with pytest.raises((InvalidArgumentError, TopicNotFoundError)):
         admin.group_progress(group, topic)
+
+
+# ----------------------------------------------------------------------------- finding messages
+def test_find_message_by_offset_id_or_uniq_key_even_before_indexing(store: Store, admin: Admin) -> None:
+    with Producer(store) as producer:
+        sent = producer.send(Message("T", b"x"), queue_id=1)
+    by_id, by_key = admin.find_message(sent.msg_id), admin.find_message(sent.uniq_key)  # no index job ran
+    assert by_id == by_key
+    assert (by_id.topic, by_id.queue_id, by_id.body) == ("T", 1, b"x")
+
+
+@pytest.mark.parametrize("msg_id", ["", "with space", None])
+def test_find_message_refuses_a_malformed_id(admin: Admin, msg_id: object) -> None:
+    with pytest.raises(InvalidArgumentError):
+        admin.find_message(msg_id)  # type: ignore[arg-type]
+
+
+def test_find_message_of_an_unknown_id_is_message_not_found(admin: Admin) -> None:
+    from engine import MessageNotFoundError
+
+    with pytest.raises(MessageNotFoundError):
+        admin.find_message("0" * 32)
+
+
+def test_query_by_time_returns_the_window_oldest_first_across_queues(store: Store, admin: Admin) -> None:
+    send(store, 0, 3)
+    send(store, 1, 2)
+    dispatch_pending(store)
+    everything = admin.query_by_time("T", 0, 2**62, max_num=100)
+    assert len(everything) == 5
+    assert [m.store_ts_ms for m in everything] == sorted(m.store_ts_ms for m in everything)
+    last = everything[-1].store_ts_ms
+    assert [m.msg_id for m in admin.query_by_time("T", last, 2**62)] == [
+        m.msg_id for m in everything if m.store_ts_ms >= last
+    ]
+    assert admin.query_by_time("T", 0, 2**62, max_num=2) == everything[:2]
+
+
+@pytest.mark.parametrize(
+    ("topic", "begin", "end", "max_num", "error"),
+    [
+        ("T", 10, 5, 32, InvalidArgumentError),
+        ("T", -1, 5, 32, InvalidArgumentError),
+        ("T", 0, 5, 0, InvalidArgumentError),
+        ("Nope", 0, 5, 32, TopicNotFoundError),
+    ],
+)
+def test_query_by_time_bad_input_is_a_typed_error(
+    admin: Admin, topic: str, begin: int, end: int, max_num: int, error: type[Exception]
+) -> None:
+    with pytest.raises(error):
+        admin.query_by_time(topic, begin, end, max_num)

@@ -276,3 +276,28 @@ def test_query_by_time_bad_input_is_a_typed_error(
 ) -> None:
     with pytest.raises(error):
         admin.query_by_time(topic, begin, end, max_num)
+
+
+def test_a_running_producer_sees_new_queues_at_its_next_route_refresh(
+    store: Store, admin: Admin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from engine.store import topics
+
+    class Clock:
+        now = 1000.0
+
+        def monotonic(self) -> float:
+            return self.now
+
+    clock = Clock()
+    monkeypatch.setattr(topics, "time", clock)
+    producer_store = Store.open(store.root)
+    with Producer(producer_store) as producer:
+        producer.send(Message("T", b"before"))  # the route is read at 1000.0
+        admin.update_topic("T", queues=4)
+        clock.now += topics.ROUTE_REFRESH_S / 2
+        cached = {producer.send(Message("T", b"cached")).queue_id for _ in range(4)}
+        assert cached <= {0, 1}  # not due yet: the route is cached
+        clock.now += topics.ROUTE_REFRESH_S * 0.6  # due, counted from the last check, not the last send
+        fresh = {producer.send(Message("T", b"after")).queue_id for _ in range(4)}
+        assert fresh == {0, 1, 2, 3}

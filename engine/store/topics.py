@@ -62,8 +62,10 @@ class TopicCatalog:
     def configs(self, *, refresh: bool = False) -> dict[str, TopicConfig]:
         """Every topic's latest configuration; ``refresh`` checks the table for a newer version."""
         store = self._store
-        version = store.version(schemas.TOPICS) if (refresh or self._topics is None) else self._version
-        self._checked = time.monotonic()
+        version = self._version
+        if refresh or self._topics is None:
+            version = store.version(schemas.TOPICS)
+            self._checked = time.monotonic()
         if self._topics is not None and version == self._version:
             return self._topics
         topics, stamps = fold_topic_rows(store.read(schemas.TOPICS).to_pylist())

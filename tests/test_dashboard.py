@@ -209,3 +209,30 @@ def test_another_host_name_is_refused(running: Running) -> None:
 def test_lag_chart_scales_samples_into_the_box() -> None:
     assert lag_chart([(0, 5)]) == ""
     assert lag_chart([(0, 0), (10, 4), (20, 2)], width=100, height=40) == "0.0,40.0 50.0,0.0 100.0,20.0"
+
+
+def test_mq_dashboard_prints_its_address_and_token_and_serves(tmp_path: Path) -> None:
+    import re
+    import subprocess
+    import sys
+
+    root = str(tmp_path / "mq")
+    Admin(Store.open(root)).create_topic("Shown", 1)
+    child = subprocess.Popen(
+        [sys.executable, "-m", "engine.cli", "dashboard", "--port", "0", "--store", root],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        address = child.stdout.readline()
+        token = child.stdout.readline()
+        match = re.search(r"http://127\.0\.0\.1:(\d+)/", address)
+        assert match, address + (child.stderr.read() if child.poll() is not None and child.stderr else "")
+        assert re.fullmatch(r"resend token: \S{20,}\n", token)
+        with urllib.request.urlopen(match.group(0), timeout=60) as response:
+            assert "Shown" in response.read().decode()
+    finally:
+        child.terminate()
+        child.wait(timeout=60)

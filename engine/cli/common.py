@@ -60,7 +60,7 @@ class Output:
 
     def note(self, text: str) -> None:
         """A line for a person (stderr with ``--json``, so stdout stays one document)."""
-        (self.err if self.as_json else self.out).print(text, markup=False, highlight=False)
+        (self.err if self.as_json else self.out).print(text, markup=False, highlight=False, soft_wrap=True)
 
     @contextmanager
     def progress(self, message: str) -> Iterator[None]:

@@ -129,6 +129,7 @@ def test_group_page_shows_lag_per_queue_and_a_lag_chart(running: Running, page: 
     lags = page.locator("#progress td.lag").all_inner_texts()
     assert lags == ["3", "1"]
     assert page.locator("#lag-chart polyline").count() == 1
+    assert "top of the chart: 4 message(s) behind" in page.inner_text("main")
 
 
 def test_a_message_found_by_id_shows_its_body_as_text_and_its_trace(running: Running, page: Any) -> None:

@@ -123,6 +123,7 @@ class Dashboard:
             rows=rows,
             points=lag_chart(series),
             samples=len(series),
+            peak=max((lag for _, lag in series), default=0),
             width=CHART_W,
             height=CHART_H,
         )

@@ -157,3 +157,15 @@ def test_an_unknown_id_is_message_not_found(store: Store, msg_id: str) -> None:
     send(store)
     with pytest.raises(MessageNotFoundError, match="no message"):
         Admin(store).trace(msg_id)
+
+
+def test_a_committed_transaction_is_a_half_then_a_reput(store: Store) -> None:
+    from engine import LocalTransactionState, TransactionProducer
+
+    with TransactionProducer(store, lambda m: LocalTransactionState.COMMIT, group="tx") as producer:
+        sent = producer.send_in_transaction(Message("T", b"paid"), lambda m: LocalTransactionState.COMMIT)
+    trace = Admin(store).trace(sent.msg_id)
+    assert [(e.kind, e.topic) for e in trace.events] == [
+        (TraceKind.HALF, "RMQ_SYS_TRANS_HALF_TOPIC"),
+        (TraceKind.REPUT, "T"),
+    ]

@@ -35,6 +35,7 @@ from engine.store.store import Store, now_ms
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 BODY_PREVIEW = 200
 CHART_W, CHART_H = 640, 160
+_PERMS = {2: "write", 4: "read", 6: "read+write"}
 
 
 def _text(body: bytes, limit: int | None = None) -> str:
@@ -76,6 +77,7 @@ class Dashboard:
         env.filters["preview"] = lambda body: _text(body, BODY_PREVIEW)
         env.filters["fulltext"] = _text
         env.filters["q"] = lambda text: quote(str(text), safe="")
+        env.filters["perm"] = lambda perm: _PERMS.get(perm, str(perm))
         self.env = env
 
     def page(self, _template: str, _code: int = 200, **context: Any) -> HTMLResponse:

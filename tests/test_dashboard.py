@@ -5,6 +5,7 @@ resend that lands only with the token."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import threading
@@ -237,3 +238,15 @@ def test_mq_dashboard_prints_its_address_and_token_and_serves(tmp_path: Path) ->
     finally:
         child.terminate()
         child.wait(timeout=60)
+    as_json = subprocess.Popen(
+        [sys.executable, "-m", "engine.cli", "dashboard", "--port", "0", "--store", root, "--json"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert as_json.stdout is not None
+        doc = json.loads(as_json.stdout.readline())
+        assert doc["url"].startswith("http://127.0.0.1:") and len(doc["token"]) >= 20
+    finally:
+        as_json.terminate()
+        as_json.wait(timeout=60)

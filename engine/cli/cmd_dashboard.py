@@ -11,7 +11,16 @@ from engine.cli.common import EXIT_OK, Output, int_at_least, open_store
 def _dashboard(args: argparse.Namespace, out: Output) -> int:
     from engine.dashboard.server import serve
 
-    serve(open_store(args), host=args.host, port=args.port, announce=out.note)
+    store = open_store(args)
+
+    def ready(address: str, token: str) -> None:
+        out.emit(
+            {"url": address, "token": token, "store": store.root},
+            f"mq dashboard on {address} (store {store.root}); Ctrl-C stops it",
+            f"resend token: {token}",
+        )
+
+    serve(store, host=args.host, port=args.port, ready=ready)
     return EXIT_OK
 
 

@@ -56,7 +56,7 @@ class Output:
             self.out.file.flush()
             return
         for item in renderables:
-            self.out.print(item)
+            self.out.print(item, soft_wrap=isinstance(item, str))  # a line of text is never cut
 
     def note(self, text: str) -> None:
         """A line for a person (stderr with ``--json``, so stdout stays one document)."""

@@ -32,12 +32,13 @@ def make_server(store: Store, sock: socket.socket, token: str | None = None) -> 
 
 
 def serve(
-    store: Store, host: str = "127.0.0.1", port: int = 8765, announce: Callable[[str], None] = print
+    store: Store, host: str = "127.0.0.1", port: int = 8765, ready: Callable[[str, str], None] | None = None
 ) -> None:
-    """Serve the dashboard until Ctrl-C; ``announce`` gets the address and the resend token."""
+    """Serve the dashboard until Ctrl-C or SIGTERM; ``ready(address, token)`` is called once it is
+    bound (the address is a URL; the token is what a resend needs)."""
     sock = bind(host, port)
     server, token = make_server(store, sock)
     address = f"http://{host if ':' not in host else f'[{host}]'}:{sock.getsockname()[1]}/"
-    announce(f"mq dashboard on {address} (store {store.root}); Ctrl-C stops it")
-    announce(f"resend token: {token}")
+    if ready is not None:
+        ready(address, token)
     server.run(sockets=[sock])

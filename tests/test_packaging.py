@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import site
 import subprocess
 import sys
 import sysconfig
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -43,24 +45,21 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str,
     """A virtualenv outside the repository with the wheel installed (dependencies borrowed from the
     test's environment through a .pth file: nothing is downloaded), and an environment for it."""
     base = tmp_path_factory.mktemp("wheel")
-    built = _run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "--no-deps",
-            "--no-build-isolation",
-            "-q",
-            "-w",
-            str(base),
-            str(REPO),
-        ],
-        base,
-        dict(os.environ),
-    )
+    # Built from a copy of the tree: an in-tree build would reuse (and ship) stale files of build/.
+    source = base / "source"
+    skipped = (".git", ".venv", "build", "dist", "*.egg-info", "mqdata", "__pycache__", ".*_cache", "bench")
+    shutil.copytree(REPO, source, symlinks=True, ignore=shutil.ignore_patterns(*skipped))
+    wheel_cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q"]
+    built = _run([*wheel_cmd, "-w", str(base), str(source)], base, dict(os.environ))
     assert built.returncode == 0, built.stderr
     [wheel] = base.glob("lakemq-*.whl")
+    with zipfile.ZipFile(wheel) as contents:
+        names = set(contents.namelist())
+    assert {
+        "engine/conf/engine.toml",
+        "engine/conf/log4j2.properties",
+        "engine/dashboard/templates/base.html",
+    } <= names
     venv = base / "venv"
     made = _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], base, dict(os.environ))
     assert made.returncode == 0, made.stderr

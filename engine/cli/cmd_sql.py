@@ -26,17 +26,23 @@ _NOT_QUERY = (
 
 
 def check_query(spark: Any, query: str) -> None:
-    """Raise :class:`CliError` unless ``query`` parses to a query (no command, no write anywhere
-    in its plan). Parse errors are left to ``spark.sql`` to report.
+    """Raise :class:`CliError` unless ``query`` parses, as one statement, to a query (no command,
+    no write anywhere in its plan). What does not parse so (a syntax error, several statements, a
+    ``BEGIN ... END`` script) never reaches ``spark.sql``, which would run a script's statements.
 
     Raises:
-        CliError: the statement is a command or writes.
+        CliError: the statement does not parse, is a command or writes.
     """
+    from pyspark.errors.exceptions.captured import convert_exception
+
     jvm = spark.sparkContext._jvm
     try:
         plan = spark._jsparkSession.sessionState().sqlParser().parsePlan(query)
-    except Exception:  # a syntax error: spark.sql reports it with Spark's own message
-        return
+    except Exception as exc:  # PySpark converts most JVM errors; a raw Py4JJavaError is converted here
+        java = getattr(exc, "java_exception", None)
+        error: BaseException = convert_exception(java) if java is not None else exc
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        raise CliError(f"SQL failed: {first}", query=query, cause=error) from None
     kinds = []
     for name in _NOT_QUERY:
         try:

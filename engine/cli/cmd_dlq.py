@@ -41,7 +41,7 @@ def _resend(args: argparse.Namespace, out: Output) -> int:
     else:
         targets = [args.id]
     results: list[tuple[str, SendResult]] = []
-    with out.bar("resending", len(targets)) as bar:
+    with out.bar() as bar:
         task = bar.add_task(f"resending {args.group}'s dead letters", total=len(targets))
         for msg_id in targets:
             results.append((msg_id, admin.resend_dlq(args.group, msg_id)))

@@ -71,8 +71,8 @@ class Output:
         else:
             yield
 
-    def bar(self, description: str, total: int) -> Progress:
-        """A progress bar on stderr for ``total`` steps (disabled when stderr is not a terminal)."""
+    def bar(self) -> Progress:
+        """Progress bars on stderr (``add_task``, ``advance``); disabled when stderr is not a terminal."""
         return Progress(
             TextColumn("{task.description}"),
             BarColumn(),

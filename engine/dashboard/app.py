@@ -10,6 +10,7 @@ client objects are not meant to be shared between threads; pages run in Starlett
 from __future__ import annotations
 
 import contextlib
+import datetime as _dt
 import secrets
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -47,8 +48,6 @@ def _text(body: bytes, limit: int | None = None) -> str:
 
 
 def _ts(ms: int | None) -> str:
-    import datetime as _dt
-
     return "-" if ms is None else _dt.datetime.fromtimestamp(ms / 1000).isoformat(sep=" ", timespec="seconds")
 
 

@@ -396,3 +396,40 @@ def test_sql_json_is_one_document_of_rows(capsys: pytest.CaptureFixture[str], ro
     query = "WITH m AS (SELECT * FROM messages) SELECT queue_id, count(*) AS n FROM m GROUP BY queue_id"
     doc = mq_json(capsys, "sql", query, "--store", root)
     assert doc == {"columns": ["queue_id", "n"], "rows": [{"queue_id": 0, "n": 4}], "more": False}
+
+
+# ----------------------------------------------------------------------------- progress
+def test_progress_shows_on_a_terminal_and_stays_off_stdout() -> None:
+    import io
+
+    from rich.console import Console
+
+    from engine.cli.common import Output
+
+    out_text, err_text = io.StringIO(), io.StringIO()
+    out = Output(Console(file=out_text), Console(file=err_text, force_terminal=True, width=100), as_json=True)
+    with out.bar() as bar:
+        task = bar.add_task("resending dead letters", total=2)
+        bar.advance(task)
+        bar.refresh()
+    with out.progress("reading the logs"):
+        pass
+    out.emit({"done": True})
+    assert "resending dead letters" in err_text.getvalue()
+    assert json.loads(out_text.getvalue()) == {"done": True}
+
+
+def test_progress_is_silent_when_stderr_is_not_a_terminal() -> None:
+    import io
+
+    from rich.console import Console
+
+    from engine.cli.common import Output
+
+    err_text = io.StringIO()
+    out = Output(Console(file=io.StringIO()), Console(file=err_text), as_json=False)
+    with out.bar() as bar:
+        bar.advance(bar.add_task("resending", total=1))
+    with out.progress("reading"):
+        pass
+    assert err_text.getvalue() == ""

@@ -4,12 +4,14 @@ The public names of the engine; everything else is internal.
 """
 
 from engine.client.admin import Admin
+from engine.client.admin_groups import GroupSummary, QueueProgress
 from engine.client.offsets import ConsumeFrom
 from engine.client.producer import Producer
 from engine.client.pull import PullConsumer
 from engine.client.push import PushConsumer
 from engine.client.queue_workers import ConsumeConcurrentlyContext, ConsumeOrderlyContext, ConsumeResult
 from engine.client.simple import SimpleConsumer
+from engine.client.trace import MessageTrace, TraceEvent, TraceKind
 from engine.client.transaction import TransactionProducer
 from engine.config import EngineConfig, load_config
 from engine.errors import (
@@ -28,7 +30,9 @@ from engine.errors import (
     StoreCorruptedError,
     StoreError,
     TopicExistsError,
+    TopicInUseError,
     TopicNotFoundError,
+    TopicShrinkError,
     TransactionError,
 )
 from engine.model import (
@@ -61,6 +65,7 @@ __all__ = [
     "ConsumerError",
     "EngineConfig",
     "ExpressionType",
+    "GroupSummary",
     "InvalidArgumentError",
     "InvalidMessageError",
     "InvalidSelectorError",
@@ -73,6 +78,7 @@ __all__ = [
     "MessageNotFoundError",
     "MessageQueue",
     "MessageSelector",
+    "MessageTrace",
     "OffsetOutOfRangeError",
     "Producer",
     "ProducerClosedError",
@@ -80,6 +86,7 @@ __all__ = [
     "PullResult",
     "PullStatus",
     "PushConsumer",
+    "QueueProgress",
     "QueueStats",
     "SendResult",
     "SendStatus",
@@ -90,7 +97,11 @@ __all__ = [
     "SysFlag",
     "TopicConfig",
     "TopicExistsError",
+    "TopicInUseError",
     "TopicNotFoundError",
+    "TopicShrinkError",
+    "TraceEvent",
+    "TraceKind",
     "TransactionError",
     "TransactionProducer",
     "load_config",

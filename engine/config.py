@@ -15,6 +15,9 @@ from typing import Any
 from engine.errors import ConfigError
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
+# The defaults ship inside the package (engine/conf, package data; the repository's conf/ links to
+# it), so an installed wheel finds them from any directory.
+PACKAGE_CONF_DIR = Path(__file__).resolve().parent / "conf"
 # Spark's (log4j's) levels, as ``SparkContext.setLogLevel`` accepts them.
 LOG_LEVELS = ("ALL", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF", "TRACE")
 
@@ -92,10 +95,16 @@ def _coerce(name: str, raw: Any, kind: Any) -> Any:
     return raw
 
 
+def conf_dir() -> Path:
+    """Where the settings files live: ``MQ_CONF_DIR`` if set, else the defaults shipped in the
+    package (``engine/conf``, which the repository's ``conf/`` links to)."""
+    env = os.environ.get("MQ_CONF_DIR")
+    return Path(env) if env else PACKAGE_CONF_DIR
+
+
 def config_file() -> Path:
-    """The ``engine.toml`` in effect: ``MQ_CONF_DIR`` if set, else the project's ``conf/``."""
-    conf_dir = os.environ.get("MQ_CONF_DIR")
-    return Path(conf_dir) / "engine.toml" if conf_dir else PROJECT_ROOT / "conf" / "engine.toml"
+    """The ``engine.toml`` in effect: the one in :func:`conf_dir`."""
+    return conf_dir() / "engine.toml"
 
 
 def load_config(path: str | Path | None = None, **overrides: Any) -> EngineConfig:

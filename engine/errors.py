@@ -54,6 +54,16 @@ class InvalidSelectorError(InvalidArgumentError):
     of the offending token (None when the whole expression is at fault)."""
 
 
+class TopicShrinkError(InvalidArgumentError):
+    """An update asked a topic for fewer queues than it has: queues are only ever added (messages
+    and offsets of a removed queue would be stranded). ``queues`` is the current count."""
+
+
+class TopicInUseError(MQError):
+    """A topic cannot be deleted while consumer groups still consume it; ``groups`` names them.
+    Deleting anyway (``force=True``) leaves those groups without the topic."""
+
+
 class OffsetOutOfRangeError(InvalidArgumentError):
     """An offset lies outside what a queue holds."""
 

@@ -46,3 +46,18 @@ def run_in_threads(work: Callable[[int], None], count: int = 2) -> list[BaseExce
     for t in threads:
         t.join()
     return errors
+
+
+def dead_letter_received(store: Store, topic: str, group: str, max_nums: int = 8) -> None:
+    """Receive up to ``max_nums`` messages of ``topic`` for ``group`` with a per-message consumer,
+    nack each, route the nacks straight to ``%DLQ%<group>`` and dispatch: dead letters to look at."""
+    from engine import SimpleConsumer
+    from engine.broker.dispatch import dispatch_pending
+    from engine.broker.retry import route_retries
+
+    with SimpleConsumer(store, group) as consumer:
+        consumer.subscribe(topic)
+        for message in consumer.receive(max_nums=max_nums, invisible_ms=60_000):
+            consumer.nack(message)
+    route_retries(store, max_reconsume_times=0)
+    dispatch_pending(store)

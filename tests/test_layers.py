@@ -19,7 +19,14 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-_NOT_STORE = ("engine.protocol", "engine.client", "engine.broker", "engine.spark", "engine.cli")
+_NOT_STORE = (
+    "engine.protocol",
+    "engine.client",
+    "engine.broker",
+    "engine.spark",
+    "engine.cli",
+    "engine.dashboard",
+)
 RULES: tuple[tuple[str, str], ...] = (
     ("engine", "jobs"),  # jobs/ are entry points on top of the engine, never under it
     # Only engine/store talks to delta-rs (ruff's TID251 says so too, for the whole tree).
@@ -40,6 +47,12 @@ RULES: tuple[tuple[str, str], ...] = (
         for upper in ("engine.spark", "engine.cli")
     ),
     ("engine.spark", "engine.cli"),
+    # The dashboard is a front end beside the CLI: nothing below it imports it, it imports no CLI.
+    *(
+        (lower, "engine.dashboard")
+        for lower in ("engine.protocol", "engine.store", "engine.client", "engine.broker", "engine.spark")
+    ),
+    ("engine.dashboard", "engine.cli"),
 )
 
 

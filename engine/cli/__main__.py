@@ -2,6 +2,6 @@
 
 import sys
 
-from engine.cli.commands import main
+from engine.cli.app import main
 
 sys.exit(main())

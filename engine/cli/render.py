@@ -12,6 +12,7 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
+from engine.client.trace import MessageTrace
 from engine.model import MessageExt, PullResult, PullStatus, QueueStats, SendResult, TopicConfig
 
 BODY_PREVIEW_CHARS = 60
@@ -109,8 +110,9 @@ def pull_summary(result: PullResult) -> Text:
     return text
 
 
-def messages_table(messages: Sequence[MessageExt]) -> Table:
-    table = Table()
+def messages_table(messages: Sequence[MessageExt], title: str | None = None) -> Table:
+    """Messages, one a row; bodies, tags and keys are untrusted text, never markup."""
+    table = Table(title=title, title_justify="left")
     table.add_column("offset", justify="right")
     table.add_column("tags")
     table.add_column("keys")
@@ -120,11 +122,60 @@ def messages_table(messages: Sequence[MessageExt]) -> Table:
     for m in messages:
         table.add_row(
             str(m.queue_offset),
-            m.tags or "",
-            " ".join(m.keys),
-            body_preview(m.body),
+            Text(m.tags or ""),
+            Text(" ".join(m.keys)),
+            Text(body_preview(m.body)),
             m.msg_id,
             format_ts(m.store_ts_ms),
+        )
+    return table
+
+
+def message_view(m: MessageExt) -> Table:
+    """One message, field by field (``mq message view``)."""
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="dim")
+    grid.add_column()
+    for name, value in (
+        ("msg id", m.msg_id),
+        ("uniq key", m.uniq_key),
+        ("topic", m.topic),
+        ("queue id", str(m.queue_id)),
+        ("queue offset", str(m.queue_offset)),
+        ("physical offset", str(m.physical_offset)),
+        ("tags", m.tags or ""),
+        ("keys", " ".join(m.keys)),
+        ("born", format_ts(m.born_ts_ms)),
+        ("stored", format_ts(m.store_ts_ms)),
+        ("reconsume times", str(m.reconsume_times)),
+        ("size", str(m.size)),
+    ):
+        grid.add_row(name, Text(value))
+    for key, value in sorted(m.properties.items()):
+        grid.add_row(Text(f"property {key}"), Text(value))
+    grid.add_row("body", Text(body_preview(m.body, limit=2000)))
+    return grid
+
+
+def trace_table(trace: MessageTrace) -> Table:
+    """A message's life, one event a row (``mq message trace``)."""
+    table = Table(
+        title=f"{trace.uniq_key}: {len(trace.copies)} cop(ies), {len(trace.events)} event(s)",
+        title_justify="left",
+    )
+    for name in ("time", "event", "topic", "queue", "offset", "msg id", "group", "consumer", "detail"):
+        table.add_column(name)
+    for e in trace.events:
+        table.add_row(
+            format_ts(e.ts_ms),
+            e.kind.value,
+            Text(e.topic),
+            str(e.queue_id),
+            str(e.queue_offset),
+            e.msg_id,
+            Text(e.group or ""),
+            Text(e.consumer_id or ""),
+            Text(e.detail),
         )
     return table
 
@@ -134,5 +185,5 @@ def rows_table(columns: Sequence[str], rows: Sequence[Sequence[Any]], title: str
     for name in columns:
         table.add_column(name)
     for row in rows:
-        table.add_row(*(cell(v) for v in row))
+        table.add_row(*(Text(cell(v)) for v in row))
     return table

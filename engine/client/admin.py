@@ -3,10 +3,25 @@
 from __future__ import annotations
 
 from engine.client import admin_offsets
+from engine.client.admin_groups import (
+    GroupSummary,
+    QueueProgress,
+    consuming_groups,
+    group_progress,
+    list_groups,
+)
 from engine.client.admin_offsets import QueueLag
 from engine.client.producer import Producer
-from engine.client.queries import query_by_key, query_by_uniq_key, view_message
-from engine.errors import InvalidArgumentError, InvalidTopicError, StoreError, TopicExistsError
+from engine.client.queries import find_message, query_by_key, query_by_time, query_by_uniq_key, view_message
+from engine.client.trace import MessageTrace, trace_message
+from engine.errors import (
+    InvalidArgumentError,
+    InvalidTopicError,
+    StoreError,
+    TopicExistsError,
+    TopicInUseError,
+    TopicShrinkError,
+)
 from engine.model import Message, MessageExt, QueueStats, SendResult, TopicConfig
 from engine.protocol.message_ids import parse_msg_id
 from engine.protocol.names import (
@@ -84,6 +99,80 @@ class Admin:
             (c for c in configs if include_system or not is_system_topic(c.name)), key=lambda c: c.name
         )
 
+    def update_topic(self, name: str, *, queues: int | None = None, perm: int | None = None) -> TopicConfig:
+        """Grow a topic to ``queues`` queues and/or change its permission, while it is in use.
+
+        Existing queues keep their messages and offsets; new queues start at offset 0. Producers
+        see the new queues at their next route refresh (about a second), push consumers at their
+        next rebalance; no message is lost or delivered twice by the change. Asking for the
+        current settings writes nothing.
+
+        Returns:
+            The topic's configuration after the update.
+
+        Raises:
+            InvalidTopicError: a bad name or a system topic.
+            TopicNotFoundError: no such topic.
+            TopicShrinkError: fewer queues than the topic has (queues are only ever added).
+            InvalidArgumentError: queues above 1024 or an unknown permission.
+        """
+        validate_topic_name(name)
+        if is_system_topic(name):
+            raise InvalidTopicError(f"topic {name!r} belongs to the system; it is not updated", topic=name)
+        current = self._store.topic_configs(refresh=True).get(name) or self._store.topic(name)
+        wanted_queues = current.queues if queues is None else queues
+        wanted_perm = current.perm if perm is None else perm
+        if (
+            not isinstance(wanted_queues, bool)
+            and isinstance(wanted_queues, int)
+            and wanted_queues < current.queues
+        ):
+            raise TopicShrinkError(
+                f"topic {name!r} has {current.queues} queues; it cannot shrink to {wanted_queues} "
+                "(queues are only added: their messages and offsets would be stranded)",
+                topic=name,
+                queues=current.queues,
+                requested=wanted_queues,
+            )
+        validate_topic_settings(name, wanted_queues, current.type, wanted_perm)
+        if (wanted_queues, wanted_perm) == (current.queues, current.perm):
+            return current
+        self._store.put_topic(TopicConfig(name, wanted_queues, wanted_perm, current.type))
+        return self._store.topic_configs(refresh=True)[name]
+
+    def delete_topic(self, name: str, *, force: bool = False) -> TopicConfig:
+        """Remove a topic from routing: producers and consumers no longer find it. Its rows stay in
+        the logs until retention removes them.
+
+        Args:
+            name: the topic.
+            force: delete even while groups consume it.
+
+        Returns:
+            The configuration the topic had.
+
+        Raises:
+            InvalidTopicError: a bad name or a system topic.
+            TopicNotFoundError: no such topic.
+            TopicInUseError: groups still consume it (a live subscriber, or unconsumed messages of a
+                group that committed offsets) and ``force`` is not set; nothing is written.
+        """
+        validate_topic_name(name)
+        if is_system_topic(name):
+            raise InvalidTopicError(f"topic {name!r} belongs to the system; it is not deleted", topic=name)
+        current = self._store.topic_configs(refresh=True).get(name) or self._store.topic(name)
+        if not force:
+            groups = consuming_groups(self._store, name)
+            if groups:
+                raise TopicInUseError(
+                    f"topic {name!r} is still consumed by group(s) {', '.join(groups)}; "
+                    "stop them first or delete with force",
+                    topic=name,
+                    groups=groups,
+                )
+        self._store.put_topic(TopicConfig(name, 0, current.perm, current.type))
+        return current
+
     def topic_stats(self, topic: str) -> list[QueueStats]:
         """Per queue: min offset, max offset (the next to be written) and last store time.
 
@@ -117,6 +206,15 @@ class Admin:
         """
         return view_message(self._store, msg_id, topic=topic, index=self._index)
 
+    def find_message(self, msg_id: str) -> MessageExt:
+        """The message with offset msg id or uniq key ``msg_id``, in any topic (``mq message view``).
+
+        Raises:
+            InvalidArgumentError: an empty id or one with whitespace.
+            MessageNotFoundError: no stored message has that id.
+        """
+        return find_message(self._store, msg_id, index=self._index)
+
     def query_by_key(
         self, topic: str, key: str, begin_ms: int, end_ms: int, max_num: int = 32
     ) -> list[MessageExt]:
@@ -129,6 +227,16 @@ class Admin:
             InvalidArgumentError: a bad key, time range or ``max_num``.
         """
         return query_by_key(self._store, topic, key, begin_ms, end_ms, max_num, index=self._index)
+
+    def query_by_time(self, topic: str, begin_ms: int, end_ms: int, max_num: int = 32) -> list[MessageExt]:
+        """Dispatched messages of ``topic`` stored in ``[begin_ms, end_ms)``: the oldest ``max_num``,
+        in store order; see :func:`engine.client.queries.query_by_time`.
+
+        Raises:
+            TopicNotFoundError: no such topic.
+            InvalidArgumentError: a bad time range or ``max_num``.
+        """
+        return query_by_time(self._store, topic, begin_ms, end_ms, max_num, index=self._index)
 
     def query_by_uniq_key(self, topic: str, uniq_key: str) -> MessageExt | None:
         """The message of ``topic`` with client unique id ``uniq_key``, or None if the index has none.
@@ -284,6 +392,33 @@ class Admin:
             OffsetOutOfRangeError: ``offset`` outside ``[min offset, max offset]`` of the queue.
         """
         admin_offsets.reset_offset(self._store, group, topic, queue_id, offset)
+
+    def groups(self) -> list[GroupSummary]:
+        """Every consumer group the logs know of (RocketMQ's ``consumerConnection`` overview)."""
+        return list_groups(self._store)
+
+    def group_progress(self, group: str, topic: str | None = None) -> list[QueueProgress]:
+        """Per queue: min/max offset, committed offset, lag and the store time of the last consumed
+        message (RocketMQ's ``consumerProgress``); only ``topic`` when given.
+
+        Raises:
+            InvalidArgumentError: a bad group name.
+            TopicNotFoundError: ``topic`` does not exist.
+        """
+        return group_progress(self._store, group, topic)
+
+    def trace(self, msg_id: str) -> MessageTrace:
+        """The life of one message read from the logs: stored, dispatched, indexed, delivered to
+        which groups and consumers, acked, retried, dead-lettered, resent; see :mod:`engine.client.trace`.
+
+        Args:
+            msg_id: an offset message id or a client unique id (uniq key).
+
+        Raises:
+            InvalidArgumentError: an empty id or one with whitespace.
+            MessageNotFoundError: no stored message has that id.
+        """
+        return trace_message(self._store, msg_id, index=self._index)
 
     def consumer_lag(self, group: str | None = None) -> list[QueueLag]:
         """Per group, topic and queue: max offset, committed offset, lag and the age of the oldest

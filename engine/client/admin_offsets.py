@@ -239,7 +239,8 @@ class QueueLag:
 
     ``committed_offset`` is None when the group never committed the queue; everything retained
     then counts as unconsumed. ``oldest_unconsumed_age_ms`` is now minus the store time of the
-    first unconsumed message, None when nothing is behind.
+    first unconsumed message, None when nothing is behind. ``last_commit_ts_ms`` is when the
+    queue's offset was last committed (None when never).
     """
 
     group: str
@@ -250,6 +251,7 @@ class QueueLag:
     committed_offset: int | None
     lag: int
     oldest_unconsumed_age_ms: int | None
+    last_commit_ts_ms: int | None = None
 
 
 def lag_rows(store: Store, group: str | None = None, *, now: int | None = None) -> list[QueueLag]:
@@ -291,6 +293,7 @@ def lag_rows(store: Store, group: str | None = None, *, now: int | None = None) 
         for qid in range(config.queues):
             low, high = index.bounds(topic, qid)
             offset = committed[qid][1] if qid in committed else None
+            commit_ts = committed[qid][0] if qid in committed else None
             position = low if offset is None else min(max(offset, low), high)
             lag = high - position
             age = None
@@ -298,5 +301,5 @@ def lag_rows(store: Store, group: str | None = None, *, now: int | None = None) 
                 entry = index.entries(topic, qid, position, position + 1)
                 if entry.num_rows:
                     age = max(0, clock - int(entry["store_ts_ms"][0].as_py()))
-            out.append(QueueLag(grp, consumer_id, topic, qid, high, offset, lag, age))
+            out.append(QueueLag(grp, consumer_id, topic, qid, high, offset, lag, age, commit_ts))
     return out

@@ -90,6 +90,30 @@ def live_members(
     return sorted(cid for cid, m in members.items() if m.last_heartbeat_ms >= since)
 
 
+def live_subscriptions(
+    store: Store, timeout_ms: int = DEFAULT_MEMBER_TIMEOUT_MS
+) -> dict[str, dict[str, dict[str, str]]]:
+    """Every group's live members and the subscriptions of their latest heartbeat: group ->
+    consumer id -> topic -> expression. Scans the rows of the last ``timeout_ms`` (a tool's read).
+
+    Raises:
+        InvalidArgumentError: a bad timeout.
+    """
+    _positive_ms("timeout_ms", timeout_ms, MAX_MEMBER_MS)
+    since = now_ms() - timeout_ms
+    rows = GroupLog(store).recent_all(since)
+    by_group: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        by_group.setdefault(row["group"], []).append(row)
+    return {
+        group: {
+            cid: json.loads(row["subscriptions"]) if row["subscriptions"] else {}
+            for cid, row in sorted(_latest_alive(group_rows).items())
+        }
+        for group, group_rows in sorted(by_group.items())
+    }
+
+
 class GroupMembership:
     """One consumer's membership of a group: heartbeats, leave, live members and queue locks.
 

@@ -228,3 +228,94 @@ def query_by_uniq_key(
         if hits:
             return hits[0]
     return None
+
+
+def find_message(store: Store, msg_id: str, *, index: QueueIndex | None = None) -> MessageExt:
+    """The message with offset msg id or client unique id ``msg_id``, in any topic (RocketMQ's
+    ``viewMessage`` accepts both kinds). A uniq key is looked up in the index, then, for a message
+    not indexed yet, in the commit log's ``uniq_key`` column; several copies (a retry, a delayed
+    message's re-put) give the first stored.
+
+    Raises:
+        InvalidArgumentError: an empty id or one with whitespace.
+        MessageNotFoundError: no stored message has that id.
+    """
+    _check_key(msg_id, "msg_id")
+    reader = index or QueueIndex(store)
+    try:  # offset ids and uniq keys are both 32 hex characters: try the offset first
+        store_id, _ = parse_msg_id(msg_id)
+    except InvalidArgumentError:
+        store_id = ""
+    if store_id == store.store_id:
+        try:
+            return view_message(store, msg_id, index=reader)
+        except MessageNotFoundError:
+            pass
+    predicate = f"kind = {sql_literal(KIND_UNIQ_KEY)} AND key = {sql_literal(msg_id)}"
+    rows = store.read(
+        schemas.INDEX,
+        predicate=predicate,
+        filter=(ds.field("kind") == KIND_UNIQ_KEY) & (ds.field("key") == msg_id),
+        columns=["physical_offset", "store_ts_ms"],
+    )
+    for physical in _offsets(rows, newest_first=False):
+        found = _read_messages(reader, [physical])
+        if found:
+            return found[0]
+    scanned = store.read(
+        schemas.COMMIT_LOG, filter=ds.field("uniq_key") == msg_id, columns=["physical_offset"]
+    )
+    found = _read_messages(reader, _offsets(scanned, newest_first=False)[:1])
+    if found:
+        return found[0]
+    raise MessageNotFoundError(
+        f"no message with id {msg_id!r} is stored (an offset msg id or a uniq key; never written, or "
+        "removed by retention)",
+        msg_id=msg_id,
+    )
+
+
+def query_by_time(
+    store: Store,
+    topic: str,
+    begin_ms: int,
+    end_ms: int,
+    max_num: int = DEFAULT_MAX_NUM,
+    *,
+    index: QueueIndex | None = None,
+) -> list[MessageExt]:
+    """Dispatched messages of ``topic`` stored in ``[begin_ms, end_ms)``, the oldest ``max_num``,
+    in store order (the RocketMQ dashboard's search by topic and time).
+
+    Each queue's range is found by binary search on store times
+    (:class:`~engine.client.admin_offsets.QueueTimeIndex`), then read as a pull reads it.
+
+    Raises:
+        InvalidTopicError: a malformed topic name.
+        TopicNotFoundError: no such topic.
+        InvalidArgumentError: a bad time range or ``max_num``.
+    """
+    from engine.client.admin_offsets import QueueTimeIndex
+
+    validate_topic_name(topic)
+    _check_time(begin_ms, "begin_ms")
+    _check_time(end_ms, "end_ms")
+    if begin_ms > end_ms:
+        raise InvalidArgumentError(
+            f"begin_ms {begin_ms} is after end_ms {end_ms}", begin_ms=begin_ms, end_ms=end_ms
+        )
+    if isinstance(max_num, bool) or not isinstance(max_num, int) or not 1 <= max_num <= MAX_MAX_NUM:
+        raise InvalidArgumentError(f"max_num {max_num!r} must be 1..{MAX_MAX_NUM}", max_num=max_num)
+    config = store.topic(topic)
+    times = QueueTimeIndex(store)
+    reader = index or QueueIndex(store)
+    reader.refresh()
+    found: list[MessageExt] = []
+    for qid in range(config.queues):
+        low = times.offset_for_time(topic, qid, begin_ms)
+        high = times.offset_for_time(topic, qid, end_ms)
+        if high > low:
+            entries = reader.entries(topic, qid, low, min(high, low + max_num))
+            found += _read_messages(reader, [int(p) for p in entries["physical_offset"].to_pylist()])
+    found.sort(key=lambda m: (m.store_ts_ms, m.physical_offset))
+    return found[:max_num]

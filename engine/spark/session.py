@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from engine.config import PROJECT_ROOT
+from engine.config import conf_dir
 from engine.errors import ConfigError
 
 DEFAULTS_FILE = "spark-defaults.conf"
@@ -23,12 +23,6 @@ LOG4J_FILE = "log4j2.properties"
 _JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 # "key value" or "key=value"; a key alone is an error.
 _LINE = re.compile(r"^([^\s=]+)\s*[=\s]\s*(\S.*)$")
-
-
-def conf_dir() -> Path:
-    """Where Spark's settings live: ``MQ_CONF_DIR`` if set, else the project's ``conf/``."""
-    env = os.environ.get("MQ_CONF_DIR")
-    return Path(env) if env else PROJECT_ROOT / "conf"
 
 
 def read_spark_defaults(path: str | os.PathLike[str]) -> dict[str, str]:

@@ -144,6 +144,16 @@ class GroupLog:
         rows: list[dict[str, Any]] = table.to_pylist()
         return rows
 
+    def recent_all(self, since_ms: int) -> list[dict[str, Any]]:
+        """Rows of every group with ``ts_ms >= since_ms``: a scan for tools, not for hot paths."""
+        table = self._store.read(
+            schemas.GROUPS,
+            predicate=f"ts_ms >= {int(since_ms)}",
+            filter=ds.field("ts_ms") >= since_ms,
+        )
+        rows: list[dict[str, Any]] = table.to_pylist()
+        return rows
+
     def leases(self, group: str) -> dict[QueueKey, Lease]:
         """Unexpired leases of one group, as of the latest version."""
         state = self._latest()

@@ -49,6 +49,7 @@ from engine import (
     StoreError,
     TopicExistsError,
     TopicNotFoundError,
+    TopicShrinkError,
     TransactionProducer,
     load_config,
 )
@@ -854,6 +855,46 @@ ADMIN_CASES = [
         "outside",
     ),
     Case("consumer-lag-group", lambda e: e.admin.consumer_lag("a b"), InvalidArgumentError, "group"),
+    Case("update-topic-shrink", lambda e: e.admin.update_topic(TOPIC, queues=2), TopicShrinkError, "shrink"),
+    Case(
+        "update-topic-overflow",
+        lambda e: e.admin.update_topic(TOPIC, queues=5000),
+        InvalidArgumentError,
+        "1..1024",
+    ),
+    Case(
+        "update-topic-unknown",
+        lambda e: e.admin.update_topic("Nope", queues=8),
+        TopicNotFoundError,
+        "does not exist",
+    ),
+    Case(
+        "update-topic-system", lambda e: e.admin.update_topic("%DLQ%g", queues=8), InvalidTopicError, "system"
+    ),
+    Case("update-topic-perm", lambda e: e.admin.update_topic(TOPIC, perm=1), InvalidArgumentError, "perm"),
+    Case(
+        "delete-topic-unknown", lambda e: e.admin.delete_topic("Nope"), TopicNotFoundError, "does not exist"
+    ),
+    Case(
+        "delete-topic-system",
+        lambda e: e.admin.delete_topic("SCHEDULE_TOPIC_XXXX"),
+        InvalidTopicError,
+        "system",
+    ),
+    Case("group-progress-bad", lambda e: e.admin.group_progress("a b"), InvalidArgumentError, "group"),
+    Case(
+        "group-progress-topic",
+        lambda e: e.admin.group_progress(GROUP, "Nope"),
+        TopicNotFoundError,
+        "not exist",
+    ),
+    Case("trace-empty", lambda e: e.admin.trace(""), InvalidArgumentError, "msg_id"),
+    Case("trace-unknown", lambda e: e.admin.trace("0" * 32), MessageNotFoundError, "no message"),
+    Case("find-message-space", lambda e: e.admin.find_message("a b"), InvalidArgumentError, "whitespace"),
+    Case("query-time-reversed", lambda e: e.admin.query_by_time(TOPIC, 5, 1), InvalidArgumentError, "after"),
+    Case(
+        "query-time-max-0", lambda e: e.admin.query_by_time(TOPIC, 0, 1, 0), InvalidArgumentError, "max_num"
+    ),
 ]
 
 
@@ -1125,6 +1166,19 @@ CLI_CASES = [
     ("cli-topic-stats-unknown", ["topic", "stats", "Nope"], "does not exist"),
     ("cli-lag-bad-group", ["lag", "--group", "a b"], "group"),
     ("cli-dispatch-no-spark-without-once", ["dispatch", "--no-spark"], "--once"),
+    ("cli-topic-update-shrink", ["topic", "update", TOPIC, "--queues", "1"], "shrink"),
+    ("cli-topic-update-perm", ["topic", "update", TOPIC, "--perm", "all"], "invalid choice"),
+    ("cli-topic-delete-system", ["topic", "delete", "%DLQ%g"], "system"),
+    ("cli-group-progress-bad", ["group", "progress", "a b"], "group"),
+    ("cli-group-reset-neither", ["group", "reset", GROUP, TOPIC], "--timestamp"),
+    ("cli-group-reset-bad-time", ["group", "reset", GROUP, TOPIC, "--timestamp", "soon"], "not a time"),
+    ("cli-message-view-unknown", ["message", "view", "0" * 32], "no message"),
+    ("cli-message-trace-space", ["message", "trace", "a b"], "whitespace"),
+    ("cli-message-query-reversed", ["message", "query", TOPIC, "--begin", "5", "--end", "1"], "after"),
+    ("cli-dlq-resend-neither", ["dlq", "resend", GROUP], "--all"),
+    ("cli-dlq-list-bad-group", ["dlq", "list", "a b"], "group"),
+    ("cli-sql-without-query", ["sql"], "query"),
+    ("cli-dashboard-bad-port", ["dashboard", "--port", "-1"], "--port"),
 ]
 
 

@@ -192,6 +192,34 @@ def _rows_about(
     return rows
 
 
+def _action_rows(store: Store, copies: list[MessageExt]) -> list[tuple[dict[str, Any], MessageExt]]:
+    """``action_log`` rows about the copies: single-message rows by physical offset, and leased or
+    acked ranges (``[queue_offset, end_offset)``) covering a copy's queue offset."""
+    topics = sorted({m.topic for m in copies})
+    predicate = "topic IN (" + ", ".join(sql_literal(t) for t in topics) + ")"
+    offsets = pa.array([m.physical_offset for m in copies], pa.int64())
+    ranged = ds.field("end_offset").is_valid() & (
+        ds.field("queue_offset") <= max(m.queue_offset for m in copies)
+    )
+    row_filter = ds.field("topic").isin(topics) & (ds.field("physical_offset").isin(offsets) | ranged)
+    by_offset = {m.physical_offset: m for m in copies}
+    out = []
+    for row in store.read(schemas.ACTION_LOG, predicate=predicate, filter=row_filter).to_pylist():
+        end = row.get("end_offset")
+        if end is None:
+            found = by_offset.get(int(row["physical_offset"]))
+            if found is not None:
+                out.append((row, found))
+            continue
+        out.extend(
+            (row, m)
+            for m in copies
+            if (m.topic, m.queue_id) == (row["topic"], row["queue_id"])
+            and int(row["queue_offset"]) <= m.queue_offset < int(end)
+        )
+    return out
+
+
 def _log_events(store: Store, copies: list[MessageExt]) -> list[TraceEvent]:
     by_offset = {m.physical_offset: m for m in copies}
     events = []
@@ -210,13 +238,14 @@ def _log_events(store: Store, copies: list[MessageExt]) -> list[TraceEvent]:
         events.append(
             _event(TraceKind.INDEXED, int(row["store_ts_ms"]), m, detail=f"{row['kind']} {row['key']}")
         )
-    for row in _rows_about(store, schemas.ACTION_LOG, copies):
+    for row, m in _action_rows(store, copies):
         kind = _ACTIONS.get(str(row["action"]))
         if kind is None:
             continue
-        m = by_offset[int(row["physical_offset"])]
         deadline = row.get("deadline_ms")
         detail = f"sequence {row['sequence']}" + (f", invisible until {deadline}" if deadline else "")
+        if row.get("end_offset") is not None:
+            detail += f", range {row['queue_offset']}..{int(row['end_offset']) - 1}"
         events.append(
             _event(
                 kind, int(row["ts_ms"]), m, group=row["group"], consumer_id=row["consumer_id"], detail=detail

@@ -136,10 +136,10 @@ def test_group_page_shows_lag_per_queue_and_a_lag_chart(running: Running, page: 
 def test_a_message_found_by_id_shows_its_body_as_text_and_its_trace(running: Running, page: Any) -> None:
     evil = running.sent["evil"]
     page.goto(running.url + "/messages")
-    page.fill("#by-id input[name=id]", evil.msg_id)
+    page.fill("#by-id input[name=id]", evil.msg_id)  # the unique id (SendResult.msg_id)
     page.click("#by-id button")
     assert page.locator("#found tr").count() == 2
-    page.click(f"text={evil.msg_id}")
+    page.click(f"text={evil.offset_msg_id}")  # listed by its store id
     assert page.locator("#body").inner_text() == EVIL.decode()
     assert page.locator("#message tr", has_text="property note").locator("td").inner_text() == "<b>bold?</b>"
     assert page.evaluate("window.pwned") is None  # the body never ran as markup

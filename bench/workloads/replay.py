@@ -160,8 +160,9 @@ def replay_throughput(ctx: Context) -> list[dict[str, Any]]:
                 "kind": "rate",
                 "systems": {OURS: write["ours"], BARE: write["producer"], REDIS: unavailable("not measured")},
                 "notes": [
-                    "lakemq: a 4-partition DataFrame of (topic, body) written with `format('mq')` "
-                    "(rows travel to the driver, one commit-log commit).",
+                    "lakemq: a 4-partition DataFrame of (topic, body) written with `format('mq')`: each "
+                    "task checks and stages its rows, the driver commits them one partition (one "
+                    "commit-log commit) at a time.",
                     "peer: the batched producer (`Producer.send_batch` in 4 MiB batches) of the same rows.",
                 ],
             }

@@ -147,3 +147,24 @@ def test_a_task_checks_topics_before_staging(
     good = writer.write(iter(pa.table({"topic": [topic], "body": [b"x"]}).to_batches()))
     assert isinstance(good, MQStaged) and good.rows == 1
     assert mq_sink.read_staged(store, good.path).num_rows == 1
+
+
+def test_check_rows_rejects_each_bad_destination_column_wise(store: Store, topic: str) -> None:
+    from engine import InvalidMessageError
+    from engine.spark.mq_sink import check_rows
+
+    def rows(**columns: list[Any]) -> pa.Table:
+        n = len(columns["topic"])
+        return normalize_rows(pa.table({"body": [b"x"] * n, **columns}), 1)
+
+    assert set(check_rows(store, rows(topic=[topic, topic], queue_id=[0, 3]))) == {topic}  # 4 queues
+    with pytest.raises(InvalidArgumentError, match="queue_id 4 is out of range"):
+        check_rows(store, rows(topic=[topic, topic], queue_id=[None, 4]))
+    with pytest.raises(InvalidArgumentError, match="queue_id -1 is out of range"):
+        check_rows(store, rows(topic=[topic], queue_id=[-1]))
+    with pytest.raises(InvalidArgumentError, match="sharding_key"):
+        check_rows(store, rows(topic=[topic, topic], sharding_key=["k", ""]))
+    with pytest.raises(TopicNotFoundError):
+        check_rows(store, rows(topic=[topic, "NOPE"]))
+    with pytest.raises(InvalidMessageError, match="system topic"):
+        check_rows(store, rows(topic=["SCHEDULE_TOPIC_XXXX"]))

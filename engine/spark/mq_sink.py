@@ -38,6 +38,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -172,21 +173,18 @@ def _task_identity() -> tuple[int, str]:
     return int(partition), f"p{partition:05d}-a{attempt}-{uuid.uuid4().hex[:8]}"
 
 
-def pending_messages(
-    store: Store, rows: pa.Table, ids: UniqKeyGenerator | None = None
-) -> list[PendingMessage]:
-    """Checked rows -> messages with their queues (topics and queue ids are checked here).
+def check_rows(store: Store, rows: pa.Table) -> dict[str, Any]:
+    """Check where rows go, column-wise: every topic exists, is writable and not a system topic; every
+    queue id is in range; no sharding key is empty. Returns each topic's configuration by name.
 
     Raises:
         TopicNotFoundError: a row's topic does not exist.
         InvalidMessageError: a system or read-only topic.
         InvalidArgumentError: a queue id out of range, an empty sharding key.
     """
-    ids = ids or UniqKeyGenerator()
-    round_robin: dict[str, int] = {}
-    out = []
-    for row in rows.to_pylist():
-        name = row["topic"]
+    topics: dict[str, Any] = {}
+    names = rows["topic"]
+    for name in pc.unique(names).to_pylist():
         if is_system_topic(name):
             raise InvalidMessageError(
                 f"topic {name!r} is a system topic; the mq sink cannot write it", topic=name
@@ -194,22 +192,52 @@ def pending_messages(
         topic = store.topic(name)
         if not is_writeable(topic.perm):
             raise InvalidMessageError(f"topic {name!r} is not writable (perm {topic.perm})", topic=name)
-        qid = row["queue_id"]
-        if qid is not None:
-            if not 0 <= qid < topic.queues:
+        topics[name] = topic
+    qids = rows["queue_id"]
+    if qids.null_count < len(qids):
+        for name, topic in topics.items():
+            chosen = pc.filter(qids, pc.and_(pc.equal(names, name), pc.is_valid(qids)))
+            if len(chosen) == 0:
+                continue
+            lo, hi = (v.as_py() for v in pc.min_max(chosen).values())
+            if lo < 0 or hi >= topic.queues:
+                qid = lo if lo < 0 else hi
                 raise InvalidArgumentError(
                     f"queue_id {qid} is out of range; topic {name!r} has queues 0..{topic.queues - 1}",
                     topic=name,
                     queue_id=qid,
                 )
-        elif row["sharding_key"] is not None:
-            if not row["sharding_key"]:
-                raise InvalidArgumentError("sharding_key must be a non-empty string", topic=name)
-            qid = select_queue_by_hash(row["sharding_key"], topic.queues)
-        else:
+    empty = pc.and_(pc.is_null(qids), pc.equal(rows["sharding_key"], ""))
+    if pc.any(empty).as_py():
+        name = pc.filter(names, empty)[0].as_py()
+        raise InvalidArgumentError("sharding_key must be a non-empty string", topic=name)
+    return topics
+
+
+def pending_messages(
+    store: Store, rows: pa.Table, ids: UniqKeyGenerator | None = None
+) -> list[PendingMessage]:
+    """Checked rows -> messages with their queues (where they go is checked first, :func:`check_rows`).
+
+    Raises:
+        TopicNotFoundError: a row's topic does not exist.
+        InvalidMessageError: a system or read-only topic.
+        InvalidArgumentError: a queue id out of range, an empty sharding key.
+    """
+    topics = check_rows(store, rows)
+    ids = ids or UniqKeyGenerator()
+    round_robin: dict[str, int] = {}
+    out = []
+    for row in rows.to_pylist():
+        name = row["topic"]
+        queues = topics[name].queues
+        qid = row["queue_id"]
+        if qid is None and row["sharding_key"] is not None:
+            qid = select_queue_by_hash(row["sharding_key"], queues)
+        elif qid is None:
             # Round-robin from a random queue: small batches do not all land on queue 0.
-            nxt = round_robin.get(name, random.randrange(topic.queues))
-            qid, round_robin[name] = nxt % topic.queues, nxt + 1
+            nxt = round_robin.get(name, random.randrange(queues))
+            qid, round_robin[name] = nxt % queues, nxt + 1
         keys = tuple(row["keys"] or ())
         props = dict(row["properties"] or ())
         if keys:
@@ -326,7 +354,7 @@ class _Writing:
         if table.num_rows == 0:
             return MQStaged("", 0, partition)
         store = self.options.store.open()
-        pending_messages(store, table)  # topics, permissions and queue ids: fail here, before any commit
+        check_rows(store, table)  # topics, permissions and queue ids: fail here, before any commit
         return MQStaged(stage(store, self.write_id, name, table), table.num_rows, partition)
 
     def _commit(self, messages: Sequence[WriterCommitMessage | None], batch_id: int | None) -> None:

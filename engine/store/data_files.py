@@ -79,9 +79,10 @@ def file_stats(rows: pa.Table, indexed: StatsColumns) -> str:
     maxs: dict[str, Any] = {}
     nulls: dict[str, int] = {}
     leaves = 0
+    limit = indexed if isinstance(indexed, int) else None
     named = None if isinstance(indexed, int) else frozenset(indexed)
     for f in rows.schema:
-        if named is None and leaves >= int(indexed):  # type: ignore[arg-type]
+        if limit is not None and leaves >= limit:
             break
         if named is not None and f.name not in named:
             continue

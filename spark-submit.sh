@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Run a job or script with the project's Spark: ./spark-submit.sh jobs/demo.py [args...]
-# Every argument goes to the venv's spark-submit (from pyspark); no JVM jars are downloaded.
+# Every argument goes to the venv's spark-submit (from pyspark), after the Delta Lake jars (fetched
+# on first use into the venv's cache, see engine/spark/delta_jars.py) and Delta's SQL settings.
 set -euo pipefail
 # shellcheck source=bin/mq-env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/bin/mq-env.sh"
@@ -10,4 +11,9 @@ if [ -f "$MQ_ROOT/conf/spark-defaults.conf" ]; then
     props=(--properties-file "$MQ_ROOT/conf/spark-defaults.conf")
 fi
 export PYTHONPATH="$MQ_ROOT${PYTHONPATH:+:$PYTHONPATH}"
-exec "$MQ_VENV/bin/spark-submit" ${props[@]+"${props[@]}"} "$@"
+delta=()
+while IFS= read -r arg; do
+    [ -n "$arg" ] && delta+=("$arg")
+done < <(cd "$MQ_ROOT" && "$MQ_VENV/bin/python" -c \
+    'from engine.spark.delta_jars import print_spark_submit_args; print_spark_submit_args()')
+exec "$MQ_VENV/bin/spark-submit" ${props[@]+"${props[@]}"} ${delta[@]+"${delta[@]}"} "$@"

@@ -74,7 +74,22 @@ TARGETS: tuple[Target, ...] = (
         (Condition("p50_ms", "<=", 1000), Condition("p99_ms", "<=", 3000)),
     ),
     Target("delayed delivery lateness: p99 <= 1.5 s", "delay_lateness", (Condition("p99_ms", "<=", 1500),)),
-    Target("Spark batch replay: >= 300k msg/s", "replay", (Condition("msg_s", ">=", 300_000),)),
+    Target("Spark batch replay: >= 1M msg/s", "replay", (Condition("msg_s", ">=", 1_000_000),)),
+    Target(
+        "Spark batch replay: >= 70 % of a native Delta scan",
+        "replay",
+        (Condition(f"ratio:{BARE}", ">=", 0.7),),
+    ),
+    Target(
+        "topic-filtered SELECT over messages: within 1.5x of the bare Delta table",
+        "select_topic",
+        (Condition(f"ratio:{BARE}", ">=", 1 / 1.5),),
+    ),
+    Target(
+        "df.write.format('mq'), 4 partitions: >= 60 % of the batched producer",
+        "spark_sink",
+        (Condition(f"ratio:{BARE}", ">=", 0.6),),
+    ),
     Target(
         "per-message ack, 4 processes, batches of 32: >= 25 % of Redis XREADGROUP + XACK",
         "ack_4proc",

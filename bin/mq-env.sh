@@ -4,7 +4,8 @@
 # After sourcing: MQ_ROOT is the project root, MQ_VENV its virtualenv (created and installed with
 # `pip install -e '.[dev]'` on first use, and again whenever pyproject.toml changes), and Spark's
 # Python settings point at that virtualenv. Nothing here needs network access except the first
-# install, and nothing needs extra JVM jars.
+# install; the Delta Lake jars are fetched on first use by engine.spark (engine/spark/delta_jars.py)
+# into the virtualenv's lakemq-jars/ cache.
 
 MQ_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 MQ_VENV="${MQ_VENV:-$MQ_ROOT/.venv}"

@@ -49,3 +49,24 @@ def spark() -> Iterator[Any]:
     )
     yield spark
     spark.stop()
+
+
+@pytest.fixture(params=["delta", "deltalog"])
+def spark_reads(request: pytest.FixtureRequest, spark: Any) -> Iterator[Any]:
+    """The session, once reading the store through Delta on Spark (skipped where the jars could not be
+    fetched) and once through the project's own ``deltalog`` / ``mq`` sources (the fallback)."""
+    from engine.spark.session import DELTA_READS, delta_enabled
+
+    before = spark.conf.get(DELTA_READS, None)
+    if request.param == "delta" and not delta_enabled(spark):
+        if os.environ.get("CI") == "true":
+            pytest.fail("Delta on Spark is off: the Delta jars could not be fetched")
+        pytest.skip("Delta on Spark is off: the Delta jars could not be fetched")
+    spark.conf.set(DELTA_READS, "true" if request.param == "delta" else "false")
+    try:
+        yield spark
+    finally:
+        if before is None:
+            spark.conf.unset(DELTA_READS)
+        else:
+            spark.conf.set(DELTA_READS, before)

@@ -130,8 +130,9 @@ def test_resets_reject_bad_arguments(store: Store, laid_out: dict[int, int]) -> 
 # ----------------------------------------------------------------- replay (Spark)
 @pytest.mark.spark
 def test_replay_returns_exactly_the_messages_stored_in_the_window(
-    spark: Any, store: Store, laid_out: dict[int, int]
+    spark_reads: Any, store: Store, laid_out: dict[int, int]
 ) -> None:
+    spark = spark_reads
     _check(replay(spark, store, "T", start=1500, end=3000), _expected(spark, {"a2", "b1", "b2"}))
     _check(replay(spark, store, "T", end=2000), _expected(spark, {"a0", "a1", "b0"}))
     everything = replay(spark, store, "T")
@@ -141,8 +142,9 @@ def test_replay_returns_exactly_the_messages_stored_in_the_window(
 
 @pytest.mark.spark
 def test_replay_as_of_a_version_ignores_later_messages(
-    spark: Any, store: Store, laid_out: dict[int, int]
+    spark_reads: Any, store: Store, laid_out: dict[int, int]
 ) -> None:
+    spark = spark_reads
     as_of = replay(spark, store, "T", as_of_version=laid_out[2000])
     _check(as_of, _expected(spark, {"a0", "a1", "a2", "b0", "b1", "b2"}))
     _check(
@@ -153,8 +155,9 @@ def test_replay_as_of_a_version_ignores_later_messages(
 
 @pytest.mark.spark
 def test_replay_with_a_group_returns_only_what_it_consumed_then(
-    spark: Any, store: Store, admin: Admin, monkeypatch: pytest.MonkeyPatch
+    spark_reads: Any, store: Store, admin: Admin, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    spark = spark_reads
     admin.create_topic("T", 2)
     first = _put(store, monkeypatch, 1000, LAYOUT[1000])
     OffsetStore(store, "g").commit([("T", 0, 1), ("T", 1, 1)])

@@ -1,5 +1,7 @@
-"""Spark batch replay of a topic; bare: Spark over the same Delta data through the project's
-``deltalog`` source, and a pyarrow scan; Redis: XRANGE over as many stream entries.
+"""Spark over a topic: batch replay, a topic-filtered SELECT over the ``messages`` view, and
+``df.write.format("mq")``; the peer is native Delta on Spark over the same commit log (a plain
+``format("delta")`` scan / query of the bare table), or the batched producer for the write; Redis:
+XRANGE over as many stream entries.
 
 The replayed topic lives in its own store (``Sizes.replay_messages`` messages, produced in 4 MiB
 batches and dispatched), so that the bare reads scan exactly the same commit log.
@@ -19,6 +21,7 @@ from bench.workloads.produce import QUEUES, REDIS_STREAM, TOPIC, batch_sizes, op
 from engine import Admin, EngineConfig, Producer
 from engine.broker.dispatch import dispatch_pending
 from engine.spark.deltalog import SHORT_NAME as DELTALOG
+from engine.spark.session import DELTA_READS, delta_enabled
 from engine.store import schemas
 
 XRANGE_PAGE = 10_000
@@ -53,19 +56,37 @@ def replay_throughput(ctx: Context) -> list[dict[str, Any]]:
     dispatch_pending(store)
 
     spark = session("lakemq-bench-replay")
+    extra: dict[str, Any] = {}
+    select: dict[str, Measure] = {}
+    write: dict[str, Measure] = {}
     try:
         spark.sparkContext.setLogLevel("ERROR")
+        native = delta_enabled(spark)
+        log_uri = store.uri(schemas.COMMIT_LOG)
 
         def ours() -> None:
             replay(spark, store, TOPIC).write.format("noop").mode("overwrite").save()
 
-        def bare_spark() -> None:
-            frame = spark.read.format(DELTALOG).option("path", store.uri(schemas.COMMIT_LOG)).load()
+        def native_scan() -> None:
+            spark.read.format("delta").load(log_uri).write.format("noop").mode("overwrite").save()
+
+        def deltalog_scan() -> None:
+            frame = spark.read.format(DELTALOG).option("path", log_uri).load()
             frame.write.format("noop").mode("overwrite").save()
 
         ours_rate = best_rate(ours, n, runs)
-        ctx.log(f"replay through the mq source: {ours_rate['msg_s']:,} msg/s")
-        bare_rate = best_rate(bare_spark, n, runs)
+        ctx.log(f"replay ({'native Delta' if native else 'the mq source'}): {ours_rate['msg_s']:,} msg/s")
+        if native:
+            bare_rate = best_rate(native_scan, n, runs)
+            spark.conf.set(DELTA_READS, "false")
+            extra["replay_mq_source"] = best_rate(ours, n, runs)
+            spark.conf.set(DELTA_READS, "true")
+        else:
+            bare_rate = unavailable("Delta on Spark is off: the Delta jars could not be fetched")
+        extra["deltalog_scan"] = best_rate(deltalog_scan, n, runs)
+        if native:
+            select = _topic_select(spark, store, n, runs)
+        write = _sink_write(spark, ctx, n, runs)
         parallelism = spark.sparkContext.defaultParallelism
     finally:
         spark.stop()
@@ -94,23 +115,110 @@ def replay_throughput(ctx: Context) -> list[dict[str, Any]]:
             return seen
 
         red = best_rate(xrange_n, n, runs)
-    return [
+    extra["bare_pyarrow_scan"] = scan_rate
+    results = [
         {
             "id": "replay",
             "title": f"Spark batch replay of {n:,} messages ({sizes.body_bytes} B bodies)",
             "kind": "rate",
             "systems": {OURS: ours_rate, BARE: bare_rate, REDIS: red},
             "notes": [
-                "lakemq: `engine.spark.replay.replay(spark, store, topic)` (the `mq` batch source: consume "
-                "queue ranges per Spark task, then commit-log rows by physical offset) into Spark's `noop` "
-                f"sink; local[{parallelism}]; best of {runs} run(s), the first one also warming Spark up.",
-                "bare delta-rs (Spark): the same commit log read as a snapshot through the project's "
-                "`deltalog` source (no Delta JVM jars here) into the `noop` sink.",
+                "lakemq: `engine.spark.replay(spark, store, topic)` into Spark's `noop` sink: with Delta on "
+                "Spark a native Delta scan of the commit log filtered to the topic and each queue's planned "
+                f"offset range; local[{parallelism}]; best of {runs} run(s), the first one also warming up.",
+                "bare (native Delta on Spark): `spark.read.format('delta').load(commit_log)` of the same "
+                "rows into the `noop` sink.",
+                "replay through the `mq` source (the fallback without the Delta jars): "
+                f"{_fmt(extra.get('replay_mq_source'))}; the same snapshot through the `deltalog` source: "
+                f"{_fmt(extra.get('deltalog_scan'))}.",
                 "bare delta-rs (pyarrow, no Spark): `DeltaTable.to_pyarrow_dataset().to_table()` of the "
                 f"same commit log: {scan_rate['msg_s']:,} msg/s.",
                 f"Redis: XRANGE over the first {n:,} entries of the stream, {XRANGE_PAGE:,} per call, into "
                 "Python.",
             ],
-            "extra": {"bare_pyarrow_scan": scan_rate},
+            "extra": extra,
         }
     ]
+    if select:
+        results.append(
+            {
+                "id": "select_topic",
+                "title": f"Topic-filtered SELECT over {n:,} messages (Spark SQL)",
+                "kind": "rate",
+                "systems": {OURS: select["ours"], BARE: select["bare"], REDIS: unavailable("no SQL")},
+                "notes": [
+                    f"lakemq: `{SELECT_SQL.format(source='messages', topic=TOPIC)}` over the `messages` "
+                    "view (consume queue joined to the commit log); best of runs.",
+                    "bare (native Delta on Spark): the same query over the commit log's bare Delta table.",
+                ],
+            }
+        )
+    if write:
+        results.append(
+            {
+                "id": "spark_sink",
+                "title": f"`df.write.format('mq')` of {write['n']:,} rows from 4 partitions",
+                "kind": "rate",
+                "systems": {OURS: write["ours"], BARE: write["producer"], REDIS: unavailable("not measured")},
+                "notes": [
+                    "lakemq: a 4-partition DataFrame of (topic, body) written with `format('mq')`: each "
+                    "task checks and stages its rows, the driver commits them one partition (one "
+                    "commit-log commit) at a time.",
+                    "peer: the batched producer (`Producer.send_batch` in 4 MiB batches) of the same rows.",
+                ],
+            }
+        )
+    return results
+
+
+SELECT_SQL = (
+    "SELECT queue_id, count(*) AS n, sum(length(body)) AS bytes FROM {source} "
+    "WHERE topic = '{topic}' GROUP BY queue_id"
+)
+
+
+def _fmt(measure: Measure | None) -> str:
+    return "not measured" if not measure or "msg_s" not in measure else f"{measure['msg_s']:,} msg/s"
+
+
+def _topic_select(spark: Any, store: Any, n: int, runs: int) -> dict[str, Measure]:
+    """The topic-filtered query over the messages view and over the bare commit-log table."""
+    from engine.spark import register_views
+
+    register_views(spark, store, ["messages"])
+    spark.read.format("delta").load(store.uri(schemas.COMMIT_LOG)).createOrReplaceTempView("bare_log")
+
+    def query(source: str) -> Callable[[], int]:
+        def run() -> int:
+            rows = spark.sql(SELECT_SQL.format(source=source, topic=TOPIC)).collect()
+            return sum(int(r.n) for r in rows)
+
+        return run
+
+    return {"ours": best_rate(query("messages"), n, runs), "bare": best_rate(query("bare_log"), n, runs)}
+
+
+def _sink_write(spark: Any, ctx: Context, n: int, runs: int) -> dict[str, Any]:
+    """``df.write.format("mq")`` of ``n`` rows in 4 partitions vs the batched producer, fresh stores."""
+    body = b"x" * ctx.sizes.body_bytes
+    frame = spark.range(n, numPartitions=4).selectExpr(f"'{TOPIC}' AS topic", f"X'{body.hex()}' AS body")
+    frame = frame.cache()
+    frame.count()
+    best: dict[str, float] = {"ours": float("inf"), "producer": float("inf")}
+    per_batch = max(1, EngineConfig().max_batch_bytes // ctx.sizes.body_bytes)
+    for run in range(runs):
+        target = open_store(ctx.workdir / f"sink-{run}")
+        Admin(target).create_topic(TOPIC, QUEUES)
+        began = time.perf_counter()
+        frame.write.format("mq").option("store", target.root).mode("append").save()
+        best["ours"] = min(best["ours"], time.perf_counter() - began)
+        other = open_store(ctx.workdir / f"producer-{run}")
+        Admin(other).create_topic(TOPIC, QUEUES)
+        messages = random_messages(TOPIC, per_batch, ctx.sizes.body_bytes)
+        began = time.perf_counter()
+        with Producer(other, "BenchSink") as producer:
+            for size in batch_sizes(n, per_batch):
+                producer.send_batch(messages[:size])
+        best["producer"] = min(best["producer"], time.perf_counter() - began)
+    frame.unpersist()
+    return {"n": n, "ours": rate(n, best["ours"]), "producer": rate(n, best["producer"])}

@@ -29,6 +29,7 @@ from engine.store.commit_markers import CQ_KEY
 from engine.store.consume_queue import queue_marks
 from engine.store.data_files import (
     Commit,
+    StatsColumns,
     commit_planned,
     delete_files,
     read_columns,
@@ -194,7 +195,7 @@ def _plan_commit_log(store: Store, cutoff: int, force: bool, fs: pa_fs.FileSyste
 
 
 def _trim_consume_queue(
-    fs: pa_fs.FileSystem, dt: Snapshot, mins: Mapping[str, int], indexed: int, written: list[str]
+    fs: pa_fs.FileSystem, dt: Snapshot, mins: Mapping[str, int], indexed: StatsColumns, written: list[str]
 ) -> tuple[list[Action], int]:
     """Actions deleting consume-queue entries below their queue's minimum; returns them and the count."""
     if not mins:

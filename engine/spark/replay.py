@@ -1,7 +1,15 @@
 """Replay: the messages of a topic over a time window, as a consumer saw them, as the log stood then.
 
-Built on the ``mq`` batch source, so a replay reads only the queue ranges it needs (the pull path:
-consume-queue entries, then commit-log rows by physical offset), split over Spark tasks per queue.
+The queue ranges are planned on the driver (below); the rows are then read
+
+* on a session with Delta on Spark (the default, :func:`engine.spark.views.native_reads`): by a
+  native Delta scan of the commit log filtered to the topic and those ranges (and the store-time
+  window), which skips files by their statistics (:func:`engine.spark.delta_reads.message_frame`);
+  the ranges are fixed when :func:`replay` is called, so executing the DataFrame again gives the
+  same messages (until retention deletes some);
+* elsewhere: by the ``mq`` batch source (the pull path: consume-queue entries, then commit-log rows
+  by physical offset, in Python workers), split over Spark tasks per queue, planned again at each
+  execution.
 
 * Time window ``[start, end)`` (store time, epoch ms): per queue, the first offset stored at or after
   each bound, found by binary search (:mod:`engine.client.admin_offsets`); store times are
@@ -24,8 +32,10 @@ from typing import Any
 from engine.client.admin_offsets import check_timestamp
 from engine.errors import InvalidArgumentError
 from engine.protocol import validate_group_name, validate_topic_name
+from engine.spark.delta_reads import message_frame
 from engine.spark.mq_options import SHORT_NAME, ReadOptions
 from engine.spark.mq_source import MQDataSource, plan_batch
+from engine.spark.views import native_reads
 from engine.store.store import Store
 
 
@@ -54,7 +64,7 @@ def replay(
 
     Returns:
         A DataFrame with the ``mq`` source's columns (topic, queue_id, queue_offset, …, body,
-        store_ts). Each execution plans again from the store.
+        store_ts).
 
     Raises:
         InvalidArgumentError: a bad argument (``end`` before ``start``, a negative version, a
@@ -86,7 +96,10 @@ def replay(
         options["asOfVersion"] = str(as_of_version)
     if expression != "*":
         options["expression"] = expression
-    # Planned once here too: a bad argument is a typed error before Spark runs anything.
-    plan_batch(store, ReadOptions.parse(options, streaming=False))
+    # Planned here: a bad argument is a typed error before Spark runs anything.
+    first, last = plan_batch(store, ReadOptions.parse(options, streaming=False))
+    if native_reads(spark, store):
+        ranges = {q: (first[q], last[q]) for q in last}
+        return message_frame(spark, store, topic, ranges, expression=expression, start_ms=start, end_ms=end)
     spark.dataSource.register(MQDataSource)  # a session not made by engine.spark.session() lacks it
     return spark.read.format(SHORT_NAME).options(**options).load()

@@ -17,10 +17,16 @@ from typing import Any
 
 from engine.config import conf_dir
 from engine.errors import ConfigError
+from engine.spark.delta_jars import DELTA_CATALOG, DELTA_EXTENSION, delta_jars
 
 DEFAULTS_FILE = "spark-defaults.conf"
 LOG4J_FILE = "log4j2.properties"
 _JAVA_OPTIONS = "spark.driver.extraJavaOptions"
+# "true" on a session whose reads go through Delta on Spark, "false" where the project's own
+# ``deltalog`` source serves them; settable at run time (a notebook or a test may turn it off).
+DELTA_READS = "spark.lakemq.delta"
+_EXTENSIONS = "spark.sql.extensions"
+_CATALOG = "spark.sql.catalog.spark_catalog"
 # "key value" or "key=value"; a key alone is an error.
 _LINE = re.compile(r"^([^\s=]+)\s*[=\s]\s*(\S.*)$")
 
@@ -112,6 +118,35 @@ def spark_settings(conf: Mapping[str, str] | None = None) -> dict[str, str]:
     return settings
 
 
+def _with_delta(settings: dict[str, str]) -> dict[str, str]:
+    """``settings`` plus the Delta jars, SQL extension and catalog, when the jars can be had."""
+    jars = delta_jars()
+    if jars is None:
+        return {**settings, DELTA_READS: "false"}
+    out = dict(settings)
+    out["spark.jars"] = ",".join(j for j in (settings.get("spark.jars"), jars.spark_jars) if j)
+    extensions = [e for e in settings.get(_EXTENSIONS, "").split(",") if e.strip()]
+    out[_EXTENSIONS] = ",".join(
+        [*extensions, DELTA_EXTENSION] if DELTA_EXTENSION not in extensions else extensions
+    )
+    out.setdefault(_CATALOG, DELTA_CATALOG)
+    out.setdefault(DELTA_READS, "true")
+    return out
+
+
+def delta_enabled(spark: Any) -> bool:
+    """Whether reads of the store on ``spark`` go through Delta on Spark (``format("delta")``).
+
+    True on a session :func:`session` started with the Delta jars (unless ``spark.lakemq.delta`` was
+    set to ``false`` since), and on a session made elsewhere (Databricks, spark-submit with
+    ``--packages``) whose ``spark.sql.extensions`` includes Delta's.
+    """
+    chosen = spark.conf.get(DELTA_READS, None)
+    if chosen is not None:
+        return str(chosen).strip().lower() == "true"
+    return DELTA_EXTENSION in str(spark.conf.get(_EXTENSIONS, None) or "")
+
+
 def session(app_name: str = "lakemq", conf: Mapping[str, str] | None = None) -> Any:
     """The SparkSession of this process, started with the project's settings if none is running.
 
@@ -121,6 +156,10 @@ def session(app_name: str = "lakemq", conf: Mapping[str, str] | None = None) -> 
     ``PYSPARK_PYTHON`` says otherwise. The project's data sources (``deltalog``) are registered.
     A session already running in this process is reused (``getOrCreate``) with only ``conf``
     applied to it, so a notebook's own settings are not reset.
+
+    A new session gets Delta Lake (its jars, SQL extension and ``spark_catalog``), fetched on first
+    use (:func:`engine.spark.delta_jars.delta_jars`); where they cannot be had it says so in one
+    line and the store is read through the ``deltalog`` source instead (:func:`delta_enabled`).
 
     Args:
         app_name: the Spark application name.
@@ -147,6 +186,8 @@ def session(app_name: str = "lakemq", conf: Mapping[str, str] | None = None) -> 
     else:
         submitted = _submitted_settings()
         settings = {k: v for k, v in spark_settings(conf).items() if k in explicit or k not in submitted}
+        if not submitted:  # a JVM started by spark-submit has its classpath already
+            settings = _with_delta(settings)
     builder = SparkSession.builder
     if SparkContext._active_spark_context is None:
         builder = builder.appName(app_name)

@@ -1,8 +1,14 @@
 """SQL over a store: temporary views on the current snapshots of its tables.
 
 Each view is a builder ``(spark, store) -> DataFrame`` in :data:`VIEWS`; adding a view is adding an
-entry. Views follow the tables: every query reads the snapshots current when it runs (``deltalog``'s
-``live`` option; Spark would otherwise keep the files planned on a view's first use).
+entry. Views follow the tables: every query reads the snapshots current when it runs.
+
+On a session with Delta on Spark (:func:`engine.spark.session.delta_enabled`, the default) a table
+is a native Delta scan (``spark.read.format("delta")``): filters are pushed into the Parquet reader
+and files are skipped by their min/max statistics, and Delta refreshes the snapshot at every query.
+Elsewhere, and for stores on object storage (whose delta-rs storage options Spark's file systems do
+not take), the project's own ``deltalog`` source reads them (its ``live`` option re-plans the
+snapshot at every execution).
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ from typing import Any
 
 from engine.errors import InvalidArgumentError
 from engine.spark.deltalog import SHORT_NAME, spark_schema
+from engine.spark.session import delta_enabled
 from engine.store import schemas
 from engine.store.delta_log import VERSION_COLUMN
 from engine.store.store import Store
@@ -36,9 +43,24 @@ MESSAGE_COLUMNS = (
 )
 
 
+def native_reads(spark: Any, store: Store) -> bool:
+    """Whether ``store``'s tables are read with ``format("delta")`` on ``spark`` (a local store on a
+    session with Delta on Spark), rather than through ``deltalog``."""
+    return not store.storage_options and delta_enabled(spark)
+
+
 def table_frame(spark: Any, store: Store, name: str) -> Any:
-    """One table of ``store`` as a DataFrame (through ``deltalog``) that reads the snapshot current at
-    each execution, so a view over it follows the table."""
+    """One table of ``store`` as a DataFrame that reads the snapshot current at each execution, so a
+    view over it follows the table: a native Delta scan where :func:`native_reads`, else through
+    ``deltalog``."""
+    if native_reads(spark, store):
+        return spark.read.format("delta").load(store.uri(name))
+    return deltalog_frame(spark, store, name)
+
+
+def deltalog_frame(spark: Any, store: Store, name: str) -> Any:
+    """One table of ``store`` read through the project's ``deltalog`` source (no Delta jars needed),
+    following the table like :func:`table_frame`."""
     reader = (
         spark.read.format(SHORT_NAME)
         .schema(spark_schema(schemas.SCHEMAS[name]))  # known: spares Spark a Python worker to ask
@@ -65,9 +87,13 @@ def messages_frame(spark: Any, store: Store) -> Any:
     """
     from pyspark.sql import functions as F
 
-    cq = table_frame(spark, store, schemas.CONSUME_QUEUE).select("physical_offset")
+    # Joined on every column the entry copies from its commit-log row (they agree by construction):
+    # a filter on topic, queue or offsets then reaches both scans (Spark infers it across the
+    # equalities), so both skip files by their statistics.
+    keys = ["topic", "queue_id", "queue_offset", "physical_offset"]
+    cq = table_frame(spark, store, schemas.CONSUME_QUEUE).select(*keys)
     log = table_frame(spark, store, schemas.COMMIT_LOG)
-    joined = cq.join(log, on="physical_offset", how="inner")
+    joined = cq.join(log, on=keys, how="inner")
     return joined.select(*MESSAGE_COLUMNS, F.timestamp_millis(F.col("store_ts_ms")).alias("store_ts"))
 
 

@@ -67,15 +67,25 @@ def read_columns(fs: pa_fs.FileSystem, path: str, columns: list[str]) -> pa.Tabl
 _CODECS = {"UNCOMPRESSED": "none", "LZ4_RAW": "lz4"}
 
 
-def file_stats(rows: pa.Table, indexed: int) -> str:
-    """Delta add-action statistics (the first ``indexed`` leaf columns), as delta-rs writes them."""
+# Which columns carry statistics: the first N leaf columns (``delta.dataSkippingNumIndexedCols``) or
+# the columns named by ``delta.dataSkippingStatsColumns`` (which wins when a table sets both).
+StatsColumns = int | tuple[str, ...]
+
+
+def file_stats(rows: pa.Table, indexed: StatsColumns) -> str:
+    """Delta add-action statistics of the ``indexed`` columns (the first N leaf columns, or the named
+    top-level columns), as delta-rs writes them."""
     mins: dict[str, Any] = {}
     maxs: dict[str, Any] = {}
     nulls: dict[str, int] = {}
     leaves = 0
+    limit = indexed if isinstance(indexed, int) else None
+    named = None if isinstance(indexed, int) else frozenset(indexed)
     for f in rows.schema:
-        if leaves >= indexed:
+        if limit is not None and leaves >= limit:
             break
+        if named is not None and f.name not in named:
+            continue
         t = f.type
         if pa.types.is_list(t) or pa.types.is_large_list(t):
             leaves += 1
@@ -105,7 +115,7 @@ def write_file(
     rows: pa.Table,
     codec: str,
     row_group_rows: int | None,
-    indexed: int,
+    indexed: StatsColumns,
     *,
     data_change: bool = False,
 ) -> AddAction:
@@ -144,7 +154,7 @@ def rewrite_files(
     schema: pa.Schema,
     *,
     target: int,
-    indexed: int,
+    indexed: StatsColumns,
     sort_by: Sequence[str] = (),
     split_by: str | None = None,
     row_group_rows: int | None = None,

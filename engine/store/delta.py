@@ -170,8 +170,13 @@ class Snapshot:
     def arrow_schema(self) -> pa.Schema:
         return pa.schema(self._dt.schema().to_arrow())
 
-    def indexed_columns(self) -> int:
-        """How many leading columns the table keeps file statistics for."""
+    def indexed_columns(self) -> int | tuple[str, ...]:
+        """Which columns the table keeps file statistics for: the names in
+        ``delta.dataSkippingStatsColumns`` when set (it wins, as in Delta), else how many leading
+        columns (``delta.dataSkippingNumIndexedCols``, default 32)."""
+        named = self.configuration().get("delta.dataSkippingStatsColumns")
+        if named and named.strip():
+            return tuple(c.strip() for c in named.split(",") if c.strip())
         raw = self.configuration().get("delta.dataSkippingNumIndexedCols")
         try:
             value = int(raw) if raw is not None else 32

@@ -46,8 +46,19 @@ _STATS_COLUMNS: dict[str, int] = {
 # checkpoints after this long, so the snapshot does not grow by one per transaction forever.
 TXN_RETENTION = "interval 7 days"
 # Table properties set at creation, and added to existing tables that lack them when a store opens.
+# The commit log's statistics: the first 8 columns (identity and tags) and the two times, so that a
+# reader skips files by topic, queue, offsets and store time (delta-spark, DuckDB, delta-rs); not
+# the keys, properties and bodies, whose statistics would cost log space and prune nothing.
+COMMIT_LOG_STATS_COLUMNS = (
+    *schemas.COMMIT_LOG_SCHEMA.names[: _STATS_COLUMNS[schemas.COMMIT_LOG]],
+    "born_ts_ms",
+    "store_ts_ms",
+)
 _TABLE_PROPERTIES: dict[str, dict[str, str]] = {
-    schemas.COMMIT_LOG: {"delta.setTransactionRetentionDuration": TXN_RETENTION},
+    schemas.COMMIT_LOG: {
+        "delta.setTransactionRetentionDuration": TXN_RETENTION,
+        "delta.dataSkippingStatsColumns": ",".join(COMMIT_LOG_STATS_COLUMNS),
+    },
 }
 
 

@@ -279,7 +279,7 @@ def test_lease_rules_for_ranges_releases_offline_resets_and_expiry() -> None:
             _row(RESET, "a", 0, 100, 10),
             _row(PULL, "a", 1, 100, 10, 14, deadline=500),
             _row(ACK, "a", 2, 110, 10, 12),
-            _row(RELEASE, "a", 3, 120, 13, 14),  # never handed out: free, no delivery counted
+            _row(RELEASE, "a", 3, 120, 13, 14, deadline=500),  # never handed out: free, not counted
             _row(PULL, "b", 0, 130, 13, 14, deadline=900),
         ]
     )
@@ -292,6 +292,19 @@ def test_lease_rules_for_ranges_releases_offline_resets_and_expiry() -> None:
     assert queue.claims[13].deliveries == 2 and queue.floor == 13
     book.apply([_row(RESET, "%ADMIN%", 5, 700, 0)])
     assert (queue.floor, queue.claims, queue.done) == (0, {}, set())
+
+
+def test_a_release_ends_only_the_lease_it_names() -> None:
+    book = ClaimBook(GROUP)
+    book.apply(
+        [
+            _row(PULL, "a", 0, 100, 5, 6, deadline=200),
+            _row(PULL, "a", 1, 250, 5, 6, deadline=400),  # a leases it again after the first ended
+            _row(RELEASE, "a", 2, 260, 5, 6, deadline=200),  # a late release of the first lease
+        ]
+    )
+    claim = book.queue("T", 0).claims[5]
+    assert (claim.sequence, claim.deadline_ms, claim.deliveries) == (1, 400, 2)
 
 
 def test_pull_log_rows_expand_a_leased_range_through_the_consume_queue() -> None:

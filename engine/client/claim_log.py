@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 from engine.client.claims import ClaimBook
 from engine.errors import StoreError
 from engine.model import MessageExt
-from engine.protocol.actions import RESET
+from engine.protocol.actions import RELEASE, RESET
 from engine.store import schemas
 from engine.store.action_log import lease_frontier
 from engine.store.commit_markers import lease_app
@@ -107,8 +107,10 @@ class ClaimLog:
         self._writer = Store(store.root, store.storage_options, store.config)
         self.book = ClaimBook(group)
         self.version = -1
+        self.resets: set[tuple[str, int]] = set()  # queues reset by others, seen by sync()
         self._sequence = -1
-        self._acks: dict[tuple[str, int, str], list[int]] = {}  # (topic, queue, action) -> offsets
+        # (topic, queue, action, released lease's deadline or 0) -> offsets
+        self._acks: dict[tuple[str, int, str, int], list[int]] = {}
         self._ack_ts = 0
         self.oldest_ack: float | None = None  # monotonic time of the oldest buffered ack
         self.earliest_deadline: int | None = None  # of the leases the buffered acks belong to
@@ -121,7 +123,8 @@ class ClaimLog:
     def sync(self) -> set[tuple[str, int]]:
         """Bring the lease state up to the action log's latest version.
 
-        Returns the queues other writers reset in the versions read (empty on the first read).
+        Returns the queues other writers reset in the versions read (empty on the first read);
+        they also accumulate in :attr:`resets` until the caller takes them.
         """
         version = self._writer.shared(schemas.ACTION_LOG).version()
         if self.version < 0:
@@ -159,6 +162,7 @@ class ClaimLog:
                 if r["action"] == RESET and r["consumer_id"] != self.consumer_id
             }
         self.version = version
+        self.resets |= reset
         return reset
 
     def frontier(self, topic: str, queue_id: int, *, refresh: bool) -> int:
@@ -213,8 +217,10 @@ class ClaimLog:
             CommitConflictError: another commit about the same queue landed first (read again).
             StoreError: the write failed; nothing was committed.
         """
+        # Buffered acks and releases first: they were decided before these rows (a release must not
+        # reach a lease of the same offset committed here).
         acks = self._ack_rows()
-        table = pa.Table.from_pylist(rows + acks, schema=schemas.ACTION_LOG_SCHEMA)
+        table = pa.Table.from_pylist(acks + rows, schema=schemas.ACTION_LOG_SCHEMA)
         version = self._writer.append(
             schemas.ACTION_LOG,
             table,
@@ -224,7 +230,7 @@ class ClaimLog:
         )
         self._clear_acks()
         if version == self.version + 1:
-            self.book.apply(rows + acks)
+            self.book.apply(acks + rows)
             self.version = version
         return version
 
@@ -233,7 +239,10 @@ class ClaimLog:
         """Keep an ``ACK`` (or ``RELEASE``) of one offset for the next flush or lease commit."""
         if not self._acks:
             self.oldest_ack = time.monotonic()
-        self._acks.setdefault((topic, queue_id, action), []).append(offset)
+        # A release names the lease it gives back (its deadline), so it can never end a later lease.
+        self._acks.setdefault((topic, queue_id, action, deadline_ms if action == RELEASE else 0), []).append(
+            offset
+        )
         self._ack_ts = max(self._ack_ts, ts)
         if self.earliest_deadline is None or deadline_ms < self.earliest_deadline:
             self.earliest_deadline = deadline_ms
@@ -244,9 +253,12 @@ class ClaimLog:
 
     def _ack_rows(self) -> list[dict[str, Any]]:
         rows = []
-        for (topic, queue_id, action), offsets in self._acks.items():
+        for (topic, queue_id, action, deadline), offsets in self._acks.items():
             for start, end in ranges(offsets):
-                rows.append(self.row(action, topic, queue_id, start, end=end, ts=self._ack_ts))
+                lease = deadline if action == RELEASE else None
+                rows.append(
+                    self.row(action, topic, queue_id, start, end=end, deadline_ms=lease, ts=self._ack_ts)
+                )
         return rows
 
     def _clear_acks(self) -> None:

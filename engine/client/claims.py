@@ -9,8 +9,9 @@ The rules (the protocol as a whole is described in :mod:`engine.client.claim_log
   lease counts one delivery of the offset.
 * ``CHANGE_INVISIBLE`` from the current holder, before its deadline, sets a new deadline; the row's
   sequence becomes the lease's (a new receipt handle).
-* ``RELEASE`` from the current holder, before its deadline, ends the lease and takes back its
-  delivery (the consumer leased the message but never handed it to its user).
+* ``RELEASE`` from the current holder, before its deadline, ends the lease named by the row's
+  ``deadline_ms`` and takes back its delivery (the consumer leased the message but never handed it
+  to its user).
 * ``OFFLINE`` (QMQ's FOREVER_OFFLINE) ends every lease of its consumer at the row's time.
 * ``ACK`` finishes the offsets of its range; ``NACK`` from the current holder and ``EXPIRED`` finish
   one offset (the retry job re-puts or dead-letters it).
@@ -183,7 +184,7 @@ class ClaimBook:
                 if action == CHANGE_INVISIBLE:
                     claim.deadline_ms = int(row["deadline_ms"] or ts)
                     claim.sequence = sequence
-                elif action == RELEASE:
+                elif action == RELEASE and row.get("deadline_ms") in (None, claim.deadline_ms):
                     claim.deadline_ms = ts
                     claim.deliveries -= 1
 

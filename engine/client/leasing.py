@@ -125,7 +125,8 @@ class Leaser:
         due = self._scanned_at is None or time.monotonic() - self._scanned_at >= SCAN_INTERVAL_MS / 1000
         if not (force or due):
             return
-        reset = self._log.sync()
+        self._log.sync()
+        reset, self._log.resets = self._log.resets, set()
         self._scanned_at = time.monotonic()
         now = now_ms()
         for key in [k for k, h in held.items() if h.deadline_ms <= now]:
@@ -288,6 +289,9 @@ class Leaser:
         log = self._log
         wanted = self._expired.pop((topic, queue_id))
         for _ in range(LEASE_ATTEMPTS):
+            # Decide from the state as of the snapshot the commit is based on: a lease of these
+            # offsets committed by anyone after it makes the commit conflict (same queue app id).
+            log.sync()
             book = log.book.queue(topic, queue_id)
             now = now_ms()
             offsets = [o for o in wanted if book.available(o, now) and o in book.claims][:size]
@@ -345,10 +349,9 @@ class Leaser:
             if not rows:
                 return 0
             try:
-                log.commit(rows, topic, queue_id, log.frontier(topic, queue_id, refresh=True))
+                log.commit(rows, topic, queue_id, log.frontier(topic, queue_id, refresh=False))
             except CommitConflictError:
                 self.conflicts += 1
-                log.sync()
                 continue
             kept = [(o, p) for o, p in zip(entries.offsets, entries.physical, strict=True) if o in counts]
             for offset, phys in kept:

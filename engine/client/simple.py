@@ -256,9 +256,14 @@ class SimpleConsumer(Closing):
     # ----------------------------------------------------------------- acknowledging
     def _held_for(self, message: object) -> tuple[tuple[str, int, int], Held]:
         """The delivery a received message names, checked against its receipt handle and deadline."""
-        if not isinstance(message, ReceivedMessage):
+        if not isinstance(message, MessageExt):
             raise InvalidArgumentError(
                 f"expected a message returned by receive(), got {type(message).__name__}"
+            )
+        if not isinstance(message, ReceivedMessage):
+            raise InvalidReceiptHandleError(
+                f"a {type(message).__name__} carries no receipt handle: it is not held by consumer "
+                f"{self.consumer_id} (ack, nack and change_invisible_time take messages from receive())"
             )
         key = (message.topic, message.queue_id, message.queue_offset)
         where = f"{key[0]}:{key[1]}@{key[2]}"

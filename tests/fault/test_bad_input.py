@@ -33,6 +33,7 @@ from engine import (
     EngineConfig,
     InvalidArgumentError,
     InvalidMessageError,
+    InvalidSelectorError,
     InvalidTopicError,
     LocalTransactionState,
     Message,
@@ -55,6 +56,7 @@ from engine import (
 )
 from engine.broker.dispatch import dispatch_pending
 from engine.cli import main as mq_main
+from engine.errors import InvalidReceiptHandleError
 from engine.protocol import MAX_BODY_BYTES, SCHEDULE_TOPIC
 from engine.spark.mq_options import ReadOptions, WriteOptions
 from tests.fault.history import HistoryLog, check, make_body, record
@@ -389,13 +391,13 @@ PULL_CASES = [
     Case(
         "pull-expression-empty-tag",
         lambda e: e.puller.pull(TOPIC, 0, 0, expression="A ||"),
-        InvalidArgumentError,
+        InvalidSelectorError,
         "empty tag",
     ),
     Case(
         "pull-expression-int",
         lambda e: e.puller.pull(TOPIC, 0, 0, expression=5),
-        InvalidArgumentError,
+        InvalidSelectorError,
         "expression",
     ),
     Case(
@@ -510,7 +512,7 @@ PUSH_CASES = [
     Case(
         "push-subscribe-bad-expression",
         lambda e: push(e).subscribe(TOPIC, "||"),
-        InvalidArgumentError,
+        InvalidSelectorError,
         "empty tag",
     ),
     Case(
@@ -568,7 +570,7 @@ SIMPLE_CASES = [
     Case(
         "simple-subscribe-bad-expression",
         lambda e: simple(e).subscribe(TOPIC, "A || "),
-        InvalidArgumentError,
+        InvalidSelectorError,
         "empty tag",
     ),
     Case("simple-unsubscribe-list", lambda e: e.simple.unsubscribe(["T"]), InvalidTopicError, "topic"),
@@ -592,8 +594,8 @@ SIMPLE_CASES = [
     ),
     Case("simple-receive-closed", lambda e: e.closed_simple.receive(), ProducerClosedError, "closed"),
     Case("simple-ack-str", lambda e: e.simple.ack("msg"), InvalidArgumentError, "returned by receive"),
-    Case("simple-ack-not-held", lambda e: e.simple.ack(not_held(e)), InvalidArgumentError, "not held"),
-    Case("simple-nack-not-held", lambda e: e.simple.nack(not_held(e)), InvalidArgumentError, "not held"),
+    Case("simple-ack-not-held", lambda e: e.simple.ack(not_held(e)), InvalidReceiptHandleError, "not held"),
+    Case("simple-nack-not-held", lambda e: e.simple.nack(not_held(e)), InvalidReceiptHandleError, "not held"),
     Case(
         "simple-change-invisible-0",
         lambda e: e.simple.change_invisible_time(e.held, 0),
@@ -609,7 +611,7 @@ SIMPLE_CASES = [
     Case(
         "simple-change-invisible-not-held",
         lambda e: e.simple.change_invisible_time(not_held(e), 1000),
-        InvalidArgumentError,
+        InvalidReceiptHandleError,
         "not held",
     ),
 ]

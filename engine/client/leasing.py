@@ -119,11 +119,12 @@ class Leaser:
                     recovered.append(Leased(message, claim.sequence, claim.deadline_ms, reconsume, True))
         self.buffer.extendleft(reversed(recovered))
 
-    def maintain(self, sources: list[Source], held: dict[Key, Held], *, force: bool = False) -> None:
-        """Every :data:`SCAN_INTERVAL_MS` (or when forced): read the new lease state, drop what an
-        administrator reset, and note the expired leases of ``sources`` for redelivery."""
+    def maintain(self, sources: Callable[[], list[Source]], held: dict[Key, Held]) -> None:
+        """Every :data:`SCAN_INTERVAL_MS`: read the new lease state, drop what an
+        administrator reset, and note the expired leases of ``sources()`` (asked for only then)
+        for redelivery."""
         due = self._scanned_at is None or time.monotonic() - self._scanned_at >= SCAN_INTERVAL_MS / 1000
-        if not (force or due):
+        if not due:
             return
         self._log.sync()
         reset, self._log.resets = self._log.resets, set()
@@ -139,7 +140,7 @@ class Leaser:
                 del held[key]
         self._index.refresh()
         self._expired = {}
-        for topic, queue_id, _ in sources:
+        for topic, queue_id, _ in sources():
             book = self._log.book.queues.get((topic, queue_id))
             if book is None:
                 continue

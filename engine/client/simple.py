@@ -235,8 +235,9 @@ class SimpleConsumer(Closing):
         with self._lock:
             leaser = self._leaser
             leaser.start(self._held)
-            sources = self._sources()
-            leaser.maintain(sources, self._held)
+            # The topic routes are read only for a scan or a lease, not for a receive served
+            # from the buffer.
+            leaser.maintain(self._sources, self._held)
             room = min(max_nums, self.max_unacked - len(self._held))
             if room <= 0:
                 return []
@@ -244,7 +245,8 @@ class SimpleConsumer(Closing):
             if len(out) < room:
                 capacity = self.max_unacked - len(self._held) - len(leaser.buffer)
                 since = time.monotonic()
-                if capacity > 0 and leaser.lease(sources, min(room - len(out), capacity), invisible_ms) > 0:
+                wanted = min(room - len(out), capacity)
+                if capacity > 0 and leaser.lease(self._sources(), wanted, invisible_ms) > 0:
                     out += leaser.take(room - len(out), invisible_ms, self._held, leased_since=since)
         if self._log.buffered:
             self._wake.set()

@@ -21,7 +21,7 @@ from typing import Any
 from engine.errors import InvalidArgumentError, StoreError
 from engine.model import UNDISPATCHED_FLAGS
 from engine.protocol import parse_tag_expression
-from engine.spark.views import native_reads, table_frame
+from engine.spark.views import MESSAGE_COLUMNS, native_reads, table_frame
 from engine.store import schemas
 from engine.store.store import Store
 
@@ -108,20 +108,9 @@ def as_message_rows(log: Any) -> Any:
     """Commit-log rows in the ``mq`` source's columns (store and born times as timestamps)."""
     from pyspark.sql import functions as F
 
+    times = {"born_ts_ms": "born_ts", "store_ts_ms": "store_ts"}
     return log.select(
-        "topic",
-        "queue_id",
-        "queue_offset",
-        "physical_offset",
-        "msg_id",
-        "uniq_key",
-        "tags",
-        "keys",
-        "properties",
-        "body",
-        F.timestamp_millis(F.col("born_ts_ms")).alias("born_ts"),
-        F.timestamp_millis(F.col("store_ts_ms")).alias("store_ts"),
-        "reconsume_times",
+        *(F.timestamp_millis(F.col(c)).alias(times[c]) if c in times else c for c in MESSAGE_COLUMNS)
     )
 
 

@@ -283,3 +283,30 @@ def console_rows(results: Mapping[str, Any]) -> Sequence[tuple[str, str, str]]:
     """(target, measured, verdict) for the summary printed at the end of a run."""
     by_id = {w["id"]: w for w in results["workloads"]}
     return [(t.label, m, verdict(ok)) for t, m, ok in ((t, *evaluate(t, by_id)) for t in TARGETS)]
+
+
+SOAK_START, SOAK_END = "<!-- soak: written by bench/soak.py -->", "<!-- /soak -->"
+SOAK_TITLE = "## Soak of the whole broker"
+
+
+def soak_of(markdown: str) -> str | None:
+    """The body of the soak section of ``markdown``, if it has one."""
+    start, end = markdown.find(SOAK_START), markdown.find(SOAK_END)
+    if not 0 <= start < end:
+        return None
+    return markdown[start + len(SOAK_START) : end].replace(SOAK_TITLE, "", 1).strip() or None
+
+
+def with_soak(markdown: str, soak: str | None) -> str:
+    """``markdown`` without its soak section, then ``soak`` as that section (when given).
+
+    The soak (``bash bench/soak.sh``) runs apart from ``bench/run.sh`` (it takes 20 minutes): a
+    benchmark run keeps the last soak's section, and a soak replaces only its own.
+    """
+    start, end = markdown.find(SOAK_START), markdown.find(SOAK_END)
+    if 0 <= start < end:
+        markdown = markdown[:start] + markdown[end + len(SOAK_END) :]
+    body = markdown.rstrip("\n")
+    if not soak:
+        return body + "\n"
+    return f"{body}\n\n{SOAK_START}\n{SOAK_TITLE}\n\n{soak.strip()}\n{SOAK_END}\n"

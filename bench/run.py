@@ -104,10 +104,16 @@ def context_note(load: Sequence[float], cores: int | None) -> str:
     return ""
 
 
+def _write_markdown(path: Path, text: str) -> None:
+    """Write the report, keeping the soak section of the one it replaces."""
+    old = path.read_text() if path.exists() else ""
+    path.write_text(report.with_soak(text, report.soak_of(old)))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.render is not None:
-        args.markdown.write_text(report.render(json.loads(args.render.read_text())) + "\n")
+        _write_markdown(args.markdown, report.render(json.loads(args.render.read_text())))
         print(f"wrote {args.markdown} from {args.render}")
         return 0
     sizes = Sizes.quick() if args.quick else Sizes()
@@ -190,7 +196,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
-    args.markdown.write_text(report.render(results) + "\n")
+    _write_markdown(args.markdown, report.render(results))
     table = Table(title="performance targets")
     for column in ("target", "lakemq", "verdict"):
         table.add_column(column)

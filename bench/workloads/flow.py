@@ -116,8 +116,8 @@ def delays_of(refs: list[float], seen: dict[int, float]) -> Measure:
 class Broker:
     """``jobs/broker.py`` running as its own process (and Spark application) until stopped."""
 
-    def __init__(self, store_path: Path, log_path: Path) -> None:
-        self.store_path, self.log_path = store_path, log_path
+    def __init__(self, store_path: Path, log_path: Path, jobs: str = BROKER_JOBS) -> None:
+        self.store_path, self.log_path, self.jobs = store_path, log_path, jobs
         self.proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> Broker:
@@ -128,7 +128,7 @@ class Broker:
         cmd = [sys.executable, str(ROOT / "jobs" / "broker.py"), "--store", str(self.store_path)]
         with self.log_path.open("wb") as log:
             self.proc = subprocess.Popen(
-                [*cmd, "--jobs", BROKER_JOBS],
+                [*cmd, "--jobs", self.jobs],
                 cwd=ROOT,
                 env=env,
                 stdin=subprocess.DEVNULL,

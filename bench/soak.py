@@ -1,0 +1,289 @@
+"""Soak the whole broker: ``bash bench/soak.sh [--minutes 20]``.
+
+Runs the broker jobs (``jobs/broker.py``: dispatch, index, schedule, retry, pull log, maintenance) as
+their own Spark application, 4 producer processes sending synchronously at a steady rate, 2 pull
+consumers (one group, queues split between them, offsets committed) and 2 simple consumers (another
+group, receive + ack), all on one store, for ``--minutes``. Every window (30 s) it records per-process
+memory (RSS; the broker's JVM counted with it), send / pull / receive p99, end-to-end latency, data
+file counts and ``_delta_log`` sizes per table. At the end it stops the producers, lets the consumers
+drain, accounts for every message sent (each group must have received each one) and judges every
+series: a series grows when its last quarter's median exceeds its first quarter's by more than
+``GROWTH`` (and an absolute floor, so a few kilobytes of noise are not growth).
+
+Results: ``bench/results/soak.json`` (every window and sample) and the soak section of BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import queue
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from rich.console import Console  # noqa: E402
+
+from bench import report, soak_workers  # noqa: E402
+from bench.workloads.flow import Broker  # noqa: E402
+from engine import Admin, Store  # noqa: E402
+
+TOPIC = "Soak"
+QUEUES = 8
+JOBS = "dispatch,index,schedule,retry,pull_log,maintenance"
+GROWTH = 1.5  # last quarter's median over the first quarter's
+FLOORS = {"rss_mib": 64.0, "ms": 20.0, "files": 20.0, "log_mib": 1.0}
+DRAIN_S = 120.0
+
+
+def rss_mib(pid: int) -> float:
+    """Resident memory of ``pid`` and all its descendants (the broker's JVM), in MiB."""
+    children: dict[int, list[int]] = defaultdict(list)
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                children[ppid].append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        todo.extend(children.get(p, ()))
+        try:
+            with open(f"/proc/{p}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        total += int(line.split()[1])
+        except OSError:
+            continue
+    return total / 1024
+
+
+def table_sizes(store_path: Path) -> dict[str, dict[str, float]]:
+    """Per table: data files on disk, ``_delta_log`` files and MiB."""
+    out: dict[str, dict[str, float]] = {}
+    for table in sorted(p for p in store_path.iterdir() if (p / "_delta_log").is_dir()):
+        data = sum(1 for _ in table.rglob("*.parquet") if "_delta_log" not in _.parts)
+        log = [p for p in (table / "_delta_log").iterdir() if p.is_file()]
+        out[table.name] = {
+            "data_files": data,
+            "log_files": len(log),
+            "log_mib": sum(p.stat().st_size for p in log) / 2**20,
+        }
+    return out
+
+
+def judge(values: Sequence[float], floor: float) -> dict[str, Any]:
+    """First and last quarter medians of a series, and whether it grew."""
+    vals = [v for v in values if v is not None]
+    if len(vals) < 4:
+        return {"first": None, "last": None, "grows": None}
+    quarter = max(1, len(vals) // 4)
+    first, last = statistics.median(vals[:quarter]), statistics.median(vals[-quarter:])
+    grows = last > first * GROWTH and last - first > floor
+    return {"first": first, "last": last, "max": max(vals), "grows": grows}
+
+
+class Soak:
+    def __init__(self, args: argparse.Namespace, workdir: Path, console: Console) -> None:
+        self.args, self.console = args, console
+        self.store_path = workdir / "store"
+        self.ctx = mp.get_context("spawn")
+        self.out: Any = self.ctx.Queue()
+        self.stop, self.drained = self.ctx.Event(), self.ctx.Event()
+        self.procs: dict[str, Any] = {}
+        self.windows: list[dict[str, Any]] = []
+        self.samples: list[dict[str, Any]] = []
+        self.finals: list[dict[str, Any]] = []
+
+    def start_workers(self) -> None:
+        a, w, s = self.args, self.args.window, str(self.store_path)
+        for i in range(a.producers):
+            args = (s, TOPIC, i, a.rate, a.body_bytes, w, self.stop, self.out)
+            self.procs[f"p{i}"] = self.ctx.Process(target=soak_workers.producer, args=args)
+        for i in range(a.pullers):
+            mine = [q for q in range(QUEUES) if q % a.pullers == i]
+            args = (s, TOPIC, i, mine, w, self.stop, self.drained, self.out)
+            self.procs[f"c{i}"] = self.ctx.Process(target=soak_workers.pull_consumer, args=args)
+        for i in range(a.simple):
+            args = (s, TOPIC, i, w, self.stop, self.drained, self.out)
+            self.procs[f"s{i}"] = self.ctx.Process(target=soak_workers.simple_consumer, args=args)
+        for proc in self.procs.values():
+            proc.start()
+
+    def collect(self, until: float) -> None:
+        while time.monotonic() < until:
+            try:
+                item = self.out.get(timeout=1.0)
+            except queue.Empty:
+                continue
+            (self.finals if item.get("final") else self.windows).append(item)
+
+    def sample(self, broker: Broker) -> dict[str, Any]:
+        pids = {name: p.pid for name, p in self.procs.items() if p.is_alive()}
+        if broker.proc is not None:
+            pids["broker"] = broker.proc.pid
+        row = {
+            "t": time.time(),
+            "rss_mib": {name: rss_mib(pid) for name, pid in pids.items()},
+            "tables": table_sizes(self.store_path),
+        }
+        self.samples.append(row)
+        return row
+
+    def run(self) -> dict[str, Any]:
+        a = self.args
+        Admin(Store.open(str(self.store_path))).create_topic(TOPIC, QUEUES)
+        log = self.args.out.with_suffix(".broker.log")
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with Broker(self.store_path, log, jobs=JOBS) as broker:
+            self.start_workers()
+            began = time.monotonic()
+            end = began + a.minutes * 60
+            while time.monotonic() < end:
+                self.collect(min(end, time.monotonic() + a.window))
+                broker.check()
+                row = self.sample(broker)
+                sent = sum(w["count"] for w in self.windows if w["role"] == "producer")
+                self.console.print(
+                    f"[{(time.monotonic() - began) / 60:5.1f} min] sent {sent:,}; broker "
+                    f"{row['rss_mib'].get('broker', 0):.0f} MiB; commit_log files "
+                    f"{row['tables'].get('commit_log', {}).get('data_files', 0):.0f}"
+                )
+            self.stop.set()
+            self.collect(time.monotonic() + 10)  # the producers' finals
+            self.drained.set()
+            deadline = time.monotonic() + DRAIN_S
+            while any(p.is_alive() for p in self.procs.values()) and time.monotonic() < deadline:
+                self.collect(time.monotonic() + 2)
+            self.collect(time.monotonic() + 2)
+            for proc in self.procs.values():
+                if proc.is_alive():
+                    proc.kill()
+        return self.results()
+
+    def results(self) -> dict[str, Any]:
+        return {
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "params": {k: v for k, v in vars(self.args).items() if k != "out"},
+            "windows": self.windows,
+            "samples": self.samples,
+            "accounting": account(self.finals),
+            "verdicts": verdicts(self.windows, self.samples),
+        }
+
+
+def account(finals: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every sent sequence number received by each group? Lost and duplicated counts per group."""
+    sent = {s for f in finals if f["role"] == "producer" for s in f["sent"]}
+    failed = sum(f.get("failed", 0) for f in finals if f["role"] == "producer")
+    out: dict[str, Any] = {"sent": len(sent), "failed_sends": failed}
+    for role in ("pull", "simple"):
+        got = [s for f in finals if f["role"] == role for s in f["received"]]
+        out[role] = {
+            "received": len(got),
+            "lost": len(sent - set(got)),
+            "duplicates": len(got) - len(set(got)),
+            "finals": sum(1 for f in finals if f["role"] == role),
+        }
+    return out
+
+
+def verdicts(windows: list[dict[str, Any]], samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per series (a latency p99 per role, RSS per process, files and log size per table): judged."""
+    out: dict[str, Any] = {}
+    series: dict[str, list[float]] = defaultdict(list)
+    by_t: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for w in windows:
+        by_t[(w["role"], w["id"])].append(w)
+    for (role, _ident), rows in sorted(by_t.items()):
+        for metric in ("send_ms", "pull_ms", "receive_ms", "e2e_ms"):
+            values = [r[metric]["p99"] for r in rows if r.get(metric)]
+            if values:
+                series[f"{role} {metric} p99"].extend(values)  # the role's processes pooled, in time order
+    for name, values in series.items():
+        out[name] = judge(values, FLOORS["ms"])
+    procs = sorted({name for s in samples for name in s["rss_mib"]})
+    for name in procs:
+        out[f"rss {name} MiB"] = judge([s["rss_mib"].get(name) for s in samples], FLOORS["rss_mib"])
+    tables = sorted({t for s in samples for t in s["tables"]})
+    for table in tables:
+        for key, floor in (("data_files", FLOORS["files"]), ("log_files", FLOORS["files"])):
+            values = [s["tables"].get(table, {}).get(key) for s in samples]
+            out[f"{table} {key}"] = judge(values, floor)
+        log_mib = [s["tables"].get(table, {}).get("log_mib") for s in samples]
+        out[f"{table} log_mib"] = judge(log_mib, FLOORS["log_mib"])
+    return out
+
+
+def markdown(results: dict[str, Any]) -> str:
+    p, acc = results["params"], results["accounting"]
+    rate = p["producers"] * p["rate"]
+    lines = [
+        f"Run on {results['date']}: {p['minutes']} min, {p['producers']} producers x {p['rate']:g} msg/s "
+        f"(sync sends of {p['body_bytes']} B, {rate:g} msg/s in all), {p['pullers']} pull consumers, "
+        f"{p['simple']} simple consumers, broker jobs `{JOBS}`; windows of {p['window']:g} s. A series "
+        f"\"grows\" when its last quarter's median is over {GROWTH}x its first quarter's (and past a floor).",
+        "",
+        f"Accounting: {acc['sent']:,} sent ({acc['failed_sends']} failed sends); "
+        + "; ".join(
+            f"{role} group received {acc[role]['received']:,}, lost {acc[role]['lost']}, "
+            f"duplicates {acc[role]['duplicates']}"
+            for role in ("pull", "simple")
+        )
+        + ".",
+        "",
+        "| series | first quarter (median) | last quarter (median) | max | grows |",
+        "|---|---:|---:|---:|---|",
+    ]
+    for name, v in results["verdicts"].items():
+        if v["first"] is None:
+            continue
+        cells = " | ".join(f"{v[k]:,.1f}" for k in ("first", "last", "max"))
+        lines.append(f"| {name} | {cells} | {'**yes**' if v['grows'] else 'no'} |")
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--minutes", type=float, default=20.0)
+    parser.add_argument("--window", type=float, default=30.0, help="seconds per measurement window")
+    parser.add_argument("--producers", type=int, default=4)
+    parser.add_argument("--rate", type=float, default=25.0, help="messages per second per producer")
+    parser.add_argument("--body-bytes", type=int, default=1024)
+    parser.add_argument("--pullers", type=int, default=2)
+    parser.add_argument("--simple", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results" / "soak.json")
+    parser.add_argument("--markdown", type=Path, default=ROOT / "BENCHMARKS.md", help="report to update")
+    args = parser.parse_args(argv)
+    console = Console(stderr=True)
+    with tempfile.TemporaryDirectory(prefix="lakemq-soak-") as tmp:
+        results = Soak(args, Path(tmp), console).run()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1))
+    text = markdown(results)
+    if args.markdown is not None:
+        old = args.markdown.read_text() if args.markdown.exists() else "# Benchmarks\n"
+        args.markdown.write_text(report.with_soak(old, text))
+    console.print(text)
+    acc = results["accounting"]
+    return 0 if all(acc[r]["lost"] == 0 for r in ("pull", "simple")) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

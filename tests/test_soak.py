@@ -1,0 +1,101 @@
+"""The soak's bookkeeping: message accounting, growth verdicts, the report section it keeps."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+from pathlib import Path
+
+import pyarrow as pa
+from deltalake import write_deltalake
+
+from bench import report, soak, soak_workers
+
+
+def test_body_encoding_carries_producer_sequence_and_send_time():
+    body = soak_workers.encode(3, 17, 64)
+    seq, sent_ms = soak_workers.decode(body)
+    assert len(body) == 64
+    assert seq >> soak_workers.SEQ_SHIFT == 3 and seq & ((1 << soak_workers.SEQ_SHIFT) - 1) == 17
+    assert sent_ms > 1.6e12  # epoch milliseconds, not a monotonic clock
+
+
+def test_accounting_counts_lost_and_duplicated_messages_per_group():
+    finals = [
+        {"role": "producer", "final": True, "sent": [1, 2, 3], "failed": 1},
+        {"role": "producer", "final": True, "sent": [4], "failed": 0},
+        {"role": "pull", "final": True, "received": [1, 2, 3, 4]},
+        {"role": "simple", "final": True, "received": [1, 1, 2]},
+        {"role": "simple", "final": True, "received": [4]},
+    ]
+    acc = soak.account(finals)
+    assert acc["sent"] == 4 and acc["failed_sends"] == 1
+    assert acc["pull"] == {"received": 4, "lost": 0, "duplicates": 0, "finals": 1}
+    assert acc["simple"] == {"received": 4, "lost": 1, "duplicates": 1, "finals": 2}
+
+
+def test_a_series_grows_only_past_the_ratio_and_the_floor():
+    flat = [100.0, 101, 99, 100, 102, 98, 100, 101]
+    assert soak.judge(flat, 10)["grows"] is False
+    rising = [10.0, 12, 20, 40, 60, 80, 100, 120]
+    verdict = soak.judge(rising, 10)
+    assert verdict["grows"] is True and verdict["first"] == 11.0 and verdict["last"] == 110.0
+    assert soak.judge([1.0, 1, 2, 3, 4, 5, 6, 8], 20)["grows"] is False  # tripled, but under the floor
+    assert soak.judge([1.0, None, 2], 0)["grows"] is None  # too few samples to judge
+
+
+def test_verdicts_pool_each_roles_p99_and_judge_memory_and_tables():
+    windows = [
+        soak_workers.window("producer", "p0", 10, {"send_ms": [5.0, 6.0]}),
+        soak_workers.window("producer", "p0", 10, {"send_ms": []}),
+        soak_workers.window("pull", "c0", 5, {"pull_ms": [1.0], "e2e_ms": [50.0]}),
+    ]
+    samples = [
+        {
+            "rss_mib": {"broker": 500.0 + i},
+            "tables": {"commit_log": {"data_files": 10, "log_files": 10 + i, "log_mib": 0.1}},
+        }
+        for i in range(8)
+    ]
+    out = soak.verdicts(windows, samples)
+    assert out["producer send_ms p99"]["grows"] is None  # one window with samples: not judged
+    assert out["rss broker MiB"]["grows"] is False
+    assert out["commit_log log_files"]["first"] == 10.5
+    assert set(out) >= {"pull pull_ms p99", "pull e2e_ms p99", "commit_log data_files", "commit_log log_mib"}
+
+
+def test_table_sizes_count_data_files_and_log_files(tmp_path: Path):
+    write_deltalake(str(tmp_path / "t"), pa.table({"x": [1]}))
+    write_deltalake(str(tmp_path / "t"), pa.table({"x": [2]}), mode="append")
+    (tmp_path / "not_a_table").mkdir()
+    sizes = soak.table_sizes(tmp_path)
+    assert list(sizes) == ["t"]
+    assert sizes["t"]["data_files"] == 2 and sizes["t"]["log_files"] == 2 and sizes["t"]["log_mib"] > 0
+
+
+def test_rss_counts_a_process_and_its_children():
+    ctx = mp.get_context("spawn")
+    child = ctx.Process(target=_sleep)
+    child.start()
+    try:
+        alone = soak.rss_mib(child.pid or 0)
+        with_child = soak.rss_mib(os.getpid())
+        assert alone > 1 and with_child > alone
+    finally:
+        child.kill()
+        child.join()
+
+
+def _sleep() -> None:
+    time.sleep(30)
+
+
+def test_a_soak_replaces_only_its_own_section_and_a_benchmark_run_keeps_it():
+    first = report.with_soak("# Benchmarks\n\nfigures\n", "soak one")
+    again = report.with_soak(first, "soak two")
+    assert again.count(report.SOAK_START) == 1 and "soak one" not in again and "figures" in again
+    rerun = report.with_soak("# Benchmarks\n\nnew figures\n", report.soak_of(again))
+    assert "new figures" in rerun and report.soak_of(rerun) == "soak two"
+    assert report.soak_of("# Benchmarks\n") is None
+    assert report.with_soak("# B\n", None) == "# B\n"

@@ -272,7 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--markdown", type=Path, default=ROOT / "BENCHMARKS.md", help="report to update")
     args = parser.parse_args(argv)
     console = Console(stderr=True)
-    with tempfile.TemporaryDirectory(prefix="lakemq-soak-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="lakemq-soak-", ignore_cleanup_errors=True) as tmp:
         results = Soak(args, Path(tmp), console).run()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1))

@@ -8,7 +8,9 @@ marker, so a job run here and the same job run alone (``jobs/<job>.py``) continu
   index, schedule, retry, then dispatch and index again so that re-put messages (delays now due,
   retries) are pullable and indexed, then pull_log, transaction_check and maintenance; then exits.
 - otherwise: starts every query and runs until SIGTERM / SIGINT, then stops every query (a batch in
-  flight gets a grace period) and exits 0; a query that fails stops the others and exits 1.
+  flight gets a grace period) and exits 0. A query that fails is restarted from its checkpoint
+  after a backoff; a job that fails more than ``--max-restarts`` times in 10 minutes stops the
+  others and exits 1.
 
 Progress is logged (rows/s, batch duration, end-to-end delay) and written to
 ``<store>/_status/<job>.json`` (:mod:`engine.spark.progress`); ``mq status`` shows it.
@@ -36,6 +38,7 @@ from engine.spark.jobs.runner import (
     job_main,
     stop_query,
 )
+from engine.spark.jobs.supervision import DEFAULT_MAX_RESTARTS, RestartPolicy
 from engine.spark.progress import (
     FAILED,
     FINISHED,
@@ -73,6 +76,7 @@ class BrokerRun:
 
     ran: list[str] = field(default_factory=list)  # jobs run (--once: each step, in order)
     failed: dict[str, str] = field(default_factory=dict)
+    restarted: dict[str, int] = field(default_factory=dict)  # job -> restarts of its failed query
     statuses: dict[str, JobStatus] = field(default_factory=dict)
 
     @property
@@ -83,6 +87,8 @@ class BrokerRun:
         """The one line a run ends with."""
         jobs = list(dict.fromkeys(self.ran))
         text = f"broker: ran {', '.join(jobs) or 'nothing'} ({elapsed_s:.1f}s)"
+        if self.restarted:
+            text += "; restarted " + ", ".join(f"{k} {v}x" for k, v in self.restarted.items())
         if self.failed:
             text += "; FAILED " + ", ".join(f"{k} ({v})" for k, v in self.failed.items())
         return text
@@ -192,8 +198,13 @@ def run_forever(
     grace_s: float = GRACE_S,
     log: Callable[[str], None] | None = None,
     started: Callable[[dict[str, Any]], None] | None = None,
+    restarts: RestartPolicy | None = None,
 ) -> BrokerRun:
-    """Start every available job's query and serve until ``stop`` is set or a query fails.
+    """Start every available job's query and serve until ``stop`` is set or a job fails for good.
+
+    A query that fails is restarted from its checkpoint after a backoff (its sink is idempotent per
+    batch, so it resumes exactly where it stopped); a job that fails more often than ``restarts``
+    allows stops the broker (see :mod:`engine.spark.jobs.supervision`).
 
     Args:
         spark: the SparkSession every query runs in.
@@ -206,12 +217,17 @@ def run_forever(
         grace_s: time a batch in flight gets to finish when stopping.
         log: where progress lines go (default the ``lakemq.broker`` logger).
         started: called with job -> query once every query runs (tests, embedding apps).
+        restarts: when to restart a failed query (default :class:`RestartPolicy`'s defaults;
+            ``RestartPolicy(max_restarts=0)`` stops at the first failure).
 
     Returns:
-        The run; ``failed`` names a query that ended with an error (the others were stopped).
+        The run; ``failed`` names a job that failed for good (the others were stopped);
+        ``restarted`` counts the restarts of each job.
     """
     found = selected_jobs(jobs, skip)
     run = BrokerRun()
+    policy = restarts if restarts is not None else RestartPolicy()
+    due: dict[str, float] = {}  # job -> monotonic time of its restart
     monitor = ProgressMonitor(store, interval_s=monitor_interval_s, heartbeat_s=heartbeat_s, log=log)
     queries: dict[str, Any] = {}
     try:
@@ -229,11 +245,37 @@ def run_forever(
         if started is not None:
             started(dict(queries))
         while not stop.is_set():
-            ended = [n for n, q in queries.items() if not q.isActive]
-            if ended:
-                for name in ended:
-                    error = queries[name].exception()
-                    run.failed[name] = _first_line(error) if error is not None else "query ended on its own"
+            for name in [n for n, q in queries.items() if n not in due and not q.isActive]:
+                error = queries[name].exception()
+                why = _first_line(error) if error is not None else "query ended on its own"
+                wait_s = policy.failed(name, time.monotonic())
+                if wait_s is None:
+                    run.failed[name] = why
+                    break
+                LOGGER.warning(
+                    "%s: failed (%s); restarting from its checkpoint in %.0f s (failure %d of %d allowed "
+                    "within %.0f s)",
+                    *(name, why, wait_s, policy.restarts(name), policy.max_restarts, policy.window_s),
+                )
+                due[name] = time.monotonic() + wait_s
+            if run.failed:
+                break
+            for name in [n for n, at in due.items() if at <= time.monotonic()]:
+                job = found[name]
+                try:
+                    query = job.run(spark, store, once=False, checkpoint=_checkpoint(checkpoint, name))
+                except Exception as exc:  # counts as one more failure of the job
+                    wait_s = policy.failed(name, time.monotonic())
+                    if wait_s is None:
+                        run.failed[name] = f"did not restart: {_first_line(exc)}"
+                        break
+                    due[name] = time.monotonic() + wait_s
+                    continue
+                del due[name]
+                queries[name] = query
+                monitor.watch(name, query, job.source_table)
+                run.restarted[name] = run.restarted.get(name, 0) + 1
+            if run.failed:
                 break
             stop.wait(0.5)
     except Exception as exc:  # a query that would not start: stop the ones that did
@@ -255,6 +297,12 @@ def _arguments(parser: JobArgumentParser) -> None:
     )
     parser.add_argument("--skip", default="", help="comma-separated jobs to leave out")
     parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=DEFAULT_MAX_RESTARTS,
+        help="restarts of a failed job's query within 10 minutes before the broker stops (0: stop at once)",
+    )
+    parser.add_argument(
         "--heartbeat", type=float, default=30.0, help="seconds between progress lines of idle jobs"
     )
 
@@ -266,6 +314,7 @@ def _names(text: str | None) -> list[str] | None:
 def _check(args: Any) -> None:
     # Unknown names are bad input, reported before Spark starts.
     selected_jobs(_names(args.jobs), _names(args.skip) or [])
+    RestartPolicy(max_restarts=args.max_restarts)
     if not LOGGER.handlers:  # progress lines on stderr; other loggers (py4j) keep their levels
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(message)s"))
@@ -291,6 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     skip=skip,
                     checkpoint=args.checkpoint,
                     heartbeat_s=args.heartbeat,
+                    restarts=RestartPolicy(max_restarts=args.max_restarts),
                 )
         print(result.summary(ctx.elapsed_s()), flush=True)
         return EXIT_OK if result.ok else EXIT_FAILED

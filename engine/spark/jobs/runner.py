@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import signal
 import sys
 import threading
@@ -130,10 +131,32 @@ class StopSignal:
         self._previous.clear()
 
 
+_RAISED = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Exit|Interrupt): \S")
+
+
 def first_line(error: BaseException, limit: int | None = 500) -> str:
-    """The first line of an error's message (its type when it has none), at most ``limit`` characters."""
+    """The line that says what went wrong (its type when the message is empty), at most ``limit``
+    characters.
+
+    That is the message's first line, except where it wraps a Python traceback (a ``foreachBatch``
+    function that raised reaches the driver as "An exception was raised by the Python Proxy. Return
+    Message: Traceback ..."): then the traceback's last ``SomeError: why`` line.
+    """
     text = str(error).strip()
-    return (text.splitlines()[0] if text else type(error).__name__)[:limit]
+    if not text:
+        return type(error).__name__[:limit]
+    lines = text.splitlines()
+    start = text.find("Traceback (most recent call last)")
+    if start >= 0:
+        traceback: list[str] = []
+        for line in text[start:].splitlines()[1:]:
+            if line.startswith("\tat ") or line.startswith("JVM stacktrace"):
+                break  # the Java side follows the Python traceback
+            traceback.append(line.strip())
+        raised = [line for line in traceback if _RAISED.match(line)]
+        if raised:
+            return raised[-1][:limit]
+    return lines[0][:limit]
 
 
 def fail(prog: str, error: BaseException, code: int = EXIT_USAGE) -> int:

@@ -275,7 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="lakemq-soak-", ignore_cleanup_errors=True) as tmp:
         results = Soak(args, Path(tmp), console).run()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1))
+    args.out.write_text(json.dumps(results, indent=1, default=str))
     text = markdown(results)
     if args.markdown is not None:
         old = args.markdown.read_text() if args.markdown.exists() else "# Benchmarks\n"

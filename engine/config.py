@@ -40,6 +40,11 @@ class EngineConfig:
     dispatch_trigger_ms: int = 200
     checkpoint_dir: str = ""
     file_reserved_hours: int = 72
+    # How long each table keeps its Delta log files (its history: time travel, stream readers) behind
+    # its newest checkpoint: ``delta.logRetentionDuration``. One commit is one file, so this is what
+    # bounds a busy table's _delta_log. Versions older than the data files vacuum keeps cannot be read
+    # anyway; 7 days covers message retention (72 h) plus vacuum's window (24 h) with room to spare.
+    log_retention_minutes: int = 7 * 24 * 60
     max_reconsume_times: int = 16
     # A queue whose first message (offset 0) was stored less than this long ago counts as "still in
     # memory", RocketMQ's test for where a new group starts: ConsumeFrom.LAST starts such a young queue
@@ -70,6 +75,7 @@ class EngineConfig:
             "long_poll_interval_ms",
             "dispatch_trigger_ms",
             "timer_max_delay_sec",
+            "log_retention_minutes",
         )
         for name in positive:
             if getattr(self, name) <= 0:

@@ -69,7 +69,8 @@ DEFAULT_VACUUM_RETENTION_HOURS = 24
 def checkpoint(store: Store, table: str | Sequence[str] | None = None) -> dict[str, int]:
     """Write a Delta checkpoint of each table and delete its expired log files.
 
-    Log files are expired after the table's ``delta.logRetentionDuration`` (30 days by default) and
+    Log files are expired after the table's ``delta.logRetentionDuration`` (the store's
+    ``log_retention_minutes``, 7 days by default, applied to a table that has another) and
     only before the newest checkpoint, so the table stays readable and time travel within the
     retention keeps working. Returns the checkpointed version per table.
 

@@ -54,6 +54,19 @@ COMMIT_LOG_STATS_COLUMNS = (
     "born_ts_ms",
     "store_ts_ms",
 )
+LOG_RETENTION_KEY = "delta.logRetentionDuration"
+
+
+def log_retention(config: EngineConfig) -> str:
+    """The ``delta.logRetentionDuration`` every table of a store gets: ``config.log_retention_minutes``.
+
+    Set when a table is created; the maintenance job applies a changed setting to existing tables
+    (:func:`engine.store.vacuum.apply_log_retention`), so that processes opening one store with
+    different settings do not take turns rewriting it.
+    """
+    return f"interval {config.log_retention_minutes} minutes"
+
+
 _TABLE_PROPERTIES: dict[str, dict[str, str]] = {
     schemas.COMMIT_LOG: {
         "delta.setTransactionRetentionDuration": TXN_RETENTION,
@@ -160,6 +173,7 @@ class Store:
             if name in _STATS_COLUMNS:
                 configuration["delta.dataSkippingNumIndexedCols"] = str(_STATS_COLUMNS[name])
             configuration.update(_TABLE_PROPERTIES.get(name, {}))
+            configuration[LOG_RETENTION_KEY] = log_retention(self.config)
             custom = {HWM_KEY: '{"p":0,"t":0,"q":{}}'} if name == schemas.COMMIT_LOG else None
             try:
                 snap = create_table(

@@ -5,27 +5,50 @@ Mechanics only; :mod:`engine.broker.maintenance` decides when and with which win
 
 from __future__ import annotations
 
+import contextlib
+
 import pyarrow.fs as pa_fs
 
 from engine.errors import InvalidArgumentError, StoreError
 from engine.store.delta_log import table_filesystem
-from engine.store.store import Store
+from engine.store.store import LOG_RETENTION_KEY, Store, log_retention
 
 # Untracked files are deleted only with a window of at least this many hours: younger, one may be a
 # live writer's commit in the making.
 UNTRACKED_MIN_HOURS = 1
 
 
+def apply_log_retention(store: Store, name: str) -> bool:
+    """Give table ``name`` the store's log retention (``log_retention_minutes``) if it has another
+    one (a store created before the setting, or with a different one): one metadata commit.
+
+    Returns whether the table was changed.
+
+    Raises:
+        StoreError: the commit failed (another writer changed the table at the same moment; the next
+            pass tries again).
+    """
+    wanted = log_retention(store.config)
+    snapshot = store.snapshot(name)
+    if snapshot.configuration().get(LOG_RETENTION_KEY) == wanted:
+        return False
+    snapshot.set_properties({LOG_RETENTION_KEY: wanted})
+    return True
+
+
 def checkpoint_table(store: Store, name: str) -> int:
     """Write a Delta checkpoint of table ``name`` and delete its expired log files.
 
-    Log files are expired after the table's ``delta.logRetentionDuration`` (30 days by default) and
-    only before the newest checkpoint, so the table stays readable and time travel within the
-    retention keeps working. Returns the checkpointed version.
+    Log files are expired after the table's ``delta.logRetentionDuration`` (the store's
+    ``log_retention_minutes``, applied first if the table has another) and only before the newest
+    checkpoint, so the table stays readable and time travel within the retention keeps working.
+    Returns the checkpointed version.
 
     Raises:
         StoreError: the checkpoint could not be written.
     """
+    with contextlib.suppress(StoreError):  # lost a race with a writer: the next pass applies it
+        apply_log_retention(store, name)
     snapshot = store.snapshot(name)
     snapshot.checkpoint()
     return snapshot.version()

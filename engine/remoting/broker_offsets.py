@@ -80,6 +80,7 @@ async def search_offset(ctx: BrokerContext, conn: Connection, cmd: RemotingComma
 
 def _earliest(ctx: BrokerContext, topic: str, queue_id: int) -> int:
     low = ctx.puller("TOOLS_CONSUMER").min_offset(topic, queue_id)
+    ctx.index.refresh()
     entry = ctx.index.entries(topic, queue_id, low, low + 1)
     return int(entry["store_ts_ms"][0].as_py()) if entry.num_rows else -1
 

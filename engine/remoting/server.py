@@ -117,6 +117,7 @@ class RemotingServer:
         self._ready = threading.Event()
         self._stopped: asyncio.Event | None = None
         self._error: BaseException | None = None
+        self._conn_tasks: set[asyncio.Task[Any]] = set()
 
     # ----------------------------------------------------------------- lifecycle
     def start(self) -> RemotingServer:
@@ -203,6 +204,9 @@ class RemotingServer:
             namesrv_server.close()
             for conn in list(self.ctx.connections):
                 conn.writer.close()
+            # Closed transports end each connection's read loop; its handlers finish or are cancelled.
+            if self._conn_tasks:
+                await asyncio.wait(list(self._conn_tasks), timeout=10)
         with contextlib.suppress(asyncio.CancelledError):
             await checker
 
@@ -210,6 +214,10 @@ class RemotingServer:
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, handlers: Mapping[int, Handler]
     ) -> None:
         peer = str(writer.get_extra_info("peername"))
+        me = asyncio.current_task()
+        if me is not None:
+            self._conn_tasks.add(me)
+            me.add_done_callback(self._conn_tasks.discard)
         conn = Connection(peer, writer)
         self.ctx.connections.add(conn)
         tasks: set[asyncio.Task[Any]] = set()

@@ -518,3 +518,27 @@ def test_bad_sends_get_rocketmq_errors_and_write_nothing(
 def test_a_missing_header_field_is_a_system_error(broker: WireClient) -> None:
     response = broker.call(RequestCode.PULL_MESSAGE, {"consumerGroup": "G", "topic": "T"})
     assert response.code == ResponseCode.SYSTEM_ERROR and "queueId" in (response.remark or "")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"broker_port": 70000}, "broker_port"),
+        ({"namesrv_port": -1}, "namesrv_port"),
+        ({"broker_port": True}, "broker_port"),
+        ({"max_frame_bytes": 10}, "max_frame_bytes"),
+        ({"idle_timeout_s": 0}, "idle_timeout_s"),
+    ],
+)
+def test_bad_server_settings_are_refused_before_binding(
+    store: Store, kwargs: dict[str, object], match: str
+) -> None:
+    from engine.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match=match):
+        RemotingServer(store, **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_taken_port_fails_start_with_os_error(store: Store, server: RemotingServer) -> None:
+    with pytest.raises(OSError):
+        RemotingServer(store, namesrv_port=0, broker_port=server.broker_port, run_broker_jobs=False).start()

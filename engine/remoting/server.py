@@ -82,6 +82,9 @@ class RemotingServer:
         frame_timeout_s: a frame must arrive whole within this long once its length was read.
 
     Use as a context manager, or :meth:`start` and :meth:`stop`.
+
+    Raises:
+        InvalidArgumentError: a port outside 0..65535, a frame limit below 1 KiB, a timeout <= 0.
     """
 
     def __init__(
@@ -98,6 +101,20 @@ class RemotingServer:
         idle_timeout_s: float = 120.0,
         frame_timeout_s: float = 30.0,
     ) -> None:
+        for name, port in (("namesrv_port", namesrv_port), ("broker_port", broker_port)):
+            if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+                raise InvalidArgumentError(f"{name} {port!r} must be an int in 0..65535", **{name: port})
+        if (
+            isinstance(max_frame_bytes, bool)
+            or not isinstance(max_frame_bytes, int)
+            or max_frame_bytes < 1024
+        ):
+            raise InvalidArgumentError(
+                f"max_frame_bytes {max_frame_bytes!r} must be an int >= 1024", max_frame_bytes=max_frame_bytes
+            )
+        for name, seconds in (("idle_timeout_s", idle_timeout_s), ("frame_timeout_s", frame_timeout_s)):
+            if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
+                raise InvalidArgumentError(f"{name} {seconds!r} must be a number > 0", **{name: seconds})
         self.store = store
         self.host = host
         self._ports = (namesrv_port, broker_port)
@@ -130,6 +147,7 @@ class RemotingServer:
         self._thread.start()
         self._ready.wait()
         if self._error is not None:
+            self.ctx.close()
             raise self._error
         if self.loop_jobs is not None:
             self.loop_jobs.start()

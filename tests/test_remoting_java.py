@@ -71,3 +71,41 @@ def test_java_client_produces_and_consumes_through_lakemq(store: Store, tmp_path
     assert bodies == {f"smoke-{i}".encode() for i in range(6)} | {f"batch-{i}".encode() for i in range(3)} | {
         b"from-python"
     }
+
+
+FEATURES = Path(__file__).resolve().parent / "remoting_smoke" / "Features.java"
+FEATURE_CHECKS = (
+    "async-send",
+    "delayed-send",
+    "view-message",
+    "query-by-key",
+    "push-and-retry",
+    "orderly",
+    "transactions",
+)
+
+
+def test_java_client_features_async_delay_retry_orderly_transactions_lookups(
+    store: Store, tmp_path: Path
+) -> None:
+    classpath = client_classpath(tmp_path / "maven")
+    Admin(store).create_topic("JavaFeatures", 4)
+    with RemotingServer(store, namesrv_port=0, broker_port=0) as server:
+        done = subprocess.run(
+            ["java", "-cp", classpath, str(FEATURES), server.namesrv_address, "JavaFeatures"],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+    checks = [line.split()[1:3] for line in done.stdout.splitlines() if line.startswith("CHECK ")]
+    assert checks == [[name, "ok"] for name in FEATURE_CHECKS], done.stdout[-4000:] + done.stderr[-3000:]
+    assert done.returncode == 0
+    # The engine saw what the Java client did: the retry went through %RETRY%, the rollback never arrived.
+    retried = PullConsumer(store, "Ops").pull("%RETRY%FeatureConsumers", 0, 0).messages
+    assert [m.body for m in retried] == [b"retry-me"]
+    bodies = set()
+    for queue_id in range(4):
+        bodies |= {
+            m.body for m in PullConsumer(store, "Ops").pull("JavaFeatures", queue_id, 0, max_nums=64).messages
+        }
+    assert b"tx-commit" in bodies and b"tx-unknown" in bodies and b"tx-rollback" not in bodies

@@ -7,7 +7,7 @@ from engine.client.queries import view_message
 from engine.errors import InvalidMessageError
 from engine.model import SendResult
 from engine.protocol.actions import NACK
-from engine.protocol.delays import DELAY_LEVELS_MS, MAX_DELAY_LEVEL
+from engine.protocol.delays import nack_plan
 from engine.protocol.message_ids import make_msg_id
 from engine.protocol.messages import MAX_BODY_BYTES
 from engine.protocol.names import validate_group_name
@@ -115,14 +115,9 @@ def send_back_sync(
         MessageNotFoundError: no message at ``physical_offset``.
     """
     message = view_message(ctx.store, make_msg_id(ctx.store.store_id, physical_offset), index=ctx.index)
-    limit = ctx.store.config.max_reconsume_times if max_times is None or max_times < 0 else max_times
-    times = message.reconsume_times
-    retry_at = None
-    if delay_level > 0:
-        retry_at = now_ms() + DELAY_LEVELS_MS[min(delay_level, MAX_DELAY_LEVEL) - 1]
-    if delay_level < 0 or times >= limit:
-        # The retry job dead-letters at its own maximum: carry the count up to it, as push does.
-        times = max(times, limit, ctx.store.config.max_reconsume_times)
+    config_max = ctx.store.config.max_reconsume_times
+    consumer_max = config_max if max_times is None or max_times < 0 else max_times
+    times, retry_at = nack_plan(message.reconsume_times, consumer_max, delay_level, config_max, now_ms())
     writer = ctx.actions(group)
     writer.record(NACK, message, reconsume_times=times, deadline_ms=retry_at)
     writer.flush()

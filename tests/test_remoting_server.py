@@ -542,3 +542,28 @@ def test_bad_server_settings_are_refused_before_binding(
 def test_a_taken_port_fails_start_with_os_error(store: Store, server: RemotingServer) -> None:
     with pytest.raises(OSError):
         RemotingServer(store, namesrv_port=0, broker_port=server.broker_port, run_broker_jobs=False).start()
+
+
+def test_requests_past_the_in_flight_limit_get_system_busy(store: Store) -> None:
+    with RemotingServer(store, namesrv_port=0, broker_port=0, run_broker_jobs=False, max_in_flight=1) as srv:
+        Admin(store).create_topic("Busy", 1)
+        client = WireClient(srv.broker_address)
+        flags = int(PullSysFlag.SUSPEND)
+        # A suspended pull holds the only slot until a message arrives; the next request is refused.
+        parked = threading.Thread(
+            target=lambda: client.pull("G", "Busy", 0, 0, sys_flag=flags, suspend_ms=20_000, timeout=60)
+        )
+        parked.start()
+        response = client.call(RequestCode.GET_MAX_OFFSET, {"topic": "Busy", "queueId": 0})
+        while response.code == ResponseCode.SUCCESS:  # until the pull is parked
+            response = client.call(RequestCode.GET_MAX_OFFSET, {"topic": "Busy", "queueId": 0})
+        assert response.code == ResponseCode.SYSTEM_BUSY
+        with Producer(store) as producer:
+            producer.send(Message("Busy", b"release"))
+        dispatch_pending(store)
+        parked.join(60)
+        assert (
+            client.call(RequestCode.GET_MAX_OFFSET, {"topic": "Busy", "queueId": 0}).code
+            == ResponseCode.SUCCESS
+        )
+        client.close()

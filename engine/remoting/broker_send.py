@@ -16,6 +16,7 @@ from engine.remoting.context import BrokerContext, Connection, Handler
 from engine.remoting.frames import RemotingCommand
 from engine.remoting.headers import Header
 from engine.remoting.message_layout import decode_batch, decode_properties, offset_msg_id
+from engine.remoting.retry_sends import is_retry_send, send_retry
 from engine.remoting.wire_messages import incoming, inflate
 from engine.store.store import now_ms
 
@@ -82,6 +83,13 @@ async def send_message(ctx: BrokerContext, conn: Connection, cmd: RemotingComman
     body = inflate(cmd.body, sys_flag)
     _check_body(body)
     item = incoming(topic, body, decode_properties(header.text("properties", "")))
+    if is_retry_send(topic):
+        times, limit = header.int32("reconsumeTimes", 0), header.int32("maxReconsumeTimes", -1)
+        born = header.int64("bornTimestamp", 0)
+        args = (ctx.store, ctx.producer, topic, item, times, limit, born)
+        return cmd.response(
+            ResponseCode.SUCCESS, ext_fields=_result_fields(ctx, await ctx.run(send_retry, *args))
+        )
     prepared = (sys_flag & TRANSACTION_MASK) == MessageSysFlag.TRANSACTION_PREPARED
     if item.transactional or prepared:
         half = await ctx.run(ctx.producer.send_half, item, queue_id, item.producer_group or group)

@@ -570,23 +570,28 @@ def test_requests_past_the_in_flight_limit_get_system_busy(store: Store) -> None
         Admin(store).create_topic("Busy", 1)
         client = WireClient(srv.broker_address)
         flags = int(PullSysFlag.SUSPEND)
+        probe = {"topic": "Busy", "queueId": 0}
+
+        def park() -> threading.Thread:
+            thread = threading.Thread(
+                target=lambda: client.pull("G", "Busy", 0, 0, sys_flag=flags, suspend_ms=20_000, timeout=60)
+            )
+            thread.start()
+            return thread
+
         # A suspended pull holds the only slot until a message arrives; the next request is refused.
-        parked = threading.Thread(
-            target=lambda: client.pull("G", "Busy", 0, 0, sys_flag=flags, suspend_ms=20_000, timeout=60)
-        )
-        parked.start()
-        response = client.call(RequestCode.GET_MAX_OFFSET, {"topic": "Busy", "queueId": 0})
-        while response.code == ResponseCode.SUCCESS:  # until the pull is parked
-            response = client.call(RequestCode.GET_MAX_OFFSET, {"topic": "Busy", "queueId": 0})
+        parked = park()
+        response = client.call(RequestCode.GET_MAX_OFFSET, probe)
+        while response.code == ResponseCode.SUCCESS:
+            if not parked.is_alive():  # the probe held the slot when the pull came: park it again
+                parked = park()
+            response = client.call(RequestCode.GET_MAX_OFFSET, probe)
         assert response.code == ResponseCode.SYSTEM_BUSY
         with Producer(store) as producer:
             producer.send(Message("Busy", b"release"))
         dispatch_pending(store)
         parked.join(60)
-        assert (
-            client.call(RequestCode.GET_MAX_OFFSET, {"topic": "Busy", "queueId": 0}).code
-            == ResponseCode.SUCCESS
-        )
+        assert client.call(RequestCode.GET_MAX_OFFSET, probe).code == ResponseCode.SUCCESS
         client.close()
 
 

@@ -174,7 +174,7 @@ def _int_field(value: object, name: str) -> int:
 def _decode_json(header: bytes, body: bytes) -> RemotingCommand:
     try:
         data = json.loads(header.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise RemotingProtocolError(f"header is not JSON: {exc}", field="header") from None
     if not isinstance(data, dict):
         raise RemotingProtocolError("header must be a JSON object", field="header")

@@ -89,7 +89,7 @@ def json_body(body: bytes, what: str) -> Any:
     """
     try:
         return json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
         raise RemotingProtocolError(f"{what} body is not JSON: {exc}", field="body") from None
 
 

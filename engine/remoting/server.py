@@ -275,6 +275,9 @@ class RemotingServer:
                 except RemotingProtocolError as exc:
                     _log.info("closing %s: %s", peer, exc)
                     break
+                except Exception as exc:  # an undecodable frame of a kind not foreseen: drop the client
+                    _log.warning("closing %s: unreadable frame: %r", peer, exc)
+                    break
                 if cmd.is_response:
                     continue  # the endpoint's own requests are all one-way
                 task = asyncio.create_task(self._handle(conn, cmd, handlers))

@@ -55,6 +55,7 @@ GARBAGE = {
     "json array": struct.pack(">ii", 4 + 2, 2) + b"[]",
     "malformed binary header": struct.pack(">ii", 4 + 3, (1 << 24) | 3) + b"\x00\x01\x00",
     "random bytes": bytes(range(256)) * 4,
+    "deeply nested json": struct.pack(">ii", 4 + 200_000, 200_000) + b"[" * 200_000,
 }
 
 
@@ -105,6 +106,7 @@ def test_unknown_codes_and_bad_fields_are_answered_on_a_connection_that_stays_op
     bad_pull = {"consumerGroup": "G", "topic": "T", "queueId": "zero", "queueOffset": 0}
     assert client.call(RequestCode.PULL_MESSAGE, bad_pull).code == ResponseCode.SYSTEM_ERROR
     assert client.call(RequestCode.HEART_BEAT, body=b"not json").code == ResponseCode.SYSTEM_ERROR
+    assert client.call(RequestCode.HEART_BEAT, body=b"[" * 100_000).code == ResponseCode.SYSTEM_ERROR
     assert (
         client.call(RequestCode.LOCK_BATCH_MQ, body=b'{"consumerGroup":"G"}').code
         == ResponseCode.SYSTEM_ERROR

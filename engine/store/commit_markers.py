@@ -22,7 +22,11 @@ from engine.store import schemas
 
 # ----------------------------------------------------------------------------- commitInfo keys
 HWM_KEY = "mq.hwm"
-"""commit_log: the next physical offset, last store time and next queue offsets after the commit."""
+"""commit_log: the full high-water marks after the commit (next physical offset, last store time, next
+offset of every queue): on the creation commit, maintenance commits and stores of older versions."""
+MARKS_KEY = "mq.marks"
+"""commit_log: the compact marks of a sequenced append (see :mod:`engine.store.marks`): the next
+physical offset, the queues written and a rolling slice of the others; never carried."""
 BATCH_KEY = "mq.batch"
 """commit_log: the id of the producer batch a commit holds (finds an append of unknown outcome)."""
 CQ_KEY = "mq.cq"
@@ -102,6 +106,7 @@ class Marker:
 
 MARKERS: tuple[Marker, ...] = (
     Marker(HWM_KEY, "commit_info", schemas.COMMIT_LOG, "producers (the sequencer)", carried=True),
+    Marker(MARKS_KEY, "commit_info", schemas.COMMIT_LOG, "producers (the sequencer)"),
     Marker(BATCH_KEY, "commit_info", schemas.COMMIT_LOG, "producers (the sequencer)"),
     Marker(SCHEDULE_STATE_KEY, "commit_info", schemas.COMMIT_LOG, "the schedule job"),
     Marker(SCHEDULE_DROPPED_KEY, "commit_info", schemas.COMMIT_LOG, "the schedule job"),

@@ -45,6 +45,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import ColumnProperties, WriterProperties
 
+from engine.config import SYNC_FLUSH
 from engine.errors import CommitConflictError, CommitStateUnknownError, StoreError
 from engine.store import schemas
 from engine.store.commit_markers import BATCH_KEY, EXPIRING_APP_PREFIX, HWM_KEY, MARKS_KEY
@@ -59,6 +60,7 @@ from engine.store.delta import (
 from engine.store.delta import (
     app_transactions as delta_transactions,
 )
+from engine.store.durability import fsync_version
 from engine.store.hostlock import LOCK_DIR, LOCK_WAIT_S, HostLock, host_lock_enabled
 from engine.store.marks import HighWaterMarks, Rebuild, replay
 from engine.store.stamping import (
@@ -156,6 +158,13 @@ class CommitLogWriter:
         )
         self._log_dir = os.path.join(store.uri(schemas.COMMIT_LOG), "_delta_log") if store.is_local else None
         self._interval: int | None = None
+        # SYNC_FLUSH on a local store: the table directory whose commits are fsynced before an append
+        # returns (object stores are durable on put).
+        self._sync_flush = (
+            store.uri(schemas.COMMIT_LOG)
+            if store.is_local and store.config.flush_disk_type == SYNC_FLUSH
+            else None
+        )
         self.conflicts = 0  # lost races, for benchmarks and tests
 
     def _catch_up(self) -> tuple[Snapshot, HighWaterMarks]:
@@ -220,9 +229,14 @@ class CommitLogWriter:
                 (7 days): the guarantee holds within it. Other ids never expire.
             custom_metadata: extra commitInfo entries.
 
+        With ``flush_disk_type = SYNC_FLUSH`` (local stores) it returns only once the commit's data
+        file, commit file and their directories are fsynced (:mod:`engine.store.durability`); the
+        host lock is released before the flush, so other writers commit meanwhile.
+
         Raises:
             CommitConflictError: every attempt lost its race (retryable; nothing written).
-            CommitStateUnknownError: the commit may have happened; nothing is acknowledged.
+            CommitStateUnknownError: the commit may have happened, or (SYNC_FLUSH) happened but
+                could not be flushed; nothing is acknowledged.
             StoreError: the write failed and nothing was committed.
         """
         batch = messages if isinstance(messages, PendingBatch) else PendingBatch.of(messages)
@@ -242,6 +256,8 @@ class CommitLogWriter:
                 if host_lock is not None:
                     host_lock.release()
             if stamped.version >= 0:
+                if self._sync_flush is not None:
+                    fsync_version(self._sync_flush, stamped.version)
                 self._checkpoint_if_due(stamped.version)
                 self._renew_if_aged()
             return stamped

@@ -46,7 +46,7 @@ import pyarrow.compute as pc
 from deltalake import ColumnProperties, WriterProperties
 
 from engine.config import SYNC_FLUSH
-from engine.errors import CommitConflictError, CommitStateUnknownError, StoreError
+from engine.errors import CommitConflictError, CommitStateUnknownError, CommitTruncatedError, StoreError
 from engine.store import schemas
 from engine.store.commit_markers import BATCH_KEY, EXPIRING_APP_PREFIX, HWM_KEY, MARKS_KEY
 from engine.store.delta import (
@@ -86,6 +86,8 @@ def read_hwm(snapshot: Snapshot) -> HighWaterMarks:
     for v in range(version, max(version - MAX_WALK_BACK, -1), -1):
         try:
             info = snapshot.commit_info(v)
+        except CommitTruncatedError:
+            raise
         except StoreError:
             break  # older commits were cleaned up after a checkpoint
         if rebuild.add(info):
@@ -180,6 +182,8 @@ class CommitLogWriter:
                 dt = self._dt
                 replay(hwm, (dt.commit_info(v) for v in range(base + 1, latest + 1)), HWM_KEY, MARKS_KEY)
                 self._hwm = hwm
+            except CommitTruncatedError:
+                raise
             except StoreError:
                 pass
         if self._hwm is None:

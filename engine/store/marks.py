@@ -31,7 +31,7 @@ from typing import Any
 # A compact mark names at least this many queues besides those its commit wrote ...
 MIN_SLICE = 32
 # ... and enough that this many consecutive commits name every queue (the walk back after a restart).
-COVER_COMMITS = 64
+COVER_COMMITS = 256
 
 
 @dataclass

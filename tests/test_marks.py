@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from deltalake import CommitProperties, write_deltalake
 
+import engine.store.commit_log as sequencer
 from engine import Store
 from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter, read_hwm
 from engine.store.commit_markers import HWM_KEY, MARKS_KEY
+from engine.store.delta import RENEW_HANDLE_COMMITS
 from engine.store.marks import COVER_COMMITS, MIN_SLICE, HighWaterMarks, MarksDelta, Rebuild, slice_size
 from engine.store.stamping import PendingMessage, stamp
 
@@ -139,3 +142,24 @@ def test_apply_pads_new_queues_counts_them_and_never_moves_back() -> None:
     marks.apply(MarksDelta(30, 5, {"a": {3: 2}, "b": {0: 1}}))
     assert marks.queues == {"a": [1, 0, 0, 2], "b": [1]} and marks.queue_count == 5
     assert (marks.physical, marks.store_ts_ms) == (30, 9)
+
+
+def test_a_long_lived_writer_keeps_its_marks_in_memory_across_handle_renewals(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writer, other = CommitLogWriter(store), CommitLogWriter(store, host_lock=False)
+    writer.append([_msg(f"t{i}", 0) for i in range(50)])
+    other.append([_msg("t2", 0, b"first")])  # both have read the marks once
+
+    def no_rebuild(snapshot: object) -> HighWaterMarks:
+        raise AssertionError("the writer rebuilt its marks from the log")
+
+    monkeypatch.setattr(sequencer, "read_hwm", no_rebuild)
+    for i in range(RENEW_HANDLE_COMMITS + 5):
+        writer.append([_msg("t1", 0, b"%d" % i)])
+        if i % 10 == 0:
+            other.append([_msg("t2", 0, b"o%d" % i)])  # commits the writer must replay
+    assert writer._dt is not None and writer._dt.moved_since_open < RENEW_HANDLE_COMMITS
+    monkeypatch.undo()
+    assert writer._hwm is not None
+    assert writer._hwm.to_json() == read_hwm(store.snapshot(schemas.COMMIT_LOG)).to_json()

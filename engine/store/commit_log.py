@@ -169,12 +169,12 @@ class CommitLogWriter:
         )
         self.conflicts = 0  # lost races, for benchmarks and tests
 
-    def _catch_up(self) -> tuple[Snapshot, HighWaterMarks]:
-        """Move the handle to the latest version and the marks with it: by applying the commits
-        since the marks' version when there are few (the marks are kept in memory), else by
-        rebuilding them from the log."""
+    def _catch_up(self, *, reopen: bool = False) -> tuple[Snapshot, HighWaterMarks]:
+        """Move the handle (a new one with ``reopen``) to the latest version and the marks with it:
+        by applying the commits since the marks' version when there are few (the marks are kept in
+        memory), else by rebuilding them from the log."""
         base = self._dt.version() if self._dt is not None else -1
-        self._dt = self._store.caught_up(schemas.COMMIT_LOG, self._dt)
+        self._dt = self._store.caught_up(schemas.COMMIT_LOG, None if reopen else self._dt)
         latest = self._dt.version()
         hwm, self._hwm = self._hwm, None
         if hwm is not None and 0 <= base <= latest and latest - base <= REPLAY_COMMITS:
@@ -277,9 +277,8 @@ class CommitLogWriter:
         """
         if self._dt is None or self._dt.moved_since_open < RENEW_HANDLE_COMMITS:
             return
-        self._dt = None
         try:
-            self._catch_up()
+            self._catch_up(reopen=True)  # the marks in memory are kept (and moved on, if need be)
         except (StoreError, OSError):
             self._dt = None
 

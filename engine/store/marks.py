@@ -9,8 +9,9 @@ next queue offset of every queue. Two forms are kept in commitInfo:
 - a *compact* mark (``mq.marks``, :data:`~engine.store.commit_markers.MARKS_KEY`), on every
   sequenced append: the physical offset and store time, the number of queues known (``n``), and
   the next offsets of the queues the commit wrote plus a rolling slice of the other queues (a
-  different slice each version, so that a few dozen consecutive commits name every queue). Its size
-  depends on the batch and on :func:`slice_size`, not on the number of topics x queues.
+  different slice each version, so that at most :data:`COVER_COMMITS` consecutive commits name every
+  queue). Its size depends on the batch and on :func:`slice_size` (32 queues up to 8,192 queues in
+  use, then a 256th of them), not on the number of topics x queues.
 
 Every value a mark names is absolute (the next offset after that commit), so the newest value seen
 for a queue is its value. A reader rebuilds the marks of a version by walking back from it and

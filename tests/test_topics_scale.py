@@ -20,6 +20,7 @@ from engine import (
     TopicExistsError,
 )
 from engine.broker.dispatch import dispatch_pending
+from engine.cli import main as mq_main
 from engine.dashboard.app import TOPICS_PER_PAGE, create_app
 from engine.dashboard.sampler import Sampler
 from engine.store import schemas
@@ -147,3 +148,17 @@ def test_ten_thousand_topics_send_pull_dispatch_and_keep_commits_small(tmp_path:
     pulled = PullConsumer(store, "g").pull(target.topic, target.queue_id, target.queue_offset, 1)
     assert [m.body for m in pulled.messages] == [b"199"]
     assert sum(admin.message_counts().values()) == 200
+
+
+def test_mq_topic_create_with_several_names_creates_them_in_one_commit(
+    store: Store, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = store.version(schemas.TOPICS)
+    assert (
+        mq_main(["topic", "create", "A1", "A2", "A3", "--queues", "2", "--json", "--store", store.root]) == 0
+    )
+    doc = json.loads(capsys.readouterr().out)
+    assert [(t["name"], t["queues"]) for t in doc] == [("A1", 2), ("A2", 2), ("A3", 2)]
+    assert store.version(schemas.TOPICS) == before + 1
+    assert mq_main(["topic", "create", "A1", "bad name!", "--store", store.root]) == 2
+    assert "bad name!" not in store.topic_configs(refresh=True)

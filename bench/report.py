@@ -100,6 +100,24 @@ TARGETS: tuple[Target, ...] = (
         "ack_single",
         (Condition("msg_s", ">=", 500),),
     ),
+    Target(
+        "creating a topic: within 3x one synchronous send", "topic_create", (Condition("x_send", "<=", 3),)
+    ),
+    Target(
+        "synchronous send with 10,000 topics: within 1.5x of one topic",
+        "send_many_topics",
+        (Condition("x_one_topic", "<=", 1.5),),
+    ),
+    Target(
+        "commit metadata with 300 topics x 4 queues in use: <= 4 KiB",
+        "commit_metadata",
+        (Condition("commit_bytes", "<=", 4096),),
+    ),
+    Target(
+        "synchronous send with SYNC_FLUSH: within 2x of ASYNC_FLUSH",
+        "send_sync_flush",
+        (Condition("x_async_flush", "<=", 2),),
+    ),
 )
 
 
@@ -113,6 +131,10 @@ def fmt_ms(value: float) -> str:
 
 
 def fmt_value(metric: str, value: float) -> str:
+    if metric.startswith("x_"):
+        return f"{value:.2f}x {metric.removeprefix('x_').replace('_', ' ')}"
+    if metric.endswith("_bytes"):
+        return f"{value:,.0f} B"
     if metric.startswith("ratio:"):
         return f"{value:.0%} of {metric.removeprefix('ratio:')}"
     if metric.endswith("_ms"):

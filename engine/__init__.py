@@ -17,6 +17,7 @@ from engine.config import EngineConfig, load_config
 from engine.errors import (
     CommitConflictError,
     CommitStateUnknownError,
+    CommitTruncatedError,
     ConfigError,
     ConsumerError,
     InvalidArgumentError,
@@ -58,6 +59,7 @@ __all__ = [
     "Admin",
     "CommitConflictError",
     "CommitStateUnknownError",
+    "CommitTruncatedError",
     "ConfigError",
     "ConsumeConcurrentlyContext",
     "ConsumeFrom",

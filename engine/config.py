@@ -18,6 +18,11 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # The defaults ship inside the package (engine/conf, package data; the repository's conf/ links to
 # it), so an installed wheel finds them from any directory.
 PACKAGE_CONF_DIR = Path(__file__).resolve().parent / "conf"
+# RocketMQ's flushDiskType: ASYNC_FLUSH acknowledges a send once its commit is in the file system;
+# SYNC_FLUSH only once its data file, commit file and their directories are fsynced.
+ASYNC_FLUSH = "ASYNC_FLUSH"
+SYNC_FLUSH = "SYNC_FLUSH"
+FLUSH_DISK_TYPES = (ASYNC_FLUSH, SYNC_FLUSH)
 # Spark's (log4j's) levels, as ``SparkContext.setLogLevel`` accepts them.
 LOG_LEVELS = ("ALL", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF", "TRACE")
 
@@ -52,6 +57,7 @@ class EngineConfig:
     in_memory_age_ms: int = 600_000
     timer_max_delay_sec: int = 3 * 24 * 3600
     log_level: str = "WARN"
+    flush_disk_type: str = ASYNC_FLUSH
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -63,6 +69,12 @@ class EngineConfig:
         if self.log_level.upper() not in LOG_LEVELS:
             raise ConfigError(
                 f"config log_level {self.log_level!r} must be one of {', '.join(LOG_LEVELS)}", key="log_level"
+            )
+        if self.flush_disk_type not in FLUSH_DISK_TYPES:
+            raise ConfigError(
+                f"config flush_disk_type {self.flush_disk_type!r} must be one of "
+                f"{', '.join(FLUSH_DISK_TYPES)}",
+                key="flush_disk_type",
             )
         positive = (
             "default_queues",

@@ -91,6 +91,11 @@ class StoreCorruptedError(StoreError):
     a torn last commit file); ``path`` names the damaged file."""
 
 
+class CommitTruncatedError(StoreCorruptedError):
+    """A commit file of a table's log is cut short (whole lines missing, so it still parses): the
+    count of actions its commitInfo records does not match the lines present; ``path`` names it."""
+
+
 class CommitConflictError(MQError):
     """A commit lost every race for the next table version; nothing was written. Retryable."""
 

@@ -340,7 +340,10 @@ def test_pending_batch_columns_match_each_message(topic: str) -> None:
     assert table["born_ts_ms"].to_pylist() == [1000, 5, 1000, 1000]  # unset born times are the store time
     assert results.queue_offsets == [0, 0, 0, -1]
     assert results.uniq_keys == ["u0", "u1", "u2", "u3"]
-    assert after.queues == {topic: [0, 1, 1], "SCHEDULE_TOPIC_XXXX": [0, 0, 1]}
+    assert after.queues == {topic: {1: 1, 2: 1}, "SCHEDULE_TOPIC_XXXX": {2: 1}}  # only the queues written
+    marks = HighWaterMarks()
+    marks.apply(after)
+    assert marks.queues == {topic: [0, 1, 1], "SCHEDULE_TOPIC_XXXX": [0, 0, 1]}
 
 
 def _count_commit_log_opens(store: Store, monkeypatch: pytest.MonkeyPatch, fail_at: int = -1) -> list[int]:

@@ -18,12 +18,13 @@ from engine.store.commit_markers import (
     EXPIRING_APP_PREFIX,
     HWM_KEY,
     MARKERS,
+    MARKS_KEY,
     PULL_LOG_MARKS_KEY,
     carried_markers,
     transaction_app,
 )
 from engine.store.delta import commit_next, open_snapshot
-from engine.store.stamping import HighWaterMarks
+from engine.store.marks import MarksDelta
 from tests.raw_delta import raw_table
 
 _ROW = {"group": "g", "topic": "T", "queue_id": 0, "offset": 0, "ts_ms": 0, "consumer_id": ""}
@@ -110,9 +111,9 @@ def test_a_stale_snapshot_finds_markers_by_exact_version(store: Store, topic: st
         producer.send(Message(topic, b"a"), queue_id=0)
         stale = store.snapshot(schemas.COMMIT_LOG)
         producer.send(Message(topic, b"b"), queue_id=0)
-    found = stale.find_commit_value(HWM_KEY)
+    found = stale.find_commit_value(MARKS_KEY)
     assert found is not None and found[0] == stale.version()
-    assert HighWaterMarks.from_json(found[1]).queues[topic] == [1]  # the version it holds, not newer
+    assert MarksDelta.from_compact_json(found[1])[0].queues[topic] == {0: 1}  # its version's, not newer
     fresh = store.snapshot(schemas.COMMIT_LOG)
     assert fresh.version() == stale.version() + 1 and fresh.moved_since_open == 0
     assert stale.refresh().version() == fresh.version() and stale.moved_since_open == 1

@@ -39,6 +39,8 @@ class Sizes:
     replay_runs: int = 3  # the best run counts; the first also starts the Python workers
     ack_messages: int = 100_000  # SimpleConsumer receive + ack, 4 processes
     ack_single: int = 10_000  # receive(max_nums=1) + ack, one consumer
+    topics_many: int = 10_000  # topics in the many-topic store
+    topic_creates: int = 50  # create_topic calls timed one by one
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -52,6 +54,8 @@ class Sizes:
             replay_messages=20_000,
             ack_messages=20_000,
             ack_single=3_000,
+            topics_many=2_000,
+            topic_creates=20,
         )
 
 

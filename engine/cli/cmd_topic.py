@@ -15,8 +15,13 @@ PERMS = {"read": 4, "write": 2, "read+write": 6}
 
 
 def _create(args: argparse.Namespace, out: Output) -> int:
-    config = Admin(open_store(args)).create_topic(args.name, args.queues, type=args.type)
-    out.emit(config, f"topic [bold]{config.name}[/bold]: {config.queues} queue(s), type {config.type}")
+    admin = Admin(open_store(args))
+    if len(args.names) == 1:
+        config = admin.create_topic(args.names[0], args.queues, type=args.type)
+        out.emit(config, f"topic [bold]{config.name}[/bold]: {config.queues} queue(s), type {config.type}")
+        return EXIT_OK
+    configs = admin.create_topics(args.names, args.queues, type=args.type)  # one commit for all
+    out.emit(configs, render.topics_table(configs))
     return EXIT_OK
 
 
@@ -51,8 +56,10 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
     """Add ``topic`` and its actions to ``commands`` (an argparse subparsers object)."""
     topic = commands.add_parser("topic", help="create, list, inspect, expand and delete topics")
     actions = topic.add_subparsers(dest="topic_command", required=True, metavar="ACTION", parser_class=Parser)
-    create = actions.add_parser("create", parents=[common], help="create a topic (idempotent)")
-    create.add_argument("name")
+    create = actions.add_parser(
+        "create", parents=[common], help="create topics (idempotent; several names: one commit)"
+    )
+    create.add_argument("names", nargs="+", metavar="name")
     create.add_argument("--queues", type=int_at_least(1), default=None, help="queues (default 4)")
     create.add_argument("--type", default="NORMAL", choices=TOPIC_TYPES)
     create.set_defaults(func=_create)

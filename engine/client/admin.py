@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from engine.client import admin_offsets
 from engine.client.admin_groups import (
     GroupSummary,
@@ -41,6 +43,14 @@ from engine.store.consume_queue import QueueIndex
 from engine.store.store import Store, now_ms
 
 
+def _check_user_topic(name: str) -> None:
+    validate_topic_name(name)
+    if is_system_topic(name):
+        raise InvalidTopicError(
+            f"topic {name!r} is reserved for the system (schedule, transaction, retry, DLQ)", topic=name
+        )
+
+
 class Admin:
     """Creates topics and reports on them."""
 
@@ -59,12 +69,63 @@ class Admin:
             InvalidArgumentError: queues outside 1..1024, an unknown type or permission.
             TopicExistsError: the topic exists with other settings.
         """
-        validate_topic_name(name)
-        if is_system_topic(name):
-            raise InvalidTopicError(
-                f"topic {name!r} is reserved for the system (schedule, transaction, retry, DLQ)", topic=name
-            )
+        _check_user_topic(name)
         return self._create(name, self._store.config.default_queues if queues is None else queues, type, perm)
+
+    def create_topics(
+        self,
+        names: Sequence[str],
+        queues: int | None = None,
+        *,
+        type: str = "NORMAL",
+        perm: int = DEFAULT_PERM,
+    ) -> list[TopicConfig]:
+        """Create many topics with the same settings in one commit; idempotent per topic.
+
+        Topics that already exist with these settings are left as they are; nothing is written when
+        any name is bad or exists with other settings.
+
+        Returns:
+            Every named topic's configuration, in the order given.
+
+        Raises:
+            InvalidArgumentError: ``names`` is not a list of names, or names one topic twice; queues
+                outside 1..1024, an unknown type or permission.
+            InvalidTopicError: a bad or reserved name.
+            TopicExistsError: a topic exists with other settings.
+        """
+        if isinstance(names, str) or not isinstance(names, Sequence):
+            raise InvalidArgumentError(f"names must be a list of topic names, got {names!r}", names=names)
+        if len(set(names)) != len(names):
+            raise InvalidArgumentError("names must not name a topic twice", names=list(names))
+        count = self._store.config.default_queues if queues is None else queues
+        for name in names:
+            validate_topic_name(name)
+            if is_system_topic(name):
+                raise InvalidTopicError(
+                    f"topic {name!r} is reserved for the system (schedule, transaction, retry, DLQ)",
+                    topic=name,
+                )
+            validate_topic_settings(name, count, type, perm)
+        existing = self._store.topic_configs(refresh=True)
+        created_ts = now_ms()
+        out: list[TopicConfig] = []
+        new: list[TopicConfig] = []
+        for name in names:
+            known = existing.get(name)
+            if known is None:
+                config = TopicConfig(name, count, perm, type, created_ts)
+                new.append(config)
+                out.append(config)
+            elif (known.queues, known.type, known.perm) == (count, type, perm):
+                out.append(known)
+            else:
+                raise TopicExistsError(
+                    f"topic {name!r} exists with queues={known.queues}, type={known.type}, perm={known.perm}",
+                    topic=name,
+                )
+        self._store.put_topics(new)
+        return out
 
     def _create(self, name: str, queues: int, type: str, perm: int) -> TopicConfig:
         validate_topic_settings(name, queues, type, perm)
@@ -193,6 +254,17 @@ class Admin:
                     last_ts = int(last["store_ts_ms"][0].as_py())
             stats.append(QueueStats(topic, qid, lo, hi, last_ts))
         return stats
+
+    def message_counts(self) -> dict[str, int]:
+        """Per topic (system topics left out), its dispatched and retained messages: one look at the
+        consume queue's bounds, however many topics there are (what :meth:`topic_stats` counts,
+        without reading any entry)."""
+        self._index.refresh()
+        marks = self._index.marks()
+        return {
+            t.name: sum(marks.max_offset(t.name, q) - marks.min_offset(t.name, q) for q in range(t.queues))
+            for t in self.topics()
+        }
 
     # ----------------------------------------------------------------- finding messages
     def view_message(self, msg_id: str, topic: str | None = None) -> MessageExt:

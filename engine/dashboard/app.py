@@ -62,6 +62,10 @@ def lag_chart(series: list[tuple[int, int]], width: int = CHART_W, height: int =
     return " ".join(f"{(ts - t0) * width / span:.1f},{height - lag * height / top:.1f}" for ts, lag in series)
 
 
+TOPICS_PER_PAGE = 100
+"""Topics listed on one page of the dashboard's index (``?page=N``)."""
+
+
 class Dashboard:
     """The application state: one store, its admin, the sampler and the resend token."""
 
@@ -99,13 +103,21 @@ class Dashboard:
 
     # ----------------------------------------------------------------- pages
     def index(self, request: Request) -> Response:
+        every = self.admin.topics()
+        pages = max(1, -(-len(every) // TOPICS_PER_PAGE))
+        try:
+            number = min(max(int(request.query_params.get("page", "1")), 1), pages)
+        except ValueError:
+            number = 1
+        shown = every[(number - 1) * TOPICS_PER_PAGE : number * TOPICS_PER_PAGE]
         topics = []
-        for t in self.admin.topics():
+        for t in shown:  # one page of topics: the last store time reads an entry per queue
             stats = self.admin.topic_stats(t.name)
             last = max((s.last_store_ts_ms or 0 for s in stats), default=0) or None
             count = sum(s.max_offset - s.min_offset for s in stats)
             topics.append({"config": t, "messages": count, "last": last, "rate": self.sampler.rate(t.name)})
-        return self.page("index.html", topics=topics, groups=self.admin.groups())
+        pager = {"page": number, "pages": pages, "total": len(every)}
+        return self.page("index.html", topics=topics, pager=pager, groups=self.admin.groups())
 
     def topic(self, request: Request) -> Response:
         name = request.path_params["name"]

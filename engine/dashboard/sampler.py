@@ -53,10 +53,7 @@ class Sampler:
     def sample(self) -> Sample:
         """Take one sample now and keep it."""
         with self._lock:
-            topics = {
-                t.name: sum(s.max_offset - s.min_offset for s in self._admin.topic_stats(t.name))
-                for t in self._admin.topics()
-            }
+            topics = self._admin.message_counts()  # cheap with 10,000 topics: no entry is read
             lag: dict[str, int] = {}
             for row in self._admin.consumer_lag():
                 lag[row.group] = lag.get(row.group, 0) + row.lag

@@ -3,8 +3,8 @@
 A job's progress comes from its ``StreamingQuery`` (``lastProgress``, polled on a thread by
 :class:`ProgressMonitor`, so it works the same under Spark Connect): rows per second, batch duration
 and, for jobs fed by a table's log, the end-to-end delay — the time the batch finished minus the
-newest store time among its rows (the commit log's high-water mark ``mq.hwm`` of the batch's last
-version; for other tables that commit's timestamp).
+newest store time among its rows (the commit log's high-water mark, ``mq.marks`` or ``mq.hwm``, of
+the batch's last version; for other tables that commit's timestamp).
 
 Each job's last progress is written to ``<store>/_status/<job>.json`` (small JSON, replaced
 atomically on a local store), which ``mq status`` prints with the size of every table. Nothing here
@@ -29,7 +29,7 @@ import pyarrow.fs as pa_fs
 
 from engine.errors import StoreError
 from engine.store import schemas
-from engine.store.commit_markers import HWM_KEY
+from engine.store.commit_markers import HWM_KEY, MARKS_KEY
 from engine.store.delta_log import read_version, table_filesystem
 from engine.store.store import Store, now_ms
 
@@ -138,11 +138,12 @@ def _newest_store_time(
         info = read_version(uri, version, dict(options) or None).commit_info
     except StoreError:
         return None
-    if table == schemas.COMMIT_LOG and HWM_KEY in info:
-        try:
-            return int(json.loads(str(info[HWM_KEY]))["t"])
-        except (ValueError, KeyError, TypeError):
-            pass
+    for key in (MARKS_KEY, HWM_KEY):
+        if table == schemas.COMMIT_LOG and key in info:
+            try:
+                return int(json.loads(str(info[key]))["t"])
+            except (ValueError, KeyError, TypeError):
+                pass
     stamp = info.get("timestamp")
     return int(stamp) if isinstance(stamp, int) else None
 

@@ -1,10 +1,12 @@
 """Optimistic sequencing of the commit log on the Delta log itself.
 
-Every commit to ``commit_log`` carries, in its commitInfo (``mq.hwm``), the high-water marks after
-it: the next physical offset, the last store time and the next queue offset of every queue. A writer
+Every commit to ``commit_log`` carries, in its commitInfo, the high-water marks after it: the next
+physical offset, the last store time and the next offsets of the queues it wrote, plus a rolling
+slice of the others (``mq.marks``; the form and how the marks are rebuilt from it are in
+:mod:`engine.store.marks`), so commit metadata does not grow with the number of topics. A writer
 stamps its batch from the marks of the version it read, then commits exactly the next version with
-automatic retries disabled. If another writer took that version, it catches up from the newer
-commit's marks and stamps again. The Delta log is the lock: no offset is assigned twice and queue
+automatic retries disabled. If another writer took that version, it applies the commits it missed
+to its marks and stamps again. The Delta log is the lock: no offset is assigned twice and queue
 offsets stay dense, however many processes append.
 
 On a local store, writers of one host also queue on an advisory lock (``flock`` on
@@ -43,10 +45,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import ColumnProperties, WriterProperties
 
-from engine.errors import CommitConflictError, CommitStateUnknownError, StoreError
+from engine.config import SYNC_FLUSH
+from engine.errors import CommitConflictError, CommitStateUnknownError, CommitTruncatedError, StoreError
 from engine.store import schemas
-from engine.store.commit_markers import BATCH_KEY, EXPIRING_APP_PREFIX, HWM_KEY
+from engine.store.commit_markers import BATCH_KEY, EXPIRING_APP_PREFIX, HWM_KEY, MARKS_KEY
 from engine.store.delta import (
+    MAX_WALK_BACK,
     NO_HOOKS,
     RENEW_HANDLE_COMMITS,
     Snapshot,
@@ -56,10 +60,11 @@ from engine.store.delta import (
 from engine.store.delta import (
     app_transactions as delta_transactions,
 )
+from engine.store.durability import fsync_version
 from engine.store.hostlock import LOCK_DIR, LOCK_WAIT_S, HostLock, host_lock_enabled
+from engine.store.marks import HighWaterMarks, Rebuild, replay
 from engine.store.stamping import (
     NOTHING,
-    HighWaterMarks,
     PendingBatch,
     PendingMessage,
     Stamped,
@@ -72,11 +77,23 @@ from engine.store.store import Store, now_ms
 def read_hwm(snapshot: Snapshot) -> HighWaterMarks:
     """High-water marks as of ``snapshot``'s version.
 
-    Walks back from that version to the newest commit that carries marks (compaction commits may
-    not); if none is left in the log, recovers them by scanning the table.
+    Walks back from that version over the commits' marks until they name every queue, or to the
+    newest full mark (see :mod:`engine.store.marks`); if the log no longer holds enough of them,
+    recovers the marks by scanning the table.
     """
-    text = snapshot.commit_value(HWM_KEY)
-    return HighWaterMarks.from_json(text) if text is not None else recover_hwm_by_scan(snapshot)
+    rebuild = Rebuild(HWM_KEY, MARKS_KEY)
+    version = snapshot.version()
+    for v in range(version, max(version - MAX_WALK_BACK, -1), -1):
+        try:
+            info = snapshot.commit_info(v)
+        except CommitTruncatedError:
+            raise
+        except StoreError:
+            break  # older commits were cleaned up after a checkpoint
+        if rebuild.add(info):
+            break
+    marks = rebuild.result()
+    return marks if marks is not None else recover_hwm_by_scan(snapshot)
 
 
 def recover_hwm_by_scan(snapshot: Snapshot) -> HighWaterMarks:
@@ -110,6 +127,9 @@ _WRITER_PROPERTIES = WriterProperties(
 # Checkpoints are written after the host lock is released (see CommitLogWriter.append): a
 # checkpoint of a table of many small files takes longer than the commit it follows.
 DEFAULT_CHECKPOINT_INTERVAL = 100  # Delta's default delta.checkpointInterval
+# A writer that fell behind by at most this many versions applies them to its marks one by one;
+# further behind, it rebuilds the marks (a walk back of about as many commit files).
+REPLAY_COMMITS = 256
 
 
 class CommitLogWriter:
@@ -140,11 +160,34 @@ class CommitLogWriter:
         )
         self._log_dir = os.path.join(store.uri(schemas.COMMIT_LOG), "_delta_log") if store.is_local else None
         self._interval: int | None = None
+        # SYNC_FLUSH on a local store: the table directory whose commits are fsynced before an append
+        # returns (object stores are durable on put).
+        self._sync_flush = (
+            store.uri(schemas.COMMIT_LOG)
+            if store.is_local and store.config.flush_disk_type == SYNC_FLUSH
+            else None
+        )
         self.conflicts = 0  # lost races, for benchmarks and tests
 
-    def _catch_up(self) -> tuple[Snapshot, HighWaterMarks]:
-        self._dt = self._store.caught_up(schemas.COMMIT_LOG, self._dt)
-        self._hwm = read_hwm(self._dt)
+    def _catch_up(self, *, reopen: bool = False) -> tuple[Snapshot, HighWaterMarks]:
+        """Move the handle (a new one with ``reopen``) to the latest version and the marks with it:
+        by applying the commits since the marks' version when there are few (the marks are kept in
+        memory), else by rebuilding them from the log."""
+        base = self._dt.version() if self._dt is not None else -1
+        self._dt = self._store.caught_up(schemas.COMMIT_LOG, None if reopen else self._dt)
+        latest = self._dt.version()
+        hwm, self._hwm = self._hwm, None
+        if hwm is not None and 0 <= base <= latest and latest - base <= REPLAY_COMMITS:
+            try:
+                dt = self._dt
+                replay(hwm, (dt.commit_info(v) for v in range(base + 1, latest + 1)), HWM_KEY, MARKS_KEY)
+                self._hwm = hwm
+            except CommitTruncatedError:
+                raise
+            except StoreError:
+                pass
+        if self._hwm is None:
+            self._hwm = read_hwm(self._dt)
         return self._dt, self._hwm
 
     def _behind(self) -> bool:
@@ -190,9 +233,14 @@ class CommitLogWriter:
                 (7 days): the guarantee holds within it. Other ids never expire.
             custom_metadata: extra commitInfo entries.
 
+        With ``flush_disk_type = SYNC_FLUSH`` (local stores) it returns only once the commit's data
+        file, commit file and their directories are fsynced (:mod:`engine.store.durability`); the
+        host lock is released before the flush, so other writers commit meanwhile.
+
         Raises:
             CommitConflictError: every attempt lost its race (retryable; nothing written).
-            CommitStateUnknownError: the commit may have happened; nothing is acknowledged.
+            CommitStateUnknownError: the commit may have happened, or (SYNC_FLUSH) happened but
+                could not be flushed; nothing is acknowledged.
             StoreError: the write failed and nothing was committed.
         """
         batch = messages if isinstance(messages, PendingBatch) else PendingBatch.of(messages)
@@ -212,6 +260,8 @@ class CommitLogWriter:
                 if host_lock is not None:
                     host_lock.release()
             if stamped.version >= 0:
+                if self._sync_flush is not None:
+                    fsync_version(self._sync_flush, stamped.version)
                 self._checkpoint_if_due(stamped.version)
                 self._renew_if_aged()
             return stamped
@@ -227,9 +277,8 @@ class CommitLogWriter:
         """
         if self._dt is None or self._dt.moved_since_open < RENEW_HANDLE_COMMITS:
             return
-        self._dt = None
         try:
-            self._catch_up()
+            self._catch_up(reopen=True)  # the marks in memory are kept (and moved on, if need be)
         except (StoreError, OSError):
             self._dt = None
 
@@ -268,7 +317,7 @@ class CommitLogWriter:
             if any(dt.app_version(app) >= v for app, v in txns.items()):
                 return NOTHING
             now = now_ms()
-            table, results, after = stamp(batch, hwm, store_id, now)
+            table, results, delta = stamp(batch, hwm, store_id, now)
             try:
                 version = commit_next(
                     dt,
@@ -276,7 +325,7 @@ class CommitLogWriter:
                     transactions=delta_transactions(txns, EXPIRING_APP_PREFIX, now),
                     custom_metadata={
                         **(custom_metadata or {}),
-                        HWM_KEY: after.to_json(),
+                        MARKS_KEY: hwm.compact_json(delta, base_version + 1),
                         BATCH_KEY: batch_id,
                     },
                     writer_properties=_WRITER_PROPERTIES,
@@ -306,7 +355,7 @@ class CommitLogWriter:
                         f"commit landed at version {version}, expected {base_version + 1}",
                         table="commit_log",
                     )
-            self._hwm = after
+            hwm.apply(delta)
             return dataclasses.replace(results, version=version)
         raise CommitConflictError(
             f"commit-log append lost {attempts} races in a row; retry later", table="commit_log"

@@ -22,7 +22,11 @@ from engine.store import schemas
 
 # ----------------------------------------------------------------------------- commitInfo keys
 HWM_KEY = "mq.hwm"
-"""commit_log: the next physical offset, last store time and next queue offsets after the commit."""
+"""commit_log: the full high-water marks after the commit (next physical offset, last store time, next
+offset of every queue): on the creation commit, maintenance commits and stores of older versions."""
+MARKS_KEY = "mq.marks"
+"""commit_log: the compact marks of a sequenced append (see :mod:`engine.store.marks`): the next
+physical offset, the queues written and a rolling slice of the others; never carried."""
 BATCH_KEY = "mq.batch"
 """commit_log: the id of the producer batch a commit holds (finds an append of unknown outcome)."""
 CQ_KEY = "mq.cq"
@@ -41,6 +45,10 @@ RETRY_SKIPPED_KEY = "mq.retry.skipped"
 """commit_log: failure rows a retry commit skipped, with the reason."""
 TX_FLOOR_KEY = "mq.tx.floor"
 """transactions: the oldest half offset the check-back still looks at."""
+COUNTS_KEY = "mq.counts"
+"""any table: the actions of a commit the engine knows before delta-rs writes it (``{"txn": n}``; for a
+commit of ready actions also ``add`` and ``remove``): a commit file cut at a line break is caught by
+the count (delta-rs's ``operationMetrics`` count the files a write adds)."""
 MAINTENANCE_KEY = "mq.maintenance"
 """any table: the maintenance operation of a commit (``compact``, ``retain``)."""
 
@@ -102,6 +110,7 @@ class Marker:
 
 MARKERS: tuple[Marker, ...] = (
     Marker(HWM_KEY, "commit_info", schemas.COMMIT_LOG, "producers (the sequencer)", carried=True),
+    Marker(MARKS_KEY, "commit_info", schemas.COMMIT_LOG, "producers (the sequencer)"),
     Marker(BATCH_KEY, "commit_info", schemas.COMMIT_LOG, "producers (the sequencer)"),
     Marker(SCHEDULE_STATE_KEY, "commit_info", schemas.COMMIT_LOG, "the schedule job"),
     Marker(SCHEDULE_DROPPED_KEY, "commit_info", schemas.COMMIT_LOG, "the schedule job"),
@@ -112,6 +121,7 @@ MARKERS: tuple[Marker, ...] = (
     Marker(GROUPS_STATE_KEY, "commit_info", schemas.GROUPS, "consumers (membership, queue locks)"),
     Marker(TX_FLOOR_KEY, "commit_info", schemas.TRANSACTIONS, "the transaction check job"),
     Marker(MAINTENANCE_KEY, "commit_info", "*", "the maintenance job"),
+    Marker(COUNTS_KEY, "commit_info", "*", "every engine commit (engine.store.delta.commit_next)"),
     Marker(DISPATCH_APP, "app_transaction", schemas.CONSUME_QUEUE, "the dispatch job"),
     Marker(INDEX_APP, "app_transaction", schemas.INDEX, "the index job"),
     Marker(PULL_LOG_APP, "app_transaction", schemas.PULL_LOG, "the pull-log job"),

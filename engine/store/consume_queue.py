@@ -75,7 +75,11 @@ class QueueMarks:
         )
 
     def copy(self) -> QueueMarks:
-        return QueueMarks.from_json(self.to_json())
+        return QueueMarks(
+            {k: list(v) for k, v in self.next.items()},
+            {k: list(v) for k, v in self.min.items()},
+            self.log_version,
+        )
 
 
 def queue_marks(snapshot: Snapshot) -> QueueMarks:

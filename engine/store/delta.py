@@ -12,6 +12,7 @@ and plain values.
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -32,7 +33,14 @@ from deltalake.exceptions import CommitFailedError, DeltaError, TableNotFoundErr
 from deltalake.schema import Field as DeltaField
 from deltalake.transaction import AddAction, RemoveAction
 
-from engine.errors import CommitConflictError, CommitStateUnknownError, StoreError, TableMissingError
+from engine.errors import (
+    CommitConflictError,
+    CommitStateUnknownError,
+    CommitTruncatedError,
+    StoreError,
+    TableMissingError,
+)
+from engine.store.commit_markers import COUNTS_KEY
 from engine.store.delta_log import read_version, table_filesystem
 
 # A DeltaTable handle gets slower with every version it moves on by: delta-rs keeps the file list of
@@ -189,6 +197,7 @@ class Snapshot:
 
         Raises:
             StoreError: the commit file is gone (cleaned up after a checkpoint) or unreadable.
+            CommitTruncatedError: the commit file was cut short at a line break.
         """
         return read_version(self.uri, version, self.storage_options).commit_info
 
@@ -211,6 +220,8 @@ class Snapshot:
         for v in range(version, stop, -1):
             try:
                 info = self.commit_info(v)
+            except CommitTruncatedError:
+                raise
             except StoreError:
                 return None  # older commits were cleaned up after a checkpoint
             if key in info and (accept is None or accept(str(info[key]))):
@@ -400,8 +411,12 @@ def commit_next(
         raise ValueError("a commit of ready actions lands exactly on the next version: max_retries=0")
     dt = snapshot._dt
     base = snapshot.version()
+    counts = {"txn": len(transactions or ())}
+    if actions:
+        counts["add"] = sum(isinstance(a, AddAction) for a in actions)
+        counts["remove"] = sum(isinstance(a, RemoveAction) for a in actions)
     props = CommitProperties(
-        custom_metadata=dict(custom_metadata) if custom_metadata else None,
+        custom_metadata={**(custom_metadata or {}), COUNTS_KEY: json.dumps(counts, separators=(",", ":"))},
         max_commit_retries=max_retries,
         app_transactions=list(transactions) if transactions else None,
     )

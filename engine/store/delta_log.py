@@ -7,6 +7,7 @@ through delta-rs's storage handler.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -20,7 +21,8 @@ import pyarrow.fs as pa_fs
 import pyarrow.parquet as pq
 from deltalake.fs import DeltaStorageHandler
 
-from engine.errors import StoreError
+from engine.errors import CommitTruncatedError, StoreError
+from engine.store.commit_markers import COUNTS_KEY
 
 VERSION_COLUMN = "_version"
 
@@ -57,6 +59,70 @@ def table_filesystem(uri: str, storage_options: Mapping[str, str] | None = None)
     return _filesystem(uri, tuple(sorted((storage_options or {}).items())))
 
 
+# delta-rs's operationMetrics keys that count a commit's file actions (writes; optimize).
+_METRIC_COUNTS = {
+    "add": ("num_added_files", "numFilesAdded"),
+    "remove": ("num_removed_files", "numFilesRemoved"),
+}
+
+
+def expected_counts(commit_info: Mapping[str, Any]) -> dict[str, int]:
+    """How many actions of each kind a commit's commitInfo says it holds (the kinds it records)."""
+    expected: dict[str, int] = {}
+    metrics = commit_info.get("operationMetrics")
+    if isinstance(metrics, Mapping):
+        for kind, keys in _METRIC_COUNTS.items():
+            for key in keys:
+                if isinstance(metrics.get(key), int):
+                    expected[kind] = int(metrics[key])
+    raw = commit_info.get(COUNTS_KEY)
+    if raw is not None:
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            expected.update({str(k): int(v) for k, v in json.loads(str(raw)).items()})
+    return expected
+
+
+def missing_actions(actions: Sequence[Mapping[str, Any]]) -> dict[str, tuple[int, int]]:
+    """``{kind: (recorded, present)}`` for each kind of action a commit holds fewer of than its
+    commitInfo records: non-empty when the commit file was cut short at a line break (whole lines
+    gone, so it still parses). Empty for a complete commit, and for one without a commitInfo."""
+    info = next((a["commitInfo"] for a in actions if "commitInfo" in a), None)
+    if not isinstance(info, Mapping):
+        return {}
+    present: dict[str, int] = {}
+    for action in actions:
+        for kind in action:
+            present[kind] = present.get(kind, 0) + 1
+    return {
+        kind: (count, present.get(kind, 0))
+        for kind, count in expected_counts(info).items()
+        if present.get(kind, 0) != count
+    }
+
+
+def parse_commit(text: str, path: str, version: int | None = None) -> list[dict[str, Any]]:
+    """The actions of one commit file, checked to be whole.
+
+    Raises:
+        CommitTruncatedError: the file holds fewer actions than its commitInfo records.
+        ValueError: a line is not JSON.
+    """
+    actions = [json.loads(line) for line in text.splitlines() if line.strip()]
+    missing = missing_actions(actions)
+    if missing:
+        detail = ", ".join(
+            f"{kind}: {present} of {count}" for kind, (count, present) in sorted(missing.items())
+        )
+        raise CommitTruncatedError(
+            f"commit file {path} is cut short ({detail} actions its commitInfo records are present); "
+            "it was truncated at a line break, most likely by a crash before it reached the disk",
+            path=path,
+            version=version,
+            missing=detail,
+        )
+    return actions
+
+
 def _log_path(version: int) -> str:
     return f"_delta_log/{version:020d}.json"
 
@@ -66,6 +132,7 @@ def read_version(uri: str, version: int, storage_options: Mapping[str, str] | No
 
     Raises:
         StoreError: the commit file is gone (the reader fell behind log retention) or unreadable.
+        CommitTruncatedError: the commit file was cut short at a line break.
     """
     fs = table_filesystem(uri, storage_options)
     try:
@@ -81,10 +148,7 @@ def read_version(uri: str, version: int, storage_options: Mapping[str, str] | No
         ) from exc
     files: list[str] = []
     info: Mapping[str, Any] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        action = json.loads(line)
+    for action in parse_commit(text, f"{uri}/{_log_path(version)}", version):
         if "add" in action and action["add"].get("dataChange", True):
             files.append(unquote(action["add"]["path"]))
         elif "commitInfo" in action:

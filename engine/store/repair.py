@@ -6,7 +6,8 @@ OS crash or power loss before the page cache reached the disk (object_store's lo
 not fsync, so the file can come back cut short or zero-filled), a filesystem without atomic link, or
 a tool copying a log. delta-rs then refuses to load the whole table ("Json error: Truncated record").
 
-The only damage repaired here is a *last* commit file that does not parse. No reader can have read
+The only damage repaired here is a *last* commit file that does not parse, or parses but holds fewer
+actions than its commitInfo records (cut exactly at a line break). No reader can have read
 that commit, and no writer can have committed after it; its content is lost whatever is done (if its
 writer was told it succeeded before the data was durable, that acknowledgement was a page-cache one).
 Moving the file aside gives the table back its previous version, and the next writer that version
@@ -38,7 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from engine.errors import StoreCorruptedError
-from engine.store.delta_log import local_path
+from engine.store.delta_log import local_path, missing_actions
 
 QUARANTINE_DIR = "_quarantine"
 _COMMIT = re.compile(r"^(\d{20})\.json$")
@@ -57,11 +58,14 @@ class Repair:
 
 
 def commit_parses(data: bytes) -> bool:
-    """True when every non-empty line of a commit file is a JSON object (an empty file counts)."""
+    """True when every non-empty line of a commit file is a JSON object (an empty file counts) and
+    the file holds as many actions as its commitInfo records (a file cut exactly at a line break
+    parses, but comes up short: see :func:`engine.store.delta_log.missing_actions`)."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:
         return False
+    actions = []
     for line in text.split("\n"):
         if not line.strip():
             continue
@@ -71,7 +75,8 @@ def commit_parses(data: bytes) -> bool:
             return False
         if not isinstance(action, dict):
             return False
-    return True
+        actions.append(action)
+    return not missing_actions(actions)
 
 
 def parquet_readable(path: Path) -> bool:

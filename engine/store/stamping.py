@@ -10,9 +10,8 @@ path.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import NamedTuple
 
@@ -23,36 +22,9 @@ import pyarrow.compute as pc
 from engine.model import UNDISPATCHED_FLAGS
 from engine.protocol import record_size, tags_code
 from engine.store import schemas
+from engine.store.marks import HighWaterMarks, MarksDelta
 
 _NO_PROPERTIES: Mapping[str, str] = MappingProxyType({})
-
-
-@dataclass
-class HighWaterMarks:
-    """Next offsets after a given commit-log version."""
-
-    physical: int = 0
-    store_ts_ms: int = 0
-    queues: dict[str, list[int]] = field(default_factory=dict)
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {"p": self.physical, "t": self.store_ts_ms, "q": self.queues}, separators=(",", ":")
-        )
-
-    @classmethod
-    def from_json(cls, text: str) -> HighWaterMarks:
-        data = json.loads(text)
-        return cls(
-            int(data.get("p", 0)), int(data.get("t", 0)), {k: list(v) for k, v in data.get("q", {}).items()}
-        )
-
-    def copy(self) -> HighWaterMarks:
-        return HighWaterMarks(self.physical, self.store_ts_ms, {k: list(v) for k, v in self.queues.items()})
-
-    def next_queue_offset(self, topic: str, queue_id: int) -> int:
-        offsets = self.queues.get(topic)
-        return offsets[queue_id] if offsets is not None and queue_id < len(offsets) else 0
 
 
 class PendingMessage(NamedTuple):
@@ -228,32 +200,30 @@ def _offset_free_table(cols: dict[str, pa.Array]) -> pa.Table:
 
 def stamp(
     messages: Sequence[PendingMessage] | PendingBatch, hwm: HighWaterMarks, store_id: str, ts_ms: int
-) -> tuple[pa.Table, StampedBatch, HighWaterMarks]:
-    """Give each message its offsets, in order; returns the rows, the results and the new marks.
+) -> tuple[pa.Table, StampedBatch, MarksDelta]:
+    """Give each message its offsets, in order; returns the rows, the results and what the commit
+    changes in the marks.
 
-    Pure: the caller commits the rows and keeps the marks only if the commit wins. Columnar: this is
-    the produce hot path.
+    Pure (``hwm`` is only read): the caller commits the rows and applies the change to its marks
+    only if the commit wins. Columnar, and independent of the number of queues the marks know: this
+    is the produce hot path.
     """
     batch = messages if isinstance(messages, PendingBatch) else PendingBatch.of(messages)
-    after = hwm.copy()
     store_ts = max(ts_ms, hwm.store_ts_ms)
-    after.store_ts_ms = store_ts
     n = batch.num_rows
     sizes = batch.columns["size"].to_numpy().astype(np.int64)
     physical = np.empty(n, dtype=np.int64)
+    next_physical = hwm.physical
     if n:
         np.cumsum(sizes, out=physical)
         physical -= sizes
-        physical += after.physical
-        after.physical += int(sizes.sum())
-    queues = after.queues
+        physical += hwm.physical
+        next_physical += int(sizes.sum())
+    changed: dict[str, dict[int, int]] = {}
     topics, qids = batch.topics, batch.queue_ids
     if n and all(batch.dispatched) and topics.count(topics[0]) == n and qids.count(qids[0]) == n:
-        offsets = queues.setdefault(topics[0], [])
-        while len(offsets) <= qids[0]:
-            offsets.append(0)
-        first = offsets[qids[0]]
-        offsets[qids[0]] = first + n
+        first = hwm.next_queue_offset(topics[0], qids[0])
+        changed[topics[0]] = {qids[0]: first + n}
         queue_offsets: list[int] = list(range(first, first + n))
     else:
         queue_offsets = []
@@ -261,11 +231,14 @@ def stamp(
             if not dispatched:
                 queue_offsets.append(-1)
                 continue
-            offsets = queues.setdefault(topic, [])
-            while len(offsets) <= qid:
-                offsets.append(0)
-            queue_offsets.append(offsets[qid])
-            offsets[qid] += 1
+            mine = changed.setdefault(topic, {})
+            offset = mine.get(qid)
+            if offset is None:
+                offset = hwm.next_queue_offset(topic, qid)
+            queue_offsets.append(offset)
+            mine[qid] = offset + 1
+        changed = {t: qs for t, qs in changed.items() if qs}
+    delta = MarksDelta(next_physical, store_ts, changed)
     prefix = store_id.upper()
     physical_list = physical.tolist()
     msg_ids = [f"{prefix}{p:016X}" for p in physical_list]
@@ -285,7 +258,7 @@ def stamp(
         schema=schemas.COMMIT_LOG_SCHEMA,
     )
     results = StampedBatch(msg_ids, batch.uniq_keys, topics, qids, queue_offsets, physical_list, store_ts)
-    return table, results, after
+    return table, results, delta
 
 
 @dataclass(frozen=True)

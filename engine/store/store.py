@@ -9,7 +9,7 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import pyarrow as pa
@@ -29,7 +29,7 @@ from engine.store.delta import (
     open_snapshot,
 )
 from engine.store.delta_log import read_versions
-from engine.store.repair import repair_log
+from engine.store.repair import commit_parses, repair_log
 from engine.store.topics import TopicCatalog
 
 # Columns that carry data-skipping statistics. Bodies and maps are left out: their stats cost log
@@ -115,7 +115,8 @@ class Store:
             storage_options: delta-rs storage options (credentials, endpoint) for URIs.
             config: engine settings; default :func:`engine.config.load_config`.
 
-        A table whose last commit file was torn by a crash (it does not parse) is repaired first: the
+        A table whose last commit file was torn by a crash (it does not parse, or was cut at a line
+        break so that it holds fewer actions than its commitInfo records) is repaired first: the
         file is moved to ``_delta_log/_quarantine/`` with a logged warning and its version is free
         again, see :mod:`engine.store.repair`.
 
@@ -168,6 +169,8 @@ class Store:
             snap = None
         except StoreError as exc:
             snap = self._load_repaired(name, exc)
+        else:
+            snap = self._repair_cut_last(name, snap)
         if snap is None:
             configuration: dict[str, str | None] = {}
             if name in _STATS_COLUMNS:
@@ -222,6 +225,23 @@ class Store:
             raise error
         try:
             return open_snapshot(uri, self.storage_options, name=name)
+        except TableMissingError:
+            return None
+
+    def _repair_cut_last(self, name: str, snap: Snapshot) -> Snapshot | None:
+        """A table delta-rs loads, but whose last commit file was cut at a line break (it parses,
+        with fewer actions than its commitInfo records): repaired as a torn one."""
+        if not self.is_local:
+            return snap
+        path = Path(self.uri(name)) / "_delta_log" / f"{snap.version():020d}.json"
+        try:
+            whole = commit_parses(path.read_bytes())
+        except OSError:
+            return snap  # a checkpoint without its commit files, or a vanished file: delta-rs's call
+        if whole or not repair_log(self.uri(name)).moved:
+            return snap
+        try:
+            return open_snapshot(self.uri(name), self.storage_options, name=name)
         except TableMissingError:
             return None
 
@@ -433,6 +453,10 @@ class Store:
     def put_topic(self, config: TopicConfig) -> None:
         """Record a topic's configuration (a new row; the latest row per name wins)."""
         self._topics.put(config, now_ms())
+
+    def put_topics(self, configs: Sequence[TopicConfig]) -> None:
+        """Record many topics' configurations in one commit (nothing for none)."""
+        self._topics.put_many(configs, now_ms())
 
     def __repr__(self) -> str:
         return f"Store({self.root!r})"

@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
-from engine.errors import InvalidTopicError, TopicNotFoundError
+from engine.errors import InvalidTopicError, StoreError, TopicNotFoundError
 from engine.model import TopicConfig
 from engine.store import schemas
+from engine.store.delta_log import VERSION_COLUMN
 
 if TYPE_CHECKING:
     from engine.store.store import Store
@@ -49,28 +51,77 @@ def fold_topic_rows(rows: list[dict[str, Any]]) -> tuple[dict[str, TopicConfig],
 
 
 class TopicCatalog:
-    """Every topic's latest configuration, read from (and written to) one store's ``topics`` table."""
+    """Every topic's latest configuration, read from (and written to) one store's ``topics`` table.
+
+    Kept up to date incrementally: a newer table version is read commit by commit (only the rows it
+    added) and only the names it touched are folded again, so looking up or creating a topic costs
+    the same with 10,000 topics as with one. The whole table is read once, and again only when the
+    commits since the cached version are gone from the log.
+    """
 
     def __init__(self, store: Store) -> None:
         self._store = store
         self._topics: dict[str, TopicConfig] | None = None
+        self._rows: dict[str, list[dict[str, Any]]] = {}
         self._stamps: dict[str, int] = {}
         self._version = -1
         self._checked: float | None = None  # monotonic time of the last version check
+        self._stale = False  # a row was written: look for the new version at the next call
         self._lock = threading.Lock()
 
     def configs(self, *, refresh: bool = False) -> dict[str, TopicConfig]:
-        """Every topic's latest configuration; ``refresh`` checks the table for a newer version."""
+        """Every topic's latest configuration; ``refresh`` checks the table for a newer version.
+
+        The dictionary returned is never changed afterwards (a newer version makes a new one).
+        """
+        with self._lock:
+            return self._configs(refresh)
+
+    def _configs(self, refresh: bool) -> dict[str, TopicConfig]:
         store = self._store
         version = self._version
-        if refresh or self._topics is None:
+        if refresh or self._topics is None or self._stale:
             version = store.version(schemas.TOPICS)
             self._checked = time.monotonic()
+            self._stale = False
         if self._topics is not None and version == self._version:
             return self._topics
-        topics, stamps = fold_topic_rows(store.read(schemas.TOPICS).to_pylist())
-        self._topics, self._stamps, self._version = topics, stamps, version
-        return topics
+        if self._topics is not None and version > self._version:
+            try:
+                added = [
+                    rows.drop_columns([VERSION_COLUMN]).to_pylist()
+                    for rows, _ in store.versions_after(schemas.TOPICS, self._version, schemas.TOPICS_SCHEMA)
+                ]
+            except StoreError:
+                pass  # the commits since our version were cleaned up: read the whole table
+            else:
+                self._fold_in([row for chunk in added for row in chunk], version)
+                return self._topics
+        # Rows of a version newer than ``version`` may be read too: reading them again later only
+        # folds a row twice, which changes nothing.
+        rows = store.read(schemas.TOPICS).to_pylist()
+        self._rows = {}
+        for row in rows:
+            self._rows.setdefault(str(row["name"]), []).append(row)
+        self._topics, self._stamps = fold_topic_rows(rows)
+        self._version = version
+        return self._topics
+
+    def _fold_in(self, rows: list[dict[str, Any]], version: int) -> None:
+        """Fold new ``rows`` (of versions up to ``version``) into the cache, name by name."""
+        assert self._topics is not None
+        topics = dict(self._topics)
+        touched = {str(r["name"]) for r in rows}
+        for row in rows:
+            self._rows.setdefault(str(row["name"]), []).append(row)
+        for name in touched:
+            folded, stamps = fold_topic_rows(self._rows[name])
+            self._stamps[name] = stamps[name]
+            if name in folded:
+                topics[name] = folded[name]
+            else:
+                topics.pop(name, None)
+        self._topics, self._version = topics, version
 
     def _route_due(self) -> bool:
         return self._checked is None or time.monotonic() - self._checked >= ROUTE_REFRESH_S
@@ -97,15 +148,25 @@ class TopicCatalog:
         The row is stamped with the configuration's own creation time when it has one, else with
         ``now_ms``, moved past the latest row of the same name so that it is the latest one.
         """
+        self.put_many([config], now_ms)
+
+    def put_many(self, configs: Sequence[TopicConfig], now_ms: int) -> None:
+        """Append one row per configuration, all in one commit (see :meth:`put`)."""
+        if not configs:
+            return
         with self._lock:
-            self.configs(refresh=True)
-            stamp = max(config.created_ts_ms or now_ms, self._stamps.get(config.name, -1) + 1)
-            row = {
-                "name": config.name,
-                "queues": config.queues,
-                "perm": int(config.perm),
-                "type": config.type,
-                "created_ts_ms": stamp,
-            }
-            self._store.append(schemas.TOPICS, pa.Table.from_pylist([row], schema=schemas.TOPICS_SCHEMA))
-            self._topics = None
+            self._configs(True)
+            rows = []
+            for config in configs:
+                stamp = max(config.created_ts_ms or now_ms, self._stamps.get(config.name, -1) + 1)
+                rows.append(
+                    {
+                        "name": config.name,
+                        "queues": config.queues,
+                        "perm": int(config.perm),
+                        "type": config.type,
+                        "created_ts_ms": stamp,
+                    }
+                )
+            self._store.append(schemas.TOPICS, pa.Table.from_pylist(rows, schema=schemas.TOPICS_SCHEMA))
+            self._stale = True  # the next look-up reads our commit (and any other since)

@@ -47,7 +47,7 @@ from deltalake import ColumnProperties, WriterProperties
 
 from engine.config import SYNC_FLUSH
 from engine.errors import CommitConflictError, CommitStateUnknownError, CommitTruncatedError, StoreError
-from engine.store import schemas
+from engine.store import marks_snapshots, schemas
 from engine.store.commit_markers import BATCH_KEY, EXPIRING_APP_PREFIX, HWM_KEY, MARKS_KEY
 from engine.store.delta import (
     MAX_WALK_BACK,
@@ -93,7 +93,37 @@ def read_hwm(snapshot: Snapshot) -> HighWaterMarks:
         if rebuild.add(info):
             break
     marks = rebuild.result()
+    if marks is None:
+        marks = _from_saved_marks(snapshot)
     return marks if marks is not None else recover_hwm_by_scan(snapshot)
+
+
+def _from_saved_marks(snapshot: Snapshot) -> HighWaterMarks | None:
+    """The marks saved at the newest checkpoint (:mod:`engine.store.marks_snapshots`), moved on
+    over the commits since; None when there are none or those commits are gone too."""
+    version = snapshot.version()
+    saved = marks_snapshots.load(snapshot.uri, snapshot.storage_options, version)
+    if saved is None:
+        return None
+    base, hwm = saved
+    try:
+        replay(hwm, (snapshot.commit_info(v) for v in range(base + 1, version + 1)), HWM_KEY, MARKS_KEY)
+    except CommitTruncatedError:
+        raise
+    except StoreError:
+        return None
+    return hwm
+
+
+def checkpoint_commit_log(snapshot: Snapshot, hwm: HighWaterMarks, *, cleanup: bool = True) -> None:
+    """Checkpoint the commit log at ``snapshot``'s version, whose marks are ``hwm``: the marks are
+    saved first, since the cleanup may delete the commits that carry them.
+
+    Raises:
+        StoreError: the marks or the checkpoint could not be written (no cleanup happened then).
+    """
+    marks_snapshots.save(snapshot.uri, snapshot.storage_options, snapshot.version(), hwm)
+    snapshot.checkpoint(cleanup=cleanup)
 
 
 def recover_hwm_by_scan(snapshot: Snapshot) -> HighWaterMarks:
@@ -292,8 +322,10 @@ class CommitLogWriter:
         if dt is None or version <= 0 or version % self._checkpoint_interval(dt) or dt.version() != version:
             return
         cleanup = str(dt.configuration().get("delta.enableExpiredLogCleanup", "true")).lower() != "false"
+        if self._hwm is None:
+            return
         with contextlib.suppress(StoreError):
-            dt.checkpoint(cleanup=cleanup)
+            checkpoint_commit_log(dt, self._hwm, cleanup=cleanup)
 
     def _checkpoint_interval(self, dt: Snapshot) -> int:
         if self._interval is None:

@@ -10,6 +10,8 @@ import contextlib
 import pyarrow.fs as pa_fs
 
 from engine.errors import InvalidArgumentError, StoreError
+from engine.store import schemas
+from engine.store.commit_log import checkpoint_commit_log, read_hwm
 from engine.store.delta_log import table_filesystem
 from engine.store.store import LOG_RETENTION_KEY, Store, log_retention
 
@@ -50,7 +52,10 @@ def checkpoint_table(store: Store, name: str) -> int:
     with contextlib.suppress(StoreError):  # lost a race with a writer: the next pass applies it
         apply_log_retention(store, name)
     snapshot = store.snapshot(name)
-    snapshot.checkpoint()
+    if name == schemas.COMMIT_LOG:
+        checkpoint_commit_log(snapshot, read_hwm(snapshot))
+    else:
+        snapshot.checkpoint()
     return snapshot.version()
 
 

@@ -1,0 +1,109 @@
+"""lakemq's RocketMQ endpoint (``mq serve``) as a process: started on free loopback ports, stopped after.
+
+The tests of the real RocketMQ client and the wire benchmark talk to it exactly as to the real
+RocketMQ broker: a name server address, nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import TracebackType
+
+from bench.java_harness import ROOT, HarnessError
+
+START_TIMEOUT_S = 120.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _accepts(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+class LakemqServer:
+    """``mq serve`` over the store at ``store_root``; a context manager. ``namesrv`` is ``host:port``."""
+
+    def __init__(self, store_root: Path, log: Path, extra_args: tuple[str, ...] = ()) -> None:
+        self.store_root = store_root
+        self.log = log
+        self.extra_args = extra_args
+        self.namesrv = ""
+        self.broker_port = 0
+        self.why = ""
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    def command(self, namesrv_port: int, broker_port: int) -> list[str]:
+        return [
+            sys.executable, "-m", "engine.cli", "--store", str(self.store_root), "serve",
+            "--host", "127.0.0.1",
+            "--namesrv-port", str(namesrv_port),
+            "--broker-port", str(broker_port),
+            *self.extra_args,
+        ]  # fmt: skip
+
+    def __enter__(self) -> LakemqServer:
+        namesrv_port, broker_port = free_port(), free_port()
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        with self.log.open("wb") as out:
+            self._proc = subprocess.Popen(
+                self.command(namesrv_port, broker_port),
+                cwd=ROOT,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not (_accepts(namesrv_port) and _accepts(broker_port)):
+            if self._proc.poll() is not None or time.monotonic() > deadline:
+                self.why = f"mq serve did not start (exit code {self._proc.poll()}):\n{self.output()[-3000:]}"
+                self.stop()
+                return self
+            time.sleep(0.1)
+        self.namesrv = f"127.0.0.1:{namesrv_port}"
+        self.broker_port = broker_port
+        return self
+
+    def output(self) -> str:
+        """What the server printed so far."""
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def check(self) -> None:
+        """Raise HarnessError when the server is not running (with what it printed)."""
+        if self._proc is None or self._proc.poll() is not None:
+            code = None if self._proc is None else self._proc.poll()
+            raise HarnessError(
+                f"mq serve is not running (exit code {code}): {self.why}\n{self.output()[-3000:]}"
+            )
+
+    def stop(self) -> None:
+        """SIGTERM to the server's process group, SIGKILL after 15 s."""
+        proc, self._proc = self._proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=15)
+        except ProcessLookupError:
+            pass
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()

@@ -125,3 +125,9 @@ class TransactionError(MQError):
 
 class CliError(MQError):
     """A command-line problem: a bad argument, a missing runtime, a failed Spark statement."""
+
+
+class RemotingProtocolError(MQError):
+    """A remoting frame or header that breaks RocketMQ's wire protocol (bad length, bad JSON, an
+    unknown serialize type, a missing or malformed header field); ``field`` names the culprit when
+    one field is at fault. The connection that sent a bad frame is closed; a bad field is answered."""

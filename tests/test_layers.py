@@ -26,6 +26,7 @@ _NOT_STORE = (
     "engine.spark",
     "engine.cli",
     "engine.dashboard",
+    "engine.remoting",
 )
 RULES: tuple[tuple[str, str], ...] = (
     ("engine", "jobs"),  # jobs/ are entry points on top of the engine, never under it
@@ -53,6 +54,12 @@ RULES: tuple[tuple[str, str], ...] = (
         for lower in ("engine.protocol", "engine.store", "engine.client", "engine.broker", "engine.spark")
     ),
     ("engine.dashboard", "engine.cli"),
+    # The wire endpoint is a layer above client and broker, beside spark: nothing below imports it.
+    *(
+        (lower, "engine.remoting")
+        for lower in ("engine.protocol", "engine.store", "engine.client", "engine.broker", "engine.spark")
+    ),
+    ("engine.remoting", "engine.cli"),
 )
 
 

@@ -5,7 +5,7 @@
     mq topic create|list|stats|update|delete     mq message view|query|trace
     mq group list|progress|reset                 mq dlq list|resend
     mq send | pull | lag | sql                   mq dispatch | broker | maintenance | status
-    mq dashboard
+    mq dashboard | serve
 
 Every command takes ``--store PATH`` (default ``MQ_STORE``, else ``conf/engine.toml``, else
 ``./mqdata``) and ``--json`` (exactly one JSON document on stdout). A bad argument, a missing Java
@@ -20,12 +20,12 @@ import os
 import sys
 from collections.abc import Callable, Sequence
 
-from engine.cli import cmd_dashboard, cmd_dlq, cmd_group, cmd_jobs, cmd_message, cmd_sql, cmd_topic
+from engine.cli import cmd_dashboard, cmd_dlq, cmd_group, cmd_jobs, cmd_message, cmd_serve, cmd_sql, cmd_topic
 from engine.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, PROG, Output, Parser, console, one_line
 from engine.errors import MQError
 
 Command = Callable[[argparse.Namespace, Output], int]
-_GROUPS = (cmd_topic, cmd_group, cmd_message, cmd_dlq, cmd_sql, cmd_jobs, cmd_dashboard)
+_GROUPS = (cmd_topic, cmd_group, cmd_message, cmd_dlq, cmd_sql, cmd_jobs, cmd_dashboard, cmd_serve)
 
 
 def build_parser() -> argparse.ArgumentParser:

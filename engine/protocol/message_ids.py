@@ -53,16 +53,17 @@ def uniq_key_time_ms(uniq_key: str, now_ms: int | None = None) -> int:
     zone), so an id decodes the same on every host.
 
     Args:
-        uniq_key: a client unique id (32 hex characters, as :attr:`SendResult.msg_id`).
+        uniq_key: a client unique id (32 hex characters, as :attr:`SendResult.msg_id`; 56 when a
+            Java client made it on an IPv6 host: 16 bytes of address instead of 4).
         now_ms: the time to decode relative to (default: now).
 
     Raises:
-        InvalidArgumentError: not 32 hex characters.
+        InvalidArgumentError: not 32 or 56 hex characters.
     """
-    if not isinstance(uniq_key, str) or len(uniq_key) != 32:
-        raise InvalidArgumentError(f"uniq key {uniq_key!r} is not 32 hex characters", uniq_key=uniq_key)
+    if not isinstance(uniq_key, str) or len(uniq_key) not in (32, 56):
+        raise InvalidArgumentError(f"uniq key {uniq_key!r} is not 32 or 56 hex characters", uniq_key=uniq_key)
     try:
-        span = int(uniq_key[20:28], 16)
+        span = int(uniq_key[-12:-4], 16)
     except ValueError as exc:
         raise InvalidArgumentError(f"uniq key {uniq_key!r} is not hex", uniq_key=uniq_key) from exc
     now = int(time.time() * 1000) if now_ms is None else now_ms

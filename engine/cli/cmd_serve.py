@@ -1,0 +1,74 @@
+"""``mq serve``: RocketMQ's wire protocol over the store (a name server and a broker endpoint), so
+unmodified RocketMQ clients produce and consume (see :mod:`engine.remoting`)."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+from typing import Any
+
+from engine.cli.common import EXIT_OK, Output, int_at_least, open_store
+
+
+def _serve(args: argparse.Namespace, out: Output) -> int:
+    from engine.remoting import RemotingServer
+
+    store = open_store(args)
+    server = RemotingServer(
+        store,
+        host=args.host,
+        namesrv_port=args.namesrv_port,
+        broker_port=args.broker_port,
+        advertised_host=args.advertised_host,
+        auto_create_topics=args.auto_create_topics,
+        run_broker_jobs=not args.no_broker_jobs,
+    ).start()
+    out.emit(
+        {
+            "namesrv": server.namesrv_address,
+            "broker": server.broker_address,
+            "store": store.root,
+            "broker_jobs": not args.no_broker_jobs,
+        },
+        f"mq serve: name server {server.namesrv_address}, broker {server.broker_address} "
+        f"(store {store.root}); Ctrl-C stops it",
+    )
+    done = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: done.set())
+    try:
+        done.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.stop()
+    return EXIT_OK
+
+
+def register(commands: Any, common: argparse.ArgumentParser) -> None:
+    """Add ``serve`` to ``commands``."""
+    serve = commands.add_parser(
+        "serve", parents=[common], help="speak RocketMQ's wire protocol (name server + broker) over the store"
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    serve.add_argument(
+        "--namesrv-port", type=int_at_least(0), default=9876, help="name server port (default 9876; 0 = any)"
+    )
+    serve.add_argument(
+        "--broker-port", type=int_at_least(0), default=10911, help="broker port (default 10911; 0 = any)"
+    )
+    serve.add_argument(
+        "--advertised-host", default=None, help="broker host told to clients (default: --host)"
+    )
+    serve.add_argument(
+        "--auto-create-topics",
+        action="store_true",
+        help="create a topic a client asks a route for (default: TOPIC_NOT_EXIST)",
+    )
+    serve.add_argument(
+        "--no-broker-jobs",
+        action="store_true",
+        help="do not run dispatch/schedule/retry/index/transaction check in-process (the Spark jobs do)",
+    )
+    serve.set_defaults(func=_serve)

@@ -1,0 +1,8 @@
+"""RocketMQ's remoting protocol over the store: a name server and a broker endpoint that unmodified
+RocketMQ clients (4.x remoting) produce to and consume from. Every request runs the engine's own
+calls (producer, pull consumer, offsets, membership, transactions, admin): one behaviour, two doors.
+"""
+
+from engine.remoting.server import RemotingServer
+
+__all__ = ["RemotingServer"]

@@ -1,0 +1,148 @@
+"""Broker requests that store messages: SEND_MESSAGE (V1 and V2 headers), SEND_BATCH_MESSAGE and
+CONSUMER_SEND_MSG_BACK. Each goes through the engine's producer or consumer path."""
+
+from __future__ import annotations
+
+from engine.client.queries import view_message
+from engine.errors import InvalidMessageError
+from engine.model import SendResult
+from engine.protocol.actions import NACK
+from engine.protocol.delays import DELAY_LEVELS_MS, MAX_DELAY_LEVEL
+from engine.protocol.message_ids import make_msg_id
+from engine.protocol.messages import MAX_BODY_BYTES
+from engine.protocol.names import validate_group_name
+from engine.remoting.codes import TRANSACTION_MASK, MessageSysFlag, RequestCode, ResponseCode
+from engine.remoting.context import BrokerContext, Connection, Handler
+from engine.remoting.frames import RemotingCommand
+from engine.remoting.headers import Header
+from engine.remoting.message_layout import decode_batch, decode_properties, offset_msg_id
+from engine.remoting.wire_messages import incoming, inflate
+from engine.store.store import now_ms
+
+# SendMessageRequestHeaderV2's one-letter names for SendMessageRequestHeader's.
+V2_ALIASES = {
+    "a": "producerGroup",
+    "b": "topic",
+    "c": "defaultTopic",
+    "d": "defaultTopicQueueNums",
+    "e": "queueId",
+    "f": "sysFlag",
+    "g": "bornTimestamp",
+    "h": "flag",
+    "i": "properties",
+    "j": "reconsumeTimes",
+    "k": "unitMode",
+    "l": "maxReconsumeTimes",
+    "m": "batch",
+    "n": "brokerName",
+}
+
+
+def _check_body(body: bytes) -> None:
+    if not body:
+        raise InvalidMessageError("message body is empty")
+    if len(body) > MAX_BODY_BYTES:
+        raise InvalidMessageError(f"message body is {len(body)} bytes; at most {MAX_BODY_BYTES} are allowed")
+
+
+def _result_fields(ctx: BrokerContext, result: SendResult) -> dict[str, object]:
+    return {
+        "msgId": offset_msg_id(ctx.host, ctx.port, result.physical_offset),
+        "queueId": result.queue_id,
+        "queueOffset": result.queue_offset,
+        "MSG_REGION": "DefaultRegion",
+        "TRACE_ON": "true",
+    }
+
+
+async def send_message(ctx: BrokerContext, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+    """SEND_MESSAGE / SEND_MESSAGE_V2 / SEND_BATCH_MESSAGE."""
+    aliases = (
+        V2_ALIASES if cmd.code in (RequestCode.SEND_MESSAGE_V2, RequestCode.SEND_BATCH_MESSAGE) else None
+    )
+    header = Header(cmd.ext_fields, aliases)
+    group = header.text("producerGroup")
+    topic = header.text("topic")
+    queue_id = header.int32("queueId")
+    sys_flag = header.int32("sysFlag", 0)
+    batch = cmd.code == RequestCode.SEND_BATCH_MESSAGE or header.flag("batch")
+    if len(cmd.body) > ctx.store.config.max_batch_bytes if batch else len(cmd.body) > MAX_BODY_BYTES:
+        raise InvalidMessageError(
+            f"message body is {len(cmd.body)} bytes; at most {MAX_BODY_BYTES} are allowed"
+        )
+    conn.producer_groups.add(group)
+    if batch:
+        items = [incoming(topic, _checked(i.body), i.properties) for i in decode_batch(cmd.body)]
+        if not items:
+            raise InvalidMessageError("a batch holds at least one message", topic=topic)
+        results = await ctx.run(ctx.producer.send_wire_batch, items, queue_id)
+        fields = _result_fields(ctx, results[0])
+        fields["msgId"] = ",".join(offset_msg_id(ctx.host, ctx.port, r.physical_offset) for r in results)
+        return cmd.response(ResponseCode.SUCCESS, ext_fields=fields)
+    body = inflate(cmd.body, sys_flag)
+    _check_body(body)
+    item = incoming(topic, body, decode_properties(header.text("properties", "")))
+    prepared = (sys_flag & TRANSACTION_MASK) == MessageSysFlag.TRANSACTION_PREPARED
+    if item.transactional or prepared:
+        half = await ctx.run(ctx.producer.send_half, item, queue_id, item.producer_group or group)
+        fields = {
+            "msgId": offset_msg_id(ctx.host, ctx.port, half.physical_offset),
+            "queueId": queue_id,
+            "queueOffset": 0,
+            "transactionId": half.uniq_key,
+            "MSG_REGION": "DefaultRegion",
+            "TRACE_ON": "true",
+        }
+        return cmd.response(ResponseCode.SUCCESS, ext_fields=fields)
+    result = await ctx.run(ctx.producer.send_wire, item, queue_id)
+    return cmd.response(ResponseCode.SUCCESS, ext_fields=_result_fields(ctx, result))
+
+
+def _checked(body: bytes) -> bytes:
+    _check_body(body)
+    return body
+
+
+def send_back_sync(
+    ctx: BrokerContext, group: str, physical_offset: int, delay_level: int, max_times: int | None
+) -> None:
+    """Record a client's failed message as a NACK of ``group``, as the Python push consumer's
+    RECONSUME_LATER does: the retry job sends it to ``%RETRY%<group>`` after delay level 3 +
+    reconsume times (``delay_level`` > 0: that level; -1: straight to the DLQ), or to
+    ``%DLQ%<group>`` once it failed ``max_times`` times.
+
+    Raises:
+        MessageNotFoundError: no message at ``physical_offset``.
+    """
+    message = view_message(ctx.store, make_msg_id(ctx.store.store_id, physical_offset), index=ctx.index)
+    limit = ctx.store.config.max_reconsume_times if max_times is None or max_times < 0 else max_times
+    times = message.reconsume_times
+    retry_at = None
+    if delay_level > 0:
+        retry_at = now_ms() + DELAY_LEVELS_MS[min(delay_level, MAX_DELAY_LEVEL) - 1]
+    if delay_level < 0 or times >= limit:
+        # The retry job dead-letters at its own maximum: carry the count up to it, as push does.
+        times = max(times, limit, ctx.store.config.max_reconsume_times)
+    writer = ctx.actions(group)
+    writer.record(NACK, message, reconsume_times=times, deadline_ms=retry_at)
+    writer.flush()
+
+
+async def consumer_send_back(ctx: BrokerContext, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+    """CONSUMER_SEND_MSG_BACK: a push consumer's RECONSUME_LATER."""
+    header = Header(cmd.ext_fields)
+    group = validate_group_name(header.text("group"))
+    offset = header.int64("offset")
+    delay_level = header.int32("delayLevel", 0)
+    max_times = header.int32("maxReconsumeTimes", -1)
+    await ctx.run(ctx.ensure_retry_topic, group)
+    await ctx.run(send_back_sync, ctx, group, offset, delay_level, max_times)
+    return cmd.response(ResponseCode.SUCCESS)
+
+
+HANDLERS: dict[int, Handler] = {
+    RequestCode.SEND_MESSAGE: send_message,
+    RequestCode.SEND_MESSAGE_V2: send_message,
+    RequestCode.SEND_BATCH_MESSAGE: send_message,
+    RequestCode.CONSUMER_SEND_MSG_BACK: consumer_send_back,
+}

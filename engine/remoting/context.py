@@ -1,0 +1,175 @@
+"""What the request handlers share: the store, the engine's clients, the connected clients."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import threading
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from engine.client.membership import GroupMembership
+from engine.client.pull import PullConsumer
+from engine.protocol.names import RETRY_PREFIX, retry_topic
+from engine.protocol.rebalance import MessageModel
+from engine.protocol.topics import system_topic_config
+from engine.remoting.frames import RemotingCommand, encode_command
+from engine.remoting.wire_producer import WireProducer
+from engine.store.action_log import ActionLogWriter
+from engine.store.consume_queue import QueueIndex
+from engine.store.store import Store, now_ms
+
+T = TypeVar("T")
+
+# Java clients heartbeat every 30 s; RocketMQ's broker drops a silent channel after 120 s.
+WIRE_MEMBER_TIMEOUT_MS = 120_000
+BROKER_NAME = "lakemq-broker-a"
+CLUSTER_NAME = "lakemq"
+
+
+@dataclass(eq=False)
+class Connection:
+    """One client connection: where to write, and which clients and groups spoke over it."""
+
+    peer: str
+    writer: asyncio.StreamWriter
+    client_ids: set[str] = field(default_factory=set)
+    producer_groups: set[str] = field(default_factory=set)
+    consumer_groups: dict[str, str] = field(default_factory=dict)  # group -> client id
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def send(self, cmd: RemotingCommand) -> None:
+        """Write one frame (frames of concurrent handlers never interleave)."""
+        async with self.lock:
+            self.writer.write(encode_command(cmd))
+            await self.writer.drain()
+
+
+class BrokerContext:
+    """State shared by the broker's handlers; engine calls run on its thread pools.
+
+    Args:
+        store: the store served.
+        host, port: the broker address clients are told (route data, message ids).
+        auto_create_topics: create a topic a client asks a route for (else TOPIC_NOT_EXIST).
+        workers: threads for ordinary requests; suspended pulls have a pool of their own.
+    """
+
+    def __init__(
+        self, store: Store, host: str, port: int, *, auto_create_topics: bool = False, workers: int = 8
+    ) -> None:
+        self.store = store
+        self.host = host
+        self.port = port
+        self.auto_create_topics = auto_create_topics
+        self.executor = ThreadPoolExecutor(workers, thread_name_prefix="mq-remoting")
+        self.pull_executor = ThreadPoolExecutor(128, thread_name_prefix="mq-remoting-pull")
+        self.producer = WireProducer(store, "LAKEMQ_WIRE")
+        self.index = QueueIndex(store)
+        self.connections: set[Connection] = set()
+        self.subscriptions: dict[str, dict[str, tuple[str, str]]] = {}  # group -> topic -> (expr, type)
+        self._lock = threading.Lock()
+        self._pullers: dict[str, PullConsumer] = {}
+        self._members: dict[tuple[str, str], GroupMembership] = {}
+        self._actions: dict[str, ActionLogWriter] = {}
+        self._committed: dict[tuple[str, str, int], int] = {}
+        self._ensured: set[str] = set()
+
+    @property
+    def address(self) -> str:
+        """``host:port`` of the broker endpoint."""
+        return f"{self.host}:{self.port}"
+
+    async def run(self, fn: Callable[..., T], *args: object, pull: bool = False) -> T:
+        """Run a blocking engine call on a worker thread."""
+        loop = asyncio.get_running_loop()
+        pool = self.pull_executor if pull else self.executor
+        return await loop.run_in_executor(pool, functools.partial(fn, *args))
+
+    def puller(self, group: str) -> PullConsumer:
+        """The engine's pull consumer of ``group`` (one per group, thread-safe)."""
+        with self._lock:
+            consumer = self._pullers.get(group)
+            if consumer is None:
+                consumer = self._pullers[group] = PullConsumer(self.store, group)
+            return consumer
+
+    def membership(
+        self, group: str, client_id: str, model: MessageModel = MessageModel.CLUSTERING
+    ) -> GroupMembership:
+        """The engine's membership of one wire client in ``group``."""
+        key = (group, client_id)
+        with self._lock:
+            member = self._members.get(key)
+            if member is None or member.model is not model:
+                member = self._members[key] = GroupMembership(
+                    self.store, group, client_id, model=model, member_timeout_ms=WIRE_MEMBER_TIMEOUT_MS
+                )
+            return member
+
+    def forget_member(self, group: str, client_id: str) -> GroupMembership | None:
+        """Drop a client's membership object (after it left); the one dropped, if any."""
+        with self._lock:
+            return self._members.pop((group, client_id), None)
+
+    def actions(self, group: str) -> ActionLogWriter:
+        """The action-log writer that records this endpoint's NACKs (send-backs) for ``group``."""
+        with self._lock:
+            writer = self._actions.get(group)
+            if writer is None:
+                writer = self._actions[group] = ActionLogWriter(self.store, group, f"wire@{self.address}")
+            return writer
+
+    def commit_offset_once(self, group: str, topic: str, queue_id: int, offset: int) -> bool:
+        """Commit a consumer offset unless this endpoint committed the same value last (a pull
+        carries the offset every time; an unchanged one would be an empty Delta commit)."""
+        key = (group, topic, queue_id)
+        with self._lock:
+            if self._committed.get(key) == offset:
+                return False
+        self.puller(group).commit_offset(topic, queue_id, offset)
+        with self._lock:
+            self._committed[key] = offset
+        return True
+
+    def forget_commit(self, group: str, topic: str, queue_id: int) -> None:
+        """Forget the last offset committed for a queue (after an explicit update or a reset)."""
+        with self._lock:
+            self._committed.pop((group, topic, queue_id), None)
+
+    def ensure_retry_topic(self, group: str) -> None:
+        """Create ``%RETRY%<group>`` if missing, as RocketMQ's broker does on a consumer's heartbeat."""
+        name = retry_topic(group)
+        if name in self._ensured:
+            return
+        if (
+            self.store.topic_configs().get(name) is None
+            and self.store.topic_configs(refresh=True).get(name) is None
+        ):
+            self.store.put_topic(system_topic_config(name, now_ms()))
+        self._ensured.add(name)
+
+    def producers_of(self, group: str) -> list[Connection]:
+        """Connections over which a producer of ``group`` registered."""
+        return [c for c in self.connections if group in c.producer_groups]
+
+    def close(self) -> None:
+        """Flush what is buffered and stop the worker threads."""
+        for writer in list(self._actions.values()):
+            with contextlib.suppress(Exception):  # closing must not fail the shutdown
+                writer.close()
+        self.producer.close()
+        self.executor.shutdown(wait=True, cancel_futures=True)
+        self.pull_executor.shutdown(wait=False, cancel_futures=True)
+
+
+def is_retry_topic(topic: str) -> bool:
+    """True for ``%RETRY%<group>``."""
+    return topic.startswith(RETRY_PREFIX)
+
+
+Handler = Callable[[BrokerContext, Connection, RemotingCommand], Awaitable[RemotingCommand | None]]
+"""A request handler: the shared context, the connection, the request; returns the response."""

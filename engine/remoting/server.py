@@ -1,0 +1,281 @@
+"""The remoting endpoint: a name server and a broker over asyncio, on a thread of their own.
+
+Each connection reads frames in order and handles requests concurrently (a client multiplexes its
+requests on one connection by ``opaque``). A frame that breaks the protocol (bad length, truncated,
+bad header) closes its connection; a request the endpoint cannot serve gets RocketMQ's error
+response. Nothing a client sends can stop the server or write a table on a bad request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+from collections.abc import Mapping
+from typing import Any
+
+from engine.errors import (
+    CommitConflictError,
+    InvalidArgumentError,
+    InvalidMessageError,
+    InvalidTopicError,
+    MessageNotFoundError,
+    MQError,
+    RemotingProtocolError,
+    TopicNotFoundError,
+)
+from engine.remoting import broker_clients, broker_offsets, broker_pull, broker_queries, broker_send, namesrv
+from engine.remoting.broker_loop import BrokerLoop
+from engine.remoting.broker_transactions import HANDLERS as TX_HANDLERS
+from engine.remoting.broker_transactions import CheckBack, check_back_loop
+from engine.remoting.codes import ResponseCode
+from engine.remoting.context import BrokerContext, Connection, Handler
+from engine.remoting.frames import DEFAULT_MAX_FRAME_BYTES, RemotingCommand, check_frame_length, decode_frame
+from engine.store.store import Store
+
+_log = logging.getLogger(__name__)
+
+
+BROKER_HANDLERS: dict[int, Handler] = {
+    **broker_send.HANDLERS,
+    **broker_pull.HANDLERS,
+    **broker_offsets.HANDLERS,
+    **broker_clients.HANDLERS,
+    **broker_queries.HANDLERS,
+    **TX_HANDLERS,
+}
+NAMESRV_HANDLERS: dict[int, Handler] = dict(namesrv.HANDLERS)
+
+
+def error_response(cmd: RemotingCommand, exc: Exception) -> RemotingCommand:
+    """RocketMQ's answer to a request that failed with ``exc``."""
+    if isinstance(exc, TopicNotFoundError):
+        return cmd.response(ResponseCode.TOPIC_NOT_EXIST, str(exc))
+    if isinstance(exc, InvalidMessageError | InvalidTopicError):
+        return cmd.response(ResponseCode.MESSAGE_ILLEGAL, str(exc))
+    if isinstance(exc, MessageNotFoundError):
+        return cmd.response(
+            ResponseCode.QUERY_NOT_FOUND if cmd.code == 12 else ResponseCode.SYSTEM_ERROR, str(exc)
+        )
+    if isinstance(exc, CommitConflictError):
+        return cmd.response(ResponseCode.SYSTEM_BUSY, str(exc))
+    if isinstance(exc, RemotingProtocolError | InvalidArgumentError | MQError):
+        return cmd.response(ResponseCode.SYSTEM_ERROR, str(exc))
+    _log.exception("request %s failed", cmd.code, exc_info=exc)
+    return cmd.response(ResponseCode.SYSTEM_ERROR, f"{type(exc).__name__}: {exc}")
+
+
+class RemotingServer:
+    """A RocketMQ name server and broker endpoint over a store.
+
+    Args:
+        store: the store served.
+        host: the address both servers bind (127.0.0.1 unless told otherwise).
+        namesrv_port, broker_port: ports (0: any free port; see :attr:`namesrv_port` after start).
+        advertised_host: the broker address clients are told (default ``host``).
+        auto_create_topics: a route asked for a missing topic creates it (else TOPIC_NOT_EXIST).
+        run_broker_jobs: run dispatch, schedule, retry, index and transaction check in-process
+            (:class:`~engine.remoting.broker_loop.BrokerLoop`); off when the Spark jobs run.
+        max_frame_bytes: frames longer than this close the connection.
+        idle_timeout_s: a connection silent this long is closed (clients heartbeat every 30 s).
+        frame_timeout_s: a frame must arrive whole within this long once its length was read.
+
+    Use as a context manager, or :meth:`start` and :meth:`stop`.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        host: str = "127.0.0.1",
+        namesrv_port: int = 9876,
+        broker_port: int = 10911,
+        advertised_host: str | None = None,
+        auto_create_topics: bool = False,
+        run_broker_jobs: bool = True,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        idle_timeout_s: float = 120.0,
+        frame_timeout_s: float = 30.0,
+    ) -> None:
+        self.store = store
+        self.host = host
+        self._ports = (namesrv_port, broker_port)
+        self.max_frame_bytes = max_frame_bytes
+        self.idle_timeout_s = idle_timeout_s
+        self.frame_timeout_s = frame_timeout_s
+        self.ctx = BrokerContext(
+            store, advertised_host or host, broker_port, auto_create_topics=auto_create_topics
+        )
+        self.checks = CheckBack()
+        self.ctx.check_back = self.checks  # type: ignore[attr-defined]
+        self.loop_jobs = BrokerLoop(store) if run_broker_jobs else None
+        self.namesrv_port = namesrv_port
+        self.broker_port = broker_port
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._ready = threading.Event()
+        self._stopped: asyncio.Event | None = None
+        self._error: BaseException | None = None
+        self._conn_tasks: set[asyncio.Task[Any]] = set()
+
+    # ----------------------------------------------------------------- lifecycle
+    def start(self) -> RemotingServer:
+        """Bind both ports and serve on a background thread; returns once bound.
+
+        Raises:
+            OSError: a port could not be bound.
+        """
+        self._thread = threading.Thread(target=self._run, name="mq-remoting", daemon=True)
+        self._thread.start()
+        self._ready.wait()
+        if self._error is not None:
+            raise self._error
+        if self.loop_jobs is not None:
+            self.loop_jobs.start()
+        return self
+
+    def stop(self, timeout: float = 30) -> None:
+        """Close every connection and both servers, stop the broker loop and flush."""
+        if self._loop is not None and self._stopped is not None:
+            with contextlib.suppress(RuntimeError):
+                self._loop.call_soon_threadsafe(self._stopped.set)
+        if self._thread is not None:
+            self._thread.join(timeout)
+        if self.loop_jobs is not None:
+            self.loop_jobs.stop(timeout)
+        self.ctx.close()
+
+    def wait(self) -> None:
+        """Block until the server stops."""
+        if self._thread is not None:
+            self._thread.join()
+
+    def __enter__(self) -> RemotingServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def namesrv_address(self) -> str:
+        """``host:port`` of the name server (what clients set as ``namesrvAddr``)."""
+        return f"{self.ctx.host}:{self.namesrv_port}"
+
+    @property
+    def broker_address(self) -> str:
+        """``host:port`` of the broker endpoint."""
+        return self.ctx.address
+
+    # ----------------------------------------------------------------- serving
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        try:
+            loop.run_until_complete(self._main())
+        except BaseException as exc:
+            self._error = exc
+        finally:
+            self._ready.set()
+            loop.close()
+
+    async def _main(self) -> None:
+        self._stopped = asyncio.Event()
+        try:
+            broker = await asyncio.start_server(
+                lambda r, w: self._serve(r, w, BROKER_HANDLERS), self.host, self._ports[1]
+            )
+            namesrv_server = await asyncio.start_server(
+                lambda r, w: self._serve(r, w, NAMESRV_HANDLERS), self.host, self._ports[0]
+            )
+        except BaseException as exc:
+            self._error = exc
+            self._ready.set()
+            return
+        self.broker_port = broker.sockets[0].getsockname()[1]
+        self.namesrv_port = namesrv_server.sockets[0].getsockname()[1]
+        self.ctx.port = self.broker_port
+        checker = asyncio.create_task(check_back_loop(self.ctx, self.checks))
+        self._ready.set()
+        async with broker, namesrv_server:
+            await self._stopped.wait()
+            checker.cancel()
+            broker.close()
+            namesrv_server.close()
+            for conn in list(self.ctx.connections):
+                conn.writer.close()
+            # Closed transports end each connection's read loop; its handlers finish or are cancelled.
+            if self._conn_tasks:
+                await asyncio.wait(list(self._conn_tasks), timeout=10)
+        with contextlib.suppress(asyncio.CancelledError):
+            await checker
+
+    async def _serve(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, handlers: Mapping[int, Handler]
+    ) -> None:
+        peer = str(writer.get_extra_info("peername"))
+        me = asyncio.current_task()
+        if me is not None:
+            self._conn_tasks.add(me)
+            me.add_done_callback(self._conn_tasks.discard)
+        conn = Connection(peer, writer)
+        self.ctx.connections.add(conn)
+        tasks: set[asyncio.Task[Any]] = set()
+        try:
+            while True:
+                try:
+                    head = await asyncio.wait_for(reader.readexactly(4), self.idle_timeout_s)
+                    length = check_frame_length(
+                        int.from_bytes(head, "big", signed=True), self.max_frame_bytes
+                    )
+                    payload = await asyncio.wait_for(reader.readexactly(length), self.frame_timeout_s)
+                    cmd = decode_frame(payload)
+                except (asyncio.IncompleteReadError, TimeoutError, ConnectionError):
+                    break
+                except RemotingProtocolError as exc:
+                    _log.info("closing %s: %s", peer, exc)
+                    break
+                if cmd.is_response:
+                    continue  # the endpoint's own requests are all one-way
+                task = asyncio.create_task(self._handle(conn, cmd, handlers))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+        finally:
+            self.ctx.connections.discard(conn)
+            for task in tasks:
+                task.cancel()
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+            await self._forget(conn)
+
+    async def _forget(self, conn: Connection) -> None:
+        """A closed connection's consumers leave their groups (RocketMQ's broker does so on close)."""
+        for group, client_id in conn.consumer_groups.items():
+            if any(c.consumer_groups.get(group) == client_id for c in self.ctx.connections):
+                continue
+            try:
+                await self.ctx.run(broker_clients.leave_sync, self.ctx, group, client_id)
+            except Exception as exc:
+                _log.warning("leave of %s in %s failed: %s", client_id, group, exc)
+
+    async def _handle(self, conn: Connection, cmd: RemotingCommand, handlers: Mapping[int, Handler]) -> None:
+        handler = handlers.get(cmd.code)
+        response: RemotingCommand | None
+        if handler is None:
+            response = cmd.response(
+                ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f" request type {cmd.code} not supported"
+            )
+        else:
+            try:
+                response = await handler(self.ctx, conn, cmd)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                response = error_response(cmd, exc)
+        if response is None or cmd.is_oneway:
+            return
+        try:
+            await conn.send(response)
+        except (ConnectionError, OSError, RuntimeError) as exc:
+            _log.debug("response to %s lost: %s", conn.peer, exc)

@@ -240,3 +240,19 @@ def run_scenario(
 ) -> ScenarioRun:
     """Run a scenario to its end: ``run_scenario(cp, tmp, "produce", mode="sync", namesrv=...)``."""
     return start_scenario(classpath, log_dir, scenario, **opts).finish(timeout_s)
+
+
+def main() -> int:
+    """Fetch every Maven artifact the tests and the benchmark need and build the harness (``.ci/run``)."""
+    from bench.rocketmq_peer import peer_classpath
+
+    began = time.monotonic()
+    harness = harness_classpath()
+    peer = peer_classpath()
+    print(f"harness: {harness.split(os.pathsep)[0]} (+{harness.count(os.pathsep)} jars)")
+    print(f"RocketMQ peer: {peer.count(os.pathsep) + 1} jars; ready in {time.monotonic() - began:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -26,6 +26,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _answers_route_query(port: int, topic: str = "TBW102") -> bool:
+    """True when the name server answers a GET_ROUTEINFO_BY_TOPIC request (with any response code)."""
+    from engine.remoting.codes import RequestCode
+    from engine.remoting.frames import RemotingCommand, decode_frame, encode_command
+
+    request = RemotingCommand(
+        code=int(RequestCode.GET_ROUTEINFO_BY_TOPIC), opaque=1, ext_fields={"topic": topic}
+    )
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(encode_command(request))
+            head = s.recv(4, socket.MSG_WAITALL)
+            length = int.from_bytes(head, "big")
+            return len(head) == 4 and decode_frame(s.recv(length, socket.MSG_WAITALL)).opaque == 1
+    except OSError:
+        return False
+
+
 def _accepts(port: int) -> bool:
     with socket.socket() as s:
         s.settimeout(0.5)
@@ -46,7 +64,7 @@ class LakemqServer:
 
     def command(self, namesrv_port: int, broker_port: int) -> list[str]:
         return [
-            sys.executable, "-m", "engine.cli", "--store", str(self.store_root), "serve",
+            sys.executable, "-m", "engine.cli", "serve", "--store", str(self.store_root),
             "--host", "127.0.0.1",
             "--namesrv-port", str(namesrv_port),
             "--broker-port", str(broker_port),
@@ -67,7 +85,9 @@ class LakemqServer:
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )
         deadline = time.monotonic() + START_TIMEOUT_S
-        while not (_accepts(namesrv_port) and _accepts(broker_port)):
+        # ready when both ports accept and the name server answers (what the RocketMQ peer's "boot
+        # success" line says); a client's first route query times out after 3 s
+        while not (_accepts(namesrv_port) and _accepts(broker_port) and _answers_route_query(namesrv_port)):
             if self._proc.poll() is not None or time.monotonic() > deadline:
                 self.why = f"mq serve did not start (exit code {self._proc.poll()}):\n{self.output()[-3000:]}"
                 self.stop()

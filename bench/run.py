@@ -36,7 +36,7 @@ from rich.table import Table  # noqa: E402
 
 from bench import machine, report  # noqa: E402
 from bench.peers import RedisServer  # noqa: E402
-from bench.workloads import Context, Sizes, ack, flow, produce, pull, replay  # noqa: E402
+from bench.workloads import Context, Sizes, ack, flow, produce, pull, replay, wire  # noqa: E402
 
 Step = Callable[[Context], list[dict[str, Any]]]
 # (name, function, needs the big store built by "produce")
@@ -48,6 +48,7 @@ STEPS: tuple[tuple[str, Step, bool], ...] = (
     ("replay", replay.replay_throughput, False),
     ("flow", flow.flow, False),
     ("ack", ack.acks, False),
+    ("wire", wire.wire, False),
 )
 DESCRIPTIONS = {
     "produce": "batched produce (builds the big store)",
@@ -57,6 +58,7 @@ DESCRIPTIONS = {
     "replay": "Spark batch replay",
     "flow": "end to end and delayed delivery, broker running",
     "ack": "per-message ack: SimpleConsumer processes vs Redis XREADGROUP + XACK",
+    "wire": "RocketMQ's Java client: mq serve vs the real RocketMQ broker",
 }
 
 

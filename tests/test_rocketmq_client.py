@@ -14,6 +14,9 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
+import shutil
+import subprocess
 from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -22,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from bench.java_harness import ScenarioRun, harness_classpath, run_scenario, start_scenario
+from bench.java_harness import ScenarioRun, harness_classpath, java, run_scenario, start_scenario
 from bench.lakemq_server import LakemqServer
 from bench.rocketmq_peer import RocketMQPeer
 from engine import Admin, Message, Producer, PullConsumer, PullStatus, Store
@@ -30,6 +33,8 @@ from engine import Admin, Message, Producer, PullConsumer, PullStatus, Store
 pytestmark = pytest.mark.slow
 
 PEER = os.environ.get("LAKEMQ_WIRE_PEER", "lakemq")
+README = Path(__file__).resolve().parent.parent / "README.md"
+_JAVA_BLOCK = re.compile(r"<!-- test: java -->\s*\n```java\n(?P<code>.*?)\n```", re.DOTALL)
 QUEUES = 4
 _names = itertools.count()
 
@@ -380,3 +385,35 @@ def test_lite_pull_consumer_reads_everything_once_and_commits_its_offsets(
     if broker.store is not None:  # the offsets the client committed are the group's in the store
         consumer = PullConsumer(broker.store, group)
         assert {q: consumer.committed_offset(topic, q) for q in ends} == ends
+
+
+def test_readme_java_example_produces_and_consumes_through_the_server(
+    classpath: str, broker: Broker, tmp_path: Path
+) -> None:
+    (code,) = [m.group("code") for m in _JAVA_BLOCK.finditer(README.read_text())]
+    (tmp_path / "Example.java").write_text(code)
+    javac = shutil.which("javac")
+    assert javac is not None, "javac (a JDK 17) is needed"
+    subprocess.run(
+        [javac, "-cp", classpath, "-d", str(tmp_path / "classes"), str(tmp_path / "Example.java")],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    broker.create_topic("OrderTopic")
+
+    full_classpath = f"{tmp_path / 'classes'}{os.pathsep}{classpath}"
+    done = subprocess.run(
+        [java(), "-Xmx256m", f"-Duser.home={tmp_path}", "-cp", full_classpath, "Example", broker.namesrv],
+        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert sum(line.startswith("sent ") for line in lines) == 3
+    assert sorted(line for line in lines if line.startswith("received")) == [
+        f"received order-{i}: hello {i}" for i in range(3)
+    ]
+    if broker.store is not None:
+        pulled = python_pull_all(broker.store, "OrderTopic", "PyReaderOfExample")
+        assert sorted((m.keys[0], m.body) for m in pulled) == [
+            (f"order-{i}", f"hello {i}".encode()) for i in range(3)
+        ]

@@ -17,7 +17,8 @@ from engine import Store
 OURS = "lakemq"
 BARE = "bare delta-rs"
 REDIS = "Redis Streams"
-SYSTEMS = (OURS, BARE, REDIS)
+ROCKETMQ = "RocketMQ"  # the real Apache RocketMQ broker, through the same Java client as lakemq's mq serve
+SYSTEMS = (OURS, BARE, REDIS, ROCKETMQ)
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,10 @@ class Sizes:
     replay_runs: int = 3  # the best run counts; the first also starts the Python workers
     ack_messages: int = 100_000  # SimpleConsumer receive + ack, 4 processes
     ack_single: int = 10_000  # receive(max_nums=1) + ack, one consumer
+    # RocketMQ's Java client against mq serve and the real RocketMQ broker (bench/workloads/wire.py)
+    wire_threads: int = 4
+    wire_sync_messages: int = 4_000
+    wire_batch_messages: int = 100_000
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -52,6 +57,8 @@ class Sizes:
             replay_messages=20_000,
             ack_messages=20_000,
             ack_single=3_000,
+            wire_sync_messages=1_000,
+            wire_batch_messages=10_000,
         )
 
 

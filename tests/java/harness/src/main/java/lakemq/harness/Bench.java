@@ -67,6 +67,7 @@ final class Bench {
         DefaultMQProducer producer = new DefaultMQProducer(args.str("group") + "Producer");
         Producers.configure(producer, args);
         producer.start();
+        Producers.awaitRoute(producer, args);
         // Warm up: routes, connections, the JIT; not measured.
         for (int i = 0; i < args.integer("warmup", 50); i++) {
             producer.send(new Message(topic, "warm", body));

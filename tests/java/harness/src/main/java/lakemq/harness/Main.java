@@ -12,7 +12,7 @@ package lakemq.harness;
  * </pre>
  *
  * Results are JSON lines on standard output; the exit code is 0 when the scenario ran to its end
- * (what it saw is for the caller to judge) and 2 on a usage error.
+ * (what it saw is for the caller to judge), 1 when it failed and 2 on a usage error.
  */
 public final class Main {
     private Main() {}
@@ -36,6 +36,10 @@ public final class Main {
         } catch (IllegalArgumentException e) {
             System.err.println("usage error: " + e.getMessage());
             code = 2;
+        } catch (Throwable e) {
+            e.printStackTrace();
+            Out.emit("event", "error", "error", String.valueOf(e));
+            code = 1;
         }
         System.exit(code); // the client leaves non-daemon threads behind
     }

@@ -36,6 +36,31 @@ final class Producers {
         producer.setVipChannelEnabled(false);
     }
 
+    /**
+     * Asks for the topic's route until the client has it (or --route-wait-ms): a route query the
+     * name server answers after the client's 3 s timeout would otherwise fail the first send. Reports
+     * how many attempts failed, so a slow name server shows.
+     */
+    static void awaitRoute(DefaultMQProducer producer, Args args) throws Exception {
+        String topic = args.str("topic");
+        long deadline = System.currentTimeMillis() + args.integer("route-wait-ms", 60_000);
+        int failed = 0;
+        while (true) {
+            try {
+                if (!producer.fetchPublishMessageQueues(topic).isEmpty()) {
+                    break;
+                }
+            } catch (Exception e) {
+                if (System.currentTimeMillis() > deadline) {
+                    throw e;
+                }
+            }
+            failed++;
+            Thread.sleep(200);
+        }
+        Out.emit("event", "route", "topic", topic, "failedAttempts", failed);
+    }
+
     /** Message {@code i} of a run: key {@code <prefix>-<i>}, user property {@code seq}, a body naming it. */
     static Message message(Args args, int i) {
         String key = args.str("prefix", "k") + "-" + i;
@@ -85,6 +110,7 @@ final class Producers {
         configure(producer, args);
         producer.start();
         try {
+            awaitRoute(producer, args);
             switch (mode) {
                 case "sync", "delay" -> {
                     int level = args.integer("delay-level", 0);
@@ -209,6 +235,7 @@ final class Producers {
         });
         producer.start();
         try {
+            awaitRoute(producer, args);
             for (int i = 0; i < count; i++) {
                 Message message = message(args, i);
                 try {

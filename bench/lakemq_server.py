@@ -7,7 +7,6 @@ RocketMQ broker: a name server address, nothing else.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -16,14 +15,9 @@ from pathlib import Path
 from types import TracebackType
 
 from bench.java_harness import ROOT, HarnessError
+from bench.peers import free_port, stop_process_group
 
 START_TIMEOUT_S = 120.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _answers_route_query(port: int, topic: str = "TBW102") -> bool:
@@ -112,16 +106,8 @@ class LakemqServer:
     def stop(self) -> None:
         """SIGTERM to the server's process group, SIGKILL after 15 s."""
         proc, self._proc = self._proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=15)
-        except ProcessLookupError:
-            pass
+        if proc is not None:
+            stop_process_group(proc)
 
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None

@@ -10,7 +10,6 @@ both (the whole process group) on exit, also on an error or Ctrl-C.
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 from types import TracebackType
 
 from bench.java_harness import JAVA_DIR, HarnessError, classpath_of, java
+from bench.peers import free_port, stop_process_group
 
 PEER_DIR = JAVA_DIR / "peer"
 START_TIMEOUT_S = 90.0
@@ -55,12 +55,6 @@ def broker_port() -> int:
         if port > 1026 and all(_port_free(p) for p in (port - 2, port + 1)):
             return port
     raise HarnessError("no free port triple for the RocketMQ broker")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class RocketMQPeer:
@@ -200,15 +194,7 @@ class RocketMQPeer:
     def stop(self) -> None:
         """Stop the broker, then the name server: SIGTERM to each process group, SIGKILL after 15 s."""
         for proc in reversed(self._procs):
-            if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                    proc.wait(timeout=15)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait(timeout=15)
-                except ProcessLookupError:
-                    pass
+            stop_process_group(proc)
         self._procs.clear()
 
     def __exit__(

@@ -3,13 +3,17 @@ RocketMQ section of BENCHMARKS.md, the harness's cache key and its scenario outp
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from bench.java_harness import HarnessError, ScenarioRun, options, sources_hash
+from bench.peers import stop_process_group
 from bench.report import render, rocketmq_section
 from bench.rocketmq_peer import broker_port
 from bench.workloads import OURS, ROCKETMQ
@@ -130,3 +134,19 @@ def test_the_broker_port_leaves_room_for_rocketmqs_vip_and_ha_ports() -> None:
     for neighbour in (port - 2, port, port + 1):
         with socket.socket() as s:
             s.bind(("127.0.0.1", neighbour))  # free: binding does not raise
+
+
+def test_stopping_a_process_group_ends_the_process_and_what_it_started() -> None:
+    proc = subprocess.Popen(["bash", "-c", "sleep 300 & sleep 300; wait"], start_new_session=True)
+    stop_process_group(proc)
+    assert proc.returncode is not None
+    gone = False
+    for _ in range(100):  # the background sleep is reaped by init once killed
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            gone = True
+            break
+        time.sleep(0.05)
+    assert gone
+    stop_process_group(proc)  # stopping an ended process is a no-op

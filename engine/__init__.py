@@ -49,6 +49,7 @@ from engine.model import (
 from engine.protocol.rebalance import MessageModel, MessageQueue
 from engine.protocol.selectors import ExpressionType, MessageSelector
 from engine.protocol.transactions import LocalTransactionState
+from engine.remoting import RemotingServer
 from engine.store import Store
 
 __version__ = "0.1.0"
@@ -88,6 +89,7 @@ __all__ = [
     "PushConsumer",
     "QueueProgress",
     "QueueStats",
+    "RemotingServer",
     "SendResult",
     "SendStatus",
     "SimpleConsumer",

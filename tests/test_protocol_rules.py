@@ -288,3 +288,17 @@ def test_pull_status_corrects_offsets_as_rocketmq_does(
     offset: int, bounds: tuple[int, int], expected: tuple[PullStatus | None, int]
 ) -> None:
     assert pull_status(offset, *bounds) == expected
+
+
+def test_nack_plan_follows_send_message_back() -> None:
+    from engine.protocol.delays import DELAY_LEVELS_MS, nack_plan
+
+    # 0: the retry job chooses the delay; the count is the message's own.
+    assert nack_plan(2, 16, 0, 16, 1_000) == (2, None)
+    # A level: retry after it (a level past the last is the last).
+    assert nack_plan(0, 16, 3, 16, 1_000) == (0, 1_000 + DELAY_LEVELS_MS[2])
+    assert nack_plan(0, 16, 99, 16, 1_000) == (0, 1_000 + DELAY_LEVELS_MS[-1])
+    # -1, or a count at the consumer's max: carried up to the job's limit, so the job dead-letters it.
+    assert nack_plan(0, 16, -1, 16, 1_000) == (16, None)
+    assert nack_plan(3, 3, 0, 16, 1_000) == (16, None)
+    assert nack_plan(20, 16, 0, 16, 1_000) == (20, None)

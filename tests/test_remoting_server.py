@@ -20,7 +20,14 @@ from engine.client.membership import live_members
 from engine.config import load_config
 from engine.remoting import RemotingServer
 from engine.remoting.codes import MessageSysFlag, PullSysFlag, RequestCode, ResponseCode
-from engine.remoting.message_layout import BatchItem, decode_stored, offset_msg_id, parse_offset_msg_id
+from engine.remoting.frames import RemotingCommand
+from engine.remoting.message_layout import (
+    BatchItem,
+    decode_stored,
+    encode_properties,
+    offset_msg_id,
+    parse_offset_msg_id,
+)
 from engine.store import schemas
 from engine.store.store import now_ms
 from tests.remoting_client import WireClient
@@ -518,3 +525,93 @@ def test_bad_sends_get_rocketmq_errors_and_write_nothing(
 def test_a_missing_header_field_is_a_system_error(broker: WireClient) -> None:
     response = broker.call(RequestCode.PULL_MESSAGE, {"consumerGroup": "G", "topic": "T"})
     assert response.code == ResponseCode.SYSTEM_ERROR and "queueId" in (response.remark or "")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"broker_port": 70000}, "broker_port"),
+        ({"namesrv_port": -1}, "namesrv_port"),
+        ({"broker_port": True}, "broker_port"),
+        ({"max_frame_bytes": 10}, "max_frame_bytes"),
+        ({"idle_timeout_s": 0}, "idle_timeout_s"),
+    ],
+)
+def test_bad_server_settings_are_refused_before_binding(
+    store: Store, kwargs: dict[str, object], match: str
+) -> None:
+    from engine.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match=match):
+        RemotingServer(store, **kwargs)  # type: ignore[arg-type]
+
+
+def test_a_taken_port_fails_start_with_os_error(store: Store, server: RemotingServer) -> None:
+    with pytest.raises(OSError):
+        RemotingServer(store, namesrv_port=0, broker_port=server.broker_port, run_broker_jobs=False).start()
+
+
+def test_requests_past_the_in_flight_limit_get_system_busy(store: Store) -> None:
+    with RemotingServer(store, namesrv_port=0, broker_port=0, run_broker_jobs=False, max_in_flight=1) as srv:
+        Admin(store).create_topic("Busy", 1)
+        client = WireClient(srv.broker_address)
+        flags = int(PullSysFlag.SUSPEND)
+        # A suspended pull holds the only slot until a message arrives; the next request is refused.
+        parked = threading.Thread(
+            target=lambda: client.pull("G", "Busy", 0, 0, sys_flag=flags, suspend_ms=20_000, timeout=60)
+        )
+        parked.start()
+        response = client.call(RequestCode.GET_MAX_OFFSET, {"topic": "Busy", "queueId": 0})
+        while response.code == ResponseCode.SUCCESS:  # until the pull is parked
+            response = client.call(RequestCode.GET_MAX_OFFSET, {"topic": "Busy", "queueId": 0})
+        assert response.code == ResponseCode.SYSTEM_BUSY
+        with Producer(store) as producer:
+            producer.send(Message("Busy", b"release"))
+        dispatch_pending(store)
+        parked.join(60)
+        assert (
+            client.call(RequestCode.GET_MAX_OFFSET, {"topic": "Busy", "queueId": 0}).code
+            == ResponseCode.SUCCESS
+        )
+        client.close()
+
+
+def _retry_send(broker: WireClient, body: bytes, times: int, limit: int, delay: int) -> RemotingCommand:
+    props = {"RETRY_TOPIC": "T", "ORIGIN_MESSAGE_ID": "ORIG", "UNIQ_KEY": "CD" * 16, "DELAY": str(delay)}
+    fields = {
+        "a": "CLIENT_INNER_PRODUCER",
+        "b": "%RETRY%OG",
+        "c": "TBW102",
+        "d": 4,
+        "e": 0,
+        "f": 0,
+        "g": 0,
+        "h": 0,
+        "i": encode_properties(props),
+        "j": times,
+        "k": "false",
+        "l": limit,
+    }
+    return broker.call(RequestCode.SEND_MESSAGE_V2, fields, body)
+
+
+def test_a_retry_send_past_the_maximum_is_dead_lettered(store: Store, broker: WireClient) -> None:
+    # An orderly consumer's sendMessageBack: a plain send to %RETRY%<group> at its maximum.
+    assert _retry_send(broker, b"poisoned", times=16, limit=16, delay=19).code == ResponseCode.SUCCESS
+    dispatch_pending(store)
+    [dead] = PullConsumer(store, "Ops").pull("%DLQ%OG", 0, 0).messages
+    assert (dead.body, dead.uniq_key, dead.reconsume_times) == (b"poisoned", "CD" * 16, 16)
+    assert dead.properties["RETRY_TOPIC"] == "T"
+
+
+def test_a_retry_send_below_the_maximum_waits_its_level_then_lands_in_the_retry_topic(
+    store: Store, broker: WireClient
+) -> None:
+    assert _retry_send(broker, b"again", times=1, limit=16, delay=4).code == ResponseCode.SUCCESS
+    dispatch_pending(store)
+    assert store.topic_configs(refresh=True).get("%RETRY%OG") is not None
+    assert PullConsumer(store, "OG").pull("%RETRY%OG", 0, 0).status is PullStatus.NO_NEW_MSG
+    deliver_due(store, now_ms=FAR_FUTURE_MS)
+    dispatch_pending(store)
+    [retried] = PullConsumer(store, "OG").pull("%RETRY%OG", 0, 0).messages
+    assert (retried.body, retried.reconsume_times) == (b"again", 1)

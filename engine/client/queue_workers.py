@@ -18,7 +18,7 @@ from engine.client.pull import PullConsumer
 from engine.errors import MQError
 from engine.model import MessageExt, PullStatus
 from engine.protocol.actions import NACK
-from engine.protocol.delays import DELAY_LEVELS_MS, MAX_DELAY_LEVEL
+from engine.protocol.delays import nack_plan
 from engine.protocol.names import PROPERTY_RETRY_TOPIC, RETRY_PREFIX
 from engine.protocol.rebalance import MessageModel, MessageQueue
 from engine.protocol.selectors import MessageSelector
@@ -237,14 +237,10 @@ class QueueWorkers:
                 delay_level,
             )
             delay_level = 0
-        retry_at = None
-        if delay_level > 0:
-            retry_at = int(time.time() * 1000) + DELAY_LEVELS_MS[min(delay_level, MAX_DELAY_LEVEL) - 1]
+        now = int(time.time() * 1000)
+        job_max = self._store.config.max_reconsume_times
         for m in chunk:
-            times = m.reconsume_times
-            if times >= self.max_reconsume_times or delay_level == -1:
-                times = self._dead_letter_times(times)
-            self._nack(m, times, retry_at)
+            self._nack(m, *nack_plan(m.reconsume_times, self.max_reconsume_times, delay_level, job_max, now))
 
     def _consume_concurrently(self, pq: ProcessQueue, messages: list[MessageExt]) -> bool:
         size = self.consume_batch_size

@@ -108,3 +108,23 @@ def validate_max_reconsume(setting: MaxReconsume) -> MaxReconsume:
 def is_dead_letter(reconsume_times: int, limit: int) -> bool:
     """True when a message that failed for the ``reconsume_times + 1``-th time exceeds ``limit``."""
     return reconsume_times + 1 > limit
+
+
+def nack_plan(
+    reconsume_times: int, consumer_max: int, delay_level: int, job_max: int, now_ms: int
+) -> tuple[int, int | None]:
+    """The NACK a consumer records for a failed message (RocketMQ's ``sendMessageBack``): its
+    reconsume count and retry time; pure.
+
+    ``delay_level`` > 0 retries after that level (above the last: the last), 0 lets the retry job
+    choose (3 + reconsume times), -1 dead-letters at once. A message that already failed
+    ``consumer_max`` times, or one sent with -1, carries its count up to the retry job's limit
+    (``max(count, consumer_max, job_max)``), so the job dead-letters it.
+    """
+    retry_at = None
+    if delay_level > 0:
+        retry_at = now_ms + DELAY_LEVELS_MS[min(delay_level, MAX_DELAY_LEVEL) - 1]
+    times = reconsume_times
+    if delay_level == -1 or times >= consumer_max:
+        times = max(times, consumer_max, job_max)
+    return times, retry_at

@@ -1,7 +1,9 @@
 """The broker's background work in-process, for ``mq serve`` without Spark: dispatch (so a send
 becomes pullable), delays and timers, retries and dead letters, the key index and the transaction
-check. The same engine functions the Spark jobs run (``dispatch_pending``, ``deliver_due``,
-``route_retries``, ``index_pending``, ``check_transactions``), on a thread."""
+check. The same engine functions the Spark jobs run (``dispatch_pending``, a long-lived
+``Scheduler``, ``route_retries`` with a long-lived ``RetryRouter``, ``index_pending``,
+``check_transactions``), on a thread. A pass whose input table has no new version is skipped (one
+file-existence probe on a local store), so an idle server costs little."""
 
 from __future__ import annotations
 
@@ -12,9 +14,10 @@ from collections.abc import Callable
 
 from engine.broker.dispatch import dispatch_pending
 from engine.broker.index import index_pending
-from engine.broker.retry import route_retries
-from engine.broker.schedule import deliver_due
+from engine.broker.retry import RetryRouter, route_retries
+from engine.broker.schedule import Scheduler
 from engine.broker.transactions import check_transactions
+from engine.store import schemas
 from engine.store.store import Store
 
 _log = logging.getLogger(__name__)
@@ -35,6 +38,9 @@ class BrokerLoop:
         self.other_ms = other_ms
         self.passes = 0
         self.errors = 0
+        self._scheduler = Scheduler(store)
+        self._router = RetryRouter(store)
+        self._seen: dict[str, int] = {}  # (job) -> input table version its last pass covered
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="mq-serve-broker-loop", daemon=True)
 
@@ -49,22 +55,32 @@ class BrokerLoop:
         if self._thread.is_alive():
             self._thread.join(timeout)
 
-    def _step(self, name: str, fn: Callable[[Store], object]) -> None:
+    def _step(self, name: str, fn: Callable[[Store], object], table: str | None = None) -> None:
+        """Run one job's pass; with ``table``, only when that table has a version the last pass
+        did not cover (the version is read before the pass, so a commit during it is seen next time)."""
+        latest = -1
+        if table is not None:
+            latest = self.store.latest_version_hint(table, self._seen.get(name, -1))
+            if latest <= self._seen.get(name, -1):
+                return
         try:
             fn(self.store)
         except Exception as exc:
             self.errors += 1
             _log.warning("broker loop: %s failed: %s", name, exc)
+            return
+        if table is not None:
+            self._seen[name] = latest
 
     def run_once(self, *, everything: bool = True) -> None:
         """One pass: dispatch, and (``everything``) the other jobs, then dispatch what they re-put."""
-        self._step("dispatch", dispatch_pending)
+        self._step("dispatch", dispatch_pending, schemas.COMMIT_LOG)
         if everything:
-            self._step("schedule", deliver_due)
-            self._step("retry", route_retries)
+            self._step("schedule", lambda _: self._scheduler.deliver_due())
+            self._step("retry", lambda store: route_retries(store, router=self._router), schemas.ACTION_LOG)
             self._step("transaction check", check_transactions)
-            self._step("dispatch", dispatch_pending)
-            self._step("index", index_pending)
+            self._step("dispatch", dispatch_pending, schemas.COMMIT_LOG)
+            self._step("index", index_pending, schemas.COMMIT_LOG)
         self.passes += 1
 
     def _run(self) -> None:

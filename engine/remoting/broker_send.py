@@ -7,7 +7,7 @@ from engine.client.queries import view_message
 from engine.errors import InvalidMessageError
 from engine.model import SendResult
 from engine.protocol.actions import NACK
-from engine.protocol.delays import DELAY_LEVELS_MS, MAX_DELAY_LEVEL
+from engine.protocol.delays import nack_plan
 from engine.protocol.message_ids import make_msg_id
 from engine.protocol.messages import MAX_BODY_BYTES
 from engine.protocol.names import validate_group_name
@@ -16,6 +16,7 @@ from engine.remoting.context import BrokerContext, Connection, Handler
 from engine.remoting.frames import RemotingCommand
 from engine.remoting.headers import Header
 from engine.remoting.message_layout import decode_batch, decode_properties, offset_msg_id
+from engine.remoting.retry_sends import is_retry_send, send_retry
 from engine.remoting.wire_messages import incoming, inflate
 from engine.store.store import now_ms
 
@@ -82,6 +83,13 @@ async def send_message(ctx: BrokerContext, conn: Connection, cmd: RemotingComman
     body = inflate(cmd.body, sys_flag)
     _check_body(body)
     item = incoming(topic, body, decode_properties(header.text("properties", "")))
+    if is_retry_send(topic):
+        times, limit = header.int32("reconsumeTimes", 0), header.int32("maxReconsumeTimes", -1)
+        born = header.int64("bornTimestamp", 0)
+        args = (ctx.store, ctx.producer, topic, item, times, limit, born)
+        return cmd.response(
+            ResponseCode.SUCCESS, ext_fields=_result_fields(ctx, await ctx.run(send_retry, *args))
+        )
     prepared = (sys_flag & TRANSACTION_MASK) == MessageSysFlag.TRANSACTION_PREPARED
     if item.transactional or prepared:
         half = await ctx.run(ctx.producer.send_half, item, queue_id, item.producer_group or group)
@@ -115,14 +123,9 @@ def send_back_sync(
         MessageNotFoundError: no message at ``physical_offset``.
     """
     message = view_message(ctx.store, make_msg_id(ctx.store.store_id, physical_offset), index=ctx.index)
-    limit = ctx.store.config.max_reconsume_times if max_times is None or max_times < 0 else max_times
-    times = message.reconsume_times
-    retry_at = None
-    if delay_level > 0:
-        retry_at = now_ms() + DELAY_LEVELS_MS[min(delay_level, MAX_DELAY_LEVEL) - 1]
-    if delay_level < 0 or times >= limit:
-        # The retry job dead-letters at its own maximum: carry the count up to it, as push does.
-        times = max(times, limit, ctx.store.config.max_reconsume_times)
+    config_max = ctx.store.config.max_reconsume_times
+    consumer_max = config_max if max_times is None or max_times < 0 else max_times
+    times, retry_at = nack_plan(message.reconsume_times, consumer_max, delay_level, config_max, now_ms())
     writer = ctx.actions(group)
     writer.record(NACK, message, reconsume_times=times, deadline_ms=retry_at)
     writer.flush()

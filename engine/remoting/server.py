@@ -80,8 +80,14 @@ class RemotingServer:
         max_frame_bytes: frames longer than this close the connection.
         idle_timeout_s: a connection silent this long is closed (clients heartbeat every 30 s).
         frame_timeout_s: a frame must arrive whole within this long once its length was read.
+        max_in_flight: requests handled at once (all connections); more get SYSTEM_BUSY, as
+            RocketMQ's broker answers when its request queue is full.
 
     Use as a context manager, or :meth:`start` and :meth:`stop`.
+
+    Raises:
+        InvalidArgumentError: a port outside 0..65535, a frame limit below 1 KiB, a timeout <= 0,
+            an in-flight limit below 1.
     """
 
     def __init__(
@@ -97,7 +103,26 @@ class RemotingServer:
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         idle_timeout_s: float = 120.0,
         frame_timeout_s: float = 30.0,
+        max_in_flight: int = 4096,
     ) -> None:
+        for name, port in (("namesrv_port", namesrv_port), ("broker_port", broker_port)):
+            if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+                raise InvalidArgumentError(f"{name} {port!r} must be an int in 0..65535", **{name: port})
+        if (
+            isinstance(max_frame_bytes, bool)
+            or not isinstance(max_frame_bytes, int)
+            or max_frame_bytes < 1024
+        ):
+            raise InvalidArgumentError(
+                f"max_frame_bytes {max_frame_bytes!r} must be an int >= 1024", max_frame_bytes=max_frame_bytes
+            )
+        if isinstance(max_in_flight, bool) or not isinstance(max_in_flight, int) or max_in_flight < 1:
+            raise InvalidArgumentError(
+                f"max_in_flight {max_in_flight!r} must be an int >= 1", max_in_flight=max_in_flight
+            )
+        for name, seconds in (("idle_timeout_s", idle_timeout_s), ("frame_timeout_s", frame_timeout_s)):
+            if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds > 0:
+                raise InvalidArgumentError(f"{name} {seconds!r} must be a number > 0", **{name: seconds})
         self.store = store
         self.host = host
         self._ports = (namesrv_port, broker_port)
@@ -118,6 +143,8 @@ class RemotingServer:
         self._stopped: asyncio.Event | None = None
         self._error: BaseException | None = None
         self._conn_tasks: set[asyncio.Task[Any]] = set()
+        self.max_in_flight = max_in_flight
+        self.in_flight = 0
 
     # ----------------------------------------------------------------- lifecycle
     def start(self) -> RemotingServer:
@@ -130,6 +157,7 @@ class RemotingServer:
         self._thread.start()
         self._ready.wait()
         if self._error is not None:
+            self.ctx.close()
             raise self._error
         if self.loop_jobs is not None:
             self.loop_jobs.start()
@@ -262,17 +290,24 @@ class RemotingServer:
     async def _handle(self, conn: Connection, cmd: RemotingCommand, handlers: Mapping[int, Handler]) -> None:
         handler = handlers.get(cmd.code)
         response: RemotingCommand | None
-        if handler is None:
+        if self.in_flight >= self.max_in_flight:
+            response = cmd.response(
+                ResponseCode.SYSTEM_BUSY, f"[TOO_MANY_REQUESTS] {self.in_flight} requests in flight"
+            )
+        elif handler is None:
             response = cmd.response(
                 ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f" request type {cmd.code} not supported"
             )
         else:
+            self.in_flight += 1
             try:
                 response = await handler(self.ctx, conn, cmd)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
                 response = error_response(cmd, exc)
+            finally:
+                self.in_flight -= 1
         if response is None or cmd.is_oneway:
             return
         try:

@@ -38,6 +38,11 @@ class WireProducer(Producer):
         pending = self._wire_pending(item, queue_id, item.delay_level)
         return _as_sent(_results(self._writer.append_batch([pending]))[0], pending)
 
+    def append_prepared(self, pending: PendingMessage) -> SendResult:
+        """Commit a message the endpoint built itself (a retry send's copy) through the producer's writer."""
+        self._check_open()
+        return _as_sent(_results(self._writer.append_batch([pending]))[0], pending)
+
     def send_half(self, item: IncomingMessage, queue_id: int, group: str) -> HalfMessage:
         """Store a client's transactional message as a half message of producer group ``group``.
 

@@ -1,5 +1,5 @@
 // A smoke test of lakemq's RocketMQ endpoint with the unmodified Apache RocketMQ 4.9.x Java client.
-// Run: java -cp <rocketmq-client jars> Smoke.java <namesrv> <topic> <count>
+// Run: java -cp <rocketmq-client jars> Smoke.java <namesrv> <topic> <count> [bodies sent by others, comma separated]
 // Sends <count> messages (sync, tags TagA/TagB, keys) plus a batch of 3, then pulls them back with
 // DefaultLitePullConsumer and a DefaultMQPushConsumer subscribed "TagA || TagB", and prints one line
 // per fact the pytest wrapper checks ("SENT", "BATCH", "PUSHED", "PULLED", "OK").
@@ -26,6 +26,11 @@ public class Smoke {
         String topic = args[1];
         int count = Integer.parseInt(args[2]);
         Set<String> sent = ConcurrentHashMap.newKeySet();
+        if (args.length > 3) {
+            for (String body : args[3].split(",")) {
+                sent.add(body);  // sent by someone else (a Python producer): must arrive too
+            }
+        }
 
         DefaultMQProducer producer = new DefaultMQProducer("SmokeProducers");
         producer.setNamesrvAddr(namesrv);

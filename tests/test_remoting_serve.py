@@ -1,0 +1,64 @@
+"""Entry points of the RocketMQ endpoint: ``mq serve`` (with the broker work in-process, so a send
+becomes pullable without starting anything else) and ``jobs/broker.py --serve``'s options."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from engine import Admin, Store
+from engine.remoting.codes import PullSysFlag, RequestCode, ResponseCode
+from jobs.broker import serve_options
+from tests.remoting_client import WireClient
+
+
+def test_mq_serve_makes_a_wire_send_pullable_and_stops_on_sigterm(tmp_path: Path) -> None:
+    root = tmp_path / "served"
+    Admin(Store.open(root)).create_topic("T", 2)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "engine.cli", "--store", str(root), "--json", "serve"]
+    proc = subprocess.Popen(
+        [*cmd, "--namesrv-port", "0", "--broker-port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    try:
+        assert proc.stdout is not None
+        ready = json.loads(proc.stdout.readline())
+        assert ready["broker_jobs"] is True and ready["namesrv"].startswith("127.0.0.1:")
+        namesrv = WireClient(ready["namesrv"])
+        assert namesrv.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "T"}).code == ResponseCode.SUCCESS
+        namesrv.close()
+        client = WireClient(ready["broker"])
+        assert client.send("T", b"served", queue_id=1).code == ResponseCode.SUCCESS
+        # Nobody dispatches but the server's own broker loop: a suspended pull is answered once it has.
+        flags = int(PullSysFlag.SUSPEND)
+        response, messages = client.pull("G", "T", 1, 0, sys_flag=flags, suspend_ms=20_000, timeout=60)
+        while response.code == ResponseCode.PULL_NOT_FOUND:
+            response, messages = client.pull("G", "T", 1, 0, sys_flag=flags, suspend_ms=20_000, timeout=60)
+        assert response.code == ResponseCode.SUCCESS and [m.body for m in messages] == [b"served"]
+        client.close()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)
+    assert code == 0
+
+
+def test_broker_app_serve_options_are_split_off_and_store_kept() -> None:
+    args, rest = serve_options(["--serve", "--broker-port", "1234", "--store", "/s", "--once"])
+    assert (args.serve, args.broker_port, args.namesrv_port, args.host, args.store) == (
+        True,
+        1234,
+        9876,
+        "127.0.0.1",
+        "/s",
+    )
+    assert rest == ["--store", "/s", "--once"]
+    plain, rest = serve_options(["--once"])
+    assert not plain.serve and rest == ["--once"]

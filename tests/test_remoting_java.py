@@ -81,6 +81,7 @@ FEATURE_CHECKS = (
     "query-by-key",
     "push-and-retry",
     "orderly",
+    "sql92",
     "transactions",
 )
 

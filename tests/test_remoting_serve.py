@@ -62,3 +62,16 @@ def test_broker_app_serve_options_are_split_off_and_store_kept() -> None:
     assert rest == ["--store", "/s", "--once"]
     plain, rest = serve_options(["--once"])
     assert not plain.serve and rest == ["--once"]
+
+
+def test_mq_serve_refuses_a_bad_port_and_a_taken_one(tmp_path: Path) -> None:
+    from engine.cli.app import main
+    from engine.remoting import RemotingServer
+
+    root = str(tmp_path / "s")
+    assert main(["--store", root, "serve", "--broker-port", "-1"]) == 2
+    with RemotingServer(Store.open(root), namesrv_port=0, broker_port=0, run_broker_jobs=False) as taken:
+        code = main(
+            ["--store", root, "serve", "--namesrv-port", "0", "--broker-port", str(taken.broker_port)]
+        )
+    assert code == 2

@@ -241,27 +241,41 @@ def test_a_suspended_pull_is_woken_by_a_send(
 
 
 # ----------------------------------------------------------------- offsets
-def test_the_offset_piggybacked_on_a_pull_is_committed(store: Store, broker: WireClient) -> None:
+def test_the_offset_piggybacked_on_a_pull_is_seen_at_once_and_committed_by_the_flush(
+    store: Store, server: RemotingServer, broker: WireClient
+) -> None:
     flags = int(PullSysFlag.COMMIT_OFFSET)
     broker.pull("G", "T", 0, 0, sys_flag=flags, commit_offset=3)
-    assert PullConsumer(store, "G").committed_offset("T", 0) == 3
-    response = broker.call(
-        RequestCode.QUERY_CONSUMER_OFFSET, {"consumerGroup": "G", "topic": "T", "queueId": 0}
-    )
+    query = {"consumerGroup": "G", "topic": "T", "queueId": 0}
+    response = broker.call(RequestCode.QUERY_CONSUMER_OFFSET, query)
     assert (response.code, response.ext_fields["offset"]) == (ResponseCode.SUCCESS, "3")
+    server.ctx.offsets.flush()
+    assert PullConsumer(store, "G").committed_offset("T", 0) == 3
 
 
-def test_an_unchanged_piggybacked_offset_is_not_committed_again(store: Store, broker: WireClient) -> None:
+def test_offsets_of_many_queues_are_one_commit_and_an_unchanged_one_none(
+    store: Store, server: RemotingServer, broker: WireClient
+) -> None:
     flags = int(PullSysFlag.COMMIT_OFFSET)
+    # The server's own flusher may run too: block it out by holding the flush lock while reporting.
+    with server.ctx.offsets._flush_lock:
+        version = store.version(schemas.CONSUMER_OFFSET)
+        for queue_id in range(4):
+            broker.pull("G", "T", queue_id, 0, sys_flag=flags, commit_offset=2)
+    server.ctx.offsets.flush()
+    assert store.version(schemas.CONSUMER_OFFSET) == version + 1
+    assert PullConsumer(store, "G").committed_offset("T", 3) == 2
     broker.pull("G", "T", 0, 0, sys_flag=flags, commit_offset=2)
-    version = store.version(schemas.CONSUMER_OFFSET)
-    broker.pull("G", "T", 0, 0, sys_flag=flags, commit_offset=2)
-    assert store.version(schemas.CONSUMER_OFFSET) == version
+    assert server.ctx.offsets.flush() == 0
+    assert store.version(schemas.CONSUMER_OFFSET) == version + 1
 
 
-def test_update_consumer_offset_one_way_then_query(store: Store, broker: WireClient) -> None:
+def test_update_consumer_offset_one_way_then_query(
+    store: Store, server: RemotingServer, broker: WireClient
+) -> None:
     fields = {"consumerGroup": "G2", "topic": "T", "queueId": 1, "commitOffset": 9}
     assert broker.call(RequestCode.UPDATE_CONSUMER_OFFSET, fields).code == ResponseCode.SUCCESS
+    server.ctx.offsets.flush()
     assert PullConsumer(store, "G2").committed_offset("T", 1) == 9
 
 

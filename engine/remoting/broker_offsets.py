@@ -14,8 +14,10 @@ def query_offset_sync(ctx: BrokerContext, group: str, topic: str, queue_id: int)
     """The group's committed offset; for a group that never committed, 0 while the queue is young
     (RocketMQ's "first message still in memory" rule), else None (QUERY_NOT_FOUND: the client then
     applies its CONSUME_FROM_* setting)."""
-    puller = ctx.puller(group)
-    committed = puller.committed_offset(topic, queue_id)
+    reported = ctx.offsets.pending(group, topic, queue_id)
+    if reported is not None:
+        return reported
+    committed = ctx.puller(group).committed_offset(topic, queue_id)
     if committed is not None:
         return committed
     ctx.index.refresh()
@@ -39,11 +41,11 @@ async def query_consumer_offset(
 async def update_consumer_offset(
     ctx: BrokerContext, conn: Connection, cmd: RemotingCommand
 ) -> RemotingCommand:
-    """UPDATE_CONSUMER_OFFSET (clients send it one-way every 5 s)."""
+    """UPDATE_CONSUMER_OFFSET (clients send it one-way every 5 s); committed with the next flush."""
     header = Header(cmd.ext_fields)
     group, topic, queue_id = header.text("consumerGroup"), header.text("topic"), header.int32("queueId")
     offset = header.int64("commitOffset")
-    await ctx.run(ctx.commit_offset_once, group, topic, queue_id, offset)
+    await ctx.run(ctx.offsets.put, group, topic, queue_id, offset)
     return cmd.response(ResponseCode.SUCCESS)
 
 

@@ -77,7 +77,7 @@ async def pull_message(ctx: BrokerContext, conn: Connection, cmd: RemotingComman
     suspend = int(max(0, min(suspend_ms, ctx.store.config.long_poll_max_ms)))
     result = await ctx.run(puller.pull, topic, queue_id, offset, max_nums, selector, suspend, pull=True)
     if PullSysFlag.COMMIT_OFFSET in flags and commit_offset >= 0:
-        await ctx.run(ctx.commit_offset_once, puller.group, topic, queue_id, commit_offset)
+        await ctx.run(ctx.offsets.put, puller.group, topic, queue_id, commit_offset)
     return pull_response(ctx, cmd, result)
 
 

@@ -17,6 +17,7 @@ from engine.protocol.names import RETRY_PREFIX, retry_topic
 from engine.protocol.rebalance import MessageModel
 from engine.protocol.topics import system_topic_config
 from engine.remoting.frames import RemotingCommand, encode_command
+from engine.remoting.offsets_batch import OffsetBatcher
 from engine.remoting.wire_producer import WireProducer
 from engine.store.action_log import ActionLogWriter
 from engine.store.consume_queue import QueueIndex
@@ -69,13 +70,13 @@ class BrokerContext:
         self.pull_executor = ThreadPoolExecutor(128, thread_name_prefix="mq-remoting-pull")
         self.producer = WireProducer(store, "LAKEMQ_WIRE")
         self.index = QueueIndex(store)
+        self.offsets = OffsetBatcher(store)
         self.connections: set[Connection] = set()
         self.subscriptions: dict[str, dict[str, tuple[str, str]]] = {}  # group -> topic -> (expr, type)
         self._lock = threading.Lock()
         self._pullers: dict[str, PullConsumer] = {}
         self._members: dict[tuple[str, str], GroupMembership] = {}
         self._actions: dict[str, ActionLogWriter] = {}
-        self._committed: dict[tuple[str, str, int], int] = {}
         self._ensured: set[str] = set()
 
     @property
@@ -123,23 +124,6 @@ class BrokerContext:
                 writer = self._actions[group] = ActionLogWriter(self.store, group, f"wire@{self.address}")
             return writer
 
-    def commit_offset_once(self, group: str, topic: str, queue_id: int, offset: int) -> bool:
-        """Commit a consumer offset unless this endpoint committed the same value last (a pull
-        carries the offset every time; an unchanged one would be an empty Delta commit)."""
-        key = (group, topic, queue_id)
-        with self._lock:
-            if self._committed.get(key) == offset:
-                return False
-        self.puller(group).commit_offset(topic, queue_id, offset)
-        with self._lock:
-            self._committed[key] = offset
-        return True
-
-    def forget_commit(self, group: str, topic: str, queue_id: int) -> None:
-        """Forget the last offset committed for a queue (after an explicit update or a reset)."""
-        with self._lock:
-            self._committed.pop((group, topic, queue_id), None)
-
     def ensure_retry_topic(self, group: str) -> None:
         """Create ``%RETRY%<group>`` if missing, as RocketMQ's broker does on a consumer's heartbeat."""
         name = retry_topic(group)
@@ -157,7 +141,9 @@ class BrokerContext:
         return [c for c in self.connections if group in c.producer_groups]
 
     def close(self) -> None:
-        """Flush what is buffered and stop the worker threads."""
+        """Flush what is buffered (offsets, send-backs) and stop the worker threads."""
+        with contextlib.suppress(Exception):  # closing must not fail the shutdown
+            self.offsets.flush()
         for writer in list(self._actions.values()):
             with contextlib.suppress(Exception):  # closing must not fail the shutdown
                 writer.close()

@@ -224,10 +224,12 @@ class RemotingServer:
         self.namesrv_port = namesrv_server.sockets[0].getsockname()[1]
         self.ctx.port = self.broker_port
         checker = asyncio.create_task(check_back_loop(self.ctx, self.checks))
+        flusher = asyncio.create_task(self._flush_offsets())
         self._ready.set()
         async with broker, namesrv_server:
             await self._stopped.wait()
             checker.cancel()
+            flusher.cancel()
             broker.close()
             namesrv_server.close()
             for conn in list(self.ctx.connections):
@@ -235,8 +237,18 @@ class RemotingServer:
             # Closed transports end each connection's read loop; its handlers finish or are cancelled.
             if self._conn_tasks:
                 await asyncio.wait(list(self._conn_tasks), timeout=10)
-        with contextlib.suppress(asyncio.CancelledError):
-            await checker
+        for task in (checker, flusher):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _flush_offsets(self, interval_s: float = 0.2) -> None:
+        """Commit the offsets clients reported, every ``interval_s`` (and once more at stop)."""
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await self.ctx.run(self.ctx.offsets.flush)
+            except Exception as exc:
+                _log.warning("offset flush failed (kept for the next one): %s", exc)
 
     async def _serve(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, handlers: Mapping[int, Handler]

@@ -12,6 +12,7 @@ import java.util.concurrent.ConcurrentHashMap;
 import java.util.concurrent.CountDownLatch;
 import java.util.concurrent.TimeUnit;
 import org.apache.rocketmq.client.consumer.DefaultMQPushConsumer;
+import org.apache.rocketmq.client.consumer.MessageSelector;
 import org.apache.rocketmq.client.consumer.listener.ConsumeConcurrentlyStatus;
 import org.apache.rocketmq.client.consumer.listener.ConsumeOrderlyStatus;
 import org.apache.rocketmq.client.consumer.listener.MessageListenerConcurrently;
@@ -127,6 +128,38 @@ public class Features {
         check("orderly", inOrder && ordered.subList(0, 5).equals(List.of("ordered-0", "ordered-1", "ordered-2", "ordered-3", "ordered-4")), ordered.toString());
         orderly.shutdown();
         producer.shutdown();
+
+        // ---- SQL92: only the message whose property matches
+        Message low = msg(topic, "Sql", "k-sql1", "sql-low");
+        low.putUserProperty("n", "1");
+        Message high = msg(topic, "Sql", "k-sql2", "sql-high");
+        high.putUserProperty("n", "7");
+        DefaultMQProducer sqlProducer = new DefaultMQProducer("FeatureSqlProducers");
+        sqlProducer.setNamesrvAddr(namesrv);
+        sqlProducer.start();
+        sqlProducer.send(low);
+        sqlProducer.send(high);
+        sqlProducer.shutdown();
+        Set<String> sqlSeen = ConcurrentHashMap.newKeySet();
+        CountDownLatch sqlDone = new CountDownLatch(1);
+        DefaultMQPushConsumer sql = new DefaultMQPushConsumer("FeatureSql");
+        sql.setNamesrvAddr(namesrv);
+        sql.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET);
+        sql.subscribe(topic, MessageSelector.bySql("n > 5"));
+        sql.registerMessageListener((MessageListenerConcurrently) (msgs, ctx) -> {
+            for (MessageExt m : msgs) {
+                sqlSeen.add(body(m));
+                if (body(m).equals("sql-high")) {
+                    sqlDone.countDown();
+                }
+            }
+            return ConsumeConcurrentlyStatus.CONSUME_SUCCESS;
+        });
+        sql.start();
+        boolean sqlOk = sqlDone.await(60, TimeUnit.SECONDS);
+        Thread.sleep(1000);
+        check("sql92", sqlOk && sqlSeen.equals(Set.of("sql-high")), sqlSeen.toString());
+        sql.shutdown();
 
         // ---- transactions
         String txTopic = topic;

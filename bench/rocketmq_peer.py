@@ -160,6 +160,9 @@ class RocketMQPeer:
                 "diskMaxUsedSpaceRatio": "95",
                 "transactionTimeOut": "1000",
                 "transactionCheckInterval": "1000",
+                # a send waiting longer than this in the broker's queue is refused (flow control,
+                # SYSTEM_BUSY); the default 200 ms trips on a shared 2-core machine
+                "waitTimeMillsInSendQueue": "1000",
             }
             (conf / "broker.conf").write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
             broker = self._start(

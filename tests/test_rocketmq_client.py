@@ -109,7 +109,8 @@ def push(
         **opts,
     )
     done = run.done()
-    assert done["reached"], f"received {done['received']} of {expect}:\n{run.stderr[-2000:]}"
+    got = sorted({e["key"] for e in run.of("received")})
+    assert done["reached"], f"received {done['received']} of {expect}: {got}\n{run.stderr[-2000:]}"
     return run
 
 

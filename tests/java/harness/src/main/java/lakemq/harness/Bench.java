@@ -68,11 +68,21 @@ final class Bench {
         Producers.configure(producer, args);
         producer.start();
         Producers.awaitRoute(producer, args);
-        // Warm up: routes, connections, the JIT; not measured.
-        for (int i = 0; i < args.integer("warmup", 50); i++) {
-            producer.send(new Message(topic, "warm", body));
+        // Warm up: routes, connections, the JIT; not measured. A busy broker may refuse a send
+        // (RocketMQ's flow control answers SYSTEM_BUSY): try again, at most 10 times per message.
+        int warmup = args.integer("warmup", 50);
+        for (int i = 0, refused = 0; i < warmup; ) {
+            try {
+                producer.send(new Message(topic, "warm", body));
+                i++;
+            } catch (Exception e) {
+                if (++refused > 10 * warmup) {
+                    throw e;
+                }
+                Thread.sleep(100);
+            }
         }
-        long sent = args.integer("warmup", 50);
+        long sent = warmup;
 
         ConcurrentLinkedQueue<Double> latencies = new ConcurrentLinkedQueue<>();
         AtomicLong failures = new AtomicLong();

@@ -13,7 +13,7 @@ from typing import TypeVar
 
 from engine.client.membership import GroupMembership
 from engine.client.pull import PullConsumer
-from engine.protocol.names import RETRY_PREFIX, retry_topic
+from engine.protocol.names import retry_topic
 from engine.protocol.rebalance import MessageModel
 from engine.protocol.topics import system_topic_config
 from engine.remoting.frames import RemotingCommand, encode_command
@@ -150,11 +150,6 @@ class BrokerContext:
         self.producer.close()
         self.executor.shutdown(wait=True, cancel_futures=True)
         self.pull_executor.shutdown(wait=False, cancel_futures=True)
-
-
-def is_retry_topic(topic: str) -> bool:
-    """True for ``%RETRY%<group>``."""
-    return topic.startswith(RETRY_PREFIX)
 
 
 Handler = Callable[[BrokerContext, Connection, RemotingCommand], Awaitable[RemotingCommand | None]]

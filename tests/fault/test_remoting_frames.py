@@ -13,7 +13,7 @@ from engine import Admin, Store
 from engine.remoting import RemotingServer
 from engine.remoting.codes import RequestCode, ResponseCode
 from engine.store import schemas
-from tests.remoting_client import WireClient
+from tests.remoting.wire_client import WireClient
 
 pytestmark = pytest.mark.fault
 

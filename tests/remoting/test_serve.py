@@ -13,7 +13,7 @@ from pathlib import Path
 from engine import Admin, Store
 from engine.remoting.codes import PullSysFlag, RequestCode, ResponseCode
 from jobs.broker import serve_options
-from tests.remoting_client import WireClient
+from tests.remoting.wire_client import WireClient
 
 
 def test_mq_serve_makes_a_wire_send_pullable_and_stops_on_sigterm(tmp_path: Path) -> None:

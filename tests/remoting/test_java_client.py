@@ -3,7 +3,7 @@
 and the Java producer's messages are pulled by a Python consumer.
 
 The client's jars come from Maven (``mvn dependency:build-classpath``, fetched on first use); the
-program is one source file run by Java 17's source launcher (tests/remoting_smoke/Smoke.java).
+program is one source file run by Java 17's source launcher (tests/remoting/java_smoke/Smoke.java).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from engine.remoting import RemotingServer
 
 pytestmark = pytest.mark.slow
 
-SMOKE = Path(__file__).resolve().parent / "remoting_smoke" / "Smoke.java"
+SMOKE = Path(__file__).resolve().parent / "java_smoke" / "Smoke.java"
 CLIENT = "org.apache.rocketmq:rocketmq-client:4.9.8"
 POM = """<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0</modelVersion>
 <groupId>lakemq</groupId><artifactId>smoke-classpath</artifactId><version>1</version>
@@ -73,7 +73,7 @@ def test_java_client_produces_and_consumes_through_lakemq(store: Store, tmp_path
     }
 
 
-FEATURES = Path(__file__).resolve().parent / "remoting_smoke" / "Features.java"
+FEATURES = Path(__file__).resolve().parent / "java_smoke" / "Features.java"
 FEATURE_CHECKS = (
     "async-send",
     "delayed-send",

@@ -1,0 +1,282 @@
+"""The RocketMQ endpoint, spoken to by a Python wire client: the name server, send and pull both ways
+(what a wire producer sends a Python consumer pulls and the other way round), and offsets."""
+
+from __future__ import annotations
+
+import threading
+import zlib
+from pathlib import Path
+
+import pytest
+
+from engine import Admin, Message, Producer, PullConsumer, PullStatus, Store
+from engine.broker.dispatch import dispatch_pending
+from engine.broker.schedule import deliver_due
+from engine.config import load_config
+from engine.remoting import RemotingServer
+from engine.remoting.codes import MessageSysFlag, PullSysFlag, RequestCode, ResponseCode
+from engine.remoting.message_layout import (
+    BatchItem,
+    offset_msg_id,
+    parse_offset_msg_id,
+)
+from engine.store import schemas
+from tests.remoting.helpers import FAR_FUTURE_MS, versions
+from tests.remoting.wire_client import WireClient
+
+
+# ----------------------------------------------------------------- name server
+def test_route_names_this_broker_and_the_topics_queues(server: RemotingServer, namesrv: WireClient) -> None:
+    response = namesrv.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "T"})
+    assert response.code == ResponseCode.SUCCESS
+    import json
+
+    route = json.loads(response.body)
+    assert route["queueDatas"][0]["writeQueueNums"] == 4 and route["queueDatas"][0]["perm"] == 6
+    assert route["brokerDatas"][0]["brokerAddrs"] == {"0": server.broker_address}
+
+
+def test_route_of_a_missing_topic_is_topic_not_exist_and_writes_nothing(
+    store: Store, namesrv: WireClient
+) -> None:
+    before = versions(store)
+    response = namesrv.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "Nope"})
+    assert response.code == ResponseCode.TOPIC_NOT_EXIST
+    assert versions(store) == before
+
+
+def test_auto_create_topics_creates_a_topic_on_its_first_route(tmp_path: Path) -> None:
+    store = Store.open(tmp_path / "auto")
+    with RemotingServer(
+        store, namesrv_port=0, broker_port=0, run_broker_jobs=False, auto_create_topics=True
+    ) as srv:
+        client = WireClient(srv.namesrv_address)
+        assert (
+            client.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "Fresh"}).code == ResponseCode.SUCCESS
+        )
+        assert (
+            client.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "TBW102"}).code
+            == ResponseCode.TOPIC_NOT_EXIST
+        )
+        client.close()
+    assert store.topic("Fresh").queues == store.config.default_queues
+
+
+def test_cluster_info_lists_the_one_broker(server: RemotingServer, namesrv: WireClient) -> None:
+    import json
+
+    info = json.loads(namesrv.call(RequestCode.GET_BROKER_CLUSTER_INFO).body)
+    [broker] = info["brokerAddrTable"].values()
+    assert broker["brokerAddrs"]["0"] == server.broker_address
+    assert info["clusterAddrTable"] == {broker["cluster"]: [broker["brokerName"]]}
+
+
+# ----------------------------------------------------------------- send and pull, both doors
+def test_wire_send_is_pulled_by_a_python_consumer(
+    store: Store, broker: WireClient, server: RemotingServer
+) -> None:
+    props = {
+        "TAGS": "TagA",
+        "KEYS": "k1 k2",
+        "UNIQ_KEY": "C0A80001" + "0" * 24,
+        "color": "red",
+        "WAIT": "true",
+    }
+    response = broker.send("T", b"from java", queue_id=2, properties=props)
+    assert response.code == ResponseCode.SUCCESS
+    assert response.ext_fields["queueId"] == "2" and response.ext_fields["queueOffset"] == "0"
+    host, port, physical = parse_offset_msg_id(response.ext_fields["msgId"])
+    assert (host, port) == ("127.0.0.1", server.broker_port)
+    dispatch_pending(store)
+    result = PullConsumer(store, "PyGroup").pull("T", 2, 0)
+    assert result.status is PullStatus.FOUND
+    [m] = result.messages
+    assert (m.body, m.tags, m.keys, m.uniq_key) == (b"from java", "TagA", ("k1", "k2"), props["UNIQ_KEY"])
+    assert m.properties["color"] == "red" and "WAIT" not in m.properties
+    assert m.physical_offset == physical
+
+
+def test_python_send_is_pulled_over_the_wire(
+    store: Store, broker: WireClient, server: RemotingServer
+) -> None:
+    with Producer(store) as producer:
+        sent = producer.send(Message("T", b"from python", tags="TagB", keys=["order-9"]), queue_id=1)
+    dispatch_pending(store)
+    response, messages = broker.pull("G", "T", 1, 0)
+    assert response.code == ResponseCode.SUCCESS
+    assert response.ext_fields["nextBeginOffset"] == "1" and response.ext_fields["maxOffset"] == "1"
+    [m] = messages
+    assert (m.topic, m.queue_id, m.queue_offset, m.body) == ("T", 1, 0, b"from python")
+    assert m.properties["TAGS"] == "TagB" and m.properties["KEYS"] == "order-9"
+    assert m.properties["UNIQ_KEY"] == sent.msg_id
+    assert m.msg_id == offset_msg_id("127.0.0.1", server.broker_port, sent.physical_offset)
+
+
+def test_v1_header_names_send_as_well(store: Store, broker: WireClient) -> None:
+    assert broker.send("T", b"v1", queue_id=0, v2=False).code == ResponseCode.SUCCESS
+    dispatch_pending(store)
+    assert [m.body for m in PullConsumer(store, "G").pull("T", 0, 0).messages] == [b"v1"]
+
+
+def test_a_batch_lands_in_one_queue_in_order_in_one_commit(store: Store, broker: WireClient) -> None:
+    before = store.version(schemas.COMMIT_LOG)
+    items = [BatchItem(f"b{i}".encode(), {"TAGS": "A", "UNIQ_KEY": f"{i:032X}"}) for i in range(3)]
+    response = broker.send_batch("T", items, queue_id=3)
+    assert response.code == ResponseCode.SUCCESS and len(response.ext_fields["msgId"].split(",")) == 3
+    assert store.version(schemas.COMMIT_LOG) == before + 1
+    dispatch_pending(store)
+    messages = PullConsumer(store, "G").pull("T", 3, 0).messages
+    assert [(m.body, m.queue_offset, m.uniq_key) for m in messages] == [
+        (b"b0", 0, f"{0:032X}"),
+        (b"b1", 1, f"{1:032X}"),
+        (b"b2", 2, f"{2:032X}"),
+    ]
+
+
+def test_a_compressed_body_is_stored_inflated(store: Store, broker: WireClient) -> None:
+    body = b"x" * 10_000
+    flag = int(MessageSysFlag.COMPRESSED)
+    assert broker.send("T", zlib.compress(body), sys_flag=flag).code == ResponseCode.SUCCESS
+    dispatch_pending(store)
+    assert PullConsumer(store, "G").pull("T", 0, 0).messages[0].body == body
+
+
+def test_a_delay_level_goes_through_the_schedule_topic(store: Store, broker: WireClient) -> None:
+    response = broker.send("T", b"later", queue_id=1, properties={"DELAY": "2"})
+    assert response.code == ResponseCode.SUCCESS and response.ext_fields["queueId"] == "1"
+    dispatch_pending(store)
+    assert PullConsumer(store, "G").pull("T", 1, 0).status is PullStatus.NO_NEW_MSG
+    deliver_due(store, now_ms=FAR_FUTURE_MS)
+    dispatch_pending(store)
+    assert [m.body for m in PullConsumer(store, "G").pull("T", 1, 0).messages] == [b"later"]
+
+
+@pytest.mark.parametrize(
+    ("offset", "code", "next_offset"),
+    [(1, ResponseCode.PULL_NOT_FOUND, 1), (5, ResponseCode.PULL_OFFSET_MOVED, 1)],
+)
+def test_pull_statuses_and_offset_corrections(
+    store: Store, broker: WireClient, offset: int, code: int, next_offset: int
+) -> None:
+    broker.send("T", b"one", queue_id=0)
+    dispatch_pending(store)
+    response, messages = broker.pull("G", "T", 0, offset)
+    assert (response.code, messages) == (code, [])
+    assert response.ext_fields["nextBeginOffset"] == str(next_offset)
+    assert (response.ext_fields["minOffset"], response.ext_fields["maxOffset"]) == ("0", "1")
+
+
+def test_tag_and_sql92_subscriptions_filter_on_the_server(store: Store, broker: WireClient) -> None:
+    broker.send("T", b"a", properties={"TAGS": "TagA", "n": "1"})
+    broker.send("T", b"b", properties={"TAGS": "TagB", "n": "7"})
+    dispatch_pending(store)
+    sub = int(PullSysFlag.SUBSCRIPTION)
+    _, tagged = broker.pull("G", "T", 0, 0, sys_flag=sub, subscription="TagB || TagC")
+    assert [m.body for m in tagged] == [b"b"]
+    _, by_sql = broker.pull("G", "T", 0, 0, sys_flag=sub, subscription="n > 5", expression_type="SQL92")
+    assert [m.body for m in by_sql] == [b"b"]
+    response, none = broker.pull("G", "T", 0, 0, sys_flag=sub, subscription="TagZ")
+    assert (response.code, none, response.ext_fields["nextBeginOffset"]) == (
+        ResponseCode.PULL_RETRY_IMMEDIATELY,
+        [],
+        "2",
+    )
+
+
+def test_a_suspended_pull_is_woken_by_a_send(
+    store: Store, server: RemotingServer, broker: WireClient
+) -> None:
+    flags = int(PullSysFlag.SUSPEND | PullSysFlag.SUBSCRIPTION)
+    results: list[object] = []
+    puller = threading.Thread(
+        target=lambda: results.append(
+            broker.pull("G", "T", 2, 0, sys_flag=flags, suspend_ms=20_000, timeout=60)
+        )
+    )
+    puller.start()
+    sender = WireClient(server.broker_address)
+    sender.send("T", b"wake up", queue_id=2)
+    sender.close()
+    dispatch_pending(store)
+    puller.join(60)
+    [(response, messages)] = results  # type: ignore[misc]
+    assert response.code == ResponseCode.SUCCESS
+    assert [m.body for m in messages] == [b"wake up"]
+
+
+# ----------------------------------------------------------------- offsets
+def test_the_offset_piggybacked_on_a_pull_is_seen_at_once_and_committed_by_the_flush(
+    store: Store, server: RemotingServer, broker: WireClient
+) -> None:
+    flags = int(PullSysFlag.COMMIT_OFFSET)
+    broker.pull("G", "T", 0, 0, sys_flag=flags, commit_offset=3)
+    query = {"consumerGroup": "G", "topic": "T", "queueId": 0}
+    response = broker.call(RequestCode.QUERY_CONSUMER_OFFSET, query)
+    assert (response.code, response.ext_fields["offset"]) == (ResponseCode.SUCCESS, "3")
+    server.ctx.offsets.flush()
+    assert PullConsumer(store, "G").committed_offset("T", 0) == 3
+
+
+def test_offsets_of_many_queues_are_one_commit_and_an_unchanged_one_none(
+    store: Store, server: RemotingServer, broker: WireClient
+) -> None:
+    flags = int(PullSysFlag.COMMIT_OFFSET)
+    # The server's own flusher may run too: block it out by holding the flush lock while reporting.
+    with server.ctx.offsets._flush_lock:
+        version = store.version(schemas.CONSUMER_OFFSET)
+        for queue_id in range(4):
+            broker.pull("G", "T", queue_id, 0, sys_flag=flags, commit_offset=2)
+    server.ctx.offsets.flush()
+    assert store.version(schemas.CONSUMER_OFFSET) == version + 1
+    assert PullConsumer(store, "G").committed_offset("T", 3) == 2
+    broker.pull("G", "T", 0, 0, sys_flag=flags, commit_offset=2)
+    assert server.ctx.offsets.flush() == 0
+    assert store.version(schemas.CONSUMER_OFFSET) == version + 1
+
+
+def test_update_consumer_offset_one_way_then_query(
+    store: Store, server: RemotingServer, broker: WireClient
+) -> None:
+    fields = {"consumerGroup": "G2", "topic": "T", "queueId": 1, "commitOffset": 9}
+    assert broker.call(RequestCode.UPDATE_CONSUMER_OFFSET, fields).code == ResponseCode.SUCCESS
+    server.ctx.offsets.flush()
+    assert PullConsumer(store, "G2").committed_offset("T", 1) == 9
+
+
+def test_a_new_group_on_an_old_queue_gets_query_not_found(tmp_path: Path) -> None:
+    store = Store.open(tmp_path / "old", config=load_config(in_memory_age_ms=0))
+    Admin(store).create_topic("T", 1)
+    with RemotingServer(store, namesrv_port=0, broker_port=0, run_broker_jobs=False) as srv:
+        client = WireClient(srv.broker_address)
+        fields = {"consumerGroup": "New", "topic": "T", "queueId": 0}
+        assert client.call(RequestCode.QUERY_CONSUMER_OFFSET, fields).code == ResponseCode.QUERY_NOT_FOUND
+        client.close()
+
+
+def test_a_new_group_on_a_young_queue_starts_at_zero(broker: WireClient) -> None:
+    response = broker.call(
+        RequestCode.QUERY_CONSUMER_OFFSET, {"consumerGroup": "New", "topic": "T", "queueId": 0}
+    )
+    assert (response.code, response.ext_fields["offset"]) == (ResponseCode.SUCCESS, "0")
+
+
+def test_min_max_search_and_earliest_store_time(store: Store, broker: WireClient) -> None:
+    for i in range(3):
+        broker.send("T", f"m{i}".encode(), queue_id=0)
+    dispatch_pending(store)
+    first = PullConsumer(store, "G").pull("T", 0, 0).messages
+    q = {"topic": "T", "queueId": 0}
+    assert broker.call(RequestCode.GET_MAX_OFFSET, q).ext_fields["offset"] == "3"
+    assert broker.call(RequestCode.GET_MIN_OFFSET, q).ext_fields["offset"] == "0"
+    earliest = broker.call(RequestCode.GET_EARLIEST_MSG_STORETIME, q).ext_fields["timestamp"]
+    assert earliest == str(first[0].store_ts_ms)
+    search = {**q, "timestamp": first[2].store_ts_ms}
+    assert broker.call(RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, search).ext_fields["offset"] in {"1", "2"}
+    assert (
+        broker.call(RequestCode.SEARCH_OFFSET_BY_TIMESTAMP, {**q, "timestamp": FAR_FUTURE_MS}).ext_fields[
+            "offset"
+        ]
+        == "3"
+    )
+    missing = broker.call(RequestCode.GET_MAX_OFFSET, {"topic": "Nope", "queueId": 0})
+    assert missing.code == ResponseCode.TOPIC_NOT_EXIST

@@ -12,7 +12,7 @@ from engine.broker.dispatch import dispatch_pending
 from engine.remoting import RemotingServer
 from engine.remoting.codes import RequestCode
 from engine.remoting.message_layout import encode_properties
-from tests.remoting_client import WireClient
+from tests.remoting.wire_client import WireClient
 
 
 def test_one_way_sends_are_stored_when_the_client_closes_its_connection_at_once(tmp_path: Path) -> None:

@@ -4,8 +4,10 @@
     bash bench/run.sh --quick    # smoke run (~2-3 min): 50k-message store, short latency runs
 
 Works unattended (no stdin). Everything it creates lives in one temporary directory that is removed
-at the end, and the Redis server and the broker process it starts are stopped, also on an error,
-Ctrl-C or SIGTERM. Results: BENCHMARKS.md at the repository root and bench/results/latest.json.
+at the end, and the Redis server, the broker process, the real RocketMQ name server and broker and
+`mq serve` it starts are stopped, also on an error, Ctrl-C or SIGTERM (the wire step, ``--only
+wire``, needs Maven and Java 17: see bench/workloads/wire.py). Results: BENCHMARKS.md at the
+repository root and bench/results/latest.json.
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -26,6 +27,21 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def stop_process_group(proc: subprocess.Popen[bytes], grace_s: float = 15) -> None:
+    """Stop a process started with ``start_new_session=True`` and all it started: SIGTERM to its
+    process group, SIGKILL after ``grace_s``. Nothing happens when it has ended already."""
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=grace_s)
+    except ProcessLookupError:
+        pass
 
 
 def install_redis_server() -> str | None:

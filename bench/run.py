@@ -4,8 +4,10 @@
     bash bench/run.sh --quick    # smoke run (~2-3 min): 50k-message store, short latency runs
 
 Works unattended (no stdin). Everything it creates lives in one temporary directory that is removed
-at the end, and the Redis server and the broker process it starts are stopped, also on an error,
-Ctrl-C or SIGTERM. Results: BENCHMARKS.md at the repository root and bench/results/latest.json.
+at the end, and the Redis server, the broker process, the real RocketMQ name server and broker and
+`mq serve` it starts are stopped, also on an error, Ctrl-C or SIGTERM (the wire step, ``--only
+wire``, needs Maven and Java 17: see bench/workloads/wire.py). Results: BENCHMARKS.md at the
+repository root and bench/results/latest.json.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from rich.table import Table  # noqa: E402
 
 from bench import machine, report  # noqa: E402
 from bench.peers import RedisServer  # noqa: E402
-from bench.workloads import Context, Sizes, ack, flow, produce, pull, replay, topics  # noqa: E402
+from bench.workloads import Context, Sizes, ack, flow, produce, pull, replay, topics, wire  # noqa: E402
 
 Step = Callable[[Context], list[dict[str, Any]]]
 # (name, function, needs the big store built by "produce")
@@ -50,6 +52,7 @@ STEPS: tuple[tuple[str, Step, bool], ...] = (
     ("ack", ack.acks, False),
     ("topics", topics.topics, False),
     ("flush", topics.sync_flush, False),
+    ("wire", wire.wire, False),
 )
 DESCRIPTIONS = {
     "produce": "batched produce (builds the big store)",
@@ -61,6 +64,7 @@ DESCRIPTIONS = {
     "ack": "per-message ack: SimpleConsumer processes vs Redis XREADGROUP + XACK",
     "topics": "topic creation, sends among 10,000 topics, commit metadata size",
     "flush": "synchronous sends with SYNC_FLUSH vs ASYNC_FLUSH",
+    "wire": "RocketMQ's Java client: mq serve vs the real RocketMQ broker",
 }
 
 

@@ -17,7 +17,8 @@ from engine import Store
 OURS = "lakemq"
 BARE = "bare delta-rs"
 REDIS = "Redis Streams"
-SYSTEMS = (OURS, BARE, REDIS)
+ROCKETMQ = "RocketMQ"  # the real Apache RocketMQ broker, through the same Java client as lakemq's mq serve
+SYSTEMS = (OURS, BARE, REDIS, ROCKETMQ)
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,10 @@ class Sizes:
     ack_single: int = 10_000  # receive(max_nums=1) + ack, one consumer
     topics_many: int = 10_000  # topics in the many-topic store
     topic_creates: int = 50  # create_topic calls timed one by one
+    # RocketMQ's Java client against mq serve and the real RocketMQ broker (bench/workloads/wire.py)
+    wire_threads: int = 4
+    wire_sync_messages: int = 4_000
+    wire_batch_messages: int = 100_000
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -56,6 +61,8 @@ class Sizes:
             ack_single=3_000,
             topics_many=2_000,
             topic_creates=20,
+            wire_sync_messages=1_000,
+            wire_batch_messages=10_000,
         )
 
 

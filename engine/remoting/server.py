@@ -281,8 +281,12 @@ class RemotingServer:
                 if cmd.is_response:
                     continue  # the endpoint's own requests are all one-way
                 task = asyncio.create_task(self._handle(conn, cmd, handlers))
-                tasks.add(task)
-                task.add_done_callback(tasks.discard)
+                # A one-way request (sendOneway, the offset commit a client sends as it shuts down)
+                # is carried out even when its client hangs up right after it, as RocketMQ's broker
+                # does; only requests awaiting a response are cancelled with their connection.
+                held = self._conn_tasks if cmd.is_oneway else tasks
+                held.add(task)
+                task.add_done_callback(held.discard)
         finally:
             self.ctx.connections.discard(conn)
             for task in tasks:

@@ -3,6 +3,8 @@ CONSUMER_SEND_MSG_BACK. Each goes through the engine's producer or consumer path
 
 from __future__ import annotations
 
+import asyncio
+
 from engine.client.queries import view_message
 from engine.errors import InvalidMessageError
 from engine.model import SendResult
@@ -102,7 +104,8 @@ async def send_message(ctx: BrokerContext, conn: Connection, cmd: RemotingComman
             "TRACE_ON": "true",
         }
         return cmd.response(ResponseCode.SUCCESS, ext_fields=fields)
-    result = await ctx.run(ctx.producer.send_wire, item, queue_id)
+    queued = await ctx.run(ctx.producer.send_wire_grouped, item, queue_id)
+    result = await asyncio.wrap_future(queued)
     return cmd.response(ResponseCode.SUCCESS, ext_fields=_result_fields(ctx, result))
 
 

@@ -68,7 +68,9 @@ class BrokerContext:
         self.auto_create_topics = auto_create_topics
         self.executor = ThreadPoolExecutor(workers, thread_name_prefix="mq-remoting")
         self.pull_executor = ThreadPoolExecutor(128, thread_name_prefix="mq-remoting-pull")
-        self.producer = WireProducer(store, "LAKEMQ_WIRE")
+        # No linger: a send waits only for the commit in progress; the sends that arrive meanwhile
+        # make up the next commit (a group commit), so one client alone is not slowed down.
+        self.producer = WireProducer(store, "LAKEMQ_WIRE", linger_ms=0)
         self.index = QueueIndex(store)
         self.offsets = OffsetBatcher(store)
         self.connections: set[Connection] = set()

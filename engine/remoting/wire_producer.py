@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import Future
 
 from engine.client.producer import Producer, _as_sent, _results, has_timer
 from engine.errors import InvalidMessageError
@@ -28,15 +29,23 @@ class WireProducer(Producer):
         pending = self._prepare(item.message, queue_id, None, delay_level)
         return pending._replace(uniq_key=item.uniq_key) if item.uniq_key else pending
 
-    def send_wire(self, item: IncomingMessage, queue_id: int) -> SendResult:
-        """Send one client message to ``queue_id`` (a delay level or timer as its properties say).
+    def send_wire_grouped(self, item: IncomingMessage, queue_id: int) -> Future[SendResult]:
+        """Queue one client message for a group commit; the future resolves once its commit lands.
+
+        RocketMQ's broker acknowledges a synchronous send after the group commit that holds it;
+        here the producer's async worker commits whatever sends are waiting in one Delta commit,
+        so concurrent clients (and a client's threads) share commits instead of queueing for one
+        each. Checks run here, before anything is queued.
 
         Raises:
-            InvalidMessageError, TopicNotFoundError, InvalidArgumentError: bad input; nothing is written.
+            InvalidMessageError, TopicNotFoundError, InvalidArgumentError: bad input; nothing is queued.
         """
         self._check_open()
         pending = self._wire_pending(item, queue_id, item.delay_level)
-        return _as_sent(_results(self._writer.append_batch([pending]))[0], pending)
+        future: Future[SendResult] = Future()
+        self._ensure_worker()
+        self._pending.put((pending, future))
+        return future
 
     def append_prepared(self, pending: PendingMessage) -> SendResult:
         """Commit a message the endpoint built itself (a retry send's copy) through the producer's writer."""

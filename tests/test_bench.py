@@ -187,3 +187,23 @@ def test_run_refuses_unknown_steps(capsys: pytest.CaptureFixture[str]):
         parse_args(["--only", "produce,nonsense"])
     assert "nonsense" in capsys.readouterr().err
     assert parse_args(["--only", "pull,replay"]).steps == ["pull", "replay"]
+
+
+def test_interleaved_rates_warm_every_case_once_then_alternate_them_round_by_round() -> None:
+    from bench.workloads.replay import interleaved_rates
+
+    calls: list[str] = []
+
+    def case(name: str) -> Any:
+        def run() -> int:
+            calls.append(name)
+            return 10
+
+        return run
+
+    measures = interleaved_rates({"a": case("a"), "b": case("b")}, 10, 3)
+    assert calls == ["a", "b"] * 4  # one warm-up round, then three timed ones
+    assert set(measures) == {"a", "b"}
+    assert all(m["runs"] == 3 and m["n"] == 10 and m["best_msg_s"] >= m["msg_s"] for m in measures.values())
+    with pytest.raises(RuntimeError, match="read 10 rows, expected 11"):
+        interleaved_rates({"a": case("a")}, 11, 1)

@@ -11,7 +11,8 @@ import pytest
 
 from engine import InvalidArgumentError, Store, StoreError, TopicNotFoundError
 from engine.spark import mq_sink
-from engine.spark.mq_sink import MQStaged, commit_staged, normalize_rows, partition_app, sink_progress
+from engine.spark.mq_sink import MQStaged, commit_staged, partition_app, sink_progress
+from engine.spark.sink_rows import normalize_rows, pending_batch
 from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
 from engine.store.staging import STAGING_DIR, drop_write, new_write_id, stage, staged_files
@@ -23,10 +24,15 @@ def _rows(topic: str, bodies: list[str]) -> pa.Table:
     return normalize_rows(table, 1)
 
 
+def _columns(store: Store, topic: str, bodies: list[str]) -> pa.Table:
+    """What a task stages: the commit log's offset-free columns of its checked rows."""
+    return pending_batch(store, _rows(topic, bodies)).columns
+
+
 def _staged(store: Store, write_id: str, topic: str) -> list[MQStaged]:
     parts = []
     for p, bodies in enumerate([["a0", "a1"], ["b0"], ["c0", "c1", "c2"]]):
-        path = stage(store, write_id, f"p{p}-attempt0", _rows(topic, bodies))
+        path = stage(store, write_id, f"p{p}-attempt0", _columns(store, topic, bodies))
         parts.append(MQStaged(path, len(bodies), p))
     return parts
 
@@ -43,7 +49,11 @@ def test_each_staged_partition_is_one_commit_in_partition_order(store: Store, to
     before = store.version(schemas.COMMIT_LOG)
     stored = commit_staged(store, list(reversed(_staged(store, write_id, topic))), None, None)
     assert store.version(schemas.COMMIT_LOG) == before + 3
-    assert [s.version for s in stored] == [before + 1] * 2 + [before + 2] + [before + 3] * 3
+    assert [(c.partition, c.rows, c.version) for c in stored] == [
+        (0, 2, before + 1),
+        (1, 1, before + 2),
+        (2, 3, before + 3),
+    ]
     assert _bodies(store) == ALL
     drop_write(store, write_id)
     assert list(staged_files(store, write_id)) == []
@@ -53,7 +63,7 @@ def test_a_batch_replayed_after_a_crash_between_partitions_writes_each_once(
     store: Store, topic: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     parts = _staged(store, new_write_id(), topic)
-    real = CommitLogWriter.append
+    real = CommitLogWriter.append_batch
     calls = {"n": 0}
 
     def crash_on_second(self: CommitLogWriter, *args: Any, **kwargs: Any) -> Any:
@@ -62,10 +72,10 @@ def test_a_batch_replayed_after_a_crash_between_partitions_writes_each_once(
             raise StoreError("the driver died here")
         return real(self, *args, **kwargs)
 
-    monkeypatch.setattr(CommitLogWriter, "append", crash_on_second)
+    monkeypatch.setattr(CommitLogWriter, "append_batch", crash_on_second)
     with pytest.raises(StoreError, match="died"):
         commit_staged(store, parts, "mq.sink.copy", 7)
-    monkeypatch.setattr(CommitLogWriter, "append", real)
+    monkeypatch.setattr(CommitLogWriter, "append_batch", real)
     assert _bodies(store) == [b"a0", b"a1"]
     assert (sink_progress(store, "mq.sink.copy") or -1) < 7  # the batch is not complete
     assert store.app_version(schemas.COMMIT_LOG, partition_app("mq.sink.copy", 0)) == 7
@@ -91,8 +101,8 @@ def test_only_the_attempt_spark_committed_is_written_and_leftovers_are_dropped(
     store: Store, topic: str
 ) -> None:
     write_id = new_write_id()
-    stage(store, write_id, "p0-attempt0", _rows(topic, ["lost"]))  # a failed or slower attempt
-    winner = stage(store, write_id, "p0-attempt1", _rows(topic, ["kept"]))
+    stage(store, write_id, "p0-attempt0", _columns(store, topic, ["lost"]))  # a failed or slower attempt
+    winner = stage(store, write_id, "p0-attempt1", _columns(store, topic, ["kept"]))
     commit_staged(store, [MQStaged(winner, 1, 0)], "mq.sink.spec", 0)
     assert _bodies(store) == [b"kept"]
     assert len(list(staged_files(store, write_id))) == 2
@@ -151,7 +161,7 @@ def test_a_task_checks_topics_before_staging(
 
 def test_check_rows_rejects_each_bad_destination_column_wise(store: Store, topic: str) -> None:
     from engine import InvalidMessageError
-    from engine.spark.mq_sink import check_rows
+    from engine.spark.sink_rows import check_rows
 
     def rows(**columns: list[Any]) -> pa.Table:
         n = len(columns["topic"])

@@ -15,8 +15,9 @@ from engine import Admin, Message, Producer, PullConsumer, PullStatus, Store
 from engine.broker.dispatch import dispatch_pending
 from engine.errors import InvalidArgumentError, InvalidMessageError, InvalidTopicError, TopicNotFoundError
 from engine.spark.mq_options import ReadOptions, WriteOptions
-from engine.spark.mq_sink import ROWS_SCHEMA, check_sink_schema, commit_rows, normalize_rows
+from engine.spark.mq_sink import check_sink_schema, commit_rows
 from engine.spark.mq_source import MQStreamReader, share_budget, spark_message_schema
+from engine.spark.sink_rows import ROWS_SCHEMA, normalize_rows
 from engine.store import schemas
 from engine.store.consumer_offset import OffsetStore
 

@@ -7,13 +7,16 @@ over the topic's queues. Any other column is refused.
 
 Exactly once per (sink, partition, batch), with bounded driver memory. Executors cannot safely
 commit to the commit log themselves before every task has checked its rows (a bad row must write
-nothing), so each task checks its rows (fields, topic exists and is writable, queue ids) and stages
-them as one Arrow file under ``<store>/_staging/<write id>/`` (:mod:`engine.store.staging`), named
-by its task attempt: retried and speculated attempts never share a file, and only the attempts Spark
-committed reach the driver. ``commit(messages, batchId)``, on the driver, then reads the staged
-partitions ONE AT A TIME and appends each as one commit-log commit through the producer path
-(:class:`~engine.store.commit_log.CommitLogWriter`), so the driver holds one partition, never the
-DataFrame. With a ``sinkId`` each partition's commit carries the Delta app transaction
+nothing), so each task checks its rows (fields, topic exists and is writable, queue ids), builds
+the commit log's offset-free columns for them (queues chosen, unique keys given, column-wise:
+:mod:`engine.spark.sink_rows`) and stages them as one Arrow file under
+``<store>/_staging/<write id>/`` (:mod:`engine.store.staging`), named by its task attempt: retried
+and speculated attempts never share a file, and only the attempts Spark committed reach the driver.
+``commit(messages, batchId)``, on the driver, then reads the staged partitions ONE AT A TIME and
+appends each as one commit-log commit through the producer path
+(:class:`~engine.store.commit_log.CommitLogWriter`: the sequencer stamps the offsets at commit), so
+the driver holds one partition, never the DataFrame, and does no per-row work in Python. With a
+``sinkId`` each partition's commit carries the Delta app transaction
 ``mq.sink.<sinkId>.p<partition> = batchId`` and the last one also ``mq.sink.<sinkId> = batchId``
 (the batch is complete), checked and written atomically by the writer: a batch replayed after a
 crash between partitions writes only the partitions still missing; a batch id already complete
@@ -33,12 +36,10 @@ the abort).
 
 from __future__ import annotations
 
-import random
 import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -55,20 +56,13 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from engine.errors import InvalidArgumentError, InvalidMessageError
-from engine.protocol import (
-    PROPERTY_KEYS,
-    UniqKeyGenerator,
-    is_system_topic,
-    select_queue_by_hash,
-    validate_message_fields,
-)
-from engine.protocol.permissions import is_writeable
+from engine.errors import InvalidArgumentError
 from engine.spark.mq_options import WriteOptions
+from engine.spark.sink_rows import ROWS_SCHEMA, normalize_rows, pending_batch, writable_topics
 from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
 from engine.store.staging import drop_write, new_write_id, read_staged, stage
-from engine.store.stamping import PendingMessage, Stamped
+from engine.store.stamping import PendingBatch, Stamped
 from engine.store.store import Store
 
 _STRING = StringType()
@@ -82,19 +76,6 @@ _COLUMN_TYPES: dict[str, tuple[DataType, ...]] = {
     "sharding_key": (_STRING,),
 }
 REQUIRED_COLUMNS = ("topic", "body")
-# What executors send to the driver: the rows, validated, in this schema.
-ROWS_SCHEMA = pa.schema(
-    [
-        pa.field("topic", pa.string()),
-        pa.field("body", pa.binary()),
-        pa.field("tags", pa.string()),
-        pa.field("keys", pa.list_(pa.string())),
-        pa.field("properties", pa.map_(pa.string(), pa.string())),
-        pa.field("queue_id", pa.int64()),
-        pa.field("sharding_key", pa.string()),
-        pa.field("born_ts_ms", pa.int64()),
-    ]
-)
 
 
 def check_overwrite(overwrite: bool) -> None:
@@ -127,33 +108,6 @@ def check_sink_schema(schema: StructType) -> None:
             )
 
 
-def normalize_rows(batch: pa.RecordBatch | pa.Table, born_ts_ms: int) -> pa.Table:
-    """A batch of input rows in :data:`ROWS_SCHEMA`, each row checked (runs in the executors).
-
-    Raises:
-        InvalidMessageError, InvalidTopicError: the first bad row.
-    """
-    table = pa.Table.from_batches([batch]) if isinstance(batch, pa.RecordBatch) else batch
-    n = table.num_rows
-    columns = {}
-    for f in ROWS_SCHEMA:
-        if f.name == "born_ts_ms":
-            columns[f.name] = pa.array([born_ts_ms] * n, pa.int64())
-        elif f.name in table.column_names:
-            col = table[f.name]
-            if f.name == "body" and pa.types.is_string(col.type):
-                col = pc.cast(col, pa.binary())
-            columns[f.name] = col.cast(f.type)
-        else:
-            columns[f.name] = pa.nulls(n, f.type)
-    rows = pa.table(columns, schema=ROWS_SCHEMA)
-    for row in rows.select(["topic", "body", "tags", "keys", "properties"]).to_pylist():
-        validate_message_fields(
-            row["topic"], row["body"], row["tags"], row["keys"] or (), dict(row["properties"] or ())
-        )
-    return rows
-
-
 @dataclass(frozen=True)
 class MQStaged(WriterCommitMessage):
     """One task's checked rows, staged for the driver: where, how many, which partition."""
@@ -171,90 +125,6 @@ def _task_identity() -> tuple[int, str]:
     partition = ctx.partitionId() if ctx is not None else 0
     attempt = f"{ctx.stageId()}-{ctx.attemptNumber()}-{ctx.taskAttemptId()}" if ctx is not None else "0"
     return int(partition), f"p{partition:05d}-a{attempt}-{uuid.uuid4().hex[:8]}"
-
-
-def check_rows(store: Store, rows: pa.Table) -> dict[str, Any]:
-    """Check where rows go, column-wise: every topic exists, is writable and not a system topic; every
-    queue id is in range; no sharding key is empty. Returns each topic's configuration by name.
-
-    Raises:
-        TopicNotFoundError: a row's topic does not exist.
-        InvalidMessageError: a system or read-only topic.
-        InvalidArgumentError: a queue id out of range, an empty sharding key.
-    """
-    topics: dict[str, Any] = {}
-    names = rows["topic"]
-    for name in pc.unique(names).to_pylist():
-        if is_system_topic(name):
-            raise InvalidMessageError(
-                f"topic {name!r} is a system topic; the mq sink cannot write it", topic=name
-            )
-        topic = store.topic(name)
-        if not is_writeable(topic.perm):
-            raise InvalidMessageError(f"topic {name!r} is not writable (perm {topic.perm})", topic=name)
-        topics[name] = topic
-    qids = rows["queue_id"]
-    if qids.null_count < len(qids):
-        for name, topic in topics.items():
-            chosen = pc.filter(qids, pc.and_(pc.equal(names, name), pc.is_valid(qids)))
-            if len(chosen) == 0:
-                continue
-            lo, hi = (v.as_py() for v in pc.min_max(chosen).values())
-            if lo < 0 or hi >= topic.queues:
-                qid = lo if lo < 0 else hi
-                raise InvalidArgumentError(
-                    f"queue_id {qid} is out of range; topic {name!r} has queues 0..{topic.queues - 1}",
-                    topic=name,
-                    queue_id=qid,
-                )
-    empty = pc.and_(pc.is_null(qids), pc.equal(rows["sharding_key"], ""))
-    if pc.any(empty).as_py():
-        name = pc.filter(names, empty)[0].as_py()
-        raise InvalidArgumentError("sharding_key must be a non-empty string", topic=name)
-    return topics
-
-
-def pending_messages(
-    store: Store, rows: pa.Table, ids: UniqKeyGenerator | None = None
-) -> list[PendingMessage]:
-    """Checked rows -> messages with their queues (where they go is checked first, :func:`check_rows`).
-
-    Raises:
-        TopicNotFoundError: a row's topic does not exist.
-        InvalidMessageError: a system or read-only topic.
-        InvalidArgumentError: a queue id out of range, an empty sharding key.
-    """
-    topics = check_rows(store, rows)
-    ids = ids or UniqKeyGenerator()
-    round_robin: dict[str, int] = {}
-    out = []
-    for row in rows.to_pylist():
-        name = row["topic"]
-        queues = topics[name].queues
-        qid = row["queue_id"]
-        if qid is None and row["sharding_key"] is not None:
-            qid = select_queue_by_hash(row["sharding_key"], queues)
-        elif qid is None:
-            # Round-robin from a random queue: small batches do not all land on queue 0.
-            nxt = round_robin.get(name, random.randrange(queues))
-            qid, round_robin[name] = nxt % queues, nxt + 1
-        keys = tuple(row["keys"] or ())
-        props = dict(row["properties"] or ())
-        if keys:
-            props[PROPERTY_KEYS] = " ".join(keys)
-        out.append(
-            PendingMessage(
-                topic=name,
-                queue_id=int(qid),
-                body=bytes(row["body"]),
-                uniq_key=ids.next(),
-                tags=row["tags"],
-                keys=keys,
-                properties=props,
-                born_ts_ms=int(row["born_ts_ms"]),
-            )
-        )
-    return out
 
 
 def sink_progress(store: Store, app_id: str) -> int | None:
@@ -287,7 +157,8 @@ def _check_batch(store: Store, app_id: str, batch_id: int) -> bool:
 
 
 def commit_rows(store: Store, rows: pa.Table, app_id: str | None, batch_id: int | None) -> list[Stamped]:
-    """Append validated rows as one commit-log commit, idempotent per (app id, batch id).
+    """Append checked rows (:func:`~engine.spark.sink_rows.normalize_rows`) as one commit-log commit,
+    idempotent per (app id, batch id).
 
     Returns what was stored; ``[]`` when the batch was already written (a replay) or empty.
 
@@ -301,23 +172,35 @@ def commit_rows(store: Store, rows: pa.Table, app_id: str | None, batch_id: int 
         if _check_batch(store, app_id, batch_id):
             return []
         txns = {app_id: batch_id}
-    messages = pending_messages(store, rows)
-    if not messages:
+    batch = pending_batch(store, rows)
+    if not batch.num_rows:
         return []
-    return CommitLogWriter(store).append(messages, app_transactions=txns)
+    return CommitLogWriter(store).append(batch, app_transactions=txns)
+
+
+@dataclass(frozen=True)
+class CommittedPart:
+    """One staged partition committed: its partition, its rows and the commit-log version."""
+
+    partition: int
+    rows: int
+    version: int
 
 
 def commit_staged(
     store: Store, parts: Sequence[MQStaged], app_id: str | None, batch_id: int | None
-) -> list[Stamped]:
+) -> list[CommittedPart]:
     """Append staged partitions, one commit-log commit each, in partition order; exactly once per
     (app id, partition, batch id) when both are given (see the module doc). One partition is in
-    memory at a time.
+    memory at a time: the tasks staged each one as the commit log's offset-free columns, so the
+    driver only checks the topics are still writable, stamps the offsets and commits.
 
-    Returns what was stored (``[]`` for a batch already complete).
+    Returns the partitions committed now (``[]`` for a batch already complete; a partition
+    committed by an earlier attempt of the batch is left out).
 
     Raises:
         InvalidArgumentError: ``batch_id`` is below the sink's recorded batch (a reset checkpoint).
+        TopicNotFoundError, InvalidMessageError: a topic was deleted or made read-only since.
         MQError: a staged file is unreadable, or a commit failed (partitions committed before it
             stay; a replay of the batch writes the rest).
     """
@@ -326,7 +209,7 @@ def commit_staged(
         return []
     todo = sorted((p for p in parts if p.rows), key=lambda p: (p.partition, p.path))
     writer = CommitLogWriter(store)
-    stored: list[Stamped] = []
+    committed: list[CommittedPart] = []
     for i, part in enumerate(todo):
         txns: dict[str, int] | None = None
         if guarded:
@@ -334,9 +217,12 @@ def commit_staged(
             txns = {partition_app(app_id, part.partition): batch_id}
             if i == len(todo) - 1:
                 txns[app_id] = batch_id  # the batch is complete with its last partition
-        messages = pending_messages(store, read_staged(store, part.path))
-        stored.extend(writer.append(messages, app_transactions=txns))
-    return stored
+        batch = PendingBatch.from_columns(read_staged(store, part.path))
+        writable_topics(store, pc.unique(batch.columns["topic"]).to_pylist())
+        stamped = writer.append_batch(batch, app_transactions=txns)
+        if stamped.version >= 0:
+            committed.append(CommittedPart(part.partition, len(stamped), stamped.version))
+    return committed
 
 
 class _Writing:
@@ -354,8 +240,10 @@ class _Writing:
         if table.num_rows == 0:
             return MQStaged("", 0, partition)
         store = self.options.store.open()
-        check_rows(store, table)  # topics, permissions and queue ids: fail here, before any commit
-        return MQStaged(stage(store, self.write_id, name, table), table.num_rows, partition)
+        # Topics, permissions and queue ids are checked here, before any commit; the driver gets
+        # the commit log's offset-free columns and only stamps the offsets.
+        batch = pending_batch(store, table)
+        return MQStaged(stage(store, self.write_id, name, batch.columns), batch.num_rows, partition)
 
     def _commit(self, messages: Sequence[WriterCommitMessage | None], batch_id: int | None) -> None:
         store = self.options.store.open()

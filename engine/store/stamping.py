@@ -19,6 +19,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from engine.errors import StoreError
 from engine.model import UNDISPATCHED_FLAGS
 from engine.protocol import record_size, tags_code
 from engine.store import schemas
@@ -193,6 +194,69 @@ class PendingBatch:
             _offset_free_table(cols), [topic] * n, [queue_id] * n, [True] * n, uniq_keys, born_ts_ms == 0
         )
 
+    @classmethod
+    def plain(
+        cls,
+        topics: pa.Array | pa.ChunkedArray,
+        queue_ids: np.ndarray,
+        bodies: pa.Array | pa.ChunkedArray,
+        uniq_keys: list[str],
+        tags: pa.Array | pa.ChunkedArray,
+        born_ts_ms: pa.Array | pa.ChunkedArray,
+    ) -> PendingBatch:
+        """Plain messages (no keys, no properties, no delay) of any topics and queues, from columns
+        already checked: nothing per row in Python but the lists the stamping keeps."""
+        n = len(bodies)
+        topic_list = topics.to_pylist()
+        distinct = pc.unique(topics)
+        header = pa.array([record_size(t, 0, _NO_PROPERTIES) for t in distinct.to_pylist()], pa.int64())
+        sizes = pc.add(pc.take(header, pc.index_in(topics, value_set=distinct)), pc.binary_length(bodies))
+        distinct_tags = pc.unique(tags)
+        codes = pa.array([tags_code(t) for t in distinct_tags.to_pylist()], pa.int64())
+        zeros = pa.array(np.zeros(n, dtype=np.int32))
+        cols = {
+            "topic": topics,
+            "queue_id": pa.array(queue_ids.astype(np.int32)),
+            "uniq_key": pa.array(uniq_keys, pa.string()),
+            "tags": tags,
+            "tags_code": pc.take(codes, pc.index_in(tags, value_set=distinct_tags)),
+            "keys": _empty_lists(n),
+            "properties": _empty_maps(n),
+            "body": bodies,
+            "size": sizes.cast(pa.int32()),
+            "born_ts_ms": born_ts_ms,
+            "sys_flag": zeros,
+            "delay_level": zeros,
+            "deliver_at_ms": pa.nulls(n, pa.int64()),
+            "reconsume_times": zeros,
+        }
+        born_unset = bool(pc.any(pc.equal(born_ts_ms, 0)).as_py()) if n else False
+        return cls(
+            _offset_free_table(cols), topic_list, queue_ids.tolist(), [True] * n, uniq_keys, born_unset
+        )
+
+    @classmethod
+    def from_columns(cls, columns: pa.Table) -> PendingBatch:
+        """A batch from its offset-free columns (``PendingBatch.columns`` as staged elsewhere).
+
+        Raises:
+            StoreError: the table is not in the offset-free commit-log schema.
+        """
+        if not columns.schema.equals(_OFFSET_FREE_SCHEMA):
+            raise StoreError(
+                "staged rows are not in the commit log's offset-free schema", schema=str(columns.schema)
+            )
+        flags = columns["sys_flag"].to_pylist()
+        born_unset = bool(pc.any(pc.equal(columns["born_ts_ms"], 0)).as_py()) if columns.num_rows else False
+        return cls(
+            columns,
+            columns["topic"].to_pylist(),
+            columns["queue_id"].to_pylist(),
+            [f not in UNDISPATCHED_FLAGS for f in flags],
+            columns["uniq_key"].to_pylist(),
+            born_unset,
+        )
+
 
 def _offset_free_table(cols: dict[str, pa.Array]) -> pa.Table:
     return pa.Table.from_arrays([cols[f.name] for f in _OFFSET_FREE], schema=_OFFSET_FREE_SCHEMA)
@@ -225,6 +289,8 @@ def stamp(
         first = hwm.next_queue_offset(topics[0], qids[0])
         changed[topics[0]] = {qids[0]: first + n}
         queue_offsets: list[int] = list(range(first, first + n))
+    elif n and all(batch.dispatched):
+        queue_offsets = _queue_offsets(batch, queues).tolist()
     else:
         queue_offsets = []
         for topic, qid, dispatched in zip(topics, qids, batch.dispatched, strict=True):
@@ -259,6 +325,33 @@ def stamp(
     )
     results = StampedBatch(msg_ids, batch.uniq_keys, topics, qids, queue_offsets, physical_list, store_ts)
     return table, results, delta
+
+
+def _queue_offsets(batch: PendingBatch, queues: dict[str, list[int]]) -> np.ndarray:
+    """Queue offsets of a batch whose messages are all dispatched, in input order, column-wise;
+    advances ``queues`` past them (the rows of each queue get consecutive offsets in input order)."""
+    topic_column = batch.columns["topic"].combine_chunks()
+    encoded = pc.dictionary_encode(topic_column)
+    names = encoded.dictionary.to_pylist()
+    topic_ids = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    qids = np.asarray(batch.queue_ids, dtype=np.int64)
+    width = int(qids.max()) + 1
+    key = topic_ids * width + qids
+    order = np.argsort(key, kind="stable")
+    ordered = key[order]
+    rank = np.empty(len(key), dtype=np.int64)
+    rank[order] = np.arange(len(key)) - np.searchsorted(ordered, ordered, side="left")
+    groups, counts = np.unique(key, return_counts=True)
+    base = np.empty(len(groups), dtype=np.int64)
+    for i, (group, count) in enumerate(zip(groups.tolist(), counts.tolist(), strict=True)):
+        offsets = queues.setdefault(names[group // width], [])
+        qid = group % width
+        while len(offsets) <= qid:
+            offsets.append(0)
+        base[i] = offsets[qid]
+        offsets[qid] += count
+    offsets_out: np.ndarray = base[np.searchsorted(groups, key)] + rank
+    return offsets_out
 
 
 @dataclass(frozen=True)

@@ -203,5 +203,7 @@ def test_a_multi_queue_batch_gets_dense_offsets_in_input_order_per_queue() -> No
     table, results, after = stamp(batch, hwm, "S", 100)
     assert results.queue_offsets == [10, 7, 20, 11, 8, 0]
     assert table["queue_offset"].to_pylist() == [10, 7, 20, 11, 8, 0]
-    assert after.queues == {"A": [12, 21, 0, 1], "B": [9]}
+    assert after.queues == {"A": {0: 12, 1: 21, 3: 1}, "B": {0: 9}}  # the queues the batch moved on
     assert hwm.queues == {"A": [10, 20], "B": [7]}  # the marks read are left as they were
+    hwm.apply(after)
+    assert hwm.queues == {"A": [12, 21, 0, 1], "B": [9]}

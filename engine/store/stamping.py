@@ -290,7 +290,7 @@ def stamp(
         changed[topics[0]] = {qids[0]: first + n}
         queue_offsets: list[int] = list(range(first, first + n))
     elif n and all(batch.dispatched):
-        queue_offsets = _queue_offsets(batch, queues).tolist()
+        queue_offsets = _queue_offsets(batch, hwm, changed).tolist()
     else:
         queue_offsets = []
         for topic, qid, dispatched in zip(topics, qids, batch.dispatched, strict=True):
@@ -327,9 +327,12 @@ def stamp(
     return table, results, delta
 
 
-def _queue_offsets(batch: PendingBatch, queues: dict[str, list[int]]) -> np.ndarray:
-    """Queue offsets of a batch whose messages are all dispatched, in input order, column-wise;
-    advances ``queues`` past them (the rows of each queue get consecutive offsets in input order)."""
+def _queue_offsets(
+    batch: PendingBatch, hwm: HighWaterMarks, changed: dict[str, dict[int, int]]
+) -> np.ndarray:
+    """Queue offsets of a batch whose messages are all dispatched, in input order, column-wise
+    (the rows of each queue get consecutive offsets in input order, from its next offset in
+    ``hwm``); records each queue's next offset after the batch in ``changed``."""
     topic_column = batch.columns["topic"].combine_chunks()
     encoded = pc.dictionary_encode(topic_column)
     names = encoded.dictionary.to_pylist()
@@ -344,12 +347,9 @@ def _queue_offsets(batch: PendingBatch, queues: dict[str, list[int]]) -> np.ndar
     groups, counts = np.unique(key, return_counts=True)
     base = np.empty(len(groups), dtype=np.int64)
     for i, (group, count) in enumerate(zip(groups.tolist(), counts.tolist(), strict=True)):
-        offsets = queues.setdefault(names[group // width], [])
-        qid = group % width
-        while len(offsets) <= qid:
-            offsets.append(0)
-        base[i] = offsets[qid]
-        offsets[qid] += count
+        topic, qid = names[group // width], group % width
+        base[i] = hwm.next_queue_offset(topic, qid)
+        changed.setdefault(topic, {})[qid] = int(base[i]) + count
     offsets_out: np.ndarray = base[np.searchsorted(groups, key)] + rank
     return offsets_out
 

@@ -60,7 +60,7 @@ COMMANDS = [
     *(f"group {a}" for a in ("list", "progress", "reset")),
     *(f"message {a}" for a in ("view", "query", "trace")),
     *(f"dlq {a}" for a in ("list", "resend")),
-    *("send", "pull", "lag", "sql", "dispatch", "broker", "maintenance", "status", "dashboard"),
+    *("send", "pull", "lag", "sql", "dispatch", "broker", "maintenance", "status", "dashboard", "serve"),
 ]
 
 

@@ -398,7 +398,10 @@ class Producer(Closing):
         errors raise here, before anything is queued; store errors resolve the future.
         """
         self._check_open()
-        pending = self._prepare(message, queue_id, sharding_key)
+        return self._enqueue(self._prepare(message, queue_id, sharding_key))
+
+    def _enqueue(self, pending: PendingMessage) -> Future[SendResult]:
+        """Hand a checked message to the async worker; the future resolves once its commit lands."""
         future: Future[SendResult] = Future()
         self._ensure_worker()
         self._pending.put((pending, future))

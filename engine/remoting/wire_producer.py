@@ -41,11 +41,7 @@ class WireProducer(Producer):
             InvalidMessageError, TopicNotFoundError, InvalidArgumentError: bad input; nothing is queued.
         """
         self._check_open()
-        pending = self._wire_pending(item, queue_id, item.delay_level)
-        future: Future[SendResult] = Future()
-        self._ensure_worker()
-        self._pending.put((pending, future))
-        return future
+        return self._enqueue(self._wire_pending(item, queue_id, item.delay_level))
 
     def append_prepared(self, pending: PendingMessage) -> SendResult:
         """Commit a message the endpoint built itself (a retry send's copy) through the producer's writer."""

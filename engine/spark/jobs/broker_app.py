@@ -185,6 +185,20 @@ def _stop_all(queries: dict[str, Any], grace_s: float) -> None:
             LOGGER.warning("stopping %s: %s", query.name, exc)
 
 
+def _schedule_restart(policy: RestartPolicy, due: dict[str, float], name: str, why: str) -> bool:
+    """Record a failure of job ``name``; schedule its restart in ``due`` (job -> monotonic time) and
+    return True, or return False when the policy gives up on it."""
+    wait_s = policy.failed(name, time.monotonic())
+    if wait_s is None:
+        return False
+    LOGGER.warning(
+        "%s: failed (%s); restarting from its checkpoint in %.0f s (failure %d of %d allowed within %.0f s)",
+        *(name, why, wait_s, policy.restarts(name), policy.max_restarts, policy.window_s),
+    )
+    due[name] = time.monotonic() + wait_s
+    return True
+
+
 def run_forever(
     spark: Any,
     store: Store,
@@ -248,28 +262,19 @@ def run_forever(
             for name in [n for n, q in queries.items() if n not in due and not q.isActive]:
                 error = queries[name].exception()
                 why = _first_line(error) if error is not None else "query ended on its own"
-                wait_s = policy.failed(name, time.monotonic())
-                if wait_s is None:
+                if not _schedule_restart(policy, due, name, why):
                     run.failed[name] = why
                     break
-                LOGGER.warning(
-                    "%s: failed (%s); restarting from its checkpoint in %.0f s (failure %d of %d allowed "
-                    "within %.0f s)",
-                    *(name, why, wait_s, policy.restarts(name), policy.max_restarts, policy.window_s),
-                )
-                due[name] = time.monotonic() + wait_s
-            if run.failed:
-                break
-            for name in [n for n, at in due.items() if at <= time.monotonic()]:
+            for name in [n for n, at in due.items() if at <= time.monotonic() and not run.failed]:
+                # (a job given up on in the loop above ends the run: none is restarted then)
                 job = found[name]
                 try:
                     query = job.run(spark, store, once=False, checkpoint=_checkpoint(checkpoint, name))
                 except Exception as exc:  # counts as one more failure of the job
-                    wait_s = policy.failed(name, time.monotonic())
-                    if wait_s is None:
-                        run.failed[name] = f"did not restart: {_first_line(exc)}"
+                    why = f"did not restart: {_first_line(exc)}"
+                    if not _schedule_restart(policy, due, name, why):
+                        run.failed[name] = why
                         break
-                    due[name] = time.monotonic() + wait_s
                     continue
                 del due[name]
                 queries[name] = query

@@ -49,9 +49,11 @@ def checkpoint_table(store: Store, name: str) -> int:
     Raises:
         StoreError: the checkpoint could not be written.
     """
-    with contextlib.suppress(StoreError):  # lost a race with a writer: the next pass applies it
-        apply_log_retention(store, name)
     snapshot = store.snapshot(name)
+    if snapshot.configuration().get(LOG_RETENTION_KEY) != log_retention(store.config):
+        with contextlib.suppress(StoreError):  # lost a race with a writer: the next pass applies it
+            apply_log_retention(store, name)
+        snapshot = store.snapshot(name)
     if name == schemas.COMMIT_LOG:
         checkpoint_commit_log(snapshot, read_hwm(snapshot))
     else:

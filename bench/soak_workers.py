@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import struct
 import time
-from collections.abc import Callable
 from typing import Any
 
 from bench.stats import percentile
@@ -65,11 +64,6 @@ class _Windows:
             self._reset(now)
 
 
-def _run(stop: Any, body: Callable[[], None]) -> None:
-    while not stop.is_set():
-        body()
-
-
 def producer(
     store_path: str,
     topic: str,
@@ -107,7 +101,8 @@ def producer(
             sent.append(decode(body)[0])
             windows.add(1, send_ms=(time.perf_counter() - t0) * 1000)
 
-        _run(stop, one)
+        while not stop.is_set():
+            one()
     out.put({"role": "producer", "id": f"p{ident}", "final": True, "sent": sent, "failed": failed})
 
 

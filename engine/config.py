@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ConfigError
+from engine.protocol.shards import MAX_SHARDS
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 # The defaults ship inside the package (engine/conf, package data; the repository's conf/ links to
@@ -58,6 +59,9 @@ class EngineConfig:
     timer_max_delay_sec: int = 3 * 24 * 3600
     log_level: str = "WARN"
     flush_disk_type: str = ASYNC_FLUSH
+    # Commit logs a store keeps (engine.protocol.shards), each with its own sequencer; fixed when the
+    # store is created (a store records its count, and opening it with another count set here fails).
+    commit_log_shards: int = 1
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -88,6 +92,7 @@ class EngineConfig:
             "dispatch_trigger_ms",
             "timer_max_delay_sec",
             "log_retention_minutes",
+            "commit_log_shards",
         )
         for name in positive:
             if getattr(self, name) <= 0:
@@ -99,6 +104,11 @@ class EngineConfig:
             or self.in_memory_age_ms < 0
         ):
             raise ConfigError("linger, long-poll, retention and in-memory-age settings must be >= 0")
+        if self.commit_log_shards > MAX_SHARDS:
+            raise ConfigError(
+                f"config commit_log_shards must be at most {MAX_SHARDS}, got {self.commit_log_shards}",
+                key="commit_log_shards",
+            )
 
     def replace(self, **changes: Any) -> EngineConfig:
         return dataclasses.replace(self, **changes)

@@ -309,7 +309,7 @@ class Snapshot:
             StoreError: the commit failed (another writer changed the table, or the I/O failed).
         """
         try:
-            self._dt.alter.set_table_properties(dict(properties))
+            self._dt.alter.set_table_properties(dict(properties), raise_if_not_exists=False)
         except (DeltaError, OSError) as exc:
             raise StoreError(
                 f"cannot set properties of {self.name}: {exc}", table=self.name, cause=exc

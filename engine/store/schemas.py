@@ -18,6 +18,8 @@ TOPICS = "topics"
 GROUPS = "groups"
 TRANSACTIONS = "transactions"
 OFFSET_RESETS = "offset_resets"
+# Table property of shard 0's commit log: how many commit logs the store keeps (absent: 1).
+SHARDS_PROPERTY = "lakemq.commitLogShards"
 
 _str = pa.string()
 _i32 = pa.int32()
@@ -186,3 +188,41 @@ SCHEMAS: dict[str, pa.Schema] = {
     TRANSACTIONS: TRANSACTIONS_SCHEMA,
     OFFSET_RESETS: OFFSET_RESETS_SCHEMA,
 }
+
+
+def commit_log_table(shard: int) -> str:
+    """The table name of commit-log shard ``shard``: ``commit_log`` for shard 0 (a store without
+    shards is a store of one), ``commit_log_<shard>`` for the others."""
+    return COMMIT_LOG if shard == 0 else f"{COMMIT_LOG}_{shard}"
+
+
+def shard_of_table(name: str) -> int | None:
+    """The shard a commit-log table name holds, or None when ``name`` is no commit-log table."""
+    if name == COMMIT_LOG:
+        return 0
+    prefix = f"{COMMIT_LOG}_"
+    if name.startswith(prefix) and name[len(prefix) :].isdigit() and not name[len(prefix) :].startswith("0"):
+        return int(name[len(prefix) :])
+    return None
+
+
+def kind_of(name: str) -> str:
+    """The catalog name of a table: ``commit_log`` for every shard's commit log, else ``name``.
+
+    Raises:
+        KeyError: ``name`` is no table of a store.
+    """
+    if shard_of_table(name) is not None:
+        return COMMIT_LOG
+    if name not in SCHEMAS:
+        raise KeyError(name)
+    return name
+
+
+def schema_of(name: str) -> pa.Schema:
+    """The fixed schema of a table, every commit-log shard included.
+
+    Raises:
+        KeyError: ``name`` is no table of a store.
+    """
+    return SCHEMAS[kind_of(name)]

@@ -18,6 +18,7 @@ import pyarrow.dataset as ds
 from engine.config import EngineConfig, load_config
 from engine.errors import CommitConflictError, ConfigError, MQError, StoreError, TableMissingError
 from engine.model import TopicConfig
+from engine.protocol.shards import shard_base
 from engine.store import schemas
 from engine.store.commit_markers import HWM_KEY
 from engine.store.delta import (
@@ -99,6 +100,7 @@ class Store:
         self._lock = threading.RLock()
         self._topics = TopicCatalog(self)
         self._store_id: str | None = None
+        self._shards = 1
 
     # ----------------------------------------------------------------- opening
     @classmethod
@@ -149,7 +151,51 @@ class Store:
         store = cls(root, storage_options, cfg)
         for name in schemas.SCHEMAS:
             store._ensure_table(name)
+        store._shards = store._recorded_shards()
+        for shard in range(1, store._shards):
+            store._ensure_table(schemas.commit_log_table(shard))
         return store
+
+    def _recorded_shards(self) -> int:
+        """The commit-log shards this store was created with (its commit log's table property).
+
+        Raises:
+            ConfigError: the config asks for another count than the store has (a store keeps the
+                count it was created with: its queues' offsets live in their shards' logs).
+        """
+        wanted = self.config.commit_log_shards
+        snap = self.snapshot(schemas.COMMIT_LOG)
+        recorded = snap.configuration().get(schemas.SHARDS_PROPERTY)
+        if recorded is None and wanted > 1 and snap.version() == 0:
+            # A new store (delta-rs refuses unknown properties at creation, so the count is the
+            # commit after it). Processes creating one store at once all record the same count;
+            # failing here means another did, so look again.
+            with contextlib.suppress(StoreError):
+                snap.set_properties({schemas.SHARDS_PROPERTY: str(wanted)})
+            recorded = snap.refresh().configuration().get(schemas.SHARDS_PROPERTY)
+        shards = int(recorded) if recorded else 1
+        if wanted != shards and wanted != 1:
+            raise ConfigError(
+                f"store {self.root} has {shards} commit-log shard(s); commit_log_shards = {wanted} can "
+                "only be set when a store is created",
+                key="commit_log_shards",
+            )
+        return shards
+
+    @property
+    def commit_log_shards(self) -> int:
+        """How many commit logs the store keeps (fixed when it was created; see
+        :mod:`engine.protocol.shards`)."""
+        return self._shards
+
+    @property
+    def commit_logs(self) -> tuple[str, ...]:
+        """The table names of the commit-log shards, shard 0 first (``commit_log``, ``commit_log_1``, …)."""
+        return tuple(schemas.commit_log_table(k) for k in range(self._shards))
+
+    def tables(self) -> tuple[str, ...]:
+        """Every table of the store: the catalog's, then the commit-log shards past shard 0."""
+        return (*schemas.SCHEMAS, *self.commit_logs[1:])
 
     def uri(self, name: str) -> str:
         """Location of one table of the store."""
@@ -160,7 +206,9 @@ class Store:
         return not _is_uri(self.root)
 
     def _ensure_table(self, name: str) -> None:
-        schema = schemas.SCHEMAS[name]
+        schema = schemas.schema_of(name)
+        kind = schemas.kind_of(name)
+        shard = schemas.shard_of_table(name)
         uri = self.uri(name)
         snap: Snapshot | None
         try:
@@ -173,11 +221,13 @@ class Store:
             snap = self._repair_cut_last(name, snap)
         if snap is None:
             configuration: dict[str, str | None] = {}
-            if name in _STATS_COLUMNS:
-                configuration["delta.dataSkippingNumIndexedCols"] = str(_STATS_COLUMNS[name])
-            configuration.update(_TABLE_PROPERTIES.get(name, {}))
+            if kind in _STATS_COLUMNS:
+                configuration["delta.dataSkippingNumIndexedCols"] = str(_STATS_COLUMNS[kind])
+            configuration.update(_TABLE_PROPERTIES.get(kind, {}))
             configuration[LOG_RETENTION_KEY] = log_retention(self.config)
-            custom = {HWM_KEY: '{"p":0,"t":0,"q":{}}'} if name == schemas.COMMIT_LOG else None
+            custom = None
+            if shard is not None:  # a shard's physical offsets start at its base
+                custom = {HWM_KEY: f'{{"p":{shard_base(shard)},"t":0,"q":{{}}}}'}
             try:
                 snap = create_table(
                     uri,
@@ -211,7 +261,7 @@ class Store:
         if missing:
             raise StoreError(f"table {uri} is not a {name} table: columns {missing} are missing", table=name)
         configured = snap.configuration()
-        wanted = {k: v for k, v in _TABLE_PROPERTIES.get(name, {}).items() if k not in configured}
+        wanted = {k: v for k, v in _TABLE_PROPERTIES.get(kind, {}).items() if k not in configured}
         if wanted:  # a store created before the property was introduced
             # Failing here means another process is changing the table; a later open tries again.
             with contextlib.suppress(StoreError):
@@ -255,8 +305,8 @@ class Store:
         Raises:
             StoreError: an unknown table, or the table cannot be loaded.
         """
-        if name not in schemas.SCHEMAS:
-            raise StoreError(f"unknown table {name!r}; tables: {', '.join(schemas.SCHEMAS)}", table=name)
+        if name not in self.tables():
+            raise StoreError(f"unknown table {name!r}; tables: {', '.join(self.tables())}", table=name)
         return open_snapshot(self.uri(name), self.storage_options, version, name=name)
 
     def caught_up(self, name: str, snapshot: Snapshot | None) -> Snapshot:
@@ -334,7 +384,7 @@ class Store:
             CommitConflictError: the commit lost its race ``max_retries`` + 1 times.
             StoreError: the write failed; nothing was committed.
         """
-        schema = schemas.SCHEMAS[name]
+        schema = schemas.schema_of(name)
         data = data.select(schema.names).cast(schema)
         txns = (
             app_transactions({app_id: app_version})
@@ -431,7 +481,7 @@ class Store:
         up without Spark.
         """
         latest = self.version(name)
-        columns = schema if schema is not None else schemas.SCHEMAS[name]
+        columns = schema if schema is not None else schemas.schema_of(name)
         for first in range(covered + 1, latest + 1, max_versions):
             last = min(latest, first + max_versions - 1)
             yield read_versions(self.uri(name), first, last, columns, self.storage_options), last

@@ -14,7 +14,8 @@ from engine.protocol.message_ids import make_msg_id, parse_msg_id
 from engine.protocol.shards import MAX_SHARDS, SHARD_SHIFT, shard_base, shard_of_offset, shard_of_queue
 from engine.protocol.tags import java_string_hashcode
 from engine.store import schemas
-from engine.store.commit_log import read_hwm
+from engine.store.commit_log import CommitLogWriter, read_hwm, recover_hwm_by_scan
+from engine.store.stamping import PendingMessage
 
 
 def test_one_shard_holds_every_queue() -> None:
@@ -116,3 +117,30 @@ def test_a_shard_the_store_does_not_have_is_an_unknown_table(tmp_path: Path) -> 
 def test_the_config_refuses_a_bad_shard_count(bad: object) -> None:
     with pytest.raises(ConfigError):
         load_config(commit_log_shards=bad)
+
+
+def test_a_shards_writer_stamps_offsets_from_its_base_in_its_own_table(tmp_path: Path) -> None:
+    store = Store.open(tmp_path, config=load_config(commit_log_shards=2))
+    topic = next(f"T{i}" for i in range(100) if shard_of_queue(f"T{i}", 0, 2) == 1)
+    stamped = CommitLogWriter(store, shard=1).append(
+        [PendingMessage(topic, 0, b"a", "U-A"), PendingMessage(topic, 0, b"bb", "U-B")]
+    )
+    first, second = (s.physical_offset for s in stamped)
+    assert first == shard_base(1) < second  # offsets advance by the record's size, as RocketMQ's
+    assert [shard_of_offset(s.physical_offset) for s in stamped] == [1, 1]
+    assert [s.queue_offset for s in stamped] == [0, 1]
+    assert store.version("commit_log_1") == 1 and store.version("commit_log") == 1  # shard 0: the count only
+    assert store.read("commit_log_1").num_rows == 2 and store.read("commit_log").num_rows == 0
+
+
+@pytest.mark.parametrize("shard", [-1, 2, True])
+def test_a_writer_for_a_shard_the_store_lacks_is_refused(tmp_path: Path, shard: object) -> None:
+    store = Store.open(tmp_path, config=load_config(commit_log_shards=2))
+    with pytest.raises(InvalidArgumentError, match="not a commit-log shard"):
+        CommitLogWriter(store, shard=shard)  # type: ignore[arg-type]
+
+
+def test_an_empty_shards_marks_recovered_by_scan_start_at_its_base(tmp_path: Path) -> None:
+    store = Store.open(tmp_path, config=load_config(commit_log_shards=3))
+    assert recover_hwm_by_scan(store.snapshot("commit_log_2")).physical == shard_base(2)
+    assert recover_hwm_by_scan(store.snapshot("commit_log")).physical == 0

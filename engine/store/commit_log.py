@@ -46,7 +46,14 @@ import pyarrow.compute as pc
 from deltalake import ColumnProperties, WriterProperties
 
 from engine.config import SYNC_FLUSH
-from engine.errors import CommitConflictError, CommitStateUnknownError, CommitTruncatedError, StoreError
+from engine.errors import (
+    CommitConflictError,
+    CommitStateUnknownError,
+    CommitTruncatedError,
+    InvalidArgumentError,
+    StoreError,
+)
+from engine.protocol.shards import shard_base
 from engine.store import marks_snapshots, schemas
 from engine.store.commit_markers import BATCH_KEY, EXPIRING_APP_PREFIX, HWM_KEY, MARKS_KEY
 from engine.store.delta import (
@@ -133,6 +140,7 @@ def recover_hwm_by_scan(snapshot: Snapshot) -> HighWaterMarks:
     )
     hwm = HighWaterMarks()
     if table.num_rows == 0:
+        hwm.physical = shard_base(schemas.shard_of_table(snapshot.name) or 0)
         return hwm
     ends = pc.add(table["physical_offset"], pc.cast(table["size"], pa.int64()))
     hwm.physical = int(pc.max(ends).as_py())
@@ -163,7 +171,8 @@ REPLAY_COMMITS = 256
 
 
 class CommitLogWriter:
-    """Appends batches to ``commit_log`` with sequenced offsets; one per process is enough.
+    """Appends batches to one commit-log shard with sequenced offsets; one per process and shard is
+    enough.
 
     Thread-safe: batches from several threads are committed one after another. On a local store,
     writers of the host take turns on :class:`HostLock` (see the module docstring).
@@ -173,29 +182,45 @@ class CommitLogWriter:
         host_lock: take the inter-process lock around each append (local stores only); default
             ``MQ_SEQUENCER_LOCK`` (on unless ``0``).
         lock_wait_s: longest wait for the lock before an append goes ahead without it.
+        shard: the commit-log shard appended to (:mod:`engine.protocol.shards`); default 0, the
+            only one of a store without shards.
+
+    Raises:
+        InvalidArgumentError: ``shard`` is not one of the store's shards.
     """
 
     def __init__(
-        self, store: Store, *, host_lock: bool | None = None, lock_wait_s: float = LOCK_WAIT_S
+        self,
+        store: Store,
+        *,
+        host_lock: bool | None = None,
+        lock_wait_s: float = LOCK_WAIT_S,
+        shard: int = 0,
     ) -> None:
+        if isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard < store.commit_log_shards:
+            raise InvalidArgumentError(
+                f"shard {shard!r} is not a commit-log shard of {store.root} "
+                f"({store.commit_log_shards} shard(s))",
+                shard=shard,
+            )
         self._store = store
+        self.shard = shard
+        self.table = schemas.commit_log_table(shard)
         self._dt: Snapshot | None = None
         self._hwm: HighWaterMarks | None = None
         self._lock = threading.Lock()
         use_lock = host_lock_enabled() if host_lock is None else host_lock
         self._host_lock = (
-            HostLock(os.path.join(store.root, LOCK_DIR, f"{schemas.COMMIT_LOG}.lock"), lock_wait_s)
+            HostLock(os.path.join(store.root, LOCK_DIR, f"{self.table}.lock"), lock_wait_s)
             if use_lock and store.is_local
             else None
         )
-        self._log_dir = os.path.join(store.uri(schemas.COMMIT_LOG), "_delta_log") if store.is_local else None
+        self._log_dir = os.path.join(store.uri(self.table), "_delta_log") if store.is_local else None
         self._interval: int | None = None
         # SYNC_FLUSH on a local store: the table directory whose commits are fsynced before an append
         # returns (object stores are durable on put).
         self._sync_flush = (
-            store.uri(schemas.COMMIT_LOG)
-            if store.is_local and store.config.flush_disk_type == SYNC_FLUSH
-            else None
+            store.uri(self.table) if store.is_local and store.config.flush_disk_type == SYNC_FLUSH else None
         )
         self.conflicts = 0  # lost races, for benchmarks and tests
 
@@ -204,7 +229,7 @@ class CommitLogWriter:
         by applying the commits since the marks' version when there are few (the marks are kept in
         memory), else by rebuilding them from the log."""
         base = self._dt.version() if self._dt is not None else -1
-        self._dt = self._store.caught_up(schemas.COMMIT_LOG, None if reopen else self._dt)
+        self._dt = self._store.caught_up(self.table, None if reopen else self._dt)
         latest = self._dt.version()
         hwm, self._hwm = self._hwm, None
         if hwm is not None and 0 <= base <= latest and latest - base <= REPLAY_COMMITS:
@@ -376,7 +401,7 @@ class CommitLogWriter:
                 if committed is None:
                     raise StoreError(
                         f"commit-log write failed, nothing was stored: {exc}",
-                        table="commit_log",
+                        table=self.table,
                         cause=exc.context.get("cause", exc),
                     ) from exc
                 version = committed
@@ -385,18 +410,18 @@ class CommitLogWriter:
                     self._dt = None
                     raise CommitStateUnknownError(
                         f"commit landed at version {version}, expected {base_version + 1}",
-                        table="commit_log",
+                        table=self.table,
                     )
             hwm.apply(delta)
             return dataclasses.replace(results, version=version)
         raise CommitConflictError(
-            f"commit-log append lost {attempts} races in a row; retry later", table="commit_log"
+            f"commit-log append lost {attempts} races in a row; retry later", table=self.table
         )
 
     def _find_batch(self, batch_id: str, base_version: int) -> int | None:
         """After an I/O error, tell whether our commit happened after all."""
         try:
-            dt = self._store.snapshot(schemas.COMMIT_LOG)
+            dt = self._store.snapshot(self.table)
             latest = dt.version()
             if latest <= base_version:
                 return None
@@ -407,6 +432,6 @@ class CommitLogWriter:
         except Exception as exc:
             raise CommitStateUnknownError(
                 f"commit-log write failed and its outcome cannot be read back: {exc}",
-                table="commit_log",
+                table=self.table,
                 cause=exc,
             ) from exc

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -179,3 +181,69 @@ def test_every_marker_is_registered_once_and_only_table_state_is_carried() -> No
         ("mq.job", 4, None),
     ]
     assert delta.app_transactions({}) is None
+
+
+def _age_and_clean_log(store: Store, name: str) -> None:
+    """Another process's maintenance: checkpoint the table and clean up its commit files, all of
+    them older than the log retention (their mtimes are set 8 days back)."""
+    log = Path(store.uri(name)) / "_delta_log"
+    old = time.time() - 8 * 24 * 3600
+    for f in log.glob("*.json"):
+        os.utime(f, (old, old))
+    store.snapshot(name).checkpoint(cleanup=True)
+    assert not (log / f"{1:020d}.json").exists()  # the commits a stale handle needs are gone
+
+
+def test_a_shared_snapshot_left_behind_the_log_retention_still_appends(tmp_path: Path) -> None:
+    writer = Store.open(tmp_path)
+    writer.append(schemas.CONSUMER_OFFSET, _offsets(1))  # the shared snapshot now stands at 1
+    other = Store.open(tmp_path)
+    for i in range(5):
+        other.append(schemas.CONSUMER_OFFSET, _offsets(1, start=10 + i))
+    _age_and_clean_log(other, schemas.CONSUMER_OFFSET)
+    version = writer.append(schemas.CONSUMER_OFFSET, _offsets(1, start=99))
+    assert version == 7
+    assert sorted(other.read(schemas.CONSUMER_OFFSET)["offset"].to_pylist()) == [0, 10, 11, 12, 13, 14, 99]
+
+
+def test_a_snapshot_behind_the_log_retention_refreshes_and_its_plans_are_lost_races(tmp_path: Path) -> None:
+    store = Store.open(tmp_path)
+    stale = store.snapshot(schemas.CONSUMER_OFFSET)
+    planned = store.snapshot(schemas.CONSUMER_OFFSET)
+    for i in range(3):
+        store.append(schemas.CONSUMER_OFFSET, _offsets(1, start=i))
+    _age_and_clean_log(store, schemas.CONSUMER_OFFSET)
+    assert stale.refresh().version() == 3
+    with pytest.raises(CommitConflictError) as caught:  # a commit planned on version 0: a lost race
+        commit_next(planned, rows=_offsets(1, start=7))
+    assert caught.value.retryable
+    assert store.version(schemas.CONSUMER_OFFSET) == 3
+
+
+def test_a_refresh_that_finds_its_successor_commits_gone_reloads_the_table(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    snap = store.snapshot(schemas.CONSUMER_OFFSET)
+    store.append(schemas.CONSUMER_OFFSET, _offsets(2))
+
+    def cleaned_up_meanwhile() -> None:  # the files were listed, then cleaned up before being read
+        raise FileNotFoundError(
+            f"Object at location {store.uri(schemas.CONSUMER_OFFSET)}/_delta_log/1.json not found"
+        )
+
+    monkeypatch.setattr(snap._dt, "update_incremental", cleaned_up_meanwhile)
+    assert snap.refresh().version() == store.version(schemas.CONSUMER_OFFSET)
+    assert snap.moved_since_open == 0  # a new handle, loaded from the table's newest state
+
+
+def test_a_refresh_that_cannot_read_the_log_for_another_reason_is_a_store_error(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    snap = store.snapshot(schemas.CONSUMER_OFFSET)
+
+    def unreadable() -> None:
+        raise PermissionError("permission denied")
+
+    monkeypatch.setattr(snap._dt, "update_incremental", unreadable)
+    with pytest.raises(StoreError, match="cannot be refreshed"):
+        snap.refresh()

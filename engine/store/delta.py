@@ -156,9 +156,15 @@ class Snapshot:
         try:
             self._dt.update_incremental()
         except (DeltaError, OSError) as exc:
-            raise StoreError(
-                f"table {self.name} cannot be refreshed: {exc}", table=self.name, cause=exc
-            ) from exc
+            if not log_gone(exc):
+                raise StoreError(
+                    f"table {self.name} cannot be refreshed: {exc}", table=self.name, cause=exc
+                ) from exc
+            # The commits after this version were cleaned up (the handle fell behind the log
+            # retention while another process checkpointed): load the table anew, from its newest
+            # checkpoint.
+            self._dt = open_snapshot(self.uri, self.storage_options, name=self.name)._dt
+            self._opened_at = int(self._dt.version())
         return self
 
     # ------------------------------------------------------------------ metadata
@@ -451,6 +457,15 @@ def commit_next(
             cause=exc,
         ) from exc
     except (DeltaError, OSError) as exc:
+        if log_gone(exc):
+            # The commits after the snapshot's version were cleaned up: delta-rs could not read what
+            # it must check the commit against, before writing the commit file. A lost race.
+            raise CommitConflictError(
+                f"commit to {snapshot.name} was planned on version {base}, whose successors the log "
+                f"no longer holds: {exc}",
+                table=snapshot.name,
+                cause=exc,
+            ) from exc
         if on_error == "unknown":
             raise CommitStateUnknownError(
                 f"commit to {snapshot.name} failed and may or may not have happened: {exc}",
@@ -460,6 +475,15 @@ def commit_next(
         raise StoreError(f"write to {snapshot.name} failed: {exc}", table=snapshot.name, cause=exc) from exc
     # delta-rs moves the handle on after a write, not after a transaction of ready actions.
     return base + 1 if actions else snapshot.version()
+
+
+def log_gone(exc: BaseException) -> bool:
+    """Whether a delta-rs error says that commit files a handle needs were cleaned up (the handle is
+    older than the log retention: its successors are gone, only a checkpoint stands for them)."""
+    text = str(exc)
+    if text.startswith("Invalid table version"):
+        return True
+    return "_delta_log" in text and "not found" in text and isinstance(exc, (DeltaError, FileNotFoundError))
 
 
 def backoff(attempt: int) -> None:

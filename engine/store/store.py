@@ -27,6 +27,7 @@ from engine.store.delta import (
     app_transactions,
     commit_next,
     create_table,
+    log_gone,
     open_snapshot,
 )
 from engine.store.delta_log import read_versions
@@ -393,18 +394,26 @@ class Store:
         )
         snap = snapshot if snapshot is not None else self.shared(name, fresh=False)
         with self._lock:
-            try:
-                version = commit_next(
-                    snap,
-                    rows=data,
-                    transactions=txns,
-                    custom_metadata=custom_metadata,
-                    max_retries=max_retries,
-                )
-            except CommitConflictError:
-                if snapshot is None:  # a caller's own snapshot is the caller's to move on
+            for attempt in range(2):
+                try:
+                    version = commit_next(
+                        snap,
+                        rows=data,
+                        transactions=txns,
+                        custom_metadata=custom_metadata,
+                        max_retries=max_retries,
+                    )
+                except CommitConflictError as exc:
+                    if snapshot is not None:  # a caller's own snapshot is the caller's to move on
+                        raise
                     snap.refresh()
-                raise
+                    # The shared snapshot fell behind the log retention (delta-rs could not read the
+                    # commits to retry over): once refreshed, commit as a caller who allows retries
+                    # expects.
+                    if attempt == 0 and max_retries != 0 and log_gone(exc.__cause__ or exc):
+                        continue
+                    raise
+                break
             if snapshot is None:
                 self._renew_if_aged(name)
             return version

@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from deltalake import DeltaTable  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from bench import report, soak_workers  # noqa: E402
@@ -45,6 +46,7 @@ JOBS = "dispatch,index,schedule,retry,pull_log,maintenance"
 GROWTH = 1.5  # last quarter's median over the first quarter's
 FLOORS = {"rss_mib": 64.0, "ms": 20.0, "files": 20.0, "log_mib": 1.0}
 DRAIN_S = 120.0
+MAINTENANCE_INTERVAL_S = 300.0  # the broker's maintenance job: a pass every 5 minutes
 
 
 def rss_mib(pid: int) -> float:
@@ -73,12 +75,18 @@ def rss_mib(pid: int) -> float:
 
 
 def table_sizes(store_path: Path) -> dict[str, dict[str, float]]:
-    """Per table: data files on disk, ``_delta_log`` files and MiB."""
+    """Per table: live data files (the current snapshot's), data files on disk (live, plus removed
+    ones vacuum has not deleted yet), ``_delta_log`` files and MiB."""
     out: dict[str, dict[str, float]] = {}
     for table in sorted(p for p in store_path.iterdir() if (p / "_delta_log").is_dir()):
         data = sum(1 for _ in table.rglob("*.parquet") if "_delta_log" not in _.parts)
         log = [p for p in (table / "_delta_log").iterdir() if p.is_file()]
+        try:
+            live: float | None = len(DeltaTable(str(table)).file_uris())
+        except Exception:  # a commit landing while the log is read: counted in the next sample
+            live = None
         out[table.name] = {
+            "live_files": live,
             "data_files": data,
             "log_files": len(log),
             "log_mib": sum(p.stat().st_size for p in log) / 2**20,
@@ -108,6 +116,7 @@ class Soak:
         self.windows: list[dict[str, Any]] = []
         self.samples: list[dict[str, Any]] = []
         self.finals: list[dict[str, Any]] = []
+        self.early_exits: dict[str, int | None] = {}  # workers that died before the soak ended
 
     def start_workers(self) -> None:
         a, w, s = self.args, self.args.window, str(self.store_path)
@@ -156,6 +165,10 @@ class Soak:
             while time.monotonic() < end:
                 self.collect(min(end, time.monotonic() + a.window))
                 broker.check()
+                for name, proc in self.procs.items():
+                    if not proc.is_alive() and name not in self.early_exits:
+                        self.early_exits[name] = proc.exitcode
+                        self.console.print(f"[red]{name} exited with code {proc.exitcode}[/red]")
                 row = self.sample(broker)
                 sent = sum(w["count"] for w in self.windows if w["role"] == "producer")
                 self.console.print(
@@ -176,6 +189,7 @@ class Soak:
         return self.results()
 
     def results(self) -> dict[str, Any]:
+        warmup_s = warmup_minutes(int(os.environ["MQ_LOG_RETENTION_MINUTES"])) * 60.0
         return {
             "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
             "params": {
@@ -185,8 +199,16 @@ class Soak:
             "windows": self.windows,
             "samples": self.samples,
             "accounting": account(self.finals),
-            "verdicts": verdicts(self.windows, self.samples),
+            "early_exits": self.early_exits,
+            "warmup_minutes": warmup_s / 60,
+            "verdicts": verdicts(self.windows, self.samples, warmup_s),
         }
+
+
+def warmup_minutes(log_retention_minutes: int) -> float:
+    """What a soak leaves out of its verdicts: the log retention, and one maintenance pass (whose
+    checkpoint cleans up the log behind it) after it."""
+    return log_retention_minutes + MAINTENANCE_INTERVAL_S / 60
 
 
 def account(finals: list[dict[str, Any]]) -> dict[str, Any]:
@@ -205,9 +227,17 @@ def account(finals: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def verdicts(windows: list[dict[str, Any]], samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per series (a latency p99 per role, RSS per process, files and log size per table): judged."""
+def verdicts(
+    windows: list[dict[str, Any]], samples: list[dict[str, Any]], warmup_s: float = 0.0
+) -> dict[str, Any]:
+    """Per series (a latency p99 per role, RSS per process, live files, log files and log size per
+    table): judged on what was measured after ``warmup_s`` (a Delta log only reaches its bound
+    once the log retention has passed and a checkpoint cleaned up behind it). Data files on disk
+    are not judged: removed files stay until vacuum's window (24 h) has passed, longer than a soak."""
     out: dict[str, Any] = {}
+    began = min((r["t"] for r in [*windows, *samples] if "t" in r), default=0.0)
+    windows = [w for w in windows if w.get("t", began + warmup_s) >= began + warmup_s]
+    samples = [s for s in samples if s.get("t", began + warmup_s) >= began + warmup_s]
     series: dict[str, list[float]] = defaultdict(list)
     by_t: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for w in windows:
@@ -224,7 +254,7 @@ def verdicts(windows: list[dict[str, Any]], samples: list[dict[str, Any]]) -> di
         out[f"rss {name} MiB"] = judge([s["rss_mib"].get(name) for s in samples], FLOORS["rss_mib"])
     tables = sorted({t for s in samples for t in s["tables"]})
     for table in tables:
-        for key, floor in (("data_files", FLOORS["files"]), ("log_files", FLOORS["files"])):
+        for key, floor in (("live_files", FLOORS["files"]), ("log_files", FLOORS["files"])):
             values = [s["tables"].get(table, {}).get(key) for s in samples]
             out[f"{table} {key}"] = judge(values, floor)
         log_mib = [s["tables"].get(table, {}).get("log_mib") for s in samples]
@@ -239,9 +269,28 @@ def markdown(results: dict[str, Any]) -> str:
         f"Run on {results['date']}: {p['minutes']} min, {p['producers']} producers x {p['rate']:g} msg/s "
         f"(sync sends of {p['body_bytes']} B, {rate:g} msg/s in all), {p['pullers']} pull consumers, "
         f"{p['simple']} simple consumers, broker jobs `{JOBS}`; windows of {p['window']:g} s. A series "
-        f"\"grows\" when its last quarter's median is over {GROWTH}x its first quarter's (and past a floor). "
+        f"\"grows\" when its last quarter's median is over {GROWTH}x its first quarter's (and past a floor), "
+        f"judged after a warm-up of {results['warmup_minutes']:g} min. "
         f"Delta log retention {p['log_retention_minutes']} min (so that the soak reaches the log's bound); "
-        "messages are kept 72 h, so the commit log's data grows by design.",
+        "messages are kept 72 h, so the commit log's data grows by design. Live files are the current "
+        "snapshot's; removed files stay on disk for vacuum's 24 h window, so files on disk are shown, "
+        "not judged: "
+        + ", ".join(
+            f"{t} {v:,.0f}"
+            for t, v in sorted(
+                (t, s.get("data_files", 0))
+                for t, s in (results["samples"] or [{}])[-1].get("tables", {}).items()
+            )
+            if v
+        )
+        + ".",
+        "",
+        "Workers that died during the soak: "
+        + (
+            ", ".join(f"{n} (exit code {c})" for n, c in sorted(results.get("early_exits", {}).items()))
+            or "none"
+        )
+        + ".",
         "",
         f"Accounting: {acc['sent']:,} sent ({acc['failed_sends']} failed sends); "
         + "; ".join(

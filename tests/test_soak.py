@@ -54,7 +54,9 @@ def test_verdicts_pool_each_roles_p99_and_judge_memory_and_tables():
     samples = [
         {
             "rss_mib": {"broker": 500.0 + i},
-            "tables": {"commit_log": {"data_files": 10, "log_files": 10 + i, "log_mib": 0.1}},
+            "tables": {
+                "commit_log": {"live_files": 5, "data_files": 10 + 9 * i, "log_files": 10 + i, "log_mib": 0.1}
+            },
         }
         for i in range(8)
     ]
@@ -62,7 +64,24 @@ def test_verdicts_pool_each_roles_p99_and_judge_memory_and_tables():
     assert out["producer send_ms p99"]["grows"] is None  # one window with samples: not judged
     assert out["rss broker MiB"]["grows"] is False
     assert out["commit_log log_files"]["first"] == 10.5
-    assert set(out) >= {"pull pull_ms p99", "pull e2e_ms p99", "commit_log data_files", "commit_log log_mib"}
+    assert set(out) >= {"pull pull_ms p99", "pull e2e_ms p99", "commit_log live_files", "commit_log log_mib"}
+    assert "commit_log data_files" not in out  # files on disk wait for vacuum's window: not judged
+
+
+def test_verdicts_leave_out_the_warm_up():
+    # A log that fills up to its bound in the first 10 minutes, then stays there.
+    samples = [
+        {
+            "t": 60.0 * m,
+            "rss_mib": {},
+            "tables": {"t": {"live_files": 5, "log_files": min(m, 10) * 100, "log_mib": 0}},
+        }
+        for m in range(21)
+    ]
+    assert soak.verdicts([], samples)["t log_files"]["grows"] is True
+    settled = soak.verdicts([], samples, warmup_s=600.0)["t log_files"]
+    assert settled["grows"] is False and settled["first"] == 1000
+    assert soak.warmup_minutes(5) == 10.0
 
 
 def test_table_sizes_count_data_files_and_log_files(tmp_path: Path):
@@ -72,6 +91,10 @@ def test_table_sizes_count_data_files_and_log_files(tmp_path: Path):
     sizes = soak.table_sizes(tmp_path)
     assert list(sizes) == ["t"]
     assert sizes["t"]["data_files"] == 2 and sizes["t"]["log_files"] == 2 and sizes["t"]["log_mib"] > 0
+    assert sizes["t"]["live_files"] == 2
+    write_deltalake(str(tmp_path / "t"), pa.table({"x": [3]}), mode="overwrite")
+    again = soak.table_sizes(tmp_path)["t"]
+    assert again["live_files"] == 1 and again["data_files"] == 3  # the removed files wait for vacuum
 
 
 def test_rss_counts_a_process_and_its_children():

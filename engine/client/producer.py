@@ -457,12 +457,12 @@ class Producer(Closing):
     def _commit_async(self, batch: list[tuple[PendingMessage, Future[SendResult]]]) -> None:
         """Commit a group of sends, one commit per commit-log shard its queues live in: each
         shard's commit resolves its own futures (stored, or failed and in no commit)."""
-        pending = [p for p, _ in batch]
+        messages = [p for p, _ in batch]
         try:
             if self._writer.shards == 1:  # one commit, whose error fails the whole group
-                parts = [ShardPart(0, list(range(len(batch))), self._writer.append_batch(pending), None)]
+                parts = [ShardPart(0, list(range(len(batch))), self._writer.append_batch(messages), None)]
             else:
-                parts = self._writer.commit_parts(pending)
+                parts = self._writer.commit_parts(messages)
             for part in parts:
                 if part.error is not None:
                     for i in part.positions:

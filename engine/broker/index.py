@@ -84,8 +84,9 @@ def _entries(rows: pa.Table, keys: pa.Array | pa.ChunkedArray, kind: str) -> pa.
     )
 
 
-def build_index(store: Store, rows: pa.Table, attempts: int = 8) -> int:
-    """Append index rows for commit-log ``rows`` carrying ``_version``; returns the rows added.
+def build_index(store: Store, rows: pa.Table, attempts: int = 8, *, shard: int = 0) -> int:
+    """Append index rows for ``rows`` of commit-log shard ``shard`` carrying ``_version``; returns
+    the rows added.
 
     Idempotent per commit-log version: called twice with the same rows, it adds them once. Safe
     against a concurrent indexer (the losing commit re-reads the covered version and drops what the
@@ -106,34 +107,38 @@ def build_index(store: Store, rows: pa.Table, attempts: int = 8) -> int:
     for _ in range(attempts):
         # A private snapshot: what is written is decided from exactly the version it commits after.
         snapshot = store.snapshot(schemas.INDEX)
-        last = covered_version(snapshot)
+        last = covered_version(snapshot, shard)
         entries, covered = index_rows(rows, last)
         if covered <= last:
             return 0
         try:
-            commit_index(store, snapshot, entries, covered)
+            commit_index(store, snapshot, entries, covered, shard)
         except CommitConflictError:
             continue
         return int(entries.num_rows)
     raise CommitConflictError("the indexer lost every race for the index table", table=schemas.INDEX)
 
 
-def unindexed_rows(store: Store, first: int, last: int) -> pa.Table:
-    """Commit-log rows of versions ``first..last`` with the columns the indexer needs."""
+def unindexed_rows(store: Store, first: int, last: int, shard: int = 0) -> pa.Table:
+    """Rows of versions ``first..last`` of commit-log shard ``shard`` with the columns the indexer
+    needs."""
     if last < first:
         return INDEX_SOURCE_SCHEMA.append(pa.field(VERSION_COLUMN, pa.int64())).empty_table()
     return read_versions(
-        store.uri(schemas.COMMIT_LOG), first, last, INDEX_SOURCE_SCHEMA, store.storage_options
+        store.uri(schemas.commit_log_table(shard)), first, last, INDEX_SOURCE_SCHEMA, store.storage_options
     )
 
 
 def index_pending(store: Store, max_versions: int = 1000) -> int:
-    """Index every committed commit-log version not indexed yet, without Spark.
+    """Index every committed commit-log version not indexed yet (of every shard), without Spark.
 
     The Spark index job (``jobs/index.py``) is the production path; this is the same logic for tools,
     notebooks and tests. Returns the number of index rows added.
     """
-    chunks = store.versions_after(
-        schemas.COMMIT_LOG, indexed_version(store), INDEX_SOURCE_SCHEMA, max_versions=max_versions
-    )
-    return sum(build_index(store, rows) for rows, _ in chunks)
+    added = 0
+    for shard, table in enumerate(store.commit_logs):
+        chunks = store.versions_after(
+            table, indexed_version(store, shard), INDEX_SOURCE_SCHEMA, max_versions=max_versions
+        )
+        added += sum(build_index(store, rows, shard=shard) for rows, _ in chunks)
+    return added

@@ -35,6 +35,7 @@ from engine.protocol.names import (
 from engine.protocol.permissions import is_writeable
 from engine.protocol.schedule import TIMER_PROPERTIES, real_destination, schedule_envelope, timer_deliver_ms
 from engine.store.commit_log import CommitLogWriter
+from engine.store.commit_logs import CommitLogs, ShardPart
 from engine.store.stamping import PendingBatch, PendingMessage, StampedBatch
 from engine.store.store import Store, now_ms
 
@@ -172,7 +173,7 @@ class Producer(Closing):
         for name, value, low in (("linger_ms", self.linger_ms, 0), ("batch_size", self.batch_size, 1)):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise InvalidArgumentError(f"{name} {value!r} must be an int >= {low}", **{name: value})
-        self._writer = CommitLogWriter(store)
+        self._writer = CommitLogs(store)  # one sequencer per commit-log shard
         self._ids = UniqKeyGenerator()
         self._round_robin: dict[str, itertools.count[int]] = {}
         self._rr_lock = threading.Lock()
@@ -257,6 +258,11 @@ class Producer(Closing):
             born_ts_ms=born,
             **envelope._asdict(),
         )
+
+    def _queue_writer(self, topic: str, queue_id: int) -> CommitLogWriter:
+        """The writer of the commit-log shard holding a queue (a transaction decision re-puts its
+        half into the real queue and commits its guard there)."""
+        return self._writer.writer(self._writer.shard_of(topic, queue_id))
 
     def _check_open(self) -> None:
         if self._closed:
@@ -449,18 +455,32 @@ class Producer(Closing):
             self._commit_async(batch)
 
     def _commit_async(self, batch: list[tuple[PendingMessage, Future[SendResult]]]) -> None:
+        """Commit a group of sends, one commit per commit-log shard its queues live in: each
+        shard's commit resolves its own futures (stored, or failed and in no commit)."""
+        messages = [p for p, _ in batch]
         try:
-            results = _results(self._writer.append_batch([p for p, _ in batch]))
+            if self._writer.shards == 1:  # one commit, whose error fails the whole group
+                parts = [ShardPart(0, list(range(len(batch))), self._writer.append_batch(messages), None)]
+            else:
+                parts = self._writer.commit_parts(messages)
+            for part in parts:
+                if part.error is not None:
+                    for i in part.positions:
+                        batch[i][1].set_exception(part.error)
+                    continue
+                assert part.stamped is not None
+                for i, result in zip(part.positions, _results(part.stamped), strict=True):
+                    pending, fut = batch[i]
+                    fut.set_result(_as_sent(result, pending))
         except MQError as exc:
             for _, fut in batch:
-                fut.set_exception(exc)
+                if not fut.done():
+                    fut.set_exception(exc)
         except Exception as exc:  # keep the worker alive; surface as a store error
             err = StoreError(f"async send failed: {exc}", cause=exc)
             for _, fut in batch:
-                fut.set_exception(err)
-        else:
-            for (pending, fut), result in zip(batch, results, strict=True):
-                fut.set_result(_as_sent(result, pending))
+                if not fut.done():
+                    fut.set_exception(err)
         self._tasks_done(len(batch))
 
     def _tasks_done(self, n: int) -> None:
@@ -507,3 +527,4 @@ class Producer(Closing):
         if self._worker is not None:
             self._pending.put(None)
             self._worker.join(timeout=10)
+        self._writer.close()

@@ -167,7 +167,9 @@ class TransactionProducer(Producer):
             state = LocalTransactionState.UNKNOWN
         if state is LocalTransactionState.UNKNOWN:
             return self._half_result(half, state)
-        decision = end_transaction(self._store, self._writer, half, state, reason=REASON_LOCAL)
+        decision = end_transaction(
+            self._store, self._queue_writer(half.topic, half.queue_id), half, state, reason=REASON_LOCAL
+        )
         if decision.state is not state:
             raise TransactionError(
                 f"transaction {half.msg_id} was already decided {decision.state} by the check-back; "
@@ -250,7 +252,12 @@ class TransactionProducer(Producer):
         if state is LocalTransactionState.UNKNOWN:
             return 0
         decision = end_transaction(
-            self._store, self._writer, half, state, reason=REASON_CHECK, check_times=check_times
+            self._store,
+            self._queue_writer(half.topic, half.queue_id),
+            half,
+            state,
+            reason=REASON_CHECK,
+            check_times=check_times,
         )
         return 1 if decision.won else 0
 

@@ -68,7 +68,12 @@ class WireProducer(Producer):
     ) -> Decision:
         """Decide a half message as its producer said (commit re-puts it, rollback records it)."""
         return end_transaction(
-            self._store, self._writer, half, state, reason=REASON_WIRE, check_times=check_times
+            self._store,
+            self._queue_writer(half.topic, half.queue_id),
+            half,
+            state,
+            reason=REASON_WIRE,
+            check_times=check_times,
         )
 
     def send_wire_batch(self, items: Sequence[IncomingMessage], queue_id: int) -> list[SendResult]:

@@ -27,7 +27,10 @@ A batch write is exactly once within its job (idempotent across re-runs too with
 + ``batchId``) and needs ``.mode("append")``: Spark refuses its default ``ErrorIfExists`` for Python
 sinks, and ``overwrite`` is refused here (topics are append-only). A replayed micro-batch must bring
 the same rows to the same partitions (as a deterministic source does) for the per-partition guard
-to mean the same rows.
+to mean the same rows. In a store of several commit-log shards, a partition's rows are committed
+per shard (a commit is atomic within one shard only), each with the partition's marker on that
+shard, and ``mq.sink.<sinkId>`` goes on every shard the batch wrote: exactly once per (sink,
+partition, batch, shard).
 
 Every row is checked in the tasks before anything is written; one bad row fails the job with a
 typed error and the commit log is unchanged. The staging directory is deleted after the commit (or
@@ -59,8 +62,7 @@ from pyspark.sql.types import (
 from engine.errors import InvalidArgumentError
 from engine.spark.mq_options import WriteOptions
 from engine.spark.sink_rows import ROWS_SCHEMA, normalize_rows, pending_batch, writable_topics
-from engine.store import schemas
-from engine.store.commit_log import CommitLogWriter
+from engine.store.commit_logs import CommitLogs, take_rows
 from engine.store.staging import drop_write, new_write_id, read_staged, stage
 from engine.store.stamping import PendingBatch, Stamped
 from engine.store.store import Store
@@ -128,8 +130,9 @@ def _task_identity() -> tuple[int, str]:
 
 
 def sink_progress(store: Store, app_id: str) -> int | None:
-    """Last batch id a sink recorded complete in the commit log, if any."""
-    return store.app_version(schemas.COMMIT_LOG, app_id)
+    """Last batch id a sink recorded complete in the commit log (the highest any shard records),
+    if any."""
+    return max(store.app_version(name, app_id) for name in store.commit_logs)
 
 
 def partition_app(app_id: str, partition: int) -> str:
@@ -153,7 +156,9 @@ def _check_batch(store: Store, app_id: str, batch_id: int) -> bool:
             batch_id=batch_id,
             recorded=recorded,
         )
-    return recorded == batch_id
+    # With several shards a batch is complete only once every shard it writes records it, which
+    # only its rows tell: each shard's commits are guarded on their own (the writer skips them).
+    return recorded == batch_id and store.commit_log_shards == 1
 
 
 def commit_rows(store: Store, rows: pa.Table, app_id: str | None, batch_id: int | None) -> list[Stamped]:
@@ -175,7 +180,19 @@ def commit_rows(store: Store, rows: pa.Table, app_id: str | None, batch_id: int 
     batch = pending_batch(store, rows)
     if not batch.num_rows:
         return []
-    return CommitLogWriter(store).append(batch, app_transactions=txns)
+    logs = CommitLogs(store)
+    if txns is None:
+        try:
+            return logs.append(batch)
+        finally:
+            logs.close()
+    # Exactly once per shard: each shard's part commits with the sink's marker on that shard.
+    stored: list[tuple[int, Stamped]] = []
+    for shard, positions in logs.split(batch).items():
+        part = batch if len(positions) == batch.num_rows else take_rows(batch, positions)
+        stamped = logs.writer(shard).append(part, app_transactions=txns)
+        stored.extend(zip(positions, stamped, strict=False))
+    return [s for _, s in sorted(stored, key=lambda item: item[0])]
 
 
 @dataclass(frozen=True)
@@ -185,6 +202,7 @@ class CommittedPart:
     partition: int
     rows: int
     version: int
+    shard: int = 0
 
 
 def commit_staged(
@@ -208,20 +226,32 @@ def commit_staged(
     if guarded and _check_batch(store, app_id, batch_id):  # type: ignore[arg-type]
         return []
     todo = sorted((p for p in parts if p.rows), key=lambda p: (p.partition, p.path))
-    writer = CommitLogWriter(store)
+    logs = CommitLogs(store)
     committed: list[CommittedPart] = []
+    written: set[int] = set()
+    last: set[int] = set()  # the shards the batch's last partition writes
     for i, part in enumerate(todo):
-        txns: dict[str, int] | None = None
-        if guarded:
-            assert app_id is not None and batch_id is not None
-            txns = {partition_app(app_id, part.partition): batch_id}
-            if i == len(todo) - 1:
-                txns[app_id] = batch_id  # the batch is complete with its last partition
         batch = PendingBatch.from_columns(read_staged(store, part.path))
         writable_topics(store, pc.unique(batch.columns["topic"]).to_pylist())
-        stamped = writer.append_batch(batch, app_transactions=txns)
-        if stamped.version >= 0:
-            committed.append(CommittedPart(part.partition, len(stamped), stamped.version))
+        split = logs.split(batch)
+        if i == len(todo) - 1:
+            last = set(split)
+        for shard, positions in split.items():
+            txns: dict[str, int] | None = None
+            if guarded:
+                assert app_id is not None and batch_id is not None
+                txns = {partition_app(app_id, part.partition): batch_id}
+                if i == len(todo) - 1:
+                    txns[app_id] = batch_id  # the batch is complete (on this shard) with its last partition
+            rows = batch if len(positions) == batch.num_rows else take_rows(batch, positions)
+            stamped = logs.writer(shard).append_batch(rows, app_transactions=txns)
+            written.add(shard)
+            if stamped.version >= 0:
+                committed.append(CommittedPart(part.partition, len(stamped), stamped.version, shard))
+    if guarded:
+        assert app_id is not None and batch_id is not None
+        for shard in sorted(written - last):  # shards the batch wrote before its last partition
+            logs.writer(shard).append_batch([], app_transactions={app_id: batch_id})
     return committed
 
 

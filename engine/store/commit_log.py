@@ -53,7 +53,7 @@ from engine.errors import (
     InvalidArgumentError,
     StoreError,
 )
-from engine.protocol.shards import shard_base
+from engine.protocol.shards import shard_base, shard_of_queue
 from engine.store import marks_snapshots, schemas
 from engine.store.commit_markers import BATCH_KEY, EXPIRING_APP_PREFIX, HWM_KEY, MARKS_KEY
 from engine.store.delta import (
@@ -293,6 +293,8 @@ class CommitLogWriter:
         host lock is released before the flush, so other writers commit meanwhile.
 
         Raises:
+            InvalidArgumentError: a message's queue belongs to another shard
+                (:func:`~engine.protocol.shards.shard_of_queue`); nothing is written.
             CommitConflictError: every attempt lost its race (retryable; nothing written).
             CommitStateUnknownError: the commit may have happened, or (SYNC_FLUSH) happened but
                 could not be flushed; nothing is acknowledged.
@@ -301,6 +303,7 @@ class CommitLogWriter:
         batch = messages if isinstance(messages, PendingBatch) else PendingBatch.of(messages)
         if not batch.num_rows and not app_transactions:
             return NOTHING
+        self._check_shard(batch)
         with self._lock:
             host_lock = self._host_lock
             if host_lock is not None and not host_lock.acquire():
@@ -320,6 +323,29 @@ class CommitLogWriter:
                 self._checkpoint_if_due(stamped.version)
                 self._renew_if_aged()
             return stamped
+
+    def _check_shard(self, batch: PendingBatch) -> None:
+        """Refuse a batch holding a message whose queue lives in another shard (checked per distinct
+        queue of the batch; a store of one shard has nothing to check)."""
+        shards = self._store.commit_log_shards
+        if shards == 1 or not batch.num_rows:
+            return
+        topics, qids = batch.topics, batch.queue_ids
+        n = batch.num_rows
+        if topics.count(topics[0]) == n and qids.count(qids[0]) == n:
+            pairs: set[tuple[str, int]] = {(topics[0], qids[0])}
+        else:
+            pairs = set(zip(topics, qids, strict=True))
+        for topic, qid in pairs:
+            owner = shard_of_queue(topic, qid, shards)
+            if owner != self.shard:
+                raise InvalidArgumentError(
+                    f"queue {topic}:{qid} lives in commit-log shard {owner}, not in shard {self.shard} "
+                    f"this writer appends to; nothing was written",
+                    topic=topic,
+                    queue_id=qid,
+                    shard=self.shard,
+                )
 
     def _renew_if_aged(self) -> None:
         """Reopen the handle once it has moved on by :data:`RENEW_HANDLE_COMMITS` versions (on a

@@ -54,9 +54,9 @@ MAINTENANCE_KEY = "mq.maintenance"
 
 # ----------------------------------------------------------------------------- app transaction ids
 DISPATCH_APP = "mq.dispatch"
-"""consume_queue: last commit-log version dispatched."""
+"""consume_queue: last commit-log version dispatched (of shard 0; shard k: :func:`dispatch_app`)."""
 INDEX_APP = "mq.index"
-"""index: last commit-log version indexed."""
+"""index: last commit-log version indexed (of shard 0; shard k: :func:`index_app`)."""
 PULL_LOG_APP = "mq.pull_log"
 """pull_log: last action-log version whose PULL rows are in the pull log."""
 RETRY_APP = "mq.retry"
@@ -75,6 +75,18 @@ offset never leased). Every commit that decides about leases of the queue carrie
 conflict check serialises those commits per queue while acks and other queues' leases rebase freely."""
 SINK_APP_PREFIX = "mq.sink."
 """commit_log: ``mq.sink.<id>`` the last micro-batch a Spark ``mq`` sink committed."""
+
+
+def dispatch_app(shard: int = 0) -> str:
+    """App id recording the last version of commit-log shard ``shard`` dispatched
+    (:data:`DISPATCH_APP` for shard 0, so a store of one shard keeps its id; ``mq.dispatch.<k>``)."""
+    return DISPATCH_APP if shard == 0 else f"{DISPATCH_APP}.{shard}"
+
+
+def index_app(shard: int = 0) -> str:
+    """App id recording the last version of commit-log shard ``shard`` indexed (:data:`INDEX_APP`
+    for shard 0; ``mq.index.<k>``)."""
+    return INDEX_APP if shard == 0 else f"{INDEX_APP}.{shard}"
 
 
 def schedule_queue_app(queue_id: int) -> str:

@@ -4,7 +4,10 @@ One row is the index entry of a dispatched message (topic, queue id, queue offse
 size, tag hash code, store time). Every dispatch commit carries, in its commitInfo
 (:data:`~engine.store.commit_markers.CQ_KEY`), each queue's next offset and minimum retained offset
 (:class:`QueueMarks`), and a Delta app transaction (:data:`~engine.store.commit_markers.DISPATCH_APP`)
-with the last commit-log version it covers, so a replayed dispatch adds nothing.
+with the last commit-log version it covers, so a replayed dispatch adds nothing. A store of several
+commit-log shards keeps one such app transaction per shard
+(:func:`~engine.store.commit_markers.dispatch_app`; shard 0 keeps ``mq.dispatch``), and a dispatch
+commit covers versions of one shard.
 
 A pull is a pruned table scan, not a Spark job (:class:`QueueIndex`): files are chosen by their Delta
 statistics (topic, queue id, queue offset for the consume queue; physical offset for the commit
@@ -25,7 +28,7 @@ import pyarrow.compute as pc
 
 from engine.errors import StoreError
 from engine.store import schemas
-from engine.store.commit_markers import CQ_KEY, DISPATCH_APP
+from engine.store.commit_markers import CQ_KEY, dispatch_app
 from engine.store.delta import Snapshot
 from engine.store.file_reader import FileReader, FileStats
 from engine.store.store import Store
@@ -87,21 +90,24 @@ def queue_marks(snapshot: Snapshot) -> QueueMarks:
     return QueueMarks.from_json(snapshot.commit_value(CQ_KEY))
 
 
-def dispatched_version(store: Store) -> int:
-    """Last commit-log version whose rows are in the consume queue, as of now (-1 before any)."""
-    return store.app_version(schemas.CONSUME_QUEUE, DISPATCH_APP)
+def dispatched_version(store: Store, shard: int = 0) -> int:
+    """Last version of commit-log shard ``shard`` whose rows are in the consume queue, as of now
+    (-1 before any)."""
+    return store.app_version(schemas.CONSUME_QUEUE, dispatch_app(shard))
 
 
-def covered_version(snapshot: Snapshot) -> int:
-    """Last commit-log version dispatched as of a consume-queue snapshot (-1 before any)."""
-    return snapshot.app_version(DISPATCH_APP)
+def covered_version(snapshot: Snapshot, shard: int = 0) -> int:
+    """Last version of commit-log shard ``shard`` dispatched as of a consume-queue snapshot (-1
+    before any)."""
+    return snapshot.app_version(dispatch_app(shard))
 
 
 def commit_entries(
-    store: Store, snapshot: Snapshot, entries: pa.Table, covered: int, marks: QueueMarks
+    store: Store, snapshot: Snapshot, entries: pa.Table, covered: int, marks: QueueMarks, shard: int = 0
 ) -> int:
-    """Commit dispatched ``entries`` covering commit-log versions up to ``covered``, with the queues'
-    new ``marks``, as exactly the version after ``snapshot``; returns that version.
+    """Commit dispatched ``entries`` covering versions up to ``covered`` of commit-log shard
+    ``shard``, with the queues' new ``marks``, as exactly the version after ``snapshot``; returns
+    that version.
 
     Raises:
         CommitConflictError: another dispatcher committed first (plan again from a new snapshot).
@@ -111,7 +117,7 @@ def commit_entries(
     return store.append_progress(
         schemas.CONSUME_QUEUE,
         entries,
-        app_id=DISPATCH_APP,
+        app_id=dispatch_app(shard),
         covered=covered,
         markers=markers,
         snapshot=snapshot,

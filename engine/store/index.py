@@ -9,7 +9,8 @@ keys of one batch share a producer prefix and a time, so a UNIQ_KEY file covers 
 that a uniq-key lookup can skip.
 
 Every commit carries a Delta app transaction (:data:`~engine.store.commit_markers.INDEX_APP`,
-version = the last commit-log version it covers). What to index is decided by
+version = the last commit-log version it covers; per shard in a store of several,
+:func:`~engine.store.commit_markers.index_app`). What to index is decided by
 :mod:`engine.broker.index`.
 """
 
@@ -22,7 +23,7 @@ from deltalake.transaction import AddAction
 from engine.errors import CommitConflictError, StoreError
 from engine.protocol.index_keys import KIND_KEY, KIND_UNIQ_KEY
 from engine.store import schemas
-from engine.store.commit_markers import INDEX_APP
+from engine.store.commit_markers import index_app
 from engine.store.data_files import delete_files, write_file
 from engine.store.delta import Snapshot, app_transactions, commit_next
 from engine.store.delta_log import table_filesystem
@@ -34,19 +35,20 @@ INDEX_ROW_GROUP_ROWS = 1024
 _EVERY_COLUMN = 1 << 30  # the index keeps statistics for all its (plain) columns
 
 
-def indexed_version(store: Store) -> int:
-    """Last commit-log version whose messages are in the index, as of now (-1 before any)."""
-    return store.app_version(schemas.INDEX, INDEX_APP)
+def indexed_version(store: Store, shard: int = 0) -> int:
+    """Last version of commit-log shard ``shard`` whose messages are in the index, as of now (-1
+    before any)."""
+    return store.app_version(schemas.INDEX, index_app(shard))
 
 
-def covered_version(snapshot: Snapshot) -> int:
-    """Last commit-log version indexed as of an index snapshot (-1 before any)."""
-    return snapshot.app_version(INDEX_APP)
+def covered_version(snapshot: Snapshot, shard: int = 0) -> int:
+    """Last version of commit-log shard ``shard`` indexed as of an index snapshot (-1 before any)."""
+    return snapshot.app_version(index_app(shard))
 
 
-def commit_index(store: Store, snapshot: Snapshot, entries: pa.Table, covered: int) -> None:
-    """Commit ``entries`` (sorted by :data:`INDEX_SORT`) and the covered commit-log version as
-    exactly the version after ``snapshot``, or fail.
+def commit_index(store: Store, snapshot: Snapshot, entries: pa.Table, covered: int, shard: int = 0) -> None:
+    """Commit ``entries`` (sorted by :data:`INDEX_SORT`) and the covered version of commit-log shard
+    ``shard`` as exactly the version after ``snapshot``, or fail.
 
     Raises:
         CommitConflictError: another indexer committed first (nothing committed; its files deleted).
@@ -67,7 +69,7 @@ def commit_index(store: Store, snapshot: Snapshot, entries: pa.Table, covered: i
         raise
     try:
         # Without files (nothing to index in these versions) the covered version still moves on.
-        commit_next(snapshot, actions=adds, transactions=app_transactions({INDEX_APP: covered}))
+        commit_next(snapshot, actions=adds, transactions=app_transactions({index_app(shard): covered}))
     except CommitConflictError:
         delete_files(fs, [a.path for a in adds])  # the commit did not happen: its files are garbage
         raise

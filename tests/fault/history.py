@@ -40,6 +40,7 @@ import pyarrow as pa
 
 from engine import Store
 from engine.model import UNDISPATCHED_FLAGS
+from engine.protocol.shards import SHARD_SHIFT
 from engine.store import schemas
 from engine.store.delta_log import VERSION_COLUMN, read_versions
 
@@ -278,9 +279,23 @@ def check(
 
     problems: list[str] = []
     id_column = "body" if id_of == "body" else "uniq_key"
-    log = store.read(
-        schemas.COMMIT_LOG,
-        columns=["physical_offset", "size", "topic", "queue_id", "queue_offset", "sys_flag", id_column],
+    # Every commit-log shard (shard k's physical offsets start at k << 56, past every lower shard's).
+    log = pa.concat_tables(
+        [
+            store.read(
+                name,
+                columns=[
+                    "physical_offset",
+                    "size",
+                    "topic",
+                    "queue_id",
+                    "queue_offset",
+                    "sys_flag",
+                    id_column,
+                ],
+            )
+            for name in store.commit_logs
+        ]
     ).sort_by([("physical_offset", "ascending")])
     cq = store.read(
         schemas.CONSUME_QUEUE, columns=["topic", "queue_id", "queue_offset", "physical_offset", "log_version"]
@@ -311,16 +326,25 @@ def check(
     if phys_dups:
         duplicates += phys_dups
         problems.append(f"commit_log: {phys_dups} physical offsets used twice")
-    holes = [i for i in range(1, len(physical)) if physical[i] != physical[i - 1] + sizes[i - 1]]
+    shard_of = [p >> SHARD_SHIFT for p in physical]
+    holes = [
+        i
+        for i in range(1, len(physical))
+        if shard_of[i] == shard_of[i - 1] and physical[i] != physical[i - 1] + sizes[i - 1]
+    ]
     if holes and not retained:
         not_dense += 1
         i = holes[0]
         problems.append(
             f"commit_log: physical offset {physical[i]} follows {physical[i - 1]} + size {sizes[i - 1]}"
         )
-    if physical and physical[0] != 0 and not retained:
-        not_dense += 1
-        problems.append(f"commit_log: first physical offset is {physical[0]}, not 0")
+    firsts = [i for i in range(len(physical)) if i == 0 or shard_of[i] != shard_of[i - 1]]
+    for i in firsts if not retained else []:
+        if physical[i] != shard_of[i] << SHARD_SHIFT:
+            not_dense += 1
+            problems.append(
+                f"commit_log: first physical offset of shard {shard_of[i]} is {physical[i]}, not its base"
+            )
     per_queue: dict[tuple[str, int], list[int]] = {}
     for t, q, o, f in zip(log_topics, qids, qoffs, flags, strict=True):
         if f in UNDISPATCHED_FLAGS:
@@ -332,12 +356,12 @@ def check(
         not_monotonic += not mono
         problems.extend(found)
 
-    if not retained:
+    for name in store.commit_logs if not retained else ():
         # Physical offsets rise with commit order: every version starts past everything before it.
         by_version = read_versions(
-            store.uri(schemas.COMMIT_LOG),
+            store.uri(name),
             0,
-            store.version(schemas.COMMIT_LOG),
+            store.version(name),
             pa.schema([schemas.COMMIT_LOG_SCHEMA.field("physical_offset")]),
             store.storage_options,
         )
@@ -351,9 +375,7 @@ def check(
         for version, (low, high) in sorted(spans.items()):
             if low <= seen_max:
                 not_monotonic += 1
-                problems.append(
-                    f"commit_log: version {version} holds physical offset {low}, not past {seen_max}"
-                )
+                problems.append(f"{name}: version {version} holds physical offset {low}, not past {seen_max}")
                 break
             seen_max = max(seen_max, high)
 

@@ -2,7 +2,8 @@
 
 The query follows the commit log through the ``deltalog`` data source, but only its offsets (commit-log
 versions): a micro-batch starts as soon as new versions are committed, and its rows are never read
-by Spark. Its ``foreachBatch`` calls :func:`engine.broker.dispatch.dispatch_committed` on the driver,
+by Spark (in a store of several commit-log shards, every shard's: a union of one such stream per
+shard). Its ``foreachBatch`` calls :func:`engine.broker.dispatch.dispatch_committed` on the driver,
 which reads every commit-log version after the consume queue's marker with delta-rs and commits the
 consume-queue entries together with a Delta app transaction recording the last commit-log version
 covered. A replayed micro-batch (a restart after a crash, a lost or copied checkpoint, a second
@@ -20,6 +21,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -38,6 +40,7 @@ __all__ = [
     "DispatchQuery",
     "DispatchStats",
     "commit_log_versions",
+    "commit_logs_versions",
     "run_dispatch",
     "summary",
 ]
@@ -123,17 +126,30 @@ class DispatchQuery:
         return [p for p in (self._counted(x) for x in self._query.recentProgress) if p is not None]
 
 
-def commit_log_versions(spark: Any, store: Store, starting_version: int) -> Any:
-    """A stream whose offsets are the commit log's versions from ``starting_version`` on.
+def commit_log_versions(
+    spark: Any, store: Store, starting_version: int, table: str = schemas.COMMIT_LOG
+) -> Any:
+    """A stream whose offsets are the versions of commit log ``table`` (default shard 0's) from
+    ``starting_version`` on.
 
     It is the job's trigger: a micro-batch per run of new versions. Its rows are not meant to be
     read (the job reads the versions itself); it selects only ``_version``.
     """
     columns = ("store_ts_ms",)
     schema = pa.schema([schemas.COMMIT_LOG_SCHEMA.field(c) for c in columns])
-    return log_stream(spark, store, schemas.COMMIT_LOG, starting_version, columns, schema).select(
-        VERSION_COLUMN
-    )
+    return log_stream(spark, store, table, starting_version, columns, schema).select(VERSION_COLUMN)
+
+
+def commit_logs_versions(spark: Any, store: Store, starting: Callable[[int], int]) -> Any:
+    """The trigger of a job that follows every commit-log shard: the union of one
+    :func:`commit_log_versions` stream per shard, shard ``k``'s from version ``starting(k)``, so a
+    micro-batch starts when any shard moves (the job reads every shard's new versions itself)."""
+    frame = commit_log_versions(spark, store, starting(0))
+    for shard in range(1, store.commit_log_shards):
+        frame = frame.union(
+            commit_log_versions(spark, store, starting(shard), schemas.commit_log_table(shard))
+        )
+    return frame
 
 
 def run_dispatch(
@@ -173,7 +189,11 @@ def run_dispatch(
         counters.count(batches=1, rows=rows, entries=entries)
         batches.record(batch_id, rows, started)
 
-    frame = commit_log_versions(spark, store, dispatched_version(store) + 1)
+    frame = commit_logs_versions(
+        spark,
+        store,
+        lambda shard: (dispatched_version(store, shard) if shard else dispatched_version(store)) + 1,
+    )
     query = start_query(
         frame,
         store,

@@ -11,13 +11,21 @@ whatever the checkpoint says. ``Admin.query_by_key`` / ``query_by_uniq_key`` rea
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.broker.index import INDEX_SOURCE_COLUMNS, INDEX_SOURCE_SCHEMA, build_index, unindexed_rows
+from engine.broker.index import (
+    INDEX_SOURCE_COLUMNS,
+    INDEX_SOURCE_SCHEMA,
+    build_index,
+    index_pending,
+    unindexed_rows,
+)
+from engine.spark.jobs.dispatch import commit_logs_versions
 from engine.spark.jobs.stats import JobStats
-from engine.spark.jobs.streams import LogJob
+from engine.spark.jobs.streams import LogJob, start_query
 from engine.store import schemas
 from engine.store.index import indexed_version
 from engine.store.store import Store
@@ -58,4 +66,40 @@ INDEX_JOB = LogJob(
     schema=INDEX_SOURCE_SCHEMA,
     catch_up=unindexed_rows,
 )
-run_index = INDEX_JOB.run
+
+
+def run_index(
+    spark: Any,
+    store: Store,
+    *,
+    once: bool = True,
+    checkpoint: str | None = None,
+    stats: JobStats | None = None,
+    trigger_ms: int | None = None,
+) -> Any:
+    """Start the index query on ``spark`` for ``store`` (see :meth:`LogJob.run`).
+
+    A store of one commit-log shard streams its rows into :func:`build_index`
+    (:data:`INDEX_JOB`). A store of several follows every shard as the dispatch job does: a union of
+    one version stream per shard triggers micro-batches, and each indexes every shard's versions
+    after its marker on the driver (:func:`index_pending`).
+    """
+    if store.commit_log_shards == 1:
+        return INDEX_JOB.run(
+            spark, store, once=once, checkpoint=checkpoint, stats=stats, trigger_ms=trigger_ms
+        )
+    counters = stats if stats is not None else IndexStats()
+
+    def on_batch(batch: Any, batch_id: int) -> None:
+        counters.count(batches=1, entries=index_pending(store))
+
+    frame = commit_logs_versions(spark, store, lambda shard: indexed_version(store, shard) + 1)
+    return start_query(
+        frame,
+        store,
+        INDEX_JOB.name,
+        on_batch,
+        once=once,
+        checkpoint=checkpoint,
+        trigger_ms=INDEX_JOB.trigger_ms if trigger_ms is None else trigger_ms,
+    )

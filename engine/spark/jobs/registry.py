@@ -153,7 +153,7 @@ JOBS: tuple[Job, ...] = (
     Job(
         "index",
         "Index messages by key and uniq key for query_by_key / query_by_uniq_key.",
-        index.INDEX_JOB.run,
+        index.run_index,
         index.INDEX_JOB.summary,
         index.IndexStats,
         options=(trigger_ms_option(index.INDEX_JOB.trigger_ms),),

@@ -61,3 +61,69 @@ def dead_letter_received(store: Store, topic: str, group: str, max_nums: int = 8
             consumer.nack(message)
     route_retries(store, max_reconsume_times=0)
     dispatch_pending(store)
+
+
+def append_to_queues(
+    store: Store, topic: str, per_queue: dict[int, list[bytes]], *, tags: str | None = None
+) -> list[Any]:
+    """Append ``per_queue[q]``'s bodies to queue ``q`` of ``topic``, each queue through the writer of
+    the commit-log shard that holds it (one commit per queue); returns the ``Stamped`` results."""
+    from engine.protocol.shards import shard_of_queue
+    from engine.store.commit_log import CommitLogWriter
+    from engine.store.stamping import PendingMessage
+
+    stamped: list[Any] = []
+    for queue_id, bodies in per_queue.items():
+        shard = shard_of_queue(topic, queue_id, store.commit_log_shards)
+        pending = [
+            PendingMessage(topic, queue_id, body, f"{topic}-{queue_id}-{i}-{len(stamped)}".upper(), tags=tags)
+            for i, body in enumerate(bodies)
+        ]
+        stamped += CommitLogWriter(store, shard=shard).append(pending)
+    return stamped
+
+
+def dispatch_every_shard(store: Store) -> int:
+    """Consume-queue entries for every commit-log shard's messages: shard 0 by the dispatch job's
+    own function, the other shards by a test stand-in (one consume-queue commit carrying the queues'
+    new marks and no dispatch progress) until dispatch covers them. Returns the entries added."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from engine.broker.dispatch import DISPATCH_COLUMNS, dispatch_pending
+    from engine.store.commit_markers import CQ_KEY
+    from engine.store.consume_queue import queue_marks
+
+    added = dispatch_pending(store)
+    if store.commit_log_shards == 1:
+        return added
+    snapshot = store.snapshot(schemas.CONSUME_QUEUE)
+    marks = queue_marks(snapshot)
+    rows = pa.concat_tables([store.read(n, columns=list(DISPATCH_COLUMNS)) for n in store.commit_logs[1:]])
+    rows = rows.sort_by("physical_offset")
+    keep = []
+    for i, (topic, qid, offset) in enumerate(
+        zip(
+            rows["topic"].to_pylist(),
+            rows["queue_id"].to_pylist(),
+            rows["queue_offset"].to_pylist(),
+            strict=True,
+        )
+    ):
+        if offset == marks.max_offset(topic, qid):
+            marks.set_next(topic, qid, offset + 1)
+            keep.append(i)
+    if not keep:
+        return added
+    picked = rows.take(pa.array(keep, pa.int64()))
+    entries = picked.select(list(schemas.CONSUME_QUEUE_SCHEMA.names[:-1])).append_column(
+        "log_version", pc.cast(pa.array([0] * len(keep)), pa.int64())
+    )
+    store.append(
+        schemas.CONSUME_QUEUE,
+        entries,
+        custom_metadata={CQ_KEY: marks.to_json()},
+        snapshot=snapshot,
+        max_retries=0,
+    )
+    return added + len(keep)

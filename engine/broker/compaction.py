@@ -9,8 +9,9 @@ and each output is sorted by physical offset, so files keep contiguous, disjoint
 ranges (pull file pruning depends on it), with 256-row row groups as the sequencer writes them
 (delta-rs ``optimize.compact`` packs files largest first and would interleave ranges; ``z_order``
 rewrites the whole table every time). Only commit-log files the dispatch job has covered are
-compacted. The consume queue's small files are rewritten together, clustered by
-(topic, queue_id, queue_offset). The index keeps the layout its builder writes
+compacted; each commit-log shard is a table of its own, compacted alone with its own watermark.
+The consume queue's small files are rewritten together, clustered by (topic, queue_id,
+queue_offset). The index keeps the layout its builder writes
 (:mod:`engine.broker.index`): one file per kind, rows sorted by (kind, topic, key, store time, physical
 offset) in small row groups, so lookups still prune files and row groups by key after compaction.
 Other tables are bin-packed in the order they were written.
@@ -24,9 +25,17 @@ from typing import TypedDict
 
 from engine.broker.maintenance_args import check_int, table_names
 from engine.errors import CommitStateUnknownError
+from engine.protocol.shards import SHARD_SPAN, shard_base
 from engine.store import schemas
 from engine.store.commit_log import COMMIT_LOG_ROW_GROUP_ROWS
-from engine.store.data_files import Commit, commit_planned, delete_files, remove_action, rewrite_files
+from engine.store.data_files import (
+    Commit,
+    commit_planned,
+    delete_files,
+    read_columns,
+    remove_action,
+    rewrite_files,
+)
 from engine.store.delta import Action, DataFile, Snapshot
 from engine.store.delta_log import table_filesystem
 from engine.store.index import INDEX_ROW_GROUP_ROWS, INDEX_SORT
@@ -76,10 +85,36 @@ class CompactionReport(TypedDict):
     version: int | None  # the compaction commit, None when there was nothing to do
 
 
-def dispatched_physical(store: Store) -> int:
-    """Largest physical offset the consume queue points at: commit-log files ending at or below it
-    were committed no later than a dispatched version, so the dispatch job has read them."""
-    return store.snapshot(schemas.CONSUME_QUEUE).column_max("physical_offset")
+def dispatched_physical(store: Store, shard: int = 0) -> int:
+    """Largest physical offset of commit-log shard ``shard`` the consume queue points at (-1 for
+    none): that shard's files ending at or below it were committed no later than a dispatched
+    version, so the dispatch job has read them (a shard's offsets grow with its commit order).
+
+    With one shard this is the consume queue's largest ``physical_offset`` statistic. With several,
+    files wholly inside the shard's offset range give theirs, and only files whose range reaches past
+    it are read (their ``physical_offset`` column).
+    """
+    cq = store.snapshot(schemas.CONSUME_QUEUE)
+    if store.commit_log_shards == 1:
+        return cq.column_max("physical_offset")
+    lo = shard_base(shard)
+    hi = lo + SHARD_SPAN - 1
+    best = -1
+    straddling: list[str] = []
+    for f in cq.files("physical_offset"):
+        if f.lo is None or f.hi is None:
+            straddling.append(f.path)
+        elif lo <= f.hi <= hi:
+            best = max(best, f.hi)
+        elif f.lo <= hi < f.hi:
+            straddling.append(f.path)
+    fs = table_filesystem(store.uri(schemas.CONSUME_QUEUE), store.storage_options)
+    for path in straddling:
+        offsets = read_columns(fs, path, ["physical_offset"])["physical_offset"].to_numpy()
+        inside = offsets[(offsets >= lo) & (offsets <= hi)]
+        if len(inside):
+            best = max(best, int(inside.max()))
+    return best
 
 
 def plan_bins(
@@ -151,11 +186,12 @@ def plan_bins(
 
 
 def _compact_table(store: Store, name: str, min_files: int, target: int | None) -> CompactionReport:
-    layout = LAYOUTS.get(name, DEFAULT_LAYOUT)
+    layout = LAYOUTS.get(schemas.kind_of(name), DEFAULT_LAYOUT)
     size = target or layout.target_file_size
     dt = store.snapshot(name)
     files = dt.files(layout.ordered_by)
-    watermark = dispatched_physical(store) if name == schemas.COMMIT_LOG else None
+    shard = schemas.shard_of_table(name)
+    watermark = dispatched_physical(store, shard) if shard is not None else None
     bins = plan_bins(files, layout, min_files, size, watermark)
     report = CompactionReport(
         table=name,
@@ -171,7 +207,7 @@ def _compact_table(store: Store, name: str, min_files: int, target: int | None) 
     if not bins:
         return report
     fs = table_filesystem(store.uri(name), store.storage_options)
-    schema = schemas.SCHEMAS[name]
+    schema = schemas.schema_of(name)
     indexed = dt.indexed_columns()
     written: list[tuple[list[DataFile], Sequence[Action], int]] = []
     dropped: set[int] = set()
@@ -237,7 +273,8 @@ def compact(
 
     Args:
         store: the store.
-        table: a table name, a list of them, or None for every table.
+        table: a table name, a list of them, or None for every table (every commit-log shard
+            included: ``commit_log``, ``commit_log_1``, …).
         min_files: compact a table only when at least this many small files would be merged (>= 2).
         target_file_size: size in bytes of the files written; default per table (:data:`LAYOUTS`).
 
@@ -249,7 +286,7 @@ def compact(
         CommitConflictError: a table's compaction lost every race (retryable).
         CommitStateUnknownError, StoreError: I/O failed.
     """
-    names = table_names(table)
+    names = table_names(store, table)
     check_int("min_files", min_files, 2)
     if target_file_size is not None:
         check_int("target_file_size", target_file_size, 1)

@@ -31,7 +31,6 @@ from engine.broker.compaction import (
 from engine.broker.maintenance_args import HOUR_MS, check_hours, check_int, table_names
 from engine.broker.retention import RetentionReport, consumed_offsets, protected_offsets, retain
 from engine.errors import MQError
-from engine.store import schemas
 from engine.store.commit_markers import MAINTENANCE_KEY
 from engine.store.delta import DataFile
 from engine.store.store import Store
@@ -78,7 +77,7 @@ def checkpoint(store: Store, table: str | Sequence[str] | None = None) -> dict[s
         InvalidArgumentError: an unknown table.
         StoreError: the checkpoint could not be written.
     """
-    return {name: checkpoint_table(store, name) for name in table_names(table)}
+    return {name: checkpoint_table(store, name) for name in table_names(store, table)}
 
 
 def vacuum(
@@ -98,7 +97,8 @@ def vacuum(
     Args:
         store: the store.
         retention_hours: the window; default :data:`DEFAULT_VACUUM_RETENTION_HOURS`.
-        table: a table name, a list of them, or None for every table.
+        table: a table name, a list of them, or None for every table (every commit-log shard
+            included).
         enforce_retention_duration: refuse windows below the table's
             ``delta.deletedFileRetentionDuration`` (7 days by default), as Delta does.
 
@@ -113,7 +113,7 @@ def vacuum(
     hours = check_hours(
         "retention_hours", DEFAULT_VACUUM_RETENTION_HOURS if retention_hours is None else retention_hours
     )
-    names = table_names(table)
+    names = table_names(store, table)
     return {name: vacuum_table(store, name, hours, enforce_retention_duration) for name in names}
 
 
@@ -221,7 +221,7 @@ def maintain(
         retention = retain(store, file_reserved_hours, force=force, now_ms=now_ms)
     except MQError as exc:
         errors.append(f"retention: {exc}")
-    for name in schemas.SCHEMAS:
+    for name in store.tables():
         try:
             compaction.update(compact(store, name, min_files=min_files, target_file_size=target_file_size))
         except MQError as exc:

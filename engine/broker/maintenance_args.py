@@ -6,21 +6,21 @@ import math
 from collections.abc import Sequence
 
 from engine.errors import InvalidArgumentError
-from engine.store import schemas
+from engine.store.store import Store
 
 HOUR_MS = 3_600_000
 
 
-def table_names(table: str | Sequence[str] | None) -> list[str]:
-    """The tables named (every table for None); raises :class:`InvalidArgumentError` for unknown ones."""
+def table_names(store: Store, table: str | Sequence[str] | None) -> list[str]:
+    """The tables named (every table of ``store``, each commit-log shard included, for None);
+    raises :class:`InvalidArgumentError` for names that are no table of ``store``."""
+    known = store.tables()
     if table is None:
-        return list(schemas.SCHEMAS)
+        return list(known)
     names = [table] if isinstance(table, str) else list(table)
     for name in names:
-        if name not in schemas.SCHEMAS:
-            raise InvalidArgumentError(
-                f"unknown table {name!r}; tables: {', '.join(schemas.SCHEMAS)}", table=name
-            )
+        if name not in known:
+            raise InvalidArgumentError(f"unknown table {name!r}; tables: {', '.join(known)}", table=name)
     return names
 
 

@@ -22,11 +22,12 @@ from engine.broker.maintenance_args import HOUR_MS, check_hours, check_int
 from engine.broker.schedule_state import schedule_progress
 from engine.errors import CommitStateUnknownError
 from engine.protocol import SCHEDULE_TOPIC
+from engine.protocol.shards import SHARD_SHIFT
 from engine.store import schemas
 from engine.store import store as _store_module
 from engine.store.commit_log import COMMIT_LOG_ROW_GROUP_ROWS, read_hwm
 from engine.store.commit_markers import CQ_KEY
-from engine.store.consume_queue import queue_marks
+from engine.store.consume_queue import QueueMarks, queue_marks
 from engine.store.data_files import (
     Commit,
     StatsColumns,
@@ -111,6 +112,8 @@ def _per_row(keys: pa.Array, values: Mapping[str, int], default: int) -> np.ndar
 
 @dataclass
 class _RetentionPlan:
+    table: str
+    fs: pa_fs.FileSystem
     removes: list[DataFile] = field(default_factory=list)
     rewrites: list[tuple[DataFile, Action]] = field(default_factory=list)
     deleted_max: dict[tuple[str, int], int] = field(default_factory=dict)
@@ -119,19 +122,26 @@ class _RetentionPlan:
     protected: set[str] = field(default_factory=set)
 
 
-def _plan_commit_log(store: Store, cutoff: int, force: bool, fs: pa_fs.FileSystem) -> _RetentionPlan:
-    """Which commit-log files to delete or rewrite; rewritten files are written already."""
-    log = store.snapshot(schemas.COMMIT_LOG)
-    cq = store.snapshot(schemas.CONSUME_QUEUE)
-    marks = queue_marks(cq)
-    consumed = consumed_offsets(store)
-    watermark = dispatched_physical(store)
+def _plan_commit_log(
+    store: Store,
+    shard: int,
+    cutoff: int,
+    force: bool,
+    marks: QueueMarks,
+    consumed: Mapping[str, Mapping[int, int]],
+) -> _RetentionPlan:
+    """Which files of commit-log shard ``shard`` to delete or rewrite; rewritten files are written
+    already."""
+    name = schemas.commit_log_table(shard)
+    log = store.snapshot(name)
+    fs = table_filesystem(store.uri(name), store.storage_options)
+    watermark = dispatched_physical(store, shard)
     indexed = log.indexed_columns()
     files = sorted(
         (f for f in log.files("physical_offset") if f.lo is not None),
         key=lambda f: (f.lo, f.path),
     )
-    plan = _RetentionPlan()
+    plan = _RetentionPlan(name, fs)
     try:
         for f in files:
             if f.hi is None or f.hi > watermark:
@@ -297,22 +307,27 @@ def retain(
         protected_topics=[],
         versions={},
     )
-    log_fs = table_filesystem(store.uri(schemas.COMMIT_LOG), store.storage_options)
-    plan = _plan_commit_log(store, cutoff, bool(force), log_fs)
-    report["protected_topics"] = sorted(plan.protected)
+    marks = queue_marks(store.snapshot(schemas.CONSUME_QUEUE))
+    consumed = consumed_offsets(store)
+    plans: list[_RetentionPlan] = []
     try:
-        _retain_consume_queue(store, plan, report)
-        _retain_commit_log(store, plan, report, log_fs)
+        for shard in range(store.commit_log_shards):
+            plans.append(_plan_commit_log(store, shard, cutoff, bool(force), marks, consumed))
+        report["protected_topics"] = sorted(set().union(*(p.protected for p in plans)))
+        _retain_consume_queue(store, plans, report)
+        for plan in plans:
+            _retain_commit_log(store, plan, report)
     except CommitStateUnknownError:
         raise
     except BaseException:
-        delete_files(log_fs, [a.path for _, a in plan.rewrites])
+        for plan in plans:
+            delete_files(plan.fs, [a.path for _, a in plan.rewrites])
         raise
     _retain_index(store, report)
     return report
 
 
-def _retain_consume_queue(store: Store, plan: _RetentionPlan, report: RetentionReport) -> None:
+def _retain_consume_queue(store: Store, plans: list[_RetentionPlan], report: RetentionReport) -> None:
     fs = table_filesystem(store.uri(schemas.CONSUME_QUEUE), store.storage_options)
     written: list[str] = []
     result: dict[str, Any] = {}
@@ -322,7 +337,7 @@ def _retain_consume_queue(store: Store, plan: _RetentionPlan, report: RetentionR
         written.clear()
         marks = queue_marks(dt)
         raised: dict[str, dict[int, int]] = {}
-        for (topic, qid), last in plan.deleted_max.items():
+        for (topic, qid), last in (item for plan in plans for item in plan.deleted_max.items()):
             if last + 1 > marks.min_offset(topic, qid):
                 marks.set_min(topic, qid, last + 1)
                 raised.setdefault(topic, {})[qid] = last + 1
@@ -346,9 +361,7 @@ def _retain_consume_queue(store: Store, plan: _RetentionPlan, report: RetentionR
         report["consume_queue_entries_removed"] = result["removed"]
 
 
-def _retain_commit_log(
-    store: Store, plan: _RetentionPlan, report: RetentionReport, fs: pa_fs.FileSystem
-) -> None:
+def _retain_commit_log(store: Store, plan: _RetentionPlan, report: RetentionReport) -> None:
     if not plan.removes and not plan.rewrites:
         return
     needed = {f.path for f in plan.removes} | {f.path for f, _ in plan.rewrites}
@@ -362,23 +375,52 @@ def _retain_commit_log(
             actions.extend([add, remove_action(f, True)])
         return Commit(actions)
 
-    version = commit_planned(store, schemas.COMMIT_LOG, plan_log, "retain")
+    version = commit_planned(store, plan.table, plan_log, "retain")
     if version is None:
-        delete_files(fs, [a.path for _, a in plan.rewrites])
+        delete_files(plan.fs, [a.path for _, a in plan.rewrites])
         return
-    report["versions"][schemas.COMMIT_LOG] = version
-    report["files_removed"] = len(plan.removes)
-    report["files_rewritten"] = len(plan.rewrites)
-    report["rows_removed"] = plan.rows
-    report["bytes_removed"] = plan.bytes
+    report["versions"][plan.table] = version
+    report["files_removed"] += len(plan.removes)
+    report["files_rewritten"] += len(plan.rewrites)
+    report["rows_removed"] += plan.rows
+    report["bytes_removed"] += plan.bytes
+
+
+def _first_offsets(store: Store) -> list[int]:
+    """Per commit-log shard, the first physical offset still stored (its next offset when the shard
+    holds no file): every offset of the shard below it is deleted."""
+    firsts = []
+    for name in store.commit_logs:
+        log = store.snapshot(name)
+        starts = [f.lo for f in log.files("physical_offset") if f.lo is not None]
+        firsts.append(min(starts) if starts else read_hwm(log).physical)
+    return firsts
+
+
+def _only_deleted(offsets: np.ndarray, firsts: list[int]) -> bool:
+    """Whether every offset is below its shard's first stored offset (offsets of no shard: kept)."""
+    shards = offsets >> SHARD_SHIFT
+    bound = np.asarray([*firsts, -1], dtype=np.int64)[np.clip(shards, 0, len(firsts))]
+    return bool(np.all(offsets < bound))
 
 
 def _retain_index(store: Store, report: RetentionReport) -> None:
+    fs = table_filesystem(store.uri(schemas.INDEX), store.storage_options)
+
     def plan_index(dt: Snapshot) -> Commit | None:
-        log = store.snapshot(schemas.COMMIT_LOG)
-        starts = [f.lo for f in log.files("physical_offset") if f.lo is not None]
-        first = min(starts) if starts else read_hwm(log).physical
-        gone = [f for f in dt.files("physical_offset") if f.hi is not None and f.hi < first]
+        firsts = _first_offsets(store)
+        gone = []
+        for f in dt.files("physical_offset"):
+            if f.lo is None or f.hi is None:
+                continue
+            ends = np.asarray([f.lo, f.hi], dtype=np.int64)
+            if not _only_deleted(ends, firsts):
+                continue  # its first or last entry points at a stored message
+            if f.lo >> SHARD_SHIFT != f.hi >> SHARD_SHIFT:  # entries of several shards: look at each
+                offsets = read_columns(fs, f.path, ["physical_offset"])["physical_offset"].to_numpy()
+                if not _only_deleted(offsets, firsts):
+                    continue
+            gone.append(f)
         if not gone:
             return None
         report["index_files_removed"] = len(gone)

@@ -1,7 +1,8 @@
 """Finding stored messages without scanning the commit log (RocketMQ's ``viewMessage`` / ``queryMessage``).
 
 - By offset msg id: the id holds the store id and the physical offset, so the message is one point
-  read of the commit log (files chosen by their ``physical_offset`` statistics, then row groups).
+  read of the commit log (files chosen by their ``physical_offset`` statistics, then row groups). The
+  offset names its commit-log shard (:mod:`engine.protocol.shards`), so only that shard is read.
 - By key or uniq key: a lookup in the ``index`` table (built by the index job,
   :mod:`engine.broker.index`) pruned by file statistics on ``topic``, ``key`` and ``store_ts_ms`` and
   by row-group statistics inside the key-sorted files; then point reads by physical offset.
@@ -22,6 +23,7 @@ from engine.protocol.index_keys import KIND_KEY, KIND_UNIQ_KEY
 from engine.protocol.message_ids import parse_msg_id
 from engine.protocol.names import validate_topic_name
 from engine.store import schemas
+from engine.store.commit_log_reads import read_commit_logs
 from engine.store.consume_queue import QueueIndex
 from engine.store.store import Store, sql_literal
 
@@ -262,9 +264,7 @@ def find_message(store: Store, msg_id: str, *, index: QueueIndex | None = None) 
         found = _read_messages(reader, [physical])
         if found:
             return found[0]
-    scanned = store.read(
-        schemas.COMMIT_LOG, filter=ds.field("uniq_key") == msg_id, columns=["physical_offset"]
-    )
+    scanned = read_commit_logs(store, filter=ds.field("uniq_key") == msg_id, columns=["physical_offset"])
     found = _read_messages(reader, _offsets(scanned, newest_first=False)[:1])
     if found:
         return found[0]

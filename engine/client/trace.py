@@ -2,10 +2,10 @@
 
 RocketMQ needs a separate trace topic that clients write to; here every step already left a row:
 
-- ``commit_log``: every copy of the message. A copy keeps the uniq key through the schedule topic
-  (delays, retries) and transactions; a retry or dead-letter copy records the first failed copy's
-  offset id in ``ORIGIN_MESSAGE_ID``, and a dead letter resent to its topic keeps that property
-  under a new uniq key. The family of copies is closed over both links.
+- ``commit_log`` (every shard): every copy of the message. A copy keeps the uniq key through the
+  schedule topic (delays, retries) and transactions; a retry or dead-letter copy records the first
+  failed copy's offset id in ``ORIGIN_MESSAGE_ID``, and a dead letter resent to its topic keeps
+  that property under a new uniq key. The family of copies is closed over both links.
 - ``consume_queue``: each copy's dispatch into its queue; ``index``: its keys.
 - ``action_log``: PULL (a lease to one consumer of a group), ACK, NACK, CHANGE_INVISIBLE, EXPIRED.
 - ``pull_log``: the consumer's pull sequence for it.
@@ -37,6 +37,7 @@ from engine.protocol.names import (
     TRANS_HALF_TOPIC,
 )
 from engine.store import schemas
+from engine.store.commit_log_reads import read_commit_logs
 from engine.store.consume_queue import QueueIndex
 from engine.store.store import Store, sql_literal
 
@@ -117,7 +118,7 @@ def _family(store: Store, uniq_keys: set[str], since_ms: int | None) -> list[int
     ``since_ms`` are read only when a copy names an origin that is not found after it."""
     predicate = None if since_ms is None else f"store_ts_ms >= {int(since_ms)}"
     row_filter = None if since_ms is None else ds.field("store_ts_ms") >= since_ms
-    ids = store.read(schemas.COMMIT_LOG, predicate=predicate, filter=row_filter, columns=_ID_COLUMNS)
+    ids = read_commit_logs(store, predicate=predicate, filter=row_filter, columns=_ID_COLUMNS)
     origin = pc.map_lookup(ids["properties"], pa.scalar(PROPERTY_ORIGIN_MESSAGE_ID), "first")
     keys, msg_ids = set(uniq_keys), set[str]()
     chosen = 0

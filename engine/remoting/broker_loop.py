@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from engine.broker.dispatch import dispatch_pending
 from engine.broker.index import index_pending
@@ -40,7 +40,8 @@ class BrokerLoop:
         self.errors = 0
         self._scheduler = Scheduler(store)
         self._router = RetryRouter(store)
-        self._seen: dict[str, int] = {}  # "job@table" -> input table version its last pass covered
+        # (job, input table) -> the table's version the job's last pass covered
+        self._seen: dict[tuple[str, str], int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="mq-serve-broker-loop", daemon=True)
 
@@ -55,14 +56,12 @@ class BrokerLoop:
         if self._thread.is_alive():
             self._thread.join(timeout)
 
-    def _step(self, name: str, fn: Callable[[Store], object], *tables: str) -> None:
-        """Run one job's pass; with ``tables``, only when one of them has a version the last pass
-        did not cover (the versions are read before the pass, so a commit during it is seen next time)."""
-        latest = {
-            table: self.store.latest_version_hint(table, self._seen.get(f"{name}@{table}", -1))
-            for table in tables
-        }
-        if tables and all(v <= self._seen.get(f"{name}@{t}", -1) for t, v in latest.items()):
+    def _step(self, name: str, fn: Callable[[Store], object], tables: Sequence[str] = ()) -> None:
+        """Run one job's pass; with input ``tables`` (every commit-log shard, for dispatch and index),
+        only when one of them has a version the last pass did not cover (the versions are read
+        before the pass, so a commit during it is seen next time)."""
+        latest = {t: self.store.latest_version_hint(t, self._seen.get((name, t), -1)) for t in tables}
+        if tables and all(v <= self._seen.get((name, t), -1) for t, v in latest.items()):
             return
         try:
             fn(self.store)
@@ -70,18 +69,21 @@ class BrokerLoop:
             self.errors += 1
             _log.warning("broker loop: %s failed: %s", name, exc)
             return
-        for table, version in latest.items():
-            self._seen[f"{name}@{table}"] = version
+        for t, v in latest.items():
+            self._seen[(name, t)] = v
 
     def run_once(self, *, everything: bool = True) -> None:
         """One pass: dispatch, and (``everything``) the other jobs, then dispatch what they re-put."""
-        self._step("dispatch", dispatch_pending, *self.store.commit_logs)
+        logs = self.store.commit_logs
+        self._step("dispatch", dispatch_pending, logs)
         if everything:
             self._step("schedule", lambda _: self._scheduler.deliver_due())
-            self._step("retry", lambda store: route_retries(store, router=self._router), schemas.ACTION_LOG)
+            self._step(
+                "retry", lambda store: route_retries(store, router=self._router), (schemas.ACTION_LOG,)
+            )
             self._step("transaction check", check_transactions)
-            self._step("dispatch", dispatch_pending, *self.store.commit_logs)
-            self._step("index", index_pending, *self.store.commit_logs)
+            self._step("dispatch", dispatch_pending, logs)
+            self._step("index", index_pending, logs)
         self.passes += 1
 
     def _run(self) -> None:

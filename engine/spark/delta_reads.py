@@ -21,7 +21,8 @@ from typing import Any
 from engine.errors import InvalidArgumentError, StoreError
 from engine.model import UNDISPATCHED_FLAGS
 from engine.protocol import parse_tag_expression
-from engine.spark.views import MESSAGE_COLUMNS, native_reads, table_frame
+from engine.protocol.shards import shard_of_queue
+from engine.spark.views import MESSAGE_COLUMNS, commit_log_frame, native_reads
 from engine.store import schemas
 from engine.store.store import Store
 
@@ -79,7 +80,9 @@ def message_frame(
 
     require_native(spark, store)
     tag_filter = parse_tag_expression(expression)
-    log = table_frame(spark, store, schemas.COMMIT_LOG)
+    # Only the shards holding the topic's queues asked for are scanned (a queue lives in one shard).
+    shards = {shard_of_queue(topic, q, store.commit_log_shards) for q in ranges} or {0}
+    log = commit_log_frame(spark, store, shards)
     wanted = [
         (F.col("queue_id") == q) & (F.col("queue_offset") >= lo) & (F.col("queue_offset") < hi)
         for q, (lo, hi) in sorted(ranges.items())
@@ -125,7 +128,8 @@ def table_as_of(
     Args:
         spark: a session with Delta on Spark.
         store: a local store.
-        name: a table of :data:`engine.store.schemas.SCHEMAS`.
+        name: a table of the store (:meth:`Store.tables`; each commit-log shard has its own
+            versions, so time travel names one: ``commit_log``, ``commit_log_1``, …).
         version: a table version (``VERSION AS OF``).
         timestamp: a timestamp Spark can cast (``TIMESTAMP AS OF``), e.g. ``2026-11-24 07:00:00``.
 
@@ -133,7 +137,7 @@ def table_as_of(
         InvalidArgumentError: an unknown table, or not exactly one of ``version`` / ``timestamp``.
         StoreError: Delta on Spark is off, or the store is not local.
     """
-    _check_table(name)
+    _check_table(store, name)
     if (version is None) == (timestamp is None):
         raise InvalidArgumentError("give exactly one of version and timestamp", version=version)
     if version is not None and (isinstance(version, bool) or not isinstance(version, int) or version < 0):
@@ -154,7 +158,7 @@ def history(spark: Any, store: Store, name: str) -> Any:
         InvalidArgumentError: an unknown table.
         StoreError: Delta on Spark is off, or the store is not local.
     """
-    _check_table(name)
+    _check_table(store, name)
     require_native(spark, store)
     return spark.sql(f"DESCRIBE HISTORY delta.`{_quoted(store.uri(name))}`")
 
@@ -168,14 +172,22 @@ def register_tables(
     The entries only point at the store's locations: they read what the engine writes, and must not
     be written to from Spark (see the module doc). A table already registered is left as it is.
 
+    Commit-log shards. In a store with one shard ``commit_log`` is a Delta table, as before. In a
+    store with N > 1 shards each shard's Delta table is registered as ``<database>.commit_log_<k>``
+    (``commit_log_0`` for shard 0, whose directory is ``commit_log``; ``commit_log_1`` … as their
+    directories), and ``<database>.commit_log`` is a view, the ``UNION ALL`` of them, so that SQL
+    over ``commit_log`` sees every message. Asking for ``commit_log`` registers all of it; asking for
+    ``commit_log_<k>`` (k >= 1) registers that shard's table alone.
+
     Args:
         spark: a session with Delta on Spark.
         store: a local store.
         database: the database created (if missing) and registered in.
-        names: which tables (default: all of them).
+        names: which tables (default: all of them, every shard included).
 
     Returns:
-        The qualified names registered (``lakemq.commit_log``, …).
+        The qualified names registered (``lakemq.commit_log``, …; with shards the shard tables
+        before the ``commit_log`` view).
 
     Raises:
         InvalidArgumentError: an unknown table or a database name that is not an identifier.
@@ -183,24 +195,39 @@ def register_tables(
     """
     if not _IDENTIFIER.match(database):
         raise InvalidArgumentError(f"database {database!r} must be an identifier", database=database)
-    wanted = list(schemas.SCHEMAS) if names is None else list(names)
+    wanted = list(store.tables()) if names is None else list(names)
     for name in wanted:
-        _check_table(name)
+        _check_table(store, name)
     require_native(spark, store)
     spark.sql(f"CREATE DATABASE IF NOT EXISTS `{database}`")
-    registered = []
+    sharded = store.commit_log_shards > 1
+    registered: list[str] = []
+
+    def register(entry: str, table: str) -> None:
+        qualified = f"{database}.{entry}"
+        if qualified in registered:
+            return
+        location = _quoted(_absolute(store.uri(table)))
+        spark.sql(f"CREATE TABLE IF NOT EXISTS `{database}`.`{entry}` USING delta LOCATION '{location}'")
+        registered.append(qualified)
+
     for name in wanted:
-        location = _quoted(_absolute(store.uri(name)))
-        spark.sql(f"CREATE TABLE IF NOT EXISTS `{database}`.`{name}` USING delta LOCATION '{location}'")
-        registered.append(f"{database}.{name}")
+        shard = schemas.shard_of_table(name)
+        if not sharded or shard is None or shard > 0:
+            register(name, name)
+        else:  # the whole commit log: every shard's table, then the view over them
+            parts = [f"commit_log_{k}" for k in range(store.commit_log_shards)]
+            for k, part in enumerate(parts):
+                register(part, schemas.commit_log_table(k))
+            union = " UNION ALL ".join(f"SELECT * FROM `{database}`.`{p}`" for p in parts)
+            spark.sql(f"CREATE VIEW IF NOT EXISTS `{database}`.`{name}` AS {union}")
+            registered.append(f"{database}.{name}")
     return registered
 
 
-def _check_table(name: str) -> None:
-    if name not in schemas.SCHEMAS:
-        raise InvalidArgumentError(
-            f"unknown table {name!r}; tables: {', '.join(schemas.SCHEMAS)}", table=name
-        )
+def _check_table(store: Store, name: str) -> None:
+    if name not in store.tables():
+        raise InvalidArgumentError(f"unknown table {name!r}; tables: {', '.join(store.tables())}", table=name)
 
 
 def _quoted(text: str) -> str:

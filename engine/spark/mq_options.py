@@ -164,7 +164,8 @@ class ReadOptions:
         ending: batch: where to stop, exclusive (default ``latest``).
         start_time / end_time: batch: store-time bounds ``[start_time, end_time)`` in epoch ms.
         max_messages_per_trigger: stream: most queue entries per micro-batch (over all queues).
-        as_of_version: batch: read the topic as it stood at this commit-log version.
+        as_of_version: batch: read the topic as it stood at this commit-log version (a store with
+            one commit-log shard only: shards have versions of their own).
         consumed_by: batch: only messages this group has consumed (below its committed offsets).
         entries_per_partition: queue entries one Spark task reads at most.
     """

@@ -251,7 +251,8 @@ def plan_batch(store: Store, options: ReadOptions) -> tuple[QueueOffsets, QueueO
 
     Raises:
         TopicNotFoundError: no such topic.
-        InvalidArgumentError: ``asOfVersion`` after the latest commit-log version.
+        InvalidArgumentError: ``asOfVersion`` after the latest commit-log version, or given for a
+            store with several commit-log shards (they have no common version).
         StoreError: ``asOfVersion`` asks for messages the dispatch job has not indexed yet.
     """
     topic = options.topic
@@ -266,6 +267,14 @@ def plan_batch(store: Store, options: ReadOptions) -> tuple[QueueOffsets, QueueO
     as_of_ms: int | None = None
     if options.as_of_version is not None:
         version = options.as_of_version
+        if store.commit_log_shards > 1:
+            # Each shard's commit log has versions of its own: no one version is the whole store's.
+            raise InvalidArgumentError(
+                f"asOfVersion names a commit-log version, and this store has {store.commit_log_shards} "
+                "commit-log shards, each with its own versions; bound the read by store time "
+                "(endTime) instead",
+                version=version,
+            )
         latest = store.version(schemas.COMMIT_LOG)
         if version > latest:
             raise InvalidArgumentError(

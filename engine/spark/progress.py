@@ -139,7 +139,7 @@ def _newest_store_time(
     except StoreError:
         return None
     for key in (MARKS_KEY, HWM_KEY):
-        if table == schemas.COMMIT_LOG and key in info:
+        if schemas.shard_of_table(table) is not None and key in info:
             try:
                 return int(json.loads(str(info[key]))["t"])
             except (ValueError, KeyError, TypeError):
@@ -281,9 +281,10 @@ class TableSize:
 
 
 def table_sizes(store: Store) -> list[TableSize]:
-    """Size of every table of the store (from the snapshots' add actions; no data file is read)."""
+    """Size of every table of the store, each commit-log shard on its own row (from the snapshots'
+    add actions; no data file is read)."""
     out = []
-    for name in schemas.SCHEMAS:
+    for name in store.tables():
         snapshot = store.snapshot(name)
         actions = snapshot.add_actions()
         rows = sum(int(v or 0) for v in actions["num_records"].to_pylist()) if actions.num_rows else 0

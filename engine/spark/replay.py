@@ -3,8 +3,9 @@
 The queue ranges are planned on the driver (below); the rows are then read
 
 * on a session with Delta on Spark (the default, :func:`engine.spark.views.native_reads`): by a
-  native Delta scan of the commit log filtered to the topic and those ranges (and the store-time
-  window), which skips files by their statistics (:func:`engine.spark.delta_reads.message_frame`);
+  native Delta scan of the commit log (the shards holding the topic's queues) filtered to the
+  topic and those ranges (and the store-time window), which skips files by their statistics
+  (:func:`engine.spark.delta_reads.message_frame`);
   the ranges are fixed when :func:`replay` is called, so executing the DataFrame again gives the
   same messages (until retention deletes some);
 * elsewhere: by the ``mq`` batch source (the pull path: consume-queue entries, then commit-log rows
@@ -59,7 +60,8 @@ def replay(
         start: first store time included (epoch ms); default: the oldest retained message.
         end: first store time excluded (epoch ms); default: everything dispatched.
         group: only the messages this consumer group had consumed (below its committed offsets).
-        as_of_version: read the topic as it stood at this commit-log Delta version.
+        as_of_version: read the topic as it stood at this commit-log Delta version (stores with
+            one commit-log shard; with several, each shard has its own versions: bound by ``end``).
         expression: tag expression (``*``, ``TagA || TagB``).
 
     Returns:
@@ -68,7 +70,7 @@ def replay(
 
     Raises:
         InvalidArgumentError: a bad argument (``end`` before ``start``, a negative version, a
-            version after the latest one, …).
+            version after the latest one, a version on a store with several commit-log shards, …).
         TopicNotFoundError: no such topic.
         StoreError: ``as_of_version`` covers messages the dispatch job has not indexed yet.
 

@@ -3,6 +3,10 @@
 Each view is a builder ``(spark, store) -> DataFrame`` in :data:`VIEWS`; adding a view is adding an
 entry. Views follow the tables: every query reads the snapshots current when it runs.
 
+A store with several commit-log shards (``commit_log_shards``) keeps one commit-log table per shard;
+the ``commit_log`` view is their union (:func:`commit_log_frame`), so SQL over ``commit_log`` and
+``messages`` sees every message whichever shard holds it.
+
 On a session with Delta on Spark (:func:`engine.spark.session.delta_enabled`, the default) a table
 is a native Delta scan (``spark.read.format("delta")``): filters are pushed into the Parquet reader
 and files are skipped by their min/max statistics, and Delta refreshes the snapshot at every query.
@@ -63,13 +67,28 @@ def deltalog_frame(spark: Any, store: Store, name: str) -> Any:
     following the table like :func:`table_frame`."""
     reader = (
         spark.read.format(SHORT_NAME)
-        .schema(spark_schema(schemas.SCHEMAS[name]))  # known: spares Spark a Python worker to ask
+        .schema(spark_schema(schemas.schema_of(name)))  # known: spares Spark a Python worker to ask
         .option("path", store.uri(name))
         .option("live", "true")
     )
     if store.storage_options:
         reader = reader.option("storageOptions", json.dumps(store.storage_options))
     return reader.load().drop(VERSION_COLUMN)
+
+
+def commit_log_frame(spark: Any, store: Store, shards: Iterable[int] | None = None) -> Any:
+    """The commit log of ``store`` as one DataFrame: every shard's table (or those of ``shards``),
+    unioned (``UNION ALL``; physical offsets never repeat across shards). With one shard it is the
+    ``commit_log`` table itself. This is what the ``commit_log`` view reads.
+    """
+    wanted = range(store.commit_log_shards) if shards is None else sorted(set(shards))
+    frames = [table_frame(spark, store, schemas.commit_log_table(k)) for k in wanted]
+    if not frames:
+        raise InvalidArgumentError("commit_log_frame needs at least one shard", shards=shards)
+    frame = frames[0]
+    for more in frames[1:]:
+        frame = frame.unionByName(more)
+    return frame
 
 
 def _table_view(name: str) -> ViewBuilder:
@@ -101,7 +120,7 @@ def messages_frame(spark: Any, store: Store) -> Any:
         .groupBy(*keys)
         .agg(F.min("queue_offset").alias("_first"), F.max("queue_offset").alias("_last"))
     )
-    log = table_frame(spark, store, schemas.COMMIT_LOG)
+    log = commit_log_frame(spark, store)
     joined = log.join(F.broadcast(bounds), on=keys, how="inner").where(
         F.col("queue_offset").between(F.col("_first"), F.col("_last"))
     )
@@ -109,7 +128,7 @@ def messages_frame(spark: Any, store: Store) -> Any:
 
 
 VIEWS: dict[str, ViewBuilder] = {
-    schemas.COMMIT_LOG: _table_view(schemas.COMMIT_LOG),
+    schemas.COMMIT_LOG: commit_log_frame,
     schemas.CONSUME_QUEUE: _table_view(schemas.CONSUME_QUEUE),
     "messages": messages_frame,
 }

@@ -147,5 +147,7 @@ MARKERS: tuple[Marker, ...] = (
 
 
 def carried_markers(table: str) -> tuple[str, ...]:
-    """The commitInfo keys maintenance commits on ``table`` carry forward."""
-    return tuple(m.key for m in MARKERS if m.carried and m.table == table)
+    """The commitInfo keys maintenance commits on ``table`` carry forward (every commit-log shard
+    carries the commit log's)."""
+    kind = schemas.COMMIT_LOG if schemas.shard_of_table(table) is not None else table
+    return tuple(m.key for m in MARKERS if m.carried and m.table == kind)

@@ -27,6 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.errors import StoreError
+from engine.protocol.shards import SHARD_SHIFT
 from engine.store import schemas
 from engine.store.commit_markers import CQ_KEY, dispatch_app
 from engine.store.delta import Snapshot
@@ -135,13 +136,11 @@ class QueueIndex:
         self._store = store
         self._lock = threading.Lock()
         self._cq: Snapshot | None = None
-        self._log: Snapshot | None = None
         self._marks = QueueMarks()
         self._version = -1
         self._cq_files = FileStats(-1, [])
-        self._log_files = FileStats(-1, [])
         self._cq_reader = FileReader(store.uri(schemas.CONSUME_QUEUE), store.storage_options)
-        self._log_reader = FileReader(store.uri(schemas.COMMIT_LOG), store.storage_options)
+        self._logs = [_ShardLog(store, name) for name in store.commit_logs]
 
     @property
     def version(self) -> int:
@@ -167,12 +166,6 @@ class QueueIndex:
             self._cq_reader.forget(set(files.paths))
             self._version = version
             return True
-
-    def _refresh_log(self) -> None:
-        with self._lock:
-            self._log = self._store.caught_up(schemas.COMMIT_LOG, self._log)
-            self._log_files = FileStats.of(self._log, ["physical_offset"])
-            self._log_reader.forget(set(self._log_files.paths))
 
     def marks(self) -> QueueMarks:
         return self._marks
@@ -200,27 +193,25 @@ class QueueIndex:
         return table
 
     def messages(self, physical_offsets: list[int]) -> pa.Table:
-        """Commit-log rows at the given physical offsets, in the order asked."""
+        """Commit-log rows at the given physical offsets, in the order asked; each offset is read
+        from its shard's commit log (:func:`~engine.protocol.shards.shard_of_offset`).
+
+        Raises:
+            StoreError: some offsets are not readable (``offsets`` lists them: removed by retention,
+                never written, or naming a shard the store does not have).
+        """
         schema = schemas.COMMIT_LOG_SCHEMA
         if not physical_offsets:
             return schema.empty_table()
         wanted = np.asarray(physical_offsets, dtype=np.int64)
         unique = np.unique(wanted)
-        table = schema.empty_table()
-        for attempt in range(2):
-            if attempt or self._log is None or int(unique[-1]) > self._log_max():
-                self._refresh_log()
-            try:
-                parts = []
-                for path in self._log_files.overlapping("physical_offset", int(unique[0]), int(unique[-1])):
-                    parts.append(self._log_reader.rows_at(path, "physical_offset", unique, schema))
-            except (OSError, FileNotFoundError):
-                if attempt:
-                    raise
-                continue  # a file was compacted away under a stale snapshot
-            table = pa.concat_tables(parts) if parts else schema.empty_table()
-            if table.num_rows >= len(unique):
-                break
+        shards = unique >> SHARD_SHIFT  # a negative offset or a shard the store lacks: never found
+        parts = [
+            self._logs[k].rows(unique[shards == k])
+            for k in np.unique(shards).tolist()
+            if 0 <= k < len(self._logs)
+        ]
+        table = pa.concat_tables(parts) if parts else schema.empty_table()
         found = table["physical_offset"]
         if table.num_rows < len(unique):
             have = set(found.to_pylist())
@@ -231,6 +222,44 @@ class QueueIndex:
             )
         return table.take(pc.index_in(pa.array(wanted), value_set=found))
 
-    def _log_max(self) -> int:
-        maxs = self._log_files.columns.get("max.physical_offset")
+
+class _ShardLog:
+    """One commit-log shard's snapshot, file statistics and cached file reader (thread-safe)."""
+
+    def __init__(self, store: Store, name: str) -> None:
+        self._store = store
+        self._name = name
+        self._lock = threading.Lock()
+        self._log: Snapshot | None = None
+        self._files = FileStats(-1, [])
+        self._reader = FileReader(store.uri(name), store.storage_options)
+
+    def _refresh(self) -> None:
+        with self._lock:
+            self._log = self._store.caught_up(self._name, self._log)
+            self._files = FileStats.of(self._log, ["physical_offset"])
+            self._reader.forget(set(self._files.paths))
+
+    def _max(self) -> int:
+        maxs = self._files.columns.get("max.physical_offset")
         return int(maxs.max()) if maxs is not None and len(maxs) else -1
+
+    def rows(self, unique: np.ndarray) -> pa.Table:
+        """Rows at the sorted, distinct offsets ``unique`` (all of this shard) that the shard holds."""
+        schema = schemas.COMMIT_LOG_SCHEMA
+        table = schema.empty_table()
+        for attempt in range(2):
+            if attempt or self._log is None or int(unique[-1]) > self._max():
+                self._refresh()
+            try:
+                parts = []
+                for path in self._files.overlapping("physical_offset", int(unique[0]), int(unique[-1])):
+                    parts.append(self._reader.rows_at(path, "physical_offset", unique, schema))
+            except (OSError, FileNotFoundError):
+                if attempt:
+                    raise
+                continue  # a file was compacted away under a stale snapshot
+            table = pa.concat_tables(parts) if parts else schema.empty_table()
+            if table.num_rows >= len(unique):
+                break
+        return table

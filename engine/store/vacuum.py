@@ -54,7 +54,7 @@ def checkpoint_table(store: Store, name: str) -> int:
         with contextlib.suppress(StoreError):  # lost a race with a writer: the next pass applies it
             apply_log_retention(store, name)
         snapshot = store.snapshot(name)
-    if name == schemas.COMMIT_LOG:
+    if schemas.shard_of_table(name) is not None:  # every commit-log shard snapshots its marks
         checkpoint_commit_log(snapshot, read_hwm(snapshot))
     else:
         snapshot.checkpoint()

@@ -44,6 +44,7 @@ import pyarrow.dataset as ds
 
 from engine.model import SysFlag
 from engine.protocol.names import TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC
+from engine.protocol.shards import shard_of_queue
 from engine.protocol.topics import system_topic_config
 from engine.protocol.transactions import (
     DEFAULT_CHECK_INTERVAL_MS,
@@ -63,6 +64,8 @@ from engine.protocol.transactions import (
 from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
 from engine.store.commit_markers import TX_FLOOR_KEY, transaction_app
+from engine.store.delta import Snapshot
+from engine.store.shard_io import ShardWriters
 from engine.store.store import Store, sql_literal
 from engine.store.store import now_ms as _clock_ms
 from engine.store.transactions import (
@@ -71,6 +74,7 @@ from engine.store.transactions import (
     check_max_time_copy,
     check_requests,
     decision_record,
+    decision_shard,
     end_transaction,
     guard_may_have_expired_now,
     load_half,
@@ -85,7 +89,7 @@ def undecided_halves(store: Store, *, floor: int | None = None) -> tuple[list[Ha
     """
     low = check_floor(store) if floor is None else floor
     table = store.read(
-        schemas.COMMIT_LOG,
+        schemas.commit_log_table(shard_of_queue(TRANS_HALF_TOPIC, 0, store.commit_log_shards)),
         columns=[n for n in schemas.COMMIT_LOG_SCHEMA.names if n != "body"],
         predicate=f"topic = {sql_literal(TRANS_HALF_TOPIC)} AND physical_offset >= {low}",
         filter=(ds.field("topic") == TRANS_HALF_TOPIC)
@@ -95,17 +99,19 @@ def undecided_halves(store: Store, *, floor: int | None = None) -> tuple[list[Ha
     if table.num_rows == 0:
         return [], low
     table = table.sort_by("physical_offset")
-    log = store.shared(schemas.COMMIT_LOG)
+    logs: dict[int, Snapshot] = {}
     halves = []
     for row in table.to_pylist():
-        po = int(row["physical_offset"])
-        if log.app_version(transaction_app(po)) >= 0:
+        half = HalfMessage.from_row(row)
+        shard = decision_shard(store, half)  # the guard is on the commit that writes the real message
+        log = logs.get(shard)
+        if log is None:
+            log = logs[shard] = store.shared(schemas.commit_log_table(shard))
+        if log.app_version(transaction_app(half.physical_offset)) >= 0:
             continue
-        if guard_may_have_expired_now(int(row["store_ts_ms"])) and decision_record(
-            store, po, row["uniq_key"]
-        ):
+        if guard_may_have_expired_now(half.store_ts_ms) and decision_record(store, half):
             continue  # decided more than TXN_RETENTION ago
-        halves.append(HalfMessage.from_row(row))
+        halves.append(half)
     if halves:
         return halves, halves[0].physical_offset
     return [], int(pc.max(table["physical_offset"]).as_py()) + 1
@@ -118,7 +124,7 @@ def check_transactions(
     max_checks: int = DEFAULT_MAX_CHECKS,
     check_interval_ms: int = DEFAULT_CHECK_INTERVAL_MS,
     *,
-    writer: CommitLogWriter | None = None,
+    writer: CommitLogWriter | ShardWriters | None = None,
 ) -> int:
     """One pass of the transaction check: ask producers about old undecided halves, or give up.
 
@@ -136,7 +142,8 @@ def check_transactions(
         timeout_ms: age of a half before its first check.
         max_checks: checks before the rollback.
         check_interval_ms: time between checks of one half.
-        writer: a commit-log writer to reuse for rollbacks.
+        writer: the commit-log writer(s) to reuse for rollbacks (a rollback is written on the shard
+            of the half's real queue).
 
     Returns:
         Halves acted on: CHECK requests written plus rollbacks.
@@ -172,7 +179,7 @@ def check_transactions(
     if requests or floor != old_floor:
         append_records(store, requests, {TX_FLOOR_KEY: json.dumps(floor)})
     if rollbacks:
-        writer = writer or CommitLogWriter(store)
+        writer = writer or ShardWriters(store)
         if store.topic_configs(refresh=True).get(TRANS_CHECK_MAX_TIME_TOPIC) is None:
             store.put_topic(system_topic_config(TRANS_CHECK_MAX_TIME_TOPIC, _clock_ms()))
         for half, times in rollbacks:

@@ -26,6 +26,8 @@ from engine.protocol.transactions import (
     local_state,
 )
 from engine.store import schemas
+from engine.store.commit_log import CommitLogWriter
+from engine.store.shard_io import ShardWriters
 from engine.store.store import Store
 from engine.store.transactions import (
     Decision,
@@ -33,6 +35,7 @@ from engine.store.transactions import (
     check_requests,
     end_transaction,
     half_message,
+    half_writer,
     is_decided,
     load_half,
     stored_half,
@@ -109,6 +112,9 @@ class TransactionProducer(Producer):
             )
         super().__init__(store, group, linger_ms=linger_ms, batch_size=batch_size)
         self._checker = checker
+        # Halves and decisions go to their shards' commit logs (one shard: the producer's writer).
+        own = self._writer if isinstance(self._writer, CommitLogWriter) else None
+        self._shards = ShardWriters(store, first=own)
         self.check_poll_ms = check_poll_ms
         self._check_lock = threading.Lock()
         self._answered: set[tuple[int, int]] = set()  # (half offset, check number) already answered
@@ -158,7 +164,7 @@ class TransactionProducer(Producer):
             )
         pending = self._prepare(message, queue_id, sharding_key)
         half_pending = half_message(pending, self.group)
-        [stamped] = self._writer.append([half_pending])
+        [stamped] = half_writer(self._store, self._shards).append([half_pending])
         half = stored_half(half_pending, stamped)
         try:
             state = _state_of(execute(message), "execute")
@@ -167,9 +173,7 @@ class TransactionProducer(Producer):
             state = LocalTransactionState.UNKNOWN
         if state is LocalTransactionState.UNKNOWN:
             return self._half_result(half, state)
-        decision = end_transaction(
-            self._store, self._queue_writer(half.topic, half.queue_id), half, state, reason=REASON_LOCAL
-        )
+        decision = end_transaction(self._store, self._shards, half, state, reason=REASON_LOCAL)
         if decision.state is not state:
             raise TransactionError(
                 f"transaction {half.msg_id} was already decided {decision.state} by the check-back; "
@@ -252,12 +256,7 @@ class TransactionProducer(Producer):
         if state is LocalTransactionState.UNKNOWN:
             return 0
         decision = end_transaction(
-            self._store,
-            self._queue_writer(half.topic, half.queue_id),
-            half,
-            state,
-            reason=REASON_CHECK,
-            check_times=check_times,
+            self._store, self._shards, half, state, reason=REASON_CHECK, check_times=check_times
         )
         return 1 if decision.won else 0
 

@@ -12,7 +12,7 @@ from engine.protocol.messages import batch_bytes
 from engine.protocol.transactions import HalfMessage, LocalTransactionState
 from engine.remoting.wire_messages import IncomingMessage
 from engine.store.stamping import PendingMessage
-from engine.store.transactions import Decision, end_transaction, half_message, stored_half
+from engine.store.transactions import Decision, end_transaction, half_message, half_writer, stored_half
 
 REASON_WIRE = "wire"  # a decision a wire producer sent (END_TRANSACTION)
 
@@ -60,7 +60,7 @@ class WireProducer(Producer):
                 "transactional messages cannot be delayed or timed", topic=item.message.topic
             )
         half = half_message(self._wire_pending(item, queue_id), group)
-        [stamped] = self._writer.append([half])
+        [stamped] = half_writer(self._store, self._writer).append([half])
         return stored_half(half, stamped)
 
     def end_wire_transaction(

@@ -6,6 +6,12 @@ and the check job (which asks, and gives up) use these; the record shapes and ru
 :mod:`engine.protocol.transactions`. A decision is a commit-log row appended with the Delta app
 transaction ``mq.tx.<half physical offset>`` = 0 in the same commit (:func:`end_transaction`), so
 COMMIT and ROLLBACK of one half exclude each other and a commit re-puts the message exactly once.
+
+Shards: the half lives on the shard of ``RMQ_SYS_TRANS_HALF_TOPIC`` queue 0 (its physical offset
+names it); the decision, and so the guard, goes to the shard of the half's real topic and queue
+(:func:`decision_shard`): a COMMIT re-put must be in the guarded commit, and a ROLLBACK's op record
+is put in the queue of ``RMQ_SYS_TRANS_OP_HALF_TOPIC`` that lives on that same shard, so the two
+decisions of one half always race on one sequencer. Every check that a half was decided looks there.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from engine.protocol.names import (
     TRANS_HALF_TOPIC,
     TRANS_OP_HALF_TOPIC,
 )
+from engine.protocol.shards import shard_of_offset, shard_of_queue
 from engine.protocol.transactions import (
     EVENT_CHECK,
     EVENT_COMMIT,
@@ -45,7 +52,9 @@ from engine.protocol.transactions import (
 )
 from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
+from engine.store.commit_logs import CommitLogs
 from engine.store.commit_markers import TX_FLOOR_KEY, transaction_app
+from engine.store.shard_io import ShardWriters, shard_writers
 from engine.store.stamping import PendingMessage, Stamped
 from engine.store.store import Store, sql_literal
 from engine.store.store import now_ms as _clock_ms
@@ -95,11 +104,17 @@ def committed_message(half: HalfMessage) -> PendingMessage:
     )
 
 
-def rollback_record(half: HalfMessage) -> PendingMessage:
-    """The op record of a rolled-back half (never dispatched)."""
+def op_queue(shard: int, shards: int) -> int:
+    """The queue of ``RMQ_SYS_TRANS_OP_HALF_TOPIC`` that lives on ``shard`` (0 with one shard)."""
+    return (shard - shard_of_queue(TRANS_OP_HALF_TOPIC, 0, shards)) % shards
+
+
+def rollback_record(half: HalfMessage, shards: int = 1) -> PendingMessage:
+    """The op record of a rolled-back half (never dispatched), in the op queue on the shard of the
+    half's real queue (a store of ``shards`` shards)."""
     return PendingMessage(
         topic=TRANS_OP_HALF_TOPIC,
-        queue_id=0,
+        queue_id=op_queue(shard_of_queue(half.topic, half.queue_id, shards), shards),
         body=str(half.physical_offset).encode(),
         uniq_key=half.uniq_key,
         tags=OP_TAG_REMOVE,
@@ -139,28 +154,39 @@ class Decision:
     won: bool  # this call made the decision (False: another decider got there first)
 
 
-def _guarded(store: Store, half_physical_offset: int) -> bool:
-    return store.app_version(schemas.COMMIT_LOG, transaction_app(half_physical_offset)) >= 0
+def decision_shard(store: Store, half: HalfMessage) -> int:
+    """The shard whose commit log holds a half's decision and its guard: its real queue's."""
+    return shard_of_queue(half.topic, half.queue_id, store.commit_log_shards)
+
+
+def _decision_table(store: Store, half: HalfMessage) -> str:
+    return schemas.commit_log_table(decision_shard(store, half))
+
+
+def _guarded(store: Store, half: HalfMessage) -> bool:
+    return store.app_version(_decision_table(store, half), transaction_app(half.physical_offset)) >= 0
 
 
 def guard_may_have_expired_now(store_ts_ms: int) -> bool:
     return guard_may_have_expired(store_ts_ms, _clock_ms())
 
 
-def decision_record(store: Store, half_physical_offset: int, uniq_key: str) -> dict[str, Any] | None:
+def decision_record(store: Store, half: HalfMessage) -> dict[str, Any] | None:
     """The commit-log row that decided a half (its COMMIT re-put or ROLLBACK op record), or None.
 
     Found by content, not by the guard: decision rows keep the half's unique key and name its
-    physical offset in ``TRAN_HALF_OFFSET``. A scan of the commit log: only for halves whose guard
-    may have expired.
+    physical offset in ``TRAN_HALF_OFFSET``. A scan of the decision's shard: only for halves whose
+    guard may have expired.
     """
-    po = int(half_physical_offset)
+    po, uniq_key = int(half.physical_offset), half.uniq_key
+    # On the half's own shard the decision comes after it; another shard's offsets say nothing.
+    after = po if decision_shard(store, half) == shard_of_offset(po) else -1
     rows = store.read(
-        schemas.COMMIT_LOG,
+        _decision_table(store, half),
         columns=[n for n in schemas.COMMIT_LOG_SCHEMA.names if n != "body"],
-        predicate=f"uniq_key = {sql_literal(uniq_key)} AND physical_offset > {po}",
+        predicate=f"uniq_key = {sql_literal(uniq_key)} AND physical_offset > {after}",
         filter=(ds.field("uniq_key") == uniq_key)
-        & (ds.field("physical_offset") > po)
+        & (ds.field("physical_offset") > after)
         & ds.field("sys_flag").isin([int(SysFlag.COMMIT), int(SysFlag.ROLLBACK)]),
     ).to_pylist()
     for row in sorted(rows, key=lambda r: int(r["physical_offset"])):
@@ -178,19 +204,31 @@ def is_decided(store: Store, half_physical_offset: int, *, half: HalfMessage | N
         half_physical_offset: the half's physical offset.
         half: the half, if already loaded (saves reading it when its guard is missing).
     """
-    if _guarded(store, half_physical_offset):
-        return True
+    if store.commit_log_shards == 1 and _guarded_offset(store, half_physical_offset):
+        return True  # one shard: the guard is found without reading the half
     half = half if half is not None else load_half(store, half_physical_offset)
-    if half is None or not guard_may_have_expired_now(half.store_ts_ms):
+    if half is None:
         return False
-    return decision_record(store, half.physical_offset, half.uniq_key) is not None
+    if _guarded(store, half):
+        return True
+    if not guard_may_have_expired_now(half.store_ts_ms):
+        return False
+    return decision_record(store, half) is not None
+
+
+def _guarded_offset(store: Store, half_physical_offset: int) -> bool:
+    return store.app_version(schemas.COMMIT_LOG, transaction_app(half_physical_offset)) >= 0
 
 
 def load_half(store: Store, half_physical_offset: int) -> HalfMessage | None:
-    """The half message at a physical offset, or None if there is none (wrong offset, retention)."""
+    """The half message at a physical offset (read from the shard the offset names), or None if
+    there is none (wrong offset, a shard the store does not have, retention)."""
     po = int(half_physical_offset)
+    shard = shard_of_offset(po) if po >= 0 else -1
+    if not 0 <= shard < store.commit_log_shards:
+        return None
     rows = store.read(
-        schemas.COMMIT_LOG,
+        schemas.commit_log_table(shard),
         predicate=f"physical_offset = {po}",
         filter=(ds.field("physical_offset") == po) & (ds.field("topic") == TRANS_HALF_TOPIC),
     ).to_pylist()
@@ -202,7 +240,7 @@ def find_decision(store: Store, half: HalfMessage) -> Decision | None:
     if not is_decided(store, half.physical_offset, half=half):
         return None
     rows = store.read(
-        schemas.COMMIT_LOG,
+        _decision_table(store, half),
         predicate=f"topic = {sql_literal(half.topic)} AND uniq_key = {sql_literal(half.uniq_key)}",
         filter=(ds.field("topic") == half.topic)
         & (ds.field("uniq_key") == half.uniq_key)
@@ -227,7 +265,7 @@ def append_records(
 
 def end_transaction(
     store: Store,
-    writer: CommitLogWriter,
+    writer: CommitLogWriter | CommitLogs | ShardWriters,
     half: HalfMessage,
     state: LocalTransactionState,
     *,
@@ -237,8 +275,14 @@ def end_transaction(
 ) -> Decision:
     """Decide a half message: COMMIT re-puts it into its real queue, ROLLBACK records an op record.
 
-    ``extra`` messages are appended in the same commit, only if this call decides (the check job's
-    copy of a half whose checks ran out, :func:`check_max_time_copy`).
+    ``writer`` appends the decision when it writes the decision's shard (:func:`decision_shard`);
+    otherwise that shard's writer is taken from ``writer`` (a :class:`ShardWriters`) or from the
+    store's shared ones.
+
+    ``extra`` messages are appended only if this call decides (the check job's copy of a half whose
+    checks ran out, :func:`check_max_time_copy`): in the same commit when their queues live on the
+    decision's shard, otherwise right after it, once (guarded by the same app id on their shard;
+    a crash in between loses the copy, never the decision).
 
     Exactly once: the decision is committed with the app transaction ``mq.tx.<half offset>``; if
     another decider recorded one first, nothing is written and its decision is returned
@@ -248,22 +292,31 @@ def end_transaction(
         InvalidArgumentError: ``state`` is not COMMIT or ROLLBACK.
         CommitConflictError, StoreError, CommitStateUnknownError: as :meth:`CommitLogWriter.append`.
     """
+    shards = store.commit_log_shards
     if state is LocalTransactionState.COMMIT:
         record = committed_message(half)
     elif state is LocalTransactionState.ROLLBACK:
-        record = rollback_record(half)
+        record = rollback_record(half, shards)
     else:
         raise InvalidArgumentError(f"a transaction ends with COMMIT or ROLLBACK, not {state!r}", state=state)
-    if guard_may_have_expired_now(half.store_ts_ms) and not _guarded(store, half.physical_offset):
+    if guard_may_have_expired_now(half.store_ts_ms) and not _guarded(store, half):
         existing = find_decision(store, half)  # decided before its guard expired
         if existing is not None:
             return existing
-    stamped = writer.append([record, *extra], app_transactions={transaction_app(half.physical_offset): 0})
+    shard = decision_shard(store, half)
+    together = [m for m in extra if shard_of_queue(m.topic, m.queue_id, shards) == shard]
+    after = [m for m in extra if shard_of_queue(m.topic, m.queue_id, shards) != shard]
+    guard = {transaction_app(half.physical_offset): 0}
+    stamped = _writer_of(store, writer, shard).append([record, *together], app_transactions=guard)
     if not stamped:
         existing = find_decision(store, half)
         if existing is None:  # pragma: no cover - the sequencer only refuses when it is recorded
             raise StoreError("transaction decision refused but none is recorded", offset=half.physical_offset)
         return existing
+    for m in after:
+        _writer_of(store, writer, shard_of_queue(m.topic, m.queue_id, shards)).append(
+            [m], app_transactions=guard
+        )
     event = EVENT_COMMIT if state is LocalTransactionState.COMMIT else EVENT_ROLLBACK
     committed = stamped[0] if state is LocalTransactionState.COMMIT else None
     try:
@@ -289,6 +342,21 @@ def end_transaction(
     if committed is not None:
         view = MessageExt.from_row({**record._asdict(), **committed._asdict()})
     return Decision(state, view, won=True)
+
+
+def half_writer(store: Store, writer: CommitLogWriter | CommitLogs | ShardWriters) -> CommitLogWriter:
+    """The writer for half messages: that of the shard of ``RMQ_SYS_TRANS_HALF_TOPIC`` queue 0."""
+    return _writer_of(store, writer, shard_of_queue(TRANS_HALF_TOPIC, 0, store.commit_log_shards))
+
+
+def _writer_of(
+    store: Store, writer: CommitLogWriter | CommitLogs | ShardWriters, shard: int
+) -> CommitLogWriter:
+    if isinstance(writer, ShardWriters):
+        return writer.for_shard(shard)
+    if isinstance(writer, CommitLogs):
+        return writer.writer(shard)
+    return writer if writer.shard == shard else shard_writers(store).for_shard(shard)
 
 
 # ----------------------------------------------------------------------------- check requests

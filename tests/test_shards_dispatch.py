@@ -117,12 +117,6 @@ def test_dispatch_resumes_each_shard_from_its_own_marker(sharded: Store) -> None
     assert dispatched_version(sharded, 1) == sharded.version("commit_log_1")
 
 
-@pytest.mark.xfail(
-    raises=StoreError,
-    strict=True,
-    reason="the pull's commit-log point reads (QueueIndex.messages) follow shard 0 only until the "
-    "readers' change (issue 13, h13r) lands; then this passes and the mark goes",
-)
 def test_pull_reads_every_queue_of_a_sharded_topic(sharded: Store) -> None:
     with Producer(sharded) as producer:
         for q in range(QUEUES):
@@ -255,3 +249,19 @@ def test_the_spark_dispatch_and_index_jobs_follow_every_shard(spark: Any, sharde
         assert dispatched_version(sharded, shard) == sharded.version(name)
         assert indexed_version(sharded, shard) == sharded.version(name)
     assert sharded.read(schemas.CONSUME_QUEUE).num_rows == len(all_rows(sharded))
+
+
+def test_round_robin_still_visits_every_queue_once_per_round_from_a_random_start(sharded: Store) -> None:
+    firsts = set()
+    for _ in range(12):
+        with Producer(sharded) as producer:
+            queues = [producer._choose_queue(TOPIC, QUEUES, None, None) for _ in range(2 * QUEUES)]
+        assert sorted(queues[:QUEUES]) == list(range(QUEUES)) == sorted(queues[QUEUES:])
+        firsts.add(queues[0])
+    assert len(firsts) > 1  # producers started together do not all begin on one shard
+
+
+def test_a_single_shard_stores_round_robin_starts_at_queue_zero(tmp_path: Path) -> None:
+    store = Store.open(tmp_path / "one")
+    with Producer(store) as producer:
+        assert [producer._choose_queue("T", 4, None, None) for _ in range(5)] == [0, 1, 2, 3, 0]

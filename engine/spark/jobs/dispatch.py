@@ -1,9 +1,10 @@
 """The dispatch job: commit_log -> consume_queue, as a Spark structured-streaming query.
 
-The query follows the commit log through the ``deltalog`` data source, but only its offsets (commit-log
-versions): a micro-batch starts as soon as new versions are committed, and its rows are never read
-by Spark. Its ``foreachBatch`` calls :func:`engine.broker.dispatch.dispatch_committed` on the driver,
-which reads every commit-log version after the consume queue's marker with delta-rs and commits the
+The query follows the commit log (:func:`~engine.spark.jobs.streams.table_trigger`: Delta's streaming
+source where Delta on Spark is on, else the project's ``deltalog`` source), but only as a trigger: a
+micro-batch starts as soon as new versions are committed, and its rows are never read by Spark. Its
+``foreachBatch`` calls :func:`engine.broker.dispatch.dispatch_committed` on the driver, which reads
+every commit-log version after the consume queue's marker with delta-rs and commits the
 consume-queue entries together with a Delta app transaction recording the last commit-log version
 covered. A replayed micro-batch (a restart after a crash, a lost or copied checkpoint, a second
 dispatcher) therefore adds nothing and misses nothing: exactly once, whatever the checkpoint says.
@@ -12,7 +13,8 @@ Why the rows are not read through Spark: a Spark job per micro-batch (a Python w
 versions in an executor) costs about half a second on a small machine, more than ten times the
 dispatch itself, and kept the send -> pullable latency well above a second. The versions a batch
 covers are a few small Parquet files, read as fast by the driver as by an executor, on a local disk
-and on an object store alike, so there is one path.
+and on an object store alike, so there is one path. Delta's source could not give them anyway: it
+carries no row's commit version, which the exactly-once marker is made of.
 """
 
 from __future__ import annotations
@@ -22,22 +24,19 @@ import time
 from collections import OrderedDict
 from typing import Any
 
-import pyarrow as pa
-
 from engine.broker.dispatch import dispatch_committed
 from engine.spark.jobs.stats import JobStats
-from engine.spark.jobs.streams import log_stream, start_query
+from engine.spark.jobs.streams import Trigger, start_query, table_trigger
 from engine.spark.progress import progress_dict
 from engine.store import schemas
 from engine.store.consume_queue import dispatched_version
-from engine.store.delta_log import VERSION_COLUMN
 from engine.store.store import Store
 
 __all__ = [
     "BatchRows",
     "DispatchQuery",
     "DispatchStats",
-    "commit_log_versions",
+    "commit_log_trigger",
     "run_dispatch",
     "summary",
 ]
@@ -123,17 +122,10 @@ class DispatchQuery:
         return [p for p in (self._counted(x) for x in self._query.recentProgress) if p is not None]
 
 
-def commit_log_versions(spark: Any, store: Store, starting_version: int) -> Any:
-    """A stream whose offsets are the commit log's versions from ``starting_version`` on.
-
-    It is the job's trigger: a micro-batch per run of new versions. Its rows are not meant to be
-    read (the job reads the versions itself); it selects only ``_version``.
-    """
-    columns = ("store_ts_ms",)
-    schema = pa.schema([schemas.COMMIT_LOG_SCHEMA.field(c) for c in columns])
-    return log_stream(spark, store, schemas.COMMIT_LOG, starting_version, columns, schema).select(
-        VERSION_COLUMN
-    )
+def commit_log_trigger(spark: Any, store: Store, starting_version: int) -> Trigger:
+    """The job's trigger: a stream of the commit log's commits from ``starting_version`` on, a
+    micro-batch per run of new versions (:func:`~engine.spark.jobs.streams.table_trigger`)."""
+    return table_trigger(spark, store, schemas.COMMIT_LOG, starting_version)
 
 
 def run_dispatch(
@@ -152,7 +144,8 @@ def run_dispatch(
         once: process every version committed now and wait for the query to finish
             (``Trigger.AvailableNow``); otherwise start a query triggered every
             ``store.config.dispatch_trigger_ms`` and return it running.
-        checkpoint: the streaming checkpoint; default ``<store>/_checkpoints/dispatch``.
+        checkpoint: the streaming checkpoint; default ``<store>/_checkpoints/dispatch`` (the Delta
+            source keeps its offsets in its ``delta`` sub-directory).
         stats: counters to update after each micro-batch.
 
     Returns:
@@ -173,15 +166,16 @@ def run_dispatch(
         counters.count(batches=1, rows=rows, entries=entries)
         batches.record(batch_id, rows, started)
 
-    frame = commit_log_versions(spark, store, dispatched_version(store) + 1)
+    trigger = commit_log_trigger(spark, store, dispatched_version(store) + 1)
     query = start_query(
-        frame,
+        trigger.frame,
         store,
         JOB,
         on_batch,
         once=once,
         checkpoint=checkpoint,
         trigger_ms=store.config.dispatch_trigger_ms,
+        subdir=trigger.checkpoint_subdir,
     )
     return DispatchQuery(query, batches)
 

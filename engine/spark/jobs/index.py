@@ -1,7 +1,8 @@
 """The index job: commit_log -> index, as a Spark structured-streaming query.
 
-The source is the commit log read through the ``deltalog`` data source from the first version not
-yet indexed; each micro-batch goes to :func:`engine.broker.index.build_index`, which commits the
+The query is triggered by new commit-log commits (:func:`~engine.spark.jobs.streams.run_log_job`:
+Delta's streaming source, or ``deltalog`` without Delta); the commit-log rows of every version not
+yet indexed go to :func:`engine.broker.index.build_index`, which commits the
 index rows (one per message key and one per uniq key) together with a Delta app transaction
 recording the last commit-log version covered (app id ``mq.index``). A replayed micro-batch (a
 restart after a crash, a lost checkpoint, a second indexer) therefore adds nothing: exactly once,
@@ -15,7 +16,7 @@ from collections.abc import Callable
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.broker.index import INDEX_SOURCE_COLUMNS, INDEX_SOURCE_SCHEMA, build_index, unindexed_rows
+from engine.broker.index import INDEX_SOURCE_COLUMNS, INDEX_SOURCE_SCHEMA, build_index
 from engine.spark.jobs.stats import JobStats
 from engine.spark.jobs.streams import LogJob
 from engine.store import schemas
@@ -56,6 +57,5 @@ INDEX_JOB = LogJob(
         "index version {version}, commit_log indexed through version {covered}"
     ),
     schema=INDEX_SOURCE_SCHEMA,
-    catch_up=unindexed_rows,
 )
 run_index = INDEX_JOB.run

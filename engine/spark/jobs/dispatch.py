@@ -19,22 +19,18 @@ carries no row's commit version, which the exactly-once marker is made of.
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import OrderedDict
 from typing import Any
 
 from engine.broker.dispatch import dispatch_committed
+from engine.spark.jobs.counted import BatchRows, CountedQuery
 from engine.spark.jobs.stats import JobStats
 from engine.spark.jobs.streams import Trigger, start_query, table_trigger
-from engine.spark.progress import progress_dict
 from engine.store import schemas
 from engine.store.consume_queue import dispatched_version
 from engine.store.store import Store
 
 __all__ = [
-    "BatchRows",
-    "DispatchQuery",
     "DispatchStats",
     "commit_log_trigger",
     "run_dispatch",
@@ -42,84 +38,12 @@ __all__ = [
 ]
 
 JOB = "dispatch"
-# Batches whose row counts a DispatchQuery remembers (Spark keeps the last 100 progresses).
-REMEMBERED_BATCHES = 1000
 
 
 class DispatchStats(JobStats):
     """Micro-batches, commit-log rows read and consume-queue entries written by one run."""
 
     COUNTERS = ("batches", "rows", "entries")
-
-
-class BatchRows:
-    """The commit-log rows each micro-batch read, and when it began (``time.monotonic()``)."""
-
-    def __init__(self, remembered: int = REMEMBERED_BATCHES) -> None:
-        self._batches: OrderedDict[int, tuple[int, float]] = OrderedDict()
-        self._remembered = remembered
-        self._lock = threading.Lock()
-
-    def record(self, batch_id: int, rows: int, started: float) -> None:
-        with self._lock:
-            self._batches[batch_id] = (rows, started)
-            while len(self._batches) > self._remembered:
-                self._batches.popitem(last=False)
-
-    def get(self, batch_id: int) -> tuple[int, float] | None:
-        with self._lock:
-            return self._batches.get(batch_id)
-
-
-class DispatchQuery:
-    """The dispatch job's ``StreamingQuery``, whose progress counts the rows each batch dispatched.
-
-    Spark counts a micro-batch's input rows only when a Spark job reads them; this job reads the
-    commit-log versions on the driver, so Spark reports 0 rows for every batch. ``lastProgress`` and
-    ``recentProgress`` (as dicts) carry instead the commit-log rows each batch read, and the rates
-    derived from them, so progress lines, ``_status/dispatch.json`` and their end-to-end delay stay
-    meaningful. Everything else is the query's own.
-    """
-
-    def __init__(self, query: Any, batches: BatchRows) -> None:
-        self._query = query
-        self._batches = batches
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._query, name)
-
-    def __repr__(self) -> str:
-        return f"DispatchQuery({self._query!r})"
-
-    def _counted(self, progress: Any) -> dict[str, Any] | None:
-        p = progress_dict(progress)
-        if p is None or p.get("batchId") is None:
-            return p
-        batch_id = int(p["batchId"])
-        seen, previous = self._batches.get(batch_id), self._batches.get(batch_id - 1)
-        if seen is None:
-            return p
-        rows, started = seen
-        trigger_ms = (p.get("durationMs") or {}).get("triggerExecution")
-        interval_s = started - previous[1] if previous is not None else None
-        p["numInputRows"] = rows
-        p["processedRowsPerSecond"] = rows * 1000.0 / trigger_ms if trigger_ms else 0.0
-        p["inputRowsPerSecond"] = rows / interval_s if interval_s else 0.0
-        for source in p.get("sources") or ():
-            source.update(
-                numInputRows=rows,
-                processedRowsPerSecond=p["processedRowsPerSecond"],
-                inputRowsPerSecond=p["inputRowsPerSecond"],
-            )
-        return p
-
-    @property
-    def lastProgress(self) -> dict[str, Any] | None:
-        return self._counted(self._query.lastProgress)
-
-    @property
-    def recentProgress(self) -> list[dict[str, Any]]:
-        return [p for p in (self._counted(x) for x in self._query.recentProgress) if p is not None]
 
 
 def commit_log_trigger(spark: Any, store: Store, starting_version: int) -> Trigger:
@@ -149,7 +73,8 @@ def run_dispatch(
         stats: counters to update after each micro-batch.
 
     Returns:
-        The started query as a :class:`DispatchQuery` (terminated already when ``once``).
+        The started query as a :class:`~engine.spark.jobs.counted.CountedQuery` (terminated
+        already when ``once``).
 
     Raises:
         pyspark.errors.StreamingQueryException: a micro-batch failed (``once`` only; a running
@@ -177,7 +102,7 @@ def run_dispatch(
         trigger_ms=store.config.dispatch_trigger_ms,
         subdir=trigger.checkpoint_subdir,
     )
-    return DispatchQuery(query, batches)
+    return CountedQuery(query, batches)
 
 
 def summary(store: Store, stats: DispatchStats, elapsed_s: float) -> str:

@@ -11,12 +11,14 @@ arguments or waits for a query: that is :mod:`engine.spark.jobs.runner`.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 
+from engine.spark.jobs.counted import BatchRows, CountedQuery
 from engine.spark.jobs.stats import JobStats
 from engine.store import schemas
 from engine.store.delta_log import VERSION_COLUMN
@@ -245,23 +247,28 @@ def run_log_job(
         max_versions: most versions per ``handler`` call (bounds a catch-up's memory).
 
     Returns:
-        The started ``StreamingQuery`` (terminated already when ``once``).
+        The started query as a :class:`~engine.spark.jobs.counted.CountedQuery` (its progress
+        counts the rows each batch read; terminated already when ``once``).
 
     Raises:
         pyspark.errors.StreamingQueryException: a micro-batch failed (``once`` only).
     """
     wanted = source_columns(table, columns, schema)
     handed: list[int] = [-1]  # the last version handed to a handler that returned, in this run
+    batches = BatchRows()
 
     def on_batch(batch: Any, batch_id: int) -> None:
         # ``batch`` only says that new versions exist; its rows are never read.
+        started, read = time.monotonic(), 0
         covered = max(marker(), handed[0])
         for rows, last in store.versions_after(table, covered, wanted, max_versions=max_versions):
             handler(rows.select([*columns, VERSION_COLUMN]))
             handed[0] = last
+            read += rows.num_rows
+        batches.record(batch_id, read, started)
 
     trigger = table_trigger(spark, store, table, marker() + 1)
-    return start_query(
+    query = start_query(
         trigger.frame,
         store,
         job,
@@ -271,6 +278,7 @@ def run_log_job(
         trigger_ms=trigger_ms,
         subdir=trigger.checkpoint_subdir,
     )
+    return CountedQuery(query, batches)
 
 
 @dataclass(frozen=True)

@@ -241,11 +241,19 @@ def test_checkpoint_location_defaults_under_the_store(store: Store) -> None:
 
 
 @pytest.mark.spark
-def test_the_query_follows_commit_log_versions_only(spark: Any, store: Store, topic: str) -> None:
-    from engine.spark.jobs.dispatch import commit_log_versions
+def test_the_query_follows_the_commit_log_through_delta_or_deltalog(
+    spark_reads: Any, store: Store, topic: str
+) -> None:
+    from engine.spark.jobs.dispatch import commit_log_trigger
+    from engine.spark.session import delta_enabled
 
-    frame = commit_log_versions(spark, store, 0)
-    assert frame.isStreaming and frame.columns == ["_version"]
+    trigger = commit_log_trigger(spark_reads, store, 0)
+    assert trigger.frame.isStreaming and len(trigger.frame.columns) == 1  # only a trigger: one column
+    if delta_enabled(spark_reads):
+        assert (trigger.source, trigger.checkpoint_subdir) == ("delta", "delta")
+    else:
+        assert (trigger.source, trigger.checkpoint_subdir) == ("deltalog", None)
+        assert trigger.frame.columns == ["_version"]
 
 
 def test_dispatch_committed_resumes_at_the_marker_in_bounded_commits(store: Store, topic: str) -> None:

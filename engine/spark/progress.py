@@ -110,11 +110,16 @@ def _version_of(offset: Any) -> int | None:
             return None
     if isinstance(offset, Mapping) and isinstance(offset.get("version"), int):
         return int(offset["version"])
+    if isinstance(offset, Mapping) and isinstance(offset.get("reservoirVersion"), int):
+        # Delta's offset: at ``index`` -1 nothing of ``reservoirVersion`` is read yet.
+        version = int(offset["reservoirVersion"])
+        return version - 1 if offset.get("index") == -1 else version
     return None
 
 
 def end_version(progress: Mapping[str, Any]) -> int | None:
-    """The last table version a ``deltalog`` micro-batch read (its end offset), if it read one."""
+    """The last table version a micro-batch of ``deltalog`` or Delta's source reached (its end
+    offset), if it read one."""
     versions = [_version_of(s.get("endOffset")) for s in progress.get("sources") or ()]
     known = [v for v in versions if v is not None]
     return max(known) if known else None

@@ -1,7 +1,8 @@
 """The index job: commit_log -> index, as a Spark structured-streaming query.
 
-The source is the commit log read through the ``deltalog`` data source from the first version not
-yet indexed; each micro-batch goes to :func:`engine.broker.index.build_index`, which commits the
+The query is triggered by new commit-log commits (:func:`~engine.spark.jobs.streams.run_log_job`:
+Delta's streaming source, or ``deltalog`` without Delta); the commit-log rows of every version not
+yet indexed go to :func:`engine.broker.index.build_index`, which commits the
 index rows (one per message key and one per uniq key) together with a Delta app transaction
 recording the last commit-log version covered (app id ``mq.index``). A replayed micro-batch (a
 restart after a crash, a lost checkpoint, a second indexer) therefore adds nothing: exactly once,
@@ -16,14 +17,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.broker.index import (
-    INDEX_SOURCE_COLUMNS,
-    INDEX_SOURCE_SCHEMA,
-    build_index,
-    index_pending,
-    unindexed_rows,
-)
-from engine.spark.jobs.dispatch import commit_logs_versions
+from engine.broker.index import INDEX_SOURCE_COLUMNS, INDEX_SOURCE_SCHEMA, build_index, index_pending
+from engine.spark.jobs.dispatch import commit_log_trigger
 from engine.spark.jobs.stats import JobStats
 from engine.spark.jobs.streams import LogJob, start_query
 from engine.store import schemas
@@ -64,7 +59,6 @@ INDEX_JOB = LogJob(
         "index version {version}, commit_log indexed through version {covered}"
     ),
     schema=INDEX_SOURCE_SCHEMA,
-    catch_up=unindexed_rows,
 )
 
 
@@ -80,9 +74,9 @@ def run_index(
     """Start the index query on ``spark`` for ``store`` (see :meth:`LogJob.run`).
 
     A store of one commit-log shard streams its rows into :func:`build_index`
-    (:data:`INDEX_JOB`). A store of several follows every shard as the dispatch job does: a union of
-    one version stream per shard triggers micro-batches, and each indexes every shard's versions
-    after its marker on the driver (:func:`index_pending`).
+    (:data:`INDEX_JOB`). A store of several follows every shard as the dispatch job does
+    (:func:`~engine.spark.jobs.dispatch.commit_log_trigger`): a micro-batch starts when any shard
+    moves, and indexes every shard's versions after its marker on the driver (:func:`index_pending`).
     """
     if store.commit_log_shards == 1:
         return INDEX_JOB.run(
@@ -93,13 +87,14 @@ def run_index(
     def on_batch(batch: Any, batch_id: int) -> None:
         counters.count(batches=1, entries=index_pending(store))
 
-    frame = commit_logs_versions(spark, store, lambda shard: indexed_version(store, shard) + 1)
+    trigger = commit_log_trigger(spark, store, lambda shard: indexed_version(store, shard) + 1)
     return start_query(
-        frame,
+        trigger.frame,
         store,
         INDEX_JOB.name,
         on_batch,
         once=once,
         checkpoint=checkpoint,
         trigger_ms=INDEX_JOB.trigger_ms if trigger_ms is None else trigger_ms,
+        subdir=trigger.checkpoint_subdir,
     )

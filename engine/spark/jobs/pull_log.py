@@ -1,7 +1,8 @@
 """The pull-log job: action_log PULL rows -> pull_log, as a Spark structured-streaming query.
 
-The source is the action log read through the ``deltalog`` data source from the first version not yet
-covered; each micro-batch goes to :func:`engine.broker.pull_log.build_pull_log_rows`, which commits
+The query is triggered by new action-log commits (:func:`~engine.spark.jobs.streams.run_log_job`:
+Delta's streaming source, or ``deltalog`` without Delta); the action-log rows of every version not
+yet covered go to :func:`engine.broker.pull_log.build_pull_log_rows`, which commits
 the pull-log rows together with a Delta app transaction recording the last action-log version
 covered (app id ``mq.pull_log``). A replayed micro-batch (a restart, a lost checkpoint, a second
 builder) therefore adds nothing: exactly once, whatever the checkpoint says.

@@ -1,7 +1,8 @@
 """The retry job: consumers' failures in action_log -> %RETRY%<group> (delayed) or %DLQ%<group>.
 
-The source is ``action_log`` read through the ``deltalog`` data source from the first version not
-yet routed; each micro-batch goes to :meth:`engine.broker.retry.RetryRouter.route`, which re-puts
+The query is triggered by new action-log commits (:func:`~engine.spark.jobs.streams.run_log_job`:
+Delta's streaming source, or ``deltalog`` without Delta); the action-log rows of every version not
+yet routed go to :meth:`engine.broker.retry.RetryRouter.route`, which re-puts
 the NACKed / EXPIRED messages in one commit-log commit together with Delta app transactions
 recording the last action-log version routed. A replayed micro-batch (a restart after a crash, a
 lost checkpoint, a second instance) therefore re-puts nothing: exactly once, whatever the

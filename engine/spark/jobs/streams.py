@@ -1,26 +1,31 @@
 """How a broker job's streaming query is wired: its source, its ``foreachBatch``, its checkpoint.
 
-Every job is a ``foreachBatch`` query started by :func:`start_query`; a job fed by a table's log
-(dispatch aside, which only takes the log's offsets) starts it through :func:`run_log_job`, which
-resumes the stream after the job's own exactly-once marker. Nothing here parses arguments or waits
-for a query: that is :mod:`engine.spark.jobs.runner`.
+Every job is a ``foreachBatch`` query started by :func:`start_query`. A job that follows a table
+(dispatch, index, pull log, retry) is triggered by a stream over that table (:func:`table_trigger`:
+Delta's streaming source where Delta on Spark is on, else the project's ``deltalog`` source) and
+reads the versions after its own exactly-once marker on the driver (:func:`run_log_job`; dispatch
+does the same through :func:`engine.broker.dispatch.dispatch_committed`). Nothing here parses
+arguments or waits for a query: that is :mod:`engine.spark.jobs.runner`.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from engine.errors import BatchNotReadError
-from engine.spark.jobs.runner import first_line
+from engine.spark.jobs.counted import BatchRows, CountedQuery
 from engine.spark.jobs.stats import JobStats
+from engine.store import schemas
 from engine.store.delta_log import VERSION_COLUMN
 from engine.store.store import Store
+
+# Most source versions one handler call gets (bounds the memory of a catch-up).
+VERSIONS_PER_HANDLER_CALL = 1000
 
 
 def checkpoint_location(store: Store, job: str, override: str | None = None) -> str:
@@ -32,20 +37,6 @@ def checkpoint_location(store: Store, job: str, override: str | None = None) -> 
         return override
     parent = store.config.checkpoint_dir or f"{store.root}/_checkpoints"
     return f"{parent.rstrip('/')}/{job}"
-
-
-def read_batch(batch: Any, batch_id: int) -> pa.Table:
-    """A micro-batch's rows as Arrow.
-
-    Raises:
-        BatchNotReadError: the rows could not be read, typically because the query is being stopped
-            mid-batch. Its message is one short line: Spark matches failure messages of Python
-            callbacks with a regex that overflows the stack on long ones.
-    """
-    try:
-        return batch.toArrow()
-    except Exception as exc:
-        raise BatchNotReadError(f"micro-batch {batch_id} was not read: {first_line(exc)}") from None
 
 
 def query_name(store: Store, job: str) -> str:
@@ -62,6 +53,7 @@ def start_query(
     once: bool,
     checkpoint: str | None,
     trigger_ms: int,
+    subdir: str | None = None,
 ) -> Any:
     """Start ``frame`` as the job's ``foreachBatch`` query with its checkpoint.
 
@@ -74,6 +66,7 @@ def start_query(
             finish; otherwise start it triggered every ``trigger_ms`` and return it running.
         checkpoint: the streaming checkpoint; default :func:`checkpoint_location`.
         trigger_ms: the processing-time trigger of a running query.
+        subdir: a sub-directory of the checkpoint that holds this query's (see :class:`Trigger`).
 
     Returns:
         The started ``StreamingQuery`` (terminated already when ``once``).
@@ -82,10 +75,13 @@ def start_query(
         pyspark.errors.StreamingQueryException: a micro-batch failed (``once`` only; a running
             query reports it through ``exception()`` / ``awaitTermination()``).
     """
+    location = checkpoint_location(store, job, checkpoint)
+    if subdir:
+        location = f"{location.rstrip('/')}/{subdir}"
     writer = (
         frame.writeStream.queryName(query_name(store, job))
         .foreachBatch(on_batch)
-        .option("checkpointLocation", checkpoint_location(store, job, checkpoint))
+        .option("checkpointLocation", location)
     )
     if once:
         query = writer.trigger(availableNow=True).start()
@@ -117,7 +113,8 @@ def log_stream(
     columns: Sequence[str],
     schema: pa.Schema | None = None,
 ) -> Any:
-    """A table's new rows (``columns`` and ``_version``) from ``starting_version`` on, streaming.
+    """A table's new rows (``columns`` and ``_version``) from ``starting_version`` on, streaming,
+    through the project's ``deltalog`` source (no Delta jars needed).
 
     ``schema`` (the Arrow schema of ``columns``) spares the source inferring it from the table.
     """
@@ -136,20 +133,71 @@ def log_stream(
     return reader.load()
 
 
-def with_missing_versions(rows: pa.Table, marker: int, read: Callable[[int, int], pa.Table]) -> pa.Table:
-    """``rows`` preceded by the versions between a job's exactly-once ``marker`` and them.
+def delta_stream(spark: Any, store: Store, table: str, starting_version: int) -> Any:
+    """A table's new commits from ``starting_version`` on, through Delta's own streaming source.
 
-    The stream's checkpoint and the job's marker normally agree. When the checkpoint is ahead (a
-    checkpoint copied from elsewhere, a target table restored from a backup), the versions in between
-    would otherwise never be offered again; ``read(first, last)`` reads them from the source table.
+    Maintenance never stops it: compaction commits (``dataChange = false``) carry no new data and
+    Delta skips them; retention's deletes are commits that remove data, which a Delta stream fails
+    on unless it skips them (``skipChangeCommits``: the rows removed were read before). A start past
+    the latest version (a job whose marker is the table's head) starts at the head: the jobs read
+    what is after their marker themselves, so one extra trigger costs nothing.
     """
-    if rows.num_rows == 0:
-        return rows
-    first = int(pc.min(rows[VERSION_COLUMN]).as_py())
-    if first <= marker + 1:
-        return rows
-    missing = read(marker + 1, first - 1)
-    return pa.concat_tables([missing.select(rows.column_names).cast(rows.schema), rows])
+    start = max(0, min(starting_version, store.version(table)))
+    return (
+        spark.readStream.format("delta")
+        .option("startingVersion", str(start))
+        .option("skipChangeCommits", "true")
+        .load(store.uri(table))
+    )
+
+
+@dataclass(frozen=True)
+class Trigger:
+    """A job's trigger: a stream over the table it follows, and where its checkpoint goes.
+
+    Attributes:
+        frame: the streaming DataFrame; its rows are never read (the job reads the versions after
+            its marker on the driver).
+        source: ``delta`` (Delta's streaming source) or ``deltalog`` (the project's, the fallback).
+        checkpoint_subdir: the sub-directory of the job's checkpoint this source keeps its offsets
+            in (``None``: the job's checkpoint itself). Each source kind has its own, so that a
+            checkpoint written by one never reaches the other: their offsets differ in form, and the
+            job's marker, not the checkpoint, is the truth of its progress.
+    """
+
+    frame: Any
+    source: str
+    checkpoint_subdir: str | None
+
+
+DELTA_SOURCE = "delta"
+DELTALOG_SOURCE = "deltalog"
+
+
+def table_trigger(spark: Any, store: Store, table: str, starting_version: int) -> Trigger:
+    """The stream that triggers a job following ``table``: Delta's streaming source where Delta on
+    Spark reads the store (:func:`engine.spark.views.native_reads`), else ``deltalog``.
+
+    Why Delta where it can: ``deltalog`` is a Python data source, so every trigger asks a Python
+    worker for the latest offset, and on a loaded machine such workers fail to connect back (the
+    query fails and is restarted, seconds lost); Delta's source plans in the JVM.
+    """
+    from engine.spark.views import native_reads
+
+    if native_reads(spark, store):
+        frame = delta_stream(spark, store, table, starting_version)
+        return Trigger(frame.select(frame.columns[0]), DELTA_SOURCE, DELTA_SOURCE)
+    first = schemas.schema_of(table).field(0)  # never read: the smallest schema the source accepts
+    frame = log_stream(spark, store, table, starting_version, (first.name,), pa.schema([first]))
+    return Trigger(frame.select(VERSION_COLUMN), DELTALOG_SOURCE, None)
+
+
+def source_columns(table: str, columns: Sequence[str], schema: pa.Schema | None = None) -> pa.Schema:
+    """The Arrow schema of ``columns`` of ``table``: ``schema`` when given, else the table's own."""
+    if schema is not None:
+        return schema
+    full = schemas.schema_of(table)
+    return pa.schema([full.field(c) for c in columns])
 
 
 def run_log_job(
@@ -165,48 +213,72 @@ def run_log_job(
     checkpoint: str | None,
     trigger_ms: int,
     schema: pa.Schema | None = None,
-    catch_up: Callable[[int, int], pa.Table] | None = None,
+    max_versions: int = VERSIONS_PER_HANDLER_CALL,
 ) -> Any:
-    """Start a job fed by ``table``'s log: every micro-batch's rows go to ``handler``.
+    """Start a job fed by ``table``'s log: the rows of every version after the job's marker go to
+    ``handler``, on the driver, whenever ``table`` has new commits.
 
-    The stream starts at the version after ``marker()`` (the job's exactly-once marker, committed with
-    what the handler writes), so a lost or fresh checkpoint resumes where the job's output stops.
+    The query's stream (:func:`table_trigger`) only says *when*: each micro-batch reads the versions
+    after ``max(marker(), what this run already handed over)`` with the engine
+    (:meth:`~engine.store.store.Store.versions_after`) and passes them to ``handler`` in chunks of
+    at most ``max_versions`` versions. A lost, fresh or foreign checkpoint therefore resumes exactly
+    where the job's output stops, whichever source wrote it.
+
+    Why the driver reads the rows rather than Spark: Delta's streaming source gives no row's commit
+    version (only Change Data Feed would, which the store's tables do not turn on), and every
+    handler is idempotent per version, so it needs them. Reading them through the ``deltalog``
+    source in a Spark job cost {SPARK_READ_NOTE}
 
     Args:
-        spark: a SparkSession with the project's data sources (:func:`engine.spark.session`).
+        spark: a SparkSession (:func:`engine.spark.session`).
         store: the store.
         job: the job's name (query name, default checkpoint ``<store>/_checkpoints/<job>``).
         table: the source table.
         columns: the source columns the handler needs; it also gets ``_version``.
-        handler: called once per micro-batch on the driver with its rows (possibly none). It must be
-            idempotent per source version, so that a replayed batch writes nothing twice, and must
-            raise when it did not write: returning makes Spark commit the batch and never offer its
-            versions again.
+        handler: called on the driver with rows of whole versions, in commit order. It must be
+            idempotent per source version, so that rows handed over again write nothing twice, and
+            must raise when it did not write: returning makes Spark commit the batch.
         marker: the last source version the job's output covers.
         once: process every version committed now and wait for the query to finish; otherwise
             start a query triggered every ``trigger_ms`` and return it running.
         checkpoint: the streaming checkpoint (default under the store).
         trigger_ms: the trigger interval of a running query.
-        schema: the Arrow schema of ``columns`` (default: inferred by the source).
-        catch_up: ``read(first, last)`` of the source's rows of versions ``first..last``: when given,
-            a batch that starts past ``marker() + 1`` is preceded by the versions in between
-            (:func:`with_missing_versions`).
+        schema: the Arrow schema of ``columns`` (default: the table's own).
+        max_versions: most versions per ``handler`` call (bounds a catch-up's memory).
 
     Returns:
-        The started ``StreamingQuery`` (terminated already when ``once``).
+        The started query as a :class:`~engine.spark.jobs.counted.CountedQuery` (its progress
+        counts the rows each batch read; terminated already when ``once``).
 
     Raises:
         pyspark.errors.StreamingQueryException: a micro-batch failed (``once`` only).
     """
+    wanted = source_columns(table, columns, schema)
+    handed: list[int] = [-1]  # the last version handed to a handler that returned, in this run
+    batches = BatchRows()
 
     def on_batch(batch: Any, batch_id: int) -> None:
-        rows = read_batch(batch, batch_id)
-        if catch_up is not None:
-            rows = with_missing_versions(rows, marker(), catch_up)
-        handler(rows)
+        # ``batch`` only says that new versions exist; its rows are never read.
+        started, read = time.monotonic(), 0
+        covered = max(marker(), handed[0])
+        for rows, last in store.versions_after(table, covered, wanted, max_versions=max_versions):
+            handler(rows.select([*columns, VERSION_COLUMN]))
+            handed[0] = last
+            read += rows.num_rows
+        batches.record(batch_id, read, started)
 
-    frame = log_stream(spark, store, table, marker() + 1, columns, schema).select(*columns, VERSION_COLUMN)
-    return start_query(frame, store, job, on_batch, once=once, checkpoint=checkpoint, trigger_ms=trigger_ms)
+    trigger = table_trigger(spark, store, table, marker() + 1)
+    query = start_query(
+        trigger.frame,
+        store,
+        job,
+        on_batch,
+        once=once,
+        checkpoint=checkpoint,
+        trigger_ms=trigger_ms,
+        subdir=trigger.checkpoint_subdir,
+    )
+    return CountedQuery(query, batches)
 
 
 @dataclass(frozen=True)
@@ -228,8 +300,6 @@ class LogJob:
         line: the summary line, formatted with the counters, ``elapsed_s``, ``version`` (of
             ``output``) and ``covered``.
         schema: the source columns' schema, when not the table's own.
-        catch_up: ``catch_up(store, first, last)``: rows of source versions ``first..last`` the
-            stream's first batch starts after (see :func:`run_log_job`).
     """
 
     name: str
@@ -242,7 +312,6 @@ class LogJob:
     output: str
     line: str
     schema: pa.Schema | None = None
-    catch_up: Callable[[Store, int, int], pa.Table] | None = None
 
     def run(
         self,
@@ -258,7 +327,6 @@ class LogJob:
         """Start the job's query on ``spark`` for ``store``; ``trigger_ms`` (default the job's) is
         the trigger interval of a running query, ``options`` go to the batch handler."""
         handle = self.handler(store, stats if stats is not None else self.stats(), **options)
-        catch_up = self.catch_up
         return run_log_job(
             spark,
             store,
@@ -271,7 +339,6 @@ class LogJob:
             checkpoint=checkpoint,
             trigger_ms=self.trigger_ms if trigger_ms is None else trigger_ms,
             schema=self.schema,
-            catch_up=None if catch_up is None else (lambda first, last: catch_up(store, first, last)),
         )
 
     def summary(self, store: Store, stats: JobStats, elapsed_s: float) -> str:

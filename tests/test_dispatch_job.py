@@ -114,8 +114,8 @@ def test_replaying_the_whole_log_adds_nothing(
     from engine.broker import dispatch as decisions
     from engine.spark.jobs import dispatch as job
 
-    monkeypatch.setattr(job, "dispatched_version", lambda s: -1)  # where the stream starts
-    monkeypatch.setattr(decisions, "dispatched_version", lambda s: -1)  # what each batch reads
+    monkeypatch.setattr(job, "dispatched_version", lambda s, shard=0: -1)  # where the stream starts
+    monkeypatch.setattr(decisions, "dispatched_version", lambda s, shard=0: -1)  # what each batch reads
     run_dispatch(spark, store, once=True, checkpoint=str(tmp_path / "replay"))
     monkeypatch.undo()
     assert _consume_queue(store) == before
@@ -247,7 +247,7 @@ def test_the_query_follows_the_commit_log_through_delta_or_deltalog(
     from engine.spark.jobs.dispatch import commit_log_trigger
     from engine.spark.session import delta_enabled
 
-    trigger = commit_log_trigger(spark_reads, store, 0)
+    trigger = commit_log_trigger(spark_reads, store, lambda shard: 0)
     assert trigger.frame.isStreaming and len(trigger.frame.columns) == 1  # only a trigger: one column
     if delta_enabled(spark_reads):
         assert (trigger.source, trigger.checkpoint_subdir) == ("delta", "delta")

@@ -38,6 +38,7 @@ import contextlib
 import dataclasses
 import os
 import threading
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 
@@ -54,7 +55,6 @@ from engine.store.delta import (
     NO_HOOKS,
     RENEW_HANDLE_COMMITS,
     Snapshot,
-    backoff,
     commit_next,
 )
 from engine.store.delta import (
@@ -63,6 +63,7 @@ from engine.store.delta import (
 from engine.store.durability import fsync_version
 from engine.store.hostlock import LOCK_DIR, LOCK_WAIT_S, HostLock, host_lock_enabled
 from engine.store.marks import HighWaterMarks, Rebuild, replay
+from engine.store.pacing import RacePacer
 from engine.store.stamping import (
     NOTHING,
     PendingBatch,
@@ -113,6 +114,12 @@ def _from_saved_marks(snapshot: Snapshot) -> HighWaterMarks | None:
     except StoreError:
         return None
     return hwm
+
+
+def _writer_of(info: Mapping[str, object]) -> str:
+    """The writer id prefixing a commit's batch id ("" for commits of other kinds)."""
+    batch = info.get(BATCH_KEY)
+    return batch.split("-", 1)[0] if isinstance(batch, str) and "-" in batch else ""
 
 
 def checkpoint_commit_log(snapshot: Snapshot, hwm: HighWaterMarks, *, cleanup: bool = True) -> None:
@@ -198,6 +205,10 @@ class CommitLogWriter:
             else None
         )
         self.conflicts = 0  # lost races, for benchmarks and tests
+        # Racing without the host lock: who waits how long (engine.store.pacing). The writer's id
+        # prefixes its batch ids, so that rivals can count the writers among the commits they missed.
+        self._pacer = RacePacer()
+        self._writer_id = uuid.uuid4().hex[:8]
 
     def _catch_up(self, *, reopen: bool = False) -> tuple[Snapshot, HighWaterMarks]:
         """Move the handle (a new one with ``reopen``) to the latest version and the marks with it:
@@ -210,8 +221,10 @@ class CommitLogWriter:
         if hwm is not None and 0 <= base <= latest and latest - base <= REPLAY_COMMITS:
             try:
                 dt = self._dt
-                replay(hwm, (dt.commit_info(v) for v in range(base + 1, latest + 1)), HWM_KEY, MARKS_KEY)
+                infos = [dt.commit_info(v) for v in range(base + 1, latest + 1)]
+                replay(hwm, infos, HWM_KEY, MARKS_KEY)
                 self._hwm = hwm
+                self._pacer.saw((_writer_of(info) for info in infos), self._writer_id, time.monotonic())
             except CommitTruncatedError:
                 raise
             except StoreError:
@@ -283,9 +296,12 @@ class CommitLogWriter:
                     self._host_lock = None  # no lock file here: optimistic only from now on
                 host_lock = None
             try:
+                racing = host_lock is None
+                if racing:  # a writer that just won a hot race gives the others their turn
+                    time.sleep(self._pacer.hold(time.monotonic()))
                 if self._behind():
                     self._catch_up()
-                stamped = self._append_locked(batch, dict(app_transactions or {}), custom_metadata)
+                stamped = self._append_locked(batch, dict(app_transactions or {}), custom_metadata, racing)
             finally:
                 if host_lock is not None:
                     host_lock.release()
@@ -337,14 +353,22 @@ class CommitLogWriter:
         return self._interval
 
     def _append_locked(
-        self, batch: PendingBatch, txns: dict[str, int], custom_metadata: Mapping[str, str] | None
+        self,
+        batch: PendingBatch,
+        txns: dict[str, int],
+        custom_metadata: Mapping[str, str] | None,
+        racing: bool,
     ) -> StampedBatch:
         assert self._dt is not None and self._hwm is not None
         store_id = self._store.store_id
         attempts = self._store.config.max_commit_attempts
-        batch_id = uuid.uuid4().hex
+        batch_id = f"{self._writer_id}-{uuid.uuid4().hex}"
         for attempt in range(attempts):
+            if attempt and self._behind():
+                self._catch_up()  # after the pause: the commits landed meanwhile are seen too
             dt, hwm = self._dt, self._hwm
+            assert dt is not None and hwm is not None
+            began = time.monotonic()
             base_version = dt.version()
             if any(dt.app_version(app) >= v for app, v in txns.items()):
                 return NOTHING
@@ -365,8 +389,12 @@ class CommitLogWriter:
                 )
             except CommitConflictError:
                 self.conflicts += 1
+                # Wait first, then catch up (a catch-up before the pause would be stale after it).
+                # Off the host lock the pause spreads the racers; under it a rival of another host
+                # or a maintenance commit won: retry at once.
+                if racing:
+                    time.sleep(self._pacer.lost(attempt + 1, time.monotonic()))
                 self._catch_up()
-                backoff(attempt)  # colliding writers must not collide again in lockstep
                 continue
             except StoreError as exc:
                 # Whatever happened, the handle and the marks may be behind the log now (a commit
@@ -388,6 +416,9 @@ class CommitLogWriter:
                         table="commit_log",
                     )
             hwm.apply(delta)
+            ended = time.monotonic()
+            if racing:
+                self._pacer.won(ended - began, ended)
             return dataclasses.replace(results, version=version)
         raise CommitConflictError(
             f"commit-log append lost {attempts} races in a row; retry later", table="commit_log"

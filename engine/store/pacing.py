@@ -6,8 +6,9 @@ winning: its handle is current, while every loser first pays a catch-up that cos
 an append. :class:`RacePacer` evens this out with three rules, all measured by the writer itself:
 
 * **A loser waits, then catches up**: a jittered pause drawn from a window of as many commit times
-  as it has seen rival writers (``rivals``: the distinct other writers among the commits it missed),
-  halved for every further race it lost in a row, so the longest-waiting writer goes first.
+  as it has rivals (the distinct other writers whose commits it saw land within the last
+  :data:`RIVALS_WINDOW_S`), halved for every further race it lost in a row, so the longest-waiting
+  writer goes first.
 * **A winner gives way**: after winning while the contention is hot (it lost a race within its
   last :data:`HOT_APPENDS` appends), it holds its next append back by about one commit time per
   rival, so that the writers it beat get their turn.
@@ -25,14 +26,16 @@ from collections.abc import Iterable
 
 # The commit time assumed before the writer has measured one (a one-message append on a small table).
 INITIAL_COMMIT_S = 0.005
-# Weight of the newest sample in the moving averages of the commit time and of the rivals.
+# Weight of the newest sample in the moving average of the commit time.
 _NEW = 0.25
+# A writer counts as a rival while a commit of it was seen within this many seconds.
+RIVALS_WINDOW_S = 2.0
 # A winner gives way while it lost a race within this many of its latest appends.
 HOT_APPENDS = 4
 # Rivals counted at most (the wait windows grow with them).
 MAX_RIVALS = 32
 # Longest single pause, whatever the measurements say.
-MAX_PAUSE_S = 0.25
+MAX_PAUSE_S = 1.0
 
 
 class RacePacer:
@@ -47,19 +50,32 @@ class RacePacer:
     def __init__(self, rng: random.Random | None = None) -> None:
         self._rng = rng if rng is not None else random.Random()
         self.commit_s = INITIAL_COMMIT_S  # moving average of one winning attempt (stamp to commit)
-        self.rivals = 0.0  # moving average of the distinct other writers seen between own attempts
+        self._seen: dict[str, float] = {}  # other writer -> when a commit of it was last seen
         self._hot = 0  # appends left during which a winner gives way
         self._hold_until = 0.0  # a winner's next append starts no earlier (time.monotonic())
 
-    def saw(self, writers: Iterable[str], me: str) -> None:
-        """Record the writers of the commits that landed since this writer last looked (catch-up)."""
-        others = len(set(writers) - {me})
-        self.rivals += _NEW * (min(others, MAX_RIVALS) - self.rivals)
+    def saw(self, writers: Iterable[str], me: str, now: float) -> None:
+        """Record the writers of the commits that landed since this writer last looked (a catch-up
+        at ``now``, ``time.monotonic()``)."""
+        for writer in writers:
+            if writer != me:
+                self._seen[writer] = now
+        if len(self._seen) > MAX_RIVALS:
+            self._forget(now)
 
-    def lost(self, streak: int) -> float:
-        """Seconds to wait before catching up after losing ``streak`` races in a row (1 or more):
-        a random point in a window of ``rivals`` commit times, halved per further loss."""
+    @property
+    def rivals(self) -> int:
+        """The other writers seen committing within the last :data:`RIVALS_WINDOW_S`."""
+        return min(MAX_RIVALS, len(self._seen))
+
+    def _forget(self, now: float) -> None:
+        self._seen = {w: t for w, t in self._seen.items() if now - t <= RIVALS_WINDOW_S}
+
+    def lost(self, streak: int, now: float) -> float:
+        """Seconds to wait before catching up after losing ``streak`` races in a row (1 or more) at
+        ``now``: a random point in a window of ``rivals`` commit times, halved per further loss."""
         self._hot = HOT_APPENDS
+        self._forget(now)
         window = self.commit_s * max(1.0, self.rivals) / 2 ** min(max(streak - 1, 0), 6)
         return min(MAX_PAUSE_S, self._rng.uniform(0.0, window))
 
@@ -67,7 +83,8 @@ class RacePacer:
         """Record a winning attempt that took ``attempt_s`` seconds and ended at ``now``
         (``time.monotonic()``); while the race is hot, the next append is held back."""
         self.commit_s += _NEW * (min(attempt_s, MAX_PAUSE_S) - self.commit_s)
-        if self._hot <= 0 or self.rivals < 0.5:
+        self._forget(now)
+        if self._hot <= 0 or not self.rivals:
             self._hot = max(0, self._hot - 1)
             return
         self._hot -= 1

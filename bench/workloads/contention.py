@@ -48,7 +48,9 @@ def _config(root: str, shards: int) -> EngineConfig:
     return EngineConfig(store=root, **extra)
 
 
-def _writer(root: str, worker: int, sends: int, batch: int, lock: bool, shards: int, ready: Any, start: Any, out: Any) -> None:
+def _writer(
+    root: str, worker: int, sends: int, batch: int, lock: bool, shards: int, ready: Any, start: Any, out: Any
+) -> None:
     os.environ["MQ_SEQUENCER_LOCK"] = "1" if lock else "0"
     from engine import CommitConflictError, Message, Producer, Store
 

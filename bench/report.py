@@ -125,7 +125,7 @@ TARGETS: tuple[Target, ...] = (
     ),
     Target(
         "8 writers without the host lock, one shard: none gives up",
-        "contention_8_nolock",
+        "contention_racing",
         (Condition("gave_up", "<=", 0),),
     ),
 )

@@ -10,8 +10,8 @@ the wall time from the first send to the last acknowledgement), the p50 / p99 / 
 send (the max is the longest any writer waited), lost races (``CommitLogWriter.conflicts``) and
 sends that gave up with ``CommitConflictError``.
 
-Workloads of the benchmark step (``contention``): ``contention_1`` (one writer), ``contention_8_nolock``
-and ``contention_8_lock`` (8 writers without and with the host lock; target: none gives up without
+Workloads of the benchmark step (``contention``): ``contention_1`` (one writer), ``contention_racing``
+and ``contention_queued`` (8 writers without and with the host lock; target: none gives up without
 it) and, once the store takes ``commit_log_shards``, ``contention_shards`` (8 writers without the
 lock on 4 shards; target: >= 2.5x one shard's msg/s, none gives up).
 """
@@ -169,14 +169,14 @@ def contention(ctx: Context) -> list[dict[str, Any]]:
     results = [
         _workload("contention_1", "Contention: one writer process", one, sends),
         _workload(
-            "contention_8_nolock",
+            "contention_racing",
             f"Contention: {many} writer processes without the host lock, one shard",
             racing,
             sends,
             "Only the optimistic protocol sequences them (writers on different hosts).",
         ),
         _workload(
-            "contention_8_lock",
+            "contention_queued",
             f"Contention: {many} writer processes with the host lock",
             queued,
             sends,

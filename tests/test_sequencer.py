@@ -210,10 +210,8 @@ def test_a_writer_counts_as_rivals_the_writers_of_the_commits_it_missed(store: S
     b.append([_pending(topic, 0, b"b1")])
     a.append([_pending(topic, 0, b"a1")])  # catches up over b0, c0, b1
     assert a._pacer.rivals == 2
-    batches = [info[sequencer.BATCH_KEY] for info in store.snapshot(schemas.COMMIT_LOG).recent_commit_infos(5)]
-    assert [sequencer._writer_of({sequencer.BATCH_KEY: x}) for x in batches] == [
-        w._writer_id for w in (a, b, c, b, a)
-    ]
+    newest_first = store.snapshot(schemas.COMMIT_LOG).recent_commit_infos(5)
+    assert [sequencer._writer_of(info) for info in newest_first] == [w._writer_id for w in (a, b, c, b, a)]
     assert_invariants(_rows_with_versions(store))
 
 

@@ -135,7 +135,8 @@ def run(
 def describe(measure: dict[str, Any]) -> str:
     """One run in words, for the report's notes."""
     return (
-        f"{measure['writers']} writers, host lock {'on' if measure['lock'] else 'off'}, "
+        f"{measure['writers']} writer{'s' if measure['writers'] != 1 else ''}, "
+        f"host lock {'on' if measure['lock'] else 'off'}, "
         f"{measure['shards']} shard{'s' if measure['shards'] != 1 else ''}: {measure['msg_s']:,} msg/s, "
         f"send p50 {measure['p50_ms']} ms / p99 {measure['p99_ms']} ms / max {measure['max_ms']} ms, "
         f"{measure['conflicts']} lost races, {measure['gave_up']} gave up."

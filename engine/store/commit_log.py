@@ -32,7 +32,10 @@ on the 2-core bench machine while it was shared (1-minute load average 10 to 25,
 noisy): before, 7 msg/s, send p50 161 ms, p99 10.1 s, max 18.1 s, 753 lost races; after, 11 msg/s,
 p50 538 ms, p99 2.9 s, max 5.9 s, 409 lost races; no writer gave up in either 40-send run (the
 150-send runs of issue 13 saw 4 of 8 give up before). Pacing trades the median for the tail: the
-lucky writer no longer wins every race. 16 writers x 15 sends: none gave up, longest wait 3.6 s.
+lucky writer no longer wins every race. 16 writers x 15 sends: none gave up, longest wait 3.6 s
+at load 10; at load 25 to 40 (more runnable processes than the 2 cores serve by 20x), 3 msg/s, 917
+lost races and a 51 s longest wait against 2.5 msg/s, 1,528 and 59 s before: when every attempt
+takes seconds of wall time, pacing cannot shorten the race window much.
 
 A lost race rewrites the batch's data file: the offsets are columns of the rows (``physical_offset``,
 ``queue_offset``, ``store_ts_ms`` and the ``msg_id`` made from the physical offset; the table is

@@ -118,6 +118,16 @@ TARGETS: tuple[Target, ...] = (
         "send_sync_flush",
         (Condition("x_async_flush", "<=", 2),),
     ),
+    Target(
+        "8 writers without the host lock: 4 shards >= 2.5x one shard",
+        "contention_shards",
+        (Condition("x_one_shard", ">=", 2.5), Condition("gave_up", "<=", 0)),
+    ),
+    Target(
+        "8 writers without the host lock, one shard: none gives up",
+        "contention_racing",
+        (Condition("gave_up", "<=", 0),),
+    ),
 )
 
 
@@ -133,6 +143,8 @@ def fmt_ms(value: float) -> str:
 def fmt_value(metric: str, value: float) -> str:
     if metric.startswith("x_"):
         return f"{value:.2f}x {metric.removeprefix('x_').replace('_', ' ')}"
+    if metric == "gave_up":
+        return f"{value:,.0f} gave up"
     if metric.endswith("_bytes"):
         return f"{value:,.0f} B"
     if metric.startswith("ratio:"):

@@ -38,7 +38,7 @@ from rich.table import Table  # noqa: E402
 
 from bench import machine, report  # noqa: E402
 from bench.peers import RedisServer  # noqa: E402
-from bench.workloads import Context, Sizes, ack, flow, produce, pull, replay, topics, wire  # noqa: E402
+from bench.workloads import Context, Sizes, ack, contention, flow, produce, pull, replay, topics, wire  # noqa: E402
 
 Step = Callable[[Context], list[dict[str, Any]]]
 # (name, function, needs the big store built by "produce")
@@ -52,6 +52,7 @@ STEPS: tuple[tuple[str, Step, bool], ...] = (
     ("ack", ack.acks, False),
     ("topics", topics.topics, False),
     ("flush", topics.sync_flush, False),
+    ("contention", contention.contention, False),
     ("wire", wire.wire, False),
 )
 DESCRIPTIONS = {
@@ -64,6 +65,7 @@ DESCRIPTIONS = {
     "ack": "per-message ack: SimpleConsumer processes vs Redis XREADGROUP + XACK",
     "topics": "topic creation, sends among 10,000 topics, commit metadata size",
     "flush": "synchronous sends with SYNC_FLUSH vs ASYNC_FLUSH",
+    "contention": "8 writer processes racing for the commit log, with and without the host lock",
     "wire": "RocketMQ's Java client: mq serve vs the real RocketMQ broker",
 }
 

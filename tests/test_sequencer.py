@@ -192,6 +192,29 @@ def test_eight_producer_processes_queue_on_the_lock_and_none_gives_up(store: Sto
     assert [r["retried"] for r in reports] == [0] * 8
 
 
+@pytest.mark.slow
+def test_eight_producer_processes_without_the_lock_take_turns_and_none_gives_up(
+    store: Store, topic: str
+) -> None:
+    # Writers on different hosts: only the optimistic protocol and its pacing sequence them. No send
+    # may exhaust max_commit_attempts (a CommitConflictError), and every invariant holds.
+    reports = _run_producers(store, processes=8, count=10, lock=False)
+    assert [(r["gave_up"], r["retried"]) for r in reports] == [(0, 0)] * 8
+
+
+def test_a_writer_counts_as_rivals_the_writers_of_the_commits_it_missed(store: Store, topic: str) -> None:
+    a, b, c = (CommitLogWriter(store, host_lock=False) for _ in range(3))
+    a.append([_pending(topic, 0, b"a0")])
+    b.append([_pending(topic, 0, b"b0")])
+    c.append([_pending(topic, 0, b"c0")])
+    b.append([_pending(topic, 0, b"b1")])
+    a.append([_pending(topic, 0, b"a1")])  # catches up over b0, c0, b1
+    assert a._pacer.rivals == 2
+    newest_first = store.snapshot(schemas.COMMIT_LOG).recent_commit_infos(5)
+    assert [sequencer._writer_of(info) for info in newest_first] == [w._writer_id for w in (a, b, c, b, a)]
+    assert_invariants(_rows_with_versions(store))
+
+
 def test_lock_is_not_needed_for_correctness(store: Store, topic: str) -> None:
     # Lost races are retried by the sequencer (and, past max_commit_attempts, by the caller).
     reports = _run_producers(store, processes=4, count=20, lock=False)

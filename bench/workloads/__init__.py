@@ -46,6 +46,9 @@ class Sizes:
     wire_threads: int = 4
     wire_sync_messages: int = 4_000
     wire_batch_messages: int = 100_000
+    # writer processes racing for one commit log (bench/workloads/contention.py)
+    contention_writers: int = 8
+    contention_sends: int = 100  # synchronous sends per writer
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -63,6 +66,7 @@ class Sizes:
             topic_creates=20,
             wire_sync_messages=1_000,
             wire_batch_messages=10_000,
+            contention_sends=20,
         )
 
 

@@ -28,7 +28,8 @@ MARKS_KEY = "mq.marks"
 """commit_log: the compact marks of a sequenced append (see :mod:`engine.store.marks`): the next
 physical offset, the queues written and a rolling slice of the others; never carried."""
 BATCH_KEY = "mq.batch"
-"""commit_log: the id of the producer batch a commit holds (finds an append of unknown outcome)."""
+"""commit_log: the id of the producer batch a commit holds, ``<writer>-<batch>`` (finds an append of
+unknown outcome; racing writers count their rivals by the writer part)."""
 CQ_KEY = "mq.cq"
 """consume_queue: every queue's next and minimum retained offset, and the covered commit-log version."""
 PULL_LOG_MARKS_KEY = "mq.pl"

@@ -81,11 +81,6 @@ class TableMissingError(StoreError):
     """No Delta table where one was expected (a store creates its own tables when it opens)."""
 
 
-class BatchNotReadError(StoreError):
-    """A broker job's micro-batch could not be read (its query is being stopped, or the read failed);
-    the batch is replayed by the next run."""
-
-
 class StoreCorruptedError(StoreError):
     """A table's Delta log is damaged in a way the store does not repair by itself (it repairs only
     a torn last commit file); ``path`` names the damaged file."""

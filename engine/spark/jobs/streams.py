@@ -227,7 +227,12 @@ def run_log_job(
     Why the driver reads the rows rather than Spark: Delta's streaming source gives no row's commit
     version (only Change Data Feed would, which the store's tables do not turn on), and every
     handler is idempotent per version, so it needs them. Reading them through the ``deltalog``
-    source in a Spark job cost {SPARK_READ_NOTE}
+    source instead costs a Spark job and a Python worker per micro-batch, about half a second on a
+    2-core machine, more than ten times the driver's read of a batch's few small Parquet files and
+    the dispatch itself (the dispatch job's measurement, :mod:`engine.spark.jobs.dispatch`); and on a
+    loaded machine (load average 25-32 on 2 cores, 2026-11-24) those Python workers failed to
+    connect back in 2 of the 4 ``deltalog`` runs of ``tests/test_job_triggers.py``, none of the
+    Delta-triggered runs did.
 
     Args:
         spark: a SparkSession (:func:`engine.spark.session`).

@@ -2,8 +2,9 @@
 
 The query follows the commit log through the ``deltalog`` data source, but only its offsets (commit-log
 versions): a micro-batch starts as soon as new versions are committed, and its rows are never read
-by Spark (in a store of several commit-log shards, every shard's: a union of one such stream per
-shard). Its ``foreachBatch`` calls :func:`engine.broker.dispatch.dispatch_committed` on the driver,
+by Spark (in a store of several commit-log shards, a ticker instead: see
+:func:`commit_logs_versions`). Its ``foreachBatch`` calls
+:func:`engine.broker.dispatch.dispatch_committed` on the driver,
 which reads every commit-log version after the consume queue's marker with delta-rs and commits the
 consume-queue entries together with a Delta app transaction recording the last commit-log version
 covered. A replayed micro-batch (a restart after a crash, a lost or copied checkpoint, a second
@@ -21,14 +22,13 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
 
 from engine.broker.dispatch import dispatch_committed
 from engine.spark.jobs.stats import JobStats
-from engine.spark.jobs.streams import log_stream, start_query
+from engine.spark.jobs.streams import log_stream, start_query, ticker
 from engine.spark.progress import progress_dict
 from engine.store import schemas
 from engine.store.consume_queue import dispatched_version
@@ -140,16 +140,16 @@ def commit_log_versions(
     return log_stream(spark, store, table, starting_version, columns, schema).select(VERSION_COLUMN)
 
 
-def commit_logs_versions(spark: Any, store: Store, starting: Callable[[int], int]) -> Any:
-    """The trigger of a job that follows every commit-log shard: the union of one
-    :func:`commit_log_versions` stream per shard, shard ``k``'s from version ``starting(k)``, so a
-    micro-batch starts when any shard moves (the job reads every shard's new versions itself)."""
-    frame = commit_log_versions(spark, store, starting(0))
-    for shard in range(1, store.commit_log_shards):
-        frame = frame.union(
-            commit_log_versions(spark, store, starting(shard), schemas.commit_log_table(shard))
-        )
-    return frame
+def commit_logs_versions(spark: Any, store: Store, starting_version: int, trigger_ms: int) -> Any:
+    """The trigger of a job that follows every commit-log shard: in a store of one shard, the
+    :func:`commit_log_versions` stream from ``starting_version``; with several, a ticker of one
+    micro-batch every ``trigger_ms`` (:func:`~engine.spark.jobs.streams.ticker`) whose batches
+    read every shard's versions after the job's markers themselves, so each follows whichever
+    shard moved. (A union of one version stream per shard in one query did not start here: Spark's
+    Python worker for the second Python data source never connected back.)"""
+    if store.commit_log_shards == 1:
+        return commit_log_versions(spark, store, starting_version)
+    return ticker(spark, trigger_ms)
 
 
 def run_dispatch(
@@ -190,9 +190,7 @@ def run_dispatch(
         batches.record(batch_id, rows, started)
 
     frame = commit_logs_versions(
-        spark,
-        store,
-        lambda shard: (dispatched_version(store, shard) if shard else dispatched_version(store)) + 1,
+        spark, store, dispatched_version(store) + 1, store.config.dispatch_trigger_ms
     )
     query = start_query(
         frame,

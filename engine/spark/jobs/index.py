@@ -80,9 +80,9 @@ def run_index(
     """Start the index query on ``spark`` for ``store`` (see :meth:`LogJob.run`).
 
     A store of one commit-log shard streams its rows into :func:`build_index`
-    (:data:`INDEX_JOB`). A store of several follows every shard as the dispatch job does: a union of
-    one version stream per shard triggers micro-batches, and each indexes every shard's versions
-    after its marker on the driver (:func:`index_pending`).
+    (:data:`INDEX_JOB`). A store of several follows every shard as the dispatch job does
+    (:func:`~engine.spark.jobs.dispatch.commit_logs_versions` triggers its micro-batches), each
+    indexing every shard's versions after its marker on the driver (:func:`index_pending`).
     """
     if store.commit_log_shards == 1:
         return INDEX_JOB.run(
@@ -93,13 +93,8 @@ def run_index(
     def on_batch(batch: Any, batch_id: int) -> None:
         counters.count(batches=1, entries=index_pending(store))
 
-    frame = commit_logs_versions(spark, store, lambda shard: indexed_version(store, shard) + 1)
+    interval = INDEX_JOB.trigger_ms if trigger_ms is None else trigger_ms
+    frame = commit_logs_versions(spark, store, indexed_version(store) + 1, interval)
     return start_query(
-        frame,
-        store,
-        INDEX_JOB.name,
-        on_batch,
-        once=once,
-        checkpoint=checkpoint,
-        trigger_ms=INDEX_JOB.trigger_ms if trigger_ms is None else trigger_ms,
+        frame, store, INDEX_JOB.name, on_batch, once=once, checkpoint=checkpoint, trigger_ms=interval
     )

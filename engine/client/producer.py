@@ -6,6 +6,7 @@ import dataclasses
 import functools
 import itertools
 import queue
+import random
 import threading
 import time
 from collections.abc import Mapping, Sequence
@@ -196,8 +197,16 @@ class Producer(Closing):
                 raise InvalidArgumentError("sharding_key must be a non-empty string", topic=topic)
             return select_queue_by_hash(sharding_key, queues)
         # dict.setdefault and next() on a count are atomic under the GIL: no lock on the hot path.
-        counter = self._round_robin.get(topic) or self._round_robin.setdefault(topic, itertools.count())
+        counter = self._round_robin.get(topic)
+        if counter is None:
+            counter = self._round_robin.setdefault(topic, itertools.count(self._first_queue(queues)))
         return next(counter) % queues
+
+    def _first_queue(self, queues: int) -> int:
+        """Where a topic's round robin starts: queue 0 in a store of one commit-log shard; a random
+        queue with several (as RocketMQ's producer starts at a random queue), so producers started
+        together do not move from shard to shard in lockstep, all contending for one shard's log."""
+        return 0 if self._writer.shards == 1 else random.randrange(queues)
 
     def _prepare(
         self,

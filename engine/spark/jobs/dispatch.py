@@ -26,7 +26,8 @@ from typing import Any
 from engine.broker.dispatch import dispatch_committed
 from engine.spark.jobs.counted import BatchRows, CountedQuery
 from engine.spark.jobs.stats import JobStats
-from engine.spark.jobs.streams import Trigger, start_query, table_trigger
+from engine.spark.jobs.streams import TICKER_SOURCE, Trigger, start_query, table_trigger, ticker
+from engine.spark.views import native_reads
 from engine.store import schemas
 from engine.store.consume_queue import dispatched_version
 from engine.store.store import Store
@@ -47,16 +48,19 @@ class DispatchStats(JobStats):
     COUNTERS = ("batches", "rows", "entries")
 
 
-def commit_log_trigger(spark: Any, store: Store, starting: Callable[[int], int]) -> Trigger:
+def commit_log_trigger(spark: Any, store: Store, starting: Callable[[int], int], trigger_ms: int) -> Trigger:
     """The trigger of a job that follows the commit log: a stream of its commits, shard ``k``'s from
     version ``starting(k)`` on, a micro-batch per run of new versions
-    (:func:`~engine.spark.jobs.streams.table_trigger`). A store of several shards unions one such
-    stream per shard, so a micro-batch starts when any shard moves (the job reads every shard's new
-    versions itself)."""
-    triggers = [
-        table_trigger(spark, store, schemas.commit_log_table(shard), starting(shard))
-        for shard in range(store.commit_log_shards)
-    ]
+    (:func:`~engine.spark.jobs.streams.table_trigger`); the job reads every shard's new versions
+    itself. A store of several shards unions one Delta stream per shard, so a micro-batch starts
+    when any shard moves. Without Delta it ticks every ``trigger_ms`` instead: a union of ``deltalog``
+    streams in one query never started here (the second Python data source's worker never
+    connected back).
+    """
+    shards = range(store.commit_log_shards)
+    if len(shards) > 1 and not native_reads(spark, store):
+        return Trigger(ticker(spark, trigger_ms), TICKER_SOURCE, TICKER_SOURCE)
+    triggers = [table_trigger(spark, store, schemas.commit_log_table(k), starting(k)) for k in shards]
     frame = triggers[0].frame
     for other in triggers[1:]:
         frame = frame.union(other.frame)
@@ -102,7 +106,9 @@ def run_dispatch(
         counters.count(batches=1, rows=rows, entries=entries)
         batches.record(batch_id, rows, started)
 
-    trigger = commit_log_trigger(spark, store, lambda shard: dispatched_version(store, shard) + 1)
+    trigger = commit_log_trigger(
+        spark, store, lambda shard: dispatched_version(store, shard) + 1, store.config.dispatch_trigger_ms
+    )
     query = start_query(
         trigger.frame,
         store,

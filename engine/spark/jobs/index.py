@@ -87,7 +87,8 @@ def run_index(
     def on_batch(batch: Any, batch_id: int) -> None:
         counters.count(batches=1, entries=index_pending(store))
 
-    trigger = commit_log_trigger(spark, store, lambda shard: indexed_version(store, shard) + 1)
+    every_ms = INDEX_JOB.trigger_ms if trigger_ms is None else trigger_ms
+    trigger = commit_log_trigger(spark, store, lambda shard: indexed_version(store, shard) + 1, every_ms)
     return start_query(
         trigger.frame,
         store,
@@ -95,6 +96,6 @@ def run_index(
         on_batch,
         once=once,
         checkpoint=checkpoint,
-        trigger_ms=INDEX_JOB.trigger_ms if trigger_ms is None else trigger_ms,
+        trigger_ms=every_ms,
         subdir=trigger.checkpoint_subdir,
     )

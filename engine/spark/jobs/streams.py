@@ -172,6 +172,7 @@ class Trigger:
 
 DELTA_SOURCE = "delta"
 DELTALOG_SOURCE = "deltalog"
+TICKER_SOURCE = "ticker"  # no table's stream: a micro-batch every trigger interval
 
 
 def table_trigger(spark: Any, store: Store, table: str, starting_version: int) -> Trigger:

@@ -268,8 +268,10 @@ def retain(
     2. the consume queue gets a commit raising each affected queue's minimum offset (``mq.cq``) and
        deleting its entries below it, so a pull below the minimum now gets OFFSET_ILLEGAL with next =
        the new minimum before any message it could point at is gone;
-    3. the commit log gets a commit removing the files (the sequencer's marks carried forward);
-    4. index files that only point below the commit log's first remaining offset are removed.
+    3. the commit log gets a commit removing the files (the sequencer's marks carried forward):
+       one per commit-log shard with something to delete, each shard planned against its own
+       dispatch watermark;
+    4. index files whose every entry points below its shard's first remaining offset are removed.
 
     Files leave the disk only when :func:`vacuum` runs after its window.
 

@@ -205,12 +205,15 @@ class QueueIndex:
             return schema.empty_table()
         wanted = np.asarray(physical_offsets, dtype=np.int64)
         unique = np.unique(wanted)
-        shards = unique >> SHARD_SHIFT  # a negative offset or a shard the store lacks: never found
-        parts = [
-            self._logs[k].rows(unique[shards == k])
-            for k in np.unique(shards).tolist()
-            if 0 <= k < len(self._logs)
-        ]
+        if int(unique[0]) >= 0 and int(unique[-1]) >> SHARD_SHIFT == 0:
+            parts = [self._logs[0].rows(unique)]  # all in shard 0 (every store without shards)
+        else:
+            shards = unique >> SHARD_SHIFT  # a negative offset or a shard the store lacks: never found
+            parts = [
+                self._logs[k].rows(unique[shards == k])
+                for k in np.unique(shards).tolist()
+                if 0 <= k < len(self._logs)
+            ]
         table = pa.concat_tables(parts) if parts else schema.empty_table()
         found = table["physical_offset"]
         if table.num_rows < len(unique):

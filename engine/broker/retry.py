@@ -78,8 +78,8 @@ from engine.protocol.names import (
 from engine.protocol.schedule import schedule_envelope, without_schedule_properties
 from engine.protocol.topics import system_topic_config
 from engine.store import schemas
-from engine.store.commit_markers import RETRY_APP, RETRY_GUARD_APP, RETRY_RANGE_KEY, RETRY_SKIPPED_KEY
 from engine.store.commit_log import CommitLogWriter
+from engine.store.commit_markers import RETRY_APP, RETRY_GUARD_APP, RETRY_RANGE_KEY, RETRY_SKIPPED_KEY
 from engine.store.consume_queue import QueueIndex
 from engine.store.delta import Snapshot
 from engine.store.delta_log import VERSION_COLUMN

@@ -15,7 +15,7 @@ import pytest
 
 from engine import Admin, Message, Producer, Store, TransactionProducer
 from engine.broker.dispatch import dispatch_pending
-from engine.broker.retry import RetryRouter, route_retries, routed_version
+from engine.broker.retry import ADVANCE_EVERY, RetryRouter, route_retries, routed_version
 from engine.broker.schedule import Scheduler
 from engine.broker.schedule_state import handled_mask, home_shard, read_state, schedule_progress
 from engine.broker.transactions import check_transactions, undecided_halves
@@ -79,6 +79,20 @@ def test_the_layout_the_tests_rely_on_spreads_queues_over_every_shard() -> None:
     assert shard_of_queue(TRANS_HALF_TOPIC, 0, SHARDS) == 0
 
 
+def crash_once(writer: CommitLogWriter) -> None:
+    """Make the writer's next commit fail as if the process died just before it."""
+    commit = writer.append
+    calls: list[int] = []
+
+    def failing(messages: Any, **kwargs: Any) -> Any:
+        calls.append(len(messages))
+        if len(calls) == 1:
+            raise StoreError("injected: the process died before this shard's commit")
+        return commit(messages, **kwargs)
+
+    writer.append = failing  # type: ignore[method-assign]
+
+
 # ----------------------------------------------------------------------------- schedule
 def send_delayed(store: Store, kind: str) -> None:
     """One delayed message (delay level 1, or a timer) bound for a queue of T on each shard."""
@@ -132,16 +146,7 @@ def test_a_pass_that_dies_between_two_shards_commits_delivers_each_message_once(
     assert home_shard(sharded) == 0
     scheduler = Scheduler(sharded)
     writer = scheduler._writers.for_shard(failing)
-    commit = writer.append
-    calls: list[int] = []
-
-    def crash_once(messages: Any, **kwargs: Any) -> Any:
-        calls.append(len(messages))
-        if len(calls) == 1:
-            raise StoreError("injected: the process died before this shard's commit")
-        return commit(messages, **kwargs)
-
-    writer.append = crash_once  # type: ignore[method-assign]
+    crash_once(writer)
     with pytest.raises(StoreError, match="injected"):
         scheduler.deliver_due(FAR_FUTURE)
     # The shards committed before the failing one hold their deliveries already.
@@ -231,22 +236,27 @@ def test_a_failure_on_one_shard_is_retried_and_dead_lettered_on_others(sharded: 
     assert routed(sharded) == {"retry": [(retry_shard, b"m")], "dlq": [(dlq_shard, b"m")]}
 
 
+def test_a_shard_that_takes_no_re_puts_records_its_progress_every_advance_every_versions(
+    sharded: Store,
+) -> None:
+    po = stored(sharded, 1, b"m")
+    nack(sharded, "gA", po)  # a dead letter, on shard 0: shards 1 and 2 take nothing
+    for _ in range(ADVANCE_EVERY):
+        nack(sharded, "gA", shard_base(SHARDS) + 1)  # names no shard of the store: skipped
+    assert route_retries(sharded, max_reconsume_times={"gA": 0}, max_versions=10_000) == 1
+    covered = sharded.version(schemas.ACTION_LOG)
+    assert routed_version(sharded) == covered
+    assert [sharded.app_version(t, RETRY_APP) for t in sharded.commit_logs] == [covered] * SHARDS
+    assert routed(sharded) == {"retry": [], "dlq": [(0, b"m")]}
+
+
 def test_a_routing_that_dies_between_two_shards_commits_routes_each_failure_once(sharded: Store) -> None:
     po = stored(sharded, 1, b"m")
     nack(sharded, "gB", po)
     nack(sharded, "gA", po)
     router = RetryRouter(sharded, max_reconsume_times={"gA": 0})
     writer = router._writers.for_shard(2)  # the retry's shard commits after the DLQ's (shard 0)
-    commit = writer.append
-    calls: list[int] = []
-
-    def crash_once(messages: Any, **kwargs: Any) -> Any:
-        calls.append(len(messages))
-        if len(calls) == 1:
-            raise StoreError("injected: the process died before this shard's commit")
-        return commit(messages, **kwargs)
-
-    writer.append = crash_once  # type: ignore[method-assign]
+    crash_once(writer)
     with pytest.raises(StoreError, match="injected"):
         route_retries(sharded, router=router)
     assert routed(sharded) == {"retry": [], "dlq": [(0, b"m")]}

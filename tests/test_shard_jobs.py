@@ -267,6 +267,28 @@ def test_a_routing_that_dies_between_two_shards_commits_routes_each_failure_once
     assert route_retries(sharded, router=router) == 0
 
 
+def test_two_routers_racing_on_a_sharded_store_route_each_failure_once(sharded: Store) -> None:
+    po = stored(sharded, 1, b"m")
+    nack(sharded, "gB", po)
+    nack(sharded, "gA", po)
+    limits = {"gA": 0}
+    winner = RetryRouter(sharded, max_reconsume_times=limits)
+    loser = RetryRouter(Store.open(sharded.root), max_reconsume_times=limits)
+    writer = loser._writers.for_shard(2)  # the loser has committed shard 0 when it gets here
+    commit = writer.append
+    raced: list[int] = []
+
+    def race(messages: Any, **kwargs: Any) -> Any:
+        if not raced:  # the winner routes the whole range between the loser's plan and this commit
+            raced.append(route_retries(sharded, router=winner))
+        return commit(messages, **kwargs)
+
+    writer.append = race  # type: ignore[method-assign]
+    assert route_retries(Store.open(sharded.root), router=loser) == 1  # its dead letter only
+    assert raced == [1]  # the winner found the dead letter routed and routed the retry
+    assert routed(sharded) == {"retry": [(2, b"m")], "dlq": [(0, b"m")]}
+
+
 # ----------------------------------------------------------------------------- transactions
 class Answer:
     def __init__(self, state: LocalTransactionState) -> None:

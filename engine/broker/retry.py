@@ -222,10 +222,10 @@ class RetryRouter:
                     return routed  # nothing to route; progress catches up with the next commit
                 now = _clock_ms() if now_ms is None else now_ms
                 planned, skipped = self._messages(failures, now, [p for p, _ in states])
-                won = self._commit(states, covered, planned, skipped, failures.num_rows > 0)
-                if won is None:
+                written, complete = self._commit(states, covered, planned, skipped, failures.num_rows > 0)
+                routed += written
+                if not complete:
                     continue  # another router committed from the same progress: read it again
-                routed += won
                 return routed
         raise CommitConflictError(
             f"retry routing lost {_MAX_LOST_RACES} races in a row", table=schemas.COMMIT_LOG
@@ -238,9 +238,9 @@ class RetryRouter:
         planned: dict[int, list[PendingMessage]],
         skipped: list[dict[str, Any]],
         any_failures: bool,
-    ) -> int | None:
-        """Commit each shard's share of a routed range (with its progress); the re-puts written,
-        or None when a shard's commit lost its race (shards committed before it keep theirs)."""
+    ) -> tuple[int, bool]:
+        """Commit each shard's share of a routed range (with its progress): the re-puts written,
+        and False when a shard's commit lost its race (shards committed before it keep theirs)."""
         written = 0
         for shard, (progress, seq) in enumerate(states):
             messages = planned.get(shard, [])
@@ -257,7 +257,7 @@ class RetryRouter:
                 custom_metadata=metadata,
             )
             if messages and not stamped:
-                return None
+                return written, False
             if stamped:
                 written += len(stamped)
                 dead = sum(1 for m in messages if m.topic != SCHEDULE_TOPIC)
@@ -265,7 +265,7 @@ class RetryRouter:
                 self.retried += len(messages) - dead
                 if shard == 0:
                     self.skipped += len(skipped)
-        return written
+        return written, True
 
     def _messages(
         self, failures: pa.Table, now: int, progress: list[int]

@@ -158,6 +158,29 @@ def test_a_pass_that_dies_between_two_shards_commits_delivers_each_message_once(
     assert delivered(sharded) == expected()
 
 
+def test_waiting_timers_moved_between_deliveries_to_other_shards_are_delivered_once(sharded: Store) -> None:
+    producer = Producer(sharded)
+    # Far enough ahead that none is due when sent, however slow the machine (a due timer is sent
+    # straight to its topic).
+    soon, late = now_ms() + 3_600_000, now_ms() + 7_200_000
+    bodies = []
+    for i in range(12):  # due timers bound for shards 1 and 2 between waiting ones (holes)
+        shard, due = (1 + i % 4 // 2, soon) if i % 2 == 0 else (0, late)
+        body = f"t{i}".encode()
+        bodies.append((shard, body))
+        producer.send(Message(TOPIC, body, deliver_at_ms=due), queue_id=ON[shard])
+    producer.close()
+    dispatch_pending(sharded)
+    scheduler = Scheduler(sharded, max_timer_runs=2)
+    assert scheduler.deliver_due(soon) == 6
+    assert scheduler.moved > 0  # the waiting timers of the smallest holes went to the tail
+    dispatch_pending(sharded)
+    assert scheduler.deliver_due(FAR_FUTURE) == 6
+    dispatch_pending(sharded)
+    assert Scheduler(Store.open(sharded.root)).deliver_due(FAR_FUTURE) == 0
+    assert delivered(sharded) == Counter((shard, ON[shard], body) for shard, body in bodies)
+
+
 def test_two_schedulers_racing_on_a_sharded_store_deliver_each_message_once(sharded: Store) -> None:
     send_delayed(sharded, "level")
     winner, loser = Scheduler(sharded), Scheduler(Store.open(sharded.root))

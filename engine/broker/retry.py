@@ -35,6 +35,15 @@ restart or a second instance therefore routes nothing twice. Within a range, two
 the same (group, physical offset) route the message once. A row whose message cannot be read
 (removed by retention, a wrong offset, an id mismatch) is skipped and named in the commit's
 ``mq.retry.skipped`` metadata rather than blocking the job.
+
+Shards: a re-put goes to the shard of its queue (the schedule topic's level or timer queue, or
+``%DLQ%<group>`` queue 0), so one routed range may write several shards. Each shard keeps its own
+``mq.retry`` / ``mq.retry.seq`` in its commits: a shard's commit holds the re-puts of the range
+(its ``mq.retry`` + 1 .. covered) bound for that shard, so a crash between two shards' commits
+re-plans from the least-advanced shard (:func:`routed_version`) and each shard skips what it
+already covers: no failure is routed twice on one shard, none is lost. A shard with nothing to
+write in a range records its progress only every :data:`ADVANCE_EVERY` versions (shard 0 also when
+the range held failures, for ``mq.retry.skipped``). With one shard this is the single commit above.
 """
 
 from __future__ import annotations
@@ -74,6 +83,7 @@ from engine.store.commit_markers import RETRY_APP, RETRY_GUARD_APP, RETRY_RANGE_
 from engine.store.consume_queue import QueueIndex
 from engine.store.delta import Snapshot
 from engine.store.delta_log import VERSION_COLUMN
+from engine.store.shard_io import ShardWriters, messages_at
 from engine.store.stamping import PendingMessage
 from engine.store.store import Store
 from engine.store.store import now_ms as _clock_ms
@@ -142,8 +152,8 @@ def route_message(
 
 # ----------------------------------------------------------------- store level
 def routed_version(store: Store) -> int:
-    """Last ``action_log`` version whose failures are routed (-1 before any)."""
-    return store.app_version(schemas.COMMIT_LOG, RETRY_APP)
+    """Last ``action_log`` version whose failures are routed on every shard (-1 before any)."""
+    return min(store.app_version(table, RETRY_APP) for table in store.commit_logs)
 
 
 class RetryRouter:
@@ -164,10 +174,11 @@ class RetryRouter:
     def __init__(self, store: Store, *, max_reconsume_times: MaxReconsume = None) -> None:
         self._store = store
         self._setting = validate_max_reconsume(max_reconsume_times)
-        self._writer = CommitLogWriter(store)
+        self._writer = CommitLogWriter(store)  # shard 0's
+        self._writers = ShardWriters(store, first=self._writer)
         self._index = QueueIndex(store)
         self._ensured: set[str] = set()
-        self._dt: Snapshot | None = None  # a private snapshot: the state and the decision agree
+        self._dts: dict[int, Snapshot] = {}  # private snapshots: the state and the decision agree
         self._lock = threading.Lock()
         self.retried = 0
         self.dead = 0
@@ -198,47 +209,75 @@ class RetryRouter:
         routed = 0
         with self._lock:
             for _ in range(_MAX_LOST_RACES):
-                dt = self._commit_log()
-                progress, seq = dt.app_version(RETRY_APP), dt.app_version(RETRY_GUARD_APP)
-                fresh = rows.filter(pc.greater(rows[VERSION_COLUMN], progress))
+                states = self._states()
+                start = min(progress for progress, _ in states)
+                fresh = rows.filter(pc.greater(rows[VERSION_COLUMN], start))
                 if fresh.num_rows == 0:
                     return routed
                 covered = int(pc.max(fresh[VERSION_COLUMN]).as_py())
                 failures = fresh.filter(
                     pc.is_in(fresh["action"], value_set=pa.array(sorted(ROUTED_ACTIONS), pa.string()))
                 )
-                if failures.num_rows == 0 and covered - progress < ADVANCE_EVERY:
+                if failures.num_rows == 0 and covered - start < ADVANCE_EVERY:
                     return routed  # nothing to route; progress catches up with the next commit
                 now = _clock_ms() if now_ms is None else now_ms
-                messages, skipped = self._messages(failures, now)
-                metadata = {RETRY_RANGE_KEY: f"{progress + 1}..{covered}"}
-                if skipped:
-                    metadata[RETRY_SKIPPED_KEY] = json.dumps(skipped[:_MAX_SKIPPED_LISTED])
-                stamped = self._writer.append(
-                    messages,
-                    app_transactions={RETRY_APP: covered, RETRY_GUARD_APP: seq + 1},
-                    custom_metadata=metadata,
-                )
-                if messages and not stamped:
+                planned, skipped = self._messages(failures, now, [p for p, _ in states])
+                written, complete = self._commit(states, covered, planned, skipped, failures.num_rows > 0)
+                routed += written
+                if not complete:
                     continue  # another router committed from the same progress: read it again
-                if stamped:
-                    routed += len(stamped)
-                    dead = sum(1 for m in messages if m.topic != SCHEDULE_TOPIC)
-                    self.dead += dead
-                    self.retried += len(messages) - dead
-                    self.skipped += len(skipped)
                 return routed
         raise CommitConflictError(
             f"retry routing lost {_MAX_LOST_RACES} races in a row", table=schemas.COMMIT_LOG
         )
 
-    def _messages(self, failures: pa.Table, now: int) -> tuple[list[PendingMessage], list[dict[str, Any]]]:
+    def _commit(
+        self,
+        states: list[tuple[int, int]],
+        covered: int,
+        planned: dict[int, list[PendingMessage]],
+        skipped: list[dict[str, Any]],
+        any_failures: bool,
+    ) -> tuple[int, bool]:
+        """Commit each shard's share of a routed range (with its progress): the re-puts written,
+        and False when a shard's commit lost its race (shards committed before it keep theirs)."""
+        written = 0
+        for shard, (progress, seq) in enumerate(states):
+            messages = planned.get(shard, [])
+            if covered <= progress:
+                continue
+            if not messages and covered - progress < ADVANCE_EVERY and not (shard == 0 and any_failures):
+                continue
+            metadata = {RETRY_RANGE_KEY: f"{progress + 1}..{covered}"}
+            if skipped and shard == 0:
+                metadata[RETRY_SKIPPED_KEY] = json.dumps(skipped[:_MAX_SKIPPED_LISTED])
+            stamped = self._writers.for_shard(shard).append(
+                messages,
+                app_transactions={RETRY_APP: covered, RETRY_GUARD_APP: seq + 1},
+                custom_metadata=metadata,
+            )
+            if messages and not stamped:
+                return written, False
+            if stamped:
+                written += len(stamped)
+                dead = sum(1 for m in messages if m.topic != SCHEDULE_TOPIC)
+                self.dead += dead
+                self.retried += len(messages) - dead
+                if shard == 0:
+                    self.skipped += len(skipped)
+        return written, True
+
+    def _messages(
+        self, failures: pa.Table, now: int, progress: list[int]
+    ) -> tuple[dict[int, list[PendingMessage]], list[dict[str, Any]]]:
+        """The re-puts of ``failures`` by target shard (leaving out what each shard's ``progress``
+        already covers), and the rows skipped."""
         present = [c for c in ROUTE_COLUMNS if c in failures.column_names]
         rows = failures.select([*present, VERSION_COLUMN]).to_pylist()
         found = self._fetch([int(r["physical_offset"]) for r in rows])
         default = self._store.config.max_reconsume_times
-        seen: set[tuple[str, int]] = set()
-        messages: list[PendingMessage] = []
+        seen: set[tuple[str, int, int]] = set()
+        messages: dict[int, list[PendingMessage]] = {}
         skipped: list[dict[str, Any]] = []
         for r in rows:  # in action-log order
             group, physical = str(r["group"]), int(r["physical_offset"])
@@ -253,9 +292,6 @@ class RetryRouter:
             if reason is not None or message is None:
                 skipped.append({"group": group, "physical_offset": physical, "reason": reason})
                 continue
-            if (group, physical) in seen:
-                continue  # one route per (group, message) per range
-            seen.add((group, physical))
             # The row's count wins when higher: a SimpleConsumer redelivers from the original queue
             # (the stored copy still says 0) and a PushConsumer raises it to dead-letter early.
             times = max(int(message["reconsume_times"] or 0), int(r["reconsume_times"] or 0))
@@ -264,13 +300,21 @@ class RetryRouter:
             routed = route_message(
                 failed, group, now, self._setting, default, None if retry_at is None else int(retry_at)
             )
+            shard = self._writers.shard_of(routed.topic, routed.queue_id)
+            if int(r[VERSION_COLUMN]) <= progress[shard] or (group, physical, shard) in seen:
+                continue  # routed on that shard already; one route per (group, message) per range
+            seen.add((group, physical, shard))
             self._ensure_topics(group, routed.topic == SCHEDULE_TOPIC)
-            messages.append(routed)
+            messages.setdefault(shard, []).append(routed)
         return messages, skipped
 
-    def _commit_log(self) -> Snapshot:
-        self._dt = self._store.caught_up(schemas.COMMIT_LOG, self._dt)
-        return self._dt
+    def _states(self) -> list[tuple[int, int]]:
+        """Per shard: (last action-log version routed, commit counter), from private snapshots."""
+        states = []
+        for shard, table in enumerate(self._store.commit_logs):
+            dt = self._dts[shard] = self._store.caught_up(table, self._dts.get(shard))
+            states.append((dt.app_version(RETRY_APP), dt.app_version(RETRY_GUARD_APP)))
+        return states
 
     def _ensure_topics(self, group: str, retry: bool) -> None:
         """Create the schedule and retry topics (a retry) or the dead-letter topic on first use."""
@@ -292,7 +336,7 @@ class RetryRouter:
             if not wanted:
                 return {}
             try:
-                table = self._index.messages(wanted)
+                table = messages_at(self._store, self._index, wanted)
             except StoreError as exc:
                 gone = set(getattr(exc, "offsets", None) or ())
                 if not gone:

@@ -47,6 +47,10 @@ run less. The commit holding the runs is found by walking the log back to the co
 behind the latest version while runs exist, an empty commit restates it, so a restart never walks
 far and log cleanup never takes it. If it cannot be found, the pass fails with
 :class:`~engine.errors.StoreError` rather than risk delivering twice.
+
+On a store of several commit-log shards the state above lives on the timer queue's shard, and a
+delivery bound for another shard is committed there with that shard's own markers, before the
+state's commit: :mod:`engine.broker.schedule_shards`.
 """
 
 from __future__ import annotations
@@ -60,7 +64,15 @@ import numpy as np
 import pyarrow as pa
 
 from engine.broker.reput import reput, row_properties
-from engine.broker.schedule_state import HandledRun, ScheduleState, add_handled, handled_mask, read_state
+from engine.broker.schedule_shards import ShardView, commit_deliveries
+from engine.broker.schedule_state import (
+    HandledRun,
+    ScheduleState,
+    add_handled,
+    handled_mask,
+    home_shard,
+    read_state,
+)
 from engine.errors import CommitConflictError, InvalidArgumentError, StoreError
 from engine.protocol.names import PROPERTY_REAL_TOPIC, SCHEDULE_TOPIC
 from engine.protocol.schedule import LEVEL_QUEUES, TIMER_QUEUE_ID, real_destination
@@ -74,6 +86,7 @@ from engine.store.commit_markers import (
 )
 from engine.store.consume_queue import QueueIndex
 from engine.store.delta import Snapshot
+from engine.store.shard_io import ShardWriters, messages_at
 from engine.store.stamping import PendingMessage
 from engine.store.store import Store
 from engine.store.store import now_ms as _clock_ms
@@ -200,7 +213,10 @@ class Scheduler:
             if isinstance(value, bool) or not isinstance(value, int) or value < 2:
                 raise InvalidArgumentError(f"{name} must be an int >= 2, got {value!r}", **{name: value})
         self._store = store
-        self._writer = CommitLogWriter(store)
+        self._home = home_shard(store)
+        self._writer = CommitLogWriter(store, shard=self._home)  # the state's shard
+        self._writers = ShardWriters(store, first=self._writer)
+        self._others: dict[int, ShardView] = {}  # other shards: private snapshot and state
         self._index = QueueIndex(store)
         self._lock = threading.Lock()
         self._max_messages = max_messages_per_pass
@@ -232,9 +248,9 @@ class Scheduler:
             raise InvalidArgumentError(
                 f"now_ms {now_ms!r} must be a non-negative epoch-ms int", now_ms=now_ms
             )
-        total = 0
         lost = 0
         with self._lock:
+            before = self.delivered
             while True:
                 now = _clock_ms() if now_ms is None else now_ms
                 outcome = self._pass(now)
@@ -246,10 +262,9 @@ class Scheduler:
                             f"schedule delivery lost {lost} races in a row", table=schemas.COMMIT_LOG
                         )
                     continue
-                delivered, more = outcome
-                total += delivered
+                _, more = outcome
                 if not more:
-                    return total
+                    return self.delivered - before
 
     # ------------------------------------------------------------- one pass
     def _read_state(self, dt: Snapshot) -> ScheduleState:
@@ -259,9 +274,10 @@ class Scheduler:
     def _pass(self, now: int) -> tuple[int, bool] | None:
         """One commit's worth: (delivered, maybe more due), or None when another writer won."""
         self._index.refresh()
-        self._dt = self._store.caught_up(schemas.COMMIT_LOG, self._dt)
+        self._dt = self._store.caught_up(self._writer.table, self._dt)
         dt = self._dt  # a private snapshot: every part of the state comes from one version
         state = self._read_state(dt)
+        others = self._read_others()
         budget = _Budget(self._max_messages, self._max_bytes)
         picks: list[_Pick] = []
         last: dict[int, int] = {}
@@ -269,17 +285,21 @@ class Scheduler:
             if budget.exhausted:
                 break
             self._scan_level(qid, state.delivered[qid], now, budget, picks, last)
-        timer_picks, moves, prefix, runs = self._scan_timer(state, now, budget)
+        timer_picks, moves, prefix, runs = self._scan_timer(state, now, budget, others)
         picks.extend(timer_picks)
         refresh = bool(runs) and state.version >= 0 and dt.version() - state.version > self._refresh_versions
         changed = bool(picks or moves) or prefix != state.timer_prefix or runs != state.timer_runs
+        stale = [v for v in others.values() if v.needs_refresh(self._refresh_versions)]
         if not changed and not refresh:
+            for view in stale:
+                self._commit_other(view, state, [], {})
             return 0, False
 
         picks.sort()
         rows = self._rows([p.physical for p in picks] + [int(p) for p in moves])
         configs = self._store.topic_configs()
         messages: list[PendingMessage] = []
+        elsewhere: dict[int, list[tuple[_Pick, PendingMessage]]] = {}  # other shards' deliveries
         dropped: list[str] = []
         for pick in picks:
             row = rows[pick.physical]
@@ -288,7 +308,16 @@ class Scheduler:
             if row["topic"] != SCHEDULE_TOPIC or message is None:
                 dropped.append(str(row["msg_id"]))  # unroutable: handled, so it cannot block its queue
                 continue
-            messages.append(message)
+            shard = self._writers.shard_of(message.topic, message.queue_id)
+            if shard == self._home:
+                messages.append(message)
+            elif not others[shard].delivered(pick.queue_id, pick.offset):
+                elsewhere.setdefault(shard, []).append((pick, message))
+        # Other shards first, the state's shard last: its commit says the whole pass is done.
+        for shard in sorted(set(elsewhere) | {v.shard for v in stale}):
+            if not self._commit_other(others[shard], state, elsewhere.get(shard, []), last):
+                self._state = None
+                return None
         delivered = len(messages)
         messages.extend(moved_copy(rows[int(p)]) for p in moves)
 
@@ -357,10 +386,11 @@ class Scheduler:
             pos = end
 
     def _scan_timer(
-        self, state: ScheduleState, now: int, budget: _Budget
+        self, state: ScheduleState, now: int, budget: _Budget, others: Mapping[int, ShardView]
     ) -> tuple[list[_Pick], list[int], int, tuple[HandledRun, ...]]:
         """Every due timer (earliest first, within the budget), the physical offsets of timers to
-        move, and the new (prefix, runs)."""
+        move, and the new (prefix, runs). Timers another shard already delivered (a pass cut short
+        before its last commit) count as handled and are neither delivered nor moved again."""
         cache = self._timers
         low, high = self._index.bounds(SCHEDULE_TOPIC, TIMER_QUEUE_ID)
         pos = max(state.timer_prefix + 1, cache.scanned, low)
@@ -373,7 +403,10 @@ class Scheduler:
             ~handled_mask(state.timer_prefix, state.timer_runs, cache.offsets) & (cache.offsets >= low)
         )
 
-        due = np.nonzero(cache.dues <= now)[0]
+        done = np.zeros(cache.offsets.size, dtype=bool)
+        for view in others.values():
+            done |= handled_mask(view.state.timer_prefix, view.state.timer_runs, cache.offsets)
+        due = np.nonzero((cache.dues <= now) & ~done)[0]
         due = due[np.lexsort((cache.offsets[due], cache.dues[due]))]
         n = budget.take(cache.sizes[due]) if due.size and not budget.exhausted else 0
         chosen = due[:n]
@@ -383,10 +416,11 @@ class Scheduler:
         ]
         # Entries below the queue's minimum offset are gone (retention): nothing left to deliver.
         base = max(state.timer_prefix, low - 1)
-        prefix, runs = add_handled(base, state.timer_runs, (p.offset for p in picks))
+        handled = [p.offset for p in picks] + cache.offsets[done].tolist()
+        prefix, runs = add_handled(base, state.timer_runs, handled)
         moves: list[int] = []
         if len(runs) > self._max_runs:
-            waiting = np.ones(cache.offsets.size, dtype=bool)
+            waiting = ~done
             waiting[chosen] = False
             moved = self._holes_to_move(prefix, runs, cache.offsets[waiting], cache.sizes[waiting], budget)
             if moved.size:
@@ -421,10 +455,39 @@ class Scheduler:
             chosen.append(offsets[a:b])
         return np.concatenate(chosen) if chosen else np.empty(0, np.int64)
 
+    def _read_others(self) -> dict[int, ShardView]:
+        """Every other shard's private snapshot and schedule state, caught up."""
+        for shard in range(self._store.commit_log_shards):
+            if shard != self._home:
+                view = self._others.get(shard)
+                if view is None:
+                    view = self._others[shard] = ShardView(shard, len(LEVEL_QUEUES))
+                view.dt = self._store.caught_up(schemas.commit_log_table(shard), view.dt)
+                view.state = read_state(view.dt, view.cached)
+                view.cached = view.state
+        return self._others
+
+    def _commit_other(
+        self,
+        view: ShardView,
+        home: ScheduleState,
+        deliveries: list[tuple[_Pick, PendingMessage]],
+        last: Mapping[int, int],
+    ) -> bool:
+        """Commit one other shard's deliveries with its own progress; False when it lost a race."""
+        done = [(p.queue_id, p.offset) for p, _ in deliveries]
+        stamped = commit_deliveries(
+            self._writers.for_shard(view.shard), view, home, done, [m for _, m in deliveries], last
+        )
+        if stamped is None:
+            return False
+        self.delivered += stamped
+        return True
+
     def _rows(self, physical: list[int]) -> dict[int, dict[str, Any]]:
         if not physical:
             return {}
-        table = self._index.messages(physical)
+        table = messages_at(self._store, self._index, physical)
         return {int(r["physical_offset"]): r for r in table.to_pylist()}
 
 

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from engine.errors import StoreError
+from engine.protocol.names import SCHEDULE_TOPIC
 from engine.protocol.schedule import LEVEL_QUEUES, TIMER_QUEUE_ID
+from engine.protocol.shards import shard_of_queue
 from engine.store import schemas
 from engine.store.commit_markers import SCHEDULE_APP, SCHEDULE_STATE_KEY, schedule_queue_app
 from engine.store.delta import Snapshot
@@ -91,7 +93,7 @@ def _find_state_commit(dt: Snapshot, seq: int) -> tuple[int, tuple[HandledRun, .
         raise StoreError(
             f"the schedule's state commit (seq {seq}) is no longer in the commit-log history; refusing "
             "to deliver timers that may have been delivered already",
-            table=schemas.COMMIT_LOG,
+            table=dt.name,
             seq=seq,
         )
     version, raw = found
@@ -99,9 +101,25 @@ def _find_state_commit(dt: Snapshot, seq: int) -> tuple[int, tuple[HandledRun, .
     return version, runs
 
 
+def home_shard(store: Store) -> int:
+    """The shard whose commit log holds the schedule's state: the timer queue's (0 with one shard).
+
+    Moves of waiting timers re-put them in the timer queue, so they and the state that counts
+    them handled land in one commit.
+    """
+    return shard_of_queue(SCHEDULE_TOPIC, TIMER_QUEUE_ID, store.commit_log_shards)
+
+
+def union_handled(
+    a: tuple[int, Sequence[HandledRun]], b: tuple[int, Sequence[HandledRun]], offsets: Iterable[int] = ()
+) -> tuple[int, tuple[HandledRun, ...]]:
+    """The (prefix, runs) state holding every offset of states ``a`` and ``b`` and ``offsets``; pure."""
+    return add_handled(max(a[0], b[0]), (*a[1], *b[1]), offsets)
+
+
 def schedule_progress(store: Store) -> dict[int, int]:
     """Per schedule queue: last delivered offset (level queues) or handled prefix (timer queue)."""
-    dt = store.shared(schemas.COMMIT_LOG)
+    dt = store.shared(schemas.commit_log_table(home_shard(store)))
     return {qid: dt.app_version(schedule_queue_app(qid)) for qid in (*LEVEL_QUEUES, TIMER_QUEUE_ID)}
 
 

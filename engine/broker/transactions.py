@@ -32,6 +32,10 @@ the timeout before its first check. Decisions are
 recorded there too (COMMIT / ROLLBACK with the reason), for SQL over the table; a missing decision
 row never changes an outcome. The check job keeps, in the table's commitInfo (:data:`TX_FLOOR_KEY`), the
 physical offset below which every half is decided, so scans stay short.
+
+On a sharded store the halves are read from the shard of ``RMQ_SYS_TRANS_HALF_TOPIC`` queue 0, and
+each half's guard and decision from the shard of its real queue
+(:func:`engine.store.transactions.decision_shard`).
 """
 
 from __future__ import annotations

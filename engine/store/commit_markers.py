@@ -37,7 +37,8 @@ PULL_LOG_MARKS_KEY = "mq.pl"
 GROUPS_STATE_KEY = "mq.groups"
 """groups: members, heartbeats and queue leases as of the commit."""
 SCHEDULE_STATE_KEY = "mq.schedule"
-"""commit_log: the schedule job's state counter and its timer runs."""
+"""commit_log: the schedule job's state counter and its timer runs (on a sharded store: the timer
+queue's shard holds the state, every other shard its own copy guarding deliveries to it)."""
 SCHEDULE_DROPPED_KEY = "mq.schedule.dropped"
 """commit_log: schedule messages dropped by a delivery commit (their real topic is gone)."""
 RETRY_RANGE_KEY = "mq.retry.range"
@@ -61,13 +62,16 @@ INDEX_APP = "mq.index"
 PULL_LOG_APP = "mq.pull_log"
 """pull_log: last action-log version whose PULL rows are in the pull log."""
 RETRY_APP = "mq.retry"
-"""commit_log: last action-log version whose failures are routed."""
+"""commit_log: last action-log version whose failures are routed (per shard on a sharded store:
+the re-puts bound for that shard)."""
 RETRY_GUARD_APP = "mq.retry.seq"
-"""commit_log: the retry router's commit counter (two routers never commit the same plan)."""
+"""commit_log: the retry router's commit counter (two routers never commit the same plan), per shard."""
 SCHEDULE_APP = "mq.schedule"
-"""commit_log: the schedule job's commit counter; ``mq.schedule.<queue>`` its per-queue progress."""
+"""commit_log: the schedule job's commit counter; ``mq.schedule.<queue>`` its per-queue progress (each
+shard keeps its own, see :mod:`engine.broker.schedule_shards`)."""
 EXPIRING_APP_PREFIX = TX_APP_PREFIX = "mq.tx."
-"""commit_log: ``mq.tx.<half offset>`` guards the decision on one transaction half. The only app ids
+"""commit_log: ``mq.tx.<half offset>`` guards the decision on one transaction half (on the shard of the
+half's real queue, where the decision is written). The only app ids
 that expire (they carry ``lastUpdated``; the table's transaction retention drops them): every other
 app id is a progress marker, and an expired one would read as "nothing done yet"."""
 LEASE_APP_PREFIX = "mq.lease."

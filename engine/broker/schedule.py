@@ -64,7 +64,7 @@ import numpy as np
 import pyarrow as pa
 
 from engine.broker.reput import reput, row_properties
-from engine.broker.schedule_shards import ShardView, commit_deliveries
+from engine.broker.schedule_shards import ShardView, commit_deliveries, read_views
 from engine.broker.schedule_state import (
     HandledRun,
     ScheduleState,
@@ -277,7 +277,7 @@ class Scheduler:
         self._dt = self._store.caught_up(self._writer.table, self._dt)
         dt = self._dt  # a private snapshot: every part of the state comes from one version
         state = self._read_state(dt)
-        others = self._read_others()
+        others = read_views(self._store, self._home, self._others)
         budget = _Budget(self._max_messages, self._max_bytes)
         picks: list[_Pick] = []
         last: dict[int, int] = {}
@@ -454,18 +454,6 @@ class Scheduler:
             budget.take(sizes[a:b])
             chosen.append(offsets[a:b])
         return np.concatenate(chosen) if chosen else np.empty(0, np.int64)
-
-    def _read_others(self) -> dict[int, ShardView]:
-        """Every other shard's private snapshot and schedule state, caught up."""
-        for shard in range(self._store.commit_log_shards):
-            if shard != self._home:
-                view = self._others.get(shard)
-                if view is None:
-                    view = self._others[shard] = ShardView(shard, len(LEVEL_QUEUES))
-                view.dt = self._store.caught_up(schemas.commit_log_table(shard), view.dt)
-                view.state = read_state(view.dt, view.cached)
-                view.cached = view.state
-        return self._others
 
     def _commit_other(
         self,

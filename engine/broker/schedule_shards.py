@@ -25,12 +25,14 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 
-from engine.broker.schedule_state import ScheduleState, union_handled
-from engine.protocol.schedule import TIMER_QUEUE_ID
+from engine.broker.schedule_state import ScheduleState, read_state, union_handled
+from engine.protocol.schedule import LEVEL_QUEUES, TIMER_QUEUE_ID
+from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
 from engine.store.commit_markers import SCHEDULE_APP, SCHEDULE_STATE_KEY, schedule_queue_app
 from engine.store.delta import Snapshot
 from engine.store.stamping import PendingMessage
+from engine.store.store import Store
 
 
 class ShardView:
@@ -62,6 +64,24 @@ class ShardView:
             and self.dt is not None
             and self.dt.version() - st.version > refresh_versions
         )
+
+
+def read_views(store: Store, home: int, views: dict[int, ShardView]) -> dict[int, ShardView]:
+    """Bring ``views`` (made on first use) of every shard but ``home`` up to the latest version,
+    with their schedule state; returns ``views``.
+
+    Raises:
+        StoreError: a shard is unreadable or the commit holding its timer runs is gone.
+    """
+    for shard in range(store.commit_log_shards):
+        if shard != home:
+            view = views.get(shard)
+            if view is None:
+                view = views[shard] = ShardView(shard, len(LEVEL_QUEUES))
+            view.dt = store.caught_up(schemas.commit_log_table(shard), view.dt)
+            view.state = read_state(view.dt, view.cached)
+            view.cached = view.state
+    return views
 
 
 def commit_deliveries(

@@ -74,6 +74,14 @@ def rss_mib(pid: int) -> float:
     return total / 1024
 
 
+def _size(path: Path) -> int:
+    """A file's size; 0 when it was deleted since it was listed (a log cleanup racing the sample)."""
+    try:
+        return path.stat().st_size
+    except FileNotFoundError:
+        return 0
+
+
 def table_sizes(store_path: Path) -> dict[str, dict[str, float]]:
     """Per table: live data files (the current snapshot's), data files on disk (live, plus removed
     ones vacuum has not deleted yet), ``_delta_log`` files and MiB."""
@@ -89,7 +97,7 @@ def table_sizes(store_path: Path) -> dict[str, dict[str, float]]:
             "live_files": live,
             "data_files": data,
             "log_files": len(log),
-            "log_mib": sum(p.stat().st_size for p in log) / 2**20,
+            "log_mib": sum(_size(p) for p in log) / 2**20,
         }
     return out
 

@@ -247,3 +247,23 @@ def test_a_refresh_that_cannot_read_the_log_for_another_reason_is_a_store_error(
     monkeypatch.setattr(snap._dt, "update_incremental", unreadable)
     with pytest.raises(StoreError, match="cannot be refreshed"):
         snap.refresh()
+
+
+def test_an_app_version_read_whose_log_was_cleaned_up_reads_the_latest_version(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    snap = store.snapshot(schemas.CONSUMER_OFFSET)
+    commit_next(
+        store.snapshot(schemas.CONSUMER_OFFSET),
+        rows=_offsets(1),
+        transactions=delta.app_transactions({"mq.t": 4}),
+    )
+
+    def cleaned_up(app_id: str) -> int:  # as delta-rs says it when the lazily read log is gone
+        raise DeltaError(
+            f"Kernel error: File not found: {store.uri(schemas.CONSUMER_OFFSET)}/_delta_log/1.json"
+        )
+
+    monkeypatch.setattr(snap._dt, "transaction_version", cleaned_up)
+    assert snap.app_version("mq.t") == 4
+    assert snap.version() == store.version(schemas.CONSUMER_OFFSET)

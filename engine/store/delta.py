@@ -160,17 +160,31 @@ class Snapshot:
                 raise StoreError(
                     f"table {self.name} cannot be refreshed: {exc}", table=self.name, cause=exc
                 ) from exc
-            # The commits after this version were cleaned up (the handle fell behind the log
-            # retention while another process checkpointed): load the table anew, from its newest
-            # checkpoint.
-            self._dt = open_snapshot(self.uri, self.storage_options, name=self.name)._dt
-            self._opened_at = int(self._dt.version())
+            self._reload()
         return self
+
+    def _reload(self) -> None:
+        """Load the table anew, from its newest checkpoint: the commits this handle still needed were
+        cleaned up (it fell behind the log retention while another process checkpointed)."""
+        self._dt = open_snapshot(self.uri, self.storage_options, name=self.name)._dt
+        self._opened_at = int(self._dt.version())
 
     # ------------------------------------------------------------------ metadata
     def app_version(self, app_id: str) -> int:
-        """Last version recorded by Delta app transaction ``app_id`` (-1 when none)."""
-        value = self._dt.transaction_version(app_id)
+        """Last version recorded by Delta app transaction ``app_id`` (-1 when none).
+
+        A snapshot whose commit files were cleaned up behind it (older than the log retention) cannot
+        be read as of its version any more: it moves to the latest version and answers as of that.
+        """
+        try:
+            value = self._dt.transaction_version(app_id)
+        except (DeltaError, OSError) as exc:
+            if not log_gone(exc):
+                raise StoreError(
+                    f"table {self.name} cannot be read: {exc}", table=self.name, cause=exc
+                ) from exc
+            self._reload()
+            value = self._dt.transaction_version(app_id)
         return -1 if value is None else int(value)
 
     def configuration(self) -> Mapping[str, str | None]:

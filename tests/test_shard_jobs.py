@@ -35,9 +35,9 @@ from engine.protocol.shards import shard_base, shard_of_offset, shard_of_queue
 from engine.protocol.transactions import LocalTransactionState
 from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
+from engine.store.commit_logs import CommitLogs, shared_commit_logs
 from engine.store.commit_markers import RETRY_APP, schedule_queue_app, transaction_app
 from engine.store.consume_queue import QueueIndex
-from engine.store.shard_io import ShardWriters, messages_at
 from engine.store.stamping import PendingMessage
 from engine.store.store import now_ms
 from engine.store.transactions import decision_shard, end_transaction, is_decided, load_half
@@ -145,7 +145,7 @@ def test_a_pass_that_dies_between_two_shards_commits_delivers_each_message_once(
     send_delayed(sharded, kind)
     assert home_shard(sharded) == 0
     scheduler = Scheduler(sharded)
-    writer = scheduler._writers.for_shard(failing)
+    writer = scheduler._writers.writer(failing)
     crash_once(writer)
     with pytest.raises(StoreError, match="injected"):
         scheduler.deliver_due(FAR_FUTURE)
@@ -184,7 +184,7 @@ def test_waiting_timers_moved_between_deliveries_to_other_shards_are_delivered_o
 def test_two_schedulers_racing_on_a_sharded_store_deliver_each_message_once(sharded: Store) -> None:
     send_delayed(sharded, "level")
     winner, loser = Scheduler(sharded), Scheduler(Store.open(sharded.root))
-    writer = loser._writers.for_shard(1)
+    writer = loser._writers.writer(1)
     commit = writer.append
     raced: list[int] = []
 
@@ -278,7 +278,7 @@ def test_a_routing_that_dies_between_two_shards_commits_routes_each_failure_once
     nack(sharded, "gB", po)
     nack(sharded, "gA", po)
     router = RetryRouter(sharded, max_reconsume_times={"gA": 0})
-    writer = router._writers.for_shard(2)  # the retry's shard commits after the DLQ's (shard 0)
+    writer = router._writers.writer(2)  # the retry's shard commits after the DLQ's (shard 0)
     crash_once(writer)
     with pytest.raises(StoreError, match="injected"):
         route_retries(sharded, router=router)
@@ -297,7 +297,7 @@ def test_two_routers_racing_on_a_sharded_store_route_each_failure_once(sharded: 
     limits = {"gA": 0}
     winner = RetryRouter(sharded, max_reconsume_times=limits)
     loser = RetryRouter(Store.open(sharded.root), max_reconsume_times=limits)
-    writer = loser._writers.for_shard(2)  # the loser has committed shard 0 when it gets here
+    writer = loser._writers.writer(2)  # the loser has committed shard 0 when it gets here
     commit = writer.append
     raced: list[int] = []
 
@@ -371,7 +371,7 @@ def test_a_rollback_is_recorded_on_the_real_queues_shard_and_shows_nothing(shard
     # A later COMMIT of the same half loses to the rollback: both race on shard 2's sequencer.
     half = load_half(sharded, po)
     assert half is not None
-    decision = end_transaction(sharded, ShardWriters(sharded), half, LocalTransactionState.COMMIT)
+    decision = end_transaction(sharded, CommitLogs(sharded), half, LocalTransactionState.COMMIT)
     assert decision.state is LocalTransactionState.ROLLBACK and not decision.won
     assert delivered(sharded) == Counter()
 
@@ -409,24 +409,18 @@ def test_a_half_whose_checks_ran_out_is_rolled_back_on_its_real_shard_and_copied
 
 
 # ----------------------------------------------------------------------------- shard I/O
-def test_messages_at_reads_each_offset_from_its_shard_in_the_order_asked(sharded: Store) -> None:
-    offsets = [stored(sharded, 2, b"b"), stored(sharded, 1, b"a"), stored(sharded, 0, b"z")]
-    table = messages_at(sharded, QueueIndex(sharded), offsets)
-    assert table["physical_offset"].to_pylist() == offsets
-    assert [bytes(b) for b in table["body"].to_pylist()] == [b"b", b"a", b"z"]
-
-
 @pytest.mark.parametrize("bad", [shard_base(1) + 10**9, shard_base(SHARDS) + 1])
-def test_messages_at_an_offset_with_no_row_or_no_shard_is_a_typed_error(sharded: Store, bad: int) -> None:
+def test_an_offset_with_no_row_or_no_shard_is_a_typed_error(sharded: Store, bad: int) -> None:
     good = stored(sharded, 1, b"a")
     with pytest.raises(StoreError) as caught:
-        messages_at(sharded, QueueIndex(sharded), [good, bad])
+        QueueIndex(sharded).messages([good, bad])
     assert caught.value.context["offsets"] == [bad]
 
 
-def test_shard_writers_make_one_writer_per_shard_and_refuse_other_shards(sharded: Store) -> None:
-    writers = ShardWriters(sharded)
-    assert writers.for_shard(1) is writers.for_shard(1)
-    assert writers.for_queue(TOPIC, ON[2]).shard == 2
+def test_the_jobs_writers_make_one_writer_per_shard_and_refuse_other_shards(sharded: Store) -> None:
+    writers = CommitLogs(sharded)
+    assert writers.writer(1) is writers.writer(1)
+    assert writers.writer(writers.shard_of(TOPIC, ON[2])).shard == 2
+    assert shared_commit_logs(sharded) is shared_commit_logs(sharded)
     with pytest.raises(InvalidArgumentError):
-        writers.for_shard(SHARDS)
+        writers.writer(SHARDS)

@@ -78,12 +78,11 @@ from engine.protocol.names import (
 from engine.protocol.schedule import schedule_envelope, without_schedule_properties
 from engine.protocol.topics import system_topic_config
 from engine.store import schemas
-from engine.store.commit_log import CommitLogWriter
+from engine.store.commit_logs import CommitLogs
 from engine.store.commit_markers import RETRY_APP, RETRY_GUARD_APP, RETRY_RANGE_KEY, RETRY_SKIPPED_KEY
 from engine.store.consume_queue import QueueIndex
 from engine.store.delta import Snapshot
 from engine.store.delta_log import VERSION_COLUMN
-from engine.store.shard_io import ShardWriters, messages_at
 from engine.store.stamping import PendingMessage
 from engine.store.store import Store
 from engine.store.store import now_ms as _clock_ms
@@ -174,8 +173,8 @@ class RetryRouter:
     def __init__(self, store: Store, *, max_reconsume_times: MaxReconsume = None) -> None:
         self._store = store
         self._setting = validate_max_reconsume(max_reconsume_times)
-        self._writer = CommitLogWriter(store)  # shard 0's
-        self._writers = ShardWriters(store, first=self._writer)
+        self._writers = CommitLogs(store)
+        self._writer = self._writers.writer(0)  # shard 0's
         self._index = QueueIndex(store)
         self._ensured: set[str] = set()
         self._dts: dict[int, Snapshot] = {}  # private snapshots: the state and the decision agree
@@ -251,7 +250,7 @@ class RetryRouter:
             metadata = {RETRY_RANGE_KEY: f"{progress + 1}..{covered}"}
             if skipped and shard == 0:
                 metadata[RETRY_SKIPPED_KEY] = json.dumps(skipped[:_MAX_SKIPPED_LISTED])
-            stamped = self._writers.for_shard(shard).append(
+            stamped = self._writers.writer(shard).append(
                 messages,
                 app_transactions={RETRY_APP: covered, RETRY_GUARD_APP: seq + 1},
                 custom_metadata=metadata,
@@ -336,7 +335,7 @@ class RetryRouter:
             if not wanted:
                 return {}
             try:
-                table = messages_at(self._store, self._index, wanted)
+                table = self._index.messages(wanted)
             except StoreError as exc:
                 gone = set(getattr(exc, "offsets", None) or ())
                 if not gone:

@@ -77,7 +77,7 @@ from engine.errors import CommitConflictError, InvalidArgumentError, StoreError
 from engine.protocol.names import PROPERTY_REAL_TOPIC, SCHEDULE_TOPIC
 from engine.protocol.schedule import LEVEL_QUEUES, TIMER_QUEUE_ID, real_destination
 from engine.store import schemas
-from engine.store.commit_log import CommitLogWriter
+from engine.store.commit_logs import CommitLogs
 from engine.store.commit_markers import (
     SCHEDULE_APP,
     SCHEDULE_DROPPED_KEY,
@@ -86,7 +86,6 @@ from engine.store.commit_markers import (
 )
 from engine.store.consume_queue import QueueIndex
 from engine.store.delta import Snapshot
-from engine.store.shard_io import ShardWriters, messages_at
 from engine.store.stamping import PendingMessage
 from engine.store.store import Store
 from engine.store.store import now_ms as _clock_ms
@@ -214,8 +213,8 @@ class Scheduler:
                 raise InvalidArgumentError(f"{name} must be an int >= 2, got {value!r}", **{name: value})
         self._store = store
         self._home = home_shard(store)
-        self._writer = CommitLogWriter(store, shard=self._home)  # the state's shard
-        self._writers = ShardWriters(store, first=self._writer)
+        self._writers = CommitLogs(store)
+        self._writer = self._writers.writer(self._home)  # the state's shard
         self._others: dict[int, ShardView] = {}  # other shards: private snapshot and state
         self._index = QueueIndex(store)
         self._lock = threading.Lock()
@@ -465,7 +464,7 @@ class Scheduler:
         """Commit one other shard's deliveries with its own progress; False when it lost a race."""
         done = [(p.queue_id, p.offset) for p, _ in deliveries]
         stamped = commit_deliveries(
-            self._writers.for_shard(view.shard), view, home, done, [m for _, m in deliveries], last
+            self._writers.writer(view.shard), view, home, done, [m for _, m in deliveries], last
         )
         if stamped is None:
             return False
@@ -475,7 +474,7 @@ class Scheduler:
     def _rows(self, physical: list[int]) -> dict[int, dict[str, Any]]:
         if not physical:
             return {}
-        table = messages_at(self._store, self._index, physical)
+        table = self._index.messages(physical)
         return {int(r["physical_offset"]): r for r in table.to_pylist()}
 
 

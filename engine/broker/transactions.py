@@ -67,9 +67,9 @@ from engine.protocol.transactions import (
 )
 from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
+from engine.store.commit_logs import CommitLogs
 from engine.store.commit_markers import TX_FLOOR_KEY, transaction_app
 from engine.store.delta import Snapshot
-from engine.store.shard_io import ShardWriters
 from engine.store.store import Store, sql_literal
 from engine.store.store import now_ms as _clock_ms
 from engine.store.transactions import (
@@ -128,7 +128,7 @@ def check_transactions(
     max_checks: int = DEFAULT_MAX_CHECKS,
     check_interval_ms: int = DEFAULT_CHECK_INTERVAL_MS,
     *,
-    writer: CommitLogWriter | ShardWriters | None = None,
+    writer: CommitLogWriter | CommitLogs | None = None,
 ) -> int:
     """One pass of the transaction check: ask producers about old undecided halves, or give up.
 
@@ -183,7 +183,7 @@ def check_transactions(
     if requests or floor != old_floor:
         append_records(store, requests, {TX_FLOOR_KEY: json.dumps(floor)})
     if rollbacks:
-        writer = writer or ShardWriters(store)
+        writer = writer or CommitLogs(store)
         if store.topic_configs(refresh=True).get(TRANS_CHECK_MAX_TIME_TOPIC) is None:
             store.put_topic(system_topic_config(TRANS_CHECK_MAX_TIME_TOPIC, _clock_ms()))
         for half, times in rollbacks:

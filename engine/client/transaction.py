@@ -26,8 +26,6 @@ from engine.protocol.transactions import (
     local_state,
 )
 from engine.store import schemas
-from engine.store.commit_log import CommitLogWriter
-from engine.store.shard_io import ShardWriters
 from engine.store.store import Store
 from engine.store.transactions import (
     Decision,
@@ -112,9 +110,8 @@ class TransactionProducer(Producer):
             )
         super().__init__(store, group, linger_ms=linger_ms, batch_size=batch_size)
         self._checker = checker
-        # Halves and decisions go to their shards' commit logs (one shard: the producer's writer).
-        own = self._writer if isinstance(self._writer, CommitLogWriter) else None
-        self._shards = ShardWriters(store, first=own)
+        # Halves and decisions go to their shards' commit logs, through the producer's writers.
+        self._shards = self._writer
         self.check_poll_ms = check_poll_ms
         self._check_lock = threading.Lock()
         self._answered: set[tuple[int, int]] = set()  # (half offset, check number) already answered

@@ -15,6 +15,7 @@ commits to each shard through :meth:`CommitLogs.writer`.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -241,3 +242,17 @@ class CommitLogs:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True)
+
+
+_SHARED: weakref.WeakKeyDictionary[Store, CommitLogs] = weakref.WeakKeyDictionary()
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_commit_logs(store: Store) -> CommitLogs:
+    """The commit-log writers this process shares for ``store``, for callers that hold none of
+    their own (one sequencer handle per shard and process is enough)."""
+    with _SHARED_LOCK:
+        logs = _SHARED.get(store)
+        if logs is None:
+            logs = _SHARED[store] = CommitLogs(store)
+        return logs

@@ -52,9 +52,8 @@ from engine.protocol.transactions import (
 )
 from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
-from engine.store.commit_logs import CommitLogs
+from engine.store.commit_logs import CommitLogs, shared_commit_logs
 from engine.store.commit_markers import TX_FLOOR_KEY, transaction_app
-from engine.store.shard_io import ShardWriters, shard_writers
 from engine.store.stamping import PendingMessage, Stamped
 from engine.store.store import Store, sql_literal
 from engine.store.store import now_ms as _clock_ms
@@ -265,7 +264,7 @@ def append_records(
 
 def end_transaction(
     store: Store,
-    writer: CommitLogWriter | CommitLogs | ShardWriters,
+    writer: CommitLogWriter | CommitLogs,
     half: HalfMessage,
     state: LocalTransactionState,
     *,
@@ -276,8 +275,8 @@ def end_transaction(
     """Decide a half message: COMMIT re-puts it into its real queue, ROLLBACK records an op record.
 
     ``writer`` appends the decision when it writes the decision's shard (:func:`decision_shard`);
-    otherwise that shard's writer is taken from ``writer`` (a :class:`ShardWriters`) or from the
-    store's shared ones.
+    otherwise that shard's writer is taken from ``writer`` (a
+    :class:`~engine.store.commit_logs.CommitLogs`) or from the process's shared ones.
 
     ``extra`` messages are appended only if this call decides (the check job's copy of a half whose
     checks ran out, :func:`check_max_time_copy`): in the same commit when their queues live on the
@@ -344,19 +343,15 @@ def end_transaction(
     return Decision(state, view, won=True)
 
 
-def half_writer(store: Store, writer: CommitLogWriter | CommitLogs | ShardWriters) -> CommitLogWriter:
+def half_writer(store: Store, writer: CommitLogWriter | CommitLogs) -> CommitLogWriter:
     """The writer for half messages: that of the shard of ``RMQ_SYS_TRANS_HALF_TOPIC`` queue 0."""
     return _writer_of(store, writer, shard_of_queue(TRANS_HALF_TOPIC, 0, store.commit_log_shards))
 
 
-def _writer_of(
-    store: Store, writer: CommitLogWriter | CommitLogs | ShardWriters, shard: int
-) -> CommitLogWriter:
-    if isinstance(writer, ShardWriters):
-        return writer.for_shard(shard)
+def _writer_of(store: Store, writer: CommitLogWriter | CommitLogs, shard: int) -> CommitLogWriter:
     if isinstance(writer, CommitLogs):
         return writer.writer(shard)
-    return writer if writer.shard == shard else shard_writers(store).for_shard(shard)
+    return writer if writer.shard == shard else shared_commit_logs(store).writer(shard)
 
 
 # ----------------------------------------------------------------------------- check requests

@@ -21,7 +21,7 @@ from engine.protocol.transactions import (
 )
 from engine.spark.jobs.stats import JobStats
 from engine.spark.jobs.streams import start_query, ticker
-from engine.store.shard_io import ShardWriters
+from engine.store.commit_logs import CommitLogs
 from engine.store.store import Store
 
 JOB = "transaction_check"
@@ -65,7 +65,7 @@ def run_transaction_check(
         raise InvalidArgumentError(f"trigger_ms {trigger_ms!r} must be an int >= 1", trigger_ms=trigger_ms)
     validate_check_settings(timeout_ms, max_checks, check_interval_ms)  # here, not in a micro-batch
     counters = stats if stats is not None else CheckStats()
-    writer = ShardWriters(store)  # rollbacks go to the shard of each half's real queue
+    writer = CommitLogs(store)  # rollbacks go to the shard of each half's real queue
 
     def check_batch(batch: Any, batch_id: int) -> None:
         # Called once per micro-batch on the driver; the ticker's rows only pace the passes.

@@ -17,7 +17,7 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -96,6 +96,9 @@ def data_files(actions: pa.Table, column: str | None = None) -> list[DataFile]:
     ]
 
 
+_T = TypeVar("_T")
+
+
 def open_snapshot(
     uri: str, storage_options: Mapping[str, str] | None = None, version: int | None = None, *, name: str = ""
 ) -> Snapshot:
@@ -153,21 +156,27 @@ class Snapshot:
         Raises:
             StoreError: the log cannot be read.
         """
+        self._reloading(lambda: self._dt.update_incremental(), "refreshed")
+        return self
+
+    def _reloading(self, read: Callable[[], _T], doing: str) -> _T:
+        """``read()``; when the commits this handle still needed were cleaned up (it fell behind the
+        log retention while another process checkpointed), once more after loading the table anew
+        from its newest checkpoint (the snapshot then stands at the latest version).
+
+        Raises:
+            StoreError: the log cannot be read for another reason.
+        """
         try:
-            self._dt.update_incremental()
+            return read()
         except (DeltaError, OSError) as exc:
             if not log_gone(exc):
                 raise StoreError(
-                    f"table {self.name} cannot be refreshed: {exc}", table=self.name, cause=exc
+                    f"table {self.name} cannot be {doing}: {exc}", table=self.name, cause=exc
                 ) from exc
-            self._reload()
-        return self
-
-    def _reload(self) -> None:
-        """Load the table anew, from its newest checkpoint: the commits this handle still needed were
-        cleaned up (it fell behind the log retention while another process checkpointed)."""
         self._dt = open_snapshot(self.uri, self.storage_options, name=self.name)._dt
         self._opened_at = int(self._dt.version())
+        return read()
 
     # ------------------------------------------------------------------ metadata
     def app_version(self, app_id: str) -> int:
@@ -176,15 +185,7 @@ class Snapshot:
         A snapshot whose commit files were cleaned up behind it (older than the log retention) cannot
         be read as of its version any more: it moves to the latest version and answers as of that.
         """
-        try:
-            value = self._dt.transaction_version(app_id)
-        except (DeltaError, OSError) as exc:
-            if not log_gone(exc):
-                raise StoreError(
-                    f"table {self.name} cannot be read: {exc}", table=self.name, cause=exc
-                ) from exc
-            self._reload()
-            value = self._dt.transaction_version(app_id)
+        value = self._reloading(lambda: self._dt.transaction_version(app_id), "read")
         return -1 if value is None else int(value)
 
     def configuration(self) -> Mapping[str, str | None]:

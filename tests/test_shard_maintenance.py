@@ -13,6 +13,7 @@ import pytest
 
 from engine import Admin, PullConsumer, PullStatus, Store
 from engine.broker.compaction import dispatched_physical
+from engine.broker.dispatch import dispatch_pending
 from engine.broker.maintenance import checkpoint, compact, maintain, retain, vacuum
 from engine.broker.maintenance_args import HOUR_MS, table_names
 from engine.config import load_config
@@ -23,7 +24,7 @@ from engine.store import schemas
 from engine.store.commit_log import read_hwm
 from engine.store.commit_log_reads import read_commit_logs
 from engine.store.commit_markers import carried_markers
-from tests.helpers import append_to_queues, dispatch_every_shard
+from tests.helpers import append_to_queues
 
 SHARDS = 3
 TOPIC = "Orders"
@@ -46,7 +47,7 @@ def sharded(tmp_path: Path) -> Store:
         append_to_queues(
             store, TOPIC, {q: [f"q{q}-b{b}-m{i}".encode() for i in range(PER_BATCH)] for q in range(SHARDS)}
         )
-    dispatch_every_shard(store)
+    dispatch_pending(store)
     return store
 
 
@@ -91,7 +92,7 @@ def test_an_undispatched_shards_files_are_not_compacted(tmp_path: Path) -> None:
     for b in range(BATCHES):
         append_to_queues(store, TOPIC, {_queue_of(1): [f"b{b}".encode()]})
     assert compact(store, "commit_log_1", min_files=2)["commit_log_1"]["version"] is None
-    dispatch_every_shard(store)
+    dispatch_pending(store)
     assert compact(store, "commit_log_1", min_files=2)["commit_log_1"]["files_after"] == 1
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from engine import Admin, MessageNotFoundError, PullConsumer, PullStatus, SimpleConsumer, Store
+from engine.broker.dispatch import dispatch_pending
 from engine.client.queries import find_message, query_by_time, view_message
 from engine.client.trace import trace_message
 from engine.config import load_config
@@ -18,7 +19,7 @@ from engine.remoting.broker_loop import BrokerLoop
 from engine.store import schemas
 from engine.store.commit_log_reads import commit_log_of_offset, offsets_by_shard, read_commit_logs
 from engine.store.consume_queue import QueueIndex
-from tests.helpers import append_to_queues, dispatch_every_shard
+from tests.helpers import append_to_queues
 
 SHARDS = 3
 TOPIC = "Orders"
@@ -31,7 +32,7 @@ def sharded(tmp_path: Path) -> Store:
     store = Store.open(tmp_path / "store", config=load_config(commit_log_shards=SHARDS))
     Admin(store).create_topic(TOPIC, SHARDS)
     append_to_queues(store, TOPIC, {q: [f"q{q}-m{i}".encode() for i in range(3)] for q in range(SHARDS)})
-    dispatch_every_shard(store)
+    dispatch_pending(store)
     return store
 
 
@@ -132,7 +133,7 @@ def test_a_trace_gathers_copies_stored_on_different_shards(sharded: Store) -> No
         copies += CommitLogWriter(sharded, shard=shard).append(
             [PendingMessage(TOPIC, queue, b"x", "SAME-KEY")]
         )
-    dispatch_every_shard(sharded)
+    dispatch_pending(sharded)
     trace = trace_message(sharded, copies[0].msg_id)
     assert [c.physical_offset for c in trace.copies] == sorted(c.physical_offset for c in copies)
     assert {shard_of_offset(c.physical_offset) for c in trace.copies} == {1, 2}
@@ -190,7 +191,7 @@ def test_a_pull_sees_a_message_appended_to_a_shard_after_its_first_read(sharded:
     queue = next(q for q in range(SHARDS) if shard_of_queue(TOPIC, q, SHARDS) == 1)
     assert len(consumer.pull(TOPIC, queue, 0).messages) == 3
     append_to_queues(sharded, TOPIC, {queue: [b"more"]})
-    dispatch_every_shard(sharded)
+    dispatch_pending(sharded)
     result = consumer.pull(TOPIC, queue, 3)
     assert [m.body for m in result.messages] == [b"more"]
 

@@ -9,12 +9,13 @@ import pytest
 from chispa import assert_df_equality
 
 from engine import Admin, InvalidArgumentError, Store
+from engine.broker.dispatch import dispatch_pending
 from engine.config import load_config
 from engine.protocol.shards import shard_of_queue
 from engine.spark import register_views, replay
 from engine.spark.delta_reads import history, register_tables, table_as_of
 from engine.store import schemas
-from tests.helpers import append_to_queues, dispatch_every_shard
+from tests.helpers import append_to_queues
 from tests.test_native_delta import require_delta
 
 pytestmark = pytest.mark.spark
@@ -34,7 +35,7 @@ def sharded(tmp_path_factory: pytest.TempPathFactory) -> Store:
     assert sorted(shard_of_queue(TOPIC, q, SHARDS) for q in range(SHARDS)) == [0, 1, 2]
     append_to_queues(store, TOPIC, {q: [f"q{q}-m{i}".encode() for i in range(3)] for q in range(SHARDS)})
     append_to_queues(store, OTHER, {0: [b"o0", b"o1"]})
-    dispatch_every_shard(store)
+    dispatch_pending(store)
     late = next(q for q in range(SHARDS) if shard_of_queue(TOPIC, q, SHARDS) == 2)
     append_to_queues(store, TOPIC, {late: [b"undispatched"]})
     return store

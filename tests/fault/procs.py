@@ -5,11 +5,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -164,3 +165,19 @@ def event_lines(path: Path, kind: str = "acknowledged") -> int:
     if not path.exists():
         return 0
     return path.read_bytes().count(b'"e": "' + kind.encode() + b'"')
+
+
+def kill_once_sending(
+    children: Sequence[Child], history_dir: Path, rng: random.Random, timeout: float
+) -> int:
+    """Wait until every child has acknowledged a send (its ``<name>.jsonl`` history), then SIGKILL
+    them one by one in a random order at random moments (0-0.4 s apart); returns the kills."""
+    for child in children:
+        log = history_dir / f"{child.name}.jsonl"
+        wait_until(lambda log=log: event_lines(log) > 0, timeout, f"{child.name} to be sending")
+    for child in sorted(children, key=lambda _: rng.random()):
+        time.sleep(rng.uniform(0.0, 0.4))
+        assert child.alive(), f"{child.name} ended before it was killed:\n{child.stderr()}"
+        child.kill()
+        assert child.popen.returncode == -9
+    return len(children)

@@ -33,7 +33,7 @@ from engine.store.commit_log import read_hwm
 from engine.store.commit_markers import MAINTENANCE_KEY
 from engine.store.consume_queue import dispatched_version, queue_marks
 from tests.fault.history import Figures, History, HistoryLog, body_id, check, make_body, record
-from tests.fault.procs import Child, event_lines, spawn, wait_until, worker
+from tests.fault.procs import Child, event_lines, kill_once_sending, spawn, wait_until, worker
 from tests.fault.scenario import timed
 from tests.raw_delta import raw_table
 
@@ -129,10 +129,6 @@ def _any_received(history_files: list[Path]) -> bool:
     return any(event_lines(path, "received") for path in history_files)
 
 
-def _has_events(history_file: Path, kind: str = "acknowledged") -> bool:
-    return event_lines(history_file, kind) > 0
-
-
 def _leftovers(store: Store) -> dict[str, int]:
     """What killed writers left in the commit log's directory: data files no commit references, and
     files in ``_delta_log`` that are not commits or checkpoints (staged commits)."""
@@ -221,15 +217,7 @@ def test_producers_killed_at_random_moments_lose_no_acknowledged_message(
             )
             for i in range(2)
         ]
-        for child in children:
-            log = history_dir / f"{child.name}.jsonl"
-            wait_until(functools.partial(_has_events, log), 60, f"{child.name} to be sending")
-        for child in sorted(children, key=lambda _: rng.random()):
-            time.sleep(rng.uniform(0.0, 0.4))
-            assert child.alive(), f"{child.name} ended before it was killed:\n{child.stderr()}"
-            child.kill()
-            kills += 1
-            assert child.popen.returncode == -9
+        kills += kill_once_sending(children, history_dir, rng, 60)
     # The store takes new writers at once after the kills, and stays dense.
     after = _producer("after", store, "KILLED", history_dir, logs, LOCKS[lock], count=40).finish()
     assert after["acknowledged"] == 40

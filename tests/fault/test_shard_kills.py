@@ -9,11 +9,9 @@ stored twice, everything dispatched once) and the figures go to FAULTS.md.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import random
-import time
 from pathlib import Path
 
 import pytest
@@ -24,7 +22,7 @@ from engine.config import load_config
 from engine.protocol.shards import shard_of_offset, shard_of_queue
 from engine.store import schemas
 from tests.fault.history import Figures, History, body_id, check, record
-from tests.fault.procs import Child, event_lines, wait_until, worker
+from tests.fault.procs import Child, kill_once_sending, worker
 from tests.fault.scenario import timed
 
 pytestmark = pytest.mark.fault
@@ -155,15 +153,7 @@ def test_producers_on_several_shards_killed_at_random_moments_lose_and_duplicate
             )
             for i in range(2)
         ]
-        for child in children:
-            log = history_dir / f"{child.name}.jsonl"
-            wait_until(functools.partial(event_lines, log), 90, f"{child.name} to be sending")
-        for child in sorted(children, key=lambda _: rng.random()):
-            time.sleep(rng.uniform(0.0, 0.4))
-            assert child.alive(), f"{child.name} ended before it was killed:\n{child.stderr()}"
-            child.kill()
-            kills += 1
-            assert child.popen.returncode == -9
+        kills += kill_once_sending(children, history_dir, rng, 90)
     after = _producer("after", sharded, topic, history_dir, logs, lock, count=30).finish(timeout=120)
     assert after["acknowledged"] == 30  # every shard takes new writers at once
 

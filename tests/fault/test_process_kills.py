@@ -26,7 +26,7 @@ import pytest
 from engine import Admin, Message, Producer, PullConsumer, PullStatus, SimpleConsumer, Store
 from engine.broker.dispatch import dispatch_pending
 from engine.protocol.actions import ACK
-from engine.spark.jobs.streams import checkpoint_location
+from engine.spark.jobs.streams import DELTA_SOURCE, checkpoint_location
 from engine.store import schemas
 from engine.store.action_log import read_actions
 from engine.store.commit_log import read_hwm
@@ -353,13 +353,18 @@ def test_spark_dispatch_job_killed_mid_batch_resumes_from_its_checkpoint(
 
 
 def _batches_in_flight(checkpoint: Path) -> int:
-    """Micro-batches a streaming checkpoint planned (``offsets/``) but never committed (``commits/``)."""
+    """Micro-batches a job's streaming checkpoint planned (``offsets/``) but never committed
+    (``commits/``): in the checkpoint itself (the ``deltalog`` trigger) or in its ``delta/``
+    sub-directory (Delta's streaming source, where Delta on Spark is on)."""
 
-    def last(sub: str) -> int:
-        ids = [int(p.name) for p in (checkpoint / sub).glob("*") if p.name.isdigit()]
-        return max(ids, default=-1)
+    def in_flight(directory: Path) -> int:
+        def last(sub: str) -> int:
+            ids = [int(p.name) for p in (directory / sub).glob("*") if p.name.isdigit()]
+            return max(ids, default=-1)
 
-    return max(0, last("offsets") - last("commits"))
+        return max(0, last("offsets") - last("commits"))
+
+    return max(in_flight(checkpoint), in_flight(checkpoint / DELTA_SOURCE))
 
 
 # --------------------------------------------------------------------------- consumers killed

@@ -247,7 +247,7 @@ def test_the_query_follows_the_commit_log_through_delta_or_deltalog(
     from engine.spark.jobs.dispatch import commit_log_trigger
     from engine.spark.session import delta_enabled
 
-    trigger = commit_log_trigger(spark_reads, store, lambda shard: 0)
+    trigger = commit_log_trigger(spark_reads, store, lambda shard: 0, 200)
     assert trigger.frame.isStreaming and len(trigger.frame.columns) == 1  # only a trigger: one column
     if delta_enabled(spark_reads):
         assert (trigger.source, trigger.checkpoint_subdir) == ("delta", "delta")

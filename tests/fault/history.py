@@ -68,6 +68,28 @@ def body_id(body: bytes) -> str:
     return bytes(body).split(_SEP, 1)[0].decode(errors="replace")
 
 
+def misreported_offsets(store: Store, history_dir: Path, topic: str) -> int:
+    """Acknowledged sends whose SendResult (queue id, queue offset, physical offset) is not where the
+    message is stored in its commit-log shard: a result from a stamp that lost its race would show here."""
+    stored: dict[str, tuple[int, int, int]] = {}
+    for name in store.commit_logs:
+        rows = store.read(name, columns=["topic", "queue_id", "queue_offset", "physical_offset", "body"])
+        for row in rows.to_pylist():
+            if row["topic"] == topic:
+                stored[body_id(row["body"])] = (row["queue_id"], row["queue_offset"], row["physical_offset"])
+    wrong = 0
+    for path in history_dir.glob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue  # a torn last line
+            if event["e"] == "acknowledged" and "offsets" in event:
+                for mid, reported in zip(event["ids"], event["offsets"], strict=True):
+                    wrong += stored.get(mid) != tuple(reported)
+    return wrong
+
+
 # --------------------------------------------------------------------------- history
 @dataclass
 class History:

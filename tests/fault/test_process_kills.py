@@ -32,7 +32,15 @@ from engine.store.action_log import read_actions
 from engine.store.commit_log import read_hwm
 from engine.store.commit_markers import MAINTENANCE_KEY
 from engine.store.consume_queue import dispatched_version, queue_marks
-from tests.fault.history import Figures, History, HistoryLog, body_id, check, make_body, record
+from tests.fault.history import (
+    Figures,
+    History,
+    HistoryLog,
+    check,
+    make_body,
+    misreported_offsets,
+    record,
+)
 from tests.fault.procs import Child, event_lines, kill_once_sending, spawn, wait_until, worker
 from tests.fault.scenario import timed
 from tests.raw_delta import raw_table
@@ -149,36 +157,12 @@ def _checked(store: Store, history_dir: Path, topic: str, **flags: Any) -> tuple
     return history, check(store, history, topics=[topic], **flags)
 
 
-def _misreported_offsets(store: Store, history_dir: Path, topic: str) -> int:
-    """Acknowledged sends whose SendResult (queue id, queue offset, physical offset) is not where the
-    message is stored: a result from a stamp that lost its race would show here."""
-    stored: dict[str, tuple[int, int, int]] = {}
-    rows = store.read(
-        schemas.COMMIT_LOG, columns=["topic", "queue_id", "queue_offset", "physical_offset", "body"]
-    )
-    for row in rows.to_pylist():
-        if row["topic"] == topic:
-            stored[body_id(row["body"])] = (row["queue_id"], row["queue_offset"], row["physical_offset"])
-    wrong = 0
-    for path in history_dir.glob("*.jsonl"):
-        for line in path.read_text().splitlines():
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue  # a torn last line
-            if event["e"] != "acknowledged" or "offsets" not in event:
-                continue
-            for mid, reported in zip(event["ids"], event["offsets"], strict=True):
-                wrong += stored.get(mid) != tuple(reported)
-    return wrong
-
-
 def _dispatched_and_checked(store: Store, history_dir: Path, topic: str) -> tuple[History, Figures, int]:
     """After the producers: dispatch everything (recovery: restart -> all dispatched), then the check and
     the number of acknowledged sends whose SendResult does not say where their message is stored."""
     _, recovery = timed(dispatch_pending, store)
     history, figures = _checked(store, history_dir, topic, dispatched=True, recovery_s=recovery)
-    return history, figures, _misreported_offsets(store, history_dir, topic)
+    return history, figures, misreported_offsets(store, history_dir, topic)
 
 
 def _stored_not_acknowledged(history: History, stored: int) -> int:

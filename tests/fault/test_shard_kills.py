@@ -9,7 +9,6 @@ stored twice, everything dispatched once) and the figures go to FAULTS.md.
 
 from __future__ import annotations
 
-import json
 import os
 import random
 from pathlib import Path
@@ -21,7 +20,7 @@ from engine.broker.dispatch import dispatch_pending
 from engine.config import load_config
 from engine.protocol.shards import shard_of_offset, shard_of_queue
 from engine.store import schemas
-from tests.fault.history import Figures, History, body_id, check, record
+from tests.fault.history import Figures, History, check, misreported_offsets, record
 from tests.fault.procs import Child, kill_once_sending, worker
 from tests.fault.scenario import timed
 
@@ -67,28 +66,6 @@ def _producer(
     )
 
 
-def _misreported_offsets(store: Store, history_dir: Path, topic: str) -> int:
-    """Acknowledged sends whose SendResult (queue, queue offset, physical offset) is not where the
-    message is stored in its shard."""
-    stored: dict[str, tuple[int, int, int]] = {}
-    for name in store.commit_logs:
-        rows = store.read(name, columns=["topic", "queue_id", "queue_offset", "physical_offset", "body"])
-        for row in rows.to_pylist():
-            if row["topic"] == topic:
-                stored[body_id(row["body"])] = (row["queue_id"], row["queue_offset"], row["physical_offset"])
-    wrong = 0
-    for path in history_dir.glob("*.jsonl"):
-        for line in path.read_text().splitlines():
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue  # a torn last line
-            if event["e"] == "acknowledged" and "offsets" in event:
-                for mid, reported in zip(event["ids"], event["offsets"], strict=True):
-                    wrong += stored.get(mid) != tuple(reported)
-    return wrong
-
-
 def _rows_per_shard(store: Store, topic: str) -> list[int]:
     counts = []
     for shard, name in enumerate(store.commit_logs):
@@ -102,7 +79,7 @@ def _checked(store: Store, history_dir: Path, topic: str) -> tuple[History, Figu
     _, recovery = timed(dispatch_pending, store)
     history = History.load(history_dir)
     figures = check(store, history, topics=[topic], dispatched=True, recovery_s=recovery)
-    return history, figures, _misreported_offsets(store, history_dir, topic), recovery
+    return history, figures, misreported_offsets(store, history_dir, topic), recovery
 
 
 @pytest.mark.parametrize("lock", list(LOCKS))

@@ -81,7 +81,9 @@ def test_dispatch_once_makes_sent_messages_pullable_and_a_second_run_adds_nothin
     before_rows, before_version = _consume_queue(store), store.version(schemas.CONSUME_QUEUE)
     again = DispatchStats()
     run_dispatch(spark, store, once=True, stats=again)
-    assert (again.batches, again.entries) == (0, 0)
+    # A new start (the version after the marker) has its own checkpoint: at most one micro-batch of
+    # the head version, which the marker already covers.
+    assert again.batches <= 1 and again.entries == 0
     assert store.version(schemas.CONSUME_QUEUE) == before_version
     assert _consume_queue(store) == before_rows
 
@@ -250,7 +252,7 @@ def test_the_query_follows_the_commit_log_through_delta_or_deltalog(
     trigger = commit_log_trigger(spark_reads, store, lambda shard: 0, 200)
     assert trigger.frame.isStreaming and len(trigger.frame.columns) == 1  # only a trigger: one column
     if delta_enabled(spark_reads):
-        assert (trigger.source, trigger.checkpoint_subdir) == ("delta", "delta")
+        assert (trigger.source, trigger.checkpoint_subdir, trigger.starts) == ("delta", "delta/from-0", (0,))
     else:
         assert (trigger.source, trigger.checkpoint_subdir) == ("deltalog", None)
         assert trigger.frame.columns == ["_version"]

@@ -24,7 +24,9 @@ from engine.spark.progress import end_version
 from engine.spark.session import DELTA_READS
 from engine.store import schemas
 from engine.store.consume_queue import dispatched_version
+from engine.store.delta_log import earliest_version
 from engine.store.index import indexed_version
+from tests.helpers import age_and_clean_log
 
 pytestmark = pytest.mark.spark
 
@@ -114,7 +116,7 @@ def test_a_checkpoint_written_by_one_source_never_reaches_the_other(
     query = run_dispatch(spark, store, once=True, stats=stats)  # same checkpoint, Delta's source
     assert query.exception() is None and stats.entries == 2
     location = Path(checkpoint_location(store, "dispatch"))
-    assert (location / "offsets").is_dir() and (location / "delta" / "offsets").is_dir()
+    assert (location / "offsets").is_dir() and len(list((location / "delta").glob("from-*/offsets"))) == 1
     sent += _send(store, topic, 1, start=5)
     spark.conf.set(DELTA_READS, "false")
     try:
@@ -222,3 +224,45 @@ def test_end_version_reads_deltalog_and_delta_offsets() -> None:
     assert end_version(progress('{"sourceVersion":1,"reservoirVersion":8,"index":-1}')) == 7
     assert end_version(progress('{"sourceVersion":1,"reservoirVersion":8,"index":3}')) == 8
     assert end_version(progress("not json")) is None
+
+
+def test_a_delta_triggered_job_restarts_after_log_retention_removed_its_checkpoints_version(
+    spark: Any, store: Store, topic: str
+) -> None:
+    """The soak's broker died of this: a job's Delta stream restarted from a checkpoint whose
+    version log retention had removed (``DELTA_VERSION_NOT_FOUND``). Each start keeps its own
+    checkpoint sub-directory, and the stale ones go."""
+    from engine.broker.dispatch import dispatch_pending
+    from engine.spark.session import delta_enabled
+
+    if not delta_enabled(spark):
+        pytest.skip("Delta on Spark is off: the Delta jars could not be fetched")
+    sent = _send(store, topic, 3)
+    run_dispatch(spark, store, once=True)  # Delta's offsets name the commit log's early versions
+    location = Path(checkpoint_location(store, "dispatch")) / "delta"
+    first = [p.name for p in location.iterdir()]
+    sent += _send(store, topic, 4, start=3)
+    dispatch_pending(store)  # the marker moves on without the query
+    age_and_clean_log(store, schemas.COMMIT_LOG)
+    assert earliest_version(store.uri(schemas.COMMIT_LOG)) == store.version(schemas.COMMIT_LOG) > 3
+    sent += _send(store, topic, 2, start=7)
+    stats = DispatchStats()
+    query = run_dispatch(spark, store, once=True, stats=stats)
+    assert query.exception() is None and stats.entries == 2
+    _assert_dispatched_once(store, topic, sent, set())
+    second = [p.name for p in location.iterdir()]
+    assert len(first) == len(second) == 1 and first != second  # the stale start's offsets are gone
+
+
+def test_a_delta_stream_never_starts_before_the_oldest_commit_the_log_keeps(
+    spark: Any, store: Store, topic: str
+) -> None:
+    from engine.spark.jobs.streams import delta_start
+
+    _send(store, topic, 4)
+    table = schemas.COMMIT_LOG
+    assert delta_start(store, table, 0) == 0 and delta_start(store, table, 99) == store.version(table)
+    age_and_clean_log(store, table)
+    oldest = earliest_version(store.uri(table))
+    assert oldest == store.version(table) > 0
+    assert delta_start(store, table, 1) == oldest

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +25,7 @@ from engine.store.commit_markers import (
 )
 from engine.store.delta import commit_next, open_snapshot
 from engine.store.marks import MarksDelta
+from tests.helpers import age_and_clean_log
 from tests.raw_delta import raw_table
 
 _ROW = {"group": "g", "topic": "T", "queue_id": 0, "offset": 0, "ts_ms": 0, "consumer_id": ""}
@@ -183,24 +182,13 @@ def test_every_marker_is_registered_once_and_only_table_state_is_carried() -> No
     assert delta.app_transactions({}) is None
 
 
-def _age_and_clean_log(store: Store, name: str) -> None:
-    """Another process's maintenance: checkpoint the table and clean up its commit files, all of
-    them older than the log retention (their mtimes are set 8 days back)."""
-    log = Path(store.uri(name)) / "_delta_log"
-    old = time.time() - 8 * 24 * 3600
-    for f in log.glob("*.json"):
-        os.utime(f, (old, old))
-    store.snapshot(name).checkpoint(cleanup=True)
-    assert not (log / f"{1:020d}.json").exists()  # the commits a stale handle needs are gone
-
-
 def test_a_shared_snapshot_left_behind_the_log_retention_still_appends(tmp_path: Path) -> None:
     writer = Store.open(tmp_path)
     writer.append(schemas.CONSUMER_OFFSET, _offsets(1))  # the shared snapshot now stands at 1
     other = Store.open(tmp_path)
     for i in range(5):
         other.append(schemas.CONSUMER_OFFSET, _offsets(1, start=10 + i))
-    _age_and_clean_log(other, schemas.CONSUMER_OFFSET)
+    age_and_clean_log(other, schemas.CONSUMER_OFFSET)
     version = writer.append(schemas.CONSUMER_OFFSET, _offsets(1, start=99))
     assert version == 7
     assert sorted(other.read(schemas.CONSUMER_OFFSET)["offset"].to_pylist()) == [0, 10, 11, 12, 13, 14, 99]
@@ -212,7 +200,7 @@ def test_a_snapshot_behind_the_log_retention_refreshes_and_its_plans_are_lost_ra
     planned = store.snapshot(schemas.CONSUMER_OFFSET)
     for i in range(3):
         store.append(schemas.CONSUMER_OFFSET, _offsets(1, start=i))
-    _age_and_clean_log(store, schemas.CONSUMER_OFFSET)
+    age_and_clean_log(store, schemas.CONSUMER_OFFSET)
     assert stale.refresh().version() == 3
     with pytest.raises(CommitConflictError) as caught:  # a commit planned on version 0: a lost race
         commit_next(planned, rows=_offsets(1, start=7))

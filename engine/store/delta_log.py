@@ -127,6 +127,21 @@ def _log_path(version: int) -> str:
     return f"_delta_log/{version:020d}.json"
 
 
+def earliest_version(uri: str, storage_options: Mapping[str, str] | None = None) -> int:
+    """The oldest version of a table whose commit file is still in its log (0 when the log keeps
+    every commit, or has none): log retention removes commits older than the newest checkpoint it
+    keeps, and nothing can read changes from before this version.
+    """
+    fs = table_filesystem(uri, storage_options)
+    listed = fs.get_file_info(pa_fs.FileSelector("_delta_log", allow_not_found=True))
+    versions = [
+        int(name[:20])
+        for name in (info.base_name for info in listed)
+        if len(name) == 25 and name.endswith(".json") and name[:20].isdigit()
+    ]
+    return min(versions, default=0)
+
+
 def read_version(uri: str, version: int, storage_options: Mapping[str, str] | None = None) -> VersionFiles:
     """Parse one commit file of a table's log.
 

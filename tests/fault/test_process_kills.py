@@ -338,7 +338,7 @@ def test_spark_dispatch_job_killed_mid_batch_resumes_from_its_checkpoint(
 
 def _batches_in_flight(checkpoint: Path) -> int:
     """Micro-batches a job's streaming checkpoint planned (``offsets/``) but never committed
-    (``commits/``): in the checkpoint itself (the ``deltalog`` trigger) or in its ``delta/``
+    (``commits/``): in the checkpoint itself (the ``deltalog`` trigger) or in its ``delta/from-*``
     sub-directory (Delta's streaming source, where Delta on Spark is on)."""
 
     def in_flight(directory: Path) -> int:
@@ -348,7 +348,7 @@ def _batches_in_flight(checkpoint: Path) -> int:
 
         return max(0, last("offsets") - last("commits"))
 
-    return max(in_flight(checkpoint), in_flight(checkpoint / DELTA_SOURCE))
+    return max(in_flight(d) for d in [checkpoint, *(checkpoint / DELTA_SOURCE).glob("from-*")])
 
 
 # --------------------------------------------------------------------------- consumers killed

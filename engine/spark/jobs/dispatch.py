@@ -26,7 +26,14 @@ from typing import Any
 from engine.broker.dispatch import dispatch_committed
 from engine.spark.jobs.counted import BatchRows, CountedQuery
 from engine.spark.jobs.stats import JobStats
-from engine.spark.jobs.streams import TICKER_SOURCE, Trigger, start_query, table_trigger, ticker
+from engine.spark.jobs.streams import (
+    TICKER_SOURCE,
+    Trigger,
+    start_query,
+    table_trigger,
+    ticker,
+    union_triggers,
+)
 from engine.spark.views import native_reads
 from engine.store import schemas
 from engine.store.consume_queue import dispatched_version
@@ -60,11 +67,9 @@ def commit_log_trigger(spark: Any, store: Store, starting: Callable[[int], int],
     shards = range(store.commit_log_shards)
     if len(shards) > 1 and not native_reads(spark, store):
         return Trigger(ticker(spark, trigger_ms), TICKER_SOURCE, TICKER_SOURCE)
-    triggers = [table_trigger(spark, store, schemas.commit_log_table(k), starting(k)) for k in shards]
-    frame = triggers[0].frame
-    for other in triggers[1:]:
-        frame = frame.union(other.frame)
-    return Trigger(frame, triggers[0].source, triggers[0].checkpoint_subdir)
+    return union_triggers(
+        [table_trigger(spark, store, schemas.commit_log_table(k), starting(k)) for k in shards]
+    )
 
 
 def run_dispatch(

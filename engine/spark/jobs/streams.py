@@ -10,10 +10,13 @@ arguments or waits for a query: that is :mod:`engine.spark.jobs.runner`.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import shutil
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -21,7 +24,7 @@ import pyarrow as pa
 from engine.spark.jobs.counted import BatchRows, CountedQuery
 from engine.spark.jobs.stats import JobStats
 from engine.store import schemas
-from engine.store.delta_log import VERSION_COLUMN
+from engine.store.delta_log import VERSION_COLUMN, earliest_version, local_path
 from engine.store.store import Store
 
 # Most source versions one handler call gets (bounds the memory of a catch-up).
@@ -78,6 +81,8 @@ def start_query(
     location = checkpoint_location(store, job, checkpoint)
     if subdir:
         location = f"{location.rstrip('/')}/{subdir}"
+        if "/" in subdir.strip("/"):  # one of several starts' (Delta's): the others are stale
+            _remove_siblings(location)
     writer = (
         frame.writeStream.queryName(query_name(store, job))
         .foreachBatch(on_batch)
@@ -88,6 +93,23 @@ def start_query(
         query.awaitTermination()
         return query
     return writer.trigger(processingTime=f"{trigger_ms} milliseconds").start()
+
+
+def _remove_siblings(location: str) -> None:
+    """Remove what else the directory holding ``location`` holds (other starts' Delta offsets, see
+    :func:`delta_checkpoint_subdir`); local checkpoints only, others are left as they are (a few
+    small files per start)."""
+    path = local_path(location)
+    if path is None:
+        return
+    target = Path(path)
+    for entry in target.parent.glob("*"):
+        if entry.name == target.name:
+            continue
+        if entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
 
 
 def ticker(spark: Any, interval_ms: int) -> Any:
@@ -133,22 +155,51 @@ def log_stream(
     return reader.load()
 
 
-def delta_stream(spark: Any, store: Store, table: str, starting_version: int) -> Any:
-    """A table's new commits from ``starting_version`` on, through Delta's own streaming source.
+def delta_start(store: Store, table: str, starting_version: int) -> int:
+    """Where a job's Delta stream over ``table`` starts: ``starting_version`` (the version after the
+    job's marker), kept within the versions the log still holds.
+
+    A start past the latest version (a job whose marker is the table's head) starts at the head: the
+    jobs read what is after their marker themselves, so one extra trigger costs nothing. A start
+    before the oldest commit the log keeps (log retention removed it: a job stopped for longer than
+    ``log_retention``) starts at that oldest commit, since Delta's source cannot read changes from a
+    version whose commit is gone (``DELTA_VERSION_NOT_FOUND``).
+    """
+    latest = store.version(table)
+    if starting_version >= latest:
+        return max(0, latest)
+    return max(starting_version, earliest_version(store.uri(table), store.storage_options))
+
+
+def delta_stream(spark: Any, store: Store, table: str, start: int) -> Any:
+    """A table's new commits from version ``start`` on (see :func:`delta_start`), through Delta's
+    own streaming source.
 
     Maintenance never stops it: compaction commits (``dataChange = false``) carry no new data and
     Delta skips them; retention's deletes are commits that remove data, which a Delta stream fails
-    on unless it skips them (``skipChangeCommits``: the rows removed were read before). A start past
-    the latest version (a job whose marker is the table's head) starts at the head: the jobs read
-    what is after their marker themselves, so one extra trigger costs nothing.
+    on unless it skips them (``skipChangeCommits``: the rows removed were read before).
     """
-    start = max(0, min(starting_version, store.version(table)))
     return (
         spark.readStream.format("delta")
         .option("startingVersion", str(start))
         .option("skipChangeCommits", "true")
         .load(store.uri(table))
     )
+
+
+def delta_checkpoint_subdir(starts: Sequence[int]) -> str:
+    """The checkpoint sub-directory of Delta streams started at ``starts`` (one per table).
+
+    Each start has its own, because a Delta stream restarted from a checkpoint resumes at the
+    version the checkpoint names, whatever ``startingVersion`` says, and fails when log retention
+    has removed that version's commit since (a job stopped for longer than ``log_retention``). The
+    job's marker, not the checkpoint, is the truth of its progress, so a query started afresh from
+    the version after the marker loses nothing; :func:`start_query` removes the other starts'.
+    """
+    key = "-".join(str(v) for v in starts)
+    if len(starts) > 1:  # one number per shard: keep the directory name short
+        key = "h" + hashlib.sha1(key.encode()).hexdigest()[:16]
+    return f"{DELTA_SOURCE}/from-{key}"
 
 
 @dataclass(frozen=True)
@@ -162,12 +213,15 @@ class Trigger:
         checkpoint_subdir: the sub-directory of the job's checkpoint this source keeps its offsets
             in (``None``: the job's checkpoint itself). Each source kind has its own, so that a
             checkpoint written by one never reaches the other: their offsets differ in form, and the
-            job's marker, not the checkpoint, is the truth of its progress.
+            job's marker, not the checkpoint, is the truth of its progress. Delta's has one per
+            start (:func:`delta_checkpoint_subdir`).
+        starts: the version each table's stream starts at (Delta's source; empty otherwise).
     """
 
     frame: Any
     source: str
     checkpoint_subdir: str | None
+    starts: tuple[int, ...] = ()
 
 
 DELTA_SOURCE = "delta"
@@ -186,11 +240,27 @@ def table_trigger(spark: Any, store: Store, table: str, starting_version: int) -
     from engine.spark.views import native_reads
 
     if native_reads(spark, store):
-        frame = delta_stream(spark, store, table, starting_version)
-        return Trigger(frame.select(frame.columns[0]), DELTA_SOURCE, DELTA_SOURCE)
+        start = delta_start(store, table, starting_version)
+        frame = delta_stream(spark, store, table, start)
+        return Trigger(
+            frame.select(frame.columns[0]), DELTA_SOURCE, delta_checkpoint_subdir([start]), (start,)
+        )
     first = schemas.schema_of(table).field(0)  # never read: the smallest schema the source accepts
     frame = log_stream(spark, store, table, starting_version, (first.name,), pa.schema([first]))
     return Trigger(frame.select(VERSION_COLUMN), DELTALOG_SOURCE, None)
+
+
+def union_triggers(triggers: Sequence[Trigger]) -> Trigger:
+    """One trigger of several tables' streams of the same source kind: a micro-batch starts when
+    any of them moves (the commit-log shards)."""
+    frame = triggers[0].frame
+    for other in triggers[1:]:
+        frame = frame.union(other.frame)
+    first = triggers[0]
+    if first.source != DELTA_SOURCE:
+        return Trigger(frame, first.source, first.checkpoint_subdir)
+    starts = tuple(v for t in triggers for v in t.starts)
+    return Trigger(frame, DELTA_SOURCE, delta_checkpoint_subdir(starts), starts)
 
 
 def source_columns(table: str, columns: Sequence[str], schema: pa.Schema | None = None) -> pa.Schema:

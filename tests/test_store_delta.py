@@ -255,3 +255,45 @@ def test_an_app_version_read_whose_log_was_cleaned_up_reads_the_latest_version(
     monkeypatch.setattr(snap._dt, "transaction_version", cleaned_up)
     assert snap.app_version("mq.t") == 4
     assert snap.version() == store.version(schemas.CONSUMER_OFFSET)
+
+
+def test_a_commit_whose_listed_log_files_were_cleaned_up_reloads_its_handle(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    snap = store.snapshot(schemas.CONSUMER_OFFSET)
+    stale = snap._dt
+    store.append(schemas.CONSUMER_OFFSET, _offsets(2))
+    gone = f"Object at location {store.uri(schemas.CONSUMER_OFFSET)}/_delta_log/00000000000000000000.json not found"
+
+    def cleaned_up(*args: Any, **kwargs: Any) -> None:
+        raise FileNotFoundError(gone)
+
+    monkeypatch.setattr(delta, "write_deltalake", cleaned_up)
+    with pytest.raises(CommitConflictError, match="no longer holds") as caught:
+        commit_next(snap, rows=_offsets(1))
+    assert caught.value.retryable
+    # Loaded anew at the latest version: a refresh would have kept the handle that lists the files.
+    assert snap._dt is not stale and snap.version() == store.version(schemas.CONSUMER_OFFSET) == 1
+
+
+def test_commits_checkpoint_at_the_interval_outside_the_commit(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = Path(store.uri(schemas.CONSUMER_OFFSET)) / "_delta_log"
+    snap = store.snapshot(schemas.CONSUMER_OFFSET)
+    assert delta.checkpoint_interval(snap) == delta.DEFAULT_CHECKPOINT_INTERVAL == 100
+    assert delta.expired_log_cleanup(snap)
+    for i in range(99):
+        commit_next(snap, rows=_offsets(1, start=i))
+    assert not list(log.glob("*.checkpoint.parquet"))
+
+    def failing(**kwargs: Any) -> None:
+        raise StoreError("checkpoint of consumer_offset failed: disk full")
+
+    monkeypatch.setattr(snap, "checkpoint", failing)
+    assert commit_next(snap, rows=_offsets(1, start=99)) == 100  # landed, whatever the checkpoint did
+    assert not list(log.glob("*.checkpoint.parquet"))
+    monkeypatch.undo()
+    for i in range(100):
+        commit_next(snap, rows=_offsets(1, start=100 + i))
+    assert [p.name for p in log.glob("*.checkpoint.parquet")] == [f"{200:020d}.checkpoint.parquet"]

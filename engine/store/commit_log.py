@@ -82,7 +82,9 @@ from engine.store.delta import (
     NO_HOOKS,
     RENEW_HANDLE_COMMITS,
     Snapshot,
+    checkpoint_interval,
     commit_next,
+    expired_log_cleanup,
 )
 from engine.store.delta import (
     app_transactions as delta_transactions,
@@ -191,7 +193,6 @@ _WRITER_PROPERTIES = WriterProperties(
 )
 # Checkpoints are written after the host lock is released (see CommitLogWriter.append): a
 # checkpoint of a table of many small files takes longer than the commit it follows.
-DEFAULT_CHECKPOINT_INTERVAL = 100  # Delta's default delta.checkpointInterval
 # A writer that fell behind by at most this many versions applies them to its marks one by one;
 # further behind, it rebuilds the marks (a walk back of about as many commit files).
 REPLAY_COMMITS = 256
@@ -400,28 +401,21 @@ class CommitLogWriter:
             self._dt = None
 
     def _checkpoint_if_due(self, version: int) -> None:
-        """Write the checkpoint Delta's post-commit hook would have written at ``version``.
+        """Write the checkpoint Delta's post-commit hook would have written at ``version``, with the
+        marks saved first (:func:`checkpoint_commit_log`).
 
         Best effort: a checkpoint only speeds up loading the table; a missed one is taken at the
         next interval (or by the maintenance job).
         """
         dt = self._dt
-        if dt is None or version <= 0 or version % self._checkpoint_interval(dt) or dt.version() != version:
+        if dt is None or self._hwm is None or version <= 0 or dt.version() != version:
             return
-        cleanup = str(dt.configuration().get("delta.enableExpiredLogCleanup", "true")).lower() != "false"
-        if self._hwm is None:
+        if self._interval is None:
+            self._interval = checkpoint_interval(dt)
+        if version % self._interval:
             return
         with contextlib.suppress(StoreError):
-            checkpoint_commit_log(dt, self._hwm, cleanup=cleanup)
-
-    def _checkpoint_interval(self, dt: Snapshot) -> int:
-        if self._interval is None:
-            raw = dt.configuration().get("delta.checkpointInterval")
-            try:
-                self._interval = max(1, int(raw)) if raw else DEFAULT_CHECKPOINT_INTERVAL
-            except ValueError:
-                self._interval = DEFAULT_CHECKPOINT_INTERVAL
-        return self._interval
+            checkpoint_commit_log(dt, self._hwm, cleanup=expired_log_cleanup(dt))
 
     def _append_locked(
         self,

@@ -12,6 +12,7 @@ and plain values.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import time
@@ -174,9 +175,22 @@ class Snapshot:
                 raise StoreError(
                     f"table {self.name} cannot be {doing}: {exc}", table=self.name, cause=exc
                 ) from exc
+        self.reload()
+        return read()
+
+    def reload(self) -> Snapshot:
+        """Load the table anew from its newest checkpoint, at its latest version; returns itself.
+
+        A handle that moved on incrementally still lists the commit files since the checkpoint it
+        was loaded from, and delta-rs may read them again (a write's conflict check or post-commit
+        checkpoint): once log retention has cleaned them up, only a handle loaded anew works.
+
+        Raises:
+            StoreError: the table cannot be opened.
+        """
         self._dt = open_snapshot(self.uri, self.storage_options, name=self.name)._dt
         self._opened_at = int(self._dt.version())
-        return read()
+        return self
 
     # ------------------------------------------------------------------ metadata
     def app_version(self, app_id: str) -> int:
@@ -399,6 +413,36 @@ def app_transactions(
 
 Failure = Literal["failed", "unknown"]
 NO_HOOKS = PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
+DEFAULT_CHECKPOINT_INTERVAL = 100  # Delta's default delta.checkpointInterval
+
+
+def checkpoint_interval(snapshot: Snapshot) -> int:
+    """The table's ``delta.checkpointInterval`` (Delta's default 100 when unset or unreadable)."""
+    raw = snapshot.configuration().get("delta.checkpointInterval")
+    try:
+        return max(1, int(raw)) if raw else DEFAULT_CHECKPOINT_INTERVAL
+    except ValueError:
+        return DEFAULT_CHECKPOINT_INTERVAL
+
+
+def expired_log_cleanup(snapshot: Snapshot) -> bool:
+    """Whether a checkpoint also deletes log files past the retention (``delta.enableExpiredLogCleanup``)."""
+    return str(snapshot.configuration().get("delta.enableExpiredLogCleanup", "true")).lower() != "false"
+
+
+def checkpoint_if_due(snapshot: Snapshot, version: int) -> None:
+    """Write the checkpoint Delta's post-commit hook would have written after committing ``version``
+    (with its cleanup of expired log files), when ``snapshot`` stands at it.
+
+    Best effort, and never part of the commit: a checkpoint only speeds up loading the table, a
+    missed one is taken at the next interval (or by the maintenance job). delta-rs's own hook runs
+    inside the write, so its failure (a handle whose listed commit files were cleaned up) would
+    report a commit that landed as failed.
+    """
+    if version <= 0 or snapshot.version() != version or version % checkpoint_interval(snapshot):
+        return
+    with contextlib.suppress(StoreError):
+        snapshot.checkpoint(cleanup=expired_log_cleanup(snapshot))
 
 
 def commit_next(
@@ -420,6 +464,8 @@ def commit_next(
     lands on top of commits it did not see. A commit with neither rows nor actions commits only its
     metadata (app transactions, markers). Returns the new version: after a commit of rows the
     snapshot is at it, after a commit of ready actions it stays where it was (refresh it to go on).
+    Without ``hooks`` no delta-rs post-commit hook runs; a commit of rows is followed by
+    :func:`checkpoint_if_due` instead, outside the commit.
 
     Raises:
         CommitConflictError: another writer took the version (retryable; nothing was committed).
@@ -430,6 +476,8 @@ def commit_next(
     """
     if actions and max_retries != 0:
         raise ValueError("a commit of ready actions lands exactly on the next version: max_retries=0")
+    own_checkpoint = hooks is None
+    hooks = NO_HOOKS if hooks is None else hooks
     dt = snapshot._dt
     base = snapshot.version()
     counts = {"txn": len(transactions or ())}
@@ -473,8 +521,12 @@ def commit_next(
         ) from exc
     except (DeltaError, OSError) as exc:
         if log_gone(exc):
-            # The commits after the snapshot's version were cleaned up: delta-rs could not read what
-            # it must check the commit against, before writing the commit file. A lost race.
+            # Commit files the handle still lists were cleaned up (it fell behind the log retention):
+            # delta-rs could not read what it must check the commit against, before writing the
+            # commit file. A lost race; the handle is loaded anew, since a refresh would leave it
+            # listing the cleaned-up files (the soak's pull consumer died of that on its retry).
+            with contextlib.suppress(StoreError):
+                snapshot.reload()
             raise CommitConflictError(
                 f"commit to {snapshot.name} was planned on version {base}, whose successors the log "
                 f"no longer holds: {exc}",
@@ -488,8 +540,12 @@ def commit_next(
                 cause=exc,
             ) from exc
         raise StoreError(f"write to {snapshot.name} failed: {exc}", table=snapshot.name, cause=exc) from exc
-    # delta-rs moves the handle on after a write, not after a transaction of ready actions.
-    return base + 1 if actions else snapshot.version()
+    if actions:  # delta-rs moves the handle on after a write, not after a transaction of actions
+        return base + 1
+    version = snapshot.version()
+    if own_checkpoint:
+        checkpoint_if_due(snapshot, version)
+    return version
 
 
 def log_gone(exc: BaseException) -> bool:

@@ -253,6 +253,8 @@ def test_the_query_follows_the_commit_log_through_delta_or_deltalog(
     assert trigger.frame.isStreaming and len(trigger.frame.columns) == 1  # only a trigger: one column
     if delta_enabled(spark_reads):
         assert (trigger.source, trigger.checkpoint_subdir, trigger.starts) == ("delta", "delta/from-0", (0,))
+        critical = commit_log_trigger(spark_reads, store, lambda shard: 0, 200, latency_critical=True)
+        assert (critical.source, critical.checkpoint_subdir) == ("deltalog", None)  # dispatch's
     else:
         assert (trigger.source, trigger.checkpoint_subdir) == ("deltalog", None)
         assert trigger.frame.columns == ["_version"]

@@ -263,7 +263,8 @@ def test_a_commit_whose_listed_log_files_were_cleaned_up_reloads_its_handle(
     snap = store.snapshot(schemas.CONSUMER_OFFSET)
     stale = snap._dt
     store.append(schemas.CONSUMER_OFFSET, _offsets(2))
-    gone = f"Object at location {store.uri(schemas.CONSUMER_OFFSET)}/_delta_log/00000000000000000000.json not found"
+    log = f"{store.uri(schemas.CONSUMER_OFFSET)}/_delta_log"
+    gone = f"Object at location {log}/00000000000000000000.json not found"
 
     def cleaned_up(*args: Any, **kwargs: Any) -> None:
         raise FileNotFoundError(gone)

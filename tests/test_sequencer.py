@@ -17,7 +17,7 @@ from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
 import engine.store.commit_log as sequencer
-import engine.store.delta as delta
+import engine.store.commits as commits
 from engine import CommitConflictError, Message, Producer, Store, StoreError
 from engine.model import SysFlag
 from engine.protocol import record_size, tags_code
@@ -77,11 +77,11 @@ def test_writer_that_loses_the_race_to_commit_restamps(
     def rival_commits_first(*args: Any, **kwargs: Any) -> None:
         if not raced:
             raced.append(True)
-            monkeypatch.setattr(delta, "write_deltalake", write_deltalake)
+            monkeypatch.setattr(commits, "write_deltalake", write_deltalake)
             rival.append([_pending(topic, 0, b"rival")])
         write_deltalake(*args, **kwargs)
 
-    monkeypatch.setattr(delta, "write_deltalake", rival_commits_first)
+    monkeypatch.setattr(commits, "write_deltalake", rival_commits_first)
     [stamped] = a.append([_pending(topic, 0, b"a1")])
     assert a.conflicts == 1
     rows = _rows_with_versions(store)
@@ -227,7 +227,7 @@ def test_conflicts_exhausted_raise_retryable_error_and_write_nothing(
     def always_conflict(*args: Any, **kwargs: Any) -> None:
         raise CommitFailedError("version exists")
 
-    monkeypatch.setattr(delta, "write_deltalake", always_conflict)
+    monkeypatch.setattr(commits, "write_deltalake", always_conflict)
     store = Store.open(store.root, config=store.config.replace(max_commit_attempts=3))
     before = versions(store)
     with pytest.raises(CommitConflictError) as info:
@@ -244,7 +244,7 @@ def test_io_error_is_a_failed_send_with_nothing_committed(
 
     before = versions(store)
     with Producer(store) as p:
-        monkeypatch.setattr(delta, "write_deltalake", broken_disk)
+        monkeypatch.setattr(commits, "write_deltalake", broken_disk)
         with pytest.raises(StoreError, match="nothing was stored"):
             p.send(Message(topic, b"x"))
         monkeypatch.undo()

@@ -9,6 +9,7 @@ import pyarrow as pa
 import pytest
 from deltalake.exceptions import CommitFailedError, DeltaError
 
+import engine.store.commits as commits
 import engine.store.delta as delta
 from engine import CommitConflictError, CommitStateUnknownError, Message, Producer, Store, StoreError
 from engine.errors import TableMissingError
@@ -23,7 +24,8 @@ from engine.store.commit_markers import (
     carried_markers,
     transaction_app,
 )
-from engine.store.delta import commit_next, open_snapshot
+from engine.store.commits import commit_next
+from engine.store.delta import open_snapshot
 from engine.store.marks import MarksDelta
 from tests.helpers import age_and_clean_log
 from tests.raw_delta import raw_table
@@ -80,7 +82,7 @@ def test_an_io_failure_is_failed_or_unknown_as_the_caller_says(
     def broken(*args: Any, **kwargs: Any) -> None:
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(delta, "write_deltalake", broken)
+    monkeypatch.setattr(commits, "write_deltalake", broken)
     with pytest.raises(expected) as caught:
         commit_next(store.snapshot(schemas.CONSUMER_OFFSET), rows=_offsets(1), on_error=on_error)
     assert not isinstance(caught.value, CommitStateUnknownError) or on_error == "unknown"
@@ -94,10 +96,10 @@ def test_delta_errors_map_onto_the_engine_errors(store: Store, monkeypatch: pyte
     def broken(*args: Any, **kwargs: Any) -> None:
         raise DeltaError("object store unreachable")
 
-    monkeypatch.setattr(delta, "write_deltalake", lost)
+    monkeypatch.setattr(commits, "write_deltalake", lost)
     with pytest.raises(CommitConflictError):
         commit_next(store.snapshot(schemas.CONSUMER_OFFSET), rows=_offsets(1))
-    monkeypatch.setattr(delta, "write_deltalake", broken)
+    monkeypatch.setattr(commits, "write_deltalake", broken)
     with pytest.raises(StoreError, match="unreachable"):
         commit_next(store.snapshot(schemas.CONSUMER_OFFSET), rows=_offsets(1))
 
@@ -162,6 +164,22 @@ def test_versions_after_yields_each_chunk_with_its_last_version(store: Store) ->
     assert [last for _, last in chunks] == [3, 5]
     assert [rows["_version"].to_pylist() for rows, _ in chunks] == [[2, 3], [4, 5]]
     assert list(store.versions_after(schemas.CONSUMER_OFFSET, 5)) == []
+
+
+def test_versions_after_finds_other_writers_commits_and_never_skips_cleaned_up_ones(tmp_path: Path) -> None:
+    reader = Store.open(tmp_path)
+    name = schemas.CONSUMER_OFFSET
+    assert reader.shared(name, fresh=False).version() == 0  # the reader's handle stays here
+    writer = Store.open(tmp_path)
+    for i in range(3):
+        writer.append(name, _offsets(1, start=i))
+    assert [last for _, last in reader.versions_after(name, 0)] == [3]
+    assert list(reader.versions_after(name, 3)) == []
+    for i in range(4):
+        writer.append(name, _offsets(1, start=10 + i))
+    age_and_clean_log(writer, name)  # versions 4..6 are gone, after what the reader covered
+    with pytest.raises(StoreError, match="log retention"):
+        list(reader.versions_after(name, 3))
 
 
 def test_every_marker_is_registered_once_and_only_table_state_is_carried() -> None:
@@ -269,7 +287,7 @@ def test_a_commit_whose_listed_log_files_were_cleaned_up_reloads_its_handle(
     def cleaned_up(*args: Any, **kwargs: Any) -> None:
         raise FileNotFoundError(gone)
 
-    monkeypatch.setattr(delta, "write_deltalake", cleaned_up)
+    monkeypatch.setattr(commits, "write_deltalake", cleaned_up)
     with pytest.raises(CommitConflictError, match="no longer holds") as caught:
         commit_next(snap, rows=_offsets(1))
     assert caught.value.retryable
@@ -282,8 +300,8 @@ def test_commits_checkpoint_at_the_interval_outside_the_commit(
 ) -> None:
     log = Path(store.uri(schemas.CONSUMER_OFFSET)) / "_delta_log"
     snap = store.snapshot(schemas.CONSUMER_OFFSET)
-    assert delta.checkpoint_interval(snap) == delta.DEFAULT_CHECKPOINT_INTERVAL == 100
-    assert delta.expired_log_cleanup(snap)
+    assert commits.checkpoint_interval(snap) == commits.DEFAULT_CHECKPOINT_INTERVAL == 100
+    assert commits.expired_log_cleanup(snap)
     for i in range(99):
         commit_next(snap, rows=_offsets(1, start=i))
     assert not list(log.glob("*.checkpoint.parquet"))

@@ -77,15 +77,8 @@ from engine.errors import (
 from engine.protocol.shards import shard_base, shard_of_queue
 from engine.store import marks_snapshots, schemas
 from engine.store.commit_markers import BATCH_KEY, EXPIRING_APP_PREFIX, HWM_KEY, MARKS_KEY
-from engine.store.delta import (
-    MAX_WALK_BACK,
-    NO_HOOKS,
-    RENEW_HANDLE_COMMITS,
-    Snapshot,
-    checkpoint_interval,
-    commit_next,
-    expired_log_cleanup,
-)
+from engine.store.commits import NO_HOOKS, checkpoint_interval, commit_next, expired_log_cleanup
+from engine.store.delta import MAX_WALK_BACK, RENEW_HANDLE_COMMITS, Snapshot
 from engine.store.delta import (
     app_transactions as delta_transactions,
 )

@@ -138,7 +138,7 @@ MARKERS: tuple[Marker, ...] = (
     Marker(GROUPS_STATE_KEY, "commit_info", schemas.GROUPS, "consumers (membership, queue locks)"),
     Marker(TX_FLOOR_KEY, "commit_info", schemas.TRANSACTIONS, "the transaction check job"),
     Marker(MAINTENANCE_KEY, "commit_info", "*", "the maintenance job"),
-    Marker(COUNTS_KEY, "commit_info", "*", "every engine commit (engine.store.delta.commit_next)"),
+    Marker(COUNTS_KEY, "commit_info", "*", "every engine commit (engine.store.commits.commit_next)"),
     Marker(DISPATCH_APP, "app_transaction", schemas.CONSUME_QUEUE, "the dispatch job"),
     Marker(INDEX_APP, "app_transaction", schemas.INDEX, "the index job"),
     Marker(PULL_LOG_APP, "app_transaction", schemas.PULL_LOG, "the pull-log job"),

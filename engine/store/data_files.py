@@ -38,7 +38,8 @@ from deltalake.transaction import AddAction, RemoveAction
 from engine.errors import CommitConflictError, StoreError
 from engine.store.commit_log import read_hwm
 from engine.store.commit_markers import HWM_KEY, MAINTENANCE_KEY, carried_markers
-from engine.store.delta import Action, DataFile, Snapshot, backoff, commit_next
+from engine.store.commits import backoff, commit_next
+from engine.store.delta import Action, DataFile, Snapshot
 from engine.store.store import Store, now_ms
 
 COMMIT_ATTEMPTS = 64

@@ -24,8 +24,9 @@ from engine.errors import CommitConflictError, StoreError
 from engine.protocol.index_keys import KIND_KEY, KIND_UNIQ_KEY
 from engine.store import schemas
 from engine.store.commit_markers import index_app
+from engine.store.commits import commit_next
 from engine.store.data_files import delete_files, write_file
-from engine.store.delta import Snapshot, app_transactions, commit_next
+from engine.store.delta import Snapshot, app_transactions
 from engine.store.delta_log import table_filesystem
 from engine.store.store import Store
 

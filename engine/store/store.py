@@ -21,15 +21,8 @@ from engine.model import TopicConfig
 from engine.protocol.shards import shard_base
 from engine.store import schemas
 from engine.store.commit_markers import HWM_KEY
-from engine.store.delta import (
-    RENEW_HANDLE_COMMITS,
-    Snapshot,
-    app_transactions,
-    commit_next,
-    create_table,
-    log_gone,
-    open_snapshot,
-)
+from engine.store.commits import commit_next, log_gone
+from engine.store.delta import RENEW_HANDLE_COMMITS, Snapshot, app_transactions, create_table, open_snapshot
 from engine.store.delta_log import read_versions
 from engine.store.repair import commit_parses, repair_log
 from engine.store.topics import TopicCatalog
@@ -489,7 +482,13 @@ class Store:
         records progress covers even when the chunk added no rows. This is how a broker job catches
         up without Spark.
         """
-        latest = self.version(name)
+        # The newest commit file, not a refresh of the shared handle: delta-rs's refresh costs about
+        # 10 ms whatever it finds, a job asks on every micro-batch, and the versions are read from
+        # their commit files anyway (on an object store the hint refreshes). Finding nothing new,
+        # refresh after all: the commit files after the handle's version may have been cleaned up.
+        latest = self.latest_version_hint(name, max(covered, self.shared(name, fresh=False).version()))
+        if latest <= covered:
+            latest = self.version(name)
         columns = schema if schema is not None else schemas.schema_of(name)
         for first in range(covered + 1, latest + 1, max_versions):
             last = min(latest, first + max_versions - 1)

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-import engine.store.delta as delta
+import engine.store.commits as commits
 from engine import (
     CommitStateUnknownError,
     ConsumeFrom,
@@ -177,7 +177,7 @@ def _answers_lost_after_commits(monkeypatch: pytest.MonkeyPatch, errno: int, rea
     """Until ``monkeypatch.undo()``, every commit-log write is stored and then fails with
     ``OSError(errno, reason + " (after the commit was stored)")``: the answer lost on its way back.
     Returns a list that grows by one per lost answer."""
-    real = delta.write_deltalake
+    real = commits.write_deltalake
     lost: list[int] = []
 
     def commit_then_fail(*args: Any, **kwargs: Any) -> None:
@@ -185,7 +185,7 @@ def _answers_lost_after_commits(monkeypatch: pytest.MonkeyPatch, errno: int, rea
         lost.append(errno)
         raise OSError(errno, f"{reason} (after the commit was stored)")
 
-    monkeypatch.setattr(delta, "write_deltalake", commit_then_fail)
+    monkeypatch.setattr(commits, "write_deltalake", commit_then_fail)
     return lost
 
 

@@ -316,3 +316,28 @@ def test_commits_checkpoint_at_the_interval_outside_the_commit(
     for i in range(100):
         commit_next(snap, rows=_offsets(1, start=100 + i))
     assert [p.name for p in log.glob("*.checkpoint.parquet")] == [f"{200:020d}.checkpoint.parquet"]
+
+
+def test_a_refresh_that_listed_the_log_mid_commit_reads_it_again(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    snap = store.snapshot(schemas.CONSUMER_OFFSET)
+    store.append(schemas.CONSUMER_OFFSET, _offsets(2))
+    real = snap._dt.update_incremental
+    listings = []
+
+    def caught_mid_commit() -> None:  # the soak saw it: 3961.json, then 3963.json, 3962 being linked in
+        listings.append(1)
+        if len(listings) < 3:
+            raise DeltaError("Generic delta kernel error: Expected contiguous commit files, but found gap")
+        real()
+
+    monkeypatch.setattr(snap._dt, "update_incremental", caught_mid_commit)
+    assert snap.refresh().version() == 1 and len(listings) == 3
+
+    def always_gapped() -> None:
+        raise DeltaError("Generic delta kernel error: Expected contiguous commit files, but found gap")
+
+    monkeypatch.setattr(snap._dt, "update_incremental", always_gapped)
+    with pytest.raises(StoreError, match="contiguous"):
+        snap.refresh()

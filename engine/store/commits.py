@@ -175,6 +175,13 @@ def log_gone(exc: BaseException) -> bool:
     return "_delta_log" in text and "not found" in text and isinstance(exc, (DeltaError, FileNotFoundError))
 
 
+def listing_gap(exc: BaseException) -> bool:
+    """Whether a delta-rs error says its listing of the log had a gap between commit files: the
+    directory was read while another writer's commit was being linked in (a listing is not a
+    snapshot of the directory), so reading again finds the log whole."""
+    return "Expected contiguous commit files" in str(exc)
+
+
 def backoff(attempt: int) -> None:
     """Sleep a jittered, growing moment after a lost race, so colliding writers do not collide again
     in lockstep (at most 50 ms)."""

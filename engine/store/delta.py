@@ -10,6 +10,7 @@ or fails, and maps delta-rs's errors onto the engine's. No delta-rs object leave
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -30,7 +31,7 @@ from engine.errors import (
     StoreError,
     TableMissingError,
 )
-from engine.store.commits import log_gone
+from engine.store.commits import listing_gap, log_gone
 from engine.store.delta_log import read_version, table_filesystem
 
 # A DeltaTable handle gets slower with every version it moves on by: delta-rs keeps the file list of
@@ -39,6 +40,8 @@ from engine.store.delta_log import read_version, table_filesystem
 # moved on by 400 versions. So long-lived writers reopen their handle after this many commits
 # (reopening costs about one slow append).
 RENEW_HANDLE_COMMITS = 32
+# Reads of a log listed mid-commit (see Snapshot._reloading) before giving up.
+LISTING_ATTEMPTS = 4
 # How far back to look for a commit marker before giving up (compaction and progress commits lack
 # them).
 MAX_WALK_BACK = 4096
@@ -154,13 +157,21 @@ class Snapshot:
         log retention while another process checkpointed), once more after loading the table anew
         from its newest checkpoint (the snapshot then stands at the latest version).
 
+        A listing that caught the log mid-commit (a gap between commit files: another writer's
+        commit was being linked in while the directory was read) is read again, a few times.
+
         Raises:
             StoreError: the log cannot be read for another reason.
         """
-        try:
-            return read()
-        except (DeltaError, OSError) as exc:
-            if not log_gone(exc):
+        for attempt in range(LISTING_ATTEMPTS):
+            try:
+                return read()
+            except (DeltaError, OSError) as exc:
+                if log_gone(exc):
+                    break
+                if listing_gap(exc) and attempt + 1 < LISTING_ATTEMPTS:
+                    time.sleep(0.01 * (attempt + 1))
+                    continue
                 raise StoreError(
                     f"table {self.name} cannot be {doing}: {exc}", table=self.name, cause=exc
                 ) from exc

@@ -25,7 +25,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +113,16 @@ def judge(values: Sequence[float], floor: float) -> dict[str, Any]:
     return {"first": first, "last": last, "max": max(vals), "grows": grows}
 
 
+def stop_workers(procs: Mapping[str, Any], early_exits: dict[str, int | None]) -> None:
+    """After the drain: kill the workers still running, and record in ``early_exits`` those that
+    exited with an error meanwhile (a consumer that dies while draining loses what it received)."""
+    for name, proc in procs.items():
+        if proc.is_alive():
+            proc.kill()
+        elif proc.exitcode and name not in early_exits:
+            early_exits[name] = proc.exitcode
+
+
 class Soak:
     def __init__(self, args: argparse.Namespace, workdir: Path, console: Console) -> None:
         self.args, self.console = args, console
@@ -124,7 +134,8 @@ class Soak:
         self.windows: list[dict[str, Any]] = []
         self.samples: list[dict[str, Any]] = []
         self.finals: list[dict[str, Any]] = []
-        self.early_exits: dict[str, int | None] = {}  # workers that died before the soak ended
+        # workers that died before the soak ended, or failed while draining
+        self.early_exits: dict[str, int | None] = {}
 
     def start_workers(self) -> None:
         a, w, s = self.args, self.args.window, str(self.store_path)
@@ -191,9 +202,7 @@ class Soak:
             while any(p.is_alive() for p in self.procs.values()) and time.monotonic() < deadline:
                 self.collect(time.monotonic() + 2)
             self.collect(time.monotonic() + 2)
-            for proc in self.procs.values():
-                if proc.is_alive():
-                    proc.kill()
+            stop_workers(self.procs, self.early_exits)
         return self.results()
 
     def results(self) -> dict[str, Any]:
@@ -293,7 +302,7 @@ def markdown(results: dict[str, Any]) -> str:
         )
         + ".",
         "",
-        "Workers that died during the soak: "
+        "Workers that died during the soak or its drain: "
         + (
             ", ".join(f"{n} (exit code {c})" for n, c in sorted(results.get("early_exits", {}).items()))
             or "none"

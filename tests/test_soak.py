@@ -114,6 +114,28 @@ def _sleep() -> None:
     time.sleep(30)
 
 
+def _fail() -> None:
+    raise SystemExit(3)
+
+
+def test_workers_that_failed_while_draining_are_reported_and_the_rest_stopped():
+    ctx = mp.get_context("spawn")
+    procs = {
+        "c0": ctx.Process(target=_fail),
+        "p0": ctx.Process(target=_sleep),
+        "s0": ctx.Process(target=time.time),
+    }
+    for proc in procs.values():
+        proc.start()
+    procs["c0"].join(60)
+    procs["s0"].join(60)
+    exits: dict[str, int | None] = {"p1": 1}  # died during the soak itself: kept as it was
+    soak.stop_workers(procs, exits)
+    procs["p0"].join(60)
+    assert exits == {"p1": 1, "c0": 3}  # the killed one and the clean exit are not failures
+    assert not procs["p0"].is_alive()
+
+
 def test_a_soak_replaces_only_its_own_section_and_a_benchmark_run_keeps_it():
     first = report.with_soak("# Benchmarks\n\nfigures\n", "soak one")
     again = report.with_soak(first, "soak two")

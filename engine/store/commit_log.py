@@ -54,7 +54,6 @@ snapshot by one version costs about as much as an append, so lost races are expe
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import os
 import threading
@@ -77,7 +76,7 @@ from engine.errors import (
 from engine.protocol.shards import shard_base, shard_of_queue
 from engine.store import marks_snapshots, schemas
 from engine.store.commit_markers import BATCH_KEY, EXPIRING_APP_PREFIX, HWM_KEY, MARKS_KEY
-from engine.store.commits import NO_HOOKS, checkpoint_interval, commit_next, expired_log_cleanup
+from engine.store.commits import NO_HOOKS, checkpoint_if_due, commit_next
 from engine.store.delta import MAX_WALK_BACK, RENEW_HANDLE_COMMITS, Snapshot
 from engine.store.delta import (
     app_transactions as delta_transactions,
@@ -237,7 +236,6 @@ class CommitLogWriter:
             else None
         )
         self._log_dir = os.path.join(store.uri(self.table), "_delta_log") if store.is_local else None
-        self._interval: int | None = None
         # SYNC_FLUSH on a local store: the table directory whose commits are fsynced before an append
         # returns (object stores are durable on put).
         self._sync_flush = (
@@ -395,20 +393,12 @@ class CommitLogWriter:
 
     def _checkpoint_if_due(self, version: int) -> None:
         """Write the checkpoint Delta's post-commit hook would have written at ``version``, with the
-        marks saved first (:func:`checkpoint_commit_log`).
-
-        Best effort: a checkpoint only speeds up loading the table; a missed one is taken at the
-        next interval (or by the maintenance job).
+        marks saved first (:func:`checkpoint_commit_log`); best effort (:func:`checkpoint_if_due`).
         """
-        dt = self._dt
-        if dt is None or self._hwm is None or version <= 0 or dt.version() != version:
+        dt, hwm = self._dt, self._hwm
+        if dt is None or hwm is None:
             return
-        if self._interval is None:
-            self._interval = checkpoint_interval(dt)
-        if version % self._interval:
-            return
-        with contextlib.suppress(StoreError):
-            checkpoint_commit_log(dt, self._hwm, cleanup=expired_log_cleanup(dt))
+        checkpoint_if_due(dt, version, lambda cleanup: checkpoint_commit_log(dt, hwm, cleanup=cleanup))
 
     def _append_locked(
         self,

@@ -9,7 +9,7 @@ import contextlib
 import json
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Literal
 
 import pyarrow as pa
@@ -48,9 +48,10 @@ def expired_log_cleanup(snapshot: Snapshot) -> bool:
     return str(snapshot.configuration().get("delta.enableExpiredLogCleanup", "true")).lower() != "false"
 
 
-def checkpoint_if_due(snapshot: Snapshot, version: int) -> None:
+def checkpoint_if_due(snapshot: Snapshot, version: int, write: Callable[[bool], None] | None = None) -> None:
     """Write the checkpoint Delta's post-commit hook would have written after committing ``version``
-    (with its cleanup of expired log files), when ``snapshot`` stands at it.
+    (with its cleanup of expired log files), when ``snapshot`` stands at it: ``write(cleanup)``,
+    by default :meth:`Snapshot.checkpoint` (the commit log saves its marks first).
 
     Best effort, and never part of the commit: a checkpoint only speeds up loading the table, a
     missed one is taken at the next interval (or by the maintenance job). delta-rs's own hook runs
@@ -59,8 +60,12 @@ def checkpoint_if_due(snapshot: Snapshot, version: int) -> None:
     """
     if version <= 0 or snapshot.version() != version or version % checkpoint_interval(snapshot):
         return
+    cleanup = expired_log_cleanup(snapshot)
     with contextlib.suppress(StoreError):
-        snapshot.checkpoint(cleanup=expired_log_cleanup(snapshot))
+        if write is None:
+            snapshot.checkpoint(cleanup=cleanup)
+        else:
+            write(cleanup)
 
 
 def commit_next(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -25,6 +26,7 @@ from engine.errors import CommitTruncatedError, StoreError
 from engine.store.commit_markers import COUNTS_KEY
 
 VERSION_COLUMN = "_version"
+COMMIT_FILE = re.compile(r"^(\d{20})\.json$")  # a commit file's name in _delta_log; group 1: its version
 
 
 @dataclass(frozen=True)
@@ -134,11 +136,7 @@ def earliest_version(uri: str, storage_options: Mapping[str, str] | None = None)
     """
     fs = table_filesystem(uri, storage_options)
     listed = fs.get_file_info(pa_fs.FileSelector("_delta_log", allow_not_found=True))
-    versions = [
-        int(name[:20])
-        for name in (info.base_name for info in listed)
-        if len(name) == 25 and name.endswith(".json") and name[:20].isdigit()
-    ]
+    versions = [int(m.group(1)) for m in (COMMIT_FILE.match(info.base_name) for info in listed) if m]
     return min(versions, default=0)
 
 

@@ -39,10 +39,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from engine.errors import StoreCorruptedError
-from engine.store.delta_log import local_path, missing_actions
+from engine.store.delta_log import COMMIT_FILE, local_path, missing_actions
 
 QUARANTINE_DIR = "_quarantine"
-_COMMIT = re.compile(r"^(\d{20})\.json$")
 _CHECKSUM = re.compile(r"^(\d{20})\.crc$")
 _CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.\d+\.\d+)?\.parquet$")
 _LAST_CHECKPOINT = "_last_checkpoint"
@@ -129,7 +128,7 @@ def repair_log(table_uri: str) -> Repair:
     log = Path(root) / "_delta_log" if root is not None else None
     if log is None or not log.is_dir():
         return Repair(())
-    commits = _versions(log, _COMMIT)
+    commits = _versions(log, COMMIT_FILE)
     # Newest first: the last file is the only one a crash may have torn.
     torn = [(v, p) for v, p in reversed(commits) if not commit_parses(p.read_bytes())]
     last = commits[-1][0] if commits else -1

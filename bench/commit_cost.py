@@ -91,11 +91,12 @@ def _add_action(table_dir: str, table: pa.Table) -> AddAction:
 
 def _fill(store: Store, files: int, body: bytes) -> None:
     dt = _raw(store)
-    hwm = read_hwm(dt)
+    hwm = read_hwm(store.snapshot(schemas.COMMIT_LOG))
     actions: list[AddAction | RemoveAction] = []
     for f in range(files):
         msgs = [PendingMessage(TOPIC, i % 4, body, f"fill-{f}-{i}") for i in range(4)]
-        table, _, hwm = stamp(msgs, hwm, store.store_id, int(time.time() * 1000))
+        table, _, delta = stamp(msgs, hwm, store.store_id, int(time.time() * 1000))
+        hwm.apply(delta)
         actions.append(_add_action(store.uri(schemas.COMMIT_LOG), table))
     dt.create_write_transaction(
         actions,
@@ -139,7 +140,8 @@ class _Raw:
 
     def _next(self) -> tuple[pa.Table, CommitProperties]:
         # Only this handle writes while it is timed: it stays current, as the writer's does.
-        table, _, self.hwm = stamp(self.one, self.hwm, self.store.store_id, int(time.time() * 1000))
+        table, _, delta = stamp(self.one, self.hwm, self.store.store_id, int(time.time() * 1000))
+        self.hwm.apply(delta)
         props = CommitProperties(custom_metadata={HWM_KEY: self.hwm.to_json()}, max_commit_retries=0)
         return table, props
 

@@ -54,7 +54,7 @@ def _writer(
         producer.send(Message(TOPIC, body))  # warm-up: tables opened, topic cached
         ready.put(worker)
         start.wait()
-        began = time.time()
+        began, cpu = time.time(), time.process_time()
         for i in range(sends):
             t = time.perf_counter()
             try:
@@ -67,9 +67,9 @@ def _writer(
             except CommitConflictError:
                 gave_up += 1
             latencies.append((time.perf_counter() - t) * 1000)
-        ended = time.time()
+        ended, cpu = time.time(), time.process_time() - cpu
         conflicts = producer._writer.conflicts
-    out.put({"began": began, "ended": ended, "lat": latencies, "gave_up": gave_up, "conflicts": conflicts})
+    out.put({"began": began, "ended": ended, "cpu": cpu, "lat": latencies, "gave_up": gave_up, "conflicts": conflicts})
 
 
 def run(
@@ -115,6 +115,9 @@ def run(
         "max_ms": round(max(lat), 1),
         "conflicts": sum(r["conflicts"] for r in results),
         "gave_up": sum(r["gave_up"] for r in results),
+        # the writers' CPU per message, and the cores they kept busy on average
+        "cpu_ms": round(sum(r["cpu"] for r in results) * 1000 / max(writers * sends * batch, 1), 1),
+        "cores": round(sum(r["cpu"] for r in results) / max(wall, 1e-9), 2),
     }
 
 
@@ -125,7 +128,8 @@ def describe(measure: dict[str, Any]) -> str:
         f"host lock {'on' if measure['lock'] else 'off'}, "
         f"{measure['shards']} shard{'s' if measure['shards'] != 1 else ''}: {measure['msg_s']:,} msg/s, "
         f"send p50 {measure['p50_ms']} ms / p99 {measure['p99_ms']} ms / max {measure['max_ms']} ms, "
-        f"{measure['conflicts']} lost races, {measure['gave_up']} gave up."
+        f"{measure['conflicts']} lost races, {measure['gave_up']} gave up, "
+        f"{measure['cpu_ms']} ms of writer CPU per message ({measure['cores']} cores busy)."
     )
 
 

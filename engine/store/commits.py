@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 Failure = Literal["failed", "unknown"]
 NO_HOOKS = PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
-DEFAULT_CHECKPOINT_INTERVAL = 100  # Delta's default delta.checkpointInterval
+DEFAULT_CHECKPOINT_INTERVAL = 100  # delta-rs's default delta.checkpointInterval (Delta on Spark: 10)
 
 
 def checkpoint_interval(snapshot: Snapshot) -> int:

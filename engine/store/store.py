@@ -62,8 +62,17 @@ def log_retention(config: EngineConfig) -> str:
     return f"interval {config.log_retention_minutes} minutes"
 
 
+# Delta's own default checkpoint interval (delta-rs uses 100 where a table does not say): delta-rs
+# refreshes a handle, and commits through one, by replaying every commit since the last checkpoint,
+# so each costs about 0.15 ms more per commit since it. Measured with a 1,001-file table on the bench
+# machine, a refresh by one version took 12.4 ms at interval 100 and 5.4 ms at 10, an append 19.0 ms
+# and 11.7 ms, against 1.7 ms per commit for writing the checkpoints. Commit-log writers catch up
+# after every commit of a rival, so the commit log checkpoints at Delta's interval.
+COMMIT_LOG_CHECKPOINT_INTERVAL = "10"
+
 _TABLE_PROPERTIES: dict[str, dict[str, str]] = {
     schemas.COMMIT_LOG: {
+        "delta.checkpointInterval": COMMIT_LOG_CHECKPOINT_INTERVAL,
         "delta.setTransactionRetentionDuration": TXN_RETENTION,
         "delta.dataSkippingStatsColumns": ",".join(COMMIT_LOG_STATS_COLUMNS),
     },

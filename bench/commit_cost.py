@@ -11,7 +11,7 @@ seconds), then one :class:`~engine.store.commit_log.CommitLogWriter` (host lock 
 - ``append 1`` / ``append 512``: the writer's append of one / 512 messages of 1 KiB;
 - ``append 1 + mq.tx``: one message with a transaction guard (``app_transactions``);
 - ``256 appends, renewal`` / ``256 appends, no renewal``: one message each, 256 times in a row, with
-  the writer renewing its DeltaTable handle every ``RENEW_HANDLE_COMMITS`` versions, and without
+  the writer renewing its DeltaTable handle once it has aged (``Snapshot.aged``), and without
   (a handle that commits gets slower with every version it moves on by);
 - ``  open handle``: opening the commit log (what a renewal costs);
 - ``  write_deltalake``: the bare delta-rs append the writer makes (same properties, hooks off);
@@ -55,9 +55,10 @@ from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, wr
 from deltalake.transaction import AddAction, RemoveAction  # noqa: E402
 
 from engine import Store  # noqa: E402
-from engine.store import commit_log, schemas  # noqa: E402
+from engine.store import schemas  # noqa: E402
 from engine.store.commit_log import CommitLogWriter, read_hwm  # noqa: E402
 from engine.store.commit_markers import HWM_KEY  # noqa: E402
+from engine.store.delta import Snapshot  # noqa: E402
 from engine.store.stamping import HighWaterMarks, PendingBatch, PendingMessage, stamp  # noqa: E402
 
 
@@ -191,16 +192,15 @@ def run(files: int, repeat: int, profile: bool) -> list[str]:
                 ),
             )
         )
-        for label, renew in (
-            ("256 appends, renewal", commit_log.RENEW_HANDLE_COMMITS),
-            ("256 appends, no renewal", 10**9),
-        ):
+        for label, renew in (("256 appends, renewal", True), ("256 appends, no renewal", False)):
             aging = CommitLogWriter(store, host_lock=False)
-            saved, commit_log.RENEW_HANDLE_COMMITS = commit_log.RENEW_HANDLE_COMMITS, renew
+            saved = Snapshot.aged
+            if not renew:
+                Snapshot.aged = property(lambda self: False)  # type: ignore[method-assign,assignment]
             try:
                 rows.append(_row(label, files, _timed(functools.partial(aging.append_batch, one), 256)))
             finally:
-                commit_log.RENEW_HANDLE_COMMITS = saved
+                Snapshot.aged = saved  # type: ignore[method-assign]
         rows.append(_row("  open handle", files, _timed(lambda: _raw(store), 5)))
         raw = _Raw(store, body)
         rows.append(_row("  write_deltalake", files, _timed(raw.write_deltalake, repeat)))

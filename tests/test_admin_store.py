@@ -140,21 +140,47 @@ def test_store_time_never_goes_backwards_in_commit_order(store: Store, topic: st
     assert ts == sorted(ts)
 
 
-def test_the_shared_handle_is_reopened_every_32_commits_and_keeps_every_row(store: Store) -> None:
+def test_the_shared_handle_is_reopened_past_each_checkpoint_and_keeps_every_row(store: Store) -> None:
     from engine.store.delta import RENEW_HANDLE_COMMITS
 
     first = store.shared(schemas.CONSUMER_OFFSET, fresh=False)
     handles = {id(first)}
+    renewed_at = []
     schema = schemas.SCHEMAS[schemas.CONSUMER_OFFSET]
     for i in range(RENEW_HANDLE_COMMITS + 3):
         row = {"group": "g", "topic": "T", "queue_id": 0, "offset": i, "ts_ms": i, "consumer_id": ""}
         store.append(schemas.CONSUMER_OFFSET, pa.Table.from_pylist([row], schema=schema))
-        handles.add(id(store.shared(schemas.CONSUMER_OFFSET, fresh=False)))
-    assert len(handles) == 2  # renewed exactly once in 35 commits
+        handle = store.shared(schemas.CONSUMER_OFFSET, fresh=False)
+        if id(handle) not in handles:
+            handles.add(id(handle))
+            renewed_at.append(handle.version())
+    # Checkpointed every 10 versions (Delta's interval): reopened from each checkpoint, 3 in 35 commits.
+    assert renewed_at == [10, 20, 30]
     renewed = store.shared(schemas.CONSUMER_OFFSET, fresh=False)
     assert renewed is not first and renewed.version() == store.version(schemas.CONSUMER_OFFSET)
     offsets = sorted(store.read(schemas.CONSUMER_OFFSET)["offset"].to_pylist())
     assert offsets == list(range(RENEW_HANDLE_COMMITS + 3))
+
+
+def test_a_handle_ages_by_versions_or_past_a_checkpoint(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import engine.store.delta as delta
+
+    snap = store.snapshot(schemas.CONSUMER_OFFSET)
+    schema = schemas.SCHEMAS[schemas.CONSUMER_OFFSET]
+    row = {"group": "g", "topic": "T", "queue_id": 0, "offset": 0, "ts_ms": 0, "consumer_id": ""}
+    for _ in range(9):
+        store.append(schemas.CONSUMER_OFFSET, pa.Table.from_pylist([row], schema=schema))
+    assert not snap.refresh().aged  # at version 9: no checkpoint passed
+    store.append(schemas.CONSUMER_OFFSET, pa.Table.from_pylist([row], schema=schema))
+    assert snap.refresh().aged  # at 10: moved by the interval and onto a checkpoint version
+    late = store.snapshot(schemas.CONSUMER_OFFSET)  # opened at 10
+    for _ in range(9):
+        store.append(schemas.CONSUMER_OFFSET, pa.Table.from_pylist([row], schema=schema))
+    assert not late.refresh().aged  # moved by 9 < 10
+    monkeypatch.setattr(delta, "RENEW_HANDLE_COMMITS", 5)
+    assert late.aged  # moved by 9 >= 5
 
 
 def test_the_groups_log_reopens_its_handle_and_keeps_its_leases(store: Store) -> None:

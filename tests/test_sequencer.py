@@ -18,6 +18,7 @@ from deltalake.exceptions import CommitFailedError
 
 import engine.store.commit_log as sequencer
 import engine.store.commits as commits
+import engine.store.delta as delta
 from engine import CommitConflictError, Message, Producer, Store, StoreError
 from engine.model import SysFlag
 from engine.protocol import record_size, tags_code
@@ -319,14 +320,19 @@ def test_transaction_guards_expire_after_the_retention_and_progress_markers_neve
     assert [r["body"] for r in _rows_with_versions(store)] == [b"old decision", b"decision"]
 
 
-def test_opening_an_older_store_adds_the_transaction_retention(tmp_path: Path) -> None:
+def test_opening_an_older_store_adds_the_txn_retention_and_the_checkpoint_interval(tmp_path: Path) -> None:
     root = tmp_path / "s"
     Store.open(root)
     shutil.rmtree(root / schemas.COMMIT_LOG)  # a commit log created before the property existed
     DeltaTable.create(str(root / schemas.COMMIT_LOG), schemas.COMMIT_LOG_SCHEMA)
+    shutil.rmtree(root / schemas.CONSUMER_OFFSET)  # and a table of another kind, from before the interval
+    DeltaTable.create(str(root / schemas.CONSUMER_OFFSET), schemas.SCHEMAS[schemas.CONSUMER_OFFSET])
     store = Store.open(root)
     config = DeltaTable(store.uri(schemas.COMMIT_LOG)).metadata().configuration
     assert config["delta.setTransactionRetentionDuration"] == TXN_RETENTION
+    assert config["delta.checkpointInterval"] == "10"
+    offsets = DeltaTable(store.uri(schemas.CONSUMER_OFFSET)).metadata().configuration
+    assert offsets["delta.checkpointInterval"] == "10"  # Delta's default interval, on every table
 
 
 def test_pending_batch_columns_match_each_message(topic: str) -> None:
@@ -390,7 +396,7 @@ def test_writer_renews_its_handle_as_it_ages_and_keeps_offsets_dense(
     store: Store, topic: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A delta-rs handle slows down with every version it moves on by: the writer reopens it.
-    monkeypatch.setattr(sequencer, "RENEW_HANDLE_COMMITS", 3)
+    monkeypatch.setattr(delta, "RENEW_HANDLE_COMMITS", 3)
     writer, other = CommitLogWriter(store), CommitLogWriter(store)
     opens = _count_commit_log_opens(store, monkeypatch)
     stamped = []
@@ -407,7 +413,7 @@ def test_writer_renews_its_handle_as_it_ages_and_keeps_offsets_dense(
 def test_failed_handle_renewal_keeps_the_committed_batch_and_reopens_on_the_next_append(
     store: Store, topic: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sequencer, "RENEW_HANDLE_COMMITS", 2)
+    monkeypatch.setattr(delta, "RENEW_HANDLE_COMMITS", 2)
     writer = CommitLogWriter(store)
     opens = _count_commit_log_opens(store, monkeypatch, fail_at=1)  # the first renewal fails
     results = [writer.append([_pending(topic, 0, f"{i}".encode())])[0] for i in range(4)]

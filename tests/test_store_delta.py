@@ -27,6 +27,7 @@ from engine.store.commit_markers import (
 from engine.store.commits import commit_next
 from engine.store.delta import open_snapshot
 from engine.store.marks import MarksDelta
+from engine.store.store import CHECKPOINT_INTERVAL
 from tests.helpers import age_and_clean_log
 from tests.raw_delta import raw_table
 
@@ -300,9 +301,11 @@ def test_commits_checkpoint_at_the_interval_outside_the_commit(
 ) -> None:
     log = Path(store.uri(schemas.CONSUMER_OFFSET)) / "_delta_log"
     snap = store.snapshot(schemas.CONSUMER_OFFSET)
-    assert commits.checkpoint_interval(snap) == commits.DEFAULT_CHECKPOINT_INTERVAL == 100
+    # Every table says Delta's interval; delta-rs's default applies where a table does not.
+    assert commits.checkpoint_interval(snap) == int(CHECKPOINT_INTERVAL) == 10
+    assert commits.DEFAULT_CHECKPOINT_INTERVAL == 100
     assert commits.expired_log_cleanup(snap)
-    for i in range(99):
+    for i in range(9):
         commit_next(snap, rows=_offsets(1, start=i))
     assert not list(log.glob("*.checkpoint.parquet"))
 
@@ -310,12 +313,12 @@ def test_commits_checkpoint_at_the_interval_outside_the_commit(
         raise StoreError("checkpoint of consumer_offset failed: disk full")
 
     monkeypatch.setattr(snap, "checkpoint", failing)
-    assert commit_next(snap, rows=_offsets(1, start=99)) == 100  # landed, whatever the checkpoint did
+    assert commit_next(snap, rows=_offsets(1, start=9)) == 10  # landed, whatever the checkpoint did
     assert not list(log.glob("*.checkpoint.parquet"))
     monkeypatch.undo()
-    for i in range(100):
-        commit_next(snap, rows=_offsets(1, start=100 + i))
-    assert [p.name for p in log.glob("*.checkpoint.parquet")] == [f"{200:020d}.checkpoint.parquet"]
+    for i in range(10):
+        commit_next(snap, rows=_offsets(1, start=10 + i))
+    assert [p.name for p in log.glob("*.checkpoint.parquet")] == [f"{20:020d}.checkpoint.parquet"]
 
 
 def test_a_refresh_that_listed_the_log_mid_commit_reads_it_again(

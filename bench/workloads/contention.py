@@ -69,7 +69,16 @@ def _writer(
             latencies.append((time.perf_counter() - t) * 1000)
         ended, cpu = time.time(), time.process_time() - cpu
         conflicts = producer._writer.conflicts
-    out.put({"began": began, "ended": ended, "cpu": cpu, "lat": latencies, "gave_up": gave_up, "conflicts": conflicts})
+    out.put(
+        {
+            "began": began,
+            "ended": ended,
+            "cpu": cpu,
+            "lat": latencies,
+            "gave_up": gave_up,
+            "conflicts": conflicts,
+        }
+    )
 
 
 def run(

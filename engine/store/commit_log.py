@@ -48,7 +48,7 @@ the table's live data files, mildly (one message: about 4 ms at 50 files, 10-15 
 2-core bench machine), and the number of versions the writer's DeltaTable handle has moved on by
 since it was opened, steeply (the handle keeps one more Arrow batch of file actions per version and
 every commit goes over all of them: 4 ms fresh, 42 ms after 400 versions). The writer therefore
-reopens its handle every :data:`~engine.store.delta.RENEW_HANDLE_COMMITS` versions. Refreshing a
+reopens its handle once it has aged (:attr:`~engine.store.delta.Snapshot.aged`). Refreshing a
 snapshot by one version costs about as much as an append, so lost races are expensive.
 """
 
@@ -77,7 +77,7 @@ from engine.protocol.shards import shard_base, shard_of_queue
 from engine.store import marks_snapshots, schemas
 from engine.store.commit_markers import BATCH_KEY, EXPIRING_APP_PREFIX, HWM_KEY, MARKS_KEY
 from engine.store.commits import NO_HOOKS, checkpoint_if_due, commit_next
-from engine.store.delta import MAX_WALK_BACK, RENEW_HANDLE_COMMITS, Snapshot
+from engine.store.delta import MAX_WALK_BACK, Snapshot
 from engine.store.delta import (
     app_transactions as delta_transactions,
 )
@@ -376,15 +376,16 @@ class CommitLogWriter:
                 )
 
     def _renew_if_aged(self) -> None:
-        """Reopen the handle once it has moved on by :data:`RENEW_HANDLE_COMMITS` versions (on a
-        50-file commit log: 4 ms per append on a fresh handle, 42 ms after 400 versions, 12 ms on a
-        fresh handle of the same table grown to 490 files).
+        """Reopen the handle once it has aged (:attr:`Snapshot.aged`: moved on by
+        :data:`RENEW_HANDLE_COMMITS` versions, or past a checkpoint, such as the one this writer
+        may just have written). On a 50-file commit log: 4 ms per append on a fresh handle, 42 ms
+        after 400 versions, 12 ms on a fresh handle of the same table grown to 490 files.
 
         Done after the host lock is released, like the checkpoint. Best effort: the batch is already
         committed, so a failed reopen only leaves the writer without a handle, and the next append
         opens one (and reports the failure then, if it persists).
         """
-        if self._dt is None or self._dt.moved_since_open < RENEW_HANDLE_COMMITS:
+        if self._dt is None or not self._dt.aged:
             return
         try:
             self._catch_up(reopen=True)  # the marks in memory are kept (and moved on, if need be)

@@ -31,7 +31,7 @@ from engine.errors import CommitConflictError, StoreError
 from engine.store import schemas
 from engine.store.commit_markers import GROUPS_STATE_KEY as STATE_KEY
 from engine.store.commits import backoff, commit_next
-from engine.store.delta import RENEW_HANDLE_COMMITS, Snapshot
+from engine.store.delta import Snapshot
 from engine.store.store import Store, now_ms, sql_literal
 
 HEARTBEAT = "HEARTBEAT"
@@ -293,7 +293,7 @@ class GroupLog:
                     self._dt, self._state_version = None, -1
                     raise
                 self._state, self._state_version = state, base + 1
-                if dt.moved_since_open >= RENEW_HANDLE_COMMITS:  # reopen (the state stays: current)
+                if dt.aged:  # reopen (the state stays: current)
                     self._dt = None
                 return set(granted)
             raise CommitConflictError(

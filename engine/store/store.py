@@ -22,7 +22,7 @@ from engine.protocol.shards import shard_base
 from engine.store import schemas
 from engine.store.commit_markers import HWM_KEY
 from engine.store.commits import commit_next, log_gone
-from engine.store.delta import RENEW_HANDLE_COMMITS, Snapshot, app_transactions, create_table, open_snapshot
+from engine.store.delta import Snapshot, app_transactions, create_table, open_snapshot
 from engine.store.delta_log import read_versions
 from engine.store.repair import commit_parses, repair_log
 from engine.store.topics import TopicCatalog
@@ -62,21 +62,27 @@ def log_retention(config: EngineConfig) -> str:
     return f"interval {config.log_retention_minutes} minutes"
 
 
-# Delta's own default checkpoint interval (delta-rs uses 100 where a table does not say): delta-rs
-# refreshes a handle, and commits through one, by replaying every commit since the last checkpoint,
-# so each costs about 0.15 ms more per commit since it. Measured with a 1,001-file table on the bench
-# machine, a refresh by one version took 12.4 ms at interval 100 and 5.4 ms at 10, an append 19.0 ms
-# and 11.7 ms, against 1.7 ms per commit for writing the checkpoints. Commit-log writers catch up
-# after every commit of a rival, so the commit log checkpoints at Delta's interval.
-COMMIT_LOG_CHECKPOINT_INTERVAL = "10"
+# Every table checkpoints at Delta's own default interval (delta-rs uses 100 where a table does not
+# say): delta-rs refreshes a handle, and commits through one, by replaying every commit since the
+# last checkpoint, so each costs about 0.15 ms more per commit since it. Measured with a 1,001-file
+# table on the bench machine, a refresh by one version took 12.4 ms at interval 100 and 5.4 ms at 10,
+# an append 19.0 ms and 11.7 ms, against 1.7 ms per commit for writing the checkpoints. Writers catch
+# up after every commit of a rival and readers refresh on every poll, so the shorter interval pays.
+CHECKPOINT_INTERVAL = "10"
+_EVERY_TABLE = {"delta.checkpointInterval": CHECKPOINT_INTERVAL}
 
 _TABLE_PROPERTIES: dict[str, dict[str, str]] = {
     schemas.COMMIT_LOG: {
-        "delta.checkpointInterval": COMMIT_LOG_CHECKPOINT_INTERVAL,
         "delta.setTransactionRetentionDuration": TXN_RETENTION,
         "delta.dataSkippingStatsColumns": ",".join(COMMIT_LOG_STATS_COLUMNS),
     },
 }
+
+
+def table_properties(kind: str) -> dict[str, str]:
+    """The Delta table properties a table of ``kind`` is created with (and given, if missing, when
+    a store created before them is opened)."""
+    return {**_EVERY_TABLE, **_TABLE_PROPERTIES.get(kind, {})}
 
 
 def now_ms() -> int:
@@ -226,7 +232,7 @@ class Store:
             configuration: dict[str, str | None] = {}
             if kind in _STATS_COLUMNS:
                 configuration["delta.dataSkippingNumIndexedCols"] = str(_STATS_COLUMNS[kind])
-            configuration.update(_TABLE_PROPERTIES.get(kind, {}))
+            configuration.update(table_properties(kind))
             configuration[LOG_RETENTION_KEY] = log_retention(self.config)
             custom = None
             if shard is not None:  # a shard's physical offsets start at its base
@@ -264,7 +270,7 @@ class Store:
         if missing:
             raise StoreError(f"table {uri} is not a {name} table: columns {missing} are missing", table=name)
         configured = snap.configuration()
-        wanted = {k: v for k, v in _TABLE_PROPERTIES.get(kind, {}).items() if k not in configured}
+        wanted = {k: v for k, v in table_properties(kind).items() if k not in configured}
         if wanted:  # a store created before the property was introduced
             # Failing here means another process is changing the table; a later open tries again.
             with contextlib.suppress(StoreError):
@@ -449,9 +455,8 @@ class Store:
         )
 
     def _renew_if_aged(self, name: str) -> None:
-        """Swap the shared snapshot of ``name`` for a fresh one once it has moved on by
-        :data:`RENEW_HANDLE_COMMITS` versions."""
-        if self._shared[name].moved_since_open < RENEW_HANDLE_COMMITS:
+        """Swap the shared snapshot of ``name`` for a fresh one once it has aged (:attr:`Snapshot.aged`)."""
+        if not self._shared[name].aged:
             return
         # Failing leaves the aged snapshot: it still works, and the next commit tries again.
         with contextlib.suppress(MQError):

@@ -130,6 +130,23 @@ def test_a_checkpoint_written_by_one_source_never_reaches_the_other(
     assert indexed_version(store) == store.version(schemas.COMMIT_LOG)
 
 
+def test_a_job_stopped_while_writing_its_first_offsets_starts_again(
+    spark_reads: Any, store: Store, topic: str
+) -> None:
+    # Stopped between Spark's temporary offsets file and its rename (the index job of the test below
+    # was, once): Spark then refuses the checkpoint ("should be empty on batch 0").
+    _send(store, topic, 3)
+    location = Path(checkpoint_location(store, "index"))
+    for offsets in (location / "offsets", location / "delta" / "from-0" / "offsets"):
+        offsets.mkdir(parents=True)
+        (offsets / ".0.70090e71-2079-4552-9998-7352c6bbe2ce.tmp").write_bytes(b"")
+        (offsets / "..0.70090e71-2079-4552-9998-7352c6bbe2ce.tmp.crc").write_bytes(b"")
+    stats = IndexStats()
+    query = run_index(spark_reads, store, once=True, stats=stats)
+    assert query.exception() is None and stats.rows == 3
+    assert indexed_version(store) == store.version(schemas.COMMIT_LOG)
+
+
 def test_a_job_stopped_mid_stream_resumes_across_compaction_retention_and_vacuum(
     spark_reads: Any, store: Store, topic: str
 ) -> None:

@@ -83,6 +83,7 @@ def start_query(
         location = f"{location.rstrip('/')}/{subdir}"
         if "/" in subdir.strip("/"):  # one of several starts' (Delta's): the others are stale
             _remove_siblings(location)
+    _clear_unwritten_first_batch(location)
     writer = (
         frame.writeStream.queryName(query_name(store, job))
         .foreachBatch(on_batch)
@@ -109,6 +110,28 @@ def _remove_siblings(location: str) -> None:
         if entry.is_dir():
             shutil.rmtree(entry, ignore_errors=True)
         else:
+            entry.unlink(missing_ok=True)
+
+
+def _clear_unwritten_first_batch(location: str) -> None:
+    """Remove the temporary files a query stopped while writing its first offsets left behind.
+
+    Spark writes ``offsets/<batch>`` through a hidden temporary file and a rename; stopped in
+    between, it leaves ``offsets/.0.<uuid>.tmp`` (and its ``.crc``), and refuses to start on that
+    checkpoint again ("STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY ... should be empty on batch 0").
+    With no batch written, nothing was processed: the leftovers are removed. Local checkpoints only.
+    """
+    path = local_path(location)
+    if path is None:
+        return
+    offsets = Path(path) / "offsets"
+    if not offsets.is_dir():
+        return
+    entries = list(offsets.iterdir())
+    if any(not entry.name.startswith(".") for entry in entries):
+        return  # a batch was written: Spark resumes from it
+    for entry in entries:
+        if ".tmp" in entry.name and entry.is_file():
             entry.unlink(missing_ok=True)
 
 

@@ -27,7 +27,8 @@ from engine.store.commit_log import CommitLogWriter, read_hwm, recover_hwm_by_sc
 from engine.store.delta_log import read_versions
 from engine.store.hostlock import LOCK_DIR, LOCK_ENV, HostLock
 from engine.store.stamping import HighWaterMarks, PendingBatch, PendingMessage, stamp
-from engine.store.store import TXN_RETENTION, now_ms
+from engine.store.store import now_ms
+from engine.store.table_properties import TXN_RETENTION
 from tests.helpers import versions
 
 

@@ -27,7 +27,7 @@ from engine.store.commit_markers import (
 from engine.store.commits import commit_next
 from engine.store.delta import open_snapshot
 from engine.store.marks import MarksDelta
-from engine.store.store import CHECKPOINT_INTERVAL
+from engine.store.table_properties import CHECKPOINT_INTERVAL
 from tests.helpers import age_and_clean_log
 from tests.raw_delta import raw_table
 

@@ -13,7 +13,8 @@ from engine.errors import InvalidArgumentError, StoreError
 from engine.store import schemas
 from engine.store.commit_log import checkpoint_commit_log, read_hwm
 from engine.store.delta_log import table_filesystem
-from engine.store.store import LOG_RETENTION_KEY, Store, log_retention
+from engine.store.store import Store
+from engine.store.table_properties import LOG_RETENTION_KEY, log_retention
 
 # Untracked files are deleted only with a window of at least this many hours: younger, one may be a
 # live writer's commit in the making.

@@ -19,8 +19,8 @@ race (the producer's own decision, its check-back thread, a second producer of t
 job's rollback after too many checks). A half is *decided* iff that app transaction exists, or,
 for a half older than :data:`GUARD_TRUSTED_MS`, iff its decision record is in the commit log: the
 guards carry ``lastUpdated`` and expire after the commit log's ``delta.setTransactionRetentionDuration``
-(:data:`engine.store.table_properties.TXN_RETENTION`, 7 days), so a decision older than that is found by content
-(its ``TRAN_HALF_OFFSET``), and a new decision on such a half writes a fresh guard.
+(:data:`engine.store.table_properties.TXN_RETENTION`, 7 days), so a decision older than that is found
+by content (its ``TRAN_HALF_OFFSET``), and a new decision on such a half writes a fresh guard.
 
 The ``transactions`` table is the conversation with producers and an audit trail: the check job
 (:func:`check_transactions`) appends CHECK requests for halves older than the timeout that have no

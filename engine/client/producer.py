@@ -2,23 +2,29 @@
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 import itertools
 import queue
 import random
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future
 
+from engine.client.sending import (
+    as_sent,
+    has_timer,
+    is_plain,
+    is_plain_batch,
+    send_results,
+    valid_topic_name,
+    writeable_topic,
+)
 from engine.closing import Closing
 from engine.errors import InvalidArgumentError, InvalidMessageError, MQError, ProducerClosedError, StoreError
-from engine.model import Message, SendResult, SendStatus, TopicConfig
+from engine.model import Message, SendResult
 from engine.protocol.delays import clamp_delay_level
 from engine.protocol.message_ids import UniqKeyGenerator
 from engine.protocol.messages import (
-    MAX_BODY_BYTES,
     batch_bytes,
     select_queue_by_hash,
     validate_message_fields,
@@ -26,124 +32,15 @@ from engine.protocol.messages import (
 from engine.protocol.names import (
     PROPERTY_KEYS,
     RESEND_PROPERTIES,
-    SCHEDULE_TOPIC,
     TIMER_REQUEST_PROPERTIES,
-    is_system_topic,
-    is_valid_topic_name,
     validate_group_name,
     validate_topic_name,
 )
-from engine.protocol.permissions import is_writeable
-from engine.protocol.schedule import TIMER_PROPERTIES, real_destination, schedule_envelope, timer_deliver_ms
+from engine.protocol.schedule import TIMER_PROPERTIES, schedule_envelope, timer_deliver_ms
 from engine.store.commit_log import CommitLogWriter
 from engine.store.commit_logs import CommitLogs, ShardPart
-from engine.store.stamping import PendingBatch, PendingMessage, StampedBatch
+from engine.store.stamping import PendingBatch, PendingMessage
 from engine.store.store import Store, now_ms
-
-_SEND_OK = SendStatus.SEND_OK
-# SendResult is a frozen dataclass: its __init__ sets every field through object.__setattr__, which
-# costs more than the rest of a batch send's Python work put together. Results of a batch fill the
-# instance dict directly, which is exactly what __init__ leaves behind (tests compare the two).
-_FILL_DICT = "__slots__" not in vars(SendResult)
-
-
-def _results(stamped: StampedBatch) -> list[SendResult]:
-    """One :class:`SendResult` per message of a committed batch, in input order."""
-    rows = zip(
-        stamped.msg_ids,
-        stamped.uniq_keys,
-        stamped.topics,
-        stamped.queue_ids,
-        stamped.queue_offsets,
-        stamped.physical,
-        strict=True,
-    )
-    if not _FILL_DICT:  # pragma: no cover - a SendResult with slots
-        return [SendResult(_SEND_OK, u, m, t, q, o, p) for m, u, t, q, o, p in rows]
-    new = object.__new__
-    out = []
-    for m, u, t, q, o, p in rows:
-        r = new(SendResult)
-        r.__dict__.update(
-            status=_SEND_OK, msg_id=u, offset_msg_id=m, topic=t, queue_id=q, queue_offset=o, physical_offset=p
-        )
-        out.append(r)
-    return out
-
-
-def _as_sent(result: SendResult, pending: PendingMessage) -> SendResult:
-    """The result a producer reports: a delayed or timer message, stored in the schedule topic,
-    names the topic and queue it was sent to (RocketMQ's SendResult names the queue the producer
-    selected; its queue offset is the schedule queue's, as the broker answers)."""
-    if pending.topic != SCHEDULE_TOPIC:
-        return result
-    real = real_destination(pending.properties or {})
-    if real is None:  # pragma: no cover - the producer always names the real topic
-        return result
-    return dataclasses.replace(result, topic=real.topic, queue_id=real.queue_id)
-
-
-def has_timer(properties: Mapping[str, str]) -> bool:
-    """True when a message's properties ask for a timer (:data:`TIMER_PROPERTIES`)."""
-    return any(name in properties for name in TIMER_PROPERTIES)
-
-
-_valid_topic_name = functools.lru_cache(maxsize=1024)(is_valid_topic_name)
-
-
-def _is_plain(m: Message) -> bool:
-    """A message that needs no further checks: a valid topic name (cached), a bytes body of allowed
-    size, at most a simple tag, no keys, properties or timer. The produce hot path."""
-    tag = m.tags
-    return (
-        type(m.body) is bytes
-        and 0 < len(m.body) <= MAX_BODY_BYTES
-        and (tag is None or (type(tag) is str and tag != "" and "||" not in tag))
-        and not m.keys
-        and not m.properties
-        and m.deliver_at_ms is None
-        and type(m.topic) is str
-        and _valid_topic_name(m.topic)
-    )
-
-
-def _plain_batch(messages: Sequence[object], topic: str) -> bool:
-    """Every item a plain :class:`Message` (see :func:`_is_plain`) of ``topic``, a valid name: the
-    batch needs no further checks. One pass, no call per message."""
-    for m in messages:
-        if type(m) is not Message:
-            return False
-        body, tag, name = m.body, m.tags, m.topic
-        if (
-            (name is not topic and (type(name) is not str or name != topic))
-            or type(body) is not bytes
-            or not 0 < len(body) <= MAX_BODY_BYTES
-            or m.keys
-            or m.properties
-            or m.deliver_at_ms is not None
-            or (tag is not None and (type(tag) is not str or tag == "" or "||" in tag))
-        ):
-            return False
-    return True
-
-
-def _writeable_topic(store: Store, name: str) -> TopicConfig:
-    """The configuration of a topic producers may send to.
-
-    Raises:
-        InvalidMessageError: a system topic, or one without write permission.
-        TopicNotFoundError: no such topic.
-    """
-    if is_system_topic(name):
-        raise InvalidMessageError(
-            f"topic {name!r} is a system topic; producers cannot send to it", topic=name
-        )
-    topic = store.topic(name)
-    if not is_writeable(topic.perm):
-        raise InvalidMessageError(
-            f"topic {topic.name!r} is not writable (perm {topic.perm})", topic=topic.name
-        )
-    return topic
 
 
 class Producer(Closing):
@@ -218,7 +115,7 @@ class Producer(Closing):
     ) -> PendingMessage:
         if not isinstance(message, Message):
             raise InvalidMessageError(f"expected engine.Message, got {type(message).__name__}")
-        plain = _is_plain(message)
+        plain = is_plain(message)
         if not plain:  # the full check names what is wrong
             validate_message_fields(
                 message.topic,
@@ -229,7 +126,7 @@ class Producer(Closing):
                 message.deliver_at_ms,
                 allowed=allowed,
             )
-        topic = _writeable_topic(self._store, message.topic)
+        topic = writeable_topic(self._store, message.topic)
         delay_level = clamp_delay_level(delay_level)  # above 18: 18, as RocketMQ's broker
         qid = self._choose_queue(topic.name, topic.queues, queue_id, sharding_key)
         if plain and not delay_level:
@@ -310,14 +207,14 @@ class Producer(Closing):
         """
         self._check_open()
         pending = self._prepare(message, queue_id, sharding_key, delay_level)
-        return _as_sent(_results(self._writer.append_batch([pending]))[0], pending)
+        return as_sent(send_results(self._writer.append_batch([pending]))[0], pending)
 
     def _resend(self, message: Message) -> SendResult:
         """:meth:`send` of a broker-side copy (a dead letter sent back), which may carry the
         reserved properties :data:`~engine.protocol.names.RESEND_PROPERTIES`."""
         self._check_open()
         pending = self._prepare(message, allowed=RESEND_PROPERTIES | TIMER_REQUEST_PROPERTIES)
-        return _as_sent(_results(self._writer.append_batch([pending]))[0], pending)
+        return as_sent(send_results(self._writer.append_batch([pending]))[0], pending)
 
     def send_batch(self, messages: Sequence[Message], queue_id: int | None = None) -> list[SendResult]:
         """Send several messages of one topic in one Delta commit; results in input order.
@@ -337,8 +234,8 @@ class Producer(Closing):
         if (
             type(first) is Message
             and type(first.topic) is str
-            and _valid_topic_name(first.topic)
-            and _plain_batch(messages, first.topic)
+            and valid_topic_name(first.topic)
+            and is_plain_batch(messages, first.topic)
         ):
             return self._send_plain_batch(first.topic, messages, queue_id)
         if not all(isinstance(m, Message) for m in messages):
@@ -354,7 +251,7 @@ class Producer(Closing):
         if any(m.deliver_at_ms is not None or has_timer(m.properties) for m in messages):
             raise InvalidMessageError("a batch cannot hold delayed or timer messages")
         for m in messages:
-            if not _is_plain(m):  # the full check names what is wrong
+            if not is_plain(m):  # the full check names what is wrong
                 validate_message_fields(m.topic, m.body, m.tags, m.keys, m.properties)
         total = sum(batch_bytes(m.body, m.tags, m.properties, m.keys) for m in messages)
         limit = self._store.config.max_batch_bytes
@@ -379,16 +276,16 @@ class Producer(Closing):
                 props.append(list(m.properties.items()) if m.properties else [])
         uniq = self._ids.next_many(len(bodies))
         batch = PendingBatch.single_queue(topic_name, qid, bodies, uniq, tags, keys, props, now_ms())
-        return _results(self._writer.append_batch(batch))
+        return send_results(self._writer.append_batch(batch))
 
     def _batch_queue(self, topic_name: str, queue_id: int | None) -> tuple[int, str]:
-        topic = _writeable_topic(self._store, topic_name)
+        topic = writeable_topic(self._store, topic_name)
         return self._choose_queue(topic.name, topic.queues, queue_id, None), topic.name
 
     def _send_plain_batch(
         self, topic_name: str, messages: Sequence[Message], queue_id: int | None
     ) -> list[SendResult]:
-        """:meth:`send_batch` of plain messages (checked by :func:`_plain_batch`): columns at once."""
+        """:meth:`send_batch` of plain messages (checked by :func:`is_plain_batch`): columns at once."""
         bodies = [m.body for m in messages]
         tags = [m.tags for m in messages]
         # As RocketMQ's MessageBatch: a tag travels as the property TAGS\x01<tag>\x02 (6 bytes + tag).
@@ -402,7 +299,7 @@ class Producer(Closing):
         qid, name = self._batch_queue(topic_name, queue_id)
         uniq = self._ids.next_many(len(bodies))
         batch = PendingBatch.single_queue(name, qid, bodies, uniq, tags, None, None, now_ms())
-        return _results(self._writer.append_batch(batch))
+        return send_results(self._writer.append_batch(batch))
 
     def send_async(
         self, message: Message, queue_id: int | None = None, sharding_key: str | None = None
@@ -478,9 +375,9 @@ class Producer(Closing):
                         batch[i][1].set_exception(part.error)
                     continue
                 assert part.stamped is not None
-                for i, result in zip(part.positions, _results(part.stamped), strict=True):
+                for i, result in zip(part.positions, send_results(part.stamped), strict=True):
                     pending, fut = batch[i]
-                    fut.set_result(_as_sent(result, pending))
+                    fut.set_result(as_sent(result, pending))
         except MQError as exc:
             for _, fut in batch:
                 if not fut.done():

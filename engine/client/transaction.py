@@ -14,7 +14,8 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from engine.client.producer import Producer, has_timer
+from engine.client.producer import Producer
+from engine.client.sending import has_timer
 from engine.errors import InvalidArgumentError, InvalidMessageError, TransactionError
 from engine.model import Message, MessageExt, SendResult, SendStatus
 from engine.protocol.names import TRANS_HALF_TOPIC, validate_group_name

@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from concurrent.futures import Future
 
-from engine.client.producer import Producer, _as_sent, _results, has_timer
+from engine.client.producer import Producer
+from engine.client.sending import as_sent, has_timer, send_results
 from engine.errors import InvalidMessageError
 from engine.model import SendResult
 from engine.protocol.messages import batch_bytes
@@ -46,7 +47,7 @@ class WireProducer(Producer):
     def append_prepared(self, pending: PendingMessage) -> SendResult:
         """Commit a message the endpoint built itself (a retry send's copy) through the producer's writer."""
         self._check_open()
-        return _as_sent(_results(self._writer.append_batch([pending]))[0], pending)
+        return as_sent(send_results(self._writer.append_batch([pending]))[0], pending)
 
     def send_half(self, item: IncomingMessage, queue_id: int, group: str) -> HalfMessage:
         """Store a client's transactional message as a half message of producer group ``group``.
@@ -103,4 +104,4 @@ class WireProducer(Producer):
                 f"at most {limit} are allowed"
             )
         pending = [self._wire_pending(i, queue_id) for i in items]
-        return _results(self._writer.append_batch(pending))
+        return send_results(self._writer.append_batch(pending))

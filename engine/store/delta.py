@@ -39,9 +39,10 @@ from engine.store.delta_log import read_version, table_filesystem
 # refresh (update_incremental) keeps them too, even past a newer checkpoint. On the bench machine
 # (bench/commit_cost.py) an append costs 4 ms on a fresh handle and 42 ms once the handle has moved
 # on by 400 versions. So long-lived handles are reopened (:attr:`Snapshot.aged`) after this many
-# versions, or as soon as they have moved past a checkpoint (a reopen then starts from it): on a
-# 51-file table checkpointed every 10 versions, a 19-column one-row append took 12.8 ms with a
-# reopen every 32 versions and 7.6 ms with a reopen after each checkpoint (never reopened: 30.3 ms).
+# versions, or after the table's checkpoint interval if that is shorter (they have then moved past a
+# checkpoint, which a reopen starts from): on a 51-file table checkpointed every 10 versions, a
+# 19-column one-row append took 12.8 ms with a reopen every 32 versions and 7.6 ms with a reopen
+# after each checkpoint (never reopened: 30.3 ms).
 RENEW_HANDLE_COMMITS = 32
 # Reads of a log listed mid-commit (see Snapshot._reloading) before giving up.
 LISTING_ATTEMPTS = 4
@@ -149,14 +150,10 @@ class Snapshot:
     @property
     def aged(self) -> bool:
         """Whether reopening the handle would make it cheaper to use: it has moved on by
-        :data:`RENEW_HANDLE_COMMITS` versions, or by at least the table's checkpoint interval
-        (``delta.checkpointInterval``) and past a version it checkpoints at."""
-        version = self.version()
-        moved = version - self._opened_at
-        if moved >= RENEW_HANDLE_COMMITS:
-            return True
-        interval = checkpoint_interval(self)
-        return moved >= interval and version // interval > self._opened_at // interval
+        :data:`RENEW_HANDLE_COMMITS` versions, or by the table's checkpoint interval
+        (``delta.checkpointInterval``) if shorter, which takes it past a checkpoint version."""
+        moved = self.moved_since_open
+        return moved >= RENEW_HANDLE_COMMITS or moved >= checkpoint_interval(self)
 
     def refresh(self) -> Snapshot:
         """Move on to the latest version; returns itself.

@@ -56,7 +56,8 @@ from deltalake.transaction import AddAction, RemoveAction  # noqa: E402
 
 from engine import Store  # noqa: E402
 from engine.store import schemas  # noqa: E402
-from engine.store.commit_log import CommitLogWriter, read_hwm  # noqa: E402
+from engine.store.commit_log import CommitLogWriter  # noqa: E402
+from engine.store.commit_log_marks import read_hwm  # noqa: E402
 from engine.store.commit_markers import HWM_KEY  # noqa: E402
 from engine.store.delta import Snapshot  # noqa: E402
 from engine.store.stamping import HighWaterMarks, PendingBatch, PendingMessage, stamp  # noqa: E402

@@ -42,7 +42,8 @@ from engine.broker.maintenance import (
 )
 from engine.protocol.index_keys import KIND_KEY, KIND_UNIQ_KEY
 from engine.store import commit_log, schemas
-from engine.store.commit_log import CommitLogWriter, read_hwm
+from engine.store.commit_log import CommitLogWriter
+from engine.store.commit_log_marks import read_hwm
 from engine.store.commit_markers import CQ_KEY, HWM_KEY
 from engine.store.consume_queue import queue_marks
 from engine.store.consumer_offset import OffsetStore

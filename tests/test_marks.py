@@ -11,7 +11,8 @@ from deltalake import CommitProperties, write_deltalake
 import engine.store.commit_log as sequencer
 from engine import Store
 from engine.store import schemas
-from engine.store.commit_log import CommitLogWriter, read_hwm
+from engine.store.commit_log import CommitLogWriter
+from engine.store.commit_log_marks import read_hwm
 from engine.store.commit_markers import HWM_KEY, MARKS_KEY
 from engine.store.delta import RENEW_HANDLE_COMMITS
 from engine.store.marks import COVER_COMMITS, MIN_SLICE, HighWaterMarks, MarksDelta, Rebuild, slice_size

@@ -15,7 +15,7 @@ from engine.broker.dispatch import dispatch_pending
 from engine.broker.maintenance import checkpoint, retain
 from engine.config import load_config
 from engine.errors import StoreError
-from engine.store import commit_log, marks_snapshots, schemas
+from engine.store import commit_log_marks, marks_snapshots, schemas
 from engine.store.marks import HighWaterMarks
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -83,7 +83,7 @@ def test_the_writers_own_checkpoint_saves_the_marks_first(store: Store, topic: s
     assert store.version(schemas.COMMIT_LOG) == 100
     saved = marks_snapshots.load(store.uri(schemas.COMMIT_LOG), None, 100)
     assert saved is not None and saved[0] == 100
-    expected = commit_log.read_hwm(store.snapshot(schemas.COMMIT_LOG))
+    expected = commit_log_marks.read_hwm(store.snapshot(schemas.COMMIT_LOG))
     assert saved[1].to_json() == expected.to_json()
 
 

@@ -8,6 +8,7 @@ import os
 import shutil
 import threading
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +20,15 @@ from deltalake.exceptions import CommitFailedError
 import engine.store.commit_log as sequencer
 import engine.store.commits as commits
 import engine.store.delta as delta
+import engine.store.direct_append as direct_append
 from engine import CommitConflictError, Message, Producer, Store, StoreError
 from engine.model import SysFlag
 from engine.protocol import record_size, tags_code
 from engine.store import schemas
-from engine.store.commit_log import CommitLogWriter, read_hwm, recover_hwm_by_scan
+from engine.store.commit_log import CommitLogWriter
+from engine.store.commit_log_marks import read_hwm, recover_hwm_by_scan
 from engine.store.delta_log import read_versions
+from engine.store.direct_append import DIRECT_ENV, DirectAppender
 from engine.store.hostlock import LOCK_DIR, LOCK_ENV, HostLock
 from engine.store.stamping import HighWaterMarks, PendingBatch, PendingMessage, stamp
 from engine.store.store import now_ms
@@ -54,6 +58,23 @@ def _pending(topic: str, qid: int, body: bytes) -> PendingMessage:
     return PendingMessage(topic=topic, queue_id=qid, body=body, uniq_key=body.hex())
 
 
+@pytest.fixture(params=["direct", "delta-rs"])
+def commit_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Writers made in the test commit directly, or (``MQ_DIRECT_APPEND=0``) through delta-rs."""
+    monkeypatch.setenv(DIRECT_ENV, "1" if request.param == "direct" else "0")
+    return str(request.param)
+
+
+def _wrap_commit(
+    monkeypatch: pytest.MonkeyPatch, path: str, wrap: Callable[[Callable[..., Any]], Any]
+) -> None:
+    """Replace the call that commits an append on ``path`` by ``wrap(original)``."""
+    if path == "direct":
+        monkeypatch.setattr(DirectAppender, "commit", wrap(DirectAppender.commit))
+    else:
+        monkeypatch.setattr(commits, "write_deltalake", wrap(write_deltalake))
+
+
 def test_stale_writer_catches_up_before_stamping(store: Store, topic: str) -> None:
     a, b = CommitLogWriter(store), CommitLogWriter(store)
     a.append([_pending(topic, 0, b"a0")])  # b's snapshot is older than this once it loads
@@ -68,7 +89,7 @@ def test_stale_writer_catches_up_before_stamping(store: Store, topic: str) -> No
 
 @pytest.mark.parametrize("host_lock", [True, False])
 def test_writer_that_loses_the_race_to_commit_restamps(
-    store: Store, topic: str, monkeypatch: pytest.MonkeyPatch, host_lock: bool
+    store: Store, topic: str, monkeypatch: pytest.MonkeyPatch, host_lock: bool, commit_path: str
 ) -> None:
     # A writer without the lock (another host, maintenance, MQ_SEQUENCER_LOCK=0) commits between
     # our catch-up and our commit: we lose the race, catch up and stamp again.
@@ -76,16 +97,19 @@ def test_writer_that_loses_the_race_to_commit_restamps(
     a.append([_pending(topic, 0, b"a0")])
     raced: list[bool] = []
 
-    def rival_commits_first(*args: Any, **kwargs: Any) -> None:
-        if not raced:
-            raced.append(True)
-            monkeypatch.setattr(commits, "write_deltalake", write_deltalake)
-            rival.append([_pending(topic, 0, b"rival")])
-        write_deltalake(*args, **kwargs)
+    def rival_commits_first(original: Callable[..., Any]) -> Callable[..., Any]:
+        def commit(*args: Any, **kwargs: Any) -> Any:
+            if not raced:
+                raced.append(True)
+                rival.append([_pending(topic, 0, b"rival")])
+            return original(*args, **kwargs)
 
-    monkeypatch.setattr(commits, "write_deltalake", rival_commits_first)
+        return commit
+
+    _wrap_commit(monkeypatch, commit_path, rival_commits_first)
     [stamped] = a.append([_pending(topic, 0, b"a1")])
     assert a.conflicts == 1
+    assert a.direct == (commit_path == "direct")
     rows = _rows_with_versions(store)
     assert [r["body"] for r in rows] == [b"a0", b"rival", b"a1"]
     assert stamped.queue_offset == 2 and stamped.physical_offset == rows[2]["physical_offset"]
@@ -224,12 +248,17 @@ def test_lock_is_not_needed_for_correctness(store: Store, topic: str) -> None:
 
 
 def test_conflicts_exhausted_raise_retryable_error_and_write_nothing(
-    store: Store, topic: str, monkeypatch: pytest.MonkeyPatch
+    store: Store, topic: str, monkeypatch: pytest.MonkeyPatch, commit_path: str
 ) -> None:
-    def always_conflict(*args: Any, **kwargs: Any) -> None:
-        raise CommitFailedError("version exists")
+    def always_conflict(original: Callable[..., Any]) -> Callable[..., Any]:
+        def commit(*args: Any, **kwargs: Any) -> None:
+            if commit_path == "direct":
+                raise CommitConflictError("version exists")
+            raise CommitFailedError("version exists")
 
-    monkeypatch.setattr(commits, "write_deltalake", always_conflict)
+        return commit
+
+    _wrap_commit(monkeypatch, commit_path, always_conflict)
     store = Store.open(store.root, config=store.config.replace(max_commit_attempts=3))
     before = versions(store)
     with pytest.raises(CommitConflictError) as info:
@@ -239,14 +268,17 @@ def test_conflicts_exhausted_raise_retryable_error_and_write_nothing(
 
 
 def test_io_error_is_a_failed_send_with_nothing_committed(
-    store: Store, topic: str, monkeypatch: pytest.MonkeyPatch
+    store: Store, topic: str, monkeypatch: pytest.MonkeyPatch, commit_path: str
 ) -> None:
     def broken_disk(*args: Any, **kwargs: Any) -> None:
         raise OSError(5, "Input/output error")
 
     before = versions(store)
     with Producer(store) as p:
-        monkeypatch.setattr(commits, "write_deltalake", broken_disk)
+        if commit_path == "direct":
+            monkeypatch.setattr(direct_append.os, "link", broken_disk)
+        else:
+            monkeypatch.setattr(commits, "write_deltalake", broken_disk)
         with pytest.raises(StoreError, match="nothing was stored"):
             p.send(Message(topic, b"x"))
         monkeypatch.undo()
@@ -398,7 +430,7 @@ def test_writer_renews_its_handle_as_it_ages_and_keeps_offsets_dense(
 ) -> None:
     # A delta-rs handle slows down with every version it moves on by: the writer reopens it.
     monkeypatch.setattr(delta, "RENEW_HANDLE_COMMITS", 3)
-    writer, other = CommitLogWriter(store), CommitLogWriter(store)
+    writer, other = CommitLogWriter(store, direct=False), CommitLogWriter(store, direct=False)
     opens = _count_commit_log_opens(store, monkeypatch)
     stamped = []
     for i in range(7):
@@ -415,7 +447,7 @@ def test_failed_handle_renewal_keeps_the_committed_batch_and_reopens_on_the_next
     store: Store, topic: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(delta, "RENEW_HANDLE_COMMITS", 2)
-    writer = CommitLogWriter(store)
+    writer = CommitLogWriter(store, direct=False)
     opens = _count_commit_log_opens(store, monkeypatch, fail_at=1)  # the first renewal fails
     results = [writer.append([_pending(topic, 0, f"{i}".encode())])[0] for i in range(4)]
     assert len(opens) >= 3  # first open, the failed renewal, the reopen on the next append

@@ -14,7 +14,8 @@ from engine.protocol.message_ids import make_msg_id, parse_msg_id
 from engine.protocol.shards import MAX_SHARDS, SHARD_SHIFT, shard_base, shard_of_offset, shard_of_queue
 from engine.protocol.tags import java_string_hashcode
 from engine.store import schemas
-from engine.store.commit_log import CommitLogWriter, read_hwm, recover_hwm_by_scan
+from engine.store.commit_log import CommitLogWriter
+from engine.store.commit_log_marks import read_hwm, recover_hwm_by_scan
 from engine.store.stamping import PendingMessage
 
 

@@ -25,7 +25,8 @@ from engine.protocol import SCHEDULE_TOPIC
 from engine.protocol.shards import SHARD_SHIFT
 from engine.store import schemas
 from engine.store import store as _store_module
-from engine.store.commit_log import COMMIT_LOG_ROW_GROUP_ROWS, read_hwm
+from engine.store.commit_log import COMMIT_LOG_ROW_GROUP_ROWS
+from engine.store.commit_log_marks import read_hwm
 from engine.store.commit_markers import CQ_KEY
 from engine.store.consume_queue import QueueMarks, queue_marks
 from engine.store.data_files import (

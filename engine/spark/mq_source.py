@@ -60,7 +60,7 @@ from engine.errors import InvalidArgumentError, StoreError
 from engine.protocol.selectors import MessageSelector
 from engine.spark.mq_options import SHORT_NAME, Position, ReadOptions, StoreRef, WriteOptions
 from engine.store import schemas
-from engine.store.commit_log import read_hwm
+from engine.store.commit_log_marks import read_hwm
 from engine.store.consume_queue import QueueIndex
 from engine.store.consumer_offset import OffsetStore
 from engine.store.delta_log import read_version

@@ -22,34 +22,24 @@ which they append without it.
 Without the lock, racing writers are paced so that they take turns (:mod:`engine.store.pacing`):
 a loser first waits (a jittered pause of about one commit time per rival writer, halved for every
 further race it lost in a row) and only then catches up, so it stamps from the newest version
-instead of from one already stale after the pause (before, it caught up and then slept, and lost
-again to whatever landed meanwhile); a writer that wins while the race is hot holds its next append
-back by about one commit time per rival, since its current handle would otherwise win again. Rivals
-are counted from the commits a writer missed: each batch id is ``<writer>-<batch>``. The give-up
-rule stays (``max_commit_attempts`` lost races in a row raise the retryable
-:class:`CommitConflictError`). Measured with ``bench/contention.py --writers 8 --sends 40 --no-lock``
-on the 2-core bench machine while it was shared (1-minute load average 10 to 25, so the figures are
-noisy): before, 7 msg/s, send p50 161 ms, p99 10.1 s, max 18.1 s, 753 lost races; after, 11 msg/s,
-p50 538 ms, p99 2.9 s, max 5.9 s, 409 lost races; no writer gave up in either 40-send run (the
-150-send runs of issue 13 saw 4 of 8 give up before). Pacing trades the median for the tail: the
-lucky writer no longer wins every race. 16 writers x 15 sends: none gave up, longest wait 3.6 s
-at load 10; at load 25 to 40 (more runnable processes than the 2 cores serve by 20x), 3 msg/s, 917
-lost races and a 51 s longest wait against 2.5 msg/s, 1,528 and 59 s before: when every attempt
-takes seconds of wall time, pacing cannot shorten the race window much.
+instead of from one already stale after the pause; a writer that wins while the race is hot holds
+its next append back by about one commit time per rival. Rivals are counted from the commits a
+writer missed: each batch id is ``<writer>-<batch>``. ``max_commit_attempts`` lost races in a row
+raise the retryable :class:`CommitConflictError`.
 
 A lost race rewrites the batch's data file: the offsets are columns of the rows (``physical_offset``,
 ``queue_offset``, ``store_ts_ms`` and the ``msg_id`` made from the physical offset; the table is
 self-describing and compaction-safe), so there is no cheaper re-stamp that keeps files readable by
-any Delta reader. Pacing makes races rarer instead. With the lock, only writers of other hosts and
-maintenance commits still cause them.
+any Delta reader.
 
-What an append costs is mostly delta-rs's, and grows with two things (``bench/commit_cost.py``):
-the table's live data files, mildly (one message: about 4 ms at 50 files, 10-15 ms at 2000 on the
-2-core bench machine), and the number of versions the writer's DeltaTable handle has moved on by
-since it was opened, steeply (the handle keeps one more Arrow batch of file actions per version and
-every commit goes over all of them: 4 ms fresh, 42 ms after 400 versions). The writer therefore
-reopens its handle once it has aged (:attr:`~engine.store.delta.Snapshot.aged`). Refreshing a
-snapshot by one version costs about as much as an append, so lost races are expensive.
+On a local store a batch without app transactions is committed by the writer itself
+(:mod:`engine.store.direct_append`: pyarrow writes the file, the commit file is put at the next
+version with put-if-absent), and a writer catches up by reading the commit files it missed: about
+2.5 ms per one-message append against 12 ms through delta-rs, whose handle the writer then keeps
+only for what needs it (app transactions, checkpoints, object stores; ``MQ_DIRECT_APPEND=0`` sends
+everything through it). Through delta-rs an append's cost grows with the table's live files and
+with the versions the handle has moved on by since it was opened, so the writer reopens an aged
+handle (:attr:`~engine.store.delta.Snapshot.aged`).
 """
 
 from __future__ import annotations
@@ -60,9 +50,8 @@ import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from typing import Any
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from deltalake import ColumnProperties, WriterProperties
 
 from engine.config import SYNC_FLUSH
@@ -73,17 +62,19 @@ from engine.errors import (
     InvalidArgumentError,
     StoreError,
 )
-from engine.protocol.shards import shard_base, shard_of_queue
-from engine.store import marks_snapshots, schemas
+from engine.protocol.shards import shard_of_queue
+from engine.store import schemas
+from engine.store.commit_log_marks import checkpoint_commit_log, read_hwm
 from engine.store.commit_markers import BATCH_KEY, EXPIRING_APP_PREFIX, HWM_KEY, MARKS_KEY
-from engine.store.commits import NO_HOOKS, checkpoint_if_due, commit_next
-from engine.store.delta import MAX_WALK_BACK, Snapshot
+from engine.store.commits import NO_HOOKS, checkpoint_if_due, checkpoint_interval, commit_next
+from engine.store.delta import RENEW_HANDLE_COMMITS, Snapshot
 from engine.store.delta import (
     app_transactions as delta_transactions,
 )
+from engine.store.direct_append import DirectAppender, direct_append_enabled, direct_appender
 from engine.store.durability import fsync_version
 from engine.store.hostlock import LOCK_DIR, LOCK_WAIT_S, HostLock, host_lock_enabled
-from engine.store.marks import HighWaterMarks, Rebuild, replay
+from engine.store.marks import HighWaterMarks, replay
 from engine.store.pacing import RacePacer
 from engine.store.stamping import (
     NOTHING,
@@ -96,92 +87,22 @@ from engine.store.stamping import (
 from engine.store.store import Store, now_ms
 
 
-def read_hwm(snapshot: Snapshot) -> HighWaterMarks:
-    """High-water marks as of ``snapshot``'s version.
-
-    Walks back from that version over the commits' marks until they name every queue, or to the
-    newest full mark (see :mod:`engine.store.marks`); if the log no longer holds enough of them,
-    recovers the marks by scanning the table.
-    """
-    rebuild = Rebuild(HWM_KEY, MARKS_KEY)
-    version = snapshot.version()
-    for v in range(version, max(version - MAX_WALK_BACK, -1), -1):
-        try:
-            info = snapshot.commit_info(v)
-        except CommitTruncatedError:
-            raise
-        except StoreError:
-            break  # older commits were cleaned up after a checkpoint
-        if rebuild.add(info):
-            break
-    marks = rebuild.result()
-    if marks is None:
-        marks = _from_saved_marks(snapshot)
-    return marks if marks is not None else recover_hwm_by_scan(snapshot)
-
-
-def _from_saved_marks(snapshot: Snapshot) -> HighWaterMarks | None:
-    """The marks saved at the newest checkpoint (:mod:`engine.store.marks_snapshots`), moved on
-    over the commits since; None when there are none or those commits are gone too."""
-    version = snapshot.version()
-    saved = marks_snapshots.load(snapshot.uri, snapshot.storage_options, version)
-    if saved is None:
-        return None
-    base, hwm = saved
-    try:
-        replay(hwm, (snapshot.commit_info(v) for v in range(base + 1, version + 1)), HWM_KEY, MARKS_KEY)
-    except CommitTruncatedError:
-        raise
-    except StoreError:
-        return None
-    return hwm
-
-
 def _writer_of(info: Mapping[str, object]) -> str:
     """The writer id prefixing a commit's batch id ("" for commits of other kinds)."""
     batch = info.get(BATCH_KEY)
     return batch.split("-", 1)[0] if isinstance(batch, str) and "-" in batch else ""
 
 
-def checkpoint_commit_log(snapshot: Snapshot, hwm: HighWaterMarks, *, cleanup: bool = True) -> None:
-    """Checkpoint the commit log at ``snapshot``'s version, whose marks are ``hwm``: the marks are
-    saved first, since the cleanup may delete the commits that carry them.
-
-    Raises:
-        StoreError: the marks or the checkpoint could not be written (no cleanup happened then).
-    """
-    marks_snapshots.save(snapshot.uri, snapshot.storage_options, snapshot.version(), hwm)
-    snapshot.checkpoint(cleanup=cleanup)
-
-
-def recover_hwm_by_scan(snapshot: Snapshot) -> HighWaterMarks:
-    """Rebuild the marks from the rows themselves (slow; only when the log lost them)."""
-    table = snapshot.dataset().to_table(
-        columns=["physical_offset", "size", "topic", "queue_id", "queue_offset", "store_ts_ms"]
-    )
-    hwm = HighWaterMarks()
-    if table.num_rows == 0:
-        hwm.physical = shard_base(schemas.shard_of_table(snapshot.name) or 0)
-        return hwm
-    ends = pc.add(table["physical_offset"], pc.cast(table["size"], pa.int64()))
-    hwm.physical = int(pc.max(ends).as_py())
-    hwm.store_ts_ms = int(pc.max(table["store_ts_ms"]).as_py())
-    grouped = table.group_by(["topic", "queue_id"]).aggregate([("queue_offset", "max")])
-    for row in grouped.to_pylist():
-        offsets = hwm.queues.setdefault(row["topic"], [])
-        while len(offsets) <= row["queue_id"]:
-            offsets.append(0)
-        offsets[row["queue_id"]] = int(row["queue_offset_max"]) + 1
-    return hwm
-
-
 # Small row groups let a pull read a few hundred rows instead of a whole micro-batch file.
 COMMIT_LOG_ROW_GROUP_ROWS = 256
 # Bodies are never filtered on and rarely repeat: no dictionary attempt and no page statistics for
 # them (both cost CPU on every write and buy nothing).
+_PLAIN_COLUMNS = ("body",)
 _WRITER_PROPERTIES = WriterProperties(
     max_row_group_size=COMMIT_LOG_ROW_GROUP_ROWS,
-    column_properties={"body": ColumnProperties(dictionary_enabled=False, statistics_enabled="NONE")},
+    column_properties={
+        name: ColumnProperties(dictionary_enabled=False, statistics_enabled="NONE") for name in _PLAIN_COLUMNS
+    },
 )
 # Checkpoints are written after the host lock is released (see CommitLogWriter.append): a
 # checkpoint of a table of many small files takes longer than the commit it follows.
@@ -195,7 +116,9 @@ class CommitLogWriter:
     enough.
 
     Thread-safe: batches from several threads are committed one after another. On a local store,
-    writers of the host take turns on :class:`HostLock` (see the module docstring).
+    writers of the host take turns on :class:`HostLock` (see the module docstring), and batches
+    without app transactions are committed directly (:mod:`engine.store.direct_append`) when the
+    table allows it.
 
     Args:
         store: the store to append to.
@@ -204,6 +127,8 @@ class CommitLogWriter:
         lock_wait_s: longest wait for the lock before an append goes ahead without it.
         shard: the commit-log shard appended to (:mod:`engine.protocol.shards`); default 0, the
             only one of a store without shards.
+        direct: commit appends without delta-rs where the table allows it; default
+            ``MQ_DIRECT_APPEND`` (on unless ``0``).
 
     Raises:
         InvalidArgumentError: ``shard`` is not one of the store's shards.
@@ -216,6 +141,7 @@ class CommitLogWriter:
         host_lock: bool | None = None,
         lock_wait_s: float = LOCK_WAIT_S,
         shard: int = 0,
+        direct: bool | None = None,
     ) -> None:
         if isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard < store.commit_log_shards:
             raise InvalidArgumentError(
@@ -226,8 +152,13 @@ class CommitLogWriter:
         self._store = store
         self.shard = shard
         self.table = schemas.commit_log_table(shard)
-        self._dt: Snapshot | None = None
+        # The marks as of ``_version``; the delta-rs handle may lag behind it (direct appends do not
+        # move it) and is brought to it when a commit goes through delta-rs.
+        self._version = -1
         self._hwm: HighWaterMarks | None = None
+        self._dt: Snapshot | None = None
+        self._direct_allowed = (direct_append_enabled() if direct is None else direct) and store.is_local
+        self._direct: DirectAppender | None = None  # decided on every load of the handle
         self._lock = threading.Lock()
         use_lock = host_lock_enabled() if host_lock is None else host_lock
         self._host_lock = (
@@ -247,17 +178,26 @@ class CommitLogWriter:
         self._pacer = RacePacer()
         self._writer_id = uuid.uuid4().hex[:8]
 
-    def _catch_up(self, *, reopen: bool = False) -> tuple[Snapshot, HighWaterMarks]:
-        """Move the handle (a new one with ``reopen``) to the latest version and the marks with it:
-        by applying the commits since the marks' version when there are few (the marks are kept in
-        memory), else by rebuilding them from the log."""
-        base = self._dt.version() if self._dt is not None else -1
-        self._dt = self._store.caught_up(self.table, None if reopen else self._dt)
-        latest = self._dt.version()
+    @property
+    def direct(self) -> bool:
+        """Whether the next append without app transactions is committed directly."""
+        return self._direct is not None
+
+    def _catch_up(self, *, reopen: bool = False) -> None:
+        """Move the marks to the latest version: by reading the commit files after them when
+        appending directly (:meth:`_follow_log`), else with the delta-rs handle (a new one with
+        ``reopen``)."""
+        if not reopen and self._follow_log():
+            return
+        base = self._version if self._hwm is not None else -1
+        dt = self._dt
+        if dt is not None and base - dt.version() >= RENEW_HANDLE_COMMITS:
+            reopen = True  # a handle far behind is cheaper opened anew than moved on
+        self._dt = dt = self._store.caught_up(self.table, None if reopen else dt)
+        latest = dt.version()
         hwm, self._hwm = self._hwm, None
         if hwm is not None and 0 <= base <= latest and latest - base <= REPLAY_COMMITS:
             try:
-                dt = self._dt
                 infos = [dt.commit_info(v) for v in range(base + 1, latest + 1)]
                 replay(hwm, infos, HWM_KEY, MARKS_KEY)
                 self._hwm = hwm
@@ -267,17 +207,51 @@ class CommitLogWriter:
             except StoreError:
                 pass
         if self._hwm is None:
-            self._hwm = read_hwm(self._dt)
-        return self._dt, self._hwm
+            self._hwm = read_hwm(dt)
+        self._version = latest
+        self._direct = (
+            direct_appender(dt, schemas.COMMIT_LOG_SCHEMA, _PLAIN_COLUMNS, COMMIT_LOG_ROW_GROUP_ROWS)
+            if self._direct_allowed
+            else None
+        )
+
+    def _follow_log(self) -> bool:
+        """Apply the commits after the marks' version by reading their files (a direct appender's
+        catch-up). False, with nothing changed, when that does not do: no direct appender or marks
+        yet, a commit that changed the table's protocol or metadata, too many commits, or a
+        checkpoint past the last one found (see :meth:`DirectAppender.passed_by_checkpoint`)."""
+        direct, hwm = self._direct, self._hwm
+        if direct is None or hwm is None or self._version < 0:
+            return False
+        version = self._version
+        infos: list[Mapping[str, Any]] = []
+        while True:
+            commit = direct.read_commit(version + 1)
+            if commit is None:
+                break
+            if commit.changes_table or len(infos) >= REPLAY_COMMITS:
+                return False
+            infos.append(commit.commit_info)
+            version += 1
+        if direct.passed_by_checkpoint(version):
+            return False
+        replay(hwm, infos, HWM_KEY, MARKS_KEY)
+        self._version = version
+        self._pacer.saw((_writer_of(info) for info in infos), self._writer_id, time.monotonic())
+        return True
 
     def _behind(self) -> bool:
-        """Whether a newer commit than our snapshot exists: a file probe on local stores, so a
-        writer that is behind catches up before stamping instead of writing a doomed file."""
-        if self._dt is None or self._hwm is None:
+        """Whether a newer commit than the marks' exists: a file probe on local stores, so a writer
+        that is behind catches up before stamping instead of writing a doomed file. A direct
+        appender also counts as behind when a checkpoint stands past its version (the commit files
+        after it may have been cleaned up)."""
+        if self._hwm is None or self._version < 0:
             return True
         if self._log_dir is None:
             return False  # an object store: find out by committing (a conflict catches up)
-        return os.path.exists(os.path.join(self._log_dir, f"{self._dt.version() + 1:020d}.json"))
+        if os.path.exists(os.path.join(self._log_dir, f"{self._version + 1:020d}.json")):
+            return True
+        return self._direct is not None and self._direct.passed_by_checkpoint(self._version)
 
     def append(
         self,
@@ -396,11 +370,24 @@ class CommitLogWriter:
     def _checkpoint_if_due(self, version: int) -> None:
         """Write the checkpoint Delta's post-commit hook would have written at ``version``, with the
         marks saved first (:func:`checkpoint_commit_log`); best effort (:func:`checkpoint_if_due`).
-        """
+        After a direct append the delta-rs handle lags: a handle is opened at ``version`` for the
+        checkpoint and kept, a fresh one."""
         dt, hwm = self._dt, self._hwm
-        if dt is None or hwm is None:
+        if dt is None or hwm is None or version <= 0:
             return
+        if dt.version() != version:
+            if version % checkpoint_interval(dt):
+                return
+            try:
+                self._dt = dt = self._store.snapshot(self.table, version)
+            except StoreError:
+                return
         checkpoint_if_due(dt, version, lambda cleanup: checkpoint_commit_log(dt, hwm, cleanup=cleanup))
+
+    def _forget(self) -> None:
+        """Drop the handle and the marks: the next append loads both anew (after a failure that may
+        have left them behind the log)."""
+        self._dt, self._hwm, self._version, self._direct = None, None, -1, None
 
     def _append_locked(
         self,
@@ -409,34 +396,42 @@ class CommitLogWriter:
         custom_metadata: Mapping[str, str] | None,
         racing: bool,
     ) -> StampedBatch:
-        assert self._dt is not None and self._hwm is not None
         store_id = self._store.store_id
         attempts = self._store.config.max_commit_attempts
         batch_id = f"{self._writer_id}-{uuid.uuid4().hex}"
         for attempt in range(attempts):
             if attempt and self._behind():
                 self._catch_up()  # after the pause: the commits landed meanwhile are seen too
-            dt, hwm = self._dt, self._hwm
-            assert dt is not None and hwm is not None
+            direct = None if txns else self._direct
+            if direct is None and (self._dt is None or self._dt.version() != self._version):
+                self._catch_up(reopen=self._dt is None)  # delta-rs commits on a handle at the marks
+                direct = None if txns else self._direct
+            hwm, base_version = self._hwm, self._version
+            assert hwm is not None
             began = time.monotonic()
-            base_version = dt.version()
-            if any(dt.app_version(app) >= v for app, v in txns.items()):
-                return NOTHING
             now = now_ms()
-            table, results, delta = stamp(batch, hwm, store_id, now)
+            metadata = {**(custom_metadata or {}), BATCH_KEY: batch_id}
             try:
-                version = commit_next(
-                    dt,
-                    rows=table,
-                    transactions=delta_transactions(txns, EXPIRING_APP_PREFIX, now),
-                    custom_metadata={
-                        **(custom_metadata or {}),
-                        MARKS_KEY: hwm.compact_json(delta, base_version + 1),
-                        BATCH_KEY: batch_id,
-                    },
-                    writer_properties=_WRITER_PROPERTIES,
-                    hooks=NO_HOOKS,
-                )
+                if direct is not None:
+                    table, results, delta = stamp(batch, hwm, store_id, now)
+                    metadata[MARKS_KEY] = hwm.compact_json(delta, base_version + 1)
+                    direct.commit(base_version + 1, direct.write_file(table), metadata)
+                    version = base_version + 1
+                else:
+                    dt = self._dt
+                    assert dt is not None
+                    if any(dt.app_version(app) >= v for app, v in txns.items()):
+                        return NOTHING
+                    table, results, delta = stamp(batch, hwm, store_id, now)
+                    metadata[MARKS_KEY] = hwm.compact_json(delta, base_version + 1)
+                    version = commit_next(
+                        dt,
+                        rows=table,
+                        transactions=delta_transactions(txns, EXPIRING_APP_PREFIX, now),
+                        custom_metadata=metadata,
+                        writer_properties=_WRITER_PROPERTIES,
+                        hooks=NO_HOOKS,
+                    )
             except CommitConflictError:
                 self.conflicts += 1
                 # Wait first, then catch up (a catch-up before the pause would be stale after it).
@@ -447,9 +442,16 @@ class CommitLogWriter:
                 self._catch_up()
                 continue
             except StoreError as exc:
+                if direct is not None:  # nothing was committed: a commit file is put whole or not at all
+                    if exc.context.get("links_unsupported"):
+                        self._direct_allowed, self._direct = False, None  # through delta-rs from now on
+                        continue
+                    raise StoreError(
+                        f"commit-log write failed, nothing was stored: {exc}", table=self.table, cause=exc
+                    ) from exc
                 # Whatever happened, the handle and the marks may be behind the log now (a commit
-                # that landed unseen moved it on): catch up before the next batch.
-                self._dt = None
+                # that landed unseen moved it on): load both anew before the next batch.
+                self._forget()
                 committed = self._find_batch(batch_id, base_version)
                 if committed is None:
                     raise StoreError(
@@ -460,12 +462,14 @@ class CommitLogWriter:
                 version = committed
             else:
                 if version != base_version + 1:  # pragma: no cover - delta-rs contract
-                    self._dt = None
+                    self._forget()
                     raise CommitStateUnknownError(
                         f"commit landed at version {version}, expected {base_version + 1}",
                         table=self.table,
                     )
             hwm.apply(delta)
+            if self._hwm is hwm:
+                self._version = version
             ended = time.monotonic()
             if racing:
                 self._pacer.won(ended - began, ended)

@@ -36,7 +36,7 @@ import pyarrow.parquet as pq
 from deltalake.transaction import AddAction, RemoveAction
 
 from engine.errors import CommitConflictError, StoreError
-from engine.store.commit_log import read_hwm
+from engine.store.commit_log_marks import read_hwm
 from engine.store.commit_markers import HWM_KEY, MAINTENANCE_KEY, carried_markers
 from engine.store.commits import backoff, commit_next
 from engine.store.delta import Action, DataFile, Snapshot

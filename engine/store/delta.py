@@ -93,6 +93,17 @@ def data_files(actions: pa.Table, column: str | None = None) -> list[DataFile]:
     ]
 
 
+@dataclass(frozen=True)
+class TableFeatures:
+    """What a writer of a table must honour beyond adding files: its protocol, partitioning, and
+    whether any column carries metadata (invariants, column mapping ids)."""
+
+    min_reader_version: int
+    min_writer_version: int
+    partition_columns: tuple[str, ...]
+    column_metadata: bool
+
+
 _T = TypeVar("_T")
 
 
@@ -221,6 +232,16 @@ class Snapshot:
     @property
     def table_id(self) -> str:
         return str(self._dt.metadata().id)
+
+    def features(self) -> TableFeatures:
+        """The table's protocol versions, partition columns and whether any column has metadata."""
+        protocol = self._dt.protocol()
+        return TableFeatures(
+            int(protocol.min_reader_version),
+            int(protocol.min_writer_version),
+            tuple(self._dt.metadata().partition_columns),
+            any(field.metadata for field in self._dt.schema().fields),
+        )
 
     def arrow_schema(self) -> pa.Schema:
         return pa.schema(self._dt.schema().to_arrow())

@@ -11,7 +11,7 @@ import pyarrow.fs as pa_fs
 
 from engine.errors import InvalidArgumentError, StoreError
 from engine.store import schemas
-from engine.store.commit_log import checkpoint_commit_log, read_hwm
+from engine.store.commit_log_marks import checkpoint_commit_log, read_hwm
 from engine.store.delta_log import table_filesystem
 from engine.store.store import Store
 from engine.store.table_properties import LOG_RETENTION_KEY, log_retention

@@ -1,0 +1,298 @@
+"""Blind appends to a local Delta table, committed by the engine itself instead of through delta-rs.
+
+An append to the commit log is one data file and one commit file. delta-rs takes about 12 ms of CPU
+for it on the bench machine (its writer, its conflict check and the replay of every commit since the
+last checkpoint), most of which a writer that already knows the version it commits on (the
+sequencer does: it read every commit before it) does not need. Here the data file is written with
+pyarrow (with the statistics Delta readers skip files by) and the commit file is put at exactly the
+next version with put-if-absent: written under a temporary name, then hard-linked to
+``<version>.json``, which fails if that name exists, so two writers never both take a version (the
+same primitive delta-rs uses on a local file system). Measured on the bench machine: about 2.5 ms
+per one-message append against 12.6 ms through ``write_deltalake``.
+
+The commit is what Delta's protocol asks of a writer of version 1/2 tables: a ``commitInfo``
+(operation ``WRITE``, ``isBlindAppend``) and one ``add`` action with ``dataChange`` and its
+statistics (``numRecords``, ``minValues``, ``maxValues``, ``nullCount`` over the table's statistics
+columns). Only tables that ask nothing more qualify (:func:`direct_appender`): reader version 1,
+writer version at most 2 (appendOnly and invariants; no invariant may be set on a column), not
+partitioned, and of exactly the schema the rows have. Anything else (object stores, app
+transactions, newer protocols) goes through delta-rs, and both kinds of commit interleave on one
+log: each lands on the next version or not at all.
+
+A writer that commits here follows the log by reading the commit files after its version
+(:meth:`DirectAppender.read_commit`) instead of refreshing a delta-rs handle (about 5 ms per version
+at 50 files, 14 ms at 1,000). One hazard is its own: a writer whose next commit file was removed by
+log cleanup (it sat idle beyond the log retention while others committed and checkpointed) would see
+no successor and put its commit at a version the log has passed. Cleanup only removes commit files
+older than the newest checkpoint, so a writer that finds no successor first checks that no
+checkpoint stands past its version (:meth:`DirectAppender.passed_by_checkpoint`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from engine.errors import CommitConflictError, StoreError
+from engine.store.commit_markers import COUNTS_KEY
+from engine.store.delta import Snapshot
+from engine.store.delta_log import local_path, parse_commit
+
+DIRECT_ENV = "MQ_DIRECT_APPEND"
+ENGINE_INFO = "lakemq"
+# Longest string kept as a min/max statistic: longer values would bloat every commit and checkpoint,
+# and a column whose statistics are missing is only scanned, never misread.
+MAX_STAT_STRING = 256
+_STAT_TYPES = (pa.types.is_integer, pa.types.is_string, pa.types.is_large_string, pa.types.is_date)
+_LAST_CHECKPOINT = "_last_checkpoint"
+
+
+@dataclass(frozen=True)
+class LogCommit:
+    """One commit file read by a direct appender: its commitInfo, and whether it changed the table's
+    protocol or metadata (then the appender must be made anew, see :func:`direct_appender`)."""
+
+    version: int
+    commit_info: Mapping[str, Any]
+    changes_table: bool
+
+
+def blocker(snapshot: Snapshot, schema: pa.Schema) -> str | None:
+    """Why rows of ``schema`` cannot be appended to ``snapshot``'s table directly (None: they can)."""
+    if local_path(snapshot.uri) is None:
+        return "not on a local file system"
+    features = snapshot.features()
+    if features.min_reader_version > 1 or features.min_writer_version > 2:
+        return f"protocol {features.min_reader_version}/{features.min_writer_version} asks more than 1/2"
+    if features.partition_columns:
+        return "partitioned"
+    if features.column_metadata:
+        return "a column carries metadata (an invariant, or column mapping)"
+    if not snapshot.arrow_schema().equals(schema):
+        return "its schema is not the rows' schema"
+    return None
+
+
+def direct_append_enabled() -> bool:
+    """Whether writers commit appends directly where a table allows it (``MQ_DIRECT_APPEND``,
+    default on; ``0`` sends every append through delta-rs)."""
+    return os.environ.get(DIRECT_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
+
+
+def direct_appender(
+    snapshot: Snapshot, schema: pa.Schema, plain_columns: Sequence[str] = (), row_group_rows: int = 1 << 20
+) -> DirectAppender | None:
+    """A :class:`DirectAppender` for rows of ``schema`` on ``snapshot``'s table, or None when the
+    table needs more than a blind append of files (:func:`blocker`)."""
+    if blocker(snapshot, schema) is not None:
+        return None
+    path = local_path(snapshot.uri)
+    assert path is not None
+    stats = _stats_columns(schema, snapshot.indexed_columns())
+    return DirectAppender(
+        path, snapshot.name, schema, stats, plain_columns=plain_columns, row_group_rows=row_group_rows
+    )
+
+
+def _stats_columns(schema: pa.Schema, indexed: int | tuple[str, ...]) -> tuple[str, ...]:
+    """The top-level columns of ``schema`` that get statistics: those named (Delta's
+    ``dataSkippingStatsColumns``) or the first ``indexed``. Nested columns get none here."""
+    names = list(indexed) if isinstance(indexed, tuple) else schema.names[:indexed]
+    return tuple(n for n in names if n in schema.names and not pa.types.is_nested(schema.field(n).type))
+
+
+def file_stats(rows: pa.Table, columns: Sequence[str]) -> str:
+    """Delta's per-file statistics JSON of ``rows`` over ``columns``: numRecords, and for each
+    column its null count and (for numbers, dates and short strings) its min and max."""
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    for name in columns:
+        column = rows[name]
+        nulls[name] = column.null_count
+        if not any(test(column.type) for test in _STAT_TYPES) or column.null_count == len(column):
+            continue
+        values = [v for v in column.to_pylist() if v is not None] if len(column) <= 64 else None
+        if values is not None:
+            low, high = min(values), max(values)
+        else:
+            extremes = pc.min_max(column).as_py()
+            low, high = extremes["min"], extremes["max"]
+        if isinstance(low, str) and max(len(low), len(high)) > MAX_STAT_STRING:
+            continue
+        if not isinstance(low, (int, str)):
+            low, high = str(low), str(high)  # dates, as ISO strings
+        mins[name], maxs[name] = low, high
+    stats = {"numRecords": rows.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
+    return json.dumps(stats, separators=(",", ":"))
+
+
+class DirectAppender:
+    """Appends files to one local Delta table and commits them at a given version (see the module
+    docstring). Stateless between calls: the caller knows the version it commits on.
+
+    Args:
+        table_dir: the table's directory.
+        name: the table's name, for errors.
+        schema: the rows' (and the table's) schema.
+        stats_columns: the columns that get file statistics.
+        plain_columns: columns the parquet writer neither dictionary-encodes nor keeps page
+            statistics for (bodies: both cost CPU on every write and buy nothing).
+        row_group_rows: rows per parquet row group.
+    """
+
+    def __init__(
+        self,
+        table_dir: str,
+        name: str,
+        schema: pa.Schema,
+        stats_columns: Sequence[str],
+        *,
+        plain_columns: Sequence[str] = (),
+        row_group_rows: int = 1 << 20,
+    ) -> None:
+        self.table_dir = table_dir
+        self.name = name
+        self.schema = schema
+        self.stats_columns = tuple(stats_columns)
+        self._log_dir = os.path.join(table_dir, "_delta_log")
+        encoded = [n for n in schema.names if n not in plain_columns]
+        self._parquet_options: dict[str, Any] = {
+            "row_group_size": row_group_rows,
+            "use_dictionary": encoded,
+            "write_statistics": encoded,
+            "compression": "snappy",
+        }
+
+    def commit_path(self, version: int) -> str:
+        return os.path.join(self._log_dir, f"{version:020d}.json")
+
+    def exists(self, version: int) -> bool:
+        """Whether version ``version`` has been committed (its commit file is there)."""
+        return os.path.exists(self.commit_path(version))
+
+    def read_commit(self, version: int) -> LogCommit | None:
+        """The commit at ``version``, or None when there is none (yet, or any more).
+
+        Raises:
+            CommitTruncatedError: the commit file was cut short at a line break.
+            StoreError: it cannot be read or parsed.
+        """
+        path = self.commit_path(version)
+        try:
+            with open(path, encoding="utf-8") as f:
+                text = f.read()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StoreError(
+                f"commit {version} of {self.name} cannot be read: {exc}", table=self.name, cause=exc
+            ) from exc
+        try:
+            actions = parse_commit(text, path, version)
+        except ValueError as exc:
+            raise StoreError(
+                f"commit {version} of {self.name} is not JSON: {exc}", table=self.name, cause=exc
+            ) from exc
+        info: Mapping[str, Any] = {}
+        changes = False
+        for action in actions:
+            if "commitInfo" in action:
+                info = action["commitInfo"]
+            elif "metaData" in action or "protocol" in action:
+                changes = True
+        return LogCommit(version, info, changes)
+
+    def passed_by_checkpoint(self, version: int) -> bool:
+        """Whether the table's newest checkpoint (``_last_checkpoint``) stands past ``version``: the
+        commit files after it may have been cleaned up, so the absence of ``version + 1`` proves
+        nothing."""
+        try:
+            with open(os.path.join(self._log_dir, _LAST_CHECKPOINT), encoding="utf-8") as f:
+                return int(json.load(f)["version"]) > version
+        except FileNotFoundError:
+            return False
+        except (OSError, ValueError, KeyError, TypeError):
+            return True  # unreadable: assume the worst, the caller reloads the table
+
+    def write_file(self, rows: pa.Table) -> dict[str, Any]:
+        """Write ``rows`` as a new data file of the table; its ``add`` action.
+
+        Raises:
+            StoreError: the file could not be written (nothing is left behind then).
+        """
+        name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+        path = os.path.join(self.table_dir, name)
+        try:
+            pq.write_table(rows, path, **self._parquet_options)
+            size = os.stat(path).st_size
+        except (OSError, pa.ArrowException) as exc:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            raise StoreError(
+                f"data file of {self.name} could not be written: {exc}", table=self.name, cause=exc
+            ) from exc
+        return {
+            "path": name,
+            "partitionValues": {},
+            "size": size,
+            "modificationTime": int(time.time() * 1000),
+            "dataChange": True,
+            "stats": file_stats(rows, self.stats_columns),
+        }
+
+    def commit(self, version: int, add: Mapping[str, Any], custom_metadata: Mapping[str, str]) -> None:
+        """Commit the file of ``add`` as exactly version ``version``, with ``custom_metadata`` in its
+        commitInfo (as delta-rs places it).
+
+        Raises:
+            CommitConflictError: the version exists already (another writer took it; nothing was
+                committed, the data file is left for vacuum, as a lost race of delta-rs leaves it).
+            StoreError: the commit file could not be written; nothing was committed.
+        """
+        info = {
+            "timestamp": int(time.time() * 1000),
+            "operation": "WRITE",
+            "operationParameters": {"mode": "Append"},
+            "isBlindAppend": True,
+            "engineInfo": ENGINE_INFO,
+            **custom_metadata,
+            COUNTS_KEY: json.dumps({"txn": 0, "add": 1}, separators=(",", ":")),
+        }
+        text = "".join(
+            json.dumps(action, separators=(",", ":")) + "\n"
+            for action in ({"commitInfo": info}, {"add": add})
+        )
+        target = self.commit_path(version)
+        temporary = os.path.join(self._log_dir, f"_commit_{uuid.uuid4()}.json.tmp")
+        try:
+            with open(temporary, "x", encoding="utf-8") as f:
+                f.write(text)
+            os.link(temporary, target)  # put-if-absent: fails if the version exists
+        except FileExistsError as exc:
+            raise CommitConflictError(
+                f"version {version} of {self.name} was taken by a concurrent writer",
+                table=self.name,
+                version=version,
+            ) from exc
+        except OSError as exc:
+            raise StoreError(
+                f"commit {version} of {self.name} could not be written: {exc}",
+                table=self.name,
+                version=version,
+                links_unsupported=exc.errno in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV),
+            ) from exc
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)

@@ -183,11 +183,11 @@ class CommitLogWriter:
         """Whether the next append without app transactions is committed directly."""
         return self._direct is not None
 
-    def _catch_up(self, *, reopen: bool = False) -> None:
+    def _catch_up(self, *, reopen: bool = False, handle: bool = False) -> None:
         """Move the marks to the latest version: by reading the commit files after them when
-        appending directly (:meth:`_follow_log`), else with the delta-rs handle (a new one with
-        ``reopen``)."""
-        if not reopen and self._follow_log():
+        appending directly (:meth:`_follow_log`), else (or with ``handle``, for a commit through
+        delta-rs) with the delta-rs handle, a new one with ``reopen``."""
+        if not (reopen or handle) and self._follow_log():
             return
         base = self._version if self._hwm is not None else -1
         dt = self._dt
@@ -404,7 +404,7 @@ class CommitLogWriter:
                 self._catch_up()  # after the pause: the commits landed meanwhile are seen too
             direct = None if txns else self._direct
             if direct is None and (self._dt is None or self._dt.version() != self._version):
-                self._catch_up(reopen=self._dt is None)  # delta-rs commits on a handle at the marks
+                self._catch_up(handle=True)  # delta-rs commits on a handle at the marks' version
                 direct = None if txns else self._direct
             hwm, base_version = self._hwm, self._version
             assert hwm is not None

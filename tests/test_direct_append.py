@@ -1,0 +1,181 @@
+"""Commit-log appends committed by the engine itself (engine.store.direct_append): what Delta readers
+see of them, put-if-absent, and when a writer must not or cannot append directly."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable, write_deltalake
+
+import engine.store.direct_append as direct_append
+from engine import CommitConflictError, CommitTruncatedError, Store
+from engine.store import marks_snapshots, schemas
+from engine.store.commit_log import CommitLogWriter
+from engine.store.commit_log_marks import read_hwm
+from engine.store.delta import open_snapshot
+from engine.store.delta_log import read_versions
+from engine.store.direct_append import MAX_STAT_STRING, blocker, direct_appender, file_stats
+from engine.store.stamping import PendingMessage
+
+
+def _pending(topic: str, qid: int, body: bytes, tags: str | None = None) -> PendingMessage:
+    return PendingMessage(topic=topic, queue_id=qid, body=body, uniq_key=body.hex(), tags=tags)
+
+
+def _log(store: Store) -> Path:
+    return Path(store.uri(schemas.COMMIT_LOG)) / "_delta_log"
+
+
+def _assert_dense(store: Store) -> None:
+    """Physical offsets contiguous in commit order, queue offsets dense per queue."""
+    latest = store.version(schemas.COMMIT_LOG)
+    table = read_versions(store.uri(schemas.COMMIT_LOG), 0, latest, schemas.COMMIT_LOG_SCHEMA)
+    rows = sorted(table.to_pylist(), key=lambda r: (r["_version"], r["physical_offset"]))
+    physical, queues = 0, defaultdict(int)
+    for row in rows:
+        assert row["physical_offset"] == physical, row
+        physical += row["size"]
+        assert row["queue_offset"] == queues[row["topic"], row["queue_id"]], row
+        queues[row["topic"], row["queue_id"]] += 1
+
+
+def test_a_direct_append_carries_the_statistics_delta_readers_skip_files_by(store: Store, topic: str) -> None:
+    writer = CommitLogWriter(store)
+    writer.append([_pending(topic, 0, b"a", "TagA"), _pending(topic, 0, b"b")])
+    writer.append([_pending(topic, 1, b"c", "TagC")])
+    assert writer.direct
+    dt = DeltaTable(store.uri(schemas.COMMIT_LOG))
+    actions = pa.table(dt.get_add_actions(flatten=True)).to_pylist()
+    one, two = sorted(actions, key=lambda a: a["num_records"])
+    assert (two["num_records"], two["min.queue_offset"], two["max.queue_offset"]) == (2, 0, 1)
+    assert (two["min.tags"], two["max.tags"], two["null_count.tags"]) == ("TagA", "TagA", 1)
+    assert (one["min.queue_id"], one["max.queue_id"]) == (1, 1)
+    assert one["min.physical_offset"] > two["max.physical_offset"]
+    assert not [k for k in one if k.endswith((".body", ".keys"))]  # no statistics for bodies and lists
+    # delta-rs prunes files by them: a predicate on queue_id leaves the second file alone
+    pruned = store.snapshot(schemas.COMMIT_LOG).dataset("queue_id = 1")
+    assert len(list(pruned.get_fragments())) == 1
+    assert pruned.to_table().column("body").to_pylist() == [b"c"]
+    _assert_dense(store)
+
+
+def test_file_stats_count_nulls_and_leave_out_long_strings_and_nested_columns() -> None:
+    rows = pa.table(
+        {
+            "n": pa.array([3, None, 1], pa.int64()),
+            "s": pa.array(["b", "a", None]),
+            "long": pa.array(["x" * (MAX_STAT_STRING + 1), "y", "z"]),
+            "none": pa.array([None, None, None], pa.string()),
+            "l": pa.array([["a"], [], None], pa.list_(pa.string())),
+        }
+    )
+    stats = json.loads(file_stats(rows, ["n", "s", "long", "none", "l"]))
+    assert stats["numRecords"] == 3
+    assert stats["minValues"] == {"n": 1, "s": "a"} and stats["maxValues"] == {"n": 3, "s": "b"}
+    assert stats["nullCount"] == {"n": 1, "s": 1, "long": 0, "none": 3, "l": 1}
+    big = pa.table({"n": pa.array(range(1000), pa.int64())})  # the vectorised path gives the same
+    assert json.loads(file_stats(big, ["n"]))["minValues"] == {"n": 0}
+    assert json.loads(file_stats(big, ["n"]))["maxValues"] == {"n": 999}
+
+
+def test_a_taken_version_is_a_conflict_and_leaves_neither_a_commit_nor_a_temporary_file(store: Store) -> None:
+    appender = direct_appender(store.snapshot(schemas.COMMIT_LOG), schemas.COMMIT_LOG_SCHEMA)
+    assert appender is not None
+    before = sorted(os.listdir(_log(store)))
+    add = appender.write_file(schemas.COMMIT_LOG_SCHEMA.empty_table())
+    with pytest.raises(CommitConflictError) as info:
+        appender.commit(0, add, {})  # version 0 is the table's creation
+    assert info.value.retryable
+    assert sorted(os.listdir(_log(store))) == before
+    appender.commit(1, add, {"mq.test": "x"})
+    assert open_snapshot(store.uri(schemas.COMMIT_LOG)).commit_info(1)["mq.test"] == "x"
+
+
+def test_a_direct_commit_cut_at_a_line_break_is_detected(store: Store, topic: str) -> None:
+    CommitLogWriter(store).append([_pending(topic, 0, b"x")])
+    path = _log(store) / f"{1:020d}.json"
+    first_line = path.read_text().splitlines()[0]
+    path.write_text(first_line + "\n")  # the add action is gone, the rest still parses
+    appender = direct_appender(store.snapshot(schemas.COMMIT_LOG, 0), schemas.COMMIT_LOG_SCHEMA)
+    assert appender is not None
+    with pytest.raises(CommitTruncatedError):
+        appender.read_commit(1)
+
+
+def _table(path: Path, schema: pa.Schema, **kwargs: Any) -> Any:
+    write_deltalake(str(path), schema.empty_table(), **kwargs)
+    return open_snapshot(str(path))
+
+
+def test_tables_that_ask_more_than_a_blind_append_are_refused(tmp_path: Path, store: Store) -> None:
+    schema = pa.schema([pa.field("k", pa.string(), nullable=False), pa.field("v", pa.int64())])
+    assert blocker(_table(tmp_path / "plain", schema), schema) is None
+    other = _table(tmp_path / "plain2", schema)
+    assert blocker(other, schemas.COMMIT_LOG_SCHEMA) == "its schema is not the rows' schema"
+    assert blocker(_table(tmp_path / "parted", schema, partition_by=["k"]), schema) == "partitioned"
+    DeltaTable(str(tmp_path / "plain")).alter.add_constraint({"positive": "v > 0"})  # writer version 3
+    reason = blocker(open_snapshot(str(tmp_path / "plain")), schema)
+    assert reason is not None and "protocol" in reason
+    assert direct_appender(open_snapshot(str(tmp_path / "plain")), schema) is None
+
+
+def test_a_writer_goes_through_delta_rs_once_the_table_asks_more(store: Store, topic: str) -> None:
+    writer = CommitLogWriter(store)
+    writer.append([_pending(topic, 0, b"direct")])
+    assert writer.direct
+    DeltaTable(store.uri(schemas.COMMIT_LOG)).alter.add_constraint({"sized": "size > 0"})
+    [after] = writer.append([_pending(topic, 0, b"through delta-rs")])
+    assert not writer.direct and after.queue_offset == 1
+    assert DeltaTable(store.uri(schemas.COMMIT_LOG)).protocol().min_writer_version >= 3
+    _assert_dense(store)
+
+
+def test_without_hard_links_a_writer_goes_through_delta_rs(
+    store: Store, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_links(src: str, dst: str) -> None:
+        raise OSError(errno.EPERM, "Operation not permitted")
+
+    writer = CommitLogWriter(store)
+    monkeypatch.setattr(direct_append.os, "link", no_links)
+    [stamped] = writer.append([_pending(topic, 0, b"x")])
+    assert not writer.direct and (stamped.version, stamped.queue_offset) == (1, 0)
+    monkeypatch.undo()
+    assert writer.append([_pending(topic, 0, b"y")])[0].queue_offset == 1
+    assert not writer.direct  # it stays with delta-rs
+    _assert_dense(store)
+
+
+def test_an_idle_writer_whose_next_commit_was_cleaned_up_does_not_commit_behind_the_log(
+    store: Store, topic: str
+) -> None:
+    idle, busy = CommitLogWriter(store, host_lock=False), CommitLogWriter(store, host_lock=False)
+    idle.append([_pending(topic, 0, b"first")])  # at version 1
+    for i in range(104):
+        busy.append([_pending(topic, 0, b"%d" % i)])  # checkpoint at 100 (the commit log's interval)
+    assert (_log(store) / f"{100:020d}.checkpoint.parquet").exists()
+    for v in range(2, 100):  # what log cleanup removes once they are past the log retention
+        (_log(store) / f"{v:020d}.json").unlink()
+    [stamped] = idle.append([_pending(topic, 0, b"late")])
+    assert stamped.version == 106 and stamped.queue_offset == 105
+    assert not (_log(store) / f"{2:020d}.json").exists()
+    assert DeltaTable(store.uri(schemas.COMMIT_LOG)).version() == 106
+
+
+def test_the_writer_checkpoints_at_the_interval_with_the_marks_saved_first(store: Store, topic: str) -> None:
+    writer = CommitLogWriter(store)
+    for i in range(100):
+        writer.append([_pending(topic, i % 2, b"%d" % i)])
+    assert writer.direct
+    assert json.loads((_log(store) / "_last_checkpoint").read_text())["version"] == 100
+    saved = marks_snapshots.load(store.uri(schemas.COMMIT_LOG), None, 100)
+    assert saved is not None and saved[0] == 100
+    assert saved[1].to_json() == read_hwm(store.snapshot(schemas.COMMIT_LOG)).to_json()
+    assert DeltaTable(store.uri(schemas.COMMIT_LOG)).to_pyarrow_table().num_rows == 100

@@ -179,3 +179,23 @@ def test_the_writer_checkpoints_at_the_interval_with_the_marks_saved_first(store
     assert saved is not None and saved[0] == 100
     assert saved[1].to_json() == read_hwm(store.snapshot(schemas.COMMIT_LOG)).to_json()
     assert DeltaTable(store.uri(schemas.COMMIT_LOG)).to_pyarrow_table().num_rows == 100
+
+
+def test_a_retried_link_that_finds_its_own_commit_is_acknowledged_once(
+    store: Store, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # NFS retransmits a LINK whose reply was lost and answers EEXIST: the commit is the writer's own.
+    real_link = os.link
+
+    def made_then_exists(source: str, target: str) -> None:
+        real_link(source, target)
+        raise FileExistsError(errno.EEXIST, "File exists", target)
+
+    writer = CommitLogWriter(store)
+    monkeypatch.setattr(direct_append.os, "link", made_then_exists)
+    [stamped] = writer.append([_pending(topic, 0, b"once")])
+    monkeypatch.undo()
+    assert (stamped.version, stamped.queue_offset, writer.conflicts) == (1, 0, 0)
+    assert writer.append([_pending(topic, 0, b"next")])[0].queue_offset == 1
+    assert store.version(schemas.COMMIT_LOG) == 2
+    _assert_dense(store)

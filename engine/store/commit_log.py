@@ -11,13 +11,10 @@ offsets stay dense, however many processes append.
 
 On a local store, writers of one host also queue on an advisory lock (``flock`` on
 ``<store>/_locks/commit_log.lock``) held from catch-up to commit, so they take turns instead of
-racing: a lost race costs a rewritten data file and a snapshot refresh, and under contention the
-writer that just won (its snapshot current) tends to win again, starving the others. The lock is
-only an optimization: the optimistic protocol above stays the correctness mechanism (writers on
-other hosts or object stores, maintenance commits, and writers with the lock turned off with
-``MQ_SEQUENCER_LOCK=0`` still race and retry). The kernel drops a dead process's lock at once; a
-stopped holder delays the others at most ``LOCK_WAIT_S`` (:mod:`engine.store.hostlock`), after
-which they append without it.
+racing. The lock is only an optimization: the optimistic protocol above stays the correctness
+mechanism (writers on other hosts or object stores, maintenance commits, and ``MQ_SEQUENCER_LOCK=0``
+race and retry). A stopped holder delays the others at most ``LOCK_WAIT_S``
+(:mod:`engine.store.hostlock`).
 
 Without the lock, racing writers are paced so that they take turns (:mod:`engine.store.pacing`):
 a loser first waits (a jittered pause of about one commit time per rival writer, halved for every
@@ -66,6 +63,7 @@ from engine.protocol.shards import shard_of_queue
 from engine.store import schemas
 from engine.store.commit_log_marks import checkpoint_commit_log, read_hwm
 from engine.store.commit_markers import BATCH_KEY, EXPIRING_APP_PREFIX, HWM_KEY, MARKS_KEY
+from engine.store.commit_outcomes import find_batch, landed
 from engine.store.commits import NO_HOOKS, checkpoint_if_due, checkpoint_interval, commit_next
 from engine.store.delta import RENEW_HANDLE_COMMITS, Snapshot
 from engine.store.delta import (
@@ -104,8 +102,6 @@ _WRITER_PROPERTIES = WriterProperties(
         name: ColumnProperties(dictionary_enabled=False, statistics_enabled="NONE") for name in _PLAIN_COLUMNS
     },
 )
-# Checkpoints are written after the host lock is released (see CommitLogWriter.append): a
-# checkpoint of a table of many small files takes longer than the commit it follows.
 # A writer that fell behind by at most this many versions applies them to its marks one by one;
 # further behind, it rebuilds the marks (a walk back of about as many commit files).
 REPLAY_COMMITS = 256
@@ -330,15 +326,9 @@ class CommitLogWriter:
         """Refuse a batch holding a message whose queue lives in another shard (checked per distinct
         queue of the batch; a store of one shard has nothing to check)."""
         shards = self._store.commit_log_shards
-        if shards == 1 or not batch.num_rows:
+        if shards == 1:
             return
-        topics, qids = batch.topics, batch.queue_ids
-        n = batch.num_rows
-        if topics.count(topics[0]) == n and qids.count(qids[0]) == n:
-            pairs: set[tuple[str, int]] = {(topics[0], qids[0])}
-        else:
-            pairs = set(zip(topics, qids, strict=True))
-        for topic, qid in pairs:
+        for topic, qid in batch.queues():
             owner = shard_of_queue(topic, qid, shards)
             if owner != self.shard:
                 raise InvalidArgumentError(
@@ -350,16 +340,9 @@ class CommitLogWriter:
                 )
 
     def _renew_if_aged(self) -> None:
-        """Reopen the handle once it has aged (:attr:`Snapshot.aged`: moved on by
-        :data:`RENEW_HANDLE_COMMITS` versions, or by the checkpoint interval and so past a
-        checkpoint, such as the one this writer may just have written). On a 50-file commit log:
-        4 ms per append on a fresh handle, 42 ms after 400 versions, 12 ms on a fresh handle of the
-        same table grown to 490 files.
-
-        Done after the host lock is released, like the checkpoint. Best effort: the batch is already
-        committed, so a failed reopen only leaves the writer without a handle, and the next append
-        opens one (and reports the failure then, if it persists).
-        """
+        """Reopen the delta-rs handle once it has aged (:attr:`Snapshot.aged`), after the host lock is
+        released. Best effort: the batch is committed; a failed reopen leaves the writer without a
+        handle, and the next append opens one."""
         if self._dt is None or not self._dt.aged:
             return
         try:
@@ -433,33 +416,21 @@ class CommitLogWriter:
                         hooks=NO_HOOKS,
                     )
             except CommitConflictError:
-                self.conflicts += 1
-                # Wait first, then catch up (a catch-up before the pause would be stale after it).
-                # Off the host lock the pause spreads the racers; under it a rival of another host
-                # or a maintenance commit won: retry at once.
-                if racing:
-                    time.sleep(self._pacer.lost(attempt + 1, time.monotonic()))
-                self._catch_up()
-                continue
+                if direct is None or not landed(direct, base_version + 1, batch_id, self.table):
+                    self.conflicts += 1
+                    # Wait first, then catch up (a catch-up before the pause would be stale after
+                    # it). Off the host lock the pause spreads the racers; under it a rival of
+                    # another host or a maintenance commit won: retry at once.
+                    if racing:
+                        time.sleep(self._pacer.lost(attempt + 1, time.monotonic()))
+                    self._catch_up()
+                    continue
+                version = base_version + 1  # a retried link of a network file system made it
             except StoreError as exc:
-                if direct is not None:  # nothing was committed: a commit file is put whole or not at all
-                    if exc.context.get("links_unsupported"):
-                        self._direct_allowed, self._direct = False, None  # through delta-rs from now on
-                        continue
-                    raise StoreError(
-                        f"commit-log write failed, nothing was stored: {exc}", table=self.table, cause=exc
-                    ) from exc
-                # Whatever happened, the handle and the marks may be behind the log now (a commit
-                # that landed unseen moved it on): load both anew before the next batch.
-                self._forget()
-                committed = self._find_batch(batch_id, base_version)
-                if committed is None:
-                    raise StoreError(
-                        f"commit-log write failed, nothing was stored: {exc}",
-                        table=self.table,
-                        cause=exc.context.get("cause", exc),
-                    ) from exc
-                version = committed
+                if direct is not None and exc.context.get("links_unsupported"):
+                    self._direct_allowed, self._direct = False, None  # through delta-rs from now on
+                    continue
+                version = self._outcome(exc, direct, base_version, batch_id)
             else:
                 if version != base_version + 1:  # pragma: no cover - delta-rs contract
                     self._forget()
@@ -478,20 +449,26 @@ class CommitLogWriter:
             f"commit-log append lost {attempts} races in a row; retry later", table=self.table
         )
 
-    def _find_batch(self, batch_id: str, base_version: int) -> int | None:
-        """After an I/O error, tell whether our commit happened after all."""
-        try:
-            dt = self._store.snapshot(self.table)
-            latest = dt.version()
-            if latest <= base_version:
-                return None
-            for info in dt.recent_commit_infos(latest - base_version):
-                if info.get(BATCH_KEY) == batch_id:
-                    return int(info["version"])
-            return None
-        except Exception as exc:
-            raise CommitStateUnknownError(
-                f"commit-log write failed and its outcome cannot be read back: {exc}",
+    def _outcome(self, exc: StoreError, direct: DirectAppender | None, base: int, batch_id: str) -> int:
+        """The version a failed write of ``batch_id`` landed at after all; raises when it did not.
+
+        Raises:
+            StoreError: nothing was stored.
+            CommitStateUnknownError: whether it was cannot be read back.
+        """
+        if direct is not None:  # a commit file is put whole or not at all
+            if exc.context.get("linked") and landed(direct, base + 1, batch_id, self.table):
+                return base + 1
+            committed = None
+        else:
+            # Whatever happened, the handle and the marks may be behind the log now (a commit that
+            # landed unseen moved it on): load both anew before the next batch.
+            self._forget()
+            committed = find_batch(lambda: self._store.snapshot(self.table), batch_id, base, self.table)
+        if committed is None:
+            raise StoreError(
+                f"commit-log write failed, nothing was stored: {exc}",
                 table=self.table,
-                cause=exc,
+                cause=exc.context.get("cause", exc),
             ) from exc
+        return committed

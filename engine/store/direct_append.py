@@ -257,9 +257,12 @@ class DirectAppender:
         commitInfo (as delta-rs places it).
 
         Raises:
-            CommitConflictError: the version exists already (another writer took it; nothing was
-                committed, the data file is left for vacuum, as a lost race of delta-rs leaves it).
-            StoreError: the commit file could not be written; nothing was committed.
+            CommitConflictError: the version exists already: another writer took it (nothing was
+                committed, the data file is left for vacuum, as a lost race of delta-rs leaves it),
+                or, on a network file system, a retried link of this very commit found it made.
+            StoreError: the commit file could not be written; nothing was committed unless the
+                error came from the link itself (context ``linked``): a network file system may
+                have made it before failing. :meth:`read_commit` tells.
         """
         info = {
             "timestamp": int(time.time() * 1000),
@@ -276,9 +279,11 @@ class DirectAppender:
         )
         target = self.commit_path(version)
         temporary = os.path.join(self._log_dir, f"_commit_{uuid.uuid4()}.json.tmp")
+        linking = False
         try:
             with open(temporary, "x", encoding="utf-8") as f:
                 f.write(text)
+            linking = True
             os.link(temporary, target)  # put-if-absent: fails if the version exists
         except FileExistsError as exc:
             raise CommitConflictError(
@@ -291,7 +296,11 @@ class DirectAppender:
                 f"commit {version} of {self.name} could not be written: {exc}",
                 table=self.name,
                 version=version,
-                links_unsupported=exc.errno in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV),
+                cause=exc,
+                # the directory took the temporary file but the file system has no hard links
+                links_unsupported=linking and exc.errno in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP),
+                # the link was asked for: on a network file system it may have happened all the same
+                linked=linking,
             ) from exc
         finally:
             with contextlib.suppress(OSError):

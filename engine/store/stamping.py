@@ -101,6 +101,13 @@ class PendingBatch:
     def num_rows(self) -> int:
         return int(self.columns.num_rows)
 
+    def queues(self) -> set[tuple[str, int]]:
+        """The distinct ``(topic, queue_id)`` pairs of the batch (one look when all share one)."""
+        topics, qids, n = self.topics, self.queue_ids, self.num_rows
+        if n and topics.count(topics[0]) == n and qids.count(qids[0]) == n:
+            return {(topics[0], qids[0])}
+        return set(zip(topics, qids, strict=True))
+
     @classmethod
     def of(cls, messages: Sequence[PendingMessage]) -> PendingBatch:
         n = len(messages)

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 import engine.store.commits as commits
+import engine.store.direct_append as direct_append
 from engine import (
     CommitStateUnknownError,
     ConsumeFrom,
@@ -113,6 +114,15 @@ def scenario(tmp_path: Path, history_dir: Path) -> Iterator[Scenario]:
     yield from Scenario.running(tmp_path / "mqdata", history_dir)
 
 
+@pytest.fixture
+def object_store_scenario(
+    tmp_path: Path, history_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Scenario]:
+    """Producers committing through delta-rs, as they do on an object store (``MQ_DIRECT_APPEND=0``)."""
+    monkeypatch.setenv(direct_append.DIRECT_ENV, "0")
+    yield from Scenario.running(tmp_path / "mqdata", history_dir)
+
+
 def _failures(call: Any, *args: Any) -> BaseException:
     with pytest.raises(StoreError) as caught:
         call(*args)
@@ -177,7 +187,7 @@ def _answers_lost_after_commits(monkeypatch: pytest.MonkeyPatch, errno: int, rea
     """Until ``monkeypatch.undo()``, every commit-log write is stored and then fails with
     ``OSError(errno, reason + " (after the commit was stored)")``: the answer lost on its way back.
     Returns a list that grows by one per lost answer."""
-    real = commits.write_deltalake
+    real, real_link = commits.write_deltalake, direct_append.os.link
     lost: list[int] = []
 
     def commit_then_fail(*args: Any, **kwargs: Any) -> None:
@@ -185,7 +195,14 @@ def _answers_lost_after_commits(monkeypatch: pytest.MonkeyPatch, errno: int, rea
         lost.append(errno)
         raise OSError(errno, f"{reason} (after the commit was stored)")
 
+    def link_then_fail(source: str, target: str) -> None:  # a network file system's lost reply
+        real_link(source, target)
+        if target.endswith(".json"):
+            lost.append(errno)
+            raise OSError(errno, f"{reason} (after the commit was stored)")
+
     monkeypatch.setattr(commits, "write_deltalake", commit_then_fail)
+    monkeypatch.setattr(direct_append.os, "link", link_then_fail)
     return lost
 
 
@@ -208,9 +225,9 @@ def test_a_commit_that_landed_but_whose_answer_was_lost_is_acknowledged_once(
 
 
 def test_a_commit_whose_outcome_cannot_be_read_back_is_unknown_and_the_next_send_continues_the_queue(
-    scenario: Scenario, monkeypatch: pytest.MonkeyPatch
+    object_store_scenario: Scenario, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    s = scenario.named("commit outcome unknown (write and read-back fail)")
+    s = object_store_scenario.named("commit outcome unknown (write and read-back fail)")
     s.send(0)
 
     def unreadable(name: str, version: int | None = None) -> Any:
@@ -239,10 +256,11 @@ def test_commits_whose_staging_file_cannot_be_removed_are_acknowledged_and_leave
     s = scenario.named("commit staging file not removable (append-only _delta_log)")
     log_dir = s.log_dir(schemas.COMMIT_LOG)
     s.send(0)
-    with refused_writes(log_dir, "a"):  # delta-rs links NNN.json#1 to NNN.json, then cannot unlink it
+    with refused_writes(log_dir, "a"):  # the staging file is linked to NNN.json, then cannot be unlinked
         s.send_each(4)
         s.send_batch(3, queue_id=1)
-    strays = sorted(p.name for p in log_dir.iterdir() if "#" in p.name)
+    # delta-rs stages NNN.json#1, a direct append _commit_<uuid>.json.tmp
+    strays = sorted(p.name for p in log_dir.iterdir() if "#" in p.name or p.name.endswith(".json.tmp"))
     reopened = Store.open(s.store.root)
     s.send(1)
     dispatch_pending(reopened)

@@ -273,10 +273,8 @@ class DirectAppender:
             **custom_metadata,
             COUNTS_KEY: json.dumps({"txn": 0, "add": 1}, separators=(",", ":")),
         }
-        text = "".join(
-            json.dumps(action, separators=(",", ":")) + "\n"
-            for action in ({"commitInfo": info}, {"add": add})
-        )
+        # one action a line and no newline after the last, as delta-rs writes them
+        text = "\n".join(json.dumps(a, separators=(",", ":")) for a in ({"commitInfo": info}, {"add": add}))
         target = self.commit_path(version)
         temporary = os.path.join(self._log_dir, f"_commit_{uuid.uuid4()}.json.tmp")
         linking = False

@@ -199,3 +199,20 @@ def test_a_retried_link_that_finds_its_own_commit_is_acknowledged_once(
     assert writer.append([_pending(topic, 0, b"next")])[0].queue_offset == 1
     assert store.version(schemas.COMMIT_LOG) == 2
     _assert_dense(store)
+
+
+def test_direct_and_delta_rs_writers_interleave_on_one_log(store: Store, topic: str) -> None:
+    direct, through = (
+        CommitLogWriter(store, host_lock=False),
+        CommitLogWriter(store, host_lock=False, direct=False),
+    )
+    for i in range(12):  # past a checkpoint of neither kind: both follow each other's commits
+        writer = direct if i % 3 else through
+        [stamped] = writer.append([_pending(topic, i % 2, b"%d" % i)])
+        assert stamped.version == i + 1
+    guarded = direct.append([_pending(topic, 0, b"guarded")], app_transactions={"mq.test": 1})
+    assert guarded[0].version == 13  # an append with an app transaction goes through delta-rs
+    assert direct.append([_pending(topic, 0, b"guarded again")], app_transactions={"mq.test": 1}) == []
+    assert direct.direct and not through.direct
+    assert store.app_version(schemas.COMMIT_LOG, "mq.test") == 1
+    _assert_dense(store)

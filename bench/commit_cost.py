@@ -8,8 +8,10 @@ seconds), then one :class:`~engine.store.commit_log.CommitLogWriter` (host lock 
 ``--repeat`` times. Rows
 (median and p90 wall time, median process CPU, per append):
 
-- ``append 1`` / ``append 512``: the writer's append of one / 512 messages of 1 KiB;
-- ``append 1 + mq.tx``: one message with a transaction guard (``app_transactions``);
+- ``append 1`` / ``append 512``: the writer's append of one / 512 messages of 1 KiB (committed
+  directly, :mod:`engine.store.direct_append`; with ``MQ_DIRECT_APPEND=0`` through delta-rs);
+- ``append 1 + mq.tx``: one message with a transaction guard (``app_transactions``, always through
+  delta-rs);
 - ``256 appends, renewal`` / ``256 appends, no renewal``: one message each, 256 times in a row, with
   the writer renewing its DeltaTable handle once it has aged (``Snapshot.aged``), and without
   (a handle that commits gets slower with every version it moves on by);

@@ -344,3 +344,26 @@ def test_a_refresh_that_listed_the_log_mid_commit_reads_it_again(
     monkeypatch.setattr(snap._dt, "update_incremental", always_gapped)
     with pytest.raises(StoreError, match="contiguous"):
         snap.refresh()
+
+
+def test_opening_a_table_whose_log_was_listed_mid_commit_reads_it_again(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real = delta.DeltaTable
+    listings: list[int] = []
+
+    def caught_mid_commit(*args: Any, **kwargs: Any) -> Any:
+        listings.append(1)
+        if len(listings) < 3:
+            raise DeltaError("Generic delta kernel error: Expected contiguous commit files, but found gap")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(delta, "DeltaTable", caught_mid_commit)
+    assert store.snapshot(schemas.CONSUMER_OFFSET).version() == 0 and len(listings) == 3
+
+    def always_gapped(*args: Any, **kwargs: Any) -> Any:
+        raise DeltaError("Generic delta kernel error: Expected contiguous commit files, but found gap")
+
+    monkeypatch.setattr(delta, "DeltaTable", always_gapped)
+    with pytest.raises(StoreError, match="contiguous"):
+        store.snapshot(schemas.CONSUMER_OFFSET)

@@ -10,6 +10,7 @@ or fails, and maps delta-rs's errors onto the engine's. No delta-rs object leave
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -44,8 +45,17 @@ from engine.store.delta_log import read_version, table_filesystem
 # 19-column one-row append took 12.8 ms with a reopen every 32 versions and 7.6 ms with a reopen
 # after each checkpoint (never reopened: 30.3 ms).
 RENEW_HANDLE_COMMITS = 32
-# Reads of a log listed mid-commit (see Snapshot._reloading) before giving up.
-LISTING_ATTEMPTS = 4
+# Reads of a log listed mid-commit (see Snapshot._reloading) before giving up. A local directory
+# listing is no snapshot: with two commits linked in while it is read (direct appends make that
+# common: the soak saw it at about 150 commits/s), the later one may be listed and the earlier not.
+LISTING_ATTEMPTS = 12
+
+
+def listing_pause(attempt: int) -> None:
+    """The jittered pause before listing the log again (at most about 60 ms, 0.4 s in all)."""
+    time.sleep(random.uniform(0.5, 1.0) * min(0.06, 0.005 * (attempt + 1)))
+
+
 # How far back to look for a commit marker before giving up (compaction and progress commits lack
 # them).
 MAX_WALK_BACK = 4096
@@ -117,17 +127,22 @@ def open_snapshot(
         StoreError: the table cannot be loaded (its log is damaged or unreadable).
     """
     label = name or uri
-    try:
-        dt = DeltaTable(
-            uri, version=version, storage_options=dict(storage_options) if storage_options else None
-        )
-    except TableNotFoundError as exc:
-        raise TableMissingError(f"table {uri} does not exist", table=label, cause=exc) from exc
-    except (DeltaError, OSError) as exc:
-        raise StoreError(
-            f"table {uri} cannot be loaded: {exc}", table=label, version=version, cause=exc
-        ) from exc
-    return Snapshot(dt, label, storage_options)
+    for attempt in range(LISTING_ATTEMPTS):
+        try:
+            dt = DeltaTable(
+                uri, version=version, storage_options=dict(storage_options) if storage_options else None
+            )
+        except TableNotFoundError as exc:
+            raise TableMissingError(f"table {uri} does not exist", table=label, cause=exc) from exc
+        except (DeltaError, OSError) as exc:
+            if listing_gap(exc) and attempt + 1 < LISTING_ATTEMPTS:
+                listing_pause(attempt)  # the log was listed mid-commit: read it again
+                continue
+            raise StoreError(
+                f"table {uri} cannot be loaded: {exc}", table=label, version=version, cause=exc
+            ) from exc
+        return Snapshot(dt, label, storage_options)
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 class Snapshot:
@@ -193,7 +208,7 @@ class Snapshot:
                 if log_gone(exc):
                     break
                 if listing_gap(exc) and attempt + 1 < LISTING_ATTEMPTS:
-                    time.sleep(0.01 * (attempt + 1))
+                    listing_pause(attempt)
                     continue
                 raise StoreError(
                     f"table {self.name} cannot be {doing}: {exc}", table=self.name, cause=exc

@@ -233,12 +233,12 @@ def test_a_refresh_that_finds_its_successor_commits_gone_reloads_the_table(
     snap = store.snapshot(schemas.CONSUMER_OFFSET)
     store.append(schemas.CONSUMER_OFFSET, _offsets(2))
 
-    def cleaned_up_meanwhile() -> None:  # the files were listed, then cleaned up before being read
+    def cleaned_up_meanwhile(*args: Any) -> None:  # the files were listed, then cleaned up before being read
         raise FileNotFoundError(
             f"Object at location {store.uri(schemas.CONSUMER_OFFSET)}/_delta_log/1.json not found"
         )
 
-    monkeypatch.setattr(snap._dt, "update_incremental", cleaned_up_meanwhile)
+    monkeypatch.setattr(snap._dt, "load_as_version", cleaned_up_meanwhile)  # how a local table moves on
     assert snap.refresh().version() == store.version(schemas.CONSUMER_OFFSET)
     assert snap.moved_since_open == 0  # a new handle, loaded from the table's newest state
 
@@ -247,11 +247,12 @@ def test_a_refresh_that_cannot_read_the_log_for_another_reason_is_a_store_error(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     snap = store.snapshot(schemas.CONSUMER_OFFSET)
+    store.append(schemas.CONSUMER_OFFSET, _offsets(1))
 
-    def unreadable() -> None:
+    def unreadable(*args: Any) -> None:
         raise PermissionError("permission denied")
 
-    monkeypatch.setattr(snap._dt, "update_incremental", unreadable)
+    monkeypatch.setattr(snap._dt, "load_as_version", unreadable)
     with pytest.raises(StoreError, match="cannot be refreshed"):
         snap.refresh()
 
@@ -326,22 +327,23 @@ def test_a_refresh_that_listed_the_log_mid_commit_reads_it_again(
 ) -> None:
     snap = store.snapshot(schemas.CONSUMER_OFFSET)
     store.append(schemas.CONSUMER_OFFSET, _offsets(2))
-    real = snap._dt.update_incremental
+    real = snap._dt.load_as_version
     listings = []
 
-    def caught_mid_commit() -> None:  # the soak saw it: 3961.json, then 3963.json, 3962 being linked in
+    def caught_mid_commit(version: int) -> None:  # the soak saw it: 3961.json, then 3963.json
         listings.append(1)
         if len(listings) < 3:
             raise DeltaError("Generic delta kernel error: Expected contiguous commit files, but found gap")
-        real()
+        real(version)
 
-    monkeypatch.setattr(snap._dt, "update_incremental", caught_mid_commit)
+    monkeypatch.setattr(snap._dt, "load_as_version", caught_mid_commit)
     assert snap.refresh().version() == 1 and len(listings) == 3
 
-    def always_gapped() -> None:
+    def always_gapped(*args: Any) -> None:
         raise DeltaError("Generic delta kernel error: Expected contiguous commit files, but found gap")
 
-    monkeypatch.setattr(snap._dt, "update_incremental", always_gapped)
+    store.append(schemas.CONSUMER_OFFSET, _offsets(1, start=5))
+    monkeypatch.setattr(snap._dt, "load_as_version", always_gapped)
     with pytest.raises(StoreError, match="contiguous"):
         snap.refresh()
 
@@ -367,3 +369,24 @@ def test_opening_a_table_whose_log_was_listed_mid_commit_reads_it_again(
     monkeypatch.setattr(delta, "DeltaTable", always_gapped)
     with pytest.raises(StoreError, match="contiguous"):
         store.snapshot(schemas.CONSUMER_OFFSET)
+
+
+def test_a_local_refresh_loads_exactly_the_newest_commit_file_and_lists_nothing_when_none_is_new(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A listing of _delta_log taken while commits are linked in can miss one and see the next: the
+    # newest version is found by looking for the commit files one by one, then loaded as exactly it.
+    snap = store.snapshot(schemas.CONSUMER_OFFSET)
+
+    def listed(*args: Any) -> None:
+        raise AssertionError("the log was listed for the latest version")
+
+    monkeypatch.setattr(snap._dt, "update_incremental", listed)
+    loaded: list[int] = []
+    real = snap._dt.load_as_version
+    monkeypatch.setattr(snap._dt, "load_as_version", lambda v: (loaded.append(v), real(v)))
+    assert snap.refresh().version() == 0 and loaded == []  # nothing new: no delta-rs call at all
+    for i in range(3):
+        store.append(schemas.CONSUMER_OFFSET, _offsets(1, start=i))
+    assert snap.refresh().version() == 3 and loaded == [3]
+    assert store.snapshot(schemas.CONSUMER_OFFSET).version() == 3

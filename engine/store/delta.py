@@ -33,7 +33,7 @@ from engine.errors import (
     TableMissingError,
 )
 from engine.store.commits import checkpoint_interval, listing_gap, log_gone
-from engine.store.delta_log import read_version, table_filesystem
+from engine.store.delta_log import probe_latest_version, read_version, table_filesystem
 
 # A DeltaTable handle gets slower with every version it moves on by: delta-rs keeps the file list of
 # each new version as one more Arrow batch and every later commit goes over all of them, and a
@@ -128,10 +128,11 @@ def open_snapshot(
     """
     label = name or uri
     for attempt in range(LISTING_ATTEMPTS):
+        # the latest version, found without a listing, is loaded as exactly that version
+        at = version if version is not None else probe_latest_version(uri)
         try:
-            dt = DeltaTable(
-                uri, version=version, storage_options=dict(storage_options) if storage_options else None
-            )
+            options = dict(storage_options) if storage_options else None
+            dt = DeltaTable(uri, version=at, storage_options=options)
         except TableNotFoundError as exc:
             raise TableMissingError(f"table {uri} does not exist", table=label, cause=exc) from exc
         except (DeltaError, OSError) as exc:
@@ -187,8 +188,16 @@ class Snapshot:
         Raises:
             StoreError: the log cannot be read.
         """
-        self._reloading(lambda: self._dt.update_incremental(), "refreshed")
+        latest = probe_latest_version(self.uri, self.version())
+        if latest is None:
+            self._reloading(lambda: self._dt.update_incremental(), "refreshed")
+        elif latest > self.version():  # a load of exactly that version lists no half-made log
+            self._reloading(lambda: self._load_up_to(latest), "refreshed")
         return self
+
+    def _load_up_to(self, version: int) -> None:
+        if self.version() < version:  # a reload may have gone further already
+            self._dt.load_as_version(version)
 
     def _reloading(self, read: Callable[[], _T], doing: str) -> _T:
         """``read()``; when the commits this handle still needed were cleaned up (it fell behind the

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -127,6 +128,37 @@ def parse_commit(text: str, path: str, version: int | None = None) -> list[dict[
 
 def _log_path(version: int) -> str:
     return f"_delta_log/{version:020d}.json"
+
+
+def probe_latest_version(uri: str, at_least: int = -1) -> int | None:
+    """The newest version of a local table, found by looking for its commit files one by one from
+    ``at_least`` (or the newest checkpoint, if later) on; None for an object store, or when the
+    version to start from has no commit file (cleaned up, or no table): list the log then.
+
+    Why not list: a directory listing is no snapshot. A commit file linked in while the directory is
+    read may be missed while a later one is seen, and delta-rs then refuses the log ("Expected
+    contiguous commit files"); with commits arriving every few milliseconds and a ``_delta_log`` of
+    thousands of files that is most listings (the soak's broker died of it). Every commit file up to
+    the version probed here existed before a listing that follows starts, so a load of exactly that
+    version sees them all.
+    """
+    path = local_path(uri)
+    if path is None:
+        return None
+    log = os.path.join(path, "_delta_log")
+    start = at_least
+    with (
+        contextlib.suppress(OSError, ValueError, KeyError, TypeError),
+        open(os.path.join(log, "_last_checkpoint"), encoding="utf-8") as f,
+    ):
+        start = max(start, int(json.load(f)["version"]))
+    start = max(start, 0)
+    if not os.path.exists(os.path.join(log, f"{start:020d}.json")):
+        return None
+    version = start
+    while os.path.exists(os.path.join(log, f"{version + 1:020d}.json")):
+        version += 1
+    return version
 
 
 def earliest_version(uri: str, storage_options: Mapping[str, str] | None = None) -> int:

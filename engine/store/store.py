@@ -229,12 +229,14 @@ class Store:
 
     def _repair_cut_last(self, name: str, snap: Snapshot) -> Snapshot | None:
         """A table delta-rs loads, but whose last commit file was cut at a line break (it parses,
-        with fewer actions than its commitInfo records): repaired as a torn one."""
+        with fewer actions than its commitInfo records), or with a checksum file past it (loaded at
+        exactly its newest version, delta-rs does not trip over that one): repaired as torn ones."""
         if not self.is_local:
             return snap
-        path = Path(self.uri(name)) / "_delta_log" / f"{snap.version():020d}.json"
+        log = Path(self.uri(name)) / "_delta_log"
+        path = log / f"{snap.version():020d}.json"
         try:
-            whole = commit_parses(path.read_bytes())
+            whole = commit_parses(path.read_bytes()) and not (log / f"{snap.version() + 1:020d}.crc").exists()
         except OSError:
             return snap  # a checkpoint without its commit files, or a vanished file: delta-rs's call
         if whole or not repair_log(self.uri(name)).moved:

@@ -173,36 +173,47 @@ class Soak:
         return row
 
     def run(self) -> dict[str, Any]:
-        a = self.args
         Admin(Store.open(str(self.store_path))).create_topic(TOPIC, QUEUES)
         log = self.args.out.with_suffix(".broker.log")
         log.parent.mkdir(parents=True, exist_ok=True)
         with Broker(self.store_path, log, jobs=JOBS) as broker:
             self.start_workers()
-            began = time.monotonic()
-            end = began + a.minutes * 60
-            while time.monotonic() < end:
-                self.collect(min(end, time.monotonic() + a.window))
-                broker.check()
-                for name, proc in self.procs.items():
-                    if not proc.is_alive() and name not in self.early_exits:
-                        self.early_exits[name] = proc.exitcode
-                        self.console.print(f"[red]{name} exited with code {proc.exitcode}[/red]")
-                row = self.sample(broker)
-                sent = sum(w["count"] for w in self.windows if w["role"] == "producer")
-                self.console.print(
-                    f"[{(time.monotonic() - began) / 60:5.1f} min] sent {sent:,}; broker "
-                    f"{row['rss_mib'].get('broker', 0):.0f} MiB; commit_log files "
-                    f"{row['tables'].get('commit_log', {}).get('data_files', 0):.0f}"
-                )
-            self.stop.set()
-            self.collect(time.monotonic() + 10)  # the producers' finals
-            self.drained.set()
-            deadline = time.monotonic() + DRAIN_S
-            while any(p.is_alive() for p in self.procs.values()) and time.monotonic() < deadline:
-                self.collect(time.monotonic() + 2)
+            try:
+                return self._soak(broker)
+            except BaseException:
+                # a broker that died (or an interrupt) ends the soak: its workers must not outlive it
+                # and load the machine for whatever runs next
+                self.stop.set()
+                self.drained.set()
+                stop_workers(self.procs, self.early_exits)
+                raise
+
+    def _soak(self, broker: Broker) -> dict[str, Any]:
+        a = self.args
+        began = time.monotonic()
+        end = began + a.minutes * 60
+        while time.monotonic() < end:
+            self.collect(min(end, time.monotonic() + a.window))
+            broker.check()
+            for name, proc in self.procs.items():
+                if not proc.is_alive() and name not in self.early_exits:
+                    self.early_exits[name] = proc.exitcode
+                    self.console.print(f"[red]{name} exited with code {proc.exitcode}[/red]")
+            row = self.sample(broker)
+            sent = sum(w["count"] for w in self.windows if w["role"] == "producer")
+            self.console.print(
+                f"[{(time.monotonic() - began) / 60:5.1f} min] sent {sent:,}; broker "
+                f"{row['rss_mib'].get('broker', 0):.0f} MiB; commit_log files "
+                f"{row['tables'].get('commit_log', {}).get('data_files', 0):.0f}"
+            )
+        self.stop.set()
+        self.collect(time.monotonic() + 10)  # the producers' finals
+        self.drained.set()
+        deadline = time.monotonic() + DRAIN_S
+        while any(p.is_alive() for p in self.procs.values()) and time.monotonic() < deadline:
             self.collect(time.monotonic() + 2)
-            stop_workers(self.procs, self.early_exits)
+        self.collect(time.monotonic() + 2)
+        stop_workers(self.procs, self.early_exits)
         return self.results()
 
     def results(self) -> dict[str, Any]:

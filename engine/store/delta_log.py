@@ -130,6 +130,19 @@ def _log_path(version: int) -> str:
     return f"_delta_log/{version:020d}.json"
 
 
+def last_checkpoint_version(table_dir: str) -> int | None:
+    """The version a local table's ``_delta_log/_last_checkpoint`` names; None when it has none.
+
+    Raises:
+        OSError, ValueError, KeyError, TypeError: the hint is unreadable or malformed.
+    """
+    try:
+        with open(os.path.join(table_dir, "_delta_log", "_last_checkpoint"), encoding="utf-8") as f:
+            return int(json.load(f)["version"])
+    except FileNotFoundError:
+        return None
+
+
 def probe_latest_version(uri: str, at_least: int = -1) -> int | None:
     """The newest version of a local table, found by looking for its commit files one by one from
     ``at_least`` (or the newest checkpoint, if later) on; None for an object store, or when the
@@ -147,11 +160,10 @@ def probe_latest_version(uri: str, at_least: int = -1) -> int | None:
         return None
     log = os.path.join(path, "_delta_log")
     start = at_least
-    with (
-        contextlib.suppress(OSError, ValueError, KeyError, TypeError),
-        open(os.path.join(log, "_last_checkpoint"), encoding="utf-8") as f,
-    ):
-        start = max(start, int(json.load(f)["version"]))
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        checkpoint = last_checkpoint_version(path)
+        if checkpoint is not None:
+            start = max(start, checkpoint)
     start = max(start, 0)
     if not os.path.exists(os.path.join(log, f"{start:020d}.json")):
         return None

@@ -47,7 +47,7 @@ import pyarrow.parquet as pq
 from engine.errors import CommitConflictError, StoreError
 from engine.store.commit_markers import COUNTS_KEY
 from engine.store.delta import Snapshot
-from engine.store.delta_log import local_path, parse_commit
+from engine.store.delta_log import last_checkpoint_version, local_path, parse_commit
 
 DIRECT_ENV = "MQ_DIRECT_APPEND"
 ENGINE_INFO = "lakemq"
@@ -55,7 +55,6 @@ ENGINE_INFO = "lakemq"
 # and a column whose statistics are missing is only scanned, never misread.
 MAX_STAT_STRING = 256
 _STAT_TYPES = (pa.types.is_integer, pa.types.is_string, pa.types.is_large_string, pa.types.is_date)
-_LAST_CHECKPOINT = "_last_checkpoint"
 
 
 @dataclass(frozen=True)
@@ -219,12 +218,10 @@ class DirectAppender:
         commit files after it may have been cleaned up, so the absence of ``version + 1`` proves
         nothing."""
         try:
-            with open(os.path.join(self._log_dir, _LAST_CHECKPOINT), encoding="utf-8") as f:
-                return int(json.load(f)["version"]) > version
-        except FileNotFoundError:
-            return False
+            checkpoint = last_checkpoint_version(self.table_dir)
         except (OSError, ValueError, KeyError, TypeError):
             return True  # unreadable: assume the worst, the caller reloads the table
+        return checkpoint is not None and checkpoint > version
 
     def write_file(self, rows: pa.Table) -> dict[str, Any]:
         """Write ``rows`` as a new data file of the table; its ``add`` action.

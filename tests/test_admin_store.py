@@ -140,9 +140,13 @@ def test_store_time_never_goes_backwards_in_commit_order(store: Store, topic: st
     assert ts == sorted(ts)
 
 
-def test_the_shared_handle_is_reopened_past_each_checkpoint_and_keeps_every_row(store: Store) -> None:
+@pytest.mark.parametrize("direct", ["1", "0"], ids=["direct", "delta-rs"])
+def test_the_shared_handle_is_reopened_past_each_checkpoint_and_keeps_every_row(
+    store: Store, direct: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from engine.store.delta import RENEW_HANDLE_COMMITS
 
+    monkeypatch.setenv("MQ_DIRECT_APPEND", direct)
     first = store.shared(schemas.CONSUMER_OFFSET, fresh=False)
     handles = {id(first)}
     renewed_at = []
@@ -150,12 +154,16 @@ def test_the_shared_handle_is_reopened_past_each_checkpoint_and_keeps_every_row(
     for i in range(RENEW_HANDLE_COMMITS + 3):
         row = {"group": "g", "topic": "T", "queue_id": 0, "offset": i, "ts_ms": i, "consumer_id": ""}
         store.append(schemas.CONSUMER_OFFSET, pa.Table.from_pylist([row], schema=schema))
-        handle = store.shared(schemas.CONSUMER_OFFSET, fresh=False)
+        handle = store.shared(schemas.CONSUMER_OFFSET)  # a direct append leaves it to readers to move it
         if id(handle) not in handles:
             handles.add(id(handle))
             renewed_at.append(handle.version())
     # Checkpointed every 10 versions (Delta's interval): reopened from each checkpoint, 3 in 35 commits.
     assert renewed_at == [10, 20, 30]
+    log = Path(store.uri(schemas.CONSUMER_OFFSET)) / "_delta_log"
+    assert sorted(p.name for p in log.glob("*.checkpoint.parquet")) == [
+        f"{v:020d}.checkpoint.parquet" for v in (10, 20, 30)
+    ]
     renewed = store.shared(schemas.CONSUMER_OFFSET, fresh=False)
     assert renewed is not first and renewed.version() == store.version(schemas.CONSUMER_OFFSET)
     offsets = sorted(store.read(schemas.CONSUMER_OFFSET)["offset"].to_pylist())

@@ -22,7 +22,7 @@ def landed(direct: DirectAppender, version: int, batch_id: str, table: str) -> b
         commit = direct.read_commit(version)
     except StoreError as exc:
         raise CommitStateUnknownError(
-            f"commit-log write failed and its outcome cannot be read back: {exc}", table=table, cause=exc
+            f"write to {table} failed and its outcome cannot be read back: {exc}", table=table, cause=exc
         ) from exc
     return commit is not None and commit.commit_info.get(BATCH_KEY) == batch_id
 
@@ -47,5 +47,5 @@ def find_batch(
         return None
     except Exception as exc:
         raise CommitStateUnknownError(
-            f"commit-log write failed and its outcome cannot be read back: {exc}", table=table, cause=exc
+            f"write to {table} failed and its outcome cannot be read back: {exc}", table=table, cause=exc
         ) from exc

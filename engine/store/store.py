@@ -20,10 +20,12 @@ from engine.errors import CommitConflictError, ConfigError, MQError, StoreError,
 from engine.model import TopicConfig
 from engine.protocol.shards import shard_base
 from engine.store import schemas
+from engine.store.blind_appends import BlindAppends
 from engine.store.commit_markers import HWM_KEY
 from engine.store.commits import commit_next, log_gone
 from engine.store.delta import Snapshot, app_transactions, create_table, open_snapshot
-from engine.store.delta_log import read_versions
+from engine.store.delta_log import probe_latest_version, read_versions
+from engine.store.direct_append import direct_append_enabled
 from engine.store.repair import commit_parses, repair_log
 from engine.store.table_properties import creation_properties, table_properties
 from engine.store.topics import TopicCatalog
@@ -50,6 +52,7 @@ class Store:
         self.storage_options: dict[str, str] | None = dict(storage_options) if storage_options else None
         self.config = config
         self._shared: dict[str, Snapshot] = {}
+        self._blind: dict[str, BlindAppends] = {}
         self._lock = threading.RLock()
         self._topics = TopicCatalog(self)
         self._store_id: str | None = None
@@ -276,28 +279,28 @@ class Store:
                 self._shared[name] = snap
             elif fresh:
                 snap.refresh()
-            return snap
+                self._renew_if_aged(name)  # direct appends do not move it: readers do
+            return self._shared[name]
 
     def version(self, name: str) -> int:
-        """Latest committed version of a table."""
-        return self.shared(name).version()
+        """Latest committed version of a table (on a local store, found by probing its commit files
+        without moving the shared snapshot)."""
+        return self.latest_version_hint(name, self.shared(name, fresh=False).version())
 
     def app_version(self, name: str, app_id: str) -> int:
         """Last version recorded by app transaction ``app_id`` on a table, as of now (-1 if none)."""
         return self.shared(name).app_version(app_id)
 
     def latest_version_hint(self, name: str, known: int) -> int:
-        """Cheap check for a version newer than ``known`` (used by long polling).
+        """The latest version of a table, cheaply when it is no older than ``known`` (long polling
+        asks on every poll).
 
-        On a local store it looks for the next commit file; elsewhere it refreshes the snapshot.
+        On a local store it looks for the commit files after ``known`` (or after the newest
+        checkpoint); elsewhere, or when the commit file of that version is gone, it refreshes the
+        shared snapshot.
         """
-        if self.is_local:
-            log = Path(self.uri(name)) / "_delta_log"
-            probe = known + 1
-            while (log / f"{probe:020d}.json").exists():
-                probe += 1
-            return probe - 1
-        return self.version(name)
+        latest = probe_latest_version(self.uri(name), known) if self.is_local else None
+        return self.shared(name).version() if latest is None else latest
 
     @property
     def store_id(self) -> str:
@@ -331,6 +334,11 @@ class Store:
         ``max_retries=0``: the commit then lands exactly on the next version or fails, never on top
         of commits it did not see (the store's shared snapshot may be moved by other threads).
 
+        Any other append of rows without an app transaction is blind: on a local store it is
+        committed directly, without delta-rs (:mod:`engine.store.blind_appends`), where the table
+        allows it. The shared snapshot does not move then: read through :meth:`shared` or
+        :meth:`version`, which bring it up to date.
+
         Raises:
             CommitConflictError: the commit lost its race ``max_retries`` + 1 times.
             StoreError: the write failed; nothing was committed.
@@ -342,6 +350,12 @@ class Store:
             if app_id is not None and app_version is not None
             else None
         )
+        plain = txns is None and snapshot is None and max_retries != 0 and data.num_rows > 0
+        with self._lock:
+            if plain and self.is_local and direct_append_enabled():
+                direct = self._blind_appends(name, schema).append(data, custom_metadata)
+                if direct is not None:
+                    return direct
         snap = snapshot if snapshot is not None else self.shared(name, fresh=False)
         with self._lock:
             for attempt in range(2):
@@ -367,6 +381,14 @@ class Store:
             if snapshot is None:
                 self._renew_if_aged(name)
             return version
+
+    def _blind_appends(self, name: str, schema: pa.Schema) -> BlindAppends:
+        """The direct writer of table ``name``'s plain appends (:mod:`engine.store.blind_appends`)."""
+        blind = self._blind.get(name)
+        if blind is None:
+            blind = BlindAppends(name, schema, lambda version: self.snapshot(name, version))
+            self._blind[name] = blind
+        return blind
 
     def append_progress(
         self,

@@ -168,5 +168,10 @@ class TopicCatalog:
                         "created_ts_ms": stamp,
                     }
                 )
-            self._store.append(schemas.TOPICS, pa.Table.from_pylist(rows, schema=schemas.TOPICS_SCHEMA))
-            self._stale = True  # the next look-up reads our commit (and any other since)
+            version = self._store.append(
+                schemas.TOPICS, pa.Table.from_pylist(rows, schema=schemas.TOPICS_SCHEMA)
+            )
+            if version == self._version + 1:  # nothing landed between our read and our commit
+                self._fold_in(rows, version)
+            else:
+                self._stale = True  # the next look-up reads our commit (and any other since)

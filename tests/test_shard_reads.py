@@ -198,3 +198,32 @@ def test_a_pull_sees_a_message_appended_to_a_shard_after_its_first_read(sharded:
 
 def test_messages_of_no_offsets_is_an_empty_table(sharded: Store) -> None:
     assert QueueIndex(sharded).messages([]).equals(schemas.COMMIT_LOG_SCHEMA.empty_table())
+
+
+def test_a_read_whose_files_vanish_after_a_refresh_tries_again_on_a_snapshot_loaded_anew(
+    sharded: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from engine.store.file_reader import FileReader
+
+    index = QueueIndex(sharded)
+    asked = sorted(read_commit_logs(sharded, columns=["physical_offset"])["physical_offset"].to_pylist())
+    index.messages(asked[:1])  # snapshots opened
+    real_rows_at, failures = FileReader.rows_at, []
+    opened = []
+    real_snapshot = Store.snapshot
+
+    def vanishing(self: FileReader, *args: object, **kwargs: object) -> object:
+        if len(failures) < 2:  # compaction and vacuum ran before the read, then again after the refresh
+            failures.append(1)
+            raise FileNotFoundError("compacted away")
+        return real_rows_at(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    def counting(self: Store, name: str, version: int | None = None) -> object:
+        opened.append(name)
+        return real_snapshot(self, name, version)
+
+    monkeypatch.setattr(FileReader, "rows_at", vanishing)
+    monkeypatch.setattr(Store, "snapshot", counting)
+    got = index.messages(asked[:1])
+    assert got["physical_offset"].to_pylist() == asked[:1] and len(failures) == 2
+    assert opened == [sharded.commit_logs[0]]  # the third read was made on a snapshot loaded anew

@@ -226,6 +226,11 @@ class QueueIndex:
         return table.take(pc.index_in(pa.array(wanted), value_set=found))
 
 
+# Reads of a shard's rows before giving up on files that keep vanishing: the first after a refresh,
+# the last on a snapshot loaded anew (compaction and vacuum may both run between a refresh and a read).
+_READ_ATTEMPTS = 3
+
+
 class _ShardLog:
     """One commit-log shard's snapshot, file statistics and cached file reader (thread-safe)."""
 
@@ -237,9 +242,11 @@ class _ShardLog:
         self._files = FileStats(-1, [])
         self._reader = FileReader(store.uri(name), store.storage_options)
 
-    def _refresh(self) -> None:
+    def _refresh(self, *, reopen: bool = False) -> None:
+        """Move the snapshot to the latest version (``reopen``: load it anew, after a refreshed one
+        still named a file that is gone)."""
         with self._lock:
-            self._log = self._store.caught_up(self._name, self._log)
+            self._log = self._store.caught_up(self._name, None if reopen else self._log)
             self._files = FileStats.of(self._log, ["physical_offset"])
             self._reader.forget(set(self._files.paths))
 
@@ -251,17 +258,17 @@ class _ShardLog:
         """Rows at the sorted, distinct offsets ``unique`` (all of this shard) that the shard holds."""
         schema = schemas.COMMIT_LOG_SCHEMA
         table = schema.empty_table()
-        for attempt in range(2):
+        for attempt in range(_READ_ATTEMPTS):
             if attempt or self._log is None or int(unique[-1]) > self._max():
-                self._refresh()
+                self._refresh(reopen=attempt > 1)
             try:
                 parts = []
                 for path in self._files.overlapping("physical_offset", int(unique[0]), int(unique[-1])):
                     parts.append(self._reader.rows_at(path, "physical_offset", unique, schema))
             except (OSError, FileNotFoundError):
-                if attempt:
+                if attempt + 1 == _READ_ATTEMPTS:
                     raise
-                continue  # a file was compacted away under a stale snapshot
+                continue  # a file was compacted away (and vacuumed) under a stale snapshot
             table = pa.concat_tables(parts) if parts else schema.empty_table()
             if table.num_rows >= len(unique):
                 break

@@ -148,15 +148,15 @@ def test_the_shared_handle_is_reopened_past_each_checkpoint_and_keeps_every_row(
 
     monkeypatch.setenv("MQ_DIRECT_APPEND", direct)
     first = store.shared(schemas.CONSUMER_OFFSET, fresh=False)
-    handles = {id(first)}
+    handles = [first]  # kept alive: the id of a freed handle may be given to a new one
     renewed_at = []
     schema = schemas.SCHEMAS[schemas.CONSUMER_OFFSET]
     for i in range(RENEW_HANDLE_COMMITS + 3):
         row = {"group": "g", "topic": "T", "queue_id": 0, "offset": i, "ts_ms": i, "consumer_id": ""}
         store.append(schemas.CONSUMER_OFFSET, pa.Table.from_pylist([row], schema=schema))
         handle = store.shared(schemas.CONSUMER_OFFSET)  # a direct append leaves it to readers to move it
-        if id(handle) not in handles:
-            handles.add(id(handle))
+        if all(handle is not seen for seen in handles):
+            handles.append(handle)
             renewed_at.append(handle.version())
     # Checkpointed every 10 versions (Delta's interval): reopened from each checkpoint, 3 in 35 commits.
     assert renewed_at == [10, 20, 30]

@@ -114,10 +114,12 @@ def pull_consumer(
     window_s: float,
     stop: Any,
     drained: Any,
+    quit: Any,
     out: Any,
 ) -> None:
     """Pulls its queues round robin from the group's committed offsets (committed every 5 s); reports
-    pull and end-to-end latency."""
+    pull and end-to-end latency. Ends once drained (``stop`` and ``drained`` set, nothing found for a
+    few rounds), or when ``quit`` is set (the drain's deadline)."""
     from engine import PullConsumer, PullStatus, Store
 
     consumer = PullConsumer(Store.open(store_path), "SoakPull")
@@ -155,15 +157,16 @@ def pull_consumer(
             windows.add(0)
             time.sleep(0.05)
 
-    while not (stop.is_set() and drained.is_set() and idle_rounds > 3):
+    while not quit.is_set() and not (stop.is_set() and drained.is_set() and idle_rounds > 3):
         one_round()
     out.put({"role": "pull", "id": f"c{ident}", "final": True, "received": received})
 
 
 def simple_consumer(
-    store_path: str, topic: str, ident: int, window_s: float, stop: Any, drained: Any, out: Any
+    store_path: str, topic: str, ident: int, window_s: float, stop: Any, drained: Any, quit: Any, out: Any
 ) -> None:
-    """Receives up to 32 at a time and acks each; reports receive and end-to-end latency."""
+    """Receives up to 32 at a time and acks each; reports receive and end-to-end latency. Ends as
+    :func:`pull_consumer` does."""
     from engine import SimpleConsumer, Store
 
     consumer = SimpleConsumer(Store.open(store_path), "SoakSimple", f"s{ident}")
@@ -172,7 +175,7 @@ def simple_consumer(
     received: list[int] = []
     idle_rounds = 0
     try:
-        while not (stop.is_set() and drained.is_set() and idle_rounds > 3):
+        while not quit.is_set() and not (stop.is_set() and drained.is_set() and idle_rounds > 3):
             t0 = time.perf_counter()
             batch = consumer.receive(32, 60_000, wait_ms=200)
             took = (time.perf_counter() - t0) * 1000

@@ -144,3 +144,53 @@ def test_a_soak_replaces_only_its_own_section_and_a_benchmark_run_keeps_it():
     assert "new figures" in rerun and report.soak_of(rerun) == "soak two"
     assert report.soak_of("# Benchmarks\n") is None
     assert report.with_soak("# B\n", None) == "# B\n"
+
+
+def _results(drain_cut: bool) -> dict[str, object]:
+    finals = [
+        {"role": "producer", "final": True, "sent": [1, 2, 3], "failed": 0},
+        {"role": "pull", "final": True, "received": [1, 2, 3]},
+        {"role": "simple", "final": True, "received": [1]},
+    ]
+    params = {"minutes": 1, "producers": 1, "rate": 1.0, "body_bytes": 8, "pullers": 1, "simple": 1}
+    return {
+        "date": "today",
+        "params": {**params, "window": 30.0, "log_retention_minutes": 2},
+        "warmup_minutes": 0,
+        "samples": [],
+        "accounting": soak.account(finals),
+        "early_exits": {},
+        "drain_cut": drain_cut,
+        "verdicts": {},
+    }
+
+
+def test_a_drain_cut_at_its_deadline_reports_the_backlog_as_not_received_rather_than_lost():
+    cut = soak.markdown(_results(True))
+    assert "simple group received 1, not received (backlog) 2" in cut and "were told to stop" in cut
+    whole = soak.markdown(_results(False))
+    assert "simple group received 1, lost 2" in whole and "told to stop" not in whole
+
+
+def test_a_consumer_told_to_quit_stops_and_reports_what_it_received(tmp_path: Path):
+    from engine import Admin, Store
+
+    store = Store.open(tmp_path / "store")
+    Admin(store).create_topic("Soak", 2)
+    ctx = mp.get_context("spawn")
+    stop, drained, quit, out = ctx.Event(), ctx.Event(), ctx.Event(), ctx.Queue()
+    proc = ctx.Process(
+        target=soak_workers.pull_consumer,
+        args=(str(tmp_path / "store"), "Soak", 0, [0, 1], 30.0, stop, drained, quit, out),
+    )
+    proc.start()
+    try:
+        quit.set()  # neither stopped nor drained: only quit ends it
+        final = out.get(timeout=120)
+        while not final.get("final"):
+            final = out.get(timeout=120)
+        proc.join(60)
+        assert final["received"] == [] and proc.exitcode == 0
+    finally:
+        if proc.is_alive():
+            proc.kill()

@@ -32,6 +32,16 @@ def test_failures_older_than_the_window_are_forgiven():
     assert policy.failed("dispatch", 11.0) is None
 
 
+def test_listing_races_are_restarted_at_once_and_counted_apart():
+    race = "[DELTA_VERSIONS_NOT_CONTIGUOUS] Versions (4401, 4402, 4404) are not contiguous"
+    policy = RestartPolicy(max_restarts=1, window_s=100, max_listing_races=3)
+    assert [policy.failed("index", t, race) for t in (0.0, 1.0, 2.0)] == [BACKOFF_S[0]] * 3
+    assert policy.restarts("index") == 0 and policy.listing_races("index") == 3
+    assert policy.failed("index", 3.0, "Python worker failed to connect back") == BACKOFF_S[0]
+    assert policy.failed("index", 4.0, race) is None  # a log that stays gapped still stops the broker
+    assert RestartPolicy(max_restarts=0).failed("index", 0.0, race) is None  # no restarts at all
+
+
 def test_zero_restarts_fails_at_the_first_failure_and_bad_settings_are_refused():
     assert RestartPolicy(max_restarts=0).failed("dispatch", 0.0) is None
     with pytest.raises(InvalidArgumentError, match="max_restarts"):

@@ -38,7 +38,7 @@ from engine.spark.jobs.runner import (
     job_main,
     stop_query,
 )
-from engine.spark.jobs.supervision import DEFAULT_MAX_RESTARTS, RestartPolicy
+from engine.spark.jobs.supervision import DEFAULT_MAX_RESTARTS, LISTING_RACE, RestartPolicy
 from engine.spark.progress import (
     FAILED,
     FINISHED,
@@ -188,12 +188,16 @@ def _stop_all(queries: dict[str, Any], grace_s: float) -> None:
 def _schedule_restart(policy: RestartPolicy, due: dict[str, float], name: str, why: str) -> bool:
     """Record a failure of job ``name``; schedule its restart in ``due`` (job -> monotonic time) and
     return True, or return False when the policy gives up on it."""
-    wait_s = policy.failed(name, time.monotonic())
+    wait_s = policy.failed(name, time.monotonic(), why)
     if wait_s is None:
         return False
+    if LISTING_RACE in why:
+        count, allowed, kind = policy.listing_races(name), policy.max_listing_races, "listing race"
+    else:
+        count, allowed, kind = policy.restarts(name), policy.max_restarts, "failure"
     LOGGER.warning(
-        "%s: failed (%s); restarting from its checkpoint in %.0f s (failure %d of %d allowed within %.0f s)",
-        *(name, why, wait_s, policy.restarts(name), policy.max_restarts, policy.window_s),
+        "%s: failed (%s); restarting from its checkpoint in %.0f s (%s %d of %d allowed within %.0f s)",
+        *(name, why, wait_s, kind, count, allowed, policy.window_s),
     )
     due[name] = time.monotonic() + wait_s
     return True

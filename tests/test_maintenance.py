@@ -696,3 +696,33 @@ def test_periodic_run_is_a_ticker_query_running_one_pass_per_tick(
         query.stop()
     assert not passes[0].errors
     assert len(_files(store, schemas.COMMIT_LOG)) == 1
+
+
+@pytest.mark.parametrize("landed", [True, False], ids=["after-the-commit", "before-the-commit"])
+def test_a_compaction_whose_commit_met_a_listing_gap_is_found_or_made_again_once(
+    store: Store, topic: str, landed: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import engine.store.data_files as data_files
+    from engine.errors import CommitStateUnknownError
+
+    _fill(store, topic, 6)
+    rows_before = commit_log_rows(store)
+    real_commit_next, calls = data_files.commit_next, []
+
+    def gapped(snapshot: Any, **kwargs: Any) -> int:
+        calls.append(1)
+        if len(calls) == 1 and snapshot.name == schemas.COMMIT_LOG:
+            if landed:
+                real_commit_next(snapshot, **kwargs)
+            cause = OSError("Generic delta kernel error: Expected contiguous commit files, but found gap")
+            raise CommitStateUnknownError("commit failed; outcome unknown", cause=cause) from cause
+        return real_commit_next(snapshot, **kwargs)
+
+    monkeypatch.setattr(data_files, "commit_next", gapped)
+    before = store.version(schemas.COMMIT_LOG)
+    report = compact(store, schemas.COMMIT_LOG, min_files=2)
+    log = report[schemas.COMMIT_LOG]
+    assert (log["files_before"], log["files_after"], log["version"]) == (6, 1, before + 1)
+    assert store.version(schemas.COMMIT_LOG) == before + 1  # committed exactly once
+    assert commit_log_rows(store) == rows_before
+    assert len(calls) == (1 if landed else 2)

@@ -35,10 +35,11 @@ import pyarrow.fs as pa_fs
 import pyarrow.parquet as pq
 from deltalake.transaction import AddAction, RemoveAction
 
-from engine.errors import CommitConflictError, StoreError
+from engine.errors import CommitConflictError, CommitStateUnknownError, StoreError
 from engine.store.commit_log_marks import read_hwm
-from engine.store.commit_markers import HWM_KEY, MAINTENANCE_KEY, carried_markers
-from engine.store.commits import backoff, commit_next
+from engine.store.commit_markers import BATCH_KEY, HWM_KEY, MAINTENANCE_KEY, carried_markers
+from engine.store.commit_outcomes import find_batch
+from engine.store.commits import backoff, commit_next, listing_gap
 from engine.store.delta import Action, DataFile, Snapshot
 from engine.store.store import Store, now_ms
 
@@ -248,6 +249,10 @@ def commit_planned(
         carried: the marker keys carried forward when the plan sets no markers of its own (default
             the table's, :func:`engine.store.commit_markers.carried_markers`).
 
+    A commit that failed because delta-rs listed the log while another writer's commit was being
+    linked in (``listing_gap``: the outcome is unknown, the failure may come after the commit) is
+    looked up by its id in the log loaded anew: found, it is the commit; not found, a lost race.
+
     Raises:
         CommitConflictError: every attempt lost its race (nothing was committed).
         CommitStateUnknownError: the commit failed mid-way and may have happened.
@@ -262,15 +267,23 @@ def commit_planned(
             return None
         keys = carried_markers(name) if carried is None else carried
         markers = current_markers(dt, keys) if commit.markers is None else commit.markers
+        base, commit_id = dt.version(), uuid.uuid4().hex
         try:
             return commit_next(
                 dt,
                 actions=commit.actions,
-                custom_metadata={**markers, MAINTENANCE_KEY: operation},
+                custom_metadata={**markers, MAINTENANCE_KEY: operation, BATCH_KEY: commit_id},
                 on_error="unknown",
             )
         except CommitConflictError:
             continue
+        except CommitStateUnknownError as exc:
+            if not listing_gap(exc.__cause__ or exc):
+                raise
+            landed = find_batch(lambda: store.snapshot(name), commit_id, base, name)
+            if landed is not None:
+                return landed
+            dt = store.snapshot(name)  # not committed: plan again on a handle loaded anew
     raise CommitConflictError(
         f"{operation} of {name} lost {COMMIT_ATTEMPTS} races in a row to other writers; retry later",
         table=name,

@@ -72,7 +72,7 @@ class BlindAppends:
         metadata = {**(custom_metadata or {}), BATCH_KEY: batch_id}
         for attempt in range(MAX_ATTEMPTS):
             latest = self._follow(appender)
-            if latest is None or self._appender is not appender:
+            if latest is None:
                 # the table changed under us (or its log was cleaned past us): made anew; the file
                 # written stays unreferenced, for vacuum, as a lost race of delta-rs leaves it
                 renewed = self._appender
@@ -102,7 +102,8 @@ class BlindAppends:
 
     def _follow(self, appender: DirectAppender) -> int | None:
         """The newest version, after reading every commit since the last one checked; None when the
-        writer had to be made anew (see the module docstring: ``self._appender`` tells how)."""
+        writer was made anew (see the module docstring): ``self._appender`` is the new one, or None
+        when the table takes delta-rs commits only."""
         latest = probe_latest_version(appender.table_dir, self._checked)
         if latest is None:
             self._renew(None)

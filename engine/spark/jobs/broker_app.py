@@ -38,7 +38,7 @@ from engine.spark.jobs.runner import (
     job_main,
     stop_query,
 )
-from engine.spark.jobs.supervision import DEFAULT_MAX_RESTARTS, LISTING_RACE, RestartPolicy
+from engine.spark.jobs.supervision import DEFAULT_MAX_RESTARTS, RestartPolicy, is_listing_race
 from engine.spark.progress import (
     FAILED,
     FINISHED,
@@ -191,7 +191,7 @@ def _schedule_restart(policy: RestartPolicy, due: dict[str, float], name: str, w
     wait_s = policy.failed(name, time.monotonic(), why)
     if wait_s is None:
         return False
-    if LISTING_RACE in why:
+    if is_listing_race(why):
         count, allowed, kind = policy.listing_races(name), policy.max_listing_races, "listing race"
     else:
         count, allowed, kind = policy.restarts(name), policy.max_restarts, "failure"

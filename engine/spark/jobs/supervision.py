@@ -28,6 +28,11 @@ LISTING_RACE = "DELTA_VERSIONS_NOT_CONTIGUOUS"
 DEFAULT_MAX_LISTING_RACES = 30
 
 
+def is_listing_race(why: str) -> bool:
+    """Whether a job's error ``why`` is a listing race (:data:`LISTING_RACE`)."""
+    return LISTING_RACE in why
+
+
 @dataclass
 class RestartPolicy:
     """Restarts of failed queries, per job: backoff grows with the failures inside the window.
@@ -60,7 +65,7 @@ class RestartPolicy:
         ``max_listing_races`` within the window, and restarted after the shortest backoff (the
         restart is not counted as a failure unless ``max_restarts`` is 0: nothing is restarted then).
         """
-        race = LISTING_RACE in why and self.max_restarts > 0
+        race = is_listing_race(why) and self.max_restarts > 0
         recent = (self._races if race else self._failures)[job]
         while recent and recent[0] <= now_s - self.window_s:
             recent.popleft()

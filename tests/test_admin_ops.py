@@ -124,7 +124,10 @@ def test_racing_expansions_end_at_the_larger_count_never_a_shrink(store: Store, 
         t.start()
     for t in threads:
         t.join()
-    assert errors == []
+    # The expansion to 6 either raced the one to 8 (both read 4 queues; the catalog keeps the larger)
+    # or read the topic after 8 had landed, which makes it a shrink and a typed refusal. Either way
+    # the topic ends with 8 queues and nothing else fails.
+    assert all(isinstance(exc, TopicShrinkError) and exc.requested == 6 for exc in errors), errors
     assert Store.open(store.root).topic_configs(refresh=True)["T"].queues == 8
 
 

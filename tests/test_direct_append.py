@@ -21,7 +21,7 @@ from engine.store.commit_log import CommitLogWriter
 from engine.store.commit_log_marks import read_hwm
 from engine.store.delta import open_snapshot
 from engine.store.delta_log import read_versions
-from engine.store.direct_append import MAX_STAT_STRING, blocker, direct_appender, file_stats
+from engine.store.direct_append import MAX_STAT_STRING, blocker, direct_appender, file_stats, plain_info_line
 from engine.store.stamping import PendingMessage
 
 
@@ -107,6 +107,34 @@ def test_a_direct_commit_cut_at_a_line_break_is_detected(store: Store, topic: st
     assert appender is not None
     with pytest.raises(CommitTruncatedError):
         appender.read_commit(1)
+
+
+def test_a_direct_commit_is_read_without_parsing_and_no_cut_of_it_passes_as_whole(
+    store: Store, topic: str
+) -> None:
+    writer = CommitLogWriter(store)
+    writer.append([_pending(topic, 0, b"x", "TagX")])
+    path = _log(store) / f"{1:020d}.json"
+    text = path.read_text()
+    line = plain_info_line(text)
+    assert line == text.splitlines()[0]
+    appender = direct_appender(store.snapshot(schemas.COMMIT_LOG, 0), schemas.COMMIT_LOG_SCHEMA)
+    assert appender is not None
+    commit = appender.read_commit(1)
+    assert commit is not None and not commit.changes_table
+    parsed = json.loads(line)["commitInfo"]
+    assert commit.batch_id == parsed["mq.batch"]  # read from the line, before any parse
+    assert dict(commit.commit_info) == parsed
+    # every shorter prefix of the file, cut mid-line or at the line break, is parsed whole (and fails)
+    assert all(plain_info_line(text[:cut]) is None for cut in range(len(text)))
+    # a commit written by delta-rs, or one holding more than one add, is parsed whole too
+    DeltaTable(store.uri(schemas.COMMIT_LOG)).alter.set_table_properties(
+        {"delta.logRetentionDuration": "interval 31 days"}
+    )
+    assert plain_info_line((_log(store) / f"{2:020d}.json").read_text()) is None
+    assert plain_info_line(text + "\n" + text.splitlines()[1]) is None
+    commit = appender.read_commit(2)
+    assert commit is not None and commit.changes_table  # a metaData action
 
 
 def _table(path: Path, schema: pa.Schema, **kwargs: Any) -> Any:

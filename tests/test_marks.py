@@ -9,13 +9,23 @@ import pytest
 from deltalake import CommitProperties, write_deltalake
 
 import engine.store.commit_log as sequencer
+import engine.store.direct_append as direct_append
 from engine import Store
 from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
 from engine.store.commit_log_marks import read_hwm
 from engine.store.commit_markers import HWM_KEY, MARKS_KEY
 from engine.store.delta import RENEW_HANDLE_COMMITS
-from engine.store.marks import COVER_COMMITS, MIN_SLICE, HighWaterMarks, MarksDelta, Rebuild, slice_size
+from engine.store.marks import (
+    COVER_COMMITS,
+    MIN_SLICE,
+    HighWaterMarks,
+    MarksDelta,
+    Rebuild,
+    covering,
+    replay,
+    slice_size,
+)
 from engine.store.stamping import PendingMessage, stamp
 
 
@@ -121,6 +131,69 @@ def test_rebuild_stops_at_a_full_mark_and_keeps_the_newer_values() -> None:
     marks = rebuild.result()
     assert marks is not None
     assert (marks.physical, marks.queues) == (9, {"a": [1, 1, 7], "b": [2, 2]})
+
+
+def test_covering_keeps_only_the_newest_commits_that_name_every_queue_and_replays_to_the_same_marks() -> None:
+    def mark(p: int, queues: dict[str, dict[str, int]]) -> dict[str, str]:
+        return {MARKS_KEY: json.dumps({"p": p, "t": p, "n": 3, "q": queues})}
+
+    oldest_first = [
+        mark(1, {"a": {"0": 1}}),
+        mark(2, {"a": {"0": 2, "1": 1}}),
+        {"operation": "OPTIMIZE"},
+        mark(3, {"b": {"0": 5}}),
+        mark(4, {"a": {"1": 2}}),
+        mark(5, {"a": {"0": 3}, "b": {"0": 6}}),
+    ]
+    seen: list[dict[str, str]] = []
+
+    def newest_first() -> object:
+        for info in reversed(oldest_first):
+            seen.append(info)
+            yield info
+
+    needed = covering(newest_first(), HWM_KEY, MARKS_KEY)  # type: ignore[arg-type]
+    assert needed == oldest_first[-2:]  # the newest two name a/0, a/1 and b/0
+    assert seen == needed[::-1]  # and nothing older was looked at
+    everything, some = HighWaterMarks(), HighWaterMarks()
+    replay(everything, oldest_first, HWM_KEY, MARKS_KEY)
+    replay(some, needed, HWM_KEY, MARKS_KEY)
+    assert (
+        (some.physical, some.queues)
+        == (everything.physical, everything.queues)
+        == (5, {"a": [3, 2], "b": [6]})
+    )
+    # commits that never name every queue: all of them are needed, from a full mark on
+    assert covering(reversed(oldest_first[:2]), HWM_KEY, MARKS_KEY) == oldest_first[:2]
+    full = {HWM_KEY: HighWaterMarks(9, 9, {"a": [7, 7], "b": [7]}).to_json()}
+    assert covering(reversed([mark(1, {}), full, mark(10, {"a": {"0": 8}})]), HWM_KEY, MARKS_KEY) == [
+        full,
+        mark(10, {"a": {"0": 8}}),
+    ]
+
+
+def test_a_writer_following_many_rivals_parses_only_the_newest_commit_and_keeps_offsets_dense(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    writers = [CommitLogWriter(store, host_lock=False) for _ in range(4)]
+    for w in writers:
+        w.append([_msg("q", 0, b"warm")])
+    for i in range(12):  # writers 1..3 commit 12 times while writer 0 waits
+        writers[1 + i % 3].append([_msg("q", i % 2, b"%d" % i)])
+    parsed: list[int] = []
+    real = direct_append.LogCommit.commit_info
+
+    def counting(self: direct_append.LogCommit) -> object:
+        parsed.append(self.version)
+        return real.fget(self)  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(direct_append.LogCommit, "commit_info", property(counting))
+    follows_from = store.version(schemas.COMMIT_LOG)
+    [stamped] = writers[0].append([_msg("q", 1, b"last")])
+    # the newest commit named every queue: the 11 before it stayed unparsed (its own value is cached)
+    assert set(parsed) == {follows_from}
+    assert stamped.queue_offset == 6  # the warm-ups went to q/0, 6 of the 12 to q/1
+    assert read_hwm(store.snapshot(schemas.COMMIT_LOG)).queues["q"] == [4 + 6, 7]
 
 
 def test_compact_marks_rotate_over_every_queue() -> None:

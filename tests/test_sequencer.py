@@ -27,6 +27,7 @@ from engine.protocol import record_size, tags_code
 from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
 from engine.store.commit_log_marks import read_hwm, recover_hwm_by_scan
+from engine.store.commit_markers import BATCH_KEY
 from engine.store.delta_log import read_versions
 from engine.store.direct_append import DIRECT_ENV, DirectAppender
 from engine.store.hostlock import LOCK_DIR, LOCK_ENV, HostLock
@@ -237,7 +238,9 @@ def test_a_writer_counts_as_rivals_the_writers_of_the_commits_it_missed(store: S
     a.append([_pending(topic, 0, b"a1")])  # catches up over b0, c0, b1
     assert a._pacer.rivals == 2
     newest_first = store.snapshot(schemas.COMMIT_LOG).recent_commit_infos(5)
-    assert [sequencer._writer_of(info) for info in newest_first] == [w._writer_id for w in (a, b, c, b, a)]
+    assert [sequencer._writer_of(info.get(BATCH_KEY)) for info in newest_first] == [
+        w._writer_id for w in (a, b, c, b, a)
+    ]
     assert_invariants(_rows_with_versions(store))
 
 

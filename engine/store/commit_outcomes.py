@@ -24,7 +24,7 @@ def landed(direct: DirectAppender, version: int, batch_id: str, table: str) -> b
         raise CommitStateUnknownError(
             f"write to {table} failed and its outcome cannot be read back: {exc}", table=table, cause=exc
         ) from exc
-    return commit is not None and commit.commit_info.get(BATCH_KEY) == batch_id
+    return commit is not None and commit.batch_id == batch_id
 
 
 def find_batch(

@@ -37,7 +37,6 @@ import os
 import time
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -45,7 +44,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from engine.errors import CommitConflictError, StoreError
-from engine.store.commit_markers import COUNTS_KEY
+from engine.store.commit_markers import BATCH_KEY, COUNTS_KEY
 from engine.store.delta import Snapshot
 from engine.store.delta_log import last_checkpoint_version, local_path, parse_commit
 
@@ -57,14 +56,80 @@ MAX_STAT_STRING = 256
 _STAT_TYPES = (pa.types.is_integer, pa.types.is_string, pa.types.is_large_string, pa.types.is_date)
 
 
-@dataclass(frozen=True)
 class LogCommit:
     """One commit file read by a direct appender: its commitInfo, and whether it changed the table's
-    protocol or metadata (then the appender must be made anew, see :func:`direct_appender`)."""
+    protocol or metadata (then the appender must be made anew, see :func:`direct_appender`).
 
-    version: int
-    commit_info: Mapping[str, Any]
-    changes_table: bool
+    A commit this module wrote (:func:`plain_info_line`) keeps its commitInfo line unparsed until
+    :attr:`commit_info` is asked for: a writer following the log parses only the newest commits it
+    needs for its marks (:func:`engine.store.marks.covering`), and reads the batch id of the others
+    from the line (:attr:`batch_id`).
+    """
+
+    __slots__ = ("_info", "_line", "changes_table", "version")
+
+    def __init__(
+        self,
+        version: int,
+        commit_info: Mapping[str, Any] | None,
+        changes_table: bool,
+        *,
+        info_line: str | None = None,
+    ) -> None:
+        self.version = version
+        self.changes_table = changes_table
+        self._info = commit_info
+        self._line = info_line
+
+    @property
+    def commit_info(self) -> Mapping[str, Any]:
+        """The commitInfo action (empty for a commit without one).
+
+        Raises:
+            StoreError: the commitInfo line is not JSON.
+        """
+        if self._info is None:
+            try:
+                info = json.loads(self._line or "{}").get("commitInfo", {})
+            except (ValueError, AttributeError) as exc:
+                raise StoreError(f"commit {self.version} has a commitInfo that is not JSON: {exc}") from exc
+            self._info = info if isinstance(info, Mapping) else {}
+        return self._info
+
+    @property
+    def batch_id(self) -> str | None:
+        """The commit's batch id (``mq.batch``), read from the unparsed line where there is one."""
+        if self._info is None and self._line is not None:
+            start = self._line.find(_BATCH_FIELD)
+            if start < 0:
+                return None
+            start += len(_BATCH_FIELD)
+            end = self._line.find('"', start)
+            return self._line[start:end] if end > start else None
+        batch = self.commit_info.get(BATCH_KEY)
+        return batch if isinstance(batch, str) else None
+
+
+_BATCH_FIELD = f'"{BATCH_KEY}":"'
+# What marks a commit file as one :meth:`DirectAppender.commit` wrote: its commitInfo names this
+# engine and counts one add and nothing else, and the add line closes its statistics string.
+_PLAIN_ENGINE = f'"engineInfo":"{ENGINE_INFO}"'
+_COUNTS_ONE_ADD = json.dumps({"txn": 0, "add": 1}, separators=(",", ":"))
+_PLAIN_COUNTS = json.dumps({COUNTS_KEY: _COUNTS_ONE_ADD}, separators=(",", ":"))[1:-1]
+
+
+def plain_info_line(text: str) -> str | None:
+    """The commitInfo line of a commit file :meth:`DirectAppender.commit` wrote (a commitInfo line
+    and one whole ``add`` line, nothing else: it cannot change the table, and it was not cut short),
+    or None for any other commit file, which is then parsed whole."""
+    head, newline, add = text.partition("\n")
+    if not newline or "\n" in add:
+        return None
+    if not (head.startswith('{"commitInfo":{') and add.startswith('{"add":{"path":"')):
+        return None
+    if not add.endswith('}"}}') or _PLAIN_ENGINE not in head or _PLAIN_COUNTS not in head:
+        return None
+    return head
 
 
 def blocker(snapshot: Snapshot, schema: pa.Schema) -> str | None:
@@ -198,6 +263,9 @@ class DirectAppender:
             raise StoreError(
                 f"commit {version} of {self.name} cannot be read: {exc}", table=self.name, cause=exc
             ) from exc
+        line = plain_info_line(text)
+        if line is not None:
+            return LogCommit(version, None, False, info_line=line)
         try:
             actions = parse_commit(text, path, version)
         except ValueError as exc:
@@ -268,7 +336,7 @@ class DirectAppender:
             "isBlindAppend": True,
             "engineInfo": ENGINE_INFO,
             **custom_metadata,
-            COUNTS_KEY: json.dumps({"txn": 0, "add": 1}, separators=(",", ":")),
+            COUNTS_KEY: _COUNTS_ONE_ADD,
         }
         # one action a line and no newline after the last, as delta-rs writes them
         text = "\n".join(json.dumps(a, separators=(",", ":")) for a in ({"commitInfo": info}, {"add": add}))

@@ -159,6 +159,24 @@ def replay(hwm: HighWaterMarks, infos: Iterable[Mapping[str, Any]], full_key: st
             )
 
 
+def covering(
+    infos_newest_first: Iterable[Mapping[str, Any]], full_key: str, compact_key: str
+) -> list[Mapping[str, Any]]:
+    """The newest commitInfos that decide the marks, oldest first: walked back from the newest
+    until they name every queue known (or hold a full mark). Replaying them onto the marks of any
+    older version gives what replaying every commit since would (each value is absolute, and the
+    newest one of a queue wins); walking is lazy, so older commits are never looked at.
+    """
+    rebuild = Rebuild(full_key, compact_key)
+    needed: list[Mapping[str, Any]] = []
+    for info in infos_newest_first:
+        needed.append(info)
+        if rebuild.add(info):
+            break
+    needed.reverse()
+    return needed
+
+
 class Rebuild:
     """Rebuilds the marks of one version from the commits walked back from it (newest first):
     feed each commitInfo to :meth:`add` until it returns True, then take :meth:`result`."""

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import itertools
 import queue
-import random
 import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 
+from engine.client.queue_choice import QueueChooser
 from engine.client.sending import (
     as_sent,
     has_timer,
@@ -73,8 +72,8 @@ class Producer(Closing):
                 raise InvalidArgumentError(f"{name} {value!r} must be an int >= {low}", **{name: value})
         self._writer = CommitLogs(store)  # one sequencer per commit-log shard
         self._ids = UniqKeyGenerator()
-        self._round_robin: dict[str, itertools.count[int]] = {}
-        self._rr_lock = threading.Lock()
+        self._queues = QueueChooser(self._writer.shards, self._writer.shard_of, self._writer.lost_races)
+        self._worker_lock = threading.Lock()
         self._closed = False
         self._pending: queue.Queue[tuple[PendingMessage, Future[SendResult]] | None] = queue.Queue()
         self._worker: threading.Thread | None = None
@@ -93,17 +92,7 @@ class Producer(Closing):
             if not isinstance(sharding_key, str) or not sharding_key:
                 raise InvalidArgumentError("sharding_key must be a non-empty string", topic=topic)
             return select_queue_by_hash(sharding_key, queues)
-        # dict.setdefault and next() on a count are atomic under the GIL: no lock on the hot path.
-        counter = self._round_robin.get(topic)
-        if counter is None:
-            counter = self._round_robin.setdefault(topic, itertools.count(self._first_queue(queues)))
-        return next(counter) % queues
-
-    def _first_queue(self, queues: int) -> int:
-        """Where a topic's round robin starts: queue 0 in a store of one commit-log shard; a random
-        queue with several (as RocketMQ's producer starts at a random queue), so producers started
-        together do not move from shard to shard in lockstep, all contending for one shard's log."""
-        return 0 if self._writer.shards == 1 else random.randrange(queues)
+        return self._queues.next(topic, queues)
 
     def _prepare(
         self,
@@ -321,7 +310,7 @@ class Producer(Closing):
 
     def _ensure_worker(self) -> None:
         if self._worker is None:
-            with self._rr_lock:
+            with self._worker_lock:
                 if self._worker is None:
                     self._worker = threading.Thread(target=self._run_async, name="mq-producer", daemon=True)
                     self._worker.start()

@@ -118,6 +118,11 @@ class CommitLogs:
         """The shard holding queue ``queue_id`` of ``topic`` in this store."""
         return shard_of_queue(topic, queue_id, self.shards)
 
+    def lost_races(self, shard: int) -> int:
+        """Races lost so far by the writer of ``shard`` (0 before it has one)."""
+        found = self._writers.get(shard)
+        return 0 if found is None else found.conflicts
+
     @property
     def conflicts(self) -> int:
         """Races lost by the writers so far (benchmarks and tests)."""

@@ -12,6 +12,7 @@ from engine import (
     Message,
     Producer,
     PullConsumer,
+    PullResult,
     PullStatus,
     Store,
     TopicNotFoundError,
@@ -128,6 +129,25 @@ def test_long_polling_returns_early_when_a_message_arrives(store: Store, topic: 
     waited = time.monotonic() - started
     t.join()
     assert r.status is PullStatus.FOUND and r.messages[0].queue_offset == 1
+    assert waited < 10  # woke on arrival, not at the 15 s deadline
+
+
+def test_a_parked_pull_wakes_even_when_another_pull_of_its_consumer_loaded_the_new_version(
+    store: Store, topic: str
+) -> None:
+    # One consumer, many parked pulls (the wire server's case): they share one index, and the pull
+    # that refreshes it first must not leave the others asleep until their deadline.
+    consumer = PullConsumer(store, "g")
+    got: list[PullResult] = []
+    parked = threading.Thread(target=lambda: got.append(consumer.pull(topic, 1, 0, suspend_ms=15_000)))
+    started = time.monotonic()
+    parked.start()
+    time.sleep(0.3)
+    _fill(store, topic, 1, queue_id=1)
+    assert consumer._index.refresh()  # as another parked pull of the consumer would, before this one
+    parked.join(20)
+    waited = time.monotonic() - started
+    assert got and got[0].status is PullStatus.FOUND and got[0].messages[0].queue_id == 1
     assert waited < 10  # woke on arrival, not at the 15 s deadline
 
 

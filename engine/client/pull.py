@@ -99,11 +99,15 @@ class PullConsumer:
         # Long polling: parked until dispatch adds a matching entry to this queue, or the time is up.
         deadline = time.monotonic() + suspend_ms / 1000
         interval = self._store.config.long_poll_interval_ms / 1000
-        seen_max = result.max_offset
+        seen_max, seen_version = result.max_offset, self._index.version
         while time.monotonic() < deadline:
             time.sleep(min(interval, max(deadline - time.monotonic(), 0)))
-            if not self._index.refresh():
+            # The index is shared by every pull of this puller: another parked pull may have loaded
+            # the new version, so compare versions rather than trust this refresh's answer.
+            self._index.refresh()
+            if self._index.version == seen_version:
                 continue
+            seen_version = self._index.version
             if self._index.bounds(topic, queue_id)[1] == seen_max:
                 continue
             result, _ = self._pull_once(topic, queue_id, offset, max_nums, selector)

@@ -46,7 +46,9 @@ def test_the_delayed_message_is_awaited_from_when_its_send_returned(
 
 
 @pytest.mark.spark
-def test_demo_pulls_tag_a_and_the_delayed_message_after_one_broker_pass(spark: Any, tmp_path: Path) -> None:
+def test_demo_pulls_tag_a_and_the_delayed_message_after_one_broker_pass_and_a_rerun_pulls_only_new_ones(
+    spark: Any, tmp_path: Path
+) -> None:
     store = Store.open(tmp_path / "mqdata")
     console, out = _console()
 
@@ -63,14 +65,8 @@ def test_demo_pulls_tag_a_and_the_delayed_message_after_one_broker_pass(spark: A
     assert committed == 16  # every message of the topic, TagB ones skipped by the filter included
     assert store.version(schemas.CONSUME_QUEUE) >= 1
 
-
-@pytest.mark.spark
-def test_demo_rerun_pulls_only_what_the_group_has_not_consumed(spark: Any, tmp_path: Path) -> None:
-    store = Store.open(tmp_path / "mqdata")
-    run_demo(spark, store, _console()[0])
-
+    # A second run on the same store pulls only what the group has not consumed: the new 11.
     assert run_demo(spark, store, _console()[0]) == 11
-    consumer = PullConsumer(store, GROUP)
     assert sum(consumer.committed_offset(TOPIC, q) or 0 for q in range(QUEUES)) == 32
 
 

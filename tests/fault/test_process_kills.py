@@ -507,7 +507,7 @@ def test_acks_racing_lease_expiry_ack_each_message_once_and_lose_none(
     store: Store, admin: Admin, history_dir: Path, logs: Path
 ) -> None:
     admin.create_topic("RACING", 2)
-    _produce_in_process(store, "RACING", history_dir, 400)
+    _produce_in_process(store, "RACING", history_dir, 200)
     # Work takes 0..1.2 s against an invisible time of 0.6 s: about half the acks race the deadline.
     options: dict[str, Any] = {
         "store": store.root,
@@ -539,7 +539,7 @@ def test_acks_racing_lease_expiry_ack_each_message_once_and_lose_none(
     figures.assert_ok()
     assert refused > 0  # the race happened
     assert acked_twice == 0
-    assert sum(len(who) for who in ackers.values()) == len(ackers) == 400
+    assert sum(len(who) for who in ackers.values()) == len(ackers) == 200
     _assert_group_done(store, "RACING", "race", "simple-consumer")
 
 

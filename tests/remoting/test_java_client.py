@@ -27,6 +27,12 @@ POM = """<project xmlns="http://maven.apache.org/POM/4.0.0"><modelVersion>4.0.0<
 <version>4.9.8</version></dependency></dependencies></project>"""
 
 
+@pytest.fixture(scope="module")
+def classpath(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The Java client's classpath, resolved once for the module's tests."""
+    return client_classpath(tmp_path_factory.mktemp("maven"))
+
+
 def client_classpath(work: Path) -> str:
     """The Java client's classpath, resolved by Maven (offline first, then from Maven Central)."""
     if shutil.which("java") is None or shutil.which("mvn") is None:
@@ -47,8 +53,7 @@ def client_classpath(work: Path) -> str:
     pytest.fail(f"could not resolve {CLIENT}: {done.stdout[-2000:]} {done.stderr[-2000:]}")
 
 
-def test_java_client_produces_and_consumes_through_lakemq(store: Store, tmp_path: Path) -> None:
-    classpath = client_classpath(tmp_path / "maven")
+def test_java_client_produces_and_consumes_through_lakemq(store: Store, classpath: str) -> None:
     Admin(store).create_topic("JavaSmoke", 4)
     with Producer(store) as producer:
         producer.send(Message("JavaSmoke", b"from-python", tags="TagB"))
@@ -87,9 +92,8 @@ FEATURE_CHECKS = (
 
 
 def test_java_client_features_async_delay_retry_orderly_transactions_lookups(
-    store: Store, tmp_path: Path
+    store: Store, classpath: str
 ) -> None:
-    classpath = client_classpath(tmp_path / "maven")
     Admin(store).create_topic("JavaFeatures", 4)
     with RemotingServer(store, namesrv_port=0, broker_port=0) as server:
         done = subprocess.run(

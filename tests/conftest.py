@@ -12,8 +12,14 @@ import pytest
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+# The JVMs the tests start in other processes (mq sql, spark-submit jobs, notebook kernels) live for
+# seconds: with the JIT's first tier only they start and warm up about a fifth faster. A performance
+# setting only (no result depends on it); this process's own session keeps the default (see spark()).
+os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
 
 from engine import Admin, Store
+
+_SUBMIT_OPTS, _SHORT_JVM = "SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1"
 
 
 @pytest.fixture
@@ -39,14 +45,21 @@ def spark() -> Iterator[Any]:
     """One local SparkSession for the whole run (local[2], few partitions, UI off)."""
     from engine.spark import session
 
-    spark = session(
-        app_name="lakemq-tests",
-        conf={
-            "spark.master": "local[2]",
-            "spark.sql.shuffle.partitions": "2",
-            "spark.ui.enabled": "false",
-        },
-    )
+    mine = os.environ.get(_SUBMIT_OPTS)
+    if mine == _SHORT_JVM:
+        del os.environ[_SUBMIT_OPTS]  # the long-lived session of the run keeps the full JIT
+    try:
+        spark = session(
+            app_name="lakemq-tests",
+            conf={
+                "spark.master": "local[2]",
+                "spark.sql.shuffle.partitions": "2",
+                "spark.ui.enabled": "false",
+            },
+        )
+    finally:
+        if mine is not None:
+            os.environ[_SUBMIT_OPTS] = mine
     yield spark
     spark.stop()
 

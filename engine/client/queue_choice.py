@@ -36,6 +36,12 @@ class _Stint:
     lost: int  # races the shard's writer had lost when the stint began
 
 
+@dataclass(frozen=True)
+class _Layout:
+    queues: list[list[int]]  # the topic's queues of each shard (empty for a shard holding none)
+    held: list[int]  # the shards holding some, in order
+
+
 class QueueChooser:
     """Picks the queue of each send that names none; thread-safe.
 
@@ -52,7 +58,7 @@ class QueueChooser:
         self._shard_of = shard_of
         self._lost_races = lost_races
         self._round_robin: dict[str, itertools.count[int]] = {}
-        self._layouts: dict[tuple[str, int], list[list[int]]] = {}
+        self._layouts: dict[tuple[str, int], _Layout] = {}
         self._stints: dict[str, _Stint] = {}
         self._cursors: dict[tuple[str, int], int] = {}
         self._lock = threading.Lock()
@@ -68,31 +74,32 @@ class QueueChooser:
         with self._lock:
             layout = self._layout(topic, queues)
             stint = self._stint(topic, layout)
-            mine = layout[stint.shard]
+            mine = layout.queues[stint.shard]
             cursor = self._cursors.get((topic, stint.shard), 0)
             self._cursors[topic, stint.shard] = cursor + 1
             stint.sent += 1
             return mine[cursor % len(mine)]
 
-    def _layout(self, topic: str, queues: int) -> list[list[int]]:
-        """The topic's queues of each shard (empty for a shard holding none of them)."""
+    def _layout(self, topic: str, queues: int) -> _Layout:
+        """Where the topic's queues live (made once per topic and queue count)."""
         layout = self._layouts.get((topic, queues))
         if layout is None:
-            layout = [[] for _ in range(self._shards)]
+            per_shard: list[list[int]] = [[] for _ in range(self._shards)]
             for q in range(queues):
-                layout[self._shard_of(topic, q)].append(q)
-            self._layouts[topic, queues] = layout
+                per_shard[self._shard_of(topic, q)].append(q)
+            held = [s for s, mine in enumerate(per_shard) if mine]
+            layout = self._layouts[topic, queues] = _Layout(per_shard, held)
         return layout
 
-    def _stint(self, topic: str, layout: list[list[int]]) -> _Stint:
+    def _stint(self, topic: str, layout: _Layout) -> _Stint:
         """The topic's stint, moved to another shard when it is over or lost a race."""
-        held = [s for s, queues in enumerate(layout) if queues]
+        held = layout.held
         stint = self._stints.get(topic)
         if stint is None or stint.shard not in held:
             shard = random.choice(held)
         elif self._lost_races(stint.shard) > stint.lost and len(held) > 1:
             shard = random.choice([s for s in held if s != stint.shard])
-        elif stint.sent >= STINT_ROUNDS * len(layout[stint.shard]):
+        elif stint.sent >= STINT_ROUNDS * len(layout.queues[stint.shard]):
             shard = held[(held.index(stint.shard) + 1) % len(held)]
         else:
             return stint

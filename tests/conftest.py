@@ -12,14 +12,14 @@ import pytest
 
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-# The JVMs the tests start in other processes (mq sql, spark-submit jobs, notebook kernels) live for
-# seconds: with the JIT's first tier only they start and warm up about a fifth faster. A performance
-# setting only (no result depends on it); this process's own session keeps the default (see spark()).
-os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
 
 from engine import Admin, Store
 
+# The JVMs the tests start in other processes (mq sql, spark-submit jobs, notebook kernels) live for
+# seconds: with the JIT's first tier only they start and warm up about a fifth faster. A performance
+# setting only (no result depends on it); this process's own session keeps the default (see spark()).
 _SUBMIT_OPTS, _SHORT_JVM = "SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1"
+os.environ.setdefault(_SUBMIT_OPTS, _SHORT_JVM)
 
 
 @pytest.fixture

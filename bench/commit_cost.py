@@ -9,7 +9,7 @@ seconds), then one :class:`~engine.store.commit_log.CommitLogWriter` (host lock 
 (median and p90 wall time, median process CPU, per append):
 
 - ``append 1`` / ``append 512``: the writer's append of one / 512 messages of 1 KiB (committed
-  directly, :mod:`engine.store.direct_append`; with ``MQ_DIRECT_APPEND=0`` through delta-rs);
+  directly, :mod:`engine.store.delta.direct_append`; with ``MQ_DIRECT_APPEND=0`` through delta-rs);
 - ``append 1 + mq.tx``: one message with a transaction guard (``app_transactions``, always through
   delta-rs);
 - ``256 appends, renewal`` / ``256 appends, no renewal``: one message each, 256 times in a row, with
@@ -59,10 +59,10 @@ from deltalake.transaction import AddAction, RemoveAction  # noqa: E402
 from engine import Store  # noqa: E402
 from engine.store import schemas  # noqa: E402
 from engine.store.commit_log import CommitLogWriter  # noqa: E402
-from engine.store.commit_log_marks import read_hwm  # noqa: E402
+from engine.store.commit_log.hwm import read_hwm  # noqa: E402
+from engine.store.commit_log.stamping import HighWaterMarks, PendingBatch, PendingMessage, stamp  # noqa: E402
 from engine.store.commit_markers import HWM_KEY  # noqa: E402
 from engine.store.delta import Snapshot  # noqa: E402
-from engine.store.stamping import HighWaterMarks, PendingBatch, PendingMessage, stamp  # noqa: E402
 
 
 def _raw(store: Store) -> DeltaTable:

@@ -1,4 +1,9 @@
-"""Public value types and statuses (RocketMQ vocabulary)."""
+"""Public value types and statuses (RocketMQ vocabulary).
+
+The statuses and values that pure rules produce (:class:`PullStatus`, :class:`SysFlag`,
+:class:`TopicConfig`) are defined with those rules in :mod:`engine.protocol`, which imports nothing of
+the engine but its errors; they are part of this vocabulary all the same.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,22 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.protocol.permissions import DEFAULT_PERM
+from engine.protocol.pull import PullStatus
+from engine.protocol.topics import TopicConfig
+from engine.protocol.transactions import UNDISPATCHED_FLAGS, SysFlag
+
+__all__ = [
+    "UNDISPATCHED_FLAGS",
+    "Message",
+    "MessageExt",
+    "PullResult",
+    "PullStatus",
+    "QueueStats",
+    "SendResult",
+    "SendStatus",
+    "SysFlag",
+    "TopicConfig",
+]
 
 
 class SendStatus(enum.StrEnum):
@@ -17,28 +37,6 @@ class SendStatus(enum.StrEnum):
     FLUSH_DISK_TIMEOUT = "FLUSH_DISK_TIMEOUT"
     FLUSH_SLAVE_TIMEOUT = "FLUSH_SLAVE_TIMEOUT"
     SLAVE_NOT_AVAILABLE = "SLAVE_NOT_AVAILABLE"
-
-
-class PullStatus(enum.StrEnum):
-    """Outcome of a pull, as RocketMQ's client-side ``PullStatus``."""
-
-    FOUND = "FOUND"
-    NO_NEW_MSG = "NO_NEW_MSG"
-    NO_MATCHED_MSG = "NO_MATCHED_MSG"
-    OFFSET_ILLEGAL = "OFFSET_ILLEGAL"
-
-
-class SysFlag(enum.IntEnum):
-    """Transaction state of a commit-log row (RocketMQ ``MessageSysFlag`` transaction bits)."""
-
-    NOT_TYPE = 0
-    PREPARED = 1 << 2
-    COMMIT = 2 << 2
-    ROLLBACK = 3 << 2
-
-
-# Rows with these flags are stored but never dispatched, and take no queue offset.
-UNDISPATCHED_FLAGS: frozenset[int] = frozenset({int(SysFlag.PREPARED), int(SysFlag.ROLLBACK)})
 
 
 @dataclass(frozen=True)
@@ -151,14 +149,3 @@ class QueueStats:
     min_offset: int
     max_offset: int
     last_store_ts_ms: int | None
-
-
-@dataclass(frozen=True)
-class TopicConfig:
-    """A topic's configuration, one row of the ``topics`` table."""
-
-    name: str
-    queues: int
-    perm: int = DEFAULT_PERM  # bit flags of engine.protocol.permissions.Perm: READ | WRITE
-    type: str = "NORMAL"
-    created_ts_ms: int = 0

@@ -83,7 +83,7 @@ def append_to_queues(
     the commit-log shard that holds it (one commit per queue); returns the ``Stamped`` results."""
     from engine.protocol.shards import shard_of_queue
     from engine.store.commit_log import CommitLogWriter
-    from engine.store.stamping import PendingMessage
+    from engine.store.commit_log.stamping import PendingMessage
 
     stamped: list[Any] = []
     for queue_id, bodies in per_queue.items():

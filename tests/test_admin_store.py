@@ -173,7 +173,7 @@ def test_the_shared_handle_is_reopened_past_each_checkpoint_and_keeps_every_row(
 def test_a_handle_ages_by_versions_or_past_a_checkpoint(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import engine.store.delta as delta
+    import engine.store.delta.snapshot as delta
 
     snap = store.snapshot(schemas.CONSUMER_OFFSET)
     schema = schemas.SCHEMAS[schemas.CONSUMER_OFFSET]

@@ -1,4 +1,4 @@
-"""Plain appends committed directly (engine.store.blind_appends): what Delta readers see of them,
+"""Plain appends committed directly (engine.store.delta.blind_appends): what Delta readers see of them,
 racing writers, and the commits that must send a writer back to a fresh snapshot or to delta-rs."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable
 
-import engine.store.direct_append as direct_append
+import engine.store.delta.direct_append as direct_append
 from engine import Store, StoreError
 from engine.store import schemas
 

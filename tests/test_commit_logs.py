@@ -13,8 +13,8 @@ from engine.config import load_config
 from engine.errors import InvalidArgumentError
 from engine.protocol.shards import shard_base, shard_of_offset, shard_of_queue
 from engine.store.commit_log import CommitLogWriter
-from engine.store.commit_logs import CommitLogs
-from engine.store.stamping import PendingBatch, PendingMessage
+from engine.store.commit_log.shards import CommitLogs
+from engine.store.commit_log.stamping import PendingBatch, PendingMessage
 from engine.store.store import Store
 
 TOPIC = "Orders"

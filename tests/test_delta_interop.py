@@ -23,7 +23,8 @@ from engine.broker.dispatch import dispatch_pending
 from engine.broker.index import index_pending
 from engine.broker.maintenance import checkpoint, vacuum
 from engine.broker.retention import retain
-from engine.store import commit_log, schemas
+from engine.store import schemas
+from engine.store.commit_log import writer as commit_log
 from engine.store.consumer_offset import OffsetStore
 from tests.test_native_delta import comparable, require_delta
 

@@ -17,9 +17,10 @@ from engine.broker.dispatch import dispatch_pending
 from engine.spark import register_views, replay
 from engine.spark.delta_reads import history, register_tables, table_as_of
 from engine.spark.session import DELTA_READS
-from engine.store import commit_log, schemas
+from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
-from engine.store.stamping import PendingMessage
+from engine.store.commit_log import writer as commit_log
+from engine.store.commit_log.stamping import PendingMessage
 from tests.test_native_delta import comparable, require_delta
 
 # Store time -> messages (queue id, body, tag), one commit-log commit (one file) each.

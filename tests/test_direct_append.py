@@ -1,4 +1,4 @@
-"""Commit-log appends committed by the engine itself (engine.store.direct_append): what Delta readers
+"""Commit-log appends committed by the engine itself (engine.store.delta.direct_append): what Delta readers
 see of them, put-if-absent, and when a writer must not or cannot append directly."""
 
 from __future__ import annotations
@@ -14,15 +14,22 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-import engine.store.direct_append as direct_append
+import engine.store.delta.direct_append as direct_append
 from engine import CommitConflictError, CommitTruncatedError, Store
-from engine.store import marks_snapshots, schemas
+from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
-from engine.store.commit_log_marks import read_hwm
+from engine.store.commit_log import saved_marks as marks_snapshots
+from engine.store.commit_log.hwm import read_hwm
+from engine.store.commit_log.stamping import PendingMessage
 from engine.store.delta import open_snapshot
-from engine.store.delta_log import read_versions
-from engine.store.direct_append import MAX_STAT_STRING, blocker, direct_appender, file_stats, plain_info_line
-from engine.store.stamping import PendingMessage
+from engine.store.delta.direct_append import (
+    MAX_STAT_STRING,
+    blocker,
+    direct_appender,
+    file_stats,
+    plain_info_line,
+)
+from engine.store.delta.log import read_versions
 
 
 def _pending(topic: str, qid: int, body: bytes, tags: str | None = None) -> PendingMessage:

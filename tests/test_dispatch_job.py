@@ -15,8 +15,8 @@ from engine.spark.jobs.streams import checkpoint_location
 from engine.spark.progress import query_status
 from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
+from engine.store.commit_log.stamping import PendingMessage
 from engine.store.consume_queue import dispatched_version
-from engine.store.stamping import PendingMessage
 from jobs.dispatch import main
 
 

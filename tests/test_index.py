@@ -27,11 +27,11 @@ from engine.protocol.index_keys import KIND_KEY, KIND_UNIQ_KEY
 from engine.spark.jobs.index import IndexStats, run_index
 from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
+from engine.store.commit_log.stamping import PendingMessage
 from engine.store.commit_markers import INDEX_APP
-from engine.store.delta_log import table_filesystem
-from engine.store.file_reader import FileReader
+from engine.store.delta.file_reader import FileReader
+from engine.store.delta.log import table_filesystem
 from engine.store.index import indexed_version
-from engine.store.stamping import PendingMessage
 
 FAR_FUTURE = 2**62
 

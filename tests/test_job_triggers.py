@@ -24,7 +24,7 @@ from engine.spark.progress import end_version
 from engine.spark.session import DELTA_READS
 from engine.store import schemas
 from engine.store.consume_queue import dispatched_version
-from engine.store.delta_log import earliest_version
+from engine.store.delta.log import earliest_version
 from engine.store.index import indexed_version
 from tests.helpers import age_and_clean_log
 

@@ -14,10 +14,11 @@ from engine.broker.dispatch import dispatch_pending
 from engine.cli import main
 from engine.client.admin_offsets import QueueLag, lag_rows
 from engine.spark import register_views
-from engine.store import commit_log, schemas
+from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
+from engine.store.commit_log import writer as commit_log
+from engine.store.commit_log.stamping import PendingMessage
 from engine.store.consumer_offset import OffsetStore
-from engine.store.stamping import PendingMessage
 
 LAG_COLUMNS = "group string, consumer_id string, topic string, queue_id int, max_offset long, "
 LAG_COLUMNS += "committed_offset long, lag long"

@@ -13,8 +13,8 @@ from engine.broker.maintenance import checkpoint
 from engine.config import load_config
 from engine.errors import ConfigError
 from engine.store import schemas
+from engine.store.maintenance import apply_log_retention
 from engine.store.table_properties import LOG_RETENTION_KEY
-from engine.store.vacuum import apply_log_retention
 from tests.helpers import versions
 
 

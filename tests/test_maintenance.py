@@ -41,15 +41,16 @@ from engine.broker.maintenance import (
     vacuum,
 )
 from engine.protocol.index_keys import KIND_KEY, KIND_UNIQ_KEY
-from engine.store import commit_log, schemas
+from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
-from engine.store.commit_log_marks import read_hwm
+from engine.store.commit_log import writer as commit_log
+from engine.store.commit_log.hwm import read_hwm
+from engine.store.commit_log.stamping import PendingMessage
 from engine.store.commit_markers import CQ_KEY, HWM_KEY
 from engine.store.consume_queue import queue_marks
 from engine.store.consumer_offset import OffsetStore
-from engine.store.delta_log import table_filesystem
+from engine.store.delta.log import table_filesystem
 from engine.store.index import INDEX_SORT
-from engine.store.stamping import PendingMessage
 from tests.helpers import commit_log_rows, versions
 
 HOUR_MS = 3_600_000
@@ -702,7 +703,7 @@ def test_periodic_run_is_a_ticker_query_running_one_pass_per_tick(
 def test_a_compaction_whose_commit_met_a_listing_gap_is_found_or_made_again_once(
     store: Store, topic: str, landed: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import engine.store.data_files as data_files
+    import engine.store.delta.data_files as data_files
     from engine.errors import CommitStateUnknownError
 
     _fill(store, topic, 6)

@@ -1,4 +1,4 @@
-"""Commit-log marks that do not grow with the number of topics (engine.store.marks)."""
+"""Commit-log marks that do not grow with the number of topics (engine.store.commit_log.marks)."""
 
 from __future__ import annotations
 
@@ -8,15 +8,13 @@ from pathlib import Path
 import pytest
 from deltalake import CommitProperties, write_deltalake
 
-import engine.store.commit_log as sequencer
-import engine.store.direct_append as direct_append
+import engine.store.commit_log.writer as sequencer
+import engine.store.delta.direct_append as direct_append
 from engine import Store
 from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
-from engine.store.commit_log_marks import read_hwm
-from engine.store.commit_markers import HWM_KEY, MARKS_KEY
-from engine.store.delta import RENEW_HANDLE_COMMITS
-from engine.store.marks import (
+from engine.store.commit_log.hwm import read_hwm
+from engine.store.commit_log.marks import (
     COVER_COMMITS,
     MIN_SLICE,
     HighWaterMarks,
@@ -26,7 +24,9 @@ from engine.store.marks import (
     replay,
     slice_size,
 )
-from engine.store.stamping import PendingMessage, stamp
+from engine.store.commit_log.stamping import PendingMessage, stamp
+from engine.store.commit_markers import HWM_KEY, MARKS_KEY
+from engine.store.delta import RENEW_HANDLE_COMMITS
 
 
 def _msg(topic: str, qid: int, body: bytes = b"x") -> PendingMessage:

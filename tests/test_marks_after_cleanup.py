@@ -15,8 +15,10 @@ from engine.broker.dispatch import dispatch_pending
 from engine.broker.maintenance import checkpoint, retain
 from engine.config import load_config
 from engine.errors import StoreError
-from engine.store import commit_log_marks, marks_snapshots, schemas
-from engine.store.marks import HighWaterMarks
+from engine.store import schemas
+from engine.store.commit_log import hwm as commit_log_marks
+from engine.store.commit_log import saved_marks as marks_snapshots
+from engine.store.commit_log.marks import HighWaterMarks
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = {"log_retention_minutes": 1, "file_reserved_hours": 0}

@@ -1,4 +1,4 @@
-"""How long racing commit-log writers wait (engine.store.pacing): losers wait shorter the longer
+"""How long racing commit-log writers wait (engine.store.commit_log.pacing): losers wait shorter the longer
 they lose, winners of a hot race give way, nobody waits without rivals or past the cap."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from engine.store.pacing import HOT_APPENDS, MAX_PAUSE_S, RIVALS_WINDOW_S, RacePacer
+from engine.store.commit_log.pacing import HOT_APPENDS, MAX_PAUSE_S, RIVALS_WINDOW_S, RacePacer
 
 
 class _Widest(random.Random):

@@ -22,7 +22,7 @@ from engine import (
     TopicNotFoundError,
 )
 from engine.protocol import parse_msg_id, record_size, select_queue_by_hash
-from engine.store.delta_log import read_versions
+from engine.store.delta.log import read_versions
 from engine.store.schemas import COMMIT_LOG_SCHEMA
 from tests.helpers import commit_log_rows, versions
 

@@ -223,8 +223,8 @@ def test_a_half_names_its_real_destination_and_group() -> None:
     half = _half()
     assert (half.topic, half.queue_id, half.producer_group) == ("T", 2, "pg")
     assert half.properties[PROPERTY_TRANSACTION_PREPARED] == "true"
-    view = half.view()
-    assert (view.topic, view.queue_offset, view.sys_flag) == ("T", -1, int(SysFlag.PREPARED))
+    view = half.view_row()
+    assert (view["topic"], view["queue_offset"], view["sys_flag"]) == ("T", -1, int(SysFlag.PREPARED))
 
 
 def test_a_row_of_another_topic_is_not_a_half() -> None:

@@ -16,7 +16,7 @@ from engine.protocol.actions import ACK, PULL
 from engine.store import schemas
 from engine.store.action_log import ActionLogWriter
 from engine.store.commit_markers import PULL_LOG_APP
-from engine.store.delta_log import VERSION_COLUMN, read_versions
+from engine.store.delta.log import VERSION_COLUMN, read_versions
 from engine.store.pull_log import pulled_version, read_marks
 
 

@@ -38,9 +38,9 @@ from engine.protocol.actions import ACK, NACK, PULL
 from engine.store import schemas
 from engine.store.action_log import ActionLogWriter, read_actions
 from engine.store.commit_log import CommitLogWriter
+from engine.store.commit_log.stamping import PendingMessage
 from engine.store.consumer_offset import OffsetStore
 from engine.store.groups import LOCK, UNLOCK
-from engine.store.stamping import PendingMessage
 from engine.store.store import now_ms
 from tests.helpers import versions
 

@@ -14,10 +14,11 @@ from engine.client.admin_offsets import QueueTimeIndex, offsets_for_time
 from engine.spark import replay
 from engine.spark.mq_options import ReadOptions
 from engine.spark.mq_source import MQStreamReader, spark_message_schema
-from engine.store import commit_log, schemas
+from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
+from engine.store.commit_log import writer as commit_log
+from engine.store.commit_log.stamping import PendingMessage
 from engine.store.consumer_offset import OffsetStore
-from engine.store.stamping import PendingMessage
 
 # Store time -> (queue id, body) written at that time, one commit each.
 LAYOUT: dict[int, list[tuple[int, str]]] = {

@@ -18,9 +18,9 @@ from engine.protocol.delays import DELAY_LEVELS_MS, max_reconsume_times
 from engine.store import schemas
 from engine.store.action_log import ActionLogWriter
 from engine.store.commit_log import CommitLogWriter
+from engine.store.commit_log.stamping import PendingMessage
 from engine.store.commit_markers import RETRY_APP, RETRY_SKIPPED_KEY
-from engine.store.delta_log import read_versions
-from engine.store.stamping import PendingMessage
+from engine.store.delta.log import read_versions
 from engine.store.store import now_ms
 from tests.helpers import commit_log_rows, run_in_threads, versions
 from tests.raw_delta import raw_table

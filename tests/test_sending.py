@@ -8,7 +8,7 @@ from engine import Admin, InvalidMessageError, Message, SendResult, SendStatus, 
 from engine.client.sending import as_sent, has_timer, is_plain, is_plain_batch, send_results, writeable_topic
 from engine.protocol.permissions import Perm
 from engine.protocol.schedule import schedule_envelope
-from engine.store.stamping import PendingMessage, StampedBatch
+from engine.store.commit_log.stamping import PendingMessage, StampedBatch
 
 
 def test_send_results_equal_results_built_by_their_constructor() -> None:

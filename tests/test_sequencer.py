@@ -17,21 +17,21 @@ import pytest
 from deltalake import DeltaTable, write_deltalake
 from deltalake.exceptions import CommitFailedError
 
-import engine.store.commit_log as sequencer
-import engine.store.commits as commits
-import engine.store.delta as delta
-import engine.store.direct_append as direct_append
+import engine.store.commit_log.writer as sequencer
+import engine.store.delta.commits as commits
+import engine.store.delta.direct_append as direct_append
+import engine.store.delta.snapshot as delta
 from engine import CommitConflictError, Message, Producer, Store, StoreError
 from engine.model import SysFlag
 from engine.protocol import record_size, tags_code
 from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
-from engine.store.commit_log_marks import read_hwm, recover_hwm_by_scan
+from engine.store.commit_log.hwm import read_hwm, recover_hwm_by_scan
+from engine.store.commit_log.stamping import HighWaterMarks, PendingBatch, PendingMessage, stamp
 from engine.store.commit_markers import BATCH_KEY
-from engine.store.delta_log import read_versions
-from engine.store.direct_append import DIRECT_ENV, DirectAppender
-from engine.store.hostlock import LOCK_DIR, LOCK_ENV, HostLock
-from engine.store.stamping import HighWaterMarks, PendingBatch, PendingMessage, stamp
+from engine.store.delta.direct_append import DIRECT_ENV, DirectAppender
+from engine.store.delta.hostlock import LOCK_DIR, LOCK_ENV, HostLock
+from engine.store.delta.log import read_versions
 from engine.store.store import now_ms
 from engine.store.table_properties import TXN_RETENTION
 from tests.helpers import versions

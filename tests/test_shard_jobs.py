@@ -35,10 +35,10 @@ from engine.protocol.shards import shard_base, shard_of_offset, shard_of_queue
 from engine.protocol.transactions import LocalTransactionState
 from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
-from engine.store.commit_logs import CommitLogs, shared_commit_logs
+from engine.store.commit_log.shards import CommitLogs, shared_commit_logs
+from engine.store.commit_log.stamping import PendingMessage
 from engine.store.commit_markers import RETRY_APP, schedule_queue_app, transaction_app
 from engine.store.consume_queue import QueueIndex
-from engine.store.stamping import PendingMessage
 from engine.store.store import now_ms
 from engine.store.transactions import decision_shard, end_transaction, is_decided, load_half
 

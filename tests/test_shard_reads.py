@@ -17,7 +17,7 @@ from engine.protocol.message_ids import make_msg_id
 from engine.protocol.shards import shard_base, shard_of_offset, shard_of_queue
 from engine.remoting.broker_loop import BrokerLoop
 from engine.store import schemas
-from engine.store.commit_log_reads import commit_log_of_offset, offsets_by_shard, read_commit_logs
+from engine.store.commit_log.reads import commit_log_of_offset, offsets_by_shard, read_commit_logs
 from engine.store.consume_queue import QueueIndex
 from tests.helpers import append_to_queues
 
@@ -125,7 +125,7 @@ def test_a_query_by_time_returns_messages_of_every_shard(sharded: Store) -> None
 
 def test_a_trace_gathers_copies_stored_on_different_shards(sharded: Store) -> None:
     from engine.store.commit_log import CommitLogWriter
-    from engine.store.stamping import PendingMessage
+    from engine.store.commit_log.stamping import PendingMessage
 
     copies = []
     for shard in (1, 2):  # the same uniq key sent to queues on two shards (a resend)
@@ -203,7 +203,7 @@ def test_messages_of_no_offsets_is_an_empty_table(sharded: Store) -> None:
 def test_a_read_whose_files_vanish_after_a_refresh_tries_again_on_a_snapshot_loaded_anew(
     sharded: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from engine.store.file_reader import FileReader
+    from engine.store.delta.file_reader import FileReader
 
     index = QueueIndex(sharded)
     asked = sorted(read_commit_logs(sharded, columns=["physical_offset"])["physical_offset"].to_pylist())

@@ -15,8 +15,8 @@ from engine.protocol.shards import MAX_SHARDS, SHARD_SHIFT, shard_base, shard_of
 from engine.protocol.tags import java_string_hashcode
 from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
-from engine.store.commit_log_marks import read_hwm, recover_hwm_by_scan
-from engine.store.stamping import PendingMessage
+from engine.store.commit_log.hwm import read_hwm, recover_hwm_by_scan
+from engine.store.commit_log.stamping import PendingMessage
 
 
 def test_one_shard_holds_every_queue() -> None:

@@ -21,7 +21,7 @@ from engine.protocol.actions import ACK, EXPIRED, OFFLINE, PULL, RELEASE, RESET
 from engine.store import schemas
 from engine.store.action_log import read_actions
 from engine.store.consumer_offset import OffsetStore
-from engine.store.delta_log import VERSION_COLUMN
+from engine.store.delta.log import VERSION_COLUMN
 from tests.helpers import eventually, versions
 
 GROUP = "G"

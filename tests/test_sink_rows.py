@@ -20,7 +20,7 @@ from engine.spark.sink_rows import (
     pending_batch,
     writable_topics,
 )
-from engine.store.stamping import HighWaterMarks, PendingBatch, PendingMessage, stamp
+from engine.store.commit_log.stamping import HighWaterMarks, PendingBatch, PendingMessage, stamp
 
 TYPES = {
     "topic": pa.string(),

@@ -13,7 +13,7 @@ from engine.spark import register_views
 from engine.spark.views import VIEWS
 from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
-from engine.store.stamping import PendingMessage
+from engine.store.commit_log.stamping import PendingMessage
 
 pytestmark = pytest.mark.spark
 

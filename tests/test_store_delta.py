@@ -9,11 +9,12 @@ import pyarrow as pa
 import pytest
 from deltalake.exceptions import CommitFailedError, DeltaError
 
-import engine.store.commits as commits
-import engine.store.delta as delta
+import engine.store.delta.commits as commits
+import engine.store.delta.snapshot as delta
 from engine import CommitConflictError, CommitStateUnknownError, Message, Producer, Store, StoreError
 from engine.errors import TableMissingError
 from engine.store import schemas
+from engine.store.commit_log.marks import MarksDelta
 from engine.store.commit_markers import (
     CQ_KEY,
     EXPIRING_APP_PREFIX,
@@ -24,9 +25,8 @@ from engine.store.commit_markers import (
     carried_markers,
     transaction_app,
 )
-from engine.store.commits import commit_next
 from engine.store.delta import open_snapshot
-from engine.store.marks import MarksDelta
+from engine.store.delta.commits import commit_next
 from engine.store.table_properties import CHECKPOINT_INTERVAL
 from tests.helpers import age_and_clean_log
 from tests.raw_delta import raw_table
@@ -303,8 +303,8 @@ def test_commits_checkpoint_at_the_interval_outside_the_commit(
     log = Path(store.uri(schemas.CONSUMER_OFFSET)) / "_delta_log"
     snap = store.snapshot(schemas.CONSUMER_OFFSET)
     # Every table says Delta's interval; delta-rs's default applies where a table does not.
-    assert commits.checkpoint_interval(snap) == int(CHECKPOINT_INTERVAL) == 10
-    assert commits.DEFAULT_CHECKPOINT_INTERVAL == 100
+    assert delta.checkpoint_interval(snap) == int(CHECKPOINT_INTERVAL) == 10
+    assert delta.DEFAULT_CHECKPOINT_INTERVAL == 100
     assert commits.expired_log_cleanup(snap)
     for i in range(9):
         commit_next(snap, rows=_offsets(1, start=i))

@@ -13,7 +13,7 @@ import pytest
 from engine import Admin, CommitStateUnknownError, ConfigError, Message, Producer, Store
 from engine.config import ASYNC_FLUSH, SYNC_FLUSH, load_config
 from engine.store import schemas
-from engine.store.durability import fsync_version, version_files
+from engine.store.delta.durability import fsync_version, version_files
 
 
 def _spy_fsync(monkeypatch: pytest.MonkeyPatch, events: list[str]) -> None:

@@ -362,7 +362,7 @@ def test_bad_input_raises_typed_errors_and_writes_nothing(
 def test_a_decision_older_than_its_guard_is_found_by_content_and_never_taken_twice(
     store: Store, topic: str, producers: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from engine.store import commit_log
+    from engine.store.commit_log import writer as commit_log
 
     eight_days_ago = commit_log.now_ms() - 8 * 24 * 3600 * 1000
     producer = producers(check_poll_ms=60_000)

@@ -23,7 +23,7 @@ from bench.workloads import OURS, Context
 from engine import Admin, EngineConfig, Message, Producer, Store
 from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
-from engine.store.stamping import PendingMessage
+from engine.store.commit_log.stamping import PendingMessage
 
 BODY = 1024
 CREATE_BATCH = 2_000  # topics per create_topics call while building the many-topic store

@@ -28,17 +28,18 @@ from engine.errors import CommitStateUnknownError
 from engine.protocol.shards import SHARD_SPAN, shard_base
 from engine.store import schemas
 from engine.store.commit_log import COMMIT_LOG_ROW_GROUP_ROWS
-from engine.store.data_files import (
-    Commit,
-    commit_planned,
+from engine.store.delta import (
+    Action,
+    DataFile,
+    Snapshot,
     delete_files,
     read_columns,
     remove_action,
     rewrite_files,
+    table_filesystem,
 )
-from engine.store.delta import Action, DataFile, Snapshot
-from engine.store.delta_log import table_filesystem
 from engine.store.index import INDEX_ROW_GROUP_ROWS, INDEX_SORT
+from engine.store.maintenance import Commit, commit_planned
 from engine.store.store import Store
 
 MiB = 1024 * 1024

@@ -22,7 +22,7 @@ from engine.store.consume_queue import (
     dispatched_version,
     queue_marks,
 )
-from engine.store.delta_log import VERSION_COLUMN
+from engine.store.delta import VERSION_COLUMN
 from engine.store.store import Store
 
 # What dispatch needs from a commit-log row; bodies stay on disk.

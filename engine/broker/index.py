@@ -21,7 +21,7 @@ from engine.broker.visible_rows import visible_rows_after
 from engine.errors import CommitConflictError, StoreError
 from engine.protocol.index_keys import KIND_KEY, KIND_UNIQ_KEY
 from engine.store import schemas
-from engine.store.delta_log import VERSION_COLUMN, read_versions
+from engine.store.delta import VERSION_COLUMN, read_versions
 from engine.store.index import INDEX_SORT, commit_index, covered_version, indexed_version
 from engine.store.store import Store
 

@@ -8,7 +8,7 @@ directories small. :func:`maintain` runs one pass of all four.
 
 The Delta-level mechanics (reading a snapshot's files, rewriting them, committing remove + add with the
 table's markers carried forward and automatic retries off, checkpoints, vacuum) live in
-:mod:`engine.store.data_files` and :mod:`engine.store.vacuum`; this package decides what to do.
+:mod:`engine.store.delta.data_files` and :mod:`engine.store.maintenance`; this package decides what to do.
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ from engine.broker.retention import RetentionReport, consumed_offsets, protected
 from engine.errors import MQError
 from engine.store.commit_markers import MAINTENANCE_KEY
 from engine.store.delta import DataFile
+from engine.store.maintenance import checkpoint_table, vacuum_table
 from engine.store.store import Store
-from engine.store.vacuum import checkpoint_table, vacuum_table
 
 __all__ = [
     "DEFAULT_LAYOUT",
@@ -89,7 +89,7 @@ def vacuum(
 ) -> dict[str, int]:
     """Delete data files removed from the tables, or never committed, more than ``retention_hours`` ago.
 
-    A full vacuum (:func:`engine.store.vacuum.vacuum_table`): besides the files the log removed, it
+    A full vacuum (:func:`engine.store.maintenance.vacuum_table`): besides the files the log removed, it
     deletes files no commit names once they are older than the window (a crashed writer's leftovers);
     a writer's file in the making is seconds old. Readers holding a snapshot older than the window may
     fail, so keep it above the longest pull or stream lag (default 24 h; 0 is for tests).

@@ -24,7 +24,7 @@ from engine.errors import CommitConflictError
 from engine.protocol.actions import PULL
 from engine.store import schemas
 from engine.store.consume_queue import QueueIndex
-from engine.store.delta_log import VERSION_COLUMN
+from engine.store.delta import VERSION_COLUMN
 from engine.store.pull_log import (
     Marks,
     commit_pulls,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from engine.store.stamping import PendingMessage
+from engine.store.commit_log import PendingMessage
 
 
 def row_properties(row: Mapping[str, Any]) -> dict[str, str]:

@@ -3,7 +3,7 @@
 :func:`retain` deletes commit-log messages older than the retention window that every consumer of
 their topic has consumed, keeps the consume queue's minimum offsets ahead of the deletion, and drops
 index files that only point at deleted messages. The file rewrites and commits are
-:mod:`engine.store.data_files`'s; what to delete and the order of the commits are decided here.
+:mod:`engine.store.delta.data_files`'s; what to delete and the order of the commits are decided here.
 """
 
 from __future__ import annotations
@@ -25,22 +25,25 @@ from engine.protocol import SCHEDULE_TOPIC
 from engine.protocol.shards import SHARD_SHIFT
 from engine.store import schemas
 from engine.store import store as _store_module
-from engine.store.commit_log import COMMIT_LOG_ROW_GROUP_ROWS
-from engine.store.commit_log_marks import read_hwm
+from engine.store.commit_log import COMMIT_LOG_ROW_GROUP_ROWS, read_hwm
 from engine.store.commit_markers import CQ_KEY
 from engine.store.consume_queue import QueueMarks, queue_marks
-from engine.store.data_files import (
-    Commit,
+from engine.store.delta import (
+    Action,
+    DataFile,
+    Snapshot,
     StatsColumns,
-    commit_planned,
+    data_files_of,
     delete_files,
+    int_column,
     read_columns,
     read_file,
     remove_action,
+    str_column,
+    table_filesystem,
     write_file,
 )
-from engine.store.delta import Action, DataFile, Snapshot, data_files, int_column, str_column
-from engine.store.delta_log import table_filesystem
+from engine.store.maintenance import Commit, commit_planned
 from engine.store.store import Store
 
 
@@ -213,7 +216,7 @@ def _trim_consume_queue(
         return [], 0
     queues = [(k.split("\x1f")[0], int(k.split("\x1f")[1]), m) for k, m in mins.items()]
     actions_table = dt.add_actions()
-    files = data_files(actions_table, "queue_offset")
+    files = data_files_of(actions_table, "queue_offset")
     stats = {
         side: (str_column(actions_table, f"{side}.topic"), int_column(actions_table, f"{side}.queue_id"))
         for side in ("min", "max")

@@ -78,12 +78,10 @@ from engine.protocol.names import (
 from engine.protocol.schedule import schedule_envelope, without_schedule_properties
 from engine.protocol.topics import system_topic_config
 from engine.store import schemas
-from engine.store.commit_logs import CommitLogs
+from engine.store.commit_log import CommitLogs, PendingMessage
 from engine.store.commit_markers import RETRY_APP, RETRY_GUARD_APP, RETRY_RANGE_KEY, RETRY_SKIPPED_KEY
 from engine.store.consume_queue import QueueIndex
-from engine.store.delta import Snapshot
-from engine.store.delta_log import VERSION_COLUMN
-from engine.store.stamping import PendingMessage
+from engine.store.delta import VERSION_COLUMN, Snapshot
 from engine.store.store import Store
 from engine.store.store import now_ms as _clock_ms
 

@@ -77,7 +77,7 @@ from engine.errors import CommitConflictError, InvalidArgumentError, StoreError
 from engine.protocol.names import PROPERTY_REAL_TOPIC, SCHEDULE_TOPIC
 from engine.protocol.schedule import LEVEL_QUEUES, TIMER_QUEUE_ID, real_destination
 from engine.store import schemas
-from engine.store.commit_logs import CommitLogs
+from engine.store.commit_log import CommitLogs, PendingMessage
 from engine.store.commit_markers import (
     SCHEDULE_APP,
     SCHEDULE_DROPPED_KEY,
@@ -86,7 +86,6 @@ from engine.store.commit_markers import (
 )
 from engine.store.consume_queue import QueueIndex
 from engine.store.delta import Snapshot
-from engine.store.stamping import PendingMessage
 from engine.store.store import Store
 from engine.store.store import now_ms as _clock_ms
 

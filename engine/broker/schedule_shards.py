@@ -28,10 +28,9 @@ from collections.abc import Mapping, Sequence
 from engine.broker.schedule_state import ScheduleState, read_state, union_handled
 from engine.protocol.schedule import LEVEL_QUEUES, TIMER_QUEUE_ID
 from engine.store import schemas
-from engine.store.commit_log import CommitLogWriter
+from engine.store.commit_log import CommitLogWriter, PendingMessage
 from engine.store.commit_markers import SCHEDULE_APP, SCHEDULE_STATE_KEY, schedule_queue_app
 from engine.store.delta import Snapshot
-from engine.store.stamping import PendingMessage
 from engine.store.store import Store
 
 

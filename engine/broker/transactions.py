@@ -66,8 +66,7 @@ from engine.protocol.transactions import (
     validate_check_settings,
 )
 from engine.store import schemas
-from engine.store.commit_log import CommitLogWriter
-from engine.store.commit_logs import CommitLogs
+from engine.store.commit_log import CommitLogs, CommitLogWriter
 from engine.store.commit_markers import TX_FLOOR_KEY, transaction_app
 from engine.store.delta import Snapshot
 from engine.store.store import Store, sql_literal

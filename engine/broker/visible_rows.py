@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.model import UNDISPATCHED_FLAGS
-from engine.store.delta_log import VERSION_COLUMN
+from engine.store.delta import VERSION_COLUMN
 
 _HIDDEN_FLAGS = pa.array(sorted(UNDISPATCHED_FLAGS), pa.int32())
 

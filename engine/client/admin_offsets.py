@@ -32,8 +32,7 @@ from engine.store import schemas
 from engine.store.action_log import reset_leases
 from engine.store.consume_queue import QueueIndex, QueueMarks, queue_marks
 from engine.store.consumer_offset import OffsetStore
-from engine.store.delta import Snapshot
-from engine.store.delta_log import table_filesystem
+from engine.store.delta import Snapshot, table_filesystem
 from engine.store.offset_resets import record_resets
 from engine.store.store import Store, now_ms, sql_literal
 

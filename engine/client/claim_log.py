@@ -38,7 +38,7 @@ from engine.protocol.actions import RELEASE, RESET
 from engine.store import schemas
 from engine.store.action_log import lease_frontier
 from engine.store.commit_markers import lease_app
-from engine.store.delta_log import read_versions
+from engine.store.delta import read_versions
 from engine.store.store import Store, sql_literal
 
 LEASE_COMMIT_RETRIES = 32  # rebases past other queues' leases and acks before giving up

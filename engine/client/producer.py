@@ -36,9 +36,7 @@ from engine.protocol.names import (
     validate_topic_name,
 )
 from engine.protocol.schedule import TIMER_PROPERTIES, schedule_envelope, timer_deliver_ms
-from engine.store.commit_log import CommitLogWriter
-from engine.store.commit_logs import CommitLogs, ShardPart
-from engine.store.stamping import PendingBatch, PendingMessage
+from engine.store.commit_log import CommitLogs, CommitLogWriter, PendingBatch, PendingMessage, ShardPart
 from engine.store.store import Store, now_ms
 
 

@@ -23,7 +23,7 @@ from engine.protocol.index_keys import KIND_KEY, KIND_UNIQ_KEY
 from engine.protocol.message_ids import parse_msg_id
 from engine.protocol.names import validate_topic_name
 from engine.store import schemas
-from engine.store.commit_log_reads import read_commit_logs
+from engine.store.commit_log import read_commit_logs
 from engine.store.consume_queue import QueueIndex
 from engine.store.store import Store, sql_literal
 

@@ -16,7 +16,7 @@ from engine.protocol.messages import MAX_BODY_BYTES
 from engine.protocol.names import SCHEDULE_TOPIC, is_system_topic, is_valid_topic_name
 from engine.protocol.permissions import is_writeable
 from engine.protocol.schedule import TIMER_PROPERTIES, real_destination
-from engine.store.stamping import PendingMessage, StampedBatch
+from engine.store.commit_log import PendingMessage, StampedBatch
 from engine.store.store import Store
 
 _SEND_OK = SendStatus.SEND_OK

@@ -43,8 +43,8 @@ from engine.protocol.names import SYSTEM_TOPICS, validate_group_name
 from engine.protocol.permissions import is_readable
 from engine.protocol.selectors import MessageSelector
 from engine.store import schemas
-from engine.store.commits import backoff
 from engine.store.consumer_offset import OffsetStore
+from engine.store.delta import backoff
 from engine.store.store import Store, now_ms
 
 __all__ = [

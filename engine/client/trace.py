@@ -37,7 +37,7 @@ from engine.protocol.names import (
     TRANS_HALF_TOPIC,
 )
 from engine.store import schemas
-from engine.store.commit_log_reads import read_commit_logs
+from engine.store.commit_log import read_commit_logs
 from engine.store.consume_queue import QueueIndex
 from engine.store.store import Store, sql_literal
 

@@ -246,7 +246,7 @@ class TransactionProducer(Producer):
 
     def _answer(self, half: HalfMessage, check_times: int) -> int:
         try:
-            state = _state_of(self._checker(half.view()), "checker")
+            state = _state_of(self._checker(MessageExt.from_row(half.view_row())), "checker")
         except Exception as exc:
             _log.warning("checker raised %r for %s; treated as UNKNOWN", exc, half.msg_id)
             state = LocalTransactionState.UNKNOWN

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
-import numpy as np
+import enum
 
-from engine.model import PullStatus
+import numpy as np
 
 # How many consume-queue entries one pull examines at most while filtering (RocketMQ reads up to
 # 16000 bytes of 20-byte entries, i.e. 800, before answering NO_MATCHED_MSG).
 MAX_SCAN_ENTRIES = 800
 MAX_PULL_NUMS = 1024
+
+
+class PullStatus(enum.StrEnum):
+    """Outcome of a pull, as RocketMQ's client-side ``PullStatus``."""
+
+    FOUND = "FOUND"
+    NO_NEW_MSG = "NO_NEW_MSG"
+    NO_MATCHED_MSG = "NO_MATCHED_MSG"
+    OFFSET_ILLEGAL = "OFFSET_ILLEGAL"
 
 
 def pull_status(offset: int, min_offset: int, max_offset: int) -> tuple[PullStatus | None, int]:

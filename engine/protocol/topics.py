@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from engine.errors import InvalidArgumentError
-from engine.model import TopicConfig
 from engine.protocol.names import MAX_QUEUES, SCHEDULE_TOPIC
 from engine.protocol.permissions import DEFAULT_PERM, TOPIC_PERMS
 from engine.protocol.schedule import SCHEDULE_QUEUES
 
 TOPIC_TYPES = ("NORMAL", "FIFO", "DELAY", "TRANSACTION")
+
+
+@dataclass(frozen=True)
+class TopicConfig:
+    """A topic's configuration, one row of the ``topics`` table."""
+
+    name: str
+    queues: int
+    perm: int = DEFAULT_PERM  # bit flags of engine.protocol.permissions.Perm: READ | WRITE
+    type: str = "NORMAL"
+    created_ts_ms: int = 0
 
 
 def validate_topic_settings(name: str, queues: object, type: object, perm: object) -> None:

@@ -16,13 +16,26 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.errors import InvalidArgumentError, StoreError
-from engine.model import MessageExt, SysFlag
 from engine.protocol.names import (
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
     PROPERTY_TRANSACTION_PREPARED,
     TRANS_HALF_TOPIC,
 )
+
+
+class SysFlag(enum.IntEnum):
+    """Transaction state of a commit-log row (RocketMQ ``MessageSysFlag`` transaction bits)."""
+
+    NOT_TYPE = 0
+    PREPARED = 1 << 2
+    COMMIT = 2 << 2
+    ROLLBACK = 3 << 2
+
+
+# Rows with these flags are stored but never dispatched, and take no queue offset.
+UNDISPATCHED_FLAGS: frozenset[int] = frozenset({int(SysFlag.PREPARED), int(SysFlag.ROLLBACK)})
+
 
 PROPERTY_PRODUCER_GROUP = "PGROUP"
 PROPERTY_HALF_OFFSET = "TRAN_HALF_OFFSET"  # physical offset of the half a decision belongs to
@@ -102,9 +115,10 @@ class HalfMessage:
             store_ts_ms=int(row["store_ts_ms"]),
         )
 
-    def view(self) -> MessageExt:
-        """The message as a checker sees it: real topic and queue, the half's offsets and id."""
-        return MessageExt.from_row({**vars(self), "queue_offset": -1, "sys_flag": int(SysFlag.PREPARED)})
+    def view_row(self) -> dict[str, Any]:
+        """The message as a checker sees it, as a row (``MessageExt.from_row``): real topic and queue,
+        the half's offsets and id."""
+        return {**vars(self), "queue_offset": -1, "sys_flag": int(SysFlag.PREPARED)}
 
 
 def half_properties(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from engine.model import MessageExt
 from engine.protocol.transactions import HalfMessage, LocalTransactionState
 from engine.remoting.codes import RPC_ONEWAY, MessageSysFlag, RequestCode, ResponseCode
 from engine.remoting.context import BrokerContext, Connection, Handler
@@ -56,7 +57,10 @@ def check_request(ctx: BrokerContext, half: HalfMessage) -> RemotingCommand:
     """A CHECK_TRANSACTION_STATE request for one half message (one-way, as RocketMQ's broker sends it)."""
     extra = {"PGROUP": half.producer_group, "TRAN_MSG": "true"}
     wire = to_wire(
-        half.view(), (ctx.host, ctx.port), extra=extra, sys_flag=int(MessageSysFlag.TRANSACTION_PREPARED)
+        MessageExt.from_row(half.view_row()),
+        (ctx.host, ctx.port),
+        extra=extra,
+        sys_flag=int(MessageSysFlag.TRANSACTION_PREPARED),
     )
     fields = {
         "tranStateTableOffset": "0",

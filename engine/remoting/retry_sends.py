@@ -17,7 +17,7 @@ from engine.protocol.schedule import schedule_envelope
 from engine.protocol.topics import system_topic_config
 from engine.remoting.wire_messages import IncomingMessage
 from engine.remoting.wire_producer import WireProducer
-from engine.store.stamping import PendingMessage
+from engine.store.commit_log import PendingMessage
 from engine.store.store import Store, now_ms
 
 

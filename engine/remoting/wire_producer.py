@@ -12,7 +12,7 @@ from engine.model import SendResult
 from engine.protocol.messages import batch_bytes
 from engine.protocol.transactions import HalfMessage, LocalTransactionState
 from engine.remoting.wire_messages import IncomingMessage
-from engine.store.stamping import PendingMessage
+from engine.store.commit_log import PendingMessage
 from engine.store.transactions import Decision, end_transaction, half_message, half_writer, stored_half
 
 REASON_WIRE = "wire"  # a decision a wire producer sent (END_TRANSACTION)

@@ -48,8 +48,7 @@ from pyspark.sql.types import StructType
 
 from engine.errors import InvalidArgumentError, StoreError, TableMissingError
 from engine.spark.mq_options import storage_options_option
-from engine.store.delta import Snapshot, open_snapshot
-from engine.store.delta_log import VERSION_COLUMN, read_files, read_versions
+from engine.store.delta import VERSION_COLUMN, Snapshot, open_snapshot, read_files, read_versions
 
 SHORT_NAME = "deltalog"
 SNAPSHOT_VERSION = -1

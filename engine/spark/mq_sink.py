@@ -62,9 +62,8 @@ from pyspark.sql.types import (
 from engine.errors import InvalidArgumentError
 from engine.spark.mq_options import WriteOptions
 from engine.spark.sink_rows import ROWS_SCHEMA, normalize_rows, pending_batch, writable_topics
-from engine.store.commit_logs import CommitLogs, take_rows
+from engine.store.commit_log import CommitLogs, PendingBatch, Stamped, take_rows
 from engine.store.staging import drop_write, new_write_id, read_staged, stage
-from engine.store.stamping import PendingBatch, Stamped
 from engine.store.store import Store
 
 _STRING = StringType()

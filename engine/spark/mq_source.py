@@ -60,10 +60,10 @@ from engine.errors import InvalidArgumentError, StoreError
 from engine.protocol.selectors import MessageSelector
 from engine.spark.mq_options import SHORT_NAME, Position, ReadOptions, StoreRef, WriteOptions
 from engine.store import schemas
-from engine.store.commit_log_marks import read_hwm
+from engine.store.commit_log import read_hwm
 from engine.store.consume_queue import QueueIndex
 from engine.store.consumer_offset import OffsetStore
-from engine.store.delta_log import read_version
+from engine.store.delta import read_version
 from engine.store.store import Store
 
 _TS = pa.timestamp("us", tz="UTC")

@@ -30,7 +30,7 @@ import pyarrow.fs as pa_fs
 from engine.errors import StoreError
 from engine.store import schemas
 from engine.store.commit_markers import HWM_KEY, MARKS_KEY
-from engine.store.delta_log import read_version, table_filesystem
+from engine.store.delta import read_version, table_filesystem
 from engine.store.store import Store, now_ms
 
 STATUS_DIR = "_status"

@@ -29,7 +29,7 @@ from engine.protocol import (
 )
 from engine.protocol.messages import MAX_BODY_BYTES
 from engine.protocol.permissions import is_writeable
-from engine.store.stamping import PendingBatch, PendingMessage
+from engine.store.commit_log import PendingBatch, PendingMessage
 from engine.store.store import Store
 
 # What a task checks and batches: the rows, in this schema.

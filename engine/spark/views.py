@@ -25,7 +25,7 @@ from engine.errors import InvalidArgumentError
 from engine.spark.deltalog import SHORT_NAME, spark_schema
 from engine.spark.session import delta_enabled
 from engine.store import schemas
-from engine.store.delta_log import VERSION_COLUMN
+from engine.store.delta import VERSION_COLUMN
 from engine.store.store import Store
 
 ViewBuilder = Callable[[Any, Store], Any]

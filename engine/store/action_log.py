@@ -24,8 +24,7 @@ from engine.protocol.actions import ACTIONS, RESET
 from engine.protocol.names import validate_group_name
 from engine.store import schemas
 from engine.store.commit_markers import lease_app
-from engine.store.commits import backoff
-from engine.store.delta import Snapshot
+from engine.store.delta import Snapshot, backoff
 from engine.store.store import Store, now_ms, sql_literal
 
 ADMIN_CONSUMER_ID = "%ADMIN%"  # the consumer id of rows written by administration (offset resets)

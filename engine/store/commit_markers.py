@@ -25,7 +25,7 @@ HWM_KEY = "mq.hwm"
 """commit_log: the full high-water marks after the commit (next physical offset, last store time, next
 offset of every queue): on the creation commit, maintenance commits and stores of older versions."""
 MARKS_KEY = "mq.marks"
-"""commit_log: the compact marks of a sequenced append (see :mod:`engine.store.marks`): the next
+"""commit_log: the compact marks of a sequenced append (see :mod:`engine.store.commit_log.marks`): the next
 physical offset, the queues written and a rolling slice of the others; never carried."""
 BATCH_KEY = "mq.batch"
 """commit_log: the id of the producer batch a commit holds, ``<writer>-<batch>`` (finds an append of
@@ -138,7 +138,7 @@ MARKERS: tuple[Marker, ...] = (
     Marker(GROUPS_STATE_KEY, "commit_info", schemas.GROUPS, "consumers (membership, queue locks)"),
     Marker(TX_FLOOR_KEY, "commit_info", schemas.TRANSACTIONS, "the transaction check job"),
     Marker(MAINTENANCE_KEY, "commit_info", "*", "the maintenance job"),
-    Marker(COUNTS_KEY, "commit_info", "*", "every engine commit (engine.store.commits.commit_next)"),
+    Marker(COUNTS_KEY, "commit_info", "*", "every engine commit (engine.store.delta.commits.commit_next)"),
     Marker(DISPATCH_APP, "app_transaction", schemas.CONSUME_QUEUE, "the dispatch job"),
     Marker(INDEX_APP, "app_transaction", schemas.INDEX, "the index job"),
     Marker(PULL_LOG_APP, "app_transaction", schemas.PULL_LOG, "the pull-log job"),

@@ -11,7 +11,7 @@ commit covers versions of one shard.
 
 A pull is a pruned table scan, not a Spark job (:class:`QueueIndex`): files are chosen by their Delta
 statistics (topic, queue id, queue offset for the consume queue; physical offset for the commit
-log), then read by :class:`~engine.store.file_reader.FileReader`. Which entries to dispatch is the
+log), then read by :class:`~engine.store.delta.file_reader.FileReader`. Which entries to dispatch is the
 broker's decision (:mod:`engine.broker.dispatch`).
 """
 
@@ -30,8 +30,7 @@ from engine.errors import StoreError
 from engine.protocol.shards import SHARD_SHIFT
 from engine.store import schemas
 from engine.store.commit_markers import CQ_KEY, dispatch_app
-from engine.store.delta import Snapshot
-from engine.store.file_reader import FileReader, FileStats
+from engine.store.delta import FileReader, FileStats, Snapshot
 from engine.store.store import Store
 
 

@@ -30,8 +30,7 @@ import pyarrow.dataset as ds
 from engine.errors import CommitConflictError, StoreError
 from engine.store import schemas
 from engine.store.commit_markers import GROUPS_STATE_KEY as STATE_KEY
-from engine.store.commits import backoff, commit_next
-from engine.store.delta import Snapshot
+from engine.store.delta import Snapshot, backoff, commit_next
 from engine.store.store import Store, now_ms, sql_literal
 
 HEARTBEAT = "HEARTBEAT"

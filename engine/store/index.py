@@ -18,16 +18,20 @@ from __future__ import annotations
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake.transaction import AddAction
 
 from engine.errors import CommitConflictError, StoreError
 from engine.protocol.index_keys import KIND_KEY, KIND_UNIQ_KEY
 from engine.store import schemas
 from engine.store.commit_markers import index_app
-from engine.store.commits import commit_next
-from engine.store.data_files import delete_files, write_file
-from engine.store.delta import Snapshot, app_transactions
-from engine.store.delta_log import table_filesystem
+from engine.store.delta import (
+    Action,
+    Snapshot,
+    app_transactions,
+    commit_next,
+    delete_files,
+    table_filesystem,
+    write_file,
+)
 from engine.store.store import Store
 
 # The order index rows are written in: a file per kind, a lookup's key in few row groups.
@@ -57,7 +61,7 @@ def commit_index(store: Store, snapshot: Snapshot, entries: pa.Table, covered: i
             them if unreferenced) and a retry is safe: it finds the covered version if it happened.
     """
     fs = table_filesystem(store.uri(schemas.INDEX), store.storage_options)
-    adds: list[AddAction] = []
+    adds: list[Action] = []
     try:
         for kind in (KIND_KEY, KIND_UNIQ_KEY):
             rows = entries.filter(pc.equal(entries["kind"], kind))

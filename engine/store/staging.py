@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.fs as pa_fs
 
 from engine.errors import InvalidArgumentError, StoreError
-from engine.store.delta_log import table_filesystem
+from engine.store.delta import table_filesystem
 from engine.store.store import Store
 
 STAGING_DIR = "_staging"

@@ -20,13 +20,21 @@ from engine.errors import CommitConflictError, ConfigError, MQError, StoreError,
 from engine.model import TopicConfig
 from engine.protocol.shards import shard_base
 from engine.store import schemas
-from engine.store.blind_appends import BlindAppends
 from engine.store.commit_markers import HWM_KEY
-from engine.store.commits import commit_next, log_gone
-from engine.store.delta import Snapshot, app_transactions, create_table, open_snapshot
-from engine.store.delta_log import probe_latest_version, read_versions
-from engine.store.direct_append import direct_append_enabled
-from engine.store.repair import commit_parses, repair_log
+from engine.store.delta import (
+    BlindAppends,
+    Snapshot,
+    app_transactions,
+    commit_next,
+    commit_parses,
+    create_table,
+    direct_append_enabled,
+    log_gone,
+    open_snapshot,
+    probe_latest_version,
+    read_versions,
+    repair_log,
+)
 from engine.store.table_properties import creation_properties, table_properties
 from engine.store.topics import TopicCatalog
 
@@ -76,7 +84,7 @@ class Store:
         A table whose last commit file was torn by a crash (it does not parse, or was cut at a line
         break so that it holds fewer actions than its commitInfo records) is repaired first: the
         file is moved to ``_delta_log/_quarantine/`` with a logged warning and its version is free
-        again, see :mod:`engine.store.repair`.
+        again, see :mod:`engine.store.delta.repair`.
 
         Raises:
             StoreError: a table exists with another schema, or the location is unusable.
@@ -220,7 +228,7 @@ class Store:
                 snap.set_properties(wanted)
 
     def _load_repaired(self, name: str, error: StoreError) -> Snapshot | None:
-        """A table delta-rs cannot load: repair a torn last commit (see :mod:`engine.store.repair`)
+        """A table delta-rs cannot load: repair a torn last commit (see :mod:`engine.store.delta.repair`)
         and load it again; None when the repair left no commit (the table is created anew)."""
         uri = self.uri(name)
         if not repair_log(uri).moved:
@@ -335,7 +343,7 @@ class Store:
         of commits it did not see (the store's shared snapshot may be moved by other threads).
 
         Any other append of rows without an app transaction is blind: on a local store it is
-        committed directly, without delta-rs (:mod:`engine.store.blind_appends`), where the table
+        committed directly, without delta-rs (:mod:`engine.store.delta.blind_appends`), where the table
         allows it. The shared snapshot does not move then: read through :meth:`shared` or
         :meth:`version`, which bring it up to date.
 
@@ -383,7 +391,7 @@ class Store:
             return version
 
     def _blind_appends(self, name: str, schema: pa.Schema) -> BlindAppends:
-        """The direct writer of table ``name``'s plain appends (:mod:`engine.store.blind_appends`)."""
+        """The direct writer of table ``name``'s plain appends (:mod:`engine.store.delta.blind_appends`)."""
         blind = self._blind.get(name)
         if blind is None:
             blind = BlindAppends(name, schema, lambda version: self.snapshot(name, version))

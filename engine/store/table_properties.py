@@ -35,7 +35,7 @@ def log_retention(config: EngineConfig) -> str:
     """The ``delta.logRetentionDuration`` every table of a store gets: ``config.log_retention_minutes``.
 
     Set when a table is created; the maintenance job applies a changed setting to existing tables
-    (:func:`engine.store.vacuum.apply_log_retention`), so that processes opening one store with
+    (:func:`engine.store.maintenance.apply_log_retention`), so that processes opening one store with
     different settings do not take turns rewriting it.
     """
     return f"interval {config.log_retention_minutes} minutes"
@@ -50,7 +50,7 @@ def log_retention(config: EngineConfig) -> str:
 CHECKPOINT_INTERVAL = "10"
 _EVERY_TABLE = {"delta.checkpointInterval": CHECKPOINT_INTERVAL}
 # Except the commit log (every shard): its writers append directly and follow the log by reading
-# commit files (engine.store.direct_append), so checkpoints no longer speed them up, while each one
+# commit files (engine.store.delta.direct_append), so checkpoints no longer speed them up, while each one
 # costs its writer about 30 ms of delta-rs (loading the version, then writing it), a fixed cost
 # whatever the interval: at 10 that is 3 ms per commit, a third of a one-message send. Its readers
 # refresh once per broker micro-batch, not per message. Measured with bench/contention.py, 8 writers

@@ -24,7 +24,7 @@ import pyarrow as pa
 from engine.errors import InvalidTopicError, StoreError, TopicNotFoundError
 from engine.model import TopicConfig
 from engine.store import schemas
-from engine.store.delta_log import VERSION_COLUMN
+from engine.store.delta import VERSION_COLUMN
 
 if TYPE_CHECKING:
     from engine.store.store import Store

@@ -51,10 +51,8 @@ from engine.protocol.transactions import (
     transaction_record,
 )
 from engine.store import schemas
-from engine.store.commit_log import CommitLogWriter
-from engine.store.commit_logs import CommitLogs, shared_commit_logs
+from engine.store.commit_log import CommitLogs, CommitLogWriter, PendingMessage, Stamped, shared_commit_logs
 from engine.store.commit_markers import TX_FLOOR_KEY, transaction_app
-from engine.store.stamping import PendingMessage, Stamped
 from engine.store.store import Store, sql_literal
 from engine.store.store import now_ms as _clock_ms
 
@@ -276,7 +274,7 @@ def end_transaction(
 
     ``writer`` appends the decision when it writes the decision's shard (:func:`decision_shard`);
     otherwise that shard's writer is taken from ``writer`` (a
-    :class:`~engine.store.commit_logs.CommitLogs`) or from the process's shared ones.
+    :class:`~engine.store.commit_log.shards.CommitLogs`) or from the process's shared ones.
 
     ``extra`` messages are appended only if this call decides (the check job's copy of a half whose
     checks ran out, :func:`check_max_time_copy`): in the same commit when their queues live on the

@@ -42,7 +42,7 @@ from engine import Store
 from engine.model import UNDISPATCHED_FLAGS
 from engine.protocol.shards import SHARD_SHIFT
 from engine.store import schemas
-from engine.store.delta_log import VERSION_COLUMN, read_versions
+from engine.store.delta.log import VERSION_COLUMN, read_versions
 
 EventKind = Literal["sent", "acknowledged", "gave_up", "received", "acked"]
 EVENT_KINDS: tuple[EventKind, ...] = ("sent", "acknowledged", "gave_up", "received", "acked")

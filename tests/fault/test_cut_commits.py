@@ -19,8 +19,8 @@ import pytest
 from engine import CommitTruncatedError, Store, StoreCorruptedError
 from engine.broker.dispatch import dispatch_pending
 from engine.store import schemas
-from engine.store.delta_log import read_version
-from engine.store.repair import QUARANTINE_DIR, repair_log
+from engine.store.delta.log import read_version
+from engine.store.delta.repair import QUARANTINE_DIR, repair_log
 from tests.fault.test_log_damage import Scenario, scenario
 
 pytestmark = pytest.mark.fault

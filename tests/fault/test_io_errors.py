@@ -22,8 +22,8 @@ from typing import Any
 
 import pytest
 
-import engine.store.commits as commits
-import engine.store.direct_append as direct_append
+import engine.store.delta.commits as commits
+import engine.store.delta.direct_append as direct_append
 from engine import (
     CommitStateUnknownError,
     ConsumeFrom,

@@ -37,7 +37,7 @@ from engine.broker.dispatch import dispatch_pending
 from engine.broker.maintenance import maintain
 from engine.store import schemas
 from engine.store.consume_queue import dispatched_version
-from engine.store.repair import QUARANTINE_DIR
+from engine.store.delta.repair import QUARANTINE_DIR
 from tests.fault.history import body_id, check, record
 from tests.fault.scenario import TOPIC, timed
 from tests.fault.scenario import Scenario as InProcessScenario
@@ -180,7 +180,7 @@ def test_a_torn_last_commit_log_entry_is_quarantined_at_open_and_its_version_tak
     with pytest.raises(DeltaError, match=r"(?i)json"):
         DeltaTable(s.store.uri(schemas.COMMIT_LOG))  # what delta-rs alone does with it
 
-    with caplog.at_level(logging.WARNING, logger="engine.store.repair"):
+    with caplog.at_level(logging.WARNING, logger="engine.store.delta.repair"):
         open_s = s.reopen()
     began = time.monotonic()
     assert s.store.version(schemas.COMMIT_LOG) == torn_version - 1

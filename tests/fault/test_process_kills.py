@@ -29,7 +29,7 @@ from engine.protocol.actions import ACK
 from engine.spark.jobs.streams import DELTA_SOURCE, checkpoint_location
 from engine.store import schemas
 from engine.store.action_log import read_actions
-from engine.store.commit_log_marks import read_hwm
+from engine.store.commit_log.hwm import read_hwm
 from engine.store.commit_markers import MAINTENANCE_KEY
 from engine.store.consume_queue import dispatched_version, queue_marks
 from tests.fault.history import (

@@ -24,7 +24,7 @@ import pyarrow as pa
 from engine.spark.jobs.counted import BatchRows, CountedQuery
 from engine.spark.jobs.stats import JobStats
 from engine.store import schemas
-from engine.store.delta_log import VERSION_COLUMN, earliest_version, local_path
+from engine.store.delta import VERSION_COLUMN, earliest_version, local_path
 from engine.store.store import Store
 
 # Most source versions one handler call gets (bounds the memory of a catch-up).

@@ -21,7 +21,7 @@ from engine.protocol.transactions import (
 )
 from engine.spark.jobs.stats import JobStats
 from engine.spark.jobs.streams import start_query, ticker
-from engine.store.commit_logs import CommitLogs
+from engine.store.commit_log import CommitLogs
 from engine.store.store import Store
 
 JOB = "transaction_check"

@@ -3,7 +3,7 @@
 This is the one module that knows how delta-rs handles are driven. The rest of ``engine/store``
 holds a :class:`Snapshot` (a delta-rs handle that only its owner moves) and asks it for versions,
 app transactions, commit markers and live files; every commit goes through
-:func:`engine.store.commits.commit_next`, which lands exactly on the version after the snapshot's
+:func:`engine.store.delta.commits.commit_next`, which lands exactly on the version after the snapshot's
 or fails, and maps delta-rs's errors onto the engine's. No delta-rs object leaves
 ``engine/store``: callers outside it see snapshots, Arrow tables and plain values.
 """
@@ -32,8 +32,7 @@ from engine.errors import (
     StoreError,
     TableMissingError,
 )
-from engine.store.commits import checkpoint_interval, listing_gap, log_gone
-from engine.store.delta_log import probe_latest_version, read_version, table_filesystem
+from engine.store.delta.log import probe_latest_version, read_version, table_filesystem
 
 # A DeltaTable handle gets slower with every version it moves on by: delta-rs keeps the file list of
 # each new version as one more Arrow batch and every later commit goes over all of them, and a
@@ -54,6 +53,34 @@ LISTING_ATTEMPTS = 12
 def listing_pause(attempt: int) -> None:
     """The jittered pause before listing the log again (at most about 60 ms, 0.4 s in all)."""
     time.sleep(random.uniform(0.5, 1.0) * min(0.06, 0.005 * (attempt + 1)))
+
+
+DEFAULT_CHECKPOINT_INTERVAL = 100  # delta-rs's default delta.checkpointInterval (Delta on Spark: 10)
+
+
+def checkpoint_interval(snapshot: Snapshot) -> int:
+    """The table's ``delta.checkpointInterval`` (Delta's default 100 when unset or unreadable)."""
+    raw = snapshot.configuration().get("delta.checkpointInterval")
+    try:
+        return max(1, int(raw)) if raw else DEFAULT_CHECKPOINT_INTERVAL
+    except ValueError:
+        return DEFAULT_CHECKPOINT_INTERVAL
+
+
+def log_gone(exc: BaseException) -> bool:
+    """Whether a delta-rs error says that commit files a handle needs were cleaned up (the handle is
+    older than the log retention: its successors are gone, only a checkpoint stands for them)."""
+    text = str(exc)
+    if text.startswith("Invalid table version"):
+        return True
+    return "_delta_log" in text and "not found" in text and isinstance(exc, (DeltaError, FileNotFoundError))
+
+
+def listing_gap(exc: BaseException) -> bool:
+    """Whether a delta-rs error says its listing of the log had a gap between commit files: the
+    directory was read while another writer's commit was being linked in (a listing is not a
+    snapshot of the directory), so reading again finds the log whole."""
+    return "Expected contiguous commit files" in str(exc)
 
 
 # How far back to look for a commit marker before giving up (compaction and progress commits lack
@@ -89,7 +116,7 @@ def str_column(actions: pa.Table, name: str) -> list[str | None]:
     return [None if v is None else str(v) for v in actions[name].to_pylist()]
 
 
-def data_files(actions: pa.Table, column: str | None = None) -> list[DataFile]:
+def data_files_of(actions: pa.Table, column: str | None = None) -> list[DataFile]:
     """The files of add ``actions`` (:meth:`Snapshot.add_actions`), with the min / max of ``column``."""
     paths = actions["path"].to_pylist()
     sizes = int_column(actions, "size_bytes")
@@ -336,7 +363,7 @@ class Snapshot:
 
     def files(self, column: str | None = None) -> list[DataFile]:
         """The live data files, with the min / max of ``column`` when given."""
-        return data_files(self.add_actions(), column)
+        return data_files_of(self.add_actions(), column)
 
     def paths(self) -> list[str]:
         """The paths (relative to the table) of the live data files, in the log's order."""
@@ -356,7 +383,7 @@ class Snapshot:
         """A PyArrow dataset over this snapshot, on the table's own filesystem.
 
         ``predicate`` is a delta-rs SQL predicate that prunes files by their statistics. Arrow's
-        local filesystem is used for local tables (see :func:`engine.store.delta_log.table_filesystem`).
+        local filesystem is used for local tables (see :func:`engine.store.delta.log.table_filesystem`).
         """
         fs = table_filesystem(self.uri, self.storage_options)
         return self._dt.to_pyarrow_dataset(file_pruning_predicate=predicate, filesystem=fs)

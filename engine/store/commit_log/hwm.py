@@ -1,6 +1,6 @@
 """The commit log's high-water marks as of a version: read from the marks its commits carry (see
-:mod:`engine.store.marks`), from those saved at a checkpoint, or, when the log lost both, rebuilt from
-the rows; and the checkpoint that saves them first."""
+:mod:`engine.store.commit_log.marks`), from those saved at a checkpoint, or, when the log lost both,
+rebuilt from the rows; and the checkpoint that saves them first."""
 
 from __future__ import annotations
 
@@ -9,17 +9,18 @@ import pyarrow.compute as pc
 
 from engine.errors import CommitTruncatedError, StoreError
 from engine.protocol.shards import shard_base
-from engine.store import marks_snapshots, schemas
+from engine.store import schemas
+from engine.store.commit_log import saved_marks
+from engine.store.commit_log.marks import HighWaterMarks, Rebuild, replay
 from engine.store.commit_markers import HWM_KEY, MARKS_KEY
 from engine.store.delta import MAX_WALK_BACK, Snapshot
-from engine.store.marks import HighWaterMarks, Rebuild, replay
 
 
 def read_hwm(snapshot: Snapshot) -> HighWaterMarks:
     """High-water marks as of ``snapshot``'s version.
 
     Walks back from that version over the commits' marks until they name every queue, or to the
-    newest full mark (see :mod:`engine.store.marks`); if the log no longer holds enough of them,
+    newest full mark (see :mod:`engine.store.commit_log.marks`); if the log no longer holds enough of them,
     recovers the marks by scanning the table.
     """
     rebuild = Rebuild(HWM_KEY, MARKS_KEY)
@@ -40,10 +41,10 @@ def read_hwm(snapshot: Snapshot) -> HighWaterMarks:
 
 
 def _from_saved_marks(snapshot: Snapshot) -> HighWaterMarks | None:
-    """The marks saved at the newest checkpoint (:mod:`engine.store.marks_snapshots`), moved on
+    """The marks saved at the newest checkpoint (:mod:`engine.store.commit_log.saved_marks`), moved on
     over the commits since; None when there are none or those commits are gone too."""
     version = snapshot.version()
-    saved = marks_snapshots.load(snapshot.uri, snapshot.storage_options, version)
+    saved = saved_marks.load(snapshot.uri, snapshot.storage_options, version)
     if saved is None:
         return None
     base, hwm = saved
@@ -63,7 +64,7 @@ def checkpoint_commit_log(snapshot: Snapshot, hwm: HighWaterMarks, *, cleanup: b
     Raises:
         StoreError: the marks or the checkpoint could not be written (no cleanup happened then).
     """
-    marks_snapshots.save(snapshot.uri, snapshot.storage_options, snapshot.version(), hwm)
+    saved_marks.save(snapshot.uri, snapshot.storage_options, snapshot.version(), hwm)
     snapshot.checkpoint(cleanup=cleanup)
 
 

@@ -1,32 +1,21 @@
-"""Rewriting a Delta table's data files in place: the mechanics under compaction and retention.
+"""Data files of a Delta table read, written and removed in place: the file mechanics under
+compaction, retention and the index.
 
 What is here knows Delta and Parquet, not policy: reading and writing data files in a table's
-directory with the add-action statistics delta-rs would write, and :func:`commit_planned`, the commit
-loop every maintenance commit goes through. Which files
-to rewrite, in which order and what to delete is decided by :mod:`engine.broker.compaction` and
-:mod:`engine.broker.retention`.
-
-Every commit made through :func:`commit_planned` follows the sequencer's rules:
-
-- It is a delta-rs write transaction with automatic retries disabled (``max_commit_retries=0``): it
-  lands exactly on the version after the one it was planned from, or fails and is planned again from
-  the newer snapshot. A producer committing meanwhile either wins (the plan is made again) or loses
-  and is re-stamped by the sequencer; nothing is lost, no offset is given twice.
-- It carries the table's markers forward as of the version it was planned from (``mq.hwm`` on the
-  commit log, ``mq.cq`` on the consume queue, ...), so marker readers find them on the newest commit
-  even after the older commit files are cleaned up. Only a commit that cannot be retried onto a later
-  version may do that, which is why delta-rs's own ``optimize`` (automatic retries) is not used.
-- Rows that only move are added with ``dataChange = false`` (:func:`write_file`); streaming readers of
-  new versions (the dispatch job) skip such files.
+directory with the add-action statistics delta-rs would write, and the add and remove actions a
+commit takes. Rows that only move are added with ``dataChange = false`` (:func:`write_file`);
+streaming readers of new versions (the dispatch job) skip such files. Which files to rewrite, in
+which order and what to delete is decided by :mod:`engine.broker.compaction` and
+:mod:`engine.broker.retention`; their commits go through :func:`engine.store.maintenance.commit_planned`.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -35,18 +24,14 @@ import pyarrow.fs as pa_fs
 import pyarrow.parquet as pq
 from deltalake.transaction import AddAction, RemoveAction
 
-from engine.errors import CommitConflictError, CommitStateUnknownError, StoreError
-from engine.store.commit_log_marks import read_hwm
-from engine.store.commit_markers import BATCH_KEY, HWM_KEY, MAINTENANCE_KEY, carried_markers
-from engine.store.commit_outcomes import find_batch
-from engine.store.commits import backoff, commit_next, listing_gap
-from engine.store.delta import Action, DataFile, Snapshot
-from engine.store.store import Store, now_ms
-
-COMMIT_ATTEMPTS = 64
+from engine.errors import StoreError
+from engine.store.delta.snapshot import DataFile
 
 
-# ----------------------------------------------------------------------------- reading and writing files
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
 def read_file(fs: pa_fs.FileSystem, path: str, schema: pa.Schema) -> tuple[pa.Table, str]:
     """A data file's rows cast to the table schema, and its compression codec."""
     try:
@@ -135,7 +120,7 @@ def write_file(
     except OSError as exc:
         delete_files(fs, [path])
         raise StoreError(f"cannot write data file {path}: {exc}", path=path, cause=exc) from exc
-    return AddAction(path, size, {}, now_ms(), data_change, file_stats(rows, indexed))
+    return AddAction(path, size, {}, _now_ms(), data_change, file_stats(rows, indexed))
 
 
 def delete_files(fs: pa_fs.FileSystem, paths: Iterable[str]) -> None:
@@ -147,7 +132,7 @@ def delete_files(fs: pa_fs.FileSystem, paths: Iterable[str]) -> None:
 
 def remove_action(f: DataFile, data_change: bool) -> RemoveAction:
     """The remove action of a live file."""
-    return RemoveAction(f.path, data_change, now_ms(), f.size)
+    return RemoveAction(f.path, data_change, _now_ms(), f.size)
 
 
 def rewrite_files(
@@ -164,7 +149,7 @@ def rewrite_files(
     """Write the rows of ``sources`` as new files of about ``target`` bytes; returns adds and rows.
 
     Args:
-        fs: the table's filesystem (:func:`engine.store.delta_log.table_filesystem`).
+        fs: the table's filesystem (:func:`engine.store.delta.log.table_filesystem`).
         sources: the files whose rows to rewrite.
         schema: the table's schema.
         target: bytes per written file (estimated from the sources' bytes per row).
@@ -205,86 +190,3 @@ def rewrite_files(
         delete_files(fs, [a.path for a in adds])
         raise
     return adds, int(rows.num_rows)
-
-
-# ----------------------------------------------------------------------------- committing
-@dataclass
-class Commit:
-    """What a planner wants committed: actions, and the markers (None: carry the table's forward)."""
-
-    actions: list[Action]
-    markers: dict[str, str] | None = None
-
-
-def current_markers(dt: Snapshot, keys: Sequence[str]) -> dict[str, str]:
-    """The values of marker ``keys`` as of ``dt``'s version (keys no commit carries are left out)."""
-    out: dict[str, str] = {}
-    for key in keys:
-        if key == HWM_KEY:
-            out[key] = read_hwm(dt).to_json()
-        else:
-            value = dt.commit_value(key)
-            if value is not None:
-                out[key] = value
-    return out
-
-
-def commit_planned(
-    store: Store,
-    name: str,
-    plan: Callable[[Snapshot], Commit | None],
-    operation: str,
-    carried: Sequence[str] | None = None,
-) -> int | None:
-    """Plan and commit on the latest snapshot until a commit wins; returns its version.
-
-    ``plan`` is called again after every lost race with the newer snapshot; None means nothing to do.
-    A commit without actions commits only its markers.
-
-    Args:
-        store: the store.
-        name: the table.
-        plan: the planner, called with the snapshot the commit must land right after.
-        operation: the ``mq.maintenance`` value of the commit (``compact``, ``retain``).
-        carried: the marker keys carried forward when the plan sets no markers of its own (default
-            the table's, :func:`engine.store.commit_markers.carried_markers`).
-
-    A commit that failed because delta-rs listed the log while another writer's commit was being
-    linked in (``listing_gap``: the outcome is unknown, the failure may come after the commit) is
-    looked up by its id in the log loaded anew: found, it is the commit; not found, a lost race.
-
-    Raises:
-        CommitConflictError: every attempt lost its race (nothing was committed).
-        CommitStateUnknownError: the commit failed mid-way and may have happened.
-    """
-    dt = store.snapshot(name)
-    for attempt in range(COMMIT_ATTEMPTS):
-        if attempt:
-            backoff(attempt)
-            dt.refresh()
-        commit = plan(dt)
-        if commit is None:
-            return None
-        keys = carried_markers(name) if carried is None else carried
-        markers = current_markers(dt, keys) if commit.markers is None else commit.markers
-        base, commit_id = dt.version(), uuid.uuid4().hex
-        try:
-            return commit_next(
-                dt,
-                actions=commit.actions,
-                custom_metadata={**markers, MAINTENANCE_KEY: operation, BATCH_KEY: commit_id},
-                on_error="unknown",
-            )
-        except CommitConflictError:
-            continue
-        except CommitStateUnknownError as exc:
-            if not listing_gap(exc.__cause__ or exc):
-                raise
-            landed = find_batch(lambda: store.snapshot(name), commit_id, base, name)
-            if landed is not None:
-                return landed
-            dt = store.snapshot(name)  # not committed: plan again on a handle loaded anew
-    raise CommitConflictError(
-        f"{operation} of {name} lost {COMMIT_ATTEMPTS} races in a row to other writers; retry later",
-        table=name,
-    )

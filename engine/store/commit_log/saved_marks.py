@@ -1,6 +1,7 @@
 """Full marks saved beside each commit-log checkpoint, for when the log no longer holds enough commits.
 
-A reader rebuilds the marks by walking back over the commits' compact marks (:mod:`engine.store.marks`).
+A reader rebuilds the marks by walking back over the commits' compact marks
+(:mod:`engine.store.commit_log.marks`).
 Cleaning up a checkpointed log (``delta.logRetentionDuration``) deletes the commits before the newest
 checkpoint, so on a store with many queues and few commits since that checkpoint the walk can run out
 of commits before it has met every queue; scanning the rows is then no answer, because retention may
@@ -21,8 +22,8 @@ import uuid
 import pyarrow.fs as pa_fs
 
 from engine.errors import StoreError
-from engine.store.delta_log import table_filesystem
-from engine.store.marks import HighWaterMarks
+from engine.store.commit_log.marks import HighWaterMarks
+from engine.store.delta import table_filesystem
 
 DIRECTORY = "_mq_marks"
 KEEP = 3  # saved marks kept: the newest, and a few in case a checkpoint was written without one

@@ -45,8 +45,8 @@ import pyarrow.parquet as pq
 
 from engine.errors import CommitConflictError, StoreError
 from engine.store.commit_markers import BATCH_KEY, COUNTS_KEY
-from engine.store.delta import Snapshot
-from engine.store.delta_log import last_checkpoint_version, local_path, parse_commit
+from engine.store.delta.log import last_checkpoint_version, local_path, parse_commit
+from engine.store.delta.snapshot import Snapshot
 
 DIRECT_ENV = "MQ_DIRECT_APPEND"
 ENGINE_INFO = "lakemq"
@@ -62,7 +62,7 @@ class LogCommit:
 
     A commit this module wrote (:func:`plain_info_line`) keeps its commitInfo line unparsed until
     :attr:`commit_info` is asked for: a writer following the log parses only the newest commits it
-    needs for its marks (:func:`engine.store.marks.covering`), and reads the batch id of the others
+    needs for its marks (:func:`engine.store.commit_log.marks.covering`), and reads the batch id of the others
     from the line (:attr:`batch_id`).
     """
 

@@ -1,16 +1,16 @@
 """Plain appends to a store's local tables (topics, offsets, action log, transactions) committed
-directly, as the commit log's writers commit theirs (:mod:`engine.store.direct_append`).
+directly, as the commit log's writers commit theirs (:mod:`engine.store.delta.direct_append`).
 
 A plain append (rows only: no app transaction, no caller's snapshot) is a blind append: it may land
 on any version, as long as no commit before it changed the table's protocol or metadata. delta-rs
 spends about 7 ms of CPU on each (its writer, its conflict check, the replay of the log since the
 last checkpoint), which made creating a topic cost 4.5 synchronous sends. Here the data file is
 written once and its commit linked in at the version after the newest one (found by probing commit
-files, :func:`~engine.store.delta_log.probe_latest_version`); a lost race links it at the next one.
+files, :func:`~engine.store.delta.log.probe_latest_version`); a lost race links it at the next one.
 
 Every commit after the last one this writer checked is read before its own lands on top: one that
 changed the protocol or metadata makes the writer anew from a fresh snapshot (which may send the
-table back to delta-rs, :func:`~engine.store.direct_append.blocker`), and one whose file is gone (log
+table back to delta-rs, :func:`~engine.store.delta.direct_append.blocker`), and one whose file is gone (log
 cleanup went past this writer while it sat idle) makes it start again from a fresh snapshot too. A
 checkpoint is written at the table's interval, as delta-rs's post-commit hook would.
 """
@@ -24,11 +24,10 @@ import pyarrow as pa
 
 from engine.errors import CommitConflictError, StoreError
 from engine.store.commit_markers import BATCH_KEY
-from engine.store.commit_outcomes import landed
-from engine.store.commits import backoff, checkpoint_if_due, checkpoint_interval
-from engine.store.delta import Snapshot
-from engine.store.delta_log import probe_latest_version
-from engine.store.direct_append import DirectAppender, direct_appender
+from engine.store.delta.commits import backoff, checkpoint_if_due, landed
+from engine.store.delta.direct_append import DirectAppender, direct_appender
+from engine.store.delta.log import probe_latest_version
+from engine.store.delta.snapshot import Snapshot, checkpoint_interval
 
 # Lost races before giving up, as delta-rs's own default commit retries.
 MAX_ATTEMPTS = 15

@@ -3,7 +3,7 @@
 Every commit to ``commit_log`` carries, in its commitInfo, the high-water marks after it: the next
 physical offset, the last store time and the next offsets of the queues it wrote, plus a rolling
 slice of the others (``mq.marks``; the form and how the marks are rebuilt from it are in
-:mod:`engine.store.marks`), so commit metadata does not grow with the number of topics. A writer
+:mod:`engine.store.commit_log.marks`), so commit metadata does not grow with the number of topics. A writer
 stamps its batch from the marks of the version it read, then commits exactly the next version with
 automatic retries disabled. If another writer took that version, it applies the commits it missed
 to its marks and stamps again. The Delta log is the lock: no offset is assigned twice and queue
@@ -14,9 +14,9 @@ On a local store, writers of one host also queue on an advisory lock (``flock`` 
 racing. The lock is only an optimization: the optimistic protocol above stays the correctness
 mechanism (writers on other hosts or object stores, maintenance commits, and ``MQ_SEQUENCER_LOCK=0``
 race and retry). A stopped holder delays the others at most ``LOCK_WAIT_S``
-(:mod:`engine.store.hostlock`).
+(:mod:`engine.store.delta.hostlock`).
 
-Without the lock, racing writers are paced so that they take turns (:mod:`engine.store.pacing`):
+Without the lock, racing writers are paced so that they take turns (:mod:`engine.store.commit_log.pacing`):
 a loser first waits (a jittered pause of about one commit time per rival writer, halved for every
 further race it lost in a row) and only then catches up, so it stamps from the newest version
 instead of from one already stale after the pause; a writer that wins while the race is hot holds
@@ -30,7 +30,7 @@ self-describing and compaction-safe), so there is no cheaper re-stamp that keeps
 any Delta reader.
 
 On a local store a batch without app transactions is committed by the writer itself
-(:mod:`engine.store.direct_append`: pyarrow writes the file, the commit file is put at the next
+(:mod:`engine.store.delta.direct_append`: pyarrow writes the file, the commit file is put at the next
 version with put-if-absent), and a writer catches up by reading the commit files it missed: about
 2.5 ms per one-message append against 12 ms through delta-rs, whose handle the writer then keeps
 only for what needs it (app transactions, checkpoints, object stores; ``MQ_DIRECT_APPEND=0`` sends
@@ -48,8 +48,6 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 
-from deltalake import ColumnProperties, WriterProperties
-
 from engine.config import SYNC_FLUSH
 from engine.errors import (
     CommitConflictError,
@@ -60,26 +58,40 @@ from engine.errors import (
 )
 from engine.protocol.shards import shard_of_queue
 from engine.store import schemas
-from engine.store.commit_log_marks import checkpoint_commit_log, read_hwm
-from engine.store.commit_markers import BATCH_KEY, EXPIRING_APP_PREFIX, HWM_KEY, MARKS_KEY
-from engine.store.commit_outcomes import find_batch, landed
-from engine.store.commits import NO_HOOKS, checkpoint_if_due, checkpoint_interval, commit_next
-from engine.store.delta import RENEW_HANDLE_COMMITS, Snapshot
-from engine.store.delta import (
-    app_transactions as delta_transactions,
-)
-from engine.store.direct_append import DirectAppender, LogCommit, direct_append_enabled, direct_appender
-from engine.store.durability import fsync_version
-from engine.store.hostlock import LOCK_DIR, LOCK_WAIT_S, HostLock, host_lock_enabled
-from engine.store.marks import HighWaterMarks, covering, replay
-from engine.store.pacing import RacePacer
-from engine.store.stamping import (
+from engine.store.commit_log.hwm import checkpoint_commit_log, read_hwm
+from engine.store.commit_log.marks import HighWaterMarks, covering, replay
+from engine.store.commit_log.pacing import RacePacer
+from engine.store.commit_log.stamping import (
     NOTHING,
     PendingBatch,
     PendingMessage,
     Stamped,
     StampedBatch,
     stamp,
+)
+from engine.store.commit_markers import BATCH_KEY, EXPIRING_APP_PREFIX, HWM_KEY, MARKS_KEY
+from engine.store.delta import (
+    LOCK_DIR,
+    LOCK_WAIT_S,
+    NO_HOOKS,
+    RENEW_HANDLE_COMMITS,
+    DirectAppender,
+    HostLock,
+    LogCommit,
+    Snapshot,
+    checkpoint_if_due,
+    checkpoint_interval,
+    commit_next,
+    direct_append_enabled,
+    direct_appender,
+    find_batch,
+    fsync_version,
+    host_lock_enabled,
+    landed,
+    writer_properties,
+)
+from engine.store.delta import (
+    app_transactions as delta_transactions,
 )
 from engine.store.store import Store, now_ms
 
@@ -94,12 +106,7 @@ COMMIT_LOG_ROW_GROUP_ROWS = 256
 # Bodies are never filtered on and rarely repeat: no dictionary attempt and no page statistics for
 # them (both cost CPU on every write and buy nothing).
 _PLAIN_COLUMNS = ("body",)
-_WRITER_PROPERTIES = WriterProperties(
-    max_row_group_size=COMMIT_LOG_ROW_GROUP_ROWS,
-    column_properties={
-        name: ColumnProperties(dictionary_enabled=False, statistics_enabled="NONE") for name in _PLAIN_COLUMNS
-    },
-)
+_WRITER_PROPERTIES = writer_properties(COMMIT_LOG_ROW_GROUP_ROWS, _PLAIN_COLUMNS)
 # A writer that fell behind by at most this many versions applies them to its marks one by one;
 # further behind, it rebuilds the marks (a walk back of about as many commit files).
 REPLAY_COMMITS = 256
@@ -111,7 +118,7 @@ class CommitLogWriter:
 
     Thread-safe: batches from several threads are committed one after another. On a local store,
     writers of the host take turns on :class:`HostLock` (see the module docstring), and batches
-    without app transactions are committed directly (:mod:`engine.store.direct_append`) when the
+    without app transactions are committed directly (:mod:`engine.store.delta.direct_append`) when the
     table allows it.
 
     Args:
@@ -167,7 +174,7 @@ class CommitLogWriter:
             store.uri(self.table) if store.is_local and store.config.flush_disk_type == SYNC_FLUSH else None
         )
         self.conflicts = 0  # lost races, for benchmarks and tests
-        # Racing without the host lock: who waits how long (engine.store.pacing). The writer's id
+        # Racing without the host lock: who waits how long (engine.store.commit_log.pacing). The writer's id
         # prefixes its batch ids, so that rivals can count the writers among the commits they missed.
         self._pacer = RacePacer()
         self._writer_id = uuid.uuid4().hex[:8]
@@ -287,7 +294,7 @@ class CommitLogWriter:
             custom_metadata: extra commitInfo entries.
 
         With ``flush_disk_type = SYNC_FLUSH`` (local stores) it returns only once the commit's data
-        file, commit file and their directories are fsynced (:mod:`engine.store.durability`); the
+        file, commit file and their directories are fsynced (:mod:`engine.store.delta.durability`); the
         host lock is released before the flush, so other writers commit meanwhile.
 
         Raises:

@@ -17,8 +17,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from engine.store.delta import Snapshot
-from engine.store.delta_log import table_filesystem
+from engine.store.delta.log import table_filesystem
+from engine.store.delta.snapshot import Snapshot
 
 
 @dataclass

@@ -24,9 +24,9 @@ import pyarrow as pa
 
 from engine.errors import InvalidArgumentError, MQError
 from engine.protocol.shards import shard_of_queue
-from engine.store.commit_log import CommitLogWriter
-from engine.store.hostlock import LOCK_WAIT_S
-from engine.store.stamping import NOTHING, PendingBatch, PendingMessage, Stamped, StampedBatch
+from engine.store.commit_log.stamping import NOTHING, PendingBatch, PendingMessage, Stamped, StampedBatch
+from engine.store.commit_log.writer import CommitLogWriter
+from engine.store.delta import LOCK_WAIT_S
 from engine.store.store import Store
 
 

@@ -39,7 +39,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from engine.errors import StoreCorruptedError
-from engine.store.delta_log import COMMIT_FILE, local_path, missing_actions
+from engine.store.delta.log import COMMIT_FILE, local_path, missing_actions
 
 QUARANTINE_DIR = "_quarantine"
 _CHECKSUM = re.compile(r"^(\d{20})\.crc$")
@@ -59,7 +59,7 @@ class Repair:
 def commit_parses(data: bytes) -> bool:
     """True when every non-empty line of a commit file is a JSON object (an empty file counts) and
     the file holds as many actions as its commitInfo records (a file cut exactly at a line break
-    parses, but comes up short: see :func:`engine.store.delta_log.missing_actions`)."""
+    parses, but comes up short: see :func:`engine.store.delta.log.missing_actions`)."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError:

@@ -10,10 +10,11 @@ import json
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 import pyarrow as pa
 from deltalake import (
+    ColumnProperties,
     CommitProperties,
     PostCommitHookProperties,
     Transaction,
@@ -24,23 +25,24 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import AddAction, RemoveAction
 
 from engine.errors import CommitConflictError, CommitStateUnknownError, StoreError
-from engine.store.commit_markers import COUNTS_KEY
-
-if TYPE_CHECKING:
-    from engine.store.delta import Action, Snapshot
+from engine.store.commit_markers import BATCH_KEY, COUNTS_KEY
+from engine.store.delta.direct_append import DirectAppender
+from engine.store.delta.snapshot import Action, Snapshot, checkpoint_interval, log_gone
 
 Failure = Literal["failed", "unknown"]
 NO_HOOKS = PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
-DEFAULT_CHECKPOINT_INTERVAL = 100  # delta-rs's default delta.checkpointInterval (Delta on Spark: 10)
 
 
-def checkpoint_interval(snapshot: Snapshot) -> int:
-    """The table's ``delta.checkpointInterval`` (Delta's default 100 when unset or unreadable)."""
-    raw = snapshot.configuration().get("delta.checkpointInterval")
-    try:
-        return max(1, int(raw)) if raw else DEFAULT_CHECKPOINT_INTERVAL
-    except ValueError:
-        return DEFAULT_CHECKPOINT_INTERVAL
+def writer_properties(row_group_rows: int, plain_columns: Sequence[str] = ()) -> WriterProperties:
+    """How delta-rs writes the data files of a commit of rows (:func:`commit_next`): ``row_group_rows``
+    rows per parquet row group, and no dictionary or page statistics for ``plain_columns``."""
+    return WriterProperties(
+        max_row_group_size=row_group_rows,
+        column_properties={
+            name: ColumnProperties(dictionary_enabled=False, statistics_enabled="NONE")
+            for name in plain_columns
+        },
+    )
 
 
 def expired_log_cleanup(snapshot: Snapshot) -> bool:
@@ -171,23 +173,50 @@ def commit_next(
     return version
 
 
-def log_gone(exc: BaseException) -> bool:
-    """Whether a delta-rs error says that commit files a handle needs were cleaned up (the handle is
-    older than the log retention: its successors are gone, only a checkpoint stands for them)."""
-    text = str(exc)
-    if text.startswith("Invalid table version"):
-        return True
-    return "_delta_log" in text and "not found" in text and isinstance(exc, (DeltaError, FileNotFoundError))
-
-
-def listing_gap(exc: BaseException) -> bool:
-    """Whether a delta-rs error says its listing of the log had a gap between commit files: the
-    directory was read while another writer's commit was being linked in (a listing is not a
-    snapshot of the directory), so reading again finds the log whole."""
-    return "Expected contiguous commit files" in str(exc)
-
-
 def backoff(attempt: int) -> None:
     """Sleep a jittered, growing moment after a lost race, so colliding writers do not collide again
     in lockstep (at most 50 ms)."""
     time.sleep(random.uniform(0, min(0.05, 0.001 * (2 ** min(attempt, 6)))))
+
+
+# ----------------------------------------------------------------------------- outcomes
+# Whether a write that failed landed after all: the writer's batch id, looked up in the commit it may
+# have made.
+def landed(direct: DirectAppender, version: int, batch_id: str, table: str) -> bool:
+    """Whether ``version`` is the commit of ``batch_id`` (a link that failed, or was retried, after
+    it was made: network file systems do that).
+
+    Raises:
+        CommitStateUnknownError: the commit file cannot be read.
+    """
+    try:
+        commit = direct.read_commit(version)
+    except StoreError as exc:
+        raise CommitStateUnknownError(
+            f"write to {table} failed and its outcome cannot be read back: {exc}", table=table, cause=exc
+        ) from exc
+    return commit is not None and commit.batch_id == batch_id
+
+
+def find_batch(
+    open_latest: Callable[[], Snapshot], batch_id: str, base_version: int, table: str
+) -> int | None:
+    """After a failed write through delta-rs, the version after ``base_version`` that holds
+    ``batch_id`` in the table ``open_latest()`` loads, or None when none does.
+
+    Raises:
+        CommitStateUnknownError: the table cannot be read back.
+    """
+    try:
+        dt = open_latest()
+        latest = dt.version()
+        if latest <= base_version:
+            return None
+        for info in dt.recent_commit_infos(latest - base_version):
+            if info.get(BATCH_KEY) == batch_id:
+                return int(info["version"])
+        return None
+    except Exception as exc:
+        raise CommitStateUnknownError(
+            f"write to {table} failed and its outcome cannot be read back: {exc}", table=table, cause=exc
+        ) from exc

@@ -23,7 +23,7 @@ from engine.errors import StoreError
 from engine.model import UNDISPATCHED_FLAGS
 from engine.protocol import record_size, tags_code
 from engine.store import schemas
-from engine.store.marks import HighWaterMarks, MarksDelta
+from engine.store.commit_log.marks import HighWaterMarks, MarksDelta
 
 _NO_PROPERTIES: Mapping[str, str] = MappingProxyType({})
 

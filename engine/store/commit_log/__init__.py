@@ -1,0 +1,37 @@
+"""The commit log's sequencer: offsets assigned once, at commit, with the Delta log as the lock.
+
+- :mod:`.writer`: :class:`CommitLogWriter`, one shard's optimistic sequencer (commit exactly the next
+  version; catch up and stamp again after a lost race);
+- :mod:`.shards`: :class:`CommitLogs`, a store's shards, a batch split by the shard of its queue;
+- :mod:`.stamping`: the pure half of an append (:class:`PendingMessage`, :func:`stamp`);
+- :mod:`.marks`, :mod:`.hwm`, :mod:`.saved_marks`: the high-water marks each commit carries, how they
+  are read as of a version, and the full marks saved beside each checkpoint;
+- :mod:`.pacing`: how racing writers without the host lock take turns;
+- :mod:`.reads`: reads that span the shards (which table holds an offset, rows of every shard).
+
+The rest of the engine uses the names below.
+"""
+
+from __future__ import annotations
+
+from engine.store.commit_log.hwm import checkpoint_commit_log, read_hwm
+from engine.store.commit_log.reads import read_commit_logs
+from engine.store.commit_log.shards import CommitLogs, ShardPart, shared_commit_logs, take_rows
+from engine.store.commit_log.stamping import PendingBatch, PendingMessage, Stamped, StampedBatch
+from engine.store.commit_log.writer import COMMIT_LOG_ROW_GROUP_ROWS, CommitLogWriter
+
+__all__ = [
+    "COMMIT_LOG_ROW_GROUP_ROWS",
+    "CommitLogWriter",
+    "CommitLogs",
+    "PendingBatch",
+    "PendingMessage",
+    "ShardPart",
+    "Stamped",
+    "StampedBatch",
+    "checkpoint_commit_log",
+    "read_commit_logs",
+    "read_hwm",
+    "shared_commit_logs",
+    "take_rows",
+]

@@ -102,11 +102,15 @@ class CommitStateUnknownError(MQError):
 
 
 class ProducerClosedError(MQError):
-    """The producer (or consumer) was closed; it accepts no more work."""
+    """The producer was closed; it accepts no more work."""
 
 
 class ConsumerError(MQError):
-    """A consumer was used out of order (not subscribed, not started, …)."""
+    """A consumer was used out of order (not subscribed, not started, closed, …)."""
+
+
+class ConsumerClosedError(ConsumerError):
+    """The consumer was closed; it accepts no more work."""
 
 
 class InvalidReceiptHandleError(InvalidArgumentError):

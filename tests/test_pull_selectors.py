@@ -18,6 +18,7 @@ from engine import (
     load_config,
 )
 from engine.broker.dispatch import dispatch_pending
+from engine.store.consume_queue import QueueIndex
 from tests.helpers import versions
 
 
@@ -157,3 +158,31 @@ def test_bad_sql92_in_a_pull_is_a_typed_error_and_writes_nothing(store: Store, t
     with pytest.raises(InvalidSelectorError):
         PullConsumer(store, "g").pull(topic, 0, 0, expression=3)  # type: ignore[arg-type]
     assert versions(store) == before
+
+
+@pytest.mark.parametrize(
+    ("expression", "expected"),
+    [
+        ("*", list(range(20))),
+        ("Paid", [i for i in range(20) if i % 3 == 0]),
+        (
+            MessageSelector.by_sql("region = 'eu' AND amount > 5"),
+            [i for i in range(20) if i % 2 == 0 and i > 5],
+        ),
+    ],
+)
+def test_one_selection_serves_pulls_and_leases(
+    store: Store, topic: str, expression: str | MessageSelector, expected: list[int]
+) -> None:
+    """QueueIndex.select: without limits (a lease) every match of the entries, in queue order; with a
+    pull's limits, the first matches and where the batch stopped."""
+    _orders(store, 20)
+    index = QueueIndex(store)
+    index.refresh()
+    entries = index.entries(topic, 0, 0, 20)
+    selector = MessageSelector.of(expression)
+    rows, stop = index.select(entries, selector)
+    assert (rows["queue_offset"].to_pylist(), stop) == (expected, 20)
+    rows, stop = index.select(entries, selector, limit=2, max_bytes=1 << 20)
+    assert rows["queue_offset"].to_pylist() == expected[:2]
+    assert stop == expected[1] + 1  # the batch was full before the next entry

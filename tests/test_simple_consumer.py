@@ -1,4 +1,4 @@
-"""SimpleConsumer: per-message ack, claims shared message by message, redelivery after the deadline."""
+"""SimpleConsumer: per-message ack, leases shared message by message, redelivery after the deadline."""
 
 from __future__ import annotations
 
@@ -22,10 +22,11 @@ from engine import (
     TopicNotFoundError,
 )
 from engine.broker.dispatch import dispatch_pending
-from engine.client.simple import ClaimBook, ReceivedMessage
+from engine.client.simple import ReceivedMessage
 from engine.config import load_config
 from engine.errors import InvalidReceiptHandleError, ReceiptHandleExpiredError
 from engine.protocol.actions import ACK, CHANGE_INVISIBLE, EXPIRED, NACK, PULL
+from engine.protocol.lease_book import LeaseBook
 from engine.store.action_log import read_actions
 from engine.store.consumer_offset import OffsetStore
 from tests.helpers import eventually, versions
@@ -338,7 +339,7 @@ def test_too_many_deliveries_are_dead_lettered_with_the_right_count(tmp_path: An
 
 
 # ----------------------------------------------------------------------------- state from the log
-def test_a_new_consumer_rebuilds_the_claims_from_the_action_log(
+def test_a_new_consumer_rebuilds_the_leases_from_the_action_log(
     store: Store, one_queue: str, consumers: Any
 ) -> None:
     produce(store, one_queue, 4)
@@ -464,8 +465,8 @@ def _row(
     }
 
 
-def test_claim_rules_first_valid_pull_wins_until_its_deadline() -> None:
-    book = ClaimBook(GROUP)
+def test_lease_rules_first_valid_pull_wins_until_its_deadline() -> None:
+    book = LeaseBook(GROUP)
     book.apply(
         [
             _row(PULL, "a", 0, 100, deadline=200),
@@ -476,17 +477,17 @@ def test_claim_rules_first_valid_pull_wins_until_its_deadline() -> None:
             _row(PULL, "b", 3, 400, deadline=600),  # takes over
         ]
     )
-    claim = book.claim(("T", 0, 0))
-    assert claim is not None and (claim.consumer_id, claim.deadline_ms, claim.deliveries) == ("b", 600, 2)
+    lease = book.lease(("T", 0, 0))
+    assert lease is not None and (lease.consumer_id, lease.deadline_ms, lease.deliveries) == ("b", 600, 2)
     book.apply([_row(NACK, "a", 2, 450)])  # the former holder cannot nack
     assert not book.is_done(("T", 0, 0))
     book.apply([_row(ACK, "a", 3, 460)])  # but its ack counts: the message was processed
     assert book.is_done(("T", 0, 0)) and book.queue("T", 0).floor == 1
     book.apply([_row(PULL, "c", 0, 9_999, deadline=10_000)])
-    assert book.claim(("T", 0, 0)) is None
+    assert book.lease(("T", 0, 0)) is None
 
 
-def test_claim_rules_snapshot_order_matches_commit_order() -> None:
+def test_lease_rules_snapshot_order_matches_commit_order() -> None:
     rows = [
         _row(PULL, "a", 0, 100, 0, 200),
         _row(PULL, "a", 1, 100, 1, 200),
@@ -496,7 +497,7 @@ def test_claim_rules_snapshot_order_matches_commit_order() -> None:
         _row(NACK, "b", 2, 260, 2),
         _row(ACK, "a", 3, 270, 1),  # late ack of a taken-over message still finishes it
     ]
-    in_order, shuffled = ClaimBook(GROUP), ClaimBook(GROUP)
+    in_order, shuffled = LeaseBook(GROUP), LeaseBook(GROUP)
     in_order.apply(rows)
     shuffled.bootstrap(list(reversed(rows)))
     for book in (in_order, shuffled):

@@ -14,10 +14,10 @@ from deltalake import write_deltalake
 from engine import Admin, Message, MessageSelector, Producer, SimpleConsumer, Store
 from engine.broker.dispatch import dispatch_pending
 from engine.broker.pull_log import pull_rows
-from engine.client.claims import ClaimBook
 from engine.config import load_config
 from engine.errors import InvalidReceiptHandleError, ReceiptHandleExpiredError
 from engine.protocol.actions import ACK, EXPIRED, OFFLINE, PULL, RELEASE, RESET
+from engine.protocol.lease_book import LeaseBook
 from engine.store import schemas
 from engine.store.action_log import read_actions
 from engine.store.consumer_offset import OffsetStore
@@ -182,7 +182,7 @@ def test_close_gives_back_prefetched_messages_without_counting_a_delivery(
         [message] = first.receive(max_nums=1)
         handed.append(message)
         first.ack(message)
-    waiting = len(first._leaser.buffer)
+    waiting = first._leases.waiting
     assert waiting > 0  # leased ahead, never handed out
     first.close()
     assert read_actions(store, GROUP, RELEASE)
@@ -273,7 +273,7 @@ def _row(action: str, consumer: str, seq: int, ts: int, start: int, end: int | N
 
 
 def test_lease_rules_for_ranges_releases_offline_resets_and_expiry() -> None:
-    book = ClaimBook(GROUP)
+    book = LeaseBook(GROUP)
     book.apply(
         [
             _row(RESET, "a", 0, 100, 10),
@@ -284,18 +284,18 @@ def test_lease_rules_for_ranges_releases_offline_resets_and_expiry() -> None:
         ]
     )
     queue = book.queue("T", 0)
-    assert queue.floor == 12 and queue.claims[12].consumer_id == "a"
-    assert (queue.claims[13].consumer_id, queue.claims[13].deliveries) == ("b", 1)
+    assert queue.floor == 12 and queue.leases[12].consumer_id == "a"
+    assert (queue.leases[13].consumer_id, queue.leases[13].deliveries) == ("b", 1)
     book.apply([_row(OFFLINE, "b", 1, 200, 0)])  # b is gone: its lease ends now
     assert queue.expired(200) == [13]
     book.apply([_row(PULL, "c", 0, 210, 13, 14, deadline=800), _row(EXPIRED, "c", 1, 600, 12)])
-    assert queue.claims[13].deliveries == 2 and queue.floor == 13
+    assert queue.leases[13].deliveries == 2 and queue.floor == 13
     book.apply([_row(RESET, "%ADMIN%", 5, 700, 0)])
-    assert (queue.floor, queue.claims, queue.done) == (0, {}, set())
+    assert (queue.floor, queue.leases, queue.done) == (0, {}, set())
 
 
 def test_a_release_ends_only_the_lease_it_names() -> None:
-    book = ClaimBook(GROUP)
+    book = LeaseBook(GROUP)
     book.apply(
         [
             _row(PULL, "a", 0, 100, 5, 6, deadline=200),
@@ -303,8 +303,8 @@ def test_a_release_ends_only_the_lease_it_names() -> None:
             _row(RELEASE, "a", 2, 260, 5, 6, deadline=200),  # a late release of the first lease
         ]
     )
-    claim = book.queue("T", 0).claims[5]
-    assert (claim.sequence, claim.deadline_ms, claim.deliveries) == (1, 400, 2)
+    lease = book.queue("T", 0).leases[5]
+    assert (lease.sequence, lease.deadline_ms, lease.deliveries) == (1, 400, 2)
 
 
 def test_pull_log_rows_expand_a_leased_range_through_the_consume_queue() -> None:

@@ -4,15 +4,11 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
-import pyarrow as pa
-
 from engine.errors import InvalidArgumentError
 from engine.model import MessageExt, PullResult, PullStatus
 from engine.protocol import validate_group_name
-from engine.protocol.pull import MAX_PULL_NUMS, MAX_SCAN_ENTRIES, batch_stop, pull_status
-from engine.protocol.selectors import ExpressionType, MessageSelector
-from engine.store import schemas
+from engine.protocol.pull import MAX_PULL_NUMS, MAX_SCAN_ENTRIES, pull_status
+from engine.protocol.selectors import MessageSelector
 from engine.store.consume_queue import QueueIndex
 from engine.store.consumer_offset import OffsetStore
 from engine.store.store import Store
@@ -131,53 +127,13 @@ class PullConsumer:
         entries = self._index.entries(topic, queue_id, offset, end)
         if entries.num_rows == 0:
             return PullResult(PullStatus.NO_MATCHED_MSG, [], end, min_offset, max_offset), 0
-        rows, stop = self._select(entries, selector, limit, config.max_transfer_bytes)
+        rows, stop = self._index.select(entries, selector, limit, config.max_transfer_bytes)
         offsets = entries["queue_offset"].to_numpy()
         position = int(offsets[stop]) if stop < len(offsets) else int(offsets[-1]) + 1
         if rows.num_rows == 0:
             return PullResult(PullStatus.NO_MATCHED_MSG, [], position, min_offset, max_offset), stop
         messages = [MessageExt.from_row(row) for row in rows.to_pylist()]
         return PullResult(PullStatus.FOUND, messages, position, min_offset, max_offset), stop
-
-    def _select(
-        self, entries: pa.Table, selector: MessageSelector, limit: int, max_bytes: int
-    ) -> tuple[pa.Table, int]:
-        """Commit-log rows of the entries a pull returns, in queue order, and where it stopped.
-
-        Rows are read only for entries that pass the tags-code stage and lie before the batch is
-        full; the selector runs on them vectorised. An entry not read yet counts as a match when
-        placing the stop, so each round reads at least every entry the stop can still depend on
-        (and twice as many as the round before, so a sparse SQL92 match takes a few rounds).
-        """
-        sizes = entries["size"].to_numpy().astype(np.int64)
-        physical = entries["physical_offset"]
-        if selector.matches_all:
-            stop = batch_stop(np.ones(len(sizes), dtype=bool), sizes, limit, max_bytes)
-            return self._index.messages(physical.slice(0, stop).to_pylist()), stop
-        known = np.where(selector.match_codes(entries["tags_code"]).to_numpy(zero_copy_only=False), -1, 0)
-        read: list[tuple[np.ndarray, pa.Table]] = []
-        # A tag selector's code stage is all but exact: read what the batch needs. A SQL92 selector's
-        # selectivity is unknown: read the window at once (a read decodes whole row groups anyway).
-        grow = limit if selector.type is ExpressionType.TAG else len(known)
-        while True:
-            stop = batch_stop(known != 0, sizes, limit, max_bytes)
-            unknown = np.flatnonzero(known[:stop] == -1)
-            if len(unknown) == 0:
-                break
-            if len(unknown) < grow:
-                unknown = np.flatnonzero(known == -1)[:grow]
-            grow *= 2
-            rows = self._index.messages(physical.take(pa.array(unknown)).to_pylist())
-            known[unknown] = selector.matches(rows).to_numpy(zero_copy_only=False)
-            read.append((unknown, rows))
-        wanted = np.flatnonzero(known[:stop] == 1)
-        if len(wanted) == 0:
-            return schemas.COMMIT_LOG_SCHEMA.empty_table(), stop
-        indices = np.concatenate([i for i, _ in read])
-        table = pa.concat_tables([rows for _, rows in read])
-        position = np.full(len(known), -1, dtype=np.int64)
-        position[indices] = np.arange(len(indices))
-        return table.take(pa.array(position[wanted])), stop
 
     def commit_offset(self, topic: str, queue_id: int, offset: int) -> None:
         """Record the group's consume progress of one queue (the next offset to consume)."""

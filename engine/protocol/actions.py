@@ -1,7 +1,7 @@
 """Consumer actions: the kinds of row a consumer records in the ``action_log`` table.
 
 Consumers write them (QMQ's action log); the broker's pull-log and retry jobs read them. The claim
-rules that evaluate them are :mod:`engine.client.claims`.
+rules that evaluate them are :mod:`engine.protocol.lease_book`.
 """
 
 from __future__ import annotations

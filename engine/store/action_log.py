@@ -20,7 +20,8 @@ import pyarrow.dataset as ds
 from engine.closing import Closing
 from engine.errors import CommitConflictError, InvalidArgumentError
 from engine.model import MessageExt
-from engine.protocol.actions import ACTIONS, RESET
+from engine.protocol.actions import ACK, ACTIONS, RELEASE, RESET
+from engine.protocol.lease_book import ranges
 from engine.protocol.names import validate_group_name
 from engine.store import schemas
 from engine.store.commit_markers import lease_app
@@ -28,6 +29,7 @@ from engine.store.delta import Snapshot, backoff
 from engine.store.store import Store, now_ms, sql_literal
 
 ADMIN_CONSUMER_ID = "%ADMIN%"  # the consumer id of rows written by administration (offset resets)
+LEASE_COMMIT_RETRIES = 32  # rebases past other queues' leases and acks before a lease commit gives up
 
 
 def lease_frontier(snapshot: Snapshot, group: str, topic: str, queue_id: int) -> int:
@@ -99,12 +101,24 @@ def last_sequence(store: Store, group: str, consumer_id: str) -> int:
 
 
 class ActionLogWriter(Closing):
-    """Buffers one consumer's actions and appends them to ``action_log`` in micro-batches.
+    """One consumer's writes to ``action_log``: its sequence, its rows, what it buffers, and the
+    commits that decide a queue's leases. The one writer of the table for every consumer (push
+    consumers and their queue workers, the simple consumer, the wire).
 
-    Thread-safe. :meth:`record` only buffers (and flushes itself once ``batch_rows`` rows are
-    waiting); call :meth:`flush` or :meth:`flush_if_due` from the consumer's loop, and
-    :meth:`close` (or use it as a context manager) at shutdown. A failed flush keeps its rows
-    buffered, so the next flush retries them in order.
+    Two ways to write:
+
+    * Buffered, in micro-batches: :meth:`record` (a row per action: NACK, PULL, ...) and
+      :meth:`buffer_ack` (ACK and RELEASE of single offsets, written as ranges). Nothing decides a
+      lease, so a flush is a plain append (:meth:`flush`, :meth:`flush_if_due`, :meth:`close`). A
+      failed flush keeps what it took, so the next flush retries it in order.
+    * Lease decisions: :meth:`commit_lease` commits rows about one queue's leases (with whatever is
+      buffered, first) with the group's lease frontier of that queue (the Delta app transaction
+      :func:`~engine.store.commit_markers.lease_app`), so of two decisions about one queue exactly
+      one lands; the loser reads again (:meth:`frontier`, :meth:`latest_version`) and decides again.
+      These go through the writer's own table handle: a commit and the frontier it was decided from
+      must come from one snapshot, which a handle shared with other users of the store cannot promise.
+
+    Thread-safe.
 
     Args:
         store: an open store.
@@ -139,18 +153,63 @@ class ActionLogWriter(Closing):
         self._store = store
         self._batch_rows = batch_rows
         self._linger_s = linger_ms / 1000
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         self._flush_lock = threading.Lock()
         self._rows: list[dict[str, Any]] = []
         self._oldest = 0.0
         self._sequence: int | None = None  # last assigned; read lazily from the table
+        self._acks = _Acks()
+        self._snapshot: Snapshot | None = None  # the writer's own handle, for lease decisions
 
-    def _next_sequence(self) -> int:
-        if self._sequence is None:
-            self._sequence = last_sequence(self._store, self.group, self.consumer_id)
-        self._sequence += 1
-        return self._sequence
+    # ----------------------------------------------------------------- sequences and rows
+    def next_sequence(self) -> int:
+        """The next action sequence of this consumer (past any the log shows for its id)."""
+        with self._lock:
+            if self._sequence is None:
+                self._sequence = last_sequence(self._store, self.group, self.consumer_id)
+            self._sequence += 1
+            return self._sequence
 
+    def known_sequence(self, last: int) -> None:
+        """The caller read every row of this consumer's group (a lease book): the consumer's last
+        sequence there is ``last`` (-1: none), so no read of the table is needed to go on."""
+        with self._lock:
+            self._sequence = max(-1 if self._sequence is None else self._sequence, last)
+
+    def row(
+        self,
+        action: str,
+        topic: str,
+        queue_id: int,
+        start: int,
+        *,
+        end: int | None = None,
+        physical_offset: int = -1,
+        msg_id: str | None = None,
+        reconsume_times: int = 0,
+        deadline_ms: int | None = None,
+        ts: int,
+        sequence: int | None = None,
+    ) -> dict[str, Any]:
+        """An action-log row of this consumer about ``[start, end)`` of a queue (one offset without
+        ``end``), with the next sequence unless ``sequence`` is given."""
+        return {
+            "group": self.group,
+            "consumer_id": self.consumer_id,
+            "sequence": self.next_sequence() if sequence is None else sequence,
+            "action": action,
+            "topic": topic,
+            "queue_id": queue_id,
+            "queue_offset": start,
+            "end_offset": end,
+            "physical_offset": physical_offset,
+            "msg_id": msg_id,
+            "reconsume_times": reconsume_times,
+            "deadline_ms": deadline_ms,
+            "ts_ms": ts,
+        }
+
+    # ----------------------------------------------------------------- buffered actions
     def record(
         self,
         action: str,
@@ -209,7 +268,7 @@ class ActionLogWriter(Closing):
                 f"action {action} needs a message or {', '.join(missing)}", action=action, missing=missing
             )
         with self._lock:
-            row["sequence"] = sequence = self._next_sequence()
+            row["sequence"] = sequence = self.next_sequence()
             row["ts_ms"] = ts_ms if ts_ms is not None else now_ms()
             if not self._rows:
                 self._oldest = time.monotonic()
@@ -219,27 +278,83 @@ class ActionLogWriter(Closing):
             self.flush()
         return sequence
 
+    def buffer_ack(
+        self, action: str, topic: str, queue_id: int, offset: int, deadline_ms: int, ts: int
+    ) -> None:
+        """Keep an ``ACK`` (or ``RELEASE``) of one offset, leased until ``deadline_ms``, for the next
+        flush or lease commit; consecutive offsets are written as one range.
+
+        Raises:
+            InvalidArgumentError: another action.
+        """
+        if action not in (ACK, RELEASE):
+            raise InvalidArgumentError(f"buffer_ack takes ACK or RELEASE, not {action!r}", action=action)
+        with self._lock:
+            self._acks.add(action, topic, queue_id, offset, deadline_ms, ts)
+
     @property
     def pending(self) -> int:
-        """Rows buffered and not yet committed."""
+        """Rows and acked or released offsets buffered and not yet committed."""
         with self._lock:
-            return len(self._rows)
+            return len(self._rows) + self._acks.count
+
+    @property
+    def buffered_acks(self) -> int:
+        """Acked or released offsets buffered and not yet committed."""
+        with self._lock:
+            return self._acks.count
+
+    @property
+    def oldest_ack(self) -> float | None:
+        """Monotonic time the oldest buffered ack was buffered (None: none is)."""
+        with self._lock:
+            return self._acks.oldest
+
+    @property
+    def earliest_deadline(self) -> int | None:
+        """The earliest lease deadline among the buffered acks (None: none is buffered)."""
+        with self._lock:
+            return self._acks.earliest_deadline
+
+    def _take(self) -> tuple[list[dict[str, Any]], _Acks, list[dict[str, Any]]]:
+        """Everything buffered taken out of the buffers: as rows (acks and releases first, as
+        ranges, then the recorded rows), and the two buffers as they were, to put back if the commit
+        fails."""
+        with self._lock:
+            acks, recorded = self._acks, self._rows
+            self._acks, self._rows = _Acks(), []
+            rows = [
+                self.row(action, topic, queue_id, start, end=end, deadline_ms=lease, ts=acks.ts)
+                for action, topic, queue_id, start, end, lease in acks.ranges()
+            ]
+            return rows + recorded, acks, recorded
+
+    def _put_back(self, acks: _Acks, recorded: list[dict[str, Any]]) -> None:
+        """What :meth:`_take` took for a commit that failed, back in front of what came since."""
+        with self._lock:
+            acks.extend(self._acks)
+            self._acks = acks
+            if recorded:
+                self._rows[:0] = recorded
+                self._oldest = time.monotonic()
 
     def flush_if_due(self) -> int:
-        """Flush when the oldest buffered row has waited ``linger_ms``; returns rows written."""
+        """Flush when the oldest buffered row has waited ``linger_ms``; returns messages covered."""
         with self._lock:
             due = bool(self._rows) and time.monotonic() - self._oldest >= self._linger_s
         return self.flush() if due else 0
 
-    def flush(self) -> int:
-        """Append every buffered row in one Delta commit; returns the rows written.
+    def flush(self, extra: list[dict[str, Any]] | None = None) -> int:
+        """Append everything buffered (and ``extra`` rows, which decide no lease either) in one Delta
+        commit; returns the messages the buffered actions cover (a recorded row each, an acked or
+        released offset each).
 
         Raises:
-            StoreError, CommitConflictError: the write failed; the rows stay buffered.
+            StoreError, CommitConflictError: the write failed; what was buffered stays buffered.
         """
         with self._flush_lock:
-            with self._lock:
-                rows, self._rows = self._rows, []
+            rows, acks, recorded = self._take()
+            rows += extra or []
             if not rows:
                 return 0
             try:
@@ -247,15 +362,112 @@ class ActionLogWriter(Closing):
                     schemas.ACTION_LOG, pa.Table.from_pylist(rows, schema=schemas.ACTION_LOG_SCHEMA)
                 )
             except BaseException:
-                with self._lock:
-                    self._rows[:0] = rows
-                    self._oldest = time.monotonic()
+                self._put_back(acks, recorded)
                 raise
-            return len(rows)
+            return acks.count + len(recorded)
 
     def close(self) -> None:
         """Flush what is buffered."""
         self.flush()
+
+    # ----------------------------------------------------------------- lease decisions
+    def _handle(self, *, refresh: bool) -> Snapshot:
+        """The writer's own ``action_log`` handle, moved on to the latest version when ``refresh``
+        (and opened anew once it has aged: a long-lived handle slows every commit)."""
+        snap = self._snapshot
+        if snap is None or (refresh and snap.aged):
+            snap = self._snapshot = self._store.snapshot(schemas.ACTION_LOG)
+        elif refresh:
+            snap.refresh()
+        return snap
+
+    def latest_version(self) -> int:
+        """The table's latest version, read through the writer's own handle (which it moves on)."""
+        with self._flush_lock:
+            return self._handle(refresh=True).version()
+
+    def frontier(self, topic: str, queue_id: int, *, refresh: bool) -> int:
+        """The group's lease frontier in a queue (-1: never leased) as of the writer's own handle,
+        moved on to the latest version first when ``refresh``: what a lease decision is based on."""
+        with self._flush_lock:
+            return lease_frontier(self._handle(refresh=refresh), self.group, topic, queue_id)
+
+    def commit_lease(
+        self, rows: list[dict[str, Any]], topic: str, queue_id: int, frontier: int
+    ) -> tuple[int, list[dict[str, Any]]]:
+        """Commit rows deciding about a queue's leases, with everything buffered first (it was
+        decided before them: a release must not reach a lease of the same offset committed here),
+        and the queue's lease frontier set to ``frontier``.
+
+        Returns:
+            The version committed and every row it holds, in order.
+
+        Raises:
+            CommitConflictError: another commit about the same queue landed first (read again and
+                decide again); the buffered actions stay buffered.
+            StoreError: the write failed; nothing was committed.
+        """
+        with self._flush_lock:
+            taken, acks, recorded = self._take()
+            committed = taken + rows
+            try:
+                version = self._store.append(
+                    schemas.ACTION_LOG,
+                    pa.Table.from_pylist(committed, schema=schemas.ACTION_LOG_SCHEMA),
+                    app_id=lease_app(self.group, topic, queue_id),
+                    app_version=frontier,
+                    max_retries=LEASE_COMMIT_RETRIES,
+                    snapshot=self._handle(refresh=False),
+                )
+            except BaseException:
+                self._put_back(acks, recorded)
+                raise
+            return version, committed
+
+
+class _Acks:
+    """Buffered acks and releases of single offsets, kept so that consecutive offsets are written
+    as one range."""
+
+    def __init__(self) -> None:
+        # (topic, queue, action, released lease's deadline or 0) -> offsets
+        self.offsets: dict[tuple[str, int, str, int], list[int]] = {}
+        self.ts = 0  # the time the rows carry: the newest buffered
+        self.oldest: float | None = None  # monotonic time the oldest was buffered
+        self.earliest_deadline: int | None = None  # of the leases they belong to
+        self.count = 0
+
+    def add(self, action: str, topic: str, queue_id: int, offset: int, deadline_ms: int, ts: int) -> None:
+        if self.oldest is None:
+            self.oldest = time.monotonic()
+        # A release names the lease it gives back (its deadline), so it can never end a later lease.
+        key = (topic, queue_id, action, deadline_ms if action == RELEASE else 0)
+        self.offsets.setdefault(key, []).append(offset)
+        self.ts = max(self.ts, ts)
+        if self.earliest_deadline is None or deadline_ms < self.earliest_deadline:
+            self.earliest_deadline = deadline_ms
+        self.count += 1
+
+    def extend(self, newer: _Acks) -> None:
+        """Append the acks buffered after these."""
+        for key, offsets in newer.offsets.items():
+            self.offsets.setdefault(key, []).extend(offsets)
+        self.ts = max(self.ts, newer.ts)
+        if self.oldest is None:
+            self.oldest = newer.oldest
+        if newer.earliest_deadline is not None and (
+            self.earliest_deadline is None or newer.earliest_deadline < self.earliest_deadline
+        ):
+            self.earliest_deadline = newer.earliest_deadline
+        self.count += newer.count
+
+    def ranges(self) -> list[tuple[str, str, int, int, int, int | None]]:
+        """(action, topic, queue_id, start, end, released lease's deadline or None) per run."""
+        return [
+            (action, topic, queue_id, start, end, deadline if action == RELEASE else None)
+            for (topic, queue_id, action, deadline), offsets in self.offsets.items()
+            for start, end in ranges(offsets)
+        ]
 
 
 def read_actions(store: Store, group: str, action: str | None = None) -> list[dict[str, Any]]:

@@ -29,6 +29,7 @@ import engine
 from engine import (
     Admin,
     ConfigError,
+    ConsumerClosedError,
     ConsumerError,
     EngineConfig,
     InvalidArgumentError,
@@ -592,7 +593,7 @@ SIMPLE_CASES = [
         InvalidArgumentError,
         "wait_ms",
     ),
-    Case("simple-receive-closed", lambda e: e.closed_simple.receive(), ProducerClosedError, "closed"),
+    Case("simple-receive-closed", lambda e: e.closed_simple.receive(), ConsumerClosedError, "closed"),
     Case("simple-ack-str", lambda e: e.simple.ack("msg"), InvalidArgumentError, "returned by receive"),
     Case("simple-ack-not-held", lambda e: e.simple.ack(not_held(e)), InvalidReceiptHandleError, "not held"),
     Case("simple-nack-not-held", lambda e: e.simple.nack(not_held(e)), InvalidReceiptHandleError, "not held"),

@@ -7,8 +7,8 @@ removes it for good; one not acked by then is delivered again, to any consumer o
 with the failed delivery's count hands it to the retry job, which dead-letters it). ``nack`` records
 a ``NACK`` for the retry job; the group's retry topic is received from once it exists.
 
-Leases (:mod:`engine.client.leasing`, protocol in :mod:`engine.client.claim_log`): one ``PULL`` row
-leases a range of a queue; messages are handed out from a local buffer; acks travel as ranges in
+Leases (:mod:`engine.client.simple.leases`, the protocol described there): one ``PULL`` row leases
+a range of a queue; messages are handed out from a local buffer; acks travel as ranges in
 micro-batches; a consumer back with its id gets what it held at once; offset resets reach running
 consumers. Receipt handles: an ack, nack or change after the deadline, or of a superseded delivery,
 is refused (:class:`~engine.errors.ReceiptHandleExpiredError`), as RocketMQ 5 refuses a stale one.
@@ -20,47 +20,23 @@ from __future__ import annotations
 import threading
 import time
 
-from engine.client.claim_log import ClaimLog, Held, ReceivedMessage, received_message
-from engine.client.claims import ClaimBook
-from engine.client.leases import Source, receive_sources
-from engine.client.leasing import Leaser
 from engine.client.membership import default_consumer_id
 from engine.client.offsets import ConsumeFrom
+from engine.client.simple.leases import Leases, ReceivedMessage, Source, receive_sources
 from engine.closing import Closing
-from engine.errors import (
-    CommitConflictError,
-    ConsumerError,
-    InvalidArgumentError,
-    InvalidReceiptHandleError,
-    InvalidTopicError,
-    ProducerClosedError,
-    ReceiptHandleExpiredError,
-)
+from engine.errors import ConsumerClosedError, ConsumerError, InvalidArgumentError, InvalidTopicError
 from engine.model import MessageExt
-from engine.protocol.actions import ACK, CHANGE_INVISIBLE, NACK, OFFLINE
+from engine.protocol.actions import CHANGE_INVISIBLE, NACK
 from engine.protocol.delays import max_reconsume_times
 from engine.protocol.names import SYSTEM_TOPICS, validate_group_name
 from engine.protocol.permissions import is_readable
 from engine.protocol.selectors import MessageSelector
-from engine.store import schemas
 from engine.store.consumer_offset import OffsetStore
-from engine.store.delta import backoff
 from engine.store.store import Store, now_ms
-
-__all__ = [
-    "MAX_INVISIBLE_MS",
-    "MAX_RECEIVE_NUMS",
-    "OFFSET_PERSIST_MS",
-    "ClaimBook",
-    "ReceivedMessage",
-    "SimpleConsumer",
-]
 
 MAX_RECEIVE_NUMS = 1024
 MAX_INVISIBLE_MS = 12 * 3600 * 1000  # RocketMQ 5's longest invisible duration
 OFFSET_PERSIST_MS = 5000  # as RocketMQ's consumer offset persistence
-ACK_FLUSH_ROWS = 256  # buffered acks that are flushed at once
-ACK_DEADLINE_MARGIN_MS = 1000  # acks whose lease ends sooner than this (plus the linger) go at once
 
 
 def _int_arg(name: str, value: object, low: int, high: int) -> int:
@@ -130,10 +106,8 @@ class SimpleConsumer(Closing):
         limit = _int_arg("max_reconsume_times", limit, -1, 1 << 30)
         self._max_reconsume = store.config.max_reconsume_times if limit == -1 else limit
         self._store = store
-        self._log = ClaimLog(store, self.group, consumer_id)
-        self._leaser = Leaser(store, self._log, start, timestamp, self._limit_of)
+        self._leases = Leases(store, self.group, consumer_id, start, timestamp, self._limit_of)
         self._subscriptions: dict[str, MessageSelector] = {}
-        self._held: dict[tuple[str, int, int], Held] = {}
         self._lock = threading.RLock()
         self._wake = threading.Event()
         self._flusher: threading.Thread | None = None
@@ -145,7 +119,7 @@ class SimpleConsumer(Closing):
     @property
     def conflicts(self) -> int:
         """Lease commits that lost a race with another consumer of the same queue."""
-        return self._leaser.conflicts
+        return self._leases.conflicts
 
     def _limit_of(self, message: MessageExt) -> int:
         return max_reconsume_times(message.properties, self.group, None, self._max_reconsume)
@@ -212,7 +186,7 @@ class SimpleConsumer(Closing):
             ConsumerError: nothing is subscribed.
             InvalidArgumentError: a bad argument.
             StoreError: reading or writing the store failed (nothing leased).
-            ProducerClosedError: the consumer is closed.
+            ConsumerClosedError: the consumer is closed.
         """
         self._check_open()
         max_nums = _int_arg("max_nums", max_nums, 1, MAX_RECEIVE_NUMS)
@@ -233,22 +207,23 @@ class SimpleConsumer(Closing):
 
     def _receive_once(self, max_nums: int, invisible_ms: int) -> list[ReceivedMessage]:
         with self._lock:
-            leaser = self._leaser
-            leaser.start(self._held)
+            leases = self._leases
+            leases.start()
             # The topic routes are read only for a scan or a lease, not for a receive served
             # from the buffer.
-            leaser.maintain(self._sources, self._held)
-            room = min(max_nums, self.max_unacked - len(self._held))
+            leases.maintain(self._sources)
+            room = min(max_nums, self.max_unacked - leases.unacked)
             if room <= 0:
                 return []
-            out = leaser.take(room, invisible_ms, self._held)
+            out = leases.take(room, invisible_ms)
             if len(out) < room:
-                capacity = self.max_unacked - len(self._held) - len(leaser.buffer)
+                capacity = self.max_unacked - leases.unacked - leases.waiting
                 since = time.monotonic()
                 wanted = min(room - len(out), capacity)
-                if capacity > 0 and leaser.lease(self._sources(), wanted, invisible_ms) > 0:
-                    out += leaser.take(room - len(out), invisible_ms, self._held, leased_since=since)
-        if self._log.buffered:
+                if capacity > 0 and leases.lease(self._sources(), wanted, invisible_ms) > 0:
+                    out += leases.take(room - len(out), invisible_ms, leased_since=since)
+            buffered = leases.buffered_acks
+        if buffered:
             self._wake.set()
         return out
 
@@ -256,40 +231,6 @@ class SimpleConsumer(Closing):
         return receive_sources(self._store, self.group, self._subscriptions)
 
     # ----------------------------------------------------------------- acknowledging
-    def _held_for(self, message: object) -> tuple[tuple[str, int, int], Held]:
-        """The delivery a received message names, checked against its receipt handle and deadline."""
-        if not isinstance(message, MessageExt):
-            raise InvalidArgumentError(
-                f"expected a message returned by receive(), got {type(message).__name__}"
-            )
-        if not isinstance(message, ReceivedMessage):
-            raise InvalidReceiptHandleError(
-                f"a {type(message).__name__} carries no receipt handle: it is not held by consumer "
-                f"{self.consumer_id} (ack, nack and change_invisible_time take messages from receive())"
-            )
-        key = (message.topic, message.queue_id, message.queue_offset)
-        where = f"{key[0]}:{key[1]}@{key[2]}"
-        held = self._held.get(key)
-        if held is None or message.receipt_handle not in held.handles:
-            raise InvalidReceiptHandleError(
-                f"receipt handle {message.receipt_handle!r} of message {where} is not held by consumer "
-                f"{self.consumer_id}: it was not received here, was already acked or nacked, or was "
-                "delivered again",
-                topic=key[0],
-                queue_id=key[1],
-                offset=key[2],
-            )
-        if now_ms() >= held.deadline_ms:
-            del self._held[key]
-            raise ReceiptHandleExpiredError(
-                f"receipt handle {message.receipt_handle!r} of message {where} expired at "
-                f"{held.deadline_ms}: its invisible time ended (it may be delivered again)",
-                topic=key[0],
-                queue_id=key[1],
-                offset=key[2],
-            )
-        return key, held
-
     def ack(self, message: ReceivedMessage) -> None:
         """Acknowledge a received message: it is never delivered to the group again.
 
@@ -304,14 +245,7 @@ class SimpleConsumer(Closing):
         """
         self._check_open()
         with self._lock:
-            key, held = self._held_for(message)
-            if held.deadline_ms - now_ms() < ACK_DEADLINE_MARGIN_MS:
-                # Close to its deadline: committed now, under the queue's lease lock, so an ack can
-                # never land after another consumer's lease of the same message.
-                self._holder_action(ACK, message, None)
-                return
-            del self._held[key]
-            self._log.buffer(ACK, key[0], key[1], key[2], held.deadline_ms, now_ms())
+            self._leases.ack(message, self._store.config.max_commit_attempts)
         self._ensure_flusher()
         self._wake.set()
 
@@ -350,68 +284,14 @@ class SimpleConsumer(Closing):
         self, action: str, message: ReceivedMessage, invisible_ms: int | None
     ) -> ReceivedMessage | None:
         self._check_open()
-        attempts = self._store.config.max_commit_attempts
         with self._lock:
-            key, held = self._held_for(message)
-            topic, queue_id, offset = key
-            for attempt in range(attempts):
-                self._log.sync()
-                claim = self._log.book.claim(key)
-                ts = now_ms()
-                if (
-                    claim is None
-                    or claim.consumer_id != self.consumer_id
-                    or claim.sequence != held.sequence
-                    or ts >= claim.deadline_ms
-                    or self._log.book.is_done(key)
-                ):
-                    self._held.pop(key, None)
-                    raise ReceiptHandleExpiredError(
-                        f"message {topic}:{queue_id}@{offset} is no longer held by {self.consumer_id}: "
-                        "its invisible time ended (it may have been delivered again)",
-                        topic=topic,
-                        queue_id=queue_id,
-                        offset=offset,
-                    )
-                deadline = ts + invisible_ms if invisible_ms is not None else None
-                sequence = self._log.next_sequence()
-                row = self._log.row(
-                    action,
-                    topic,
-                    queue_id,
-                    offset,
-                    physical_offset=held.physical_offset,
-                    msg_id=held.msg_id,
-                    reconsume_times=held.reconsume_times,
-                    deadline_ms=deadline,
-                    ts=ts,
-                    sequence=sequence,
-                )
-                try:
-                    self._log.commit(
-                        [row], topic, queue_id, self._log.frontier(topic, queue_id, refresh=False)
-                    )
-                except CommitConflictError:
-                    backoff(attempt)
-                    continue
-                if deadline is None:
-                    self._held.pop(key, None)
-                    return None
-                handle = f"{self.consumer_id}#{sequence}"
-                held.sequence, held.deadline_ms = sequence, deadline
-                held.handles.add(handle)
-                return received_message(message, held.reconsume_times, handle, deadline)
-            raise CommitConflictError(
-                f"{action.lower()} lost {attempts} races for the action log in a row; retry later",
-                table=schemas.ACTION_LOG,
-                group=self.group,
-            )
+            return self._leases.decide(action, message, invisible_ms, self._store.config.max_commit_attempts)
 
     # ----------------------------------------------------------------- the action log
     def flush(self) -> int:
         """Append buffered acks now; returns how many messages they cover."""
         with self._lock:
-            return self._log.flush_acks()
+            return self._leases.flush()
 
     def persist_offsets(self) -> int:
         """Record, per queue, the offset below which every message is finished (acked, nacked or
@@ -421,12 +301,10 @@ class SimpleConsumer(Closing):
         Returns the queues recorded.
         """
         with self._lock:
-            if self._log.started:
-                self._log.sync()
             entries = [
-                (topic, queue_id, book.floor)
-                for (topic, queue_id), book in self._log.book.queues.items()
-                if self._persisted.get((topic, queue_id)) != book.floor
+                (topic, queue_id, floor)
+                for (topic, queue_id), floor in self._leases.floors().items()
+                if self._persisted.get((topic, queue_id)) != floor
             ]
             if entries:
                 self._offsets.commit(entries)
@@ -444,25 +322,12 @@ class SimpleConsumer(Closing):
                     )
                     self._flusher.start()
 
-    def _flush_wait(self) -> float | None:
-        """Seconds until the buffered acks are due (0: now; None: nothing buffered)."""
-        log = self._log
-        if log.oldest_ack is None:
-            return None
-        if log.buffered >= ACK_FLUSH_ROWS:
-            return 0.0
-        wait = log.oldest_ack + self._ack_linger_s - time.monotonic()
-        if log.earliest_deadline is not None:
-            margin = (log.earliest_deadline - now_ms() - ACK_DEADLINE_MARGIN_MS) / 1000 - self._ack_linger_s
-            wait = min(wait, margin)
-        return max(0.0, wait)
-
     def _run_flusher(self) -> None:
         """Background: append buffered acks when due; persist offsets every ``OFFSET_PERSIST_MS``."""
         persist_s = OFFSET_PERSIST_MS / 1000
         while not self._closed:
             with self._lock:
-                wait = self._flush_wait()
+                wait = self._leases.ack_flush_due_in(self._ack_linger_s)
             if wait == 0.0:
                 try:
                     self.flush()
@@ -483,7 +348,9 @@ class SimpleConsumer(Closing):
     # ----------------------------------------------------------------- lifecycle
     def _check_open(self) -> None:
         if self._closed:
-            raise ProducerClosedError("consumer is closed", group=self.group)
+            raise ConsumerClosedError(
+                f"consumer {self.consumer_id} of group {self.group} is closed", group=self.group
+            )
 
     def close(self, *, offline: bool = False) -> None:
         """Give back what was leased and never handed out, append buffered acks and stop.
@@ -494,11 +361,8 @@ class SimpleConsumer(Closing):
         if self._closed:
             return
         with self._lock:
-            self._leaser.release_all()
-            if offline and not self._log.started:
-                self._log.sync()  # this id's last sequence
-            offline_rows = [self._log.row(OFFLINE, "", 0, 0, ts=now_ms())] if offline else None
-            self._log.flush_acks(offline_rows)
+            self._leases.release_all()
+            self._leases.flush(offline=offline)
             self._closed = True
         self._wake.set()
         if self._flusher is not None:

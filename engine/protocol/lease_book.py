@@ -1,6 +1,8 @@
-"""Lease state of a group's messages, evaluated from ``action_log`` rows (pure: no I/O).
+"""The lease book: lease state of a group's messages, evaluated from ``action_log`` rows (pure: no I/O).
 
-The rules (the protocol as a whole is described in :mod:`engine.client.claim_log`):
+Consumers with per-message ack (QMQ's pull / ack / action log; RocketMQ 5's ``SimpleConsumer``) lease
+ranges of a queue through the action log; the protocol as a whole is described in
+:mod:`engine.client.simple.leases`. The rules that evaluate the rows:
 
 * ``RESET`` moves the group's position in a queue to ``queue_offset``: everything below is finished,
   nothing at or above it is finished or leased.
@@ -36,7 +38,7 @@ Key = tuple[str, int, int]  # topic, queue_id, queue_offset
 
 
 @dataclass
-class Claim:
+class OffsetLease:
     """The lease of one offset: who holds it (``sequence`` names the receipt), until when, and how
     often the offset was delivered."""
 
@@ -52,7 +54,7 @@ class QueueBook:
 
     floor: int = 0
     done: set[int] = field(default_factory=set)
-    claims: dict[int, Claim] = field(default_factory=dict)
+    leases: dict[int, OffsetLease] = field(default_factory=dict)
 
     def is_done(self, offset: int) -> bool:
         return offset < self.floor or offset in self.done
@@ -61,21 +63,21 @@ class QueueBook:
         """Not finished and not held by an unexpired lease at ``now``."""
         if self.is_done(offset):
             return False
-        claim = self.claims.get(offset)
-        return claim is None or now >= claim.deadline_ms
+        lease = self.leases.get(offset)
+        return lease is None or now >= lease.deadline_ms
 
     def expired(self, now: int) -> list[int]:
         """Leased offsets, not finished, whose lease ended at or before ``now``, ascending."""
-        return sorted(o for o, c in self.claims.items() if c.deadline_ms <= now and not self.is_done(o))
+        return sorted(o for o, c in self.leases.items() if c.deadline_ms <= now and not self.is_done(o))
 
-    def held_by(self, consumer_id: str, now: int) -> list[tuple[int, Claim]]:
+    def held_by(self, consumer_id: str, now: int) -> list[tuple[int, OffsetLease]]:
         """Offsets ``consumer_id`` holds an unexpired lease on at ``now``, ascending."""
         return sorted(
-            (o, c) for o, c in self.claims.items() if c.consumer_id == consumer_id and c.deadline_ms > now
+            (o, c) for o, c in self.leases.items() if c.consumer_id == consumer_id and c.deadline_ms > now
         )
 
     def finish(self, offset: int) -> None:
-        self.claims.pop(offset, None)
+        self.leases.pop(offset, None)
         if offset < self.floor:
             return
         self.done.add(offset)
@@ -87,7 +89,7 @@ class QueueBook:
         """The group's position moves to ``offset``: forget every lease and ack."""
         self.floor = offset
         self.done = set()
-        self.claims = {}
+        self.leases = {}
 
     def raise_floor(self, offset: int) -> None:
         """Offsets below ``offset`` are gone from the queue (retention): nothing left to lease there."""
@@ -95,10 +97,21 @@ class QueueBook:
             return
         self.floor = offset
         self.done = {o for o in self.done if o >= offset}
-        self.claims = {o: c for o, c in self.claims.items() if o >= offset}
+        self.leases = {o: c for o, c in self.leases.items() if o >= offset}
         while self.floor in self.done:
             self.done.remove(self.floor)
             self.floor += 1
+
+
+def ranges(offsets: list[int]) -> list[tuple[int, int]]:
+    """Sorted offsets as half-open runs, as acks travel: [1, 2, 3, 7] -> [(1, 4), (7, 8)]."""
+    out: list[tuple[int, int]] = []
+    for offset in sorted(offsets):
+        if out and out[-1][1] == offset:
+            out[-1] = (out[-1][0], offset + 1)
+        else:
+            out.append((offset, offset + 1))
+    return out
 
 
 def _offsets(row: dict[str, Any]) -> Iterator[int]:
@@ -107,7 +120,7 @@ def _offsets(row: dict[str, Any]) -> Iterator[int]:
     return iter(range(start, int(end) if end is not None else start + 1))
 
 
-class ClaimBook:
+class LeaseBook:
     """Lease state of a group's messages, evaluated from ``action_log`` rows (module docstring).
 
     Pure: no I/O. Rows are mappings by action-log column name.
@@ -125,9 +138,9 @@ class ClaimBook:
             book = self.queues[key] = QueueBook()
         return book
 
-    def claim(self, key: Key) -> Claim | None:
+    def lease(self, key: Key) -> OffsetLease | None:
         book = self.queues.get((key[0], key[1]))
-        return None if book is None else book.claims.get(key[2])
+        return None if book is None else book.leases.get(key[2])
 
     def is_done(self, key: Key) -> bool:
         book = self.queues.get((key[0], key[1]))
@@ -146,9 +159,9 @@ class ClaimBook:
             ts = int(row["ts_ms"])
             if action == OFFLINE:
                 for book in self.queues.values():
-                    for claim in book.claims.values():
-                        if claim.consumer_id == consumer and claim.deadline_ms > ts:
-                            claim.deadline_ms = ts
+                    for lease in book.leases.values():
+                        if lease.consumer_id == consumer and lease.deadline_ms > ts:
+                            lease.deadline_ms = ts
                 continue
             book = self.queue(row["topic"], int(row["queue_id"]))
             if action == RESET:
@@ -161,11 +174,12 @@ class ClaimBook:
                 for offset in _offsets(row):
                     if book.is_done(offset):
                         continue
-                    earlier = book.claims.get(offset)
+                    earlier = book.leases.get(offset)
                     if earlier is None:
-                        book.claims[offset] = Claim(consumer, sequence, deadline, 1)
+                        book.leases[offset] = OffsetLease(consumer, sequence, deadline, 1)
                     elif ts >= earlier.deadline_ms:
-                        book.claims[offset] = Claim(consumer, sequence, deadline, earlier.deliveries + 1)
+                        deliveries = earlier.deliveries + 1
+                        book.leases[offset] = OffsetLease(consumer, sequence, deadline, deliveries)
             else:
                 self._holder_action(book, row, action, consumer, sequence, ts)
 
@@ -175,18 +189,18 @@ class ClaimBook:
     ) -> None:
         """CHANGE_INVISIBLE, RELEASE and NACK: valid from the current holder before its deadline."""
         for offset in _offsets(row):
-            claim = book.claims.get(offset)
-            if claim is None or claim.consumer_id != consumer or book.is_done(offset):
+            lease = book.leases.get(offset)
+            if lease is None or lease.consumer_id != consumer or book.is_done(offset):
                 continue
             if action == NACK:
                 book.finish(offset)
-            elif ts < claim.deadline_ms:
+            elif ts < lease.deadline_ms:
                 if action == CHANGE_INVISIBLE:
-                    claim.deadline_ms = int(row["deadline_ms"] or ts)
-                    claim.sequence = sequence
-                elif action == RELEASE and row.get("deadline_ms") in (None, claim.deadline_ms):
-                    claim.deadline_ms = ts
-                    claim.deliveries -= 1
+                    lease.deadline_ms = int(row["deadline_ms"] or ts)
+                    lease.sequence = sequence
+                elif action == RELEASE and row.get("deadline_ms") in (None, lease.deadline_ms):
+                    lease.deadline_ms = ts
+                    lease.deliveries -= 1
 
     def bootstrap(self, rows: list[dict[str, Any]]) -> None:
         """Apply a snapshot's rows (no commit order): by time, then action, consumer and sequence."""

@@ -1,0 +1,732 @@
+"""A ``SimpleConsumer``'s leases: what it leases, hands out, holds and gives back, kept in ``action_log``.
+
+Lease protocol (QMQ's pull / ack / action log, with Delta as the broker; no lock service):
+
+* Every action is a row of ``action_log`` for ``(group, consumer_id, sequence)``; the rules that
+  evaluate them are the lease book's (:mod:`engine.protocol.lease_book`). One ``PULL`` row leases a
+  range of a queue to one consumer until its deadline; acks travel as ``ACK`` ranges. Every row is
+  written by the consumer's :class:`~engine.store.action_log.ActionLogWriter`.
+* The group's lease frontier in a queue (the next offset never leased) is the Delta app transaction
+  :func:`~engine.store.commit_markers.lease_app` of ``action_log``. Every commit that decides about
+  the queue's leases (a fresh lease, a redelivery, ``CHANGE_INVISIBLE``, ``NACK``, ``EXPIRED``, a
+  reset) carries it, so Delta's conflict check lets exactly one of two such commits on one queue
+  land; the loser reads again and decides again. Commits for other queues and acks carry no such
+  id and are rebased by Delta without a conflict: consumers of one group do not serialise on one
+  log, only on one queue.
+* A fresh lease needs nothing but the frontier (a table snapshot, no data read): the consumer
+  leases ``[frontier, frontier + n)``; a group's first lease of a queue also records where the
+  group starts (a ``RESET`` row: the committed offset, else RocketMQ's rule for new groups).
+* Redelivery: leases that ended without an ack (found in the lease book, read from the log every
+  :data:`SCAN_INTERVAL_MS`: one snapshot scan, then only the new versions) are leased again, with
+  ``reconsume_times`` + 1; past the group's most deliveries an ``EXPIRED`` row hands the message
+  to the retry job, which dead-letters it.
+* Recovery: a consumer starting with an id that holds unexpired leases gets those messages back at
+  once (QMQ: a consumer that pulls again with its id first gets what it did not ack).
+* Resets: a queue reset by an administrator (:func:`~engine.store.action_log.reset_leases`) drops
+  what this consumer holds of it.
+* Acks change no lease and are valid only before their lease's deadline (an expired receipt is
+  refused), so they are buffered briefly and appended blindly, or ride along with the consumer's
+  next lease commit.
+
+Leased messages wait in a buffer until :meth:`Leases.take` hands them out; the lease size grows
+while the buffer drains quickly and shrinks when leased messages wait too long. :class:`Leases`
+owns all of one consumer's lease state (the book, the buffer, what it holds, its writer). Not
+thread-safe: the consumer calls it under its lock.
+"""
+
+from __future__ import annotations
+
+import collections
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from engine.client.offsets import ConsumeFrom, start_offset
+from engine.errors import (
+    CommitConflictError,
+    InvalidArgumentError,
+    InvalidReceiptHandleError,
+    ReceiptHandleExpiredError,
+    StoreError,
+)
+from engine.model import MessageExt
+from engine.protocol import retry_topic
+from engine.protocol.actions import ACK, EXPIRED, OFFLINE, PULL, RELEASE, RESET
+from engine.protocol.lease_book import LeaseBook, ranges
+from engine.protocol.selectors import MessageSelector
+from engine.store import schemas
+from engine.store.action_log import ActionLogWriter
+from engine.store.consume_queue import QueueIndex
+from engine.store.consumer_offset import OffsetStore
+from engine.store.delta import backoff, read_versions
+from engine.store.store import Store, now_ms, sql_literal
+
+Key = tuple[str, int, int]  # topic, queue_id, queue_offset
+Source = tuple[str, int, MessageSelector]  # topic, queue_id, the subscription's selector
+MATCH_ALL = MessageSelector.by_tag("*")
+
+LEASE_HOLD_MS = 1000  # a leased message may wait this long in the buffer and still get its full time
+MAX_PREFETCH = 1024  # most messages one lease takes
+SCAN_INTERVAL_MS = 1000  # how often the lease state is read for expired leases and resets
+LEASE_ATTEMPTS = 8  # lease commits tried on one queue before moving to the next
+ACK_FLUSH_ROWS = 256  # buffered acks that are flushed at once
+ACK_DEADLINE_MARGIN_MS = 1000  # acks whose lease ends sooner than this (plus the linger) go at once
+
+
+@dataclass
+class Held:
+    """A message this consumer handed to its user and that is not acked or nacked yet."""
+
+    sequence: int  # the lease's (the receipt handle's) action sequence
+    deadline_ms: int
+    reconsume_times: int
+    msg_id: str
+    physical_offset: int
+    handles: set[str] = field(default_factory=set)  # every receipt handle of this delivery
+
+
+@dataclass(frozen=True)
+class ReceivedMessage(MessageExt):
+    """A message returned by :meth:`SimpleConsumer.receive`: a :class:`MessageExt` with its lease.
+
+    ``receipt_handle`` names the lease (consumer id and action sequence); ``invisible_until_ms`` is
+    when the message becomes visible to the group again unless acked or extended.
+    """
+
+    receipt_handle: str = ""
+    invisible_until_ms: int = 0
+
+
+def received_message(
+    message: MessageExt, reconsume_times: int, receipt_handle: str, until_ms: int
+) -> ReceivedMessage:
+    """``message`` as handed to the consumer that leased it: its delivery count and its lease."""
+    values = {f.name: getattr(message, f.name) for f in fields(MessageExt)}
+    values["reconsume_times"] = reconsume_times
+    return ReceivedMessage(**values, receipt_handle=receipt_handle, invisible_until_ms=until_ms)
+
+
+@dataclass
+class Leased:
+    """A leased message waiting in the buffer."""
+
+    message: MessageExt
+    sequence: int
+    deadline_ms: int
+    reconsume_times: int
+    recovered: bool = False
+    leased_at: float = 0.0  # monotonic
+
+
+def receive_sources(store: Store, group: str, subscriptions: dict[str, MessageSelector]) -> list[Source]:
+    """Every (topic, queue, filter) to receive from: the subscriptions and the group's retry topic."""
+    configs = store.topic_configs(refresh=True)
+    subscribed = dict(subscriptions)
+    retry = retry_topic(group)
+    if retry in configs and retry not in subscribed:
+        subscribed[retry] = MATCH_ALL
+    sources: list[Source] = []
+    for topic, tag_filter in subscribed.items():
+        config = configs.get(topic)
+        if config is None:
+            continue  # deleted since subscribe
+        sources.extend((topic, q, tag_filter) for q in range(config.queues))
+    return sources
+
+
+class Leases:
+    """All of one consumer's lease state (module docstring): the group's lease book as of the action
+    log's latest version read, the buffer of leased messages, the messages handed out and not yet
+    acked, and the consumer's writes to the log.
+
+    Args:
+        store: the store.
+        group: the consumer group.
+        consumer_id: this consumer's id (stamped on every row it writes).
+        consume_from: where the group starts a queue it has no position in.
+        consume_from_timestamp_ms: the time for ``ConsumeFrom.TIMESTAMP``.
+        max_reconsume: deliveries allowed for a message (its properties) before it is dead-lettered.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        group: str,
+        consumer_id: str,
+        consume_from: ConsumeFrom,
+        consume_from_timestamp_ms: int,
+        max_reconsume: Callable[[MessageExt], int],
+    ) -> None:
+        self.group = group
+        self.consumer_id = consumer_id
+        self._store = store
+        self._writer = ActionLogWriter(store, group, consumer_id)
+        self._book = LeaseBook(group)
+        self._version = -1  # the action log's version the book is at (-1: not read yet)
+        self._resets: set[tuple[str, int]] = set()  # queues reset by others, seen by _sync()
+        self._index = QueueIndex(store)
+        self._consume_from = consume_from
+        self._timestamp_ms = consume_from_timestamp_ms
+        self._max_reconsume = max_reconsume
+        self._held: dict[Key, Held] = {}
+        self._buffer: collections.deque[Leased] = collections.deque()
+        self.prefetch = 1
+        self._drained_since: float | None = None  # monotonic time the last lease was taken
+        self._scanned_at: float | None = None  # monotonic; None: never
+        self._expired: dict[tuple[str, int], list[int]] = {}
+        self._committed: dict[tuple[str, int], int] | None = None
+        self._rotation = zlib.crc32(consumer_id.encode())
+        self.conflicts = 0  # lease commits that lost a race with another consumer of the same queue
+
+    @property
+    def unacked(self) -> int:
+        """Messages handed out and not yet acked, nacked or expired."""
+        return len(self._held)
+
+    @property
+    def waiting(self) -> int:
+        """Leased messages waiting in the buffer to be handed out."""
+        return len(self._buffer)
+
+    # ----------------------------------------------------------------- reading the log
+    def _sync(self) -> None:
+        """Bring the lease book up to the action log's latest version; queues other writers reset in
+        the versions read accumulate until :meth:`maintain` takes them."""
+        version = self._writer.latest_version()
+        if self._version < 0:
+            snapshot = self._store.dataset(
+                schemas.ACTION_LOG, f"group = {sql_literal(self.group)}", version=version
+            ).to_table()
+            snapshot = snapshot.filter(pc.equal(snapshot["group"], self.group))
+            self._book.bootstrap(snapshot.to_pylist())
+            self._version = version
+            self._writer.known_sequence(self._book.sequences.get(self.consumer_id, -1))
+            return
+        if version <= self._version:
+            return
+        try:
+            rows = read_versions(
+                self._store.uri(schemas.ACTION_LOG),
+                self._version + 1,
+                version,
+                schemas.ACTION_LOG_SCHEMA,
+                self._store.storage_options,
+            )
+        except StoreError:
+            # The log files we need are gone (log cleanup): rebuild the book from a snapshot.
+            self._book = LeaseBook(self.group)
+            self._version = -1
+            self._sync()
+            return
+        if rows.num_rows:
+            mine = rows.filter(pc.equal(rows["group"], self.group)).to_pylist()
+            self._book.apply(mine)
+            self._resets |= {
+                (r["topic"], int(r["queue_id"]))
+                for r in mine
+                if r["action"] == RESET and r["consumer_id"] != self.consumer_id
+            }
+        self._version = version
+
+    def _commit(self, rows: list[dict[str, Any]], topic: str, queue_id: int, frontier: int) -> None:
+        """Commit rows deciding about a queue's leases (with the buffered acks) at ``frontier``; the
+        book applies them at once when nothing else landed since it was read.
+
+        Raises:
+            CommitConflictError: another commit about the same queue landed first (read again).
+            StoreError: the write failed; nothing was committed.
+        """
+        version, committed = self._writer.commit_lease(rows, topic, queue_id, frontier)
+        if version == self._version + 1:
+            self._book.apply(committed)
+            self._version = version
+
+    def floors(self) -> dict[tuple[str, int], int]:
+        """Per queue of the book (read anew once it was read at all), the offset below which every
+        message is finished (acked, nacked or filtered out)."""
+        if self._version >= 0:
+            self._sync()
+        return {key: book.floor for key, book in self._book.queues.items()}
+
+    # ----------------------------------------------------------------- state
+    def start(self) -> None:
+        """Read the lease state once and take back the messages this consumer id still holds."""
+        if self._version >= 0:
+            return
+        self._sync()
+        now = now_ms()
+        recovered: list[Leased] = []
+        for (topic, queue_id), book in self._book.queues.items():
+            mine = [
+                (o, c)
+                for o, c in book.held_by(self.consumer_id, now)
+                if (topic, queue_id, o) not in self._held
+            ]
+            if not mine:
+                continue
+            self._index.refresh()
+            leases = dict(mine)
+            messages, _ = self._read(topic, queue_id, list(leases), MATCH_ALL)
+            for offset, message in messages:
+                lease = leases[offset]
+                reconsume = message.reconsume_times + lease.deliveries - 1
+                recovered.append(Leased(message, lease.sequence, lease.deadline_ms, reconsume, True))
+        self._buffer.extendleft(reversed(recovered))
+
+    def maintain(self, sources: Callable[[], list[Source]]) -> None:
+        """Every :data:`SCAN_INTERVAL_MS`: read the new lease state, drop what an administrator reset,
+        forget held messages whose lease ended, and note the expired leases of ``sources()`` (asked
+        for only then) for redelivery."""
+        due = self._scanned_at is None or time.monotonic() - self._scanned_at >= SCAN_INTERVAL_MS / 1000
+        if not due:
+            return
+        self._sync()
+        reset, self._resets = self._resets, set()
+        self._scanned_at = time.monotonic()
+        now = now_ms()
+        held = self._held
+        for key in [k for k, h in held.items() if h.deadline_ms <= now]:
+            del held[key]  # expired: no longer counts against max_unacked
+        if reset:
+            self._buffer = collections.deque(
+                x for x in self._buffer if (x.message.topic, x.message.queue_id) not in reset
+            )
+            for key in [k for k in held if (k[0], k[1]) in reset]:
+                del held[key]
+        self._index.refresh()
+        self._expired = {}
+        for topic, queue_id, _ in sources():
+            book = self._book.queues.get((topic, queue_id))
+            if book is None:
+                continue
+            book.raise_floor(self._index.bounds(topic, queue_id)[0])
+            expired = book.expired(now)
+            if expired:
+                self._expired[(topic, queue_id)] = expired[:MAX_PREFETCH]
+
+    # ----------------------------------------------------------------- handing out
+    def take(self, n: int, invisible_ms: int, *, leased_since: float | None = None) -> list[ReceivedMessage]:
+        """Up to ``n`` buffered messages with about ``invisible_ms`` of their lease left (less at
+        most LEASE_HOLD_MS or half of it; a recovered one: any time left), now held; the others are
+        released to the group. Messages leased at or after ``leased_since`` (monotonic) were leased
+        for this very request and go out with any time left."""
+        now = now_ms()
+        out: list[ReceivedMessage] = []
+        held = self._held
+        enough = invisible_ms - min(LEASE_HOLD_MS, invisible_ms // 2)
+        while self._buffer and len(out) < n:
+            item = self._buffer.popleft()
+            m = item.message
+            key = (m.topic, m.queue_id, m.queue_offset)
+            if key in held and held[key].sequence == item.sequence:
+                continue  # recovered, and handed out already
+            left = item.deadline_ms - now
+            just_leased = leased_since is not None and item.leased_at >= leased_since
+            if left < (1 if item.recovered or just_leased else enough):
+                if not item.recovered and left > 0:
+                    self._writer.buffer_ack(
+                        RELEASE, m.topic, m.queue_id, m.queue_offset, item.deadline_ms, now
+                    )
+                    self.prefetch = max(1, self.prefetch // 2)
+                continue
+            handle = f"{self.consumer_id}#{item.sequence}"
+            held[key] = Held(
+                item.sequence, item.deadline_ms, item.reconsume_times, m.msg_id, m.physical_offset, {handle}
+            )
+            out.append(received_message(m, item.reconsume_times, handle, item.deadline_ms))
+        if not self._buffer and self._drained_since is not None:
+            if time.monotonic() - self._drained_since < LEASE_HOLD_MS / 2000:
+                self.prefetch = min(MAX_PREFETCH, self.prefetch * 2)
+            self._drained_since = None
+        return out
+
+    def release_all(self) -> None:
+        """Give every buffered (never handed out) message back to the group."""
+        now = now_ms()
+        while self._buffer:
+            item = self._buffer.popleft()
+            m = item.message
+            if item.deadline_ms > now and not item.recovered:
+                self._writer.buffer_ack(RELEASE, m.topic, m.queue_id, m.queue_offset, item.deadline_ms, now)
+
+    # ----------------------------------------------------------------- leasing
+    def lease(self, sources: list[Source], n: int, invisible_ms: int) -> int:
+        """Lease at least ``n`` messages if there are (up to the prefetch size): expired leases
+        first, then fresh ones, queue after queue; returns how many were buffered."""
+        if not sources:
+            return 0
+        want = max(n, min(self.prefetch, MAX_PREFETCH))
+        filters = {(t, q): f for t, q, f in sources}
+        total = 0
+        for key in list(self._expired):
+            if key in filters:
+                total += self._redeliver(key[0], key[1], filters[key], want - total, invisible_ms, n)
+                if total >= n:
+                    return total
+        self._index.refresh()
+        start = self._rotation % len(sources)
+        self._rotation += 1
+        for i, (topic, queue_id, selector) in enumerate(sources[start:] + sources[:start]):
+            total += self._lease_fresh(topic, queue_id, selector, want - total, invisible_ms, n, i == 0)
+            if total >= n:
+                break
+        return total
+
+    @staticmethod
+    def _deadline(ts: int, invisible_ms: int, size: int, needed: int) -> int:
+        """A lease taking more than is needed now lets the rest wait up to LEASE_HOLD_MS in the buffer."""
+        return ts + invisible_ms + (LEASE_HOLD_MS if size > needed else 0)
+
+    def _first_offset(self, topic: str, queue_id: int) -> int:
+        if self._committed is None:
+            self._committed = OffsetStore(self._store, self.group).read()
+        committed = self._committed.get((topic, queue_id))
+        if committed is not None:
+            return committed
+        if topic.startswith("%RETRY%"):
+            return self._index.bounds(topic, queue_id)[0]  # a group's retries are never skipped
+        return start_offset(
+            self._index,
+            topic,
+            queue_id,
+            self._consume_from,
+            timestamp_ms=self._timestamp_ms,
+            in_memory_age_ms=self._store.config.in_memory_age_ms,
+            now_ms=now_ms(),
+            pop=True,
+        )
+
+    def _read(
+        self, topic: str, queue_id: int, offsets: list[int], selector: MessageSelector
+    ) -> tuple[list[tuple[int, MessageExt]], list[int]]:
+        """The messages at ``offsets`` (ascending) of a queue that ``selector`` matches, as (offset,
+        message) in queue order, and the offsets it does not match (consumed by filtering). Offsets
+        with no entry (removed by retention meanwhile) are in neither list."""
+        if not offsets:
+            return [], []
+        entries = self._index.entries(topic, queue_id, offsets[0], offsets[-1] + 1)
+        if entries.num_rows != len(offsets):
+            entries = entries.filter(pc.is_in(entries["queue_offset"], pa.array(offsets, pa.int64())))
+        return self._read_entries(entries, selector)
+
+    def _read_entries(
+        self, entries: pa.Table, selector: MessageSelector
+    ) -> tuple[list[tuple[int, MessageExt]], list[int]]:
+        """The messages of consume-queue ``entries`` that ``selector`` matches, as (offset, message)
+        in queue order, and the offsets of the entries it does not match."""
+        rows, _ = self._index.select(entries, selector)
+        offset_of = dict(
+            zip(entries["physical_offset"].to_pylist(), entries["queue_offset"].to_pylist(), strict=True)
+        )
+        matched = [
+            (offset_of[int(row["physical_offset"])], MessageExt.from_row(row)) for row in rows.to_pylist()
+        ]
+        taken = {offset for offset, _ in matched}
+        return matched, [o for o in entries["queue_offset"].to_pylist() if o not in taken]
+
+    def _lease_fresh(
+        self,
+        topic: str,
+        queue_id: int,
+        selector: MessageSelector,
+        size: int,
+        invisible_ms: int,
+        needed: int,
+        refresh: bool,
+    ) -> int:
+        writer = self._writer
+        for attempt in range(LEASE_ATTEMPTS):
+            frontier = writer.frontier(topic, queue_id, refresh=refresh or attempt > 0)
+            low, high = self._index.bounds(topic, queue_id)
+            ts = now_ms()
+            rows = []
+            start = frontier
+            if frontier < 0:
+                start = self._first_offset(topic, queue_id)
+                rows.append(writer.row(RESET, topic, queue_id, start, ts=ts))
+            start = max(start, low)
+            if start >= high:
+                if rows and attempt == 0:  # record where the group starts, so it does not move on
+                    try:
+                        self._commit(rows, topic, queue_id, start)
+                    except CommitConflictError:
+                        self.conflicts += 1
+                return 0
+            end = min(high, start + size)
+            entries = self._index.entries(topic, queue_id, start, end)
+            # The tags-code stage before the commit: entries not for this subscription are acked by
+            # the lease commit itself; the rest of the selector runs on the messages after it.
+            codes = selector.match_codes(entries["tags_code"])
+            passing = entries.filter(codes)
+            filtered = entries.filter(pc.invert(codes))["queue_offset"].to_pylist()
+            deadline = self._deadline(ts, invisible_ms, end - start, needed)
+            sequence = writer.next_sequence()
+            rows.append(
+                writer.row(
+                    PULL, topic, queue_id, start, end=end, deadline_ms=deadline, ts=ts, sequence=sequence
+                )
+            )
+            rows.extend(writer.row(ACK, topic, queue_id, s, end=e, ts=ts) for s, e in ranges(filtered))
+            try:
+                self._commit(rows, topic, queue_id, end)
+            except CommitConflictError:
+                self.conflicts += 1
+                continue
+            return self._buffer_leased(topic, queue_id, passing, selector, sequence, deadline)
+        return 0
+
+    def _redeliver(
+        self, topic: str, queue_id: int, selector: MessageSelector, size: int, invisible_ms: int, needed: int
+    ) -> int:
+        writer = self._writer
+        wanted = self._expired.pop((topic, queue_id))
+        for _ in range(LEASE_ATTEMPTS):
+            # Decide from the state as of the snapshot the commit is based on: a lease of these
+            # offsets committed by anyone after it makes the commit conflict (same queue app id).
+            self._sync()
+            book = self._book.queue(topic, queue_id)
+            now = now_ms()
+            offsets = [o for o in wanted if book.available(o, now) and o in book.leases][:size]
+            if not offsets:
+                return 0
+            messages, unmatched = self._read(topic, queue_id, offsets, selector)
+            deadline = self._deadline(now, invisible_ms, len(offsets), needed)
+            rows = [writer.row(ACK, topic, queue_id, s, end=e, ts=now) for s, e in ranges(unmatched)]
+            counts: dict[int, int] = {}
+            kept: list[tuple[int, MessageExt]] = []
+            for offset, message in messages:
+                reconsume = message.reconsume_times + book.leases[offset].deliveries
+                if reconsume > self._max_reconsume(message):
+                    rows.append(
+                        writer.row(
+                            EXPIRED,
+                            topic,
+                            queue_id,
+                            offset,
+                            physical_offset=message.physical_offset,
+                            msg_id=message.msg_id,
+                            reconsume_times=reconsume - 1,
+                            ts=now,
+                        )
+                    )
+                    continue
+                counts[offset] = reconsume
+                kept.append((offset, message))
+            sequences = {}
+            for s, e in ranges(list(counts)):
+                sequence = writer.next_sequence()
+                rows.append(
+                    writer.row(
+                        PULL,
+                        topic,
+                        queue_id,
+                        s,
+                        end=e,
+                        reconsume_times=counts[s],
+                        deadline_ms=deadline,
+                        ts=now,
+                        sequence=sequence,
+                    )
+                )
+                sequences.update(dict.fromkeys(range(s, e), sequence))
+            if not rows:
+                return 0
+            try:
+                self._commit(rows, topic, queue_id, writer.frontier(topic, queue_id, refresh=False))
+            except CommitConflictError:
+                self.conflicts += 1
+                continue
+            for offset, message in kept:
+                self._buffer.append(
+                    Leased(message, sequences[offset], deadline, counts[offset], False, time.monotonic())
+                )
+            return len(kept)
+        return 0
+
+    def _buffer_leased(
+        self,
+        topic: str,
+        queue_id: int,
+        entries: pa.Table,
+        selector: MessageSelector,
+        sequence: int,
+        deadline: int,
+    ) -> int:
+        """Buffer the messages of a lease just committed (``entries`` passed the tags-code stage);
+        those the rest of the selector does not match are acked: consumed by filtering."""
+        messages, unmatched = self._read_entries(entries, selector)
+        now = now_ms()
+        for offset in unmatched:
+            self._writer.buffer_ack(ACK, topic, queue_id, offset, deadline, now)
+        for _, message in messages:
+            self._buffer.append(
+                Leased(message, sequence, deadline, message.reconsume_times, False, time.monotonic())
+            )
+        self._drained_since = time.monotonic()
+        return len(messages)
+
+    # ----------------------------------------------------------------- what the user holds
+    def held(self, message: object) -> tuple[Key, Held]:
+        """The delivery a received message names, checked against its receipt handle and deadline.
+
+        Raises:
+            InvalidArgumentError: not a message.
+            InvalidReceiptHandleError: not a message this consumer holds.
+            ReceiptHandleExpiredError: its invisible time has passed (it is forgotten).
+        """
+        if not isinstance(message, MessageExt):
+            raise InvalidArgumentError(
+                f"expected a message returned by receive(), got {type(message).__name__}"
+            )
+        if not isinstance(message, ReceivedMessage):
+            raise InvalidReceiptHandleError(
+                f"a {type(message).__name__} carries no receipt handle: it is not held by consumer "
+                f"{self.consumer_id} (ack, nack and change_invisible_time take messages from receive())"
+            )
+        key = (message.topic, message.queue_id, message.queue_offset)
+        where = f"{key[0]}:{key[1]}@{key[2]}"
+        held = self._held.get(key)
+        if held is None or message.receipt_handle not in held.handles:
+            raise InvalidReceiptHandleError(
+                f"receipt handle {message.receipt_handle!r} of message {where} is not held by consumer "
+                f"{self.consumer_id}: it was not received here, was already acked or nacked, or was "
+                "delivered again",
+                topic=key[0],
+                queue_id=key[1],
+                offset=key[2],
+            )
+        if now_ms() >= held.deadline_ms:
+            del self._held[key]
+            raise ReceiptHandleExpiredError(
+                f"receipt handle {message.receipt_handle!r} of message {where} expired at "
+                f"{held.deadline_ms}: its invisible time ended (it may be delivered again)",
+                topic=key[0],
+                queue_id=key[1],
+                offset=key[2],
+            )
+        return key, held
+
+    def ack(self, message: ReceivedMessage, attempts: int) -> None:
+        """Acknowledge a held message: buffered, or committed at once less than a second before its
+        deadline (under the queue's lease lock, so an ack never lands after another consumer's lease
+        of the same message).
+
+        Raises:
+            InvalidReceiptHandleError, ReceiptHandleExpiredError: see :meth:`held`.
+            CommitConflictError: a commit at once lost ``attempts`` races.
+        """
+        key, held = self.held(message)
+        if held.deadline_ms - now_ms() < ACK_DEADLINE_MARGIN_MS:
+            self.decide(ACK, message, None, attempts)
+            return
+        del self._held[key]
+        self._writer.buffer_ack(ACK, key[0], key[1], key[2], held.deadline_ms, now_ms())
+
+    def decide(
+        self, action: str, message: ReceivedMessage, invisible_ms: int | None, attempts: int
+    ) -> ReceivedMessage | None:
+        """Commit the holder's ``action`` about a held message (``ACK``, ``NACK``, or
+        ``CHANGE_INVISIBLE`` to ``invisible_ms`` from now) under the queue's lease lock.
+
+        Returns:
+            For ``CHANGE_INVISIBLE``, the message with its new receipt handle (the old one stays
+            valid); else None (the message is no longer held).
+
+        Raises:
+            InvalidReceiptHandleError, ReceiptHandleExpiredError: see :meth:`held`; also when the
+                lease ended meanwhile.
+            CommitConflictError: lost ``attempts`` races for the action log in a row.
+        """
+        key, held = self.held(message)
+        topic, queue_id, offset = key
+        writer = self._writer
+        for attempt in range(attempts):
+            self._sync()
+            lease = self._book.lease(key)
+            ts = now_ms()
+            if (
+                lease is None
+                or lease.consumer_id != self.consumer_id
+                or lease.sequence != held.sequence
+                or ts >= lease.deadline_ms
+                or self._book.is_done(key)
+            ):
+                self._held.pop(key, None)
+                raise ReceiptHandleExpiredError(
+                    f"message {topic}:{queue_id}@{offset} is no longer held by {self.consumer_id}: "
+                    "its invisible time ended (it may have been delivered again)",
+                    topic=topic,
+                    queue_id=queue_id,
+                    offset=offset,
+                )
+            deadline = ts + invisible_ms if invisible_ms is not None else None
+            sequence = writer.next_sequence()
+            row = writer.row(
+                action,
+                topic,
+                queue_id,
+                offset,
+                physical_offset=held.physical_offset,
+                msg_id=held.msg_id,
+                reconsume_times=held.reconsume_times,
+                deadline_ms=deadline,
+                ts=ts,
+                sequence=sequence,
+            )
+            try:
+                self._commit([row], topic, queue_id, writer.frontier(topic, queue_id, refresh=False))
+            except CommitConflictError:
+                backoff(attempt)
+                continue
+            if deadline is None:
+                self._held.pop(key, None)
+                return None
+            handle = f"{self.consumer_id}#{sequence}"
+            held.sequence, held.deadline_ms = sequence, deadline
+            held.handles.add(handle)
+            return received_message(message, held.reconsume_times, handle, deadline)
+        raise CommitConflictError(
+            f"{action.lower()} lost {attempts} races for the action log in a row; retry later",
+            table=schemas.ACTION_LOG,
+            group=self.group,
+        )
+
+    # ----------------------------------------------------------------- acks
+    @property
+    def buffered_acks(self) -> int:
+        """Acks and releases waiting to be appended."""
+        return self._writer.buffered_acks
+
+    def ack_flush_due_in(self, linger_s: float) -> float | None:
+        """Seconds until the buffered acks are due (0: now; None: nothing buffered): after
+        ``linger_s``, at :data:`ACK_FLUSH_ROWS`, or a margin before the earliest lease they end."""
+        oldest = self._writer.oldest_ack
+        if oldest is None:
+            return None
+        if self._writer.buffered_acks >= ACK_FLUSH_ROWS:
+            return 0.0
+        wait = oldest + linger_s - time.monotonic()
+        earliest = self._writer.earliest_deadline
+        if earliest is not None:
+            wait = min(wait, (earliest - now_ms() - ACK_DEADLINE_MARGIN_MS) / 1000 - linger_s)
+        return max(0.0, wait)
+
+    def flush(self, *, offline: bool = False) -> int:
+        """Append the buffered acks and releases; returns how many messages they cover. With
+        ``offline`` an ``OFFLINE`` row goes with them (QMQ's FOREVER_OFFLINE: every lease of this
+        consumer id ends now).
+
+        Raises:
+            StoreError, CommitConflictError: the write failed; they stay buffered.
+        """
+        extra = None
+        if offline:
+            if self._version < 0:
+                self._sync()  # this id's last sequence
+            extra = [self._writer.row(OFFLINE, "", 0, 0, ts=now_ms())]
+        return self._writer.flush(extra)

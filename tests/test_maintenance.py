@@ -703,12 +703,12 @@ def test_periodic_run_is_a_ticker_query_running_one_pass_per_tick(
 def test_a_compaction_whose_commit_met_a_listing_gap_is_found_or_made_again_once(
     store: Store, topic: str, landed: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import engine.store.delta.data_files as data_files
+    import engine.store.maintenance as maintenance_commits
     from engine.errors import CommitStateUnknownError
 
     _fill(store, topic, 6)
     rows_before = commit_log_rows(store)
-    real_commit_next, calls = data_files.commit_next, []
+    real_commit_next, calls = maintenance_commits.commit_next, []
 
     def gapped(snapshot: Any, **kwargs: Any) -> int:
         calls.append(1)
@@ -719,7 +719,7 @@ def test_a_compaction_whose_commit_met_a_listing_gap_is_found_or_made_again_once
             raise CommitStateUnknownError("commit failed; outcome unknown", cause=cause) from cause
         return real_commit_next(snapshot, **kwargs)
 
-    monkeypatch.setattr(data_files, "commit_next", gapped)
+    monkeypatch.setattr(maintenance_commits, "commit_next", gapped)
     before = store.version(schemas.COMMIT_LOG)
     report = compact(store, schemas.COMMIT_LOG, min_files=2)
     log = report[schemas.COMMIT_LOG]

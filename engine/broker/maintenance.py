@@ -25,11 +25,19 @@ from engine.broker.compaction import (
     CompactionReport,
     Layout,
     MiB,
+    check_int,
     compact,
     plan_bins,
+    table_names,
 )
-from engine.broker.maintenance_args import HOUR_MS, check_hours, check_int, table_names
-from engine.broker.retention import RetentionReport, consumed_offsets, protected_offsets, retain
+from engine.broker.retention import (
+    HOUR_MS,
+    RetentionReport,
+    check_hours,
+    consumed_offsets,
+    protected_offsets,
+    retain,
+)
 from engine.errors import MQError
 from engine.store.commit_markers import MAINTENANCE_KEY
 from engine.store.delta import DataFile

@@ -45,6 +45,7 @@ from engine.store.maintenance import checkpoint_table, vacuum_table
 from engine.store.store import Store
 
 __all__ = [
+    "DEFAULT_INTERVAL_S",
     "DEFAULT_LAYOUT",
     "DEFAULT_MIN_FILES",
     "DEFAULT_VACUUM_RETENTION_HOURS",
@@ -68,6 +69,9 @@ __all__ = [
     "vacuum",
 ]
 
+# Seconds between the passes of a running broker (the maintenance job's ``--interval``, the in-process
+# loop's maintenance cadence): a pass is seconds of I/O on a big store, and small files pile up slowly.
+DEFAULT_INTERVAL_S = 300.0
 # Removed files stay on disk this long so pulls and stream readers holding an older snapshot finish.
 DEFAULT_VACUUM_RETENTION_HOURS = 24
 

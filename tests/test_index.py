@@ -23,7 +23,6 @@ from engine import (
     TopicNotFoundError,
 )
 from engine.broker.index import build_index, index_pending
-from engine.protocol.index_keys import KIND_KEY, KIND_UNIQ_KEY
 from engine.spark.jobs.index import IndexStats, run_index
 from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
@@ -31,7 +30,7 @@ from engine.store.commit_log.stamping import PendingMessage
 from engine.store.commit_markers import INDEX_APP
 from engine.store.delta.file_reader import FileReader
 from engine.store.delta.log import table_filesystem
-from engine.store.index import indexed_version
+from engine.store.index import KIND_KEY, KIND_UNIQ_KEY, indexed_version
 
 FAR_FUTURE = 2**62
 

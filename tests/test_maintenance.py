@@ -40,7 +40,6 @@ from engine.broker.maintenance import (
     retain,
     vacuum,
 )
-from engine.protocol.index_keys import KIND_KEY, KIND_UNIQ_KEY
 from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
 from engine.store.commit_log import writer as commit_log
@@ -50,7 +49,7 @@ from engine.store.commit_markers import CQ_KEY, HWM_KEY
 from engine.store.consume_queue import queue_marks
 from engine.store.consumer_offset import OffsetStore
 from engine.store.delta.log import table_filesystem
-from engine.store.index import INDEX_SORT
+from engine.store.index import INDEX_SORT, KIND_KEY, KIND_UNIQ_KEY
 from tests.helpers import commit_log_rows, versions
 
 HOUR_MS = 3_600_000

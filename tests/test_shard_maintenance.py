@@ -12,10 +12,10 @@ import pyarrow as pa
 import pytest
 
 from engine import Admin, PullConsumer, PullStatus, Store
-from engine.broker.compaction import dispatched_physical
+from engine.broker.compaction import dispatched_physical, table_names
 from engine.broker.dispatch import dispatch_pending
 from engine.broker.maintenance import checkpoint, compact, maintain, retain, vacuum
-from engine.broker.maintenance_args import HOUR_MS, table_names
+from engine.broker.retention import HOUR_MS
 from engine.config import load_config
 from engine.errors import InvalidArgumentError
 from engine.protocol.shards import shard_base, shard_of_offset, shard_of_queue

@@ -9,13 +9,14 @@ import pytest
 
 from engine import Admin, MessageNotFoundError, PullConsumer, PullStatus, SimpleConsumer, Store
 from engine.broker.dispatch import dispatch_pending
+from engine.broker.loop import BrokerLoop
+from engine.broker.plan import Step
 from engine.client.queries import find_message, query_by_time, view_message
 from engine.client.trace import trace_message
 from engine.config import load_config
 from engine.errors import InvalidArgumentError, StoreError
 from engine.protocol.message_ids import make_msg_id
 from engine.protocol.shards import shard_base, shard_of_offset, shard_of_queue
-from engine.remoting.broker_loop import BrokerLoop
 from engine.store import schemas
 from engine.store.commit_log.reads import commit_log_of_offset, offsets_by_shard, read_commit_logs
 from engine.store.consume_queue import QueueIndex
@@ -177,12 +178,13 @@ def test_read_commit_logs_of_one_shard_is_the_commit_log(store: Store) -> None:
 def test_the_broker_loop_wakes_for_a_commit_on_any_shard(sharded: Store) -> None:
     loop = BrokerLoop(sharded)
     calls: list[int] = []
-    loop._step("count", lambda _: calls.append(1), sharded.commit_logs)
-    loop._step("count", lambda _: calls.append(1), sharded.commit_logs)
+    count = Step("count", lambda _: lambda: calls.append(1), lambda store: store.commit_logs)
+    loop.run_step(count)
+    loop.run_step(count)
     assert len(calls) == 1  # nothing new on any shard: the second pass is skipped
     queue = next(q for q in range(SHARDS) if shard_of_queue(TOPIC, q, SHARDS) == 2)
     append_to_queues(sharded, TOPIC, {queue: [b"late"]})
-    loop._step("count", lambda _: calls.append(1), sharded.commit_logs)
+    loop.run_step(count)
     assert len(calls) == 2
 
 

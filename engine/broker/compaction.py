@@ -23,8 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypedDict
 
-from engine.broker.maintenance_args import check_int, table_names
-from engine.errors import CommitStateUnknownError
+from engine.errors import CommitStateUnknownError, InvalidArgumentError
 from engine.protocol.shards import SHARD_SPAN, shard_base
 from engine.store import schemas
 from engine.store.commit_log import COMMIT_LOG_ROW_GROUP_ROWS
@@ -257,6 +256,30 @@ def _compact_table(store: Store, name: str, min_files: int, target: int | None) 
     report["rows_rewritten"] = sum(r for _, _, r in kept)
     report["version"] = version
     return report
+
+
+def table_names(store: Store, table: str | Sequence[str] | None) -> list[str]:
+    """The tables named (every table of ``store``, each commit-log shard included, for None);
+    raises :class:`InvalidArgumentError` for names that are no table of ``store``.
+
+    How every maintenance step (compaction, checkpoints, vacuum) reads its ``table`` argument.
+    """
+    known = store.tables()
+    if table is None:
+        return list(known)
+    names = [table] if isinstance(table, str) else list(table)
+    for name in names:
+        if name not in known:
+            raise InvalidArgumentError(f"unknown table {name!r}; tables: {', '.join(known)}", table=name)
+    return names
+
+
+def check_int(name: str, value: object, minimum: int) -> int:
+    """``value`` if it is an int >= ``minimum``; raises :class:`InvalidArgumentError` otherwise
+    (the sizes and counts of the maintenance steps)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidArgumentError(f"{name} must be an int >= {minimum}, got {value!r}", **{name: value})
+    return value
 
 
 def compact(

@@ -11,9 +11,10 @@ upstream and stops the job rather than writing a hole.
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from engine.broker.visible_rows import visible_rows_after
 from engine.errors import CommitConflictError, StoreError
+from engine.model import UNDISPATCHED_FLAGS
 from engine.store import schemas
 from engine.store.consume_queue import (
     QueueMarks,
@@ -39,6 +40,22 @@ DISPATCH_COLUMNS = (
 DISPATCH_SCHEMA = pa.schema([schemas.COMMIT_LOG_SCHEMA.field(c) for c in DISPATCH_COLUMNS])
 # Commit-log versions read and dispatched in one consume-queue commit (bounds a catch-up's memory).
 VERSIONS_PER_COMMIT = 1000
+_HIDDEN_FLAGS = pa.array(sorted(UNDISPATCHED_FLAGS), pa.int32())
+
+
+def visible_rows_after(rows: pa.Table, last: int) -> tuple[pa.Table, int]:
+    """The commit-log ``rows`` (carrying ``_version``) of versions after ``last`` that consumers can
+    see (transaction halves and rolled-back messages are not), and the last version among those
+    newer rows (``last`` when there is none: the caller has nothing to cover). Pure.
+
+    Which rows a consumer will ever see: dispatch gives them queue entries and the index
+    (:mod:`engine.broker.index`) indexes them, with this one filter.
+    """
+    rows = rows.filter(pc.greater(rows[VERSION_COLUMN], last))
+    if rows.num_rows == 0:
+        return rows, last
+    covered = int(pc.max(rows[VERSION_COLUMN]).as_py())
+    return rows.filter(pc.invert(pc.is_in(rows["sys_flag"], value_set=_HIDDEN_FLAGS))), covered
 
 
 def plan_entries(rows: pa.Table, last: int, marks: QueueMarks) -> tuple[pa.Table, int]:

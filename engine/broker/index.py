@@ -17,12 +17,18 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.broker.visible_rows import visible_rows_after
+from engine.broker.dispatch import visible_rows_after
 from engine.errors import CommitConflictError, StoreError
-from engine.protocol.index_keys import KIND_KEY, KIND_UNIQ_KEY
 from engine.store import schemas
 from engine.store.delta import VERSION_COLUMN, read_versions
-from engine.store.index import INDEX_SORT, commit_index, covered_version, indexed_version
+from engine.store.index import (
+    INDEX_SORT,
+    KIND_KEY,
+    KIND_UNIQ_KEY,
+    commit_index,
+    covered_version,
+    indexed_version,
+)
 from engine.store.store import Store
 
 # What the indexer reads from a commit-log row; bodies stay on disk.

@@ -25,11 +25,19 @@ from engine.broker.compaction import (
     CompactionReport,
     Layout,
     MiB,
+    check_int,
     compact,
     plan_bins,
+    table_names,
 )
-from engine.broker.maintenance_args import HOUR_MS, check_hours, check_int, table_names
-from engine.broker.retention import RetentionReport, consumed_offsets, protected_offsets, retain
+from engine.broker.retention import (
+    HOUR_MS,
+    RetentionReport,
+    check_hours,
+    consumed_offsets,
+    protected_offsets,
+    retain,
+)
 from engine.errors import MQError
 from engine.store.commit_markers import MAINTENANCE_KEY
 from engine.store.delta import DataFile
@@ -37,6 +45,7 @@ from engine.store.maintenance import checkpoint_table, vacuum_table
 from engine.store.store import Store
 
 __all__ = [
+    "DEFAULT_INTERVAL_S",
     "DEFAULT_LAYOUT",
     "DEFAULT_MIN_FILES",
     "DEFAULT_VACUUM_RETENTION_HOURS",
@@ -60,6 +69,9 @@ __all__ = [
     "vacuum",
 ]
 
+# Seconds between the passes of a running broker (the maintenance job's ``--interval``, the in-process
+# loop's maintenance cadence): a pass is seconds of I/O on a big store, and small files pile up slowly.
+DEFAULT_INTERVAL_S = 300.0
 # Removed files stay on disk this long so pulls and stream readers holding an older snapshot finish.
 DEFAULT_VACUUM_RETENTION_HOURS = 24
 

@@ -8,6 +8,7 @@ index files that only point at deleted messages. The file rewrites and commits a
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
@@ -17,10 +18,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.fs as pa_fs
 
-from engine.broker.compaction import dispatched_physical
-from engine.broker.maintenance_args import HOUR_MS, check_hours, check_int
+from engine.broker.compaction import check_int, dispatched_physical
 from engine.broker.schedule_state import schedule_progress
-from engine.errors import CommitStateUnknownError
+from engine.errors import CommitStateUnknownError, InvalidArgumentError
 from engine.protocol import SCHEDULE_TOPIC
 from engine.protocol.shards import SHARD_SHIFT
 from engine.store import schemas
@@ -45,6 +45,16 @@ from engine.store.delta import (
 )
 from engine.store.maintenance import Commit, commit_planned
 from engine.store.store import Store
+
+HOUR_MS = 3_600_000
+
+
+def check_hours(name: str, value: object) -> float:
+    """``value`` as hours if it is a finite number >= 0; raises :class:`InvalidArgumentError` otherwise
+    (the retention window, and vacuum's)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+        raise InvalidArgumentError(f"{name} must be a number of hours >= 0, got {value!r}", **{name: value})
+    return float(value)
 
 
 class RetentionReport(TypedDict):

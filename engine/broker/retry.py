@@ -56,7 +56,6 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.broker.reput import reput, row_properties
 from engine.errors import CommitConflictError, InvalidArgumentError, StoreError
 from engine.model import UNDISPATCHED_FLAGS
 from engine.protocol.actions import NACK, ROUTED_ACTIONS
@@ -78,7 +77,7 @@ from engine.protocol.names import (
 from engine.protocol.schedule import schedule_envelope, without_schedule_properties
 from engine.protocol.topics import system_topic_config
 from engine.store import schemas
-from engine.store.commit_log import CommitLogs, PendingMessage
+from engine.store.commit_log import CommitLogs, PendingMessage, reput, row_properties
 from engine.store.commit_markers import RETRY_APP, RETRY_GUARD_APP, RETRY_RANGE_KEY, RETRY_SKIPPED_KEY
 from engine.store.consume_queue import QueueIndex
 from engine.store.delta import VERSION_COLUMN, Snapshot

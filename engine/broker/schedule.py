@@ -63,7 +63,6 @@ from typing import Any, NamedTuple
 import numpy as np
 import pyarrow as pa
 
-from engine.broker.reput import reput, row_properties
 from engine.broker.schedule_shards import ShardView, commit_deliveries, read_views
 from engine.broker.schedule_state import (
     HandledRun,
@@ -77,7 +76,7 @@ from engine.errors import CommitConflictError, InvalidArgumentError, StoreError
 from engine.protocol.names import PROPERTY_REAL_TOPIC, SCHEDULE_TOPIC
 from engine.protocol.schedule import LEVEL_QUEUES, TIMER_QUEUE_ID, real_destination
 from engine.store import schemas
-from engine.store.commit_log import CommitLogs, PendingMessage
+from engine.store.commit_log import CommitLogs, PendingMessage, reput, row_properties
 from engine.store.commit_markers import (
     SCHEDULE_APP,
     SCHEDULE_DROPPED_KEY,

@@ -69,6 +69,6 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
     serve.add_argument(
         "--no-broker-jobs",
         action="store_true",
-        help="do not run dispatch/schedule/retry/index/transaction check in-process (the Spark jobs do)",
+        help="do not run the broker's jobs (dispatch, schedule, retry, ...) in-process (the Spark jobs do)",
     )
     serve.set_defaults(func=_serve)

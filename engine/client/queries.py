@@ -19,12 +19,12 @@ import pyarrow.dataset as ds
 
 from engine.errors import InvalidArgumentError, MessageNotFoundError, StoreError
 from engine.model import MessageExt
-from engine.protocol.index_keys import KIND_KEY, KIND_UNIQ_KEY
 from engine.protocol.message_ids import parse_msg_id
 from engine.protocol.names import validate_topic_name
 from engine.store import schemas
 from engine.store.commit_log import read_commit_logs
 from engine.store.consume_queue import QueueIndex
+from engine.store.index import KIND_KEY, KIND_UNIQ_KEY
 from engine.store.store import Store, sql_literal
 
 DEFAULT_MAX_NUM = 32  # RocketMQ's default for a key query

@@ -13,7 +13,6 @@ Nothing here does I/O; every function is tested without a JVM or a disk.
 - :mod:`~engine.protocol.permissions`: topic permissions (RocketMQ's ``PermName``)
 - :mod:`~engine.protocol.topics`: topic settings and the broker's own topics
 - :mod:`~engine.protocol.actions`: the consumer actions of the ``action_log`` table
-- :mod:`~engine.protocol.index_keys`: the kinds of lookup key of the ``index`` table
 - :mod:`~engine.protocol.rebalance`: which queues each consumer of a group takes
 - :mod:`~engine.protocol.pull`: limits of a pull and the offset checks before reading
 - :mod:`~engine.protocol.schedule`: the schedule envelope of delayed, timer and retried messages
@@ -50,10 +49,6 @@ from engine.protocol.delays import (
     retry_delay_level,
     validate_delay_level,
     validate_max_reconsume,
-)
-from engine.protocol.index_keys import (
-    KIND_KEY,
-    KIND_UNIQ_KEY,
 )
 from engine.protocol.message_ids import (
     UniqKeyGenerator,
@@ -150,8 +145,6 @@ __all__ = [
     "DELAY_LEVELS_MS",
     "DLQ_PREFIX",
     "EXPIRED",
-    "KIND_KEY",
-    "KIND_UNIQ_KEY",
     "LEVEL_QUEUES",
     "MAX_BODY_BYTES",
     "MAX_DELAY_LEVEL",

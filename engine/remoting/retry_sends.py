@@ -9,7 +9,6 @@ re-put and schedule envelope, so a retried message looks the same whichever way 
 
 from __future__ import annotations
 
-from engine.broker.reput import reput
 from engine.model import SendResult
 from engine.protocol.delays import clamp_delay_level, retry_delay_level
 from engine.protocol.names import RETRY_PREFIX, dlq_topic, retry_topic, validate_group_name
@@ -17,7 +16,7 @@ from engine.protocol.schedule import schedule_envelope
 from engine.protocol.topics import system_topic_config
 from engine.remoting.wire_messages import IncomingMessage
 from engine.remoting.wire_producer import WireProducer
-from engine.store.commit_log import PendingMessage
+from engine.store.commit_log import PendingMessage, reput
 from engine.store.store import Store, now_ms
 
 

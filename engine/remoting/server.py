@@ -15,6 +15,7 @@ import threading
 from collections.abc import Mapping
 from typing import Any
 
+from engine.broker.loop import BrokerLoop
 from engine.errors import (
     CommitConflictError,
     InvalidArgumentError,
@@ -26,7 +27,6 @@ from engine.errors import (
     TopicNotFoundError,
 )
 from engine.remoting import broker_clients, broker_offsets, broker_pull, broker_queries, broker_send, namesrv
-from engine.remoting.broker_loop import BrokerLoop
 from engine.remoting.broker_transactions import HANDLERS as TX_HANDLERS
 from engine.remoting.broker_transactions import CheckBack, check_back_loop
 from engine.remoting.codes import ResponseCode
@@ -75,8 +75,9 @@ class RemotingServer:
         namesrv_port, broker_port: ports (0: any free port; see :attr:`namesrv_port` after start).
         advertised_host: the broker address clients are told (default ``host``).
         auto_create_topics: a route asked for a missing topic creates it (else TOPIC_NOT_EXIST).
-        run_broker_jobs: run dispatch, schedule, retry, index and transaction check in-process
-            (:class:`~engine.remoting.broker_loop.BrokerLoop`); off when the Spark jobs run.
+        run_broker_jobs: run the broker's pass plan (dispatch, index, schedule, retry, pull log,
+            transaction check, maintenance) in-process (:class:`~engine.broker.loop.BrokerLoop`);
+            off when the Spark jobs run.
         max_frame_bytes: frames longer than this close the connection.
         idle_timeout_s: a connection silent this long is closed (clients heartbeat every 30 s).
         frame_timeout_s: a frame must arrive whole within this long once its length was read.

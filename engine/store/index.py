@@ -20,7 +20,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.errors import CommitConflictError, StoreError
-from engine.protocol.index_keys import KIND_KEY, KIND_UNIQ_KEY
 from engine.store import schemas
 from engine.store.commit_markers import index_app
 from engine.store.delta import (
@@ -34,6 +33,10 @@ from engine.store.delta import (
 )
 from engine.store.store import Store
 
+# The kinds of lookup key a stored message is indexed under (as RocketMQ's IndexService: its
+# business keys, and its client unique id).
+KIND_KEY = "KEY"  # one row per business key of the message (``Message.keys``)
+KIND_UNIQ_KEY = "UNIQ_KEY"  # one row for the client unique id (the id consumers see)
 # The order index rows are written in: a file per kind, a lookup's key in few row groups.
 INDEX_SORT = ("kind", "topic", "key", "store_ts_ms", "physical_offset")
 INDEX_ROW_GROUP_ROWS = 1024

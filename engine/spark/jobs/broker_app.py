@@ -4,7 +4,8 @@ The jobs are those of :data:`engine.spark.jobs.registry.JOBS`. Each keeps its ow
 the store (``<store>/_checkpoints/<job>``, or ``<--checkpoint>/<job>``) and its own exactly-once
 marker, so a job run here and the same job run alone (``jobs/<job>.py``) continue each other.
 
-- ``--once``: runs the jobs one after another in dependency order (:data:`ONCE_PLAN`): dispatch,
+- ``--once``: runs the jobs one after another in the order of the broker's pass plan
+  (:data:`engine.broker.plan.PLAN`, the one ``mq serve``'s in-process loop follows too): dispatch,
   index, schedule, retry, then dispatch and index again so that re-put messages (delays now due,
   retries) are pullable and indexed, then pull_log, transaction_check and maintenance; then exits.
 - otherwise: starts every query and runs until SIGTERM / SIGINT, then stops every query (a batch in
@@ -26,6 +27,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from engine.broker.plan import PLAN
 from engine.errors import InvalidArgumentError
 from engine.spark.jobs.registry import JOB_ORDER, Job, job_named
 from engine.spark.jobs.runner import (
@@ -52,19 +54,8 @@ from engine.spark.progress import (
 from engine.store.store import Store, now_ms
 
 JOB = "broker"
-# One pass of --once: dispatch feeds everything; the re-puts of schedule and retry are dispatched and
-# indexed by the second round.
-ONCE_PLAN = (
-    "dispatch",
-    "index",
-    "schedule",
-    "retry",
-    "dispatch",
-    "index",
-    "pull_log",
-    "transaction_check",
-    "maintenance",
-)
+# One pass of --once: the registered job of each step of the broker's plan, in its order.
+ONCE_PLAN: tuple[str, ...] = tuple(step.job for step in PLAN)
 GRACE_S = 10.0
 
 LOGGER = logging.getLogger("lakemq.broker")

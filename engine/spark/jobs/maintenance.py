@@ -16,14 +16,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from engine.broker.maintenance import DEFAULT_MIN_FILES, MaintenanceReport, maintain
+from engine.broker.maintenance import DEFAULT_INTERVAL_S, DEFAULT_MIN_FILES, MaintenanceReport, maintain
 from engine.errors import InvalidArgumentError
 from engine.spark.jobs.stats import JobStats
 from engine.spark.jobs.streams import start_query
 from engine.store.store import Store
 
 JOB = "maintenance"
-DEFAULT_INTERVAL_S = 300.0
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,8 @@
-"""Every broker job, declared once: its name, options, run and summary, in the order the broker runs them.
+"""Every broker job, declared once: its name, options, run and summary.
+
+The jobs are listed (:data:`JOBS`, :data:`JOB_ORDER`) in the order of their first step in the broker's
+pass plan (:data:`engine.broker.plan.PLAN`): the order a running broker app starts them. The plan,
+not this module, orders the broker's passes; a job here is one of its steps.
 
 ``jobs/<job>.py`` (the spark-submit entry points), ``jobs/broker.py`` (every job in one Spark app),
 ``jobs/demo.py`` and ``mq dispatch`` all take their jobs from :data:`JOBS`; a job added here is
@@ -16,7 +20,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from engine.broker.maintenance import DEFAULT_MIN_FILES
+from engine.broker.maintenance import DEFAULT_INTERVAL_S, DEFAULT_MIN_FILES
+from engine.broker.plan import plan_jobs
 from engine.errors import InvalidArgumentError
 from engine.protocol.transactions import DEFAULT_CHECK_INTERVAL_MS, DEFAULT_MAX_CHECKS, DEFAULT_TIMEOUT_MS
 from engine.spark.jobs import dispatch, index, maintenance, pull_log, retry, schedule, transaction_check
@@ -140,8 +145,8 @@ def _maintenance_keywords(args: argparse.Namespace) -> dict[str, Any]:
     return {"options": options, "interval_s": args.interval}
 
 
-# Every job the broker knows, in the order a running broker starts them.
-JOBS: tuple[Job, ...] = (
+# Every job the broker knows; :data:`JOBS` lists them in the plan's order.
+_DECLARED: tuple[Job, ...] = (
     Job(
         "dispatch",
         "Dispatch commit-log messages into the consume queue.",
@@ -219,7 +224,7 @@ JOBS: tuple[Job, ...] = (
                 "--interval",
                 "seconds between passes",
                 type=float,
-                default=maintenance.DEFAULT_INTERVAL_S,
+                default=DEFAULT_INTERVAL_S,
                 check=positive,
             ),
             Option("--file-reserved-hours", "message retention (72)", type=float),
@@ -232,8 +237,14 @@ JOBS: tuple[Job, ...] = (
         pass_before_serving=True,
     ),
 )
-JOB_ORDER: tuple[str, ...] = tuple(job.name for job in JOBS)
-_BY_NAME: Mapping[str, Job] = MappingProxyType({job.name: job for job in JOBS})
+_BY_NAME: Mapping[str, Job] = MappingProxyType({job.name: job for job in _DECLARED})
+# Every job the broker knows, in the order of the broker's pass plan (each at its first step).
+JOB_ORDER: tuple[str, ...] = plan_jobs()
+if set(JOB_ORDER) != set(_BY_NAME):  # a step without its Spark job, or a job the plan never runs
+    raise RuntimeError(
+        f"the broker plan's jobs {sorted(JOB_ORDER)} are not the registry's {sorted(_BY_NAME)}"
+    )
+JOBS: tuple[Job, ...] = tuple(_BY_NAME[name] for name in JOB_ORDER)
 
 
 def job_named(name: str) -> Job:

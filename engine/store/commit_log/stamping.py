@@ -6,6 +6,9 @@ each message its physical offset, queue offset, message id and store time from t
 of the version the writer read, and returns the new marks; :mod:`engine.store.commit_log` commits
 the rows and keeps the marks only if the commit wins. Columnar throughout: this is the produce hot
 path.
+
+A re-put (:func:`reput`: a schedule delivery or timer move, a retry, a dead letter) is a new
+:class:`PendingMessage` copied from a stored row.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -44,6 +47,28 @@ class PendingMessage(NamedTuple):
     deliver_at_ms: int | None = None
     reconsume_times: int = 0
     tags_code: int | None = None  # override (schedule topic keeps the due time here)
+
+
+def row_properties(row: Mapping[str, Any]) -> dict[str, str]:
+    """A commit-log row's properties as a dict (Arrow maps read as lists of pairs)."""
+    props = row.get("properties") or {}
+    return dict(props) if not isinstance(props, Mapping) else {str(k): str(v) for k, v in props.items()}
+
+
+def reput(row: Mapping[str, Any], **fields: Any) -> PendingMessage:
+    """A copy of the stored message ``row`` with ``fields`` (topic, queue_id, properties, …) set; pure.
+
+    A re-put keeps the stored message's body, tags, keys, uniq key (the id consumers see) and born
+    time; the caller says where it goes and what else it carries.
+    """
+    return PendingMessage(
+        body=bytes(row["body"]),
+        uniq_key=str(row["uniq_key"]),
+        tags=row.get("tags"),
+        keys=tuple(row.get("keys") or ()),
+        born_ts_ms=int(row["born_ts_ms"]),
+        **fields,
+    )
 
 
 class Stamped(NamedTuple):

@@ -1,0 +1,134 @@
+"""The broker's passes in-process, for ``mq serve`` without Spark: the steps of the broker's pass plan
+(:data:`engine.broker.plan.PLAN`) on a thread, with the same engine functions the Spark jobs run.
+
+Dispatch runs on every tick, so a send becomes pullable within a tick; the other steps but
+maintenance run with it every round, in plan order; maintenance runs on a thread of its own at its
+own slower cadence (:mod:`engine.broker.plan` says why). A step whose input tables have no new
+version is skipped (one file-existence probe per table on a local store), so an idle server costs
+little.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+
+from engine.broker.maintenance import DEFAULT_INTERVAL_S
+from engine.broker.plan import PLAN, Cadence, Pass, Step
+from engine.store.store import Store
+
+_log = logging.getLogger(__name__)
+_TICK: tuple[Cadence, ...] = ("tick",)
+_ROUND: tuple[Cadence, ...] = ("tick", "round")
+
+
+class BrokerLoop:
+    """Runs the broker's pass plan until stopped: dispatch every ``dispatch_ms``, the other steps
+    every ``other_ms``, maintenance every ``maintenance_ms`` (on a second thread).
+
+    Args:
+        store: the store.
+        dispatch_ms: pause between ticks (what bounds send-to-pullable latency).
+        other_ms: time between rounds of the other steps.
+        maintenance_ms: pause between maintenance passes; the first comes one pause after
+            :meth:`start`.
+        plan: the steps (default the broker's :data:`~engine.broker.plan.PLAN`).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        dispatch_ms: int = 20,
+        other_ms: int = 500,
+        maintenance_ms: int = int(DEFAULT_INTERVAL_S * 1000),
+        plan: Sequence[Step] = PLAN,
+    ) -> None:
+        self.store = store
+        self.dispatch_ms = dispatch_ms
+        self.other_ms = other_ms
+        self.maintenance_ms = maintenance_ms
+        self.plan = tuple(plan)
+        self.passes = 0  # ticks run (run_once calls)
+        self.errors = 0  # passes of a step that raised
+        self._errors_lock = threading.Lock()  # both threads count errors
+        # job -> its pass, made once (schedule and retry keep state between passes)
+        self._passes: dict[str, Pass] = {}
+        for step in self.plan:
+            self._pass_of(step)
+        # (job, input table) -> the table's version the job's last pass covered
+        self._seen: dict[tuple[str, str], int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="mq-serve-broker-loop", daemon=True)
+        self._slow_thread = threading.Thread(
+            target=self._run_slow, name="mq-serve-broker-maintenance", daemon=True
+        )
+
+    def start(self) -> BrokerLoop:
+        """Start the threads."""
+        self._thread.start()
+        if any(step.cadence == "slow" for step in self.plan):
+            self._slow_thread.start()
+        return self
+
+    def stop(self, timeout: float = 30) -> None:
+        """Stop after the passes under way."""
+        self._stop.set()
+        for thread in (self._thread, self._slow_thread):
+            if thread.is_alive():
+                thread.join(timeout)
+
+    def run_step(self, step: Step) -> None:
+        """Run ``step``'s pass; with input tables, only when one of them has a version its job's last
+        pass did not cover (the versions are read before the pass, so a commit during it is seen
+        next time). A pass that raises is logged and counted in :attr:`errors`."""
+        tables = step.inputs(self.store)
+        latest = {t: self.store.latest_version_hint(t, self._seen.get((step.job, t), -1)) for t in tables}
+        if tables and all(v <= self._seen.get((step.job, t), -1) for t, v in latest.items()):
+            return
+        try:
+            self._pass_of(step)()
+        except Exception as exc:
+            with self._errors_lock:
+                self.errors += 1
+            _log.warning("broker loop: %s failed: %s", step.job, exc)
+            return
+        for t, v in latest.items():
+            self._seen[(step.job, t)] = v
+
+    def run_once(self, *, everything: bool = True) -> None:
+        """One tick: dispatch, and (``everything``) the plan's other steps of every round, in plan
+        order (so dispatch runs again after schedule and retry and what they re-put is pullable)."""
+        self._run_steps(_ROUND if everything else _TICK)
+        self.passes += 1
+
+    def run_slow(self) -> None:
+        """One pass of the plan's slow steps (maintenance)."""
+        self._run_steps(("slow",))
+
+    def _run_steps(self, cadences: Sequence[Cadence]) -> None:
+        for step in self.plan:
+            if step.cadence in cadences:
+                self.run_step(step)
+
+    def _pass_of(self, step: Step) -> Pass:
+        run = self._passes.get(step.job)
+        if run is None:
+            run = self._passes[step.job] = step.make_pass(self.store)
+        return run
+
+    def _run(self) -> None:
+        next_other = 0.0
+        while not self._stop.is_set():
+            now = time.monotonic()
+            everything = now >= next_other
+            if everything:
+                next_other = now + self.other_ms / 1000
+            self.run_once(everything=everything)
+            self._stop.wait(self.dispatch_ms / 1000)
+
+    def _run_slow(self) -> None:
+        while not self._stop.wait(self.maintenance_ms / 1000):
+            self.run_slow()

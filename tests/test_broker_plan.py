@@ -1,0 +1,126 @@
+"""The broker's pass plan (engine/broker/plan.py): one order of the broker's jobs, followed by the Spark
+broker app's ``--once`` and by the in-process loop of ``mq serve``."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from engine import Message, Producer, PullConsumer, PullStatus, Store
+from engine.broker.loop import BrokerLoop
+from engine.broker.plan import PLAN, Pass, Step, plan_jobs
+from engine.protocol.actions import NACK
+from engine.spark.jobs import broker_app
+from engine.spark.jobs.registry import JOB_ORDER, JOBS, Job, job_named
+from engine.store.action_log import ActionLogWriter
+
+JOBS_OF_PLAN = [step.job for step in PLAN]
+
+
+def _recording(plan: tuple[Step, ...], ran: list[str], thread_of: dict[str, str]) -> tuple[Step, ...]:
+    """``plan`` with every pass replaced by one that records its job, and no input tables (every
+    step runs whenever its cadence says)."""
+
+    def make_pass(job: str) -> Pass:
+        def run() -> None:
+            ran.append(job)
+            thread_of[job] = threading.current_thread().name
+
+        return run
+
+    return tuple(replace(s, make_pass=lambda _, job=s.job: make_pass(job), inputs=lambda _: ()) for s in plan)
+
+
+def test_the_plan_dispatches_and_indexes_again_after_schedule_and_retry_re_put() -> None:
+    last_re_put = max(JOBS_OF_PLAN.index("schedule"), JOBS_OF_PLAN.index("retry"))
+    assert JOBS_OF_PLAN[0] == "dispatch"  # every other job reads the consume queue
+    assert {"dispatch", "index"} <= set(JOBS_OF_PLAN[last_re_put + 1 :])
+    assert JOBS_OF_PLAN == [
+        "dispatch",
+        "index",
+        "schedule",
+        "retry",
+        "dispatch",
+        "index",
+        "pull_log",
+        "transaction_check",
+        "maintenance",
+    ]
+
+
+def test_the_job_registry_lists_the_plans_jobs_in_the_order_of_their_first_step() -> None:
+    assert JOB_ORDER == plan_jobs() == tuple(dict.fromkeys(JOBS_OF_PLAN))
+    assert tuple(job.name for job in JOBS) == JOB_ORDER
+
+
+def test_the_spark_apps_once_runs_each_step_of_the_plan_in_order(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ran: list[str] = []
+
+    def fake(name: str) -> Job:
+        def run(spark: Any, store: Store, **keywords: Any) -> None:
+            assert keywords["once"] is True
+            ran.append(name)
+
+        return replace(job_named(name), run=run)
+
+    monkeypatch.setattr(broker_app, "job_named", fake)
+    result = broker_app.run_once(None, store)  # no job really runs: no Spark needed
+    assert result.ok
+    assert ran == result.ran == list(broker_app.ONCE_PLAN) == JOBS_OF_PLAN
+
+
+def test_the_loop_runs_the_plans_steps_by_cadence_in_plan_order(store: Store) -> None:
+    assert BrokerLoop(store).plan == PLAN
+    ran: list[str] = []
+    loop = BrokerLoop(store, plan=_recording(PLAN, ran, {}))
+    loop.run_once(everything=False)
+    assert ran == ["dispatch"]  # a tick
+    ran.clear()
+    loop.run_once()
+    assert ran == [job for job in broker_app.ONCE_PLAN if job != "maintenance"]  # a round
+    ran.clear()
+    loop.run_slow()
+    assert ran == ["maintenance"]
+    assert (loop.passes, loop.errors) == (2, 0)
+
+
+def test_the_loop_runs_maintenance_on_a_thread_of_its_own(store: Store) -> None:
+    thread_of: dict[str, str] = {}
+    done = {job: threading.Event() for job in ("dispatch", "maintenance")}
+
+    def make_pass(job: str) -> Pass:
+        def run() -> None:
+            thread_of.setdefault(job, threading.current_thread().name)
+            if job in done:
+                done[job].set()
+
+        return run
+
+    plan = tuple(replace(s, make_pass=lambda _, job=s.job: make_pass(job)) for s in PLAN)
+    loop = BrokerLoop(store, plan=plan, maintenance_ms=1).start()
+    try:
+        assert all(event.wait(60) for event in done.values())
+    finally:
+        loop.stop()
+    assert thread_of["dispatch"] == "mq-serve-broker-loop"
+    assert thread_of["maintenance"] == "mq-serve-broker-maintenance"
+
+
+def test_a_dead_letter_routed_in_a_round_is_pullable_when_the_round_ends(store: Store, topic: str) -> None:
+    loop = BrokerLoop(store)
+    with Producer(store) as producer:
+        producer.send(Message(topic, b"poison"), queue_id=0)
+    loop.run_once(everything=False)
+    [message] = PullConsumer(store, "g").pull(topic, 0, 0).messages
+    with ActionLogWriter(store, "g", "consumer-1") as writer:  # its 17th failure: a dead letter
+        writer.record(NACK, message, reconsume_times=16)
+    loop.run_once()
+    result = PullConsumer(store, "checker").pull("%DLQ%g", 0, 0)  # nothing dispatched but the loop
+    assert result.status == PullStatus.FOUND
+    assert [m.uniq_key for m in result.messages] == [message.uniq_key]
+    assert loop.errors == 0

@@ -60,6 +60,7 @@ _STORE_ROOMS = (
     "engine.store.transactions",
     "engine.store.staging",
     "engine.store.maintenance",
+    "engine.store.status",
 )
 _KERNEL_MODULES = tuple(
     f"engine.store.delta.{p.stem}"

@@ -20,17 +20,9 @@ from engine.cli import main as mq
 from engine.errors import InvalidArgumentError
 from engine.spark.jobs.broker_app import selected_jobs
 from engine.spark.jobs.registry import JOBS, job_named
-from engine.spark.progress import (
-    FINISHED,
-    STOPPED,
-    JobStatus,
-    ProgressMonitor,
-    read_statuses,
-    status_from_progress,
-    store_status,
-    write_status,
-)
+from engine.spark.progress import ProgressMonitor, status_from_progress
 from engine.store import schemas
+from engine.store.status import FINISHED, STOPPED, JobStatus, read_statuses, store_status, write_status
 from jobs.broker import JOB_ORDER, main, run_forever
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -19,11 +19,11 @@ from engine.broker.retention import HOUR_MS
 from engine.config import load_config
 from engine.errors import InvalidArgumentError
 from engine.protocol.shards import shard_base, shard_of_offset, shard_of_queue
-from engine.spark.progress import table_sizes
 from engine.store import schemas
 from engine.store.commit_log.hwm import read_hwm
 from engine.store.commit_log.reads import read_commit_logs
 from engine.store.commit_markers import carried_markers
+from engine.store.status import table_sizes
 from tests.helpers import append_to_queues
 
 SHARDS = 3

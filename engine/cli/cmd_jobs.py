@@ -12,6 +12,7 @@ from typing import Any
 from engine.cli import render
 from engine.cli.common import EXIT_OK, Output, open_store, require_java
 from engine.errors import CliError
+from engine.store.status import StoreStatus, store_status
 
 
 def _run_job(
@@ -82,8 +83,6 @@ def _maintenance(args: argparse.Namespace, out: Output) -> int:
 
 
 def _status(args: argparse.Namespace, out: Output) -> int:
-    from engine.spark.progress import StoreStatus, store_status
-
     status = store_status(open_store(args))
     shown: list[Any] = []
     if status.jobs:

@@ -31,6 +31,7 @@ from engine.dashboard.sampler import Sampler
 from engine.errors import InvalidArgumentError, MQError, TopicNotFoundError
 from engine.model import MessageExt
 from engine.protocol.times import parse_time
+from engine.store.status import store_status
 from engine.store.store import Store, now_ms
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -171,8 +172,6 @@ class Dashboard:
         return self.page("dlq.html", group=group, letters=letters, resent=request.query_params.get("resent"))
 
     def jobs(self, request: Request) -> Response:
-        from engine.spark.progress import store_status
-
         return self.page("jobs.html", status=store_status(self.store))
 
     async def resend(self, request: Request) -> Response:

@@ -26,24 +26,23 @@ from engine.errors import (
     RemotingProtocolError,
     TopicNotFoundError,
 )
-from engine.remoting import broker_clients, broker_offsets, broker_pull, broker_queries, broker_send, namesrv
-from engine.remoting.broker_transactions import HANDLERS as TX_HANDLERS
-from engine.remoting.broker_transactions import CheckBack, check_back_loop
 from engine.remoting.codes import ResponseCode
 from engine.remoting.context import BrokerContext, Connection, Handler
 from engine.remoting.frames import DEFAULT_MAX_FRAME_BYTES, RemotingCommand, check_frame_length, decode_frame
+from engine.remoting.handlers import clients, namesrv, offsets, pull, queries, send, transactions
+from engine.remoting.handlers.transactions import CheckBack, check_back_loop
 from engine.store.store import Store
 
 _log = logging.getLogger(__name__)
 
 
 BROKER_HANDLERS: dict[int, Handler] = {
-    **broker_send.HANDLERS,
-    **broker_pull.HANDLERS,
-    **broker_offsets.HANDLERS,
-    **broker_clients.HANDLERS,
-    **broker_queries.HANDLERS,
-    **TX_HANDLERS,
+    **send.HANDLERS,
+    **pull.HANDLERS,
+    **offsets.HANDLERS,
+    **clients.HANDLERS,
+    **queries.HANDLERS,
+    **transactions.HANDLERS,
 }
 NAMESRV_HANDLERS: dict[int, Handler] = dict(namesrv.HANDLERS)
 
@@ -303,7 +302,7 @@ class RemotingServer:
             if any(c.consumer_groups.get(group) == client_id for c in self.ctx.connections):
                 continue
             try:
-                await self.ctx.run(broker_clients.leave_sync, self.ctx, group, client_id)
+                await self.ctx.run(clients.leave_sync, self.ctx, group, client_id)
             except Exception as exc:
                 _log.warning("leave of %s in %s failed: %s", client_id, group, exc)
 

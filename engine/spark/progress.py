@@ -1,4 +1,4 @@
-"""Observability of the broker's streaming jobs: progress lines, status files, table sizes.
+"""Observability of the broker's streaming jobs: their progress, as log lines and status files.
 
 A job's progress comes from its ``StreamingQuery`` (``lastProgress``, polled on a thread by
 :class:`ProgressMonitor`, so it works the same under Spark Connect): rows per second, batch duration
@@ -6,9 +6,9 @@ and, for jobs fed by a table's log, the end-to-end delay — the time the batch 
 newest store time among its rows (the commit log's high-water mark, ``mq.marks`` or ``mq.hwm``, of
 the batch's last version; for other tables that commit's timestamp).
 
-Each job's last progress is written to ``<store>/_status/<job>.json`` (small JSON, replaced
-atomically on a local store), which ``mq status`` prints with the size of every table. Nothing here
-starts Spark: a status can be read by a process without a JVM.
+Each job's last progress becomes a :class:`~engine.store.status.JobStatus` written to
+``<store>/_status/<job>.json`` by :mod:`engine.store.status`, which ``mq status`` and the dashboard
+read without Spark. Nothing here starts a JVM: it reads the progress of queries already running.
 """
 
 from __future__ import annotations
@@ -16,76 +16,21 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
-
-import pyarrow.fs as pa_fs
 
 from engine.errors import StoreError
 from engine.store import schemas
 from engine.store.commit_markers import HWM_KEY, MARKS_KEY
-from engine.store.delta import read_version, table_filesystem
+from engine.store.delta import read_version
+from engine.store.status import RUNNING, JobStatus, write_status
 from engine.store.store import Store, now_ms
 
-STATUS_DIR = "_status"
 LOGGER = logging.getLogger("lakemq.broker")
-
-# Job states written to a status file.
-RUNNING = "running"
-FINISHED = "finished"  # a --once run that completed
-STOPPED = "stopped"  # a running query stopped on request
-FAILED = "failed"
-SKIPPED = "skipped"  # the job's module is missing
-
-
-@dataclass(frozen=True)
-class JobStatus:
-    """The last progress of one job, as written to ``<store>/_status/<job>.json``."""
-
-    job: str
-    state: str
-    updated_ms: int
-    batch_id: int | None = None
-    num_input_rows: int = 0
-    input_rows_per_second: float | None = None
-    processed_rows_per_second: float | None = None
-    batch_duration_ms: int | None = None
-    end_to_end_delay_ms: int | None = None
-    batch_timestamp: str | None = None
-    total_input_rows: int = 0  # over the batches this process has seen of the current run
-    batches: int = 0
-    query_name: str | None = None
-    detail: str | None = None  # a failure, a skip reason, or a job's own summary
-
-    def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> JobStatus:
-        data = json.loads(text)
-        known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in known})
-
-    def line(self) -> str:
-        """One log line: rows, rates, batch duration, end-to-end delay."""
-        parts = [f"{self.job}: {self.state}"]
-        if self.batch_id is not None:
-            parts.append(f"batch {self.batch_id}: {self.num_input_rows} rows")
-        if self.processed_rows_per_second is not None:
-            parts.append(f"{self.processed_rows_per_second:.1f} rows/s")
-        if self.batch_duration_ms is not None:
-            parts.append(f"batch {self.batch_duration_ms} ms")
-        if self.end_to_end_delay_ms is not None:
-            parts.append(f"end-to-end delay {self.end_to_end_delay_ms} ms")
-        if self.detail:
-            parts.append(self.detail)
-        return ", ".join(parts)
 
 
 # ----------------------------------------------------------------------------- reading a progress
@@ -224,129 +169,7 @@ def query_status(
         total_input_rows=total,
         batches=len(recent),
     )
-    return _with(status, detail=detail) if detail else status
-
-
-def _with(status: JobStatus, **changes: Any) -> JobStatus:
-    data = asdict(status)
-    data.update(changes)
-    return JobStatus(**data)
-
-
-# ----------------------------------------------------------------------------- status files
-def _status_fs(store: Store) -> tuple[pa_fs.FileSystem, str]:
-    if store.is_local:
-        return pa_fs.LocalFileSystem(), f"{store.root}/{STATUS_DIR}"
-    return table_filesystem(store.root, store.storage_options), STATUS_DIR
-
-
-def write_status(store: Store, status: JobStatus) -> None:
-    """Write a job's status to ``<store>/_status/<job>.json`` (atomically on a local store)."""
-    data = status.to_json().encode()
-    if store.is_local:
-        local = Path(store.root) / STATUS_DIR
-        local.mkdir(parents=True, exist_ok=True)
-        tmp = local / f".{status.job}.{os.getpid()}.{threading.get_ident()}.tmp"
-        tmp.write_bytes(data)
-        os.replace(tmp, local / f"{status.job}.json")
-        return
-    fs, folder = _status_fs(store)
-    with fs.open_output_stream(f"{folder}/{status.job}.json") as out:
-        out.write(data)
-
-
-def read_statuses(store: Store) -> list[JobStatus]:
-    """Every job status written under the store, sorted by job name (unreadable files skipped)."""
-    fs, folder = _status_fs(store)
-    try:
-        infos = fs.get_file_info(pa_fs.FileSelector(folder, allow_not_found=True))
-    except OSError:
-        return []
-    out = []
-    for info in infos:
-        if info.type != pa_fs.FileType.File or not info.base_name.endswith(".json"):
-            continue
-        try:
-            with fs.open_input_stream(info.path) as f:
-                out.append(JobStatus.from_json(f.read().decode()))
-        except (OSError, ValueError, TypeError):
-            continue
-    return sorted(out, key=lambda s: s.job)
-
-
-@dataclass(frozen=True)
-class TableSize:
-    """The live snapshot of one table: version, data files, rows and bytes."""
-
-    table: str
-    version: int
-    files: int
-    rows: int
-    bytes: int
-
-
-def table_sizes(store: Store) -> list[TableSize]:
-    """Size of every table of the store, each commit-log shard on its own row (from the snapshots'
-    add actions; no data file is read)."""
-    out = []
-    for name in store.tables():
-        snapshot = store.snapshot(name)
-        actions = snapshot.add_actions()
-        rows = sum(int(v or 0) for v in actions["num_records"].to_pylist()) if actions.num_rows else 0
-        size = sum(int(v or 0) for v in actions["size_bytes"].to_pylist()) if actions.num_rows else 0
-        out.append(TableSize(name, snapshot.version(), actions.num_rows, rows, size))
-    return out
-
-
-@dataclass(frozen=True)
-class StoreStatus:
-    """What ``mq status`` shows: the jobs' last progress and the tables' sizes."""
-
-    jobs: list[JobStatus]
-    tables: list[TableSize]
-
-    JOB_COLUMNS = (
-        "job",
-        "state",
-        "batch",
-        "rows",
-        "rows (run)",
-        "rows/s",
-        "batch ms",
-        "delay ms",
-        "updated",
-        "detail",
-    )
-    TABLE_COLUMNS = ("table", "version", "files", "rows", "bytes")
-
-    def job_rows(self) -> list[tuple[Any, ...]]:
-        rows = []
-        for s in self.jobs:
-            updated = _dt.datetime.fromtimestamp(s.updated_ms / 1000).isoformat(sep=" ", timespec="seconds")
-            rate = None if s.processed_rows_per_second is None else f"{s.processed_rows_per_second:.1f}"
-            rows.append(
-                (
-                    s.job,
-                    s.state,
-                    s.batch_id,
-                    s.num_input_rows,
-                    s.total_input_rows,
-                    rate,
-                    s.batch_duration_ms,
-                    s.end_to_end_delay_ms,
-                    updated,
-                    s.detail or "",
-                )
-            )
-        return rows
-
-    def table_rows(self) -> list[tuple[Any, ...]]:
-        return [(t.table, t.version, t.files, t.rows, t.bytes) for t in self.tables]
-
-
-def store_status(store: Store) -> StoreStatus:
-    """The jobs' last progress and every table's size."""
-    return StoreStatus(read_statuses(store), table_sizes(store))
+    return replace(status, detail=detail) if detail else status
 
 
 # ----------------------------------------------------------------------------- live monitoring
@@ -456,7 +279,7 @@ class ProgressMonitor:
                         total_input_rows=w.total_rows,
                         batches=w.batches,
                     )
-                    status = _with(status, detail=detail) if detail else status
+                    status = replace(status, detail=detail) if detail else status
         write_status(self._store, status)
         self._log(status.line())
         return status

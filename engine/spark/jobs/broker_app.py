@@ -14,7 +14,8 @@ marker, so a job run here and the same job run alone (``jobs/<job>.py``) continu
   others and exits 1.
 
 Progress is logged (rows/s, batch duration, end-to-end delay) and written to
-``<store>/_status/<job>.json`` (:mod:`engine.spark.progress`); ``mq status`` shows it.
+``<store>/_status/<job>.json`` (:mod:`engine.spark.progress`, :mod:`engine.store.status`); ``mq status``
+shows it.
 """
 
 from __future__ import annotations
@@ -41,16 +42,8 @@ from engine.spark.jobs.runner import (
     stop_query,
 )
 from engine.spark.jobs.supervision import DEFAULT_MAX_RESTARTS, RestartPolicy, is_listing_race
-from engine.spark.progress import (
-    FAILED,
-    FINISHED,
-    RUNNING,
-    STOPPED,
-    JobStatus,
-    ProgressMonitor,
-    query_status,
-    write_status,
-)
+from engine.spark.progress import ProgressMonitor, query_status
+from engine.store.status import FAILED, FINISHED, RUNNING, STOPPED, JobStatus, write_status
 from engine.store.store import Store, now_ms
 
 JOB = "broker"

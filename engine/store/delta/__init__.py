@@ -43,10 +43,8 @@ from engine.store.delta.durability import fsync_version
 from engine.store.delta.file_reader import FileReader, FileStats
 from engine.store.delta.hostlock import LOCK_DIR, LOCK_WAIT_S, HostLock, host_lock_enabled
 from engine.store.delta.log import (
-    COMMIT_FILE,
     VERSION_COLUMN,
     earliest_version,
-    last_checkpoint_version,
     local_path,
     probe_latest_version,
     read_files,
@@ -73,7 +71,6 @@ from engine.store.delta.snapshot import (
 )
 
 __all__ = [
-    "COMMIT_FILE",
     "LOCK_DIR",
     "LOCK_WAIT_S",
     "MAX_WALK_BACK",
@@ -107,7 +104,6 @@ __all__ = [
     "host_lock_enabled",
     "int_column",
     "landed",
-    "last_checkpoint_version",
     "listing_gap",
     "local_path",
     "log_gone",

@@ -448,7 +448,7 @@ class Admin:
         copy = Message(original, message.body, message.tags, message.keys, properties)
         if self._producer is None:
             self._producer = Producer(self._store, "DLQ_RESEND")
-        return self._producer._resend(copy)
+        return self._producer.append(self._producer.prepare(copy, resend=True))
 
     # ----------------------------------------------------------------- consumer offsets
     def reset_offset_by_time(self, group: str, topic: str, timestamp_ms: int) -> dict[int, int]:

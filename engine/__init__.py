@@ -8,8 +8,7 @@ from engine.client.admin_groups import GroupSummary, QueueProgress
 from engine.client.offsets import ConsumeFrom
 from engine.client.producer import Producer
 from engine.client.pull import PullConsumer
-from engine.client.push import PushConsumer
-from engine.client.queue_workers import ConsumeConcurrentlyContext, ConsumeOrderlyContext, ConsumeResult
+from engine.client.push import ConsumeConcurrentlyContext, ConsumeOrderlyContext, ConsumeResult, PushConsumer
 from engine.client.simple import SimpleConsumer
 from engine.client.trace import MessageTrace, TraceEvent, TraceKind
 from engine.client.transaction import TransactionProducer

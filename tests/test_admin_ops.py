@@ -304,3 +304,19 @@ def test_a_running_producer_sees_new_queues_at_its_next_route_refresh(
         clock.now += topics.ROUTE_REFRESH_S * 0.6  # due, counted from the last check, not the last send
         fresh = {producer.send(Message("T", b"after")).queue_id for _ in range(4)}
         assert fresh == {0, 1, 2, 3}
+
+
+def test_ensure_system_topic_creates_a_missing_system_topic_once_and_refuses_user_topics(
+    store: Store, admin: Admin
+) -> None:
+    made = admin.ensure_system_topic("%RETRY%g")
+    assert (made.name, made.queues) == ("%RETRY%g", 1)
+    version = store.version(schemas.TOPICS)
+    assert admin.ensure_system_topic("%RETRY%g") == made
+    assert store.version(schemas.TOPICS) == version  # idempotent: nothing written again
+    assert admin.ensure_system_topic("SCHEDULE_TOPIC_XXXX").queues == 19
+    with pytest.raises(InvalidTopicError, match="not a system topic"):
+        admin.ensure_system_topic("Orders")
+    with pytest.raises(InvalidTopicError):
+        admin.ensure_system_topic("%RETRY% bad")
+    assert "Orders" not in store.topic_configs(refresh=True)

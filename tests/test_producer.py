@@ -13,7 +13,9 @@ from engine import (
     InvalidArgumentError,
     InvalidMessageError,
     InvalidTopicError,
+    LocalTransactionState,
     Message,
+    MessageQueue,
     Producer,
     ProducerClosedError,
     SendResult,
@@ -21,9 +23,9 @@ from engine import (
     Store,
     TopicNotFoundError,
 )
-from engine.protocol import parse_msg_id, record_size, select_queue_by_hash
+from engine.protocol import SCHEDULE_TOPIC, TRANS_HALF_TOPIC, parse_msg_id, record_size, select_queue_by_hash
 from engine.store.delta.log import read_versions
-from engine.store.schemas import COMMIT_LOG_SCHEMA
+from engine.store.schemas import COMMIT_LOG, COMMIT_LOG_SCHEMA
 from tests.helpers import commit_log_rows, versions
 
 
@@ -263,3 +265,122 @@ def test_send_batch_refuses_timer_properties(store: Store, topic: str) -> None:
 def test_group_names_over_255_characters_are_refused(store: Store, length: int) -> None:
     with pytest.raises(InvalidArgumentError, match="255"):
         Producer(store, "g" * length)
+
+
+# ----------------------------------------------------------------------------- prepare, then append
+def test_prepare_checks_and_chooses_the_queue_but_writes_nothing(store: Store, topic: str) -> None:
+    before = versions(store)
+    with Producer(store) as p:
+        first, second = p.prepare(Message(topic, b"a", tags="A")), p.prepare(Message(topic, b"b"))
+        with pytest.raises(TopicNotFoundError):
+            p.prepare(Message("Nope", b"x"))
+        assert versions(store) == before
+        assert (first.pending.topic, first.pending.queue_id, first.pending.body) == (topic, 0, b"a")
+        assert (first.pending.tags, second.pending.queue_id, first.destination) == ("A", 1, None)
+        assert first.pending.uniq_key != second.pending.uniq_key
+        assert p.prepare(Message(topic, b"k"), sharding_key="order-7").pending.queue_id == (
+            select_queue_by_hash("order-7", 4)
+        )
+
+
+def test_append_commits_a_prepared_send_as_send_would(store: Store, topic: str) -> None:
+    with Producer(store) as p:
+        prepared = p.prepare(Message(topic, b"x", keys=("k",)), queue_id=2, uniq_key="U" * 32)
+        result = p.append(prepared)
+    assert (result.topic, result.queue_id, result.queue_offset, result.msg_id) == (topic, 2, 0, "U" * 32)
+    [row] = commit_log_rows(store)
+    assert (row["uniq_key"], row["keys"], row["msg_id"]) == ("U" * 32, ["k"], result.offset_msg_id)
+
+
+def test_a_prepared_delayed_send_keeps_its_real_destination_for_the_result(store: Store, topic: str) -> None:
+    with Producer(store) as p:
+        prepared = p.prepare(Message(topic, b"later"), queue_id=3, delay_level=2)
+        assert (prepared.pending.topic, prepared.pending.queue_id) == (SCHEDULE_TOPIC, 1)
+        assert prepared.destination == MessageQueue(topic, 3)
+        result = p.append(prepared)
+    assert (result.topic, result.queue_id, result.queue_offset) == (topic, 3, 0)
+    [row] = commit_log_rows(store)
+    assert (row["topic"], row["queue_id"], row["msg_id"]) == (SCHEDULE_TOPIC, 1, result.offset_msg_id)
+
+
+def test_append_batch_is_one_commit_with_results_in_input_order(store: Store, topic: str) -> None:
+    before = store.version(COMMIT_LOG)
+    with Producer(store) as p:
+        assert p.append_batch([]) == []
+        prepared = [
+            p.prepare(Message(topic, b"a"), queue_id=1),
+            p.prepare(Message(topic, b"b"), queue_id=1, delay_level=1),
+            p.prepare(Message(topic, b"c"), queue_id=0),
+        ]
+        results = p.append_batch(prepared)
+    assert store.version(COMMIT_LOG) == before + 1
+    assert [(r.topic, r.queue_id, r.queue_offset) for r in results] == [
+        (topic, 1, 0),
+        (topic, 1, 0),
+        (topic, 0, 0),
+    ]
+    assert [r.msg_id for r in results] == [s.pending.uniq_key for s in prepared]
+
+
+def test_append_async_resolves_once_committed(store: Store, topic: str) -> None:
+    with Producer(store, linger_ms=0) as p:
+        future = p.append_async(p.prepare(Message(topic, b"x"), queue_id=1, delay_level=3))
+        result = future.result(30)
+    assert (result.topic, result.queue_id) == (topic, 1)
+    [row] = commit_log_rows(store)
+    assert (row["topic"], row["msg_id"]) == (SCHEDULE_TOPIC, result.offset_msg_id)
+
+
+def test_prepare_refuses_a_uniq_key_that_is_not_a_string(store: Store, topic: str) -> None:
+    with Producer(store) as p, pytest.raises(InvalidArgumentError, match="uniq_key"):
+        p.prepare(Message(topic, b"x"), uniq_key=7)  # type: ignore[arg-type]
+
+
+def test_only_a_resend_may_carry_the_resend_properties(store: Store, topic: str) -> None:
+    lineage = Message(topic, b"x", properties={"ORIGIN_MESSAGE_ID": "M1"})
+    with Producer(store) as p:
+        with pytest.raises(InvalidMessageError, match="reserved"):
+            p.prepare(lineage)
+        with pytest.raises(InvalidMessageError, match="reserved"):
+            p.prepare(Message(topic, b"x", properties={"PGROUP": "g"}), resend=True)
+        p.append(p.prepare(lineage, resend=True))
+    [row] = commit_log_rows(store)
+    assert dict(row["properties"])["ORIGIN_MESSAGE_ID"] == "M1"  # type: ignore[call-overload]
+
+
+def test_a_half_is_invisible_until_its_transaction_is_committed(store: Store, topic: str) -> None:
+    with Producer(store) as p:
+        half = p.append_half(p.prepare(Message(topic, b"tx"), queue_id=2), "TxGroup")
+        assert (half.topic, half.queue_id, half.producer_group) == (topic, 2, "TxGroup")
+        assert [r["topic"] for r in commit_log_rows(store)] == [TRANS_HALF_TOPIC]
+        decision = p.end_transaction(half, LocalTransactionState.COMMIT, reason="local")
+        again = p.end_transaction(half, LocalTransactionState.ROLLBACK, reason="check", check_times=1)
+    assert decision.won and decision.state is LocalTransactionState.COMMIT
+    assert not again.won and again.state is LocalTransactionState.COMMIT  # decided once
+    assert decision.committed is not None
+    assert (decision.committed.topic, decision.committed.queue_id) == (topic, 2)
+    committed = [r for r in commit_log_rows(store) if r["topic"] == topic]
+    assert [(r["body"], r["queue_id"]) for r in committed] == [(b"tx", 2)]
+
+
+def test_a_delayed_send_cannot_be_a_half(store: Store, topic: str) -> None:
+    before = versions(store)
+    with Producer(store) as p, pytest.raises(InvalidMessageError, match="delayed"):
+        p.append_half(p.prepare(Message(topic, b"x"), delay_level=1), "TxGroup")
+    assert versions(store) == before
+
+
+def test_a_closed_producer_refuses_every_step_of_the_seam(store: Store, topic: str) -> None:
+    p = Producer(store)
+    prepared = p.prepare(Message(topic, b"x"))
+    p.close()
+    for step in (
+        lambda: p.prepare(Message(topic, b"y")),
+        lambda: p.append(prepared),
+        lambda: p.append_batch([prepared]),
+        lambda: p.append_async(prepared),
+        lambda: p.append_half(prepared, "TxGroup"),
+    ):
+        with pytest.raises(ProducerClosedError):
+            step()
+    assert commit_log_rows(store) == []

@@ -27,6 +27,7 @@ from engine import (
     MessageModel,
     MessageQueue,
     Producer,
+    ProducerClosedError,
     PushConsumer,
     Store,
     TopicNotFoundError,
@@ -588,13 +589,37 @@ def test_start_needs_a_listener_and_runs_once(store: Store, topic: str) -> None:
         c.start()
 
 
+@pytest.mark.parametrize("started", [False, True])
+def test_a_shut_down_consumer_refuses_everything_with_a_consumer_error(
+    store: Store, topic: str, started: bool
+) -> None:
+    c = PushConsumer(store, "g", **FAST)
+    c.subscribe("T")
+    c.register_listener(Collector())
+    if started:
+        c.start()
+    c.shutdown()
+    before = versions(store)
+    for call in (
+        lambda: c.subscribe("T"),
+        lambda: c.subscribe("Nope"),  # closed wins over an unknown topic
+        lambda: c.register_listener(Collector()),
+        lambda: c.start(),
+    ):
+        with pytest.raises(ConsumerError, match="shut down") as raised:
+            call()
+        assert not isinstance(raised.value, ProducerClosedError)
+    assert versions(store) == before
+    c.close()  # idempotent
+
+
 def test_queue_locks_are_renewed_a_relock_interval_after_the_first_lock_whatever_the_uptime(
     store: Store, topic: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from types import SimpleNamespace
 
-    from engine.client import push as push_module
-    from engine.client.queue_workers import ProcessQueue
+    from engine.client.push import consumer as push_module
+    from engine.client.push.queue_workers import ProcessQueue
 
     clock = [5.0]  # time.monotonic() on a machine booted 5 s ago
     monkeypatch.setattr(push_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))

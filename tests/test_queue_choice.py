@@ -1,4 +1,4 @@
-"""Which queue a send that names none goes to (engine.client.queue_choice): round robin from queue 0
+"""Which queue a send that names none goes to (engine.protocol.queue_choice): round robin from queue 0
 with one commit-log shard; with several, stints of round robin over one shard's queues, left early
 after a lost race."""
 
@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from engine.client.queue_choice import STINT_ROUNDS, QueueChooser
+from engine.protocol.queue_choice import STINT_ROUNDS, QueueChooser
 from engine.protocol.shards import shard_of_queue
 
 TOPIC = "Orders"

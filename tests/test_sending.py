@@ -4,11 +4,26 @@ from __future__ import annotations
 
 import pytest
 
-from engine import Admin, InvalidMessageError, Message, SendResult, SendStatus, Store, TopicNotFoundError
-from engine.client.sending import as_sent, has_timer, is_plain, is_plain_batch, send_results, writeable_topic
+from engine import (
+    Admin,
+    InvalidMessageError,
+    Message,
+    MessageQueue,
+    SendResult,
+    SendStatus,
+    Store,
+    TopicNotFoundError,
+)
+from engine.client.sending import (
+    has_timer,
+    is_plain,
+    is_plain_batch,
+    send_results,
+    sent_result,
+    writeable_topic,
+)
 from engine.protocol.permissions import Perm
-from engine.protocol.schedule import schedule_envelope
-from engine.store.commit_log.stamping import PendingMessage, StampedBatch
+from engine.store.commit_log.stamping import StampedBatch
 
 
 def test_send_results_equal_results_built_by_their_constructor() -> None:
@@ -21,14 +36,13 @@ def test_send_results_equal_results_built_by_their_constructor() -> None:
     assert [vars(r) for r in send_results(stamped)] == [vars(r) for r in expected]
 
 
-def test_as_sent_names_the_real_destination_of_a_scheduled_message() -> None:
+def test_sent_result_names_the_destination_of_a_send_stored_in_the_schedule_topic() -> None:
     stored = SendResult(SendStatus.SEND_OK, "u", "m", "SCHEDULE_TOPIC_XXXX", 2, 9, 0)
-    envelope = schedule_envelope("Orders", 3, {}, sent_ms=0, delay_level=3)
-    pending = PendingMessage(body=b"x", uniq_key="u", **envelope._asdict())
-    sent = as_sent(stored, pending)
+    sent = sent_result(stored, MessageQueue("Orders", 3))
     assert (sent.topic, sent.queue_id, sent.queue_offset) == ("Orders", 3, 9)
+    assert (sent.msg_id, sent.offset_msg_id, sent.physical_offset) == ("u", "m", 0)
     plain = SendResult(SendStatus.SEND_OK, "u", "m", "Orders", 1, 4, 0)
-    assert as_sent(plain, PendingMessage("Orders", 1, b"x", "u")) is plain
+    assert sent_result(plain, None) is plain
 
 
 @pytest.mark.parametrize(

@@ -15,9 +15,9 @@ from engine import Admin, Message, Producer, PullConsumer, PullStatus, Store
 from engine.broker.dispatch import dispatch_pending
 from engine.broker.index import index_pending
 from engine.broker.loop import BrokerLoop
-from engine.client.queue_choice import STINT_ROUNDS
 from engine.config import load_config
 from engine.errors import StoreError
+from engine.protocol.queue_choice import STINT_ROUNDS
 from engine.protocol.shards import shard_of_offset, shard_of_queue
 from engine.spark.mq_sink import commit_rows, sink_progress
 from engine.spark.sink_rows import normalize_rows

@@ -142,8 +142,24 @@ class Admin:
         self._store.put_topic(config)
         return config
 
-    def _ensure_system_topic(self, name: str) -> TopicConfig:
-        """Create a broker-owned topic (retry, DLQ, schedule) if it is missing; returns its configuration."""
+    def ensure_system_topic(self, name: str) -> TopicConfig:
+        """Create a broker-owned topic (retry, DLQ, schedule) if it is missing, with the queues the
+        broker gives it; idempotent.
+
+        Args:
+            name: a system topic's name (``%RETRY%<group>``, ``%DLQ%<group>``, ``SCHEDULE_TOPIC_XXXX`` ...).
+
+        Returns:
+            The topic's configuration.
+
+        Raises:
+            InvalidTopicError: a bad name, or one that is not a system topic.
+        """
+        validate_topic_name(name)
+        if not is_system_topic(name):
+            raise InvalidTopicError(
+                f"topic {name!r} is not a system topic; create it with create_topic", topic=name
+            )
         existing = self._store.topic_configs().get(name) or self._store.topic_configs(refresh=True).get(name)
         if existing is not None:
             return existing
@@ -151,7 +167,7 @@ class Admin:
 
     def ensure_schedule_topic(self) -> TopicConfig:
         """The delay topic: one queue per delay level plus one for arbitrary-time timers."""
-        return self._ensure_system_topic(SCHEDULE_TOPIC)
+        return self.ensure_system_topic(SCHEDULE_TOPIC)
 
     def topics(self, *, include_system: bool = False) -> list[TopicConfig]:
         """Every topic, sorted by name (system topics only when asked)."""
@@ -432,7 +448,7 @@ class Admin:
         copy = Message(original, message.body, message.tags, message.keys, properties)
         if self._producer is None:
             self._producer = Producer(self._store, "DLQ_RESEND")
-        return self._producer._resend(copy)
+        return self._producer.append(self._producer.prepare(copy, resend=True))
 
     # ----------------------------------------------------------------- consumer offsets
     def reset_offset_by_time(self, group: str, topic: str, timestamp_ms: int) -> dict[int, int]:

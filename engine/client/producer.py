@@ -8,13 +8,13 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Future
 
-from engine.client.queue_choice import QueueChooser
 from engine.client.sending import (
-    as_sent,
+    PreparedSend,
     has_timer,
     is_plain,
     is_plain_batch,
     send_results,
+    sent_result,
     valid_topic_name,
     writeable_topic,
 )
@@ -35,9 +35,16 @@ from engine.protocol.names import (
     validate_group_name,
     validate_topic_name,
 )
+from engine.protocol.queue_choice import QueueChooser
+from engine.protocol.rebalance import MessageQueue
 from engine.protocol.schedule import TIMER_PROPERTIES, schedule_envelope, timer_deliver_ms
-from engine.store.commit_log import CommitLogs, CommitLogWriter, PendingBatch, PendingMessage, ShardPart
+from engine.protocol.transactions import HalfMessage, LocalTransactionState
+from engine.store.commit_log import CommitLogs, PendingBatch, PendingMessage, ShardPart
 from engine.store.store import Store, now_ms
+from engine.store.transactions import Decision, end_transaction, half_message, half_writer, stored_half
+
+# What a resent broker-side copy (a dead letter sent back) may carry besides a user's properties.
+_RESEND_ALLOWED = RESEND_PROPERTIES | TIMER_REQUEST_PROPERTIES
 
 
 class Producer(Closing):
@@ -51,6 +58,14 @@ class Producer(Closing):
             ``max_batch_bytes`` of bodies, as :meth:`send_batch`).
 
     A producer is thread-safe and may be used as a context manager; :meth:`close` flushes.
+
+    Every send is "prepare, then append": :meth:`prepare` checks a message, chooses its queue and
+    builds the row to store (and the schedule envelope of a delayed or timer message) without
+    writing; :meth:`append`, :meth:`append_batch` and :meth:`append_async` commit prepared sends;
+    :meth:`append_half` and :meth:`end_transaction` store and decide a transactional one. The
+    ``send*`` methods are that seam with the checks a user's call needs; other senders (the wire
+    protocol's producer, a DLQ resend) use the seam directly. For subclasses: ``_store`` is the
+    store and ``_check_open()`` raises :class:`ProducerClosedError` once the producer is closed.
     """
 
     def __init__(
@@ -73,7 +88,7 @@ class Producer(Closing):
         self._queues = QueueChooser(self._writer.shards, self._writer.shard_of, self._writer.lost_races)
         self._worker_lock = threading.Lock()
         self._closed = False
-        self._pending: queue.Queue[tuple[PendingMessage, Future[SendResult]] | None] = queue.Queue()
+        self._pending: queue.Queue[tuple[PreparedSend, Future[SendResult]] | None] = queue.Queue()
         self._worker: threading.Thread | None = None
 
     # ----------------------------------------------------------------- preparing
@@ -92,14 +107,40 @@ class Producer(Closing):
             return select_queue_by_hash(sharding_key, queues)
         return self._queues.next(topic, queues)
 
-    def _prepare(
+    def prepare(
         self,
         message: Message,
         queue_id: int | None = None,
         sharding_key: str | None = None,
+        *,
         delay_level: int = 0,
-        allowed: frozenset[str] = TIMER_REQUEST_PROPERTIES,
-    ) -> PendingMessage:
+        uniq_key: str | None = None,
+        resend: bool = False,
+    ) -> PreparedSend:
+        """Check a message and choose its queue, writing nothing: the first half of a send.
+
+        ``send(message, ...)`` is ``append(prepare(message, ...))``.
+
+        Args:
+            message, queue_id, sharding_key, delay_level: as :meth:`send` (a delayed or timer
+                message is wrapped in its schedule envelope here).
+            uniq_key: the client unique id to store (a wire client's ``UNIQ_KEY``, which its
+                ``SendResult.msg_id`` reports); None or empty: a new one.
+            resend: a broker-side copy (a dead letter sent back), which may carry the reserved
+                properties :data:`~engine.protocol.names.RESEND_PROPERTIES`.
+
+        Returns:
+            The send, for :meth:`append`, :meth:`append_batch`, :meth:`append_async` or
+            :meth:`append_half`.
+
+        Raises:
+            ProducerClosedError: the producer is closed.
+            InvalidMessageError, InvalidTopicError, TopicNotFoundError, InvalidArgumentError: bad
+                input.
+        """
+        self._check_open()
+        if uniq_key is not None and type(uniq_key) is not str:
+            raise InvalidArgumentError(f"uniq_key {uniq_key!r} must be a string", uniq_key=uniq_key)
         if not isinstance(message, Message):
             raise InvalidMessageError(f"expected engine.Message, got {type(message).__name__}")
         plain = is_plain(message)
@@ -111,21 +152,32 @@ class Producer(Closing):
                 message.keys,
                 message.properties,
                 message.deliver_at_ms,
-                allowed=allowed,
+                allowed=_RESEND_ALLOWED if resend else TIMER_REQUEST_PROPERTIES,
             )
         topic = writeable_topic(self._store, message.topic)
-        delay_level = clamp_delay_level(delay_level)  # above 18: 18, as RocketMQ's broker
-        qid = self._choose_queue(topic.name, topic.queues, queue_id, sharding_key)
+        if type(delay_level) is not int or delay_level:  # the usual 0 needs no check (hot path)
+            delay_level = clamp_delay_level(delay_level)  # above 18: 18, as RocketMQ's broker
+        if queue_id is None and sharding_key is None:  # the usual round robin, one call less
+            qid = self._queues.next(topic.name, topic.queues)
+        else:
+            qid = self._choose_queue(topic.name, topic.queues, queue_id, sharding_key)
         if plain and not delay_level:
-            return PendingMessage(
-                topic.name, qid, message.body, self._ids.next(), message.tags, born_ts_ms=now_ms()
+            return PreparedSend(
+                PendingMessage(
+                    topic.name,
+                    qid,
+                    message.body,
+                    uniq_key or self._ids.next(),
+                    message.tags,
+                    born_ts_ms=now_ms(),
+                )
             )
         props = dict(message.properties)
         keys = tuple(message.keys)
         if keys:
             props[PROPERTY_KEYS] = " ".join(keys)
         born = now_ms()
-        uniq = self._ids.next()
+        uniq = uniq_key or self._ids.next()
         deliver_at = None
         if delay_level:  # a delay level wins over a timer (RocketMQ clears the timer properties)
             props = {k: v for k, v in props.items() if k not in TIMER_PROPERTIES}
@@ -138,12 +190,14 @@ class Producer(Closing):
             except InvalidMessageError as exc:
                 raise InvalidMessageError(str(exc), topic=topic.name) from None
         if deliver_at is None and not delay_level:
-            return PendingMessage(topic.name, qid, bytes(message.body), uniq, message.tags, keys, props, born)
+            return PreparedSend(
+                PendingMessage(topic.name, qid, bytes(message.body), uniq, message.tags, keys, props, born)
+            )
         # Delayed and timer messages wait in the schedule topic; the schedule job re-puts them.
         envelope = schedule_envelope(
             topic.name, qid, props, sent_ms=born, delay_level=delay_level, deliver_at_ms=deliver_at
         )
-        return PendingMessage(
+        pending = PendingMessage(
             body=bytes(message.body),
             uniq_key=uniq,
             tags=message.tags,
@@ -151,11 +205,7 @@ class Producer(Closing):
             born_ts_ms=born,
             **envelope._asdict(),
         )
-
-    def _queue_writer(self, topic: str, queue_id: int) -> CommitLogWriter:
-        """The writer of the commit-log shard holding a queue (a transaction decision re-puts its
-        half into the real queue and commits its guard there)."""
-        return self._writer.writer(self._writer.shard_of(topic, queue_id))
+        return PreparedSend(pending, MessageQueue(topic.name, qid))
 
     def _check_open(self) -> None:
         if self._closed:
@@ -192,16 +242,87 @@ class Producer(Closing):
                 input; nothing is written.
             CommitConflictError, StoreError, CommitStateUnknownError: the store refused the write.
         """
-        self._check_open()
-        pending = self._prepare(message, queue_id, sharding_key, delay_level)
-        return as_sent(send_results(self._writer.append_batch([pending]))[0], pending)
+        return self.append(self.prepare(message, queue_id, sharding_key, delay_level=delay_level))
 
-    def _resend(self, message: Message) -> SendResult:
-        """:meth:`send` of a broker-side copy (a dead letter sent back), which may carry the
-        reserved properties :data:`~engine.protocol.names.RESEND_PROPERTIES`."""
+    def append(self, prepared: PreparedSend) -> SendResult:
+        """Commit one prepared send synchronously: the second half of :meth:`send`.
+
+        Returns:
+            Where the message was stored, as :meth:`send` reports it.
+
+        Raises:
+            ProducerClosedError: the producer is closed.
+            CommitConflictError, StoreError, CommitStateUnknownError: the store refused the write.
+        """
         self._check_open()
-        pending = self._prepare(message, allowed=RESEND_PROPERTIES | TIMER_REQUEST_PROPERTIES)
-        return as_sent(send_results(self._writer.append_batch([pending]))[0], pending)
+        pending, destination = prepared
+        return sent_result(send_results(self._writer.append_batch([pending]))[0], destination)
+
+    def append_batch(self, prepared: Sequence[PreparedSend]) -> list[SendResult]:
+        """Commit prepared sends together: one commit per commit-log shard their queues live in
+        (one commit in a store of one shard); results in input order.
+
+        Raises:
+            ProducerClosedError: the producer is closed.
+            CommitConflictError, StoreError, CommitStateUnknownError: the store refused a write (in
+                a store of several shards, other shards' parts may be stored).
+        """
+        self._check_open()
+        if not prepared:
+            return []
+        pending, destinations = zip(*prepared, strict=True)
+        results = send_results(self._writer.append_batch(pending))
+        if not any(destinations):
+            return results
+        return [sent_result(r, d) for r, d in zip(results, destinations, strict=True)]
+
+    def append_async(self, prepared: PreparedSend) -> Future[SendResult]:
+        """Queue a prepared send for a micro-batch, as :meth:`send_async` does.
+
+        Raises:
+            ProducerClosedError: the producer is closed.
+        """
+        self._check_open()
+        return self._enqueue(prepared)
+
+    def append_half(self, prepared: PreparedSend, group: str) -> HalfMessage:
+        """Store a prepared send as a half message of producer group ``group``: invisible to
+        consumers until :meth:`end_transaction` commits it into its real queue.
+
+        Raises:
+            ProducerClosedError: the producer is closed.
+            InvalidMessageError: a delayed or timer send (transactional messages are not delayed).
+            CommitConflictError, StoreError, CommitStateUnknownError: the store refused the write.
+        """
+        self._check_open()
+        if prepared.destination is not None:
+            raise InvalidMessageError(
+                "transactional messages cannot be delayed or timed", topic=prepared.destination.topic
+            )
+        half = half_message(prepared.pending, group)
+        [stamped] = half_writer(self._store, self._writer).append([half])
+        return stored_half(half, stamped)
+
+    def end_transaction(
+        self, half: HalfMessage, state: LocalTransactionState, *, reason: str, check_times: int = 0
+    ) -> Decision:
+        """Decide a half message, exactly once: COMMIT re-puts it into its real queue, ROLLBACK
+        records it (see :func:`engine.store.transactions.end_transaction`).
+
+        Args:
+            half: the half message (:meth:`append_half`, or one loaded for a check-back).
+            state: COMMIT or ROLLBACK.
+            reason: who decided (``local``, ``check``, ``wire``), recorded with the decision.
+            check_times: the check-back round that decided, 0 for the sender's own decision.
+
+        Returns:
+            The decision that stands: this one, or (``won=False``) one another decider recorded first.
+
+        Raises:
+            InvalidArgumentError: ``state`` is not COMMIT or ROLLBACK.
+            CommitConflictError, StoreError, CommitStateUnknownError: the store refused the write.
+        """
+        return end_transaction(self._store, self._writer, half, state, reason=reason, check_times=check_times)
 
     def send_batch(self, messages: Sequence[Message], queue_id: int | None = None) -> list[SendResult]:
         """Send several messages of one topic in one Delta commit; results in input order.
@@ -296,14 +417,13 @@ class Producer(Closing):
         Messages are grouped by ``linger_ms`` and ``batch_size`` into one commit each. Validation
         errors raise here, before anything is queued; store errors resolve the future.
         """
-        self._check_open()
-        return self._enqueue(self._prepare(message, queue_id, sharding_key))
+        return self._enqueue(self.prepare(message, queue_id, sharding_key))
 
-    def _enqueue(self, pending: PendingMessage) -> Future[SendResult]:
+    def _enqueue(self, prepared: PreparedSend) -> Future[SendResult]:
         """Hand a checked message to the async worker; the future resolves once its commit lands."""
         future: Future[SendResult] = Future()
         self._ensure_worker()
-        self._pending.put((pending, future))
+        self._pending.put((prepared, future))
         return future
 
     def _ensure_worker(self) -> None:
@@ -315,7 +435,7 @@ class Producer(Closing):
 
     def _run_async(self) -> None:
         limit = self._store.config.max_batch_bytes
-        carry: tuple[PendingMessage, Future[SendResult]] | None = None
+        carry: tuple[PreparedSend, Future[SendResult]] | None = None
         stop = False
         while not stop:
             item = carry if carry is not None else self._pending.get()
@@ -324,7 +444,7 @@ class Producer(Closing):
                 self._pending.task_done()
                 break
             batch = [item]
-            size = len(item[0].body)
+            size = len(item[0].pending.body)
             deadline = time.monotonic() + self.linger_ms / 1000
             while len(batch) < self.batch_size:
                 timeout = deadline - time.monotonic()
@@ -340,17 +460,17 @@ class Producer(Closing):
                     self._pending.task_done()
                     stop = True
                     break
-                size += len(nxt[0].body)
+                size += len(nxt[0].pending.body)
                 if size > limit:  # as send_batch: at most max_batch_bytes of bodies per commit
                     carry = nxt
                     break
                 batch.append(nxt)
             self._commit_async(batch)
 
-    def _commit_async(self, batch: list[tuple[PendingMessage, Future[SendResult]]]) -> None:
+    def _commit_async(self, batch: list[tuple[PreparedSend, Future[SendResult]]]) -> None:
         """Commit a group of sends, one commit per commit-log shard its queues live in: each
         shard's commit resolves its own futures (stored, or failed and in no commit)."""
-        messages = [p for p, _ in batch]
+        messages = [p.pending for p, _ in batch]
         try:
             if self._writer.shards == 1:  # one commit, whose error fails the whole group
                 parts = [ShardPart(0, list(range(len(batch))), self._writer.append_batch(messages), None)]
@@ -363,8 +483,8 @@ class Producer(Closing):
                     continue
                 assert part.stamped is not None
                 for i, result in zip(part.positions, send_results(part.stamped), strict=True):
-                    pending, fut = batch[i]
-                    fut.set_result(as_sent(result, pending))
+                    prepared, fut = batch[i]
+                    fut.set_result(sent_result(result, prepared.destination))
         except MQError as exc:
             for _, fut in batch:
                 if not fut.done():

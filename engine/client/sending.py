@@ -1,21 +1,23 @@
 """What a send checks before it is stamped and what it answers after: the produce hot path's
 checks of a message (:func:`is_plain`, :func:`is_plain_batch`), the topic it may go to
-(:func:`writeable_topic`), and the :class:`SendResult` of each stored message (:func:`send_results`,
-:func:`as_sent`). Shared by the :class:`~engine.client.producer.Producer`, transactions and the wire
-protocol's producer."""
+(:func:`writeable_topic`), a checked send waiting to be appended (:class:`PreparedSend`), and the
+:class:`SendResult` of each stored message (:func:`send_results`, :func:`sent_result`). Shared by
+the :class:`~engine.client.producer.Producer`, transactions and the wire protocol's producer."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
 from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 from engine.errors import InvalidMessageError
 from engine.model import Message, SendResult, SendStatus, TopicConfig
 from engine.protocol.messages import MAX_BODY_BYTES
-from engine.protocol.names import SCHEDULE_TOPIC, is_system_topic, is_valid_topic_name
+from engine.protocol.names import is_system_topic, is_valid_topic_name
 from engine.protocol.permissions import is_writeable
-from engine.protocol.schedule import TIMER_PROPERTIES, real_destination
+from engine.protocol.rebalance import MessageQueue
+from engine.protocol.schedule import TIMER_PROPERTIES
 from engine.store.commit_log import PendingMessage, StampedBatch
 from engine.store.store import Store
 
@@ -50,16 +52,27 @@ def send_results(stamped: StampedBatch) -> list[SendResult]:
     return out
 
 
-def as_sent(result: SendResult, pending: PendingMessage) -> SendResult:
-    """The result a producer reports: a delayed or timer message, stored in the schedule topic,
-    names the topic and queue it was sent to (RocketMQ's SendResult names the queue the producer
-    selected; its queue offset is the schedule queue's, as the broker answers)."""
-    if pending.topic != SCHEDULE_TOPIC:
+class PreparedSend(NamedTuple):
+    """A checked send waiting for its commit (:meth:`~engine.client.producer.Producer.prepare`).
+
+    ``pending`` is the row the commit log stores. ``destination`` is the queue the message was sent
+    to when it is stored elsewhere: a delayed or timer message (or a client's retry send) waits in
+    the schedule topic, and its :class:`SendResult` names the real topic and queue, as RocketMQ's
+    broker answers. It is set where the schedule envelope is made, so nothing reads it back from
+    the envelope's properties; None for a message stored where it was sent.
+    """
+
+    pending: PendingMessage
+    destination: MessageQueue | None = None
+
+
+def sent_result(result: SendResult, destination: MessageQueue | None) -> SendResult:
+    """The result a producer reports for a stored message: as stored, or, for a send stored in the
+    schedule topic, naming the ``destination`` it was sent to (its queue offset stays the schedule
+    queue's, as RocketMQ's broker answers)."""
+    if destination is None:
         return result
-    real = real_destination(pending.properties or {})
-    if real is None:  # pragma: no cover - the producer always names the real topic
-        return result
-    return dataclasses.replace(result, topic=real.topic, queue_id=real.queue_id)
+    return dataclasses.replace(result, topic=destination.topic, queue_id=destination.queue_id)
 
 
 def has_timer(properties: Mapping[str, str]) -> bool:

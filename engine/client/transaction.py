@@ -28,17 +28,7 @@ from engine.protocol.transactions import (
 )
 from engine.store import schemas
 from engine.store.store import Store
-from engine.store.transactions import (
-    Decision,
-    check_floor,
-    check_requests,
-    end_transaction,
-    half_message,
-    half_writer,
-    is_decided,
-    load_half,
-    stored_half,
-)
+from engine.store.transactions import Decision, check_floor, check_requests, is_decided, load_half
 
 __all__ = ["LocalTransactionState", "TransactionProducer", "TransactionSendResult"]
 
@@ -111,8 +101,6 @@ class TransactionProducer(Producer):
             )
         super().__init__(store, group, linger_ms=linger_ms, batch_size=batch_size)
         self._checker = checker
-        # Halves and decisions go to their shards' commit logs, through the producer's writers.
-        self._shards = self._writer
         self.check_poll_ms = check_poll_ms
         self._check_lock = threading.Lock()
         self._answered: set[tuple[int, int]] = set()  # (half offset, check number) already answered
@@ -160,10 +148,7 @@ class TransactionProducer(Producer):
             raise InvalidMessageError(
                 "transactional messages cannot be delayed or timed", topic=message.topic
             )
-        pending = self._prepare(message, queue_id, sharding_key)
-        half_pending = half_message(pending, self.group)
-        [stamped] = half_writer(self._store, self._shards).append([half_pending])
-        half = stored_half(half_pending, stamped)
+        half = self.append_half(self.prepare(message, queue_id, sharding_key), self.group)
         try:
             state = _state_of(execute(message), "execute")
         except Exception as exc:
@@ -171,7 +156,7 @@ class TransactionProducer(Producer):
             state = LocalTransactionState.UNKNOWN
         if state is LocalTransactionState.UNKNOWN:
             return self._half_result(half, state)
-        decision = end_transaction(self._store, self._shards, half, state, reason=REASON_LOCAL)
+        decision = self.end_transaction(half, state, reason=REASON_LOCAL)
         if decision.state is not state:
             raise TransactionError(
                 f"transaction {half.msg_id} was already decided {decision.state} by the check-back; "
@@ -253,9 +238,7 @@ class TransactionProducer(Producer):
         self.checks_answered += 1
         if state is LocalTransactionState.UNKNOWN:
             return 0
-        decision = end_transaction(
-            self._store, self._shards, half, state, reason=REASON_CHECK, check_times=check_times
-        )
+        decision = self.end_transaction(half, state, reason=REASON_CHECK, check_times=check_times)
         return 1 if decision.won else 0
 
     def _run_checks(self) -> None:

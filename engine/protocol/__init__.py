@@ -18,6 +18,7 @@ Nothing here does I/O; every function is tested without a JVM or a disk.
 - :mod:`~engine.protocol.schedule`: the schedule envelope of delayed, timer and retried messages
 - :mod:`~engine.protocol.transactions`: transaction records and the check policy
 - :mod:`~engine.protocol.shards`: which commit-log shard holds a queue, and which a physical offset names
+- :mod:`~engine.protocol.queue_choice`: which queue a producer sends to when the caller names none
 
 The names listed in ``__all__`` are re-exported here. :mod:`~engine.protocol.pull`,
 :mod:`~engine.protocol.topics` and :mod:`~engine.protocol.transactions` build :mod:`engine.model`

@@ -6,29 +6,46 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 
 from engine.client.producer import Producer
-from engine.client.sending import as_sent, has_timer, send_results
+from engine.client.sending import PreparedSend, has_timer
+from engine.closing import Closing
 from engine.errors import InvalidMessageError
 from engine.model import SendResult
 from engine.protocol.messages import batch_bytes
 from engine.protocol.transactions import HalfMessage, LocalTransactionState
 from engine.remoting.wire_messages import IncomingMessage
-from engine.store.commit_log import PendingMessage
-from engine.store.transactions import Decision, end_transaction, half_message, half_writer, stored_half
+from engine.store.store import Store
+from engine.store.transactions import Decision
 
 REASON_WIRE = "wire"  # a decision a wire producer sent (END_TRANSACTION)
 
 
-class WireProducer(Producer):
-    """A :class:`Producer` whose messages come from RocketMQ clients.
+class WireProducer(Closing):
+    """Sends of RocketMQ clients, through a :class:`Producer`'s "prepare, then append" seam.
 
     Validation, queue checks, delays, timers and the commit path are the producer's own; what
     differs is that a message keeps the unique id its client gave it (``UNIQ_KEY``, what the
     client's ``SendResult.getMsgId()`` returns) and lands in the queue the client chose.
+
+    Args:
+        store: an open store.
+        group, linger_ms, batch_size: as :class:`Producer` (``linger_ms`` paces group commits).
     """
 
-    def _wire_pending(self, item: IncomingMessage, queue_id: int, delay_level: int = 0) -> PendingMessage:
-        pending = self._prepare(item.message, queue_id, None, delay_level)
-        return pending._replace(uniq_key=item.uniq_key) if item.uniq_key else pending
+    def __init__(
+        self,
+        store: Store,
+        group: str = "LAKEMQ_WIRE",
+        *,
+        linger_ms: int | None = None,
+        batch_size: int | None = None,
+    ) -> None:
+        self._producer = Producer(store, group, linger_ms=linger_ms, batch_size=batch_size)
+        self._max_batch_bytes = store.config.max_batch_bytes
+
+    def _prepare(self, item: IncomingMessage, queue_id: int, delay_level: int = 0) -> PreparedSend:
+        return self._producer.prepare(
+            item.message, queue_id, delay_level=delay_level, uniq_key=item.uniq_key or None
+        )
 
     def send_wire_grouped(self, item: IncomingMessage, queue_id: int) -> Future[SendResult]:
         """Queue one client message for a group commit; the future resolves once its commit lands.
@@ -40,14 +57,13 @@ class WireProducer(Producer):
 
         Raises:
             InvalidMessageError, TopicNotFoundError, InvalidArgumentError: bad input; nothing is queued.
+            ProducerClosedError: the producer is closed.
         """
-        self._check_open()
-        return self._enqueue(self._wire_pending(item, queue_id, item.delay_level))
+        return self._producer.append_async(self._prepare(item, queue_id, item.delay_level))
 
-    def append_prepared(self, pending: PendingMessage) -> SendResult:
-        """Commit a message the endpoint built itself (a retry send's copy) through the producer's writer."""
-        self._check_open()
-        return as_sent(send_results(self._writer.append_batch([pending]))[0], pending)
+    def append_prepared(self, prepared: PreparedSend) -> SendResult:
+        """Commit a send the endpoint built itself (a retry send's copy), as :meth:`Producer.append`."""
+        return self._producer.append(prepared)
 
     def send_half(self, item: IncomingMessage, queue_id: int, group: str) -> HalfMessage:
         """Store a client's transactional message as a half message of producer group ``group``.
@@ -55,27 +71,17 @@ class WireProducer(Producer):
         Raises:
             InvalidMessageError: a delayed or timer message (transactions are not delayed).
         """
-        self._check_open()
         if item.delay_level or item.message.deliver_at_ms is not None or has_timer(item.message.properties):
             raise InvalidMessageError(
                 "transactional messages cannot be delayed or timed", topic=item.message.topic
             )
-        half = half_message(self._wire_pending(item, queue_id), group)
-        [stamped] = half_writer(self._store, self._writer).append([half])
-        return stored_half(half, stamped)
+        return self._producer.append_half(self._prepare(item, queue_id), group)
 
     def end_wire_transaction(
         self, half: HalfMessage, state: LocalTransactionState, *, check_times: int = 0
     ) -> Decision:
         """Decide a half message as its producer said (commit re-puts it, rollback records it)."""
-        return end_transaction(
-            self._store,
-            self._queue_writer(half.topic, half.queue_id),
-            half,
-            state,
-            reason=REASON_WIRE,
-            check_times=check_times,
-        )
+        return self._producer.end_transaction(half, state, reason=REASON_WIRE, check_times=check_times)
 
     def send_wire_batch(self, items: Sequence[IncomingMessage], queue_id: int) -> list[SendResult]:
         """Send a client's batch to one queue in one commit, as :meth:`Producer.send_batch` does.
@@ -84,7 +90,6 @@ class WireProducer(Producer):
             InvalidMessageError: a delayed or timer message, or more than ``max_batch_bytes``; nothing
                 is written.
         """
-        self._check_open()
         if not items:
             return []
         if any(
@@ -97,11 +102,14 @@ class WireProducer(Producer):
         total = sum(
             batch_bytes(i.message.body, i.message.tags, i.message.properties, i.message.keys) for i in items
         )
-        limit = self._store.config.max_batch_bytes
+        limit = self._max_batch_bytes
         if total > limit:
             raise InvalidMessageError(
                 f"batch takes {total} bytes (bodies and properties, tags and keys included); "
                 f"at most {limit} are allowed"
             )
-        pending = [self._wire_pending(i, queue_id) for i in items]
-        return send_results(self._writer.append_batch(pending))
+        return self._producer.append_batch([self._prepare(i, queue_id) for i in items])
+
+    def close(self) -> None:
+        """Flush queued sends and stop, as :meth:`Producer.close`."""
+        self._producer.close()

@@ -17,7 +17,8 @@ def test_sends_queued_during_a_commit_are_committed_together(store: Store) -> No
     Admin(store).create_topic("G", 2)
     producer = WireProducer(store, "LAKEMQ_WIRE", linger_ms=0)
     gate, entered = threading.Event(), threading.Event()
-    real = producer._writer.append_batch
+    writer = producer._producer._writer  # the commit log's writers the group commits go through
+    real = writer.append_batch
     batches: list[int] = []
 
     def held(pending: list) -> object:  # the first commit waits until the others are queued
@@ -26,7 +27,7 @@ def test_sends_queued_during_a_commit_are_committed_together(store: Store) -> No
         gate.wait(30)
         return real(pending)
 
-    producer._writer.append_batch = held  # type: ignore[method-assign]
+    writer.append_batch = held  # type: ignore[method-assign]
     before = store.version(schemas.COMMIT_LOG)
     try:
         first = producer.send_wire_grouped(incoming("G", b"first", {}), 0)

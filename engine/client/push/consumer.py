@@ -22,15 +22,10 @@ from engine.client.admin import Admin
 from engine.client.membership import GroupMembership, default_consumer_id, host_client_id
 from engine.client.offsets import ConsumeFrom, start_offset
 from engine.client.pull import PullConsumer
-from engine.client.push_resets import LiveResets
-from engine.client.push_settings import push_settings
-from engine.client.queue_workers import (
-    UNLIMITED_RECONSUME,
-    Listener,
-    ProcessQueue,
-    QueueWorkers,
-    takes_context,
-)
+from engine.client.push.listener import Listener, ListenerCall
+from engine.client.push.queue_workers import UNLIMITED_RECONSUME, ConsumeSetup, ProcessQueue, log_failure
+from engine.client.push.resets import LiveResets
+from engine.client.push.settings import push_settings
 from engine.client.resets import ResetWatcher
 from engine.closing import Closing
 from engine.errors import ConsumerError, InvalidArgumentError
@@ -54,10 +49,12 @@ from engine.store.consumer_offset import OffsetStore
 from engine.store.store import Store, now_ms
 
 _log = logging.getLogger(__name__)
+# A queue waiting for its lock looks again this soon (or every rebalance, if that is sooner).
+_RELOCK_WAIT_S = 0.2
 _ACTION_FLUSH_S = 0.2  # NACKs reach the action log this soon (and always before offsets pass them)
 
 
-class PushConsumer(QueueWorkers, LiveResets, Closing):
+class PushConsumer(Closing):
     """Messages pushed to a listener, with rebalance, offsets, retries and orderly consumption.
 
     Args:
@@ -172,8 +169,7 @@ class PushConsumer(QueueWorkers, LiveResets, Closing):
         self._puller = PullConsumer(store, self.group)
         self._index = QueueIndex(store)
         self._subscriptions: dict[str, MessageSelector] = {}
-        self._listener: Listener | None = None
-        self._with_context = False
+        self._listener: ListenerCall | None = None
         self._orderly = False
         self._pqs: dict[MessageQueue, ProcessQueue] = {}
         self._state_lock = threading.RLock()  # guards _pqs, _subscriptions and the lifecycle
@@ -183,9 +179,8 @@ class PushConsumer(QueueWorkers, LiveResets, Closing):
         self._started = False
         self._closed = False
         self._last_relock: float | None = None  # monotonic time of the last renewal of every lock
-        self._resets: ResetWatcher | None = None  # set by start()
-        self._pending_resets: dict[tuple[str, int], int] = {}  # (topic, queue id) -> reset offset
-        self._resets_lock = threading.Lock()
+        self._resets: LiveResets | None = None  # set by start()
+        self._setup: ConsumeSetup | None = None  # set by start()
 
     # ----------------------------------------------------------------- setup
     @property
@@ -212,15 +207,15 @@ class PushConsumer(QueueWorkers, LiveResets, Closing):
             InvalidSelectorError: a bad expression (parsed here, once).
             ConsumerError: the consumer was shut down.
         """
+        self._check_open()
         validate_topic_name(topic)
         self._store.topic(topic)
         selector = MessageSelector.of(expression)
         with self._state_lock:
-            if self._closed:
-                raise ConsumerError("the consumer was shut down; create a new one", group=self.group)
+            self._check_open()
             if self.model is MessageModel.CLUSTERING:
                 retry = retry_topic(self.group)
-                Admin(self._store)._ensure_system_topic(retry)
+                Admin(self._store).ensure_system_topic(retry)
                 self._subscriptions[retry] = MessageSelector.by_tag("*")
             self._subscriptions[topic] = selector
 
@@ -252,15 +247,16 @@ class PushConsumer(QueueWorkers, LiveResets, Closing):
 
         Raises:
             InvalidArgumentError: not callable.
-            ConsumerError: the consumer is already started.
+            ConsumerError: the consumer is already started, or was shut down.
         """
+        self._check_open()
         if not callable(listener):
             raise InvalidArgumentError("listener must be callable: fn(list[MessageExt]) -> ConsumeResult")
         with self._state_lock:
+            self._check_open()
             if self._started:
                 raise ConsumerError("register the listener before start()", group=self.group)
-            self._listener = listener
-            self._with_context = takes_context(listener)
+            self._listener = ListenerCall(listener, self.instance_id)
             self._orderly = bool(orderly)
 
     def start(self) -> PushConsumer:
@@ -270,8 +266,7 @@ class PushConsumer(QueueWorkers, LiveResets, Closing):
             ConsumerError: no listener, no subscription, already started or shut down.
         """
         with self._state_lock:
-            if self._closed:
-                raise ConsumerError("the consumer was shut down; create a new one", group=self.group)
+            self._check_open()
             if self._started:
                 raise ConsumerError("the consumer is already started", group=self.group)
             if self._listener is None:
@@ -280,7 +275,25 @@ class PushConsumer(QueueWorkers, LiveResets, Closing):
                 raise ConsumerError("subscribe to a topic before start()", group=self.group)
             # Before any queue is started: a reset made from here on is seen by the watcher, one made
             # before is in the committed offsets the queues start from.
-            self._resets = ResetWatcher(self._store, self.group)
+            self._resets = LiveResets(ResetWatcher(self._store, self.group))
+            self._setup = ConsumeSetup(
+                consumer_id=self.instance_id,
+                model=self.model,
+                orderly=self._orderly,
+                uses_locks=self._uses_locks,
+                listener=self._listener,
+                max_reconsume_times=self.max_reconsume_times,
+                job_max_reconsume_times=self._store.config.max_reconsume_times,
+                pull_batch_size=self.pull_batch_size,
+                consume_batch_size=self.consume_batch_size,
+                pull_suspend_ms=self._pull_suspend_ms,
+                relock_wait_s=min(self._rebalance_s, _RELOCK_WAIT_S),
+                suspend_s=self._suspend_s,
+                puller=self._puller,
+                membership=self._membership,
+                actions=self._actions,
+                stop=self._stop,
+            )
             self._membership.heartbeat(self.subscriptions())
             self._started = True
             for name, target in (("service", self._service_loop), ("rebalance", self._rebalance_loop)):
@@ -293,6 +306,18 @@ class PushConsumer(QueueWorkers, LiveResets, Closing):
         """Queues this instance consumes now, sorted."""
         with self._state_lock:
             return sorted(self._pqs)
+
+    @property
+    def _uses_locks(self) -> bool:
+        # RocketMQ locks queues for orderly clustering only; a broadcasting instance owns every queue.
+        return self._orderly and self.model is MessageModel.CLUSTERING
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConsumerError("the consumer was shut down; create a new one", group=self.group)
+
+    def _warn(self, what: str, exc: Exception) -> None:
+        log_failure(self.instance_id, what, exc)
 
     # ----------------------------------------------------------------- shutdown
     def close(self) -> None:
@@ -390,7 +415,7 @@ class PushConsumer(QueueWorkers, LiveResets, Closing):
         removed = [pq for mq, pq in current.items() if mq not in target]
         changed = [pq for mq, pq in current.items() if mq in target and target[mq] != pq.expression]
         for pq in changed:
-            pq.expression = target[pq.mq]  # a new expression applies from the next pull
+            pq.reselect(target[pq.mq])  # a new expression applies from the next pull
         if removed:
             self._drop(removed)
         added = sorted(mq for mq in target if mq not in current)
@@ -439,19 +464,14 @@ class PushConsumer(QueueWorkers, LiveResets, Closing):
             by_mq = {MessageQueue(t, q): o for t, q, o in initial}
             for pq in pqs:
                 if pq.mq in by_mq:
-                    pq.committed = by_mq[pq.mq]
+                    pq.mark_committed(by_mq[pq.mq])
         with self._state_lock:
             if self._stop.is_set():
                 return
+            assert self._setup is not None  # queues start once the consumer has started
             for pq in pqs:
-                pq.thread = threading.Thread(
-                    target=self._run_queue,
-                    args=(pq,),
-                    name=f"push-{self.group}-{pq.mq.topic}-{pq.mq.queue_id}",
-                    daemon=True,
-                )
                 self._pqs[pq.mq] = pq
-                pq.thread.start()
+                pq.start(self._setup, f"push-{self.group}-{pq.mq.topic}-{pq.mq.queue_id}")
 
     def _initial_offset(self, mq: MessageQueue) -> int:
         """RocketMQ's ``computePullFromWhere`` for a queue without a committed offset: LAST starts
@@ -473,14 +493,9 @@ class PushConsumer(QueueWorkers, LiveResets, Closing):
     def _drop(self, pqs: Sequence[ProcessQueue], *, commit: bool = True) -> None:
         """Stop consuming queues: wait for their in-flight batch, commit, then unlock them."""
         for pq in pqs:
-            pq.dropped.set()
-        finished = []
+            pq.drop()
         deadline = time.monotonic() + max(30.0, self._pull_suspend_ms / 1000 * 2)
-        for pq in pqs:
-            if pq.thread is not None and pq.thread is not threading.current_thread():
-                pq.thread.join(timeout=max(0.0, deadline - time.monotonic()))
-            if pq.thread is None or not pq.thread.is_alive():
-                finished.append(pq.mq)
+        finished = [pq.mq for pq in pqs if pq.wait_stopped(max(0.0, deadline - time.monotonic()))]
         try:
             if commit:
                 self._persist(pqs)
@@ -504,7 +519,7 @@ class PushConsumer(QueueWorkers, LiveResets, Closing):
                     pqs = list(self._pqs.values())
             # Read offsets before flushing: a worker records a NACK before moving its offset. A queue
             # reset but not resumed yet keeps the reset: its old progress is never committed.
-            reset = self._collect_resets()
+            reset = self._resets.pending() if self._resets is not None else {}
             snapshot = [
                 (pq, pq.consumed)
                 for pq in pqs
@@ -515,4 +530,33 @@ class PushConsumer(QueueWorkers, LiveResets, Closing):
                 return
             self._offsets.commit([(pq.mq.topic, pq.mq.queue_id, offset) for pq, offset in snapshot])
             for pq, offset in snapshot:
-                pq.committed = offset
+                pq.mark_committed(offset)
+
+    def _apply_resets(self) -> None:
+        """Resume every held queue that was reset from its new offset (the rebalance thread only, so
+        no rebalance round starts or drops a queue meanwhile).
+
+        The queue's worker is stopped and its progress forgotten (nothing of it is committed), the
+        reset offset is committed again by this instance (a commit of ours that raced the reset
+        cannot leave the old offset standing), and a new worker starts from it. An orderly
+        consumer keeps the queue's lock throughout.
+        """
+        if self._resets is None:
+            return
+        pending = self._resets.pending()
+        if not pending:
+            return
+        with self._state_lock:
+            held = {mq: pq for mq, pq in self._pqs.items() if (mq.topic, mq.queue_id) in pending}
+        with self._persist_lock:  # no periodic commit of the old progress in between
+            if held:
+                self._drop(list(held.values()), commit=False)
+                self._offsets.commit(
+                    [(mq.topic, mq.queue_id, pending[(mq.topic, mq.queue_id)]) for mq in held]
+                )
+            self._resets.applied(pending)
+        if held and not self._stop.is_set():
+            _log.info("push consumer %s: offsets reset for %s", self.instance_id, sorted(held))
+            offsets = {(mq.topic, mq.queue_id): pending[(mq.topic, mq.queue_id)] for mq in held}
+            selectors = {mq: MessageSelector.of(pq.expression) for mq, pq in held.items()}
+            self._start_queues(sorted(held), selectors, offsets)

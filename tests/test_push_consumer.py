@@ -18,6 +18,7 @@ import pytest
 from engine import (
     Admin,
     ConsumeFrom,
+    ConsumerClosedError,
     ConsumerError,
     ConsumeResult,
     InvalidArgumentError,
@@ -606,7 +607,7 @@ def test_a_shut_down_consumer_refuses_everything_with_a_consumer_error(
         lambda: c.register_listener(Collector()),
         lambda: c.start(),
     ):
-        with pytest.raises(ConsumerError, match="shut down") as raised:
+        with pytest.raises(ConsumerClosedError, match="shut down") as raised:
             call()
         assert not isinstance(raised.value, ProducerClosedError)
     assert versions(store) == before

@@ -28,7 +28,7 @@ from engine.client.push.resets import LiveResets
 from engine.client.push.settings import push_settings
 from engine.client.resets import ResetWatcher
 from engine.closing import Closing
-from engine.errors import ConsumerError, InvalidArgumentError
+from engine.errors import ConsumerClosedError, ConsumerError, InvalidArgumentError
 from engine.protocol import (
     RETRY_PREFIX,
     retry_topic,
@@ -314,7 +314,7 @@ class PushConsumer(Closing):
 
     def _check_open(self) -> None:
         if self._closed:
-            raise ConsumerError("the consumer was shut down; create a new one", group=self.group)
+            raise ConsumerClosedError("the consumer was shut down; create a new one", group=self.group)
 
     def _warn(self, what: str, exc: Exception) -> None:
         log_failure(self.instance_id, what, exc)

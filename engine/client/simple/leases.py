@@ -226,6 +226,8 @@ class Leases:
         if rows.num_rows:
             mine = rows.filter(pc.equal(rows["group"], self.group)).to_pylist()
             self._book.apply(mine)
+            # Rows of this id written elsewhere (a process started again with it) move it on too.
+            self._writer.known_sequence(self._book.sequences.get(self.consumer_id, -1))
             self._resets |= {
                 (r["topic"], int(r["queue_id"]))
                 for r in mine

@@ -117,6 +117,29 @@ def test_writer_that_loses_the_race_to_commit_restamps(
     assert_invariants(rows)
 
 
+def test_a_producer_counts_the_races_its_sequencers_lost(
+    store: Store, topic: str, monkeypatch: pytest.MonkeyPatch, commit_path: str
+) -> None:
+    producer, rival = Producer(store), CommitLogWriter(store, host_lock=False)
+    producer.send(Message(topic, b"p0"), queue_id=0)
+    assert producer.lost_races == 0
+    raced: list[bool] = []
+
+    def rival_commits_first(original: Callable[..., Any]) -> Callable[..., Any]:
+        def commit(*args: Any, **kwargs: Any) -> Any:
+            if not raced:
+                raced.append(True)
+                rival.append([_pending(topic, 0, b"rival")])
+            return original(*args, **kwargs)
+
+        return commit
+
+    _wrap_commit(monkeypatch, commit_path, rival_commits_first)
+    assert producer.send(Message(topic, b"p1"), queue_id=0).queue_offset == 2
+    assert producer.lost_races == 1
+    producer.close()
+
+
 def test_writers_of_one_host_take_turns_on_the_lock(store: Store, topic: str) -> None:
     holder = HostLock(os.path.join(store.root, LOCK_DIR, "commit_log.lock"))
     assert holder.acquire()
@@ -180,7 +203,7 @@ def _producer_process(root: str, worker: int, count: int, lock: bool, out: Any) 
                     retried += 1
             else:
                 gave_up += 1
-        out.put({"gave_up": gave_up, "retried": retried, "conflicts": p._writer.conflicts})
+        out.put({"gave_up": gave_up, "retried": retried, "conflicts": p.lost_races})
 
 
 def _run_producers(store: Store, processes: int, count: int, lock: bool) -> list[dict[str, int]]:

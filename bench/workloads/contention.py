@@ -68,7 +68,7 @@ def _writer(
                 gave_up += 1
             latencies.append((time.perf_counter() - t) * 1000)
         ended, cpu = time.time(), time.process_time() - cpu
-        conflicts = producer._writer.conflicts
+        conflicts = producer.lost_races
     out.put(
         {
             "began": began,

@@ -91,6 +91,12 @@ class Producer(Closing):
         self._pending: queue.Queue[tuple[PreparedSend, Future[SendResult]] | None] = queue.Queue()
         self._worker: threading.Thread | None = None
 
+    @property
+    def lost_races(self) -> int:
+        """Commits this producer's sequencers had to make again because another writer took the
+        version first (each then caught up and stamped its batch again)."""
+        return self._writer.conflicts
+
     # ----------------------------------------------------------------- preparing
     def _choose_queue(self, topic: str, queues: int, queue_id: int | None, sharding_key: str | None) -> int:
         if queue_id is not None:

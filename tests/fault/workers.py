@@ -113,7 +113,7 @@ def produce(args: argparse.Namespace) -> None:
                 break
             if args.pause_ms:
                 time.sleep(args.pause_ms / 1000)
-    counts["sequencer_conflicts"] = producer._writer.conflicts
+    counts["sequencer_conflicts"] = producer.lost_races
     log.close()
     _out(**counts)
 

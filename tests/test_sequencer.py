@@ -88,14 +88,10 @@ def test_stale_writer_catches_up_before_stamping(store: Store, topic: str) -> No
     assert_invariants(rows)
 
 
-@pytest.mark.parametrize("host_lock", [True, False])
-def test_writer_that_loses_the_race_to_commit_restamps(
-    store: Store, topic: str, monkeypatch: pytest.MonkeyPatch, host_lock: bool, commit_path: str
+def _rival_commits_first(
+    monkeypatch: pytest.MonkeyPatch, commit_path: str, rival: CommitLogWriter, topic: str
 ) -> None:
-    # A writer without the lock (another host, maintenance, MQ_SEQUENCER_LOCK=0) commits between
-    # our catch-up and our commit: we lose the race, catch up and stamp again.
-    a, rival = CommitLogWriter(store, host_lock=host_lock), CommitLogWriter(store, host_lock=False)
-    a.append([_pending(topic, 0, b"a0")])
+    """The next commit on ``commit_path`` finds that ``rival`` committed just before it (once)."""
     raced: list[bool] = []
 
     def rival_commits_first(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -108,6 +104,17 @@ def test_writer_that_loses_the_race_to_commit_restamps(
         return commit
 
     _wrap_commit(monkeypatch, commit_path, rival_commits_first)
+
+
+@pytest.mark.parametrize("host_lock", [True, False])
+def test_writer_that_loses_the_race_to_commit_restamps(
+    store: Store, topic: str, monkeypatch: pytest.MonkeyPatch, host_lock: bool, commit_path: str
+) -> None:
+    # A writer without the lock (another host, maintenance, MQ_SEQUENCER_LOCK=0) commits between
+    # our catch-up and our commit: we lose the race, catch up and stamp again.
+    a, rival = CommitLogWriter(store, host_lock=host_lock), CommitLogWriter(store, host_lock=False)
+    a.append([_pending(topic, 0, b"a0")])
+    _rival_commits_first(monkeypatch, commit_path, rival, topic)
     [stamped] = a.append([_pending(topic, 0, b"a1")])
     assert a.conflicts == 1
     assert a.direct == (commit_path == "direct")
@@ -123,18 +130,7 @@ def test_a_producer_counts_the_races_its_sequencers_lost(
     producer, rival = Producer(store), CommitLogWriter(store, host_lock=False)
     producer.send(Message(topic, b"p0"), queue_id=0)
     assert producer.lost_races == 0
-    raced: list[bool] = []
-
-    def rival_commits_first(original: Callable[..., Any]) -> Callable[..., Any]:
-        def commit(*args: Any, **kwargs: Any) -> Any:
-            if not raced:
-                raced.append(True)
-                rival.append([_pending(topic, 0, b"rival")])
-            return original(*args, **kwargs)
-
-        return commit
-
-    _wrap_commit(monkeypatch, commit_path, rival_commits_first)
+    _rival_commits_first(monkeypatch, commit_path, rival, topic)
     assert producer.send(Message(topic, b"p1"), queue_id=0).queue_offset == 2
     assert producer.lost_races == 1
     producer.close()

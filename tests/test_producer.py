@@ -384,3 +384,36 @@ def test_a_closed_producer_refuses_every_step_of_the_seam(store: Store, topic: s
         with pytest.raises(ProducerClosedError):
             step()
     assert commit_log_rows(store) == []
+
+
+@pytest.mark.parametrize(
+    "step",
+    [
+        "append-message",
+        "append-none",
+        "append_batch-str",
+        "append_batch-messages",
+        "append_async-tuple",
+        "append_half-message",
+        "append_half-bad-group",
+    ],
+)
+def test_the_seam_refuses_what_prepare_did_not_make_and_writes_nothing(
+    store: Store, topic: str, step: str
+) -> None:
+    with Producer(store) as p:
+        message = Message(topic, b"x")
+        prepared = p.prepare(message)
+        calls = {
+            "append-message": lambda: p.append(message),  # type: ignore[arg-type]
+            "append-none": lambda: p.append(None),  # type: ignore[arg-type]
+            "append_batch-str": lambda: p.append_batch("xy"),  # type: ignore[arg-type]
+            "append_batch-messages": lambda: p.append_batch([prepared, message]),  # type: ignore[list-item]
+            "append_async-tuple": lambda: p.append_async((message, None)),  # type: ignore[arg-type]
+            "append_half-message": lambda: p.append_half(message, "TxGroup"),  # type: ignore[arg-type]
+            "append_half-bad-group": lambda: p.append_half(prepared, "bad group!"),
+        }
+        before = versions(store)
+        with pytest.raises(InvalidArgumentError):
+            calls[step]()
+        assert versions(store) == before

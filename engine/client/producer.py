@@ -47,6 +47,19 @@ from engine.store.transactions import Decision, end_transaction, half_message, h
 _RESEND_ALLOWED = RESEND_PROPERTIES | TIMER_REQUEST_PROPERTIES
 
 
+def _checked(prepared: object) -> PreparedSend:
+    """``prepared`` if it is a send :meth:`Producer.prepare` made.
+
+    Raises:
+        InvalidArgumentError: anything else.
+    """
+    if not isinstance(prepared, PreparedSend) or not isinstance(prepared.pending, PendingMessage):
+        raise InvalidArgumentError(
+            f"expected a prepared send (Producer.prepare), got {type(prepared).__name__}"
+        )
+    return prepared
+
+
 class Producer(Closing):
     """Sends messages to a store.
 
@@ -258,10 +271,11 @@ class Producer(Closing):
 
         Raises:
             ProducerClosedError: the producer is closed.
+            InvalidArgumentError: not a prepared send (:meth:`prepare` makes them).
             CommitConflictError, StoreError, CommitStateUnknownError: the store refused the write.
         """
         self._check_open()
-        pending, destination = prepared
+        pending, destination = _checked(prepared)
         return sent_result(send_results(self._writer.append_batch([pending]))[0], destination)
 
     def append_batch(self, prepared: Sequence[PreparedSend]) -> list[SendResult]:
@@ -270,13 +284,18 @@ class Producer(Closing):
 
         Raises:
             ProducerClosedError: the producer is closed.
+            InvalidArgumentError: not a sequence of prepared sends.
             CommitConflictError, StoreError, CommitStateUnknownError: the store refused a write (in
                 a store of several shards, other shards' parts may be stored).
         """
         self._check_open()
+        if isinstance(prepared, (str, bytes)) or not isinstance(prepared, Sequence):
+            raise InvalidArgumentError(
+                f"append_batch takes a sequence of prepared sends, got {type(prepared).__name__}"
+            )
         if not prepared:
             return []
-        pending, destinations = zip(*prepared, strict=True)
+        pending, destinations = zip(*(_checked(p) for p in prepared), strict=True)
         results = send_results(self._writer.append_batch(pending))
         if not any(destinations):
             return results
@@ -287,9 +306,10 @@ class Producer(Closing):
 
         Raises:
             ProducerClosedError: the producer is closed.
+            InvalidArgumentError: not a prepared send.
         """
         self._check_open()
-        return self._enqueue(prepared)
+        return self._enqueue(_checked(prepared))
 
     def append_half(self, prepared: PreparedSend, group: str) -> HalfMessage:
         """Store a prepared send as a half message of producer group ``group``: invisible to
@@ -298,9 +318,12 @@ class Producer(Closing):
         Raises:
             ProducerClosedError: the producer is closed.
             InvalidMessageError: a delayed or timer send (transactional messages are not delayed).
+            InvalidArgumentError: not a prepared send, or a bad group name.
             CommitConflictError, StoreError, CommitStateUnknownError: the store refused the write.
         """
         self._check_open()
+        _checked(prepared)
+        group = validate_group_name(group)
         if prepared.destination is not None:
             raise InvalidMessageError(
                 "transactional messages cannot be delayed or timed", topic=prepared.destination.topic

@@ -8,7 +8,8 @@ from __future__ import annotations
 import dataclasses
 import os
 import tomllib
-from dataclasses import dataclass, fields
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,39 @@ SYNC_FLUSH = "SYNC_FLUSH"
 FLUSH_DISK_TYPES = (ASYNC_FLUSH, SYNC_FLUSH)
 # Spark's (log4j's) levels, as ``SparkContext.setLogLevel`` accepts them.
 LOG_LEVELS = ("ALL", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF", "TRACE")
+# Storage options (delta-rs / object_store keys such as AWS_ENDPOINT_URL) also come from the
+# environment: MQ_STORAGE_<KEY>=value sets <KEY>, and the AWS_* variables delta-rs itself reads are
+# collected too, so that Spark executors and spawned jobs get the same options as this process.
+STORAGE_ENV_PREFIX = "MQ_STORAGE_"
+# The AWS_* variables that name an S3 endpoint and identity (delta-rs reads these itself; they are
+# collected so Spark's s3a and spawned jobs get them too). Others (AWS_CA_BUNDLE, AWS_PROFILE …) stay
+# with the process.
+_AWS_ENV_KEYS = (
+    "AWS_ENDPOINT_URL",
+    "AWS_ENDPOINT",
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
+    "AWS_ALLOW_HTTP",
+    "AWS_VIRTUAL_HOSTED_STYLE_REQUEST",
+    "AWS_S3_ALLOW_UNSAFE_RENAME",
+)
+# Words that mark a storage option's value as a secret: never printed, logged or put on a command line.
+_SECRET_WORDS = ("SECRET", "TOKEN", "PASSWORD", "CREDENTIAL", "SAS", "ACCOUNT_KEY", "ACCESS_KEY")
+
+
+def is_secret_option(key: str) -> bool:
+    """Whether a storage option's value is a secret (``AWS_SECRET_ACCESS_KEY``, session tokens,
+    Azure account keys …): shown as ``***`` wherever options are printed."""
+    upper = key.upper()
+    return upper.endswith("_KEY") or any(word in upper for word in _SECRET_WORDS)
+
+
+def redact_storage(options: Mapping[str, str]) -> dict[str, str]:
+    """``options`` with every secret value replaced by ``***`` (for messages, logs and status)."""
+    return {k: ("***" if is_secret_option(k) else v) for k, v in options.items()}
 
 
 @dataclass(frozen=True)
@@ -62,8 +96,21 @@ class EngineConfig:
     # Commit logs a store keeps (engine.protocol.shards), each with its own sequencer; fixed when the
     # store is created (a store records its count, and opening it with another count set here fails).
     commit_log_shards: int = 1
+    # delta-rs storage options for an object-store root (``[storage]`` in engine.toml, MQ_STORAGE_<KEY>,
+    # the AWS_* environment, ``--storage-option KEY=VALUE``): credentials and endpoint. Secret values
+    # never appear in the config's repr.
+    storage: Mapping[str, str] = field(default_factory=dict, compare=True, hash=False)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.storage, Mapping) or not all(
+            isinstance(k, str) and k and isinstance(v, str) for k, v in self.storage.items()
+        ):
+            raise ConfigError(
+                "config storage must be a table of option names to string values "
+                f"(delta-rs storage options), got {type(self.storage).__name__}",
+                key="storage",
+            )
+        object.__setattr__(self, "storage", dict(self.storage))
         for f in fields(self):
             value = getattr(self, f.name)
             if f.type in ("int", int) and (not isinstance(value, int) or isinstance(value, bool)):
@@ -110,8 +157,62 @@ class EngineConfig:
                 key="commit_log_shards",
             )
 
+    def __repr__(self) -> str:
+        shown = ", ".join(
+            f"{f.name}={redact_storage(self.storage) if f.name == 'storage' else getattr(self, f.name)!r}"
+            for f in fields(self)
+        )
+        return f"EngineConfig({shown})"
+
     def replace(self, **changes: Any) -> EngineConfig:
         return dataclasses.replace(self, **changes)
+
+
+def storage_from_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Storage options named by the environment: the S3 ``AWS_*`` variables, then ``MQ_STORAGE_<KEY>``
+    (which wins), with empty values ignored."""
+    env = os.environ if environ is None else environ
+    found = {k: env[k] for k in _AWS_ENV_KEYS if env.get(k)}
+    for key, value in env.items():
+        name = key[len(STORAGE_ENV_PREFIX) :]
+        if key.startswith(STORAGE_ENV_PREFIX) and name and value:
+            found[name] = value
+    return found
+
+
+def parse_storage_option(text: str) -> tuple[str, str]:
+    """One ``KEY=VALUE`` of ``--storage-option``.
+
+    Raises:
+        ConfigError: no ``=``, or an empty key.
+    """
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(
+            f"storage option must be KEY=VALUE (e.g. AWS_REGION=us-east-1), got {text.split('=')[0]!r}"
+        )
+    return key.strip(), value
+
+
+STORAGE_OPTION_HELP = (
+    "a delta-rs storage option KEY=VALUE for an object-store root (repeatable), e.g. "
+    "AWS_ENDPOINT_URL=http://127.0.0.1:8333; also [storage] in engine.toml, MQ_STORAGE_<KEY>, AWS_*"
+)
+
+
+def export_storage_options(items: Sequence[str] | None) -> dict[str, str]:
+    """Put ``--storage-option KEY=VALUE`` items into this process's environment as
+    ``MQ_STORAGE_<KEY>``, where every store this process opens, the jobs it runs in-process and
+    the programs it starts (spark-submit, job subprocesses) find them, without a secret ever
+    appearing on a command line. Returns the options parsed.
+
+    Raises:
+        ConfigError: an item that is not ``KEY=VALUE``.
+    """
+    parsed = dict(parse_storage_option(item) for item in items or ())
+    for key, value in parsed.items():
+        os.environ[STORAGE_ENV_PREFIX + key] = value
+    return parsed
 
 
 def _coerce(name: str, raw: Any, kind: Any) -> Any:
@@ -148,6 +249,7 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> EngineConfi
     """
     known = {f.name: f.type for f in fields(EngineConfig)}
     values: dict[str, Any] = {}
+    storage: dict[str, str] = {}
     if path is not None and not isinstance(path, str | os.PathLike):
         raise ConfigError(f"config path must be a path to an engine.toml, got {path!r}")
     file = Path(path) if path else config_file()
@@ -163,17 +265,29 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> EngineConfi
         section = data.get("engine", data)
         if not isinstance(section, dict):
             raise ConfigError(f"{file}: [engine] must be a table of settings, got {section!r}")
+        table = data.get("storage", {})
+        if not isinstance(table, dict) or not all(isinstance(v, str) for v in table.values()):
+            raise ConfigError(f"{file}: [storage] must be a table of option names to strings", key="storage")
+        storage.update(table)
         for key, value in section.items():
+            if key == "storage" and "engine" not in data:
+                continue  # a file without [engine]: the [storage] table is read above
             if key not in known:
                 raise ConfigError(f"{file}: unknown key {key!r}; known: {', '.join(sorted(known))}", key=key)
             values[key] = value
     for key, kind in known.items():
         env = os.environ.get(f"MQ_{key.upper()}")
-        if env is not None and env != "":
+        if key != "storage" and env is not None and env != "":
             values[key] = _coerce(key, env, kind)
+    storage.update(storage_from_env())
     for key, value in overrides.items():
         if key not in known:
             raise ConfigError(f"unknown config key {key!r}", key=key)
-        if value is not None:
+        if key == "storage" and value is not None:
+            if not isinstance(value, Mapping):
+                raise ConfigError("storage must be a mapping of option names to strings", key="storage")
+            storage.update(value)
+        elif value is not None:
             values[key] = value
+    values["storage"] = storage
     return EngineConfig(**values)

@@ -8,7 +8,8 @@
     mq dashboard | serve
 
 Every command takes ``--store PATH`` (default ``MQ_STORE``, else ``conf/engine.toml``, else
-``./mqdata``) and ``--json`` (exactly one JSON document on stdout). A bad argument, a missing Java
+``./mqdata``), ``--storage-option KEY=VALUE`` (repeatable; delta-rs storage options of an
+object-store root) and ``--json`` (exactly one JSON document on stdout). A bad argument, a missing Java
 or any :class:`~engine.errors.MQError` is one line ``mq: error: ...`` on stderr and exit code 2,
 never a traceback (``MQ_DEBUG=1`` shows it).
 """
@@ -22,6 +23,7 @@ from collections.abc import Callable, Sequence
 
 from engine.cli import cmd_dashboard, cmd_dlq, cmd_group, cmd_jobs, cmd_message, cmd_serve, cmd_sql, cmd_topic
 from engine.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, PROG, Output, Parser, console, one_line
+from engine.config import STORAGE_OPTION_HELP, export_storage_options
 from engine.errors import MQError
 
 Command = Callable[[argparse.Namespace, Output], int]
@@ -35,11 +37,21 @@ def build_parser() -> argparse.ArgumentParser:
         "--store", default=None, help="store directory or URI (default: $MQ_STORE or ./mqdata)"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
+    parser.add_argument(
+        "--storage-option", action="append", default=None, metavar="KEY=VALUE", help=STORAGE_OPTION_HELP
+    )
     # Subcommands accept both too; SUPPRESS keeps the top-level value when they do not repeat it.
     common = Parser(add_help=False)
     common.add_argument("--store", default=argparse.SUPPRESS, help="store directory or URI")
     common.add_argument(
         "--json", action="store_true", default=argparse.SUPPRESS, help="print one JSON document"
+    )
+    common.add_argument(
+        "--storage-option",
+        action="append",
+        default=argparse.SUPPRESS,
+        metavar="KEY=VALUE",
+        help=STORAGE_OPTION_HELP,
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=Parser)
     for group in _GROUPS:
@@ -73,6 +85,7 @@ def _run(argv: Sequence[str] | None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         if hasattr(args, "job_args"):  # options handed to a job's own parser (mq broker, maintenance)
             args.job_args = extra
+        export_storage_options(args.storage_option)
         func: Command = args.func
         return func(args, Output(out, err, as_json=bool(args.json)))
     except SystemExit as exc:  # --help, or a job that exits

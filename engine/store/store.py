@@ -78,7 +78,8 @@ class Store:
 
         Args:
             path: a directory or an object-store URI; default ``MQ_STORE`` or ``./mqdata``.
-            storage_options: delta-rs storage options (credentials, endpoint) for URIs.
+            storage_options: delta-rs storage options (credentials, endpoint) for URIs, over the
+                config's ``storage`` (``[storage]`` of engine.toml, ``MQ_STORAGE_<KEY>``, ``AWS_*``).
             config: engine settings; default :func:`engine.config.load_config`.
 
         A table whose last commit file was torn by a crash (it does not parse, or was cut at a line
@@ -112,7 +113,10 @@ class Store:
                 Path(root).mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise StoreError(f"cannot create store directory {root}: {exc}", path=root) from exc
-        store = cls(root, storage_options, cfg)
+        # The config's options ([storage], MQ_STORAGE_*, AWS_*) under the explicit ones; a local root
+        # takes none (they would only name an object store it does not use).
+        options = {**cfg.storage, **(storage_options or {})} if _is_uri(root) else None
+        store = cls(root, options, cfg)
         for name in schemas.SCHEMAS:
             store._ensure_table(name)
         store._shards = store._recorded_shards()

@@ -27,6 +27,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from engine.config import STORAGE_OPTION_HELP, export_storage_options
 from engine.errors import InvalidArgumentError, MQError
 from engine.store.store import Store
 
@@ -53,6 +54,9 @@ def argument_parser(job: str, description: str) -> JobArgumentParser:
     parser.add_argument("--once", action="store_true", help="process every committed version, then exit")
     parser.add_argument(
         "--checkpoint", default=None, help="streaming checkpoint location (default: under the store)"
+    )
+    parser.add_argument(
+        "--storage-option", action="append", default=None, metavar="KEY=VALUE", help=STORAGE_OPTION_HELP
     )
     return parser
 
@@ -95,6 +99,7 @@ def start(args: argparse.Namespace, app_name: str, began: float | None = None) -
 
     from engine.spark import session
 
+    export_storage_options(getattr(args, "storage_option", None))
     store = open_store(str(args.store))
     running = SparkContext._active_spark_context is not None
     return JobContext(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -83,6 +84,64 @@ def spark_reads(request: pytest.FixtureRequest, spark: Any) -> Iterator[Any]:
             spark.conf.unset(DELTA_READS)
         else:
             spark.conf.set(DELTA_READS, before)
+
+
+# ----------------------------------------------------------------------------- object storage
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One SeaweedFS S3 server for the whole run on 127.0.0.1 (static keys, conditional PUTs probed).
+
+    ``.ci/run`` builds its binary first; elsewhere the first use builds it (minutes, then cached).
+    Where it cannot be built or started the object-store tests skip — except under CI, where that
+    is a failure.
+    """
+    from bench.seaweedfs import SeaweedS3, SeaweedUnavailable, cached_binary
+
+    server = SeaweedS3(tmp_path_factory.mktemp("seaweedfs"), binary=cached_binary())
+    try:
+        server.start()
+    except SeaweedUnavailable as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the S3 server is unavailable: {exc}")
+        pytest.skip(f"the S3 server is unavailable: {exc}")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3_bucket(s3_server: Any) -> str:
+    """The run's bucket; every test takes a prefix of its own in it (:func:`s3_root`)."""
+    return str(s3_server.create_bucket("lakemq-tests"))
+
+
+@pytest.fixture
+def s3_root(s3_bucket: str, request: pytest.FixtureRequest) -> str:
+    """A fresh ``s3://`` store root for one test (a unique prefix in the run's bucket)."""
+    name = "".join(c if c.isalnum() else "-" for c in request.node.name)[:60]
+    return f"s3://{s3_bucket}/{name}-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def s3_options(s3_server: Any) -> dict[str, str]:
+    """delta-rs storage options of the run's S3 server (admin keys)."""
+    return dict(s3_server.storage_options())
+
+
+@pytest.fixture
+def s3_store(s3_root: str, s3_options: dict[str, str]) -> Store:
+    """An empty store on the S3 server."""
+    return Store.open(s3_root, storage_options=s3_options)
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
+def any_store(request: pytest.FixtureRequest, tmp_path: Path) -> Store:
+    """An empty store, once in a local directory and once on the S3 server (CONVENTIONS 14: where
+    the two differ the object-store path is the reference, and both are tested)."""
+    if request.param == "local":
+        return Store.open(tmp_path / "mqdata")
+    return Store.open(
+        request.getfixturevalue("s3_root"), storage_options=request.getfixturevalue("s3_options")
+    )
 
 
 # The run's exit status, kept for pytest_unconfigure (see there).

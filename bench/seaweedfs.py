@@ -281,7 +281,9 @@ class SeaweedS3:
             aws_access_key_id=who.access_key,
             aws_secret_access_key=who.secret_key,
             region_name=REGION,
-            config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 1}),
+            config=Config(
+                s3={"addressing_style": "path"}, retries={"total_max_attempts": 1, "mode": "standard"}
+            ),
         )
 
     def create_bucket(self, name: str | None = None) -> str:

@@ -19,6 +19,7 @@ from engine.client.push.listener import (
     ConsumeOrderlyContext,
     ConsumeResult,
     Listener,
+    MessageListener,
 )
 
 __all__ = [
@@ -26,5 +27,6 @@ __all__ = [
     "ConsumeOrderlyContext",
     "ConsumeResult",
     "Listener",
+    "MessageListener",
     "PushConsumer",
 ]

@@ -22,7 +22,7 @@ from engine.client.admin import Admin
 from engine.client.membership import GroupMembership, default_consumer_id, host_client_id
 from engine.client.offsets import ConsumeFrom, start_offset
 from engine.client.pull import PullConsumer
-from engine.client.push.listener import Listener, ListenerCall
+from engine.client.push.listener import Listener, ListenerCall, MessageListener
 from engine.client.push.queue_workers import UNLIMITED_RECONSUME, ConsumeSetup, ProcessQueue, log_failure
 from engine.client.push.resets import LiveResets
 from engine.client.push.settings import push_settings
@@ -230,33 +230,45 @@ class PushConsumer(Closing):
         with self._state_lock:
             return dict(self._subscriptions)
 
-    def register_listener(self, listener: Listener, orderly: bool = False) -> None:
+    def register_listener(
+        self,
+        listener: Listener | MessageListener,
+        orderly: bool = False,
+        *,
+        with_context: bool | None = None,
+    ) -> None:
         """Set the function called with each batch of messages; it returns a :class:`ConsumeResult`.
 
-        ``listener(messages)`` or ``listener(messages, context)``: a listener taking two arguments
-        also gets a :class:`ConsumeConcurrentlyContext` (choose the next retry delay) or a
-        :class:`ConsumeOrderlyContext` (choose the pause).
+        ``listener(messages)``, or, to also get a :class:`ConsumeConcurrentlyContext` (choose the
+        next retry delay) or a :class:`ConsumeOrderlyContext` (choose the pause), a listener that
+        asks for the context unmistakably: ``listener(messages, context)`` with ``context``
+        required (no default), an object with RocketMQ's ``consume_message(messages, context)``
+        (:class:`~engine.client.push.listener.MessageListener`), or any callable registered with
+        ``with_context=True``. A second parameter with a default (``lambda msgs, i=i: ...``, the
+        usual way to bind a loop variable) or ``*args`` gets no context; ``with_context=False``
+        never passes one.
 
-        A concurrent listener is called from one thread per queue at once and must be thread-safe;
-        a failed (RECONSUME_LATER or raising) batch is recorded as NACKs and redelivered later
-        through the retry topic. An orderly listener sees each queue's messages in queue order,
-        one batch at a time, only while this instance holds the queue's lock; a failed batch
+        A concurrent listener is called from the consume pool (``consume_thread_max`` threads at
+        most), several batches of one queue at once, and must be thread-safe; a failed
+        (RECONSUME_LATER or raising) batch is recorded as NACKs and redelivered later through the
+        retry topic. An orderly listener sees each queue's messages in queue order, one batch at a
+        time, only while this instance holds the queue's lock; a failed batch
         (SUSPEND_CURRENT_QUEUE_A_MOMENT, RECONSUME_LATER or raising) is retried in place after
         ``suspend_current_queue_ms``, never skipped; only when the user set
         ``max_reconsume_times`` does a message failing more often go to the dead-letter topic.
 
         Raises:
-            InvalidArgumentError: not callable.
+            InvalidArgumentError: not callable (nor a ``MessageListener``), or ``with_context=True``
+                for a listener that cannot take two arguments.
             ConsumerError: the consumer is already started, or was shut down.
         """
         self._check_open()
-        if not callable(listener):
-            raise InvalidArgumentError("listener must be callable: fn(list[MessageExt]) -> ConsumeResult")
+        call = ListenerCall(listener, self.instance_id, with_context)
         with self._state_lock:
             self._check_open()
             if self._started:
                 raise ConsumerError("register the listener before start()", group=self.group)
-            self._listener = ListenerCall(listener, self.instance_id)
+            self._listener = call
             self._orderly = bool(orderly)
 
     def start(self) -> PushConsumer:

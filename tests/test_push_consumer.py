@@ -398,7 +398,7 @@ def test_consume_from_applies_to_a_group_without_offsets(
     expected_prefixes: set[str],
 ) -> None:
     if not young:  # every queue counts as old: its first message is no longer "in memory"
-        monkeypatch.setattr(store, "config", store.config.replace(in_memory_age_ms=0))
+        monkeypatch.setattr(store, "config", store.config.replace(in_memory_max_bytes=0))
     middle = _preload(store)
     seen = Collector()
     c = consumer(store, "g", listener=seen, consume_from=consume_from, consume_from_timestamp_ms=middle)

@@ -46,7 +46,7 @@ from engine.protocol.selectors import MessageSelector
 from engine.store.action_log import ActionLogWriter
 from engine.store.consume_queue import QueueIndex
 from engine.store.consumer_offset import OffsetStore
-from engine.store.store import Store, now_ms
+from engine.store.store import Store
 
 _log = logging.getLogger(__name__)
 # A queue waiting for its lock looks again this soon (or every rebalance, if that is sooner).
@@ -65,7 +65,7 @@ class PushConsumer(Closing):
         allocate: rebalance strategy, ``"averagely"``, ``"averagely_by_circle"``,
             ``"consistent_hash"`` or a callable ``(queues, consumer_ids, me) -> queues``.
         consume_from: where to start a queue the group has no committed offset for (LAST: its
-            end, or 0 while the queue is young: ``EngineConfig.in_memory_age_ms``, as RocketMQ).
+            end, or 0 while the queue is young: ``EngineConfig.in_memory_max_bytes``, as RocketMQ).
         consume_from_timestamp_ms: the time for ``ConsumeFrom.TIMESTAMP`` (default 30 min ago).
         max_reconsume_times: failures after which a message goes to ``%DLQ%<group>``; -1 or None
             (the default) means 16 (the engine's ``max_reconsume_times``) for a concurrent
@@ -497,8 +497,7 @@ class PushConsumer(Closing):
             mq.queue_id,
             self.consume_from,
             timestamp_ms=self.consume_from_timestamp_ms,
-            in_memory_age_ms=self._store.config.in_memory_age_ms,
-            now_ms=now_ms(),
+            store=self._store,
             pop=False,
         )
 

@@ -620,7 +620,7 @@ def test_queue_locks_are_renewed_a_relock_interval_after_the_first_lock_whatever
     from types import SimpleNamespace
 
     from engine.client.push import consumer as push_module
-    from engine.client.push.queue_workers import ProcessQueue
+    from engine.client.push.process_queue import ProcessQueue
 
     clock = [5.0]  # time.monotonic() on a machine booted 5 s ago
     monkeypatch.setattr(push_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))

@@ -2,7 +2,7 @@
 
 Between ``min_threads`` and ``max_threads`` daemon threads run the tasks submitted, in the order
 they become due (a task may be submitted to run after a delay: an orderly queue's pause). A thread
-is added when a task arrives and every thread is busy, up to ``max_threads``; one above
+is added when a task arrives and more tasks wait than threads are idle, up to ``max_threads``; one above
 ``min_threads`` idle for ``keep_alive_s`` ends. RocketMQ's ``ThreadPoolExecutor`` has an unbounded
 queue, so it never grows past ``consumeThreadMin``; here it does, up to the max (both default to 20,
 so by default the two behave alike).
@@ -75,7 +75,7 @@ class ConsumePool:
                 return
             heapq.heappush(self._tasks, (time.monotonic() + max(0.0, delay_s), next(self._order), task))
             idle = self._threads - self._busy
-            if self._threads < self._max and (idle == 0 or self._threads < self._min):
+            if self._threads < self._max and (len(self._tasks) > idle or self._threads < self._min):
                 self._threads += 1
                 thread = threading.Thread(
                     target=self._work, name=f"{self._name}-{next(self._names)}", daemon=True

@@ -398,7 +398,7 @@ def test_consume_from_applies_to_a_group_without_offsets(
     expected_prefixes: set[str],
 ) -> None:
     if not young:  # every queue counts as old: its first message is no longer "in memory"
-        monkeypatch.setattr(store, "config", store.config.replace(in_memory_age_ms=0))
+        monkeypatch.setattr(store, "config", store.config.replace(in_memory_max_bytes=0))
     middle = _preload(store)
     seen = Collector()
     c = consumer(store, "g", listener=seen, consume_from=consume_from, consume_from_timestamp_ms=middle)
@@ -620,7 +620,7 @@ def test_queue_locks_are_renewed_a_relock_interval_after_the_first_lock_whatever
     from types import SimpleNamespace
 
     from engine.client.push import consumer as push_module
-    from engine.client.push.queue_workers import ProcessQueue
+    from engine.client.push.process_queue import ProcessQueue
 
     clock = [5.0]  # time.monotonic() on a machine booted 5 s ago
     monkeypatch.setattr(push_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))

@@ -18,8 +18,9 @@ from engine import (
     Store,
     StoreError,
 )
+from engine.client.push.consume_service import log_failure
 from engine.client.push.listener import ListenerCall, listener_view
-from engine.client.push.queue_workers import ProcessQueue, log_failure
+from engine.client.push.process_queue import ProcessQueue
 from engine.client.push.resets import LiveResets
 from engine.client.resets import ResetWatcher
 from engine.protocol import PROPERTY_RETRY_TOPIC
@@ -99,7 +100,7 @@ def test_a_process_queue_changes_only_through_its_methods() -> None:
 def test_a_process_queue_never_started_has_stopped() -> None:
     pq = ProcessQueue(MQ, "*", 0, None)
     pq.drop()
-    assert pq.wait_stopped(0)
+    assert pq.join_puller(0) and pq.wait_idle(0) and pq.dropped
 
 
 def test_background_failures_log_a_traceback_only_for_unexpected_errors(

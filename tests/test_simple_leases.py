@@ -198,8 +198,8 @@ def test_close_gives_back_prefetched_messages_without_counting_a_delivery(
     ("setting", "consume_from", "expected"),
     [
         ({}, "LAST", [b"m0", b"m1", b"m2"]),  # a young queue: from 0, as RocketMQ's POP
-        ({"in_memory_age_ms": 0}, "LAST", [b"m2"]),  # an old queue: the last message
-        ({"in_memory_age_ms": 0}, "FIRST", [b"m0", b"m1", b"m2"]),
+        ({"in_memory_max_bytes": 0}, "LAST", [b"m2"]),  # an old queue: the last message
+        ({"in_memory_max_bytes": 0}, "FIRST", [b"m0", b"m1", b"m2"]),
     ],
 )
 def test_a_new_group_starts_by_consume_from_and_the_age_of_the_queue(

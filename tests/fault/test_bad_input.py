@@ -481,7 +481,7 @@ PUSH_CASES = [
     Case("push-pull-batch-0", lambda e: push(e, pull_batch_size=0), InvalidArgumentError, "pull_batch_size"),
     Case(
         "push-consume-batch-overflow",
-        lambda e: push(e, consume_batch_size=5000),
+        lambda e: push(e, consume_message_batch_max_size=5000),
         InvalidArgumentError,
         "at most",
     ),

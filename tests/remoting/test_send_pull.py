@@ -244,7 +244,7 @@ def test_update_consumer_offset_one_way_then_query(
 
 
 def test_a_new_group_on_an_old_queue_gets_query_not_found(tmp_path: Path) -> None:
-    store = Store.open(tmp_path / "old", config=load_config(in_memory_age_ms=0))
+    store = Store.open(tmp_path / "old", config=load_config(in_memory_max_bytes=0))
     Admin(store).create_topic("T", 1)
     with RemotingServer(store, namesrv_port=0, broker_port=0, run_broker_jobs=False) as srv:
         client = WireClient(srv.broker_address)

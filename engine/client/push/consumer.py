@@ -1,18 +1,22 @@
 """The push consumer: RocketMQ's ``DefaultMQPushConsumer`` over the pull machinery.
 
-Background threads do what RocketMQ's client does: a service thread heartbeats, commits offsets
-and flushes consumer actions; a rebalance thread recomputes this instance's queues from the live
-members and the allocation strategy; one thread per assigned queue long-polls it, calls the
-listener and advances the queue's offset.
+Background threads do what RocketMQ's client does: a service thread heartbeats, commits offsets,
+flushes consumer actions and sends back messages stuck in a listener past ``consume_timeout``; a
+rebalance thread recomputes this instance's queues from the live members and the allocation
+strategy; one thread per assigned queue long-polls it into the queue's cache (pausing while the
+cache is over its bounds, :mod:`.pull_service`); a pool of consume threads calls the listener
+(:mod:`.consume_service`), so a listener that hangs holds one pool thread, not its queue.
 
-Delivery is at least once. Offsets are committed every ``commit_interval_ms``, when a queue is
-reassigned away and at shutdown, always after the consumer actions (NACKs) of the messages they
-pass are durable, so a crash re-delivers rather than loses. Orderly listeners consume a queue only
+Delivery is at least once. The offset committed for a queue is its process queue's smallest cached
+offset (never past a message not consumed), every ``commit_interval_ms``, when a queue is
+reassigned away and at shutdown, always after the consumer actions (NACKs) of the messages it
+passes are durable, so a crash re-delivers rather than loses. Orderly listeners consume a queue only
 while holding its lock, so a queue moving between members is never consumed by two at once.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -22,8 +26,10 @@ from engine.client.admin import Admin
 from engine.client.membership import GroupMembership, default_consumer_id, host_client_id
 from engine.client.offsets import ConsumeFrom, start_offset
 from engine.client.pull import PullConsumer
-from engine.client.push.listener import Listener, ListenerCall
-from engine.client.push.queue_workers import UNLIMITED_RECONSUME, ConsumeSetup, ProcessQueue, log_failure
+from engine.client.push.consume_service import UNLIMITED_RECONSUME, ConsumeService, ConsumeSetup, log_failure
+from engine.client.push.listener import Listener, ListenerCall, MessageListener
+from engine.client.push.process_queue import ProcessQueue, ProcessQueueInfo
+from engine.client.push.pull_service import pull_loop
 from engine.client.push.resets import LiveResets
 from engine.client.push.settings import push_settings
 from engine.client.resets import ResetWatcher
@@ -46,7 +52,7 @@ from engine.protocol.selectors import MessageSelector
 from engine.store.action_log import ActionLogWriter
 from engine.store.consume_queue import QueueIndex
 from engine.store.consumer_offset import OffsetStore
-from engine.store.store import Store, now_ms
+from engine.store.store import Store
 
 _log = logging.getLogger(__name__)
 # A queue waiting for its lock looks again this soon (or every rebalance, if that is sooner).
@@ -65,13 +71,41 @@ class PushConsumer(Closing):
         allocate: rebalance strategy, ``"averagely"``, ``"averagely_by_circle"``,
             ``"consistent_hash"`` or a callable ``(queues, consumer_ids, me) -> queues``.
         consume_from: where to start a queue the group has no committed offset for (LAST: its
-            end, or 0 while the queue is young: ``EngineConfig.in_memory_age_ms``, as RocketMQ).
+            end, or 0 while the queue is young: ``EngineConfig.in_memory_max_bytes``, as RocketMQ).
         consume_from_timestamp_ms: the time for ``ConsumeFrom.TIMESTAMP`` (default 30 min ago).
         max_reconsume_times: failures after which a message goes to ``%DLQ%<group>``; -1 or None
             (the default) means 16 (the engine's ``max_reconsume_times``) for a concurrent
             listener and no limit for an orderly one, as in RocketMQ.
-        pull_batch_size: most messages pulled from a queue at a time (1..1024).
-        consume_batch_size: most messages passed to one listener call.
+        pull_batch_size: most messages pulled from a queue at a time (1..1024; RocketMQ's
+            ``pullBatchSize``, 32, the engine's ``pull_batch_size``).
+        consume_message_batch_max_size: most messages passed to one listener call (RocketMQ's
+            ``consumeMessageBatchMaxSize``, 1).
+        consume_thread_min, consume_thread_max: the consume pool's threads (RocketMQ's
+            ``consumeThreadMin`` / ``consumeThreadMax``, 20 and 20; 1..1000). At most
+            ``consume_thread_max`` listener calls run at once, over every queue. Differs on
+            purpose: RocketMQ's executor has an unbounded queue and never grows past the min; this
+            pool grows to the max while every thread is busy and shrinks back after 60 s idle.
+        pull_threshold_for_queue: cached messages of a queue past which pulling it pauses
+            (RocketMQ's ``pullThresholdForQueue``, 1000; 1..65535).
+        pull_threshold_size_for_queue: cached body MiB of a queue past which pulling it pauses
+            (RocketMQ's ``pullThresholdSizeForQueue``, 100; 1..1024).
+        consume_concurrently_max_span: concurrently: pulling a queue pauses while its cached
+            offsets span more than this (RocketMQ's ``consumeConcurrentlyMaxSpan``, 2000), so one
+            slow message does not let the cache run far ahead of the committed offset.
+        consume_timeout: minutes a message may stay inside a concurrent listener call before it is
+            sent back as a retry (RocketMQ's ``consumeTimeout``, 15): CLUSTERING NACKs it with
+            delay level 3 and it leaves the queue's cache, so the offset moves on and the hung
+            call's answer is ignored; BROADCASTING drops it, as it drops a failed message. The
+            check runs with the service loop (a fraction of a second), where RocketMQ's
+            ``cleanExpireMsg`` runs every ``consumeTimeout`` minutes and looks only at each queue's
+            first message: here a message goes back as soon as it is due. Orderly consumers are
+            never timed out (as in RocketMQ). The call itself keeps its pool thread until it returns.
+        consume_timeout_ms: the same in milliseconds; when given, it wins over ``consume_timeout``.
+        await_termination_ms_when_shutdown: how long :meth:`shutdown` (and a queue moving away)
+            waits for the listener calls in flight before committing (RocketMQ's
+            ``awaitTerminationMillisWhenShutdown``, 0). Differs on purpose: 10 s here, so a batch
+            finishing in time is committed rather than consumed again; a call still running after
+            it is abandoned (its messages come again from the committed offset), never waited for.
         instance_id: this instance's id in the group. Default: unique per instance for clustering;
             ``ip@DEFAULT`` for broadcasting (RocketMQ's client id), so a broadcasting consumer
             restarted on the same host resumes from its offsets; give each of several
@@ -100,7 +134,15 @@ class PushConsumer(Closing):
         consume_from_timestamp_ms: int | None = None,
         max_reconsume_times: int | None = None,
         pull_batch_size: int | None = None,
-        consume_batch_size: int = 1,
+        consume_message_batch_max_size: int = 1,
+        consume_thread_min: int = 20,
+        consume_thread_max: int = 20,
+        pull_threshold_for_queue: int = 1_000,
+        pull_threshold_size_for_queue: int = 100,
+        consume_concurrently_max_span: int = 2_000,
+        consume_timeout: int = 15,
+        consume_timeout_ms: int | None = None,
+        await_termination_ms_when_shutdown: int = 10_000,
         instance_id: str | None = None,
         heartbeat_interval_ms: int = 2_000,
         member_timeout_ms: int = 6_000,
@@ -128,7 +170,15 @@ class PushConsumer(Closing):
             consume_from_timestamp_ms=consume_from_timestamp_ms,
             max_reconsume_times=max_reconsume_times,
             pull_batch_size=pull_batch_size,
-            consume_batch_size=consume_batch_size,
+            consume_message_batch_max_size=consume_message_batch_max_size,
+            consume_thread_min=consume_thread_min,
+            consume_thread_max=consume_thread_max,
+            pull_threshold_for_queue=pull_threshold_for_queue,
+            pull_threshold_size_for_queue=pull_threshold_size_for_queue,
+            consume_concurrently_max_span=consume_concurrently_max_span,
+            consume_timeout=consume_timeout,
+            consume_timeout_ms=consume_timeout_ms,
+            await_termination_ms_when_shutdown=await_termination_ms_when_shutdown,
             heartbeat_interval_ms=heartbeat_interval_ms,
             member_timeout_ms=member_timeout_ms,
             rebalance_interval_ms=rebalance_interval_ms,
@@ -140,8 +190,9 @@ class PushConsumer(Closing):
         )
         self.consume_from_timestamp_ms = settings.consume_from_timestamp_ms
         self._max_reconsume_setting = settings.max_reconsume_setting
+        self._settings = settings
         self.pull_batch_size = settings.pull_batch_size
-        self.consume_batch_size = settings.consume_batch_size
+        self.consume_message_batch_max_size = settings.consume_batch_size
         self._heartbeat_s = settings.heartbeat_s
         self._rebalance_s = settings.rebalance_s
         self._commit_s = settings.commit_s
@@ -181,6 +232,7 @@ class PushConsumer(Closing):
         self._last_relock: float | None = None  # monotonic time of the last renewal of every lock
         self._resets: LiveResets | None = None  # set by start()
         self._setup: ConsumeSetup | None = None  # set by start()
+        self._consume: ConsumeService | None = None  # set by start()
 
     # ----------------------------------------------------------------- setup
     @property
@@ -230,33 +282,45 @@ class PushConsumer(Closing):
         with self._state_lock:
             return dict(self._subscriptions)
 
-    def register_listener(self, listener: Listener, orderly: bool = False) -> None:
+    def register_listener(
+        self,
+        listener: Listener | MessageListener,
+        orderly: bool = False,
+        *,
+        with_context: bool | None = None,
+    ) -> None:
         """Set the function called with each batch of messages; it returns a :class:`ConsumeResult`.
 
-        ``listener(messages)`` or ``listener(messages, context)``: a listener taking two arguments
-        also gets a :class:`ConsumeConcurrentlyContext` (choose the next retry delay) or a
-        :class:`ConsumeOrderlyContext` (choose the pause).
+        ``listener(messages)``, or, to also get a :class:`ConsumeConcurrentlyContext` (choose the
+        next retry delay) or a :class:`ConsumeOrderlyContext` (choose the pause), a listener that
+        asks for the context unmistakably: ``listener(messages, context)`` with ``context``
+        required (no default), an object with RocketMQ's ``consume_message(messages, context)``
+        (:class:`~engine.client.push.listener.MessageListener`), or any callable registered with
+        ``with_context=True``. A second parameter with a default (``lambda msgs, i=i: ...``, the
+        usual way to bind a loop variable) or ``*args`` gets no context; ``with_context=False``
+        never passes one.
 
-        A concurrent listener is called from one thread per queue at once and must be thread-safe;
-        a failed (RECONSUME_LATER or raising) batch is recorded as NACKs and redelivered later
-        through the retry topic. An orderly listener sees each queue's messages in queue order,
-        one batch at a time, only while this instance holds the queue's lock; a failed batch
+        A concurrent listener is called from the consume pool (``consume_thread_max`` threads at
+        most), several batches of one queue at once, and must be thread-safe; a failed
+        (RECONSUME_LATER or raising) batch is recorded as NACKs and redelivered later through the
+        retry topic. An orderly listener sees each queue's messages in queue order, one batch at a
+        time, only while this instance holds the queue's lock; a failed batch
         (SUSPEND_CURRENT_QUEUE_A_MOMENT, RECONSUME_LATER or raising) is retried in place after
         ``suspend_current_queue_ms``, never skipped; only when the user set
         ``max_reconsume_times`` does a message failing more often go to the dead-letter topic.
 
         Raises:
-            InvalidArgumentError: not callable.
+            InvalidArgumentError: not callable (nor a ``MessageListener``), or ``with_context=True``
+                for a listener that cannot take two arguments.
             ConsumerError: the consumer is already started, or was shut down.
         """
         self._check_open()
-        if not callable(listener):
-            raise InvalidArgumentError("listener must be callable: fn(list[MessageExt]) -> ConsumeResult")
+        call = ListenerCall(listener, self.instance_id, with_context)
         with self._state_lock:
             self._check_open()
             if self._started:
                 raise ConsumerError("register the listener before start()", group=self.group)
-            self._listener = ListenerCall(listener, self.instance_id)
+            self._listener = call
             self._orderly = bool(orderly)
 
     def start(self) -> PushConsumer:
@@ -285,7 +349,13 @@ class PushConsumer(Closing):
                 max_reconsume_times=self.max_reconsume_times,
                 job_max_reconsume_times=self._store.config.max_reconsume_times,
                 pull_batch_size=self.pull_batch_size,
-                consume_batch_size=self.consume_batch_size,
+                consume_batch_size=self.consume_message_batch_max_size,
+                consume_thread_min=self._settings.consume_thread_min,
+                consume_thread_max=self._settings.consume_thread_max,
+                pull_threshold_for_queue=self._settings.pull_threshold_for_queue,
+                pull_threshold_bytes_for_queue=self._settings.pull_threshold_bytes_for_queue,
+                consume_concurrently_max_span=self._settings.consume_concurrently_max_span,
+                consume_timeout_s=self._settings.consume_timeout_s,
                 pull_suspend_ms=self._pull_suspend_ms,
                 relock_wait_s=min(self._rebalance_s, _RELOCK_WAIT_S),
                 suspend_s=self._suspend_s,
@@ -294,6 +364,7 @@ class PushConsumer(Closing):
                 actions=self._actions,
                 stop=self._stop,
             )
+            self._consume = ConsumeService(self._setup, f"push-{self.group}-consume")
             self._membership.heartbeat(self.subscriptions())
             self._started = True
             for name, target in (("service", self._service_loop), ("rebalance", self._rebalance_loop)):
@@ -306,6 +377,19 @@ class PushConsumer(Closing):
         """Queues this instance consumes now, sorted."""
         with self._state_lock:
             return sorted(self._pqs)
+
+    def process_queue_info(self) -> dict[MessageQueue, ProcessQueueInfo]:
+        """Each assigned queue's cache and offsets now (RocketMQ's ``ProcessQueueInfo`` in a
+        consumer's running info): cached messages and bytes, listener calls in flight, how often
+        pulling paused for the cache bounds, consumed and committed offsets."""
+        with self._state_lock:
+            pqs = dict(self._pqs)
+        return {mq: pq.info() for mq, pq in sorted(pqs.items())}
+
+    @property
+    def consume_threads(self) -> int:
+        """Threads of the consume pool alive now (at most ``consume_thread_max``; 0 before start)."""
+        return self._consume.pool.threads if self._consume is not None else 0
 
     @property
     def _uses_locks(self) -> bool:
@@ -340,6 +424,8 @@ class PushConsumer(Closing):
         with self._state_lock:
             pqs = list(self._pqs.values())
         self._drop(pqs)
+        if self._consume is not None:
+            self._consume.shutdown()
         try:
             self._persist()
             self._actions.close()
@@ -373,8 +459,20 @@ class PushConsumer(Closing):
                     self._actions.flush_if_due()
                 except Exception as exc:  # logged; background work goes on
                     self._warn("action flush failed", exc)
+            try:
+                self._expire_stuck()
+            except Exception as exc:  # logged; background work goes on
+                self._warn("sending back messages past consume_timeout failed", exc)
             wake = min(next_heartbeat, next_commit, time.monotonic() + _ACTION_FLUSH_S)
             self._stop.wait(max(0.0, wake - time.monotonic()))
+
+    def _expire_stuck(self) -> None:
+        """Send back messages inside a listener call for longer than ``consume_timeout``."""
+        if self._consume is None:
+            return
+        with self._state_lock:
+            pqs = list(self._pqs.values())
+        self._consume.expire(pqs)
 
     def _rebalance_loop(self) -> None:
         while not self._stop.is_set():
@@ -469,9 +567,11 @@ class PushConsumer(Closing):
             if self._stop.is_set():
                 return
             assert self._setup is not None  # queues start once the consumer has started
+            assert self._consume is not None
             for pq in pqs:
                 self._pqs[pq.mq] = pq
-                pq.start(self._setup, f"push-{self.group}-{pq.mq.topic}-{pq.mq.queue_id}")
+                loop = functools.partial(pull_loop, pq, self._setup, self._consume)
+                pq.start(loop, f"push-{self.group}-{pq.mq.topic}-{pq.mq.queue_id}")
 
     def _initial_offset(self, mq: MessageQueue) -> int:
         """RocketMQ's ``computePullFromWhere`` for a queue without a committed offset: LAST starts
@@ -485,17 +585,25 @@ class PushConsumer(Closing):
             mq.queue_id,
             self.consume_from,
             timestamp_ms=self.consume_from_timestamp_ms,
-            in_memory_age_ms=self._store.config.in_memory_age_ms,
-            now_ms=now_ms(),
+            store=self._store,
             pop=False,
         )
 
     def _drop(self, pqs: Sequence[ProcessQueue], *, commit: bool = True) -> None:
-        """Stop consuming queues: wait for their in-flight batch, commit, then unlock them."""
+        """Stop consuming queues: stop their pulls, give their listener calls in flight up to
+        ``await_termination_ms_when_shutdown`` to return, abandon what still runs, commit (unless
+        ``commit`` is False), then unlock the queues no call runs on any more."""
         for pq in pqs:
             pq.drop()
-        deadline = time.monotonic() + max(30.0, self._pull_suspend_ms / 1000 * 2)
-        finished = [pq.mq for pq in pqs if pq.wait_stopped(max(0.0, deadline - time.monotonic()))]
+        deadline = time.monotonic() + self._settings.await_termination_s
+        idle = {pq.mq for pq in pqs if pq.wait_idle(max(0.0, deadline - time.monotonic()))}
+        for pq in pqs:
+            pq.abandon()
+        # A pull thread ends within its long poll once its queue is dropped; it adds nothing after.
+        pull_deadline = time.monotonic() + max(1.0, 2 * self._pull_suspend_ms / 1000)
+        for pq in pqs:
+            if not pq.join_puller(max(0.0, pull_deadline - time.monotonic())):
+                _log.warning("push consumer %s: the pull of %s did not end in time", self.instance_id, pq.mq)
         try:
             if commit:
                 self._persist(pqs)
@@ -504,6 +612,7 @@ class PushConsumer(Closing):
                 for pq in pqs:
                     if self._pqs.get(pq.mq) is pq:
                         del self._pqs[pq.mq]
+        finished = [pq.mq for pq in pqs if pq.mq in idle]
         if self._uses_locks and finished and commit:
             # A listener still running keeps its lock until the lease expires.
             try:

@@ -398,8 +398,7 @@ class Leases:
             queue_id,
             self._consume_from,
             timestamp_ms=self._timestamp_ms,
-            in_memory_age_ms=self._store.config.in_memory_age_ms,
-            now_ms=now_ms(),
+            store=self._store,
             pop=True,
         )
 

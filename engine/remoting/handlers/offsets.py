@@ -7,7 +7,6 @@ from engine.remoting.codes import RequestCode, ResponseCode
 from engine.remoting.context import BrokerContext, Connection, Handler
 from engine.remoting.frames import RemotingCommand
 from engine.remoting.headers import Header
-from engine.store.store import now_ms
 
 
 def query_offset_sync(ctx: BrokerContext, group: str, topic: str, queue_id: int) -> int | None:
@@ -21,7 +20,7 @@ def query_offset_sync(ctx: BrokerContext, group: str, topic: str, queue_id: int)
     if committed is not None:
         return committed
     ctx.index.refresh()
-    if is_young(ctx.index, topic, queue_id, ctx.store.config.in_memory_age_ms, now_ms()):
+    if is_young(ctx.store, ctx.index, topic, queue_id):
         return 0
     return None
 

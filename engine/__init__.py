@@ -8,7 +8,14 @@ from engine.client.admin_groups import GroupSummary, QueueProgress
 from engine.client.offsets import ConsumeFrom
 from engine.client.producer import Producer
 from engine.client.pull import PullConsumer
-from engine.client.push import ConsumeConcurrentlyContext, ConsumeOrderlyContext, ConsumeResult, PushConsumer
+from engine.client.push import (
+    ConsumeConcurrentlyContext,
+    ConsumeOrderlyContext,
+    ConsumeResult,
+    MessageListener,
+    ProcessQueueInfo,
+    PushConsumer,
+)
 from engine.client.simple import SimpleConsumer
 from engine.client.trace import MessageTrace, TraceEvent, TraceKind
 from engine.client.transaction import TransactionProducer
@@ -78,12 +85,14 @@ __all__ = [
     "MQError",
     "Message",
     "MessageExt",
+    "MessageListener",
     "MessageModel",
     "MessageNotFoundError",
     "MessageQueue",
     "MessageSelector",
     "MessageTrace",
     "OffsetOutOfRangeError",
+    "ProcessQueueInfo",
     "Producer",
     "ProducerClosedError",
     "PullConsumer",

@@ -139,7 +139,8 @@ def test_a_message_found_by_id_shows_its_body_as_text_and_its_trace(running: Run
     page.fill("#by-id input[name=id]", evil.msg_id)  # the unique id (SendResult.msg_id)
     page.click("#by-id button")
     assert page.locator("#found tr").count() == 2
-    page.click(f"text={evil.offset_msg_id}")  # listed by its store id
+    page.click(f"#found >> text={evil.msg_id}")  # listed by the id the producer got
+    assert evil.offset_msg_id in page.inner_text("#message")
     assert page.locator("#body").inner_text() == EVIL.decode()
     assert page.locator("#message tr", has_text="property note").locator("td").inner_text() == "<b>bold?</b>"
     assert page.evaluate("window.pwned") is None  # the body never ran as markup

@@ -206,7 +206,7 @@ def test_query_by_key_returns_messages_stored_within_the_time_range(store: Store
 
     begin, end = sent[2][1], sent[4][1]
     window = admin.query_by_key(topic, "order-1", begin, end)
-    assert [m.msg_id for m in window] == [s.offset_msg_id for s, ts in sent if begin <= ts <= end]
+    assert [m.offset_msg_id for m in window] == [s.offset_msg_id for s, ts in sent if begin <= ts <= end]
     assert {"m2", "m4"} <= {m.body.decode() for m in window}  # both ends are inclusive
     assert admin.query_by_key(topic, "order-1", 0, sent[0][1] - 1) == []
     assert admin.query_by_key(topic, "no-such-key", 0, FAR_FUTURE) == []
@@ -285,7 +285,7 @@ def test_query_by_uniq_key_finds_the_message_in_its_topic(store: Store, admin: A
     index_pending(store)
     found = admin.query_by_uniq_key(topic, sent[1].uniq_key)
     assert found is not None
-    assert (found.body, found.msg_id, found.uniq_key) == (b"b", sent[1].offset_msg_id, sent[1].msg_id)
+    assert (found.body, found.offset_msg_id, found.msg_id) == (b"b", sent[1].offset_msg_id, sent[1].msg_id)
     assert admin.query_by_uniq_key("U", sent[1].uniq_key) is None  # another topic
     assert admin.query_by_uniq_key(topic, "0" * 32) is None
 

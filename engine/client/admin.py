@@ -413,13 +413,14 @@ class Admin:
     def resend_dlq(self, group: str, msg_id: str) -> SendResult:
         """Send a dead-lettered message back to its original topic as a new message.
 
-        The copy keeps body, tags, keys, user properties and ``ORIGIN_MESSAGE_ID``; it starts again
-        with ``reconsume_times`` 0. The DLQ keeps its copy (the log is append-only), so resending
+        The copy keeps the message's id (:attr:`MessageExt.msg_id`, the unique id its producer got),
+        body, tags, keys, user properties and ``ORIGIN_MESSAGE_ID``; it starts again with
+        ``reconsume_times`` 0. The DLQ keeps its copy (the log is append-only), so resending
         twice sends twice.
 
         Args:
             group: the consumer group whose DLQ holds the message.
-            msg_id: the DLQ message's offset msg id, or its uniq key.
+            msg_id: the DLQ message's id (:attr:`MessageExt.msg_id`) or its offset msg id.
 
         Returns:
             Where the new message was stored.
@@ -448,7 +449,7 @@ class Admin:
         copy = Message(original, message.body, message.tags, message.keys, properties)
         if self._producer is None:
             self._producer = Producer(self._store, "DLQ_RESEND")
-        return self._producer.append(self._producer.prepare(copy, resend=True))
+        return self._producer.append(self._producer.prepare(copy, uniq_key=message.msg_id, resend=True))
 
     # ----------------------------------------------------------------- consumer offsets
     def reset_offset_by_time(self, group: str, topic: str, timestamp_ms: int) -> dict[int, int]:

@@ -65,10 +65,10 @@ def view_message(
     """The stored message with id ``msg_id``: an offset msg id or a client unique id.
 
     As RocketMQ's ``viewMessage``: an offset id (:attr:`SendResult.offset_msg_id`,
-    :attr:`MessageExt.msg_id`: store id + physical offset) is one point read of the commit log, any
-    topic, dispatched or not; anything else is taken as a client unique id
-    (:attr:`SendResult.msg_id`, :attr:`MessageExt.uniq_key`) and looked up in the ``index`` table,
-    which holds what the index job has indexed so far. Both are 32 hex characters.
+    :attr:`MessageExt.offset_msg_id`: store id + physical offset) is one point read of the commit
+    log, any topic, dispatched or not; anything else is taken as a client unique id
+    (:attr:`SendResult.msg_id`, :attr:`MessageExt.msg_id`) and looked up in the ``index`` table and
+    the commit-log versions it has not reached yet. Both are 32 hex characters.
 
     Args:
         store: the store.
@@ -87,7 +87,7 @@ def view_message(
     reader = index or QueueIndex(store)
     if store_id == store.store_id:
         found = _read_messages(reader, [physical])
-        if found and found[0].msg_id == msg_id.upper() and (topic is None or found[0].topic == topic):
+        if found and found[0].offset_msg_id == msg_id.upper() and (topic is None or found[0].topic == topic):
             return found[0]
     if topic is not None:
         validate_topic_name(topic)
@@ -222,7 +222,7 @@ def query_by_uniq_key(
         store_id, physical = "", -1  # not an offset id: an index look-up only
     if store_id == store.store_id:
         found = _read_messages(reader, [physical])
-        if found and found[0].msg_id == uniq_key.upper() and found[0].topic == topic:
+        if found and found[0].offset_msg_id == uniq_key.upper() and found[0].topic == topic:
             return found[0]
     rows = index_lookup(store, topic, KIND_UNIQ_KEY, uniq_key)
     for offset in _offsets(rows, newest_first=False):

@@ -172,4 +172,5 @@ def test_spark_readers_and_views_show_the_id_send_returned(spark_reads: Any, sto
     source = spark.read.format("mq").options(store=store.root, topic="T", startingOffsets="earliest").load()
     register_views(spark, store, ["messages"])
     for frame in (source, spark.table("messages"), replay(spark, store, "T")):
-        assert [(r.msg_id, r.offset_msg_id) for r in frame.select("msg_id", "offset_msg_id").collect()] == wanted
+        rows = frame.select("msg_id", "offset_msg_id").collect()
+        assert [(r.msg_id, r.offset_msg_id) for r in rows] == wanted

@@ -36,7 +36,8 @@ def test_messages_view_has_every_dispatched_message_with_its_body(
     dispatch_pending(store)
     assert register_views(spark, store) == list(VIEWS)
     actual = spark.sql(
-        "SELECT topic, queue_id, queue_offset, physical_offset, msg_id, offset_msg_id, tags, body FROM messages"
+        "SELECT topic, queue_id, queue_offset, physical_offset, msg_id, offset_msg_id, tags, body "
+        "FROM messages"
     )
     expected = spark.createDataFrame(
         [

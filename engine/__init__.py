@@ -9,6 +9,7 @@ from engine.client.offsets import ConsumeFrom
 from engine.client.producer import Producer
 from engine.client.pull import PullConsumer
 from engine.client.push import ConsumeConcurrentlyContext, ConsumeOrderlyContext, ConsumeResult, PushConsumer
+from engine.client.queries import KeyQueryResult
 from engine.client.simple import SimpleConsumer
 from engine.client.trace import MessageTrace, TraceEvent, TraceKind
 from engine.client.transaction import TransactionProducer
@@ -74,6 +75,7 @@ __all__ = [
     "InvalidMessageError",
     "InvalidSelectorError",
     "InvalidTopicError",
+    "KeyQueryResult",
     "LocalTransactionState",
     "MQError",
     "Message",

@@ -251,3 +251,20 @@ def test_mq_dashboard_prints_its_address_and_token_and_serves(tmp_path: Path) ->
     finally:
         as_json.terminate()
         as_json.wait(timeout=60)
+
+
+def test_a_key_search_says_so_when_the_index_is_too_far_behind(
+    running: Running, page: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from engine.client import queries
+
+    Admin(running.store).create_topic("Audit", 1)
+    with Producer(running.store) as producer:
+        producer.send(Message("Audit", b"fresh", keys=["audit-1"]))
+    dispatch_pending(running.store)
+    page.goto(running.url + "/messages?topic=Audit&key=audit-1")  # found without the index job
+    assert "fresh" in page.locator("#found").inner_text()
+    assert page.locator("#incomplete").count() == 0
+    monkeypatch.setattr(queries, "UNINDEXED_SCAN_VERSIONS", 0)
+    page.goto(running.url + "/messages?topic=Audit&key=audit-1")
+    assert "index is behind" in page.locator("#incomplete").inner_text()

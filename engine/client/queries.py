@@ -207,8 +207,11 @@ def unindexed_lookup(
     for shard, table in enumerate(store.commit_logs):
         covered = indexed_version(store, shard)  # read first: what is indexed later is read here too
         latest = store.version(table)
+        if latest <= covered:
+            continue
         first = max(covered + 1, latest - bound + 1)
-        if latest < first:
+        if first > latest:  # a bound of 0: nothing read past the index
+            unread += latest - covered
             continue
         try:
             rows, _ = next(iter(store.versions_after(table, first - 1, _MATCH_COLUMNS, max_versions=bound)))

@@ -16,4 +16,8 @@ while IFS= read -r arg; do
     [ -n "$arg" ] && delta+=("$arg")
 done < <(cd "$MQ_ROOT" && "$MQ_VENV/bin/python" -c \
     'from engine.spark.delta_jars import print_spark_submit_args; print_spark_submit_args()')
-exec "$MQ_VENV/bin/spark-submit" ${props[@]+"${props[@]}"} ${delta[@]+"${delta[@]}"} "$@"
+# The JVM's stderr goes through a filter that drops the one line Spark's launcher always causes
+# ("WARNING: Using incubator modules: jdk.incubator.vector", no JVM option mutes it), so a job's
+# error stays one line; everything else passes, line by line (engine.spark.session.JVM_NOISE).
+exec "$MQ_VENV/bin/spark-submit" ${props[@]+"${props[@]}"} ${delta[@]+"${delta[@]}"} "$@" \
+    2> >(grep -v --line-buffered '^WARNING: Using incubator modules: ' >&2)

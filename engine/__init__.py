@@ -16,6 +16,7 @@ from engine.client.push import (
     ProcessQueueInfo,
     PushConsumer,
 )
+from engine.client.queries import KeyQueryResult
 from engine.client.simple import SimpleConsumer
 from engine.client.trace import MessageTrace, TraceEvent, TraceKind
 from engine.client.transaction import TransactionProducer
@@ -81,6 +82,7 @@ __all__ = [
     "InvalidMessageError",
     "InvalidSelectorError",
     "InvalidTopicError",
+    "KeyQueryResult",
     "LocalTransactionState",
     "MQError",
     "Message",

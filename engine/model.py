@@ -86,14 +86,21 @@ class SendResult:
 
 @dataclass(frozen=True)
 class MessageExt:
-    """A stored message as a consumer sees it."""
+    """A stored message as a consumer sees it.
+
+    ``msg_id`` is the client unique id the producer got back (:attr:`SendResult.msg_id`, RocketMQ's
+    consumer-side ``getMsgId()``): every copy of a message keeps it (a retry, a dead letter, a
+    delayed message's re-put, a DLQ resend), so an idempotent consumer keys on it.
+    ``offset_msg_id`` is the store's id of this very copy (``getOffsetMsgId()``: store id +
+    physical offset), different for every copy. Every look-up accepts either.
+    """
 
     topic: str
     queue_id: int
     queue_offset: int
     physical_offset: int
     msg_id: str
-    uniq_key: str
+    offset_msg_id: str
     body: bytes
     tags: str | None
     keys: tuple[str, ...]
@@ -104,19 +111,29 @@ class MessageExt:
     sys_flag: int = 0
     size: int = 0
 
+    @property
+    def uniq_key(self) -> str:
+        """The client unique id (the same as :attr:`msg_id`; RocketMQ's ``UNIQ_KEY`` property)."""
+        return self.msg_id
+
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> MessageExt:
-        """Build from a commit-log row (a mapping by column name)."""
+        """Build from a commit-log row (a mapping by column name).
+
+        The commit log stores the offset id in its ``msg_id`` column and the client unique id in
+        ``uniq_key``; here they become :attr:`offset_msg_id` and :attr:`msg_id`.
+        """
         props = row.get("properties") or {}
         if not isinstance(props, Mapping):  # Arrow maps come back as lists of pairs
             props = dict(props)
+        offset_id = row["msg_id"]
         return cls(
             topic=row["topic"],
             queue_id=int(row["queue_id"]),
             queue_offset=int(row["queue_offset"]),
             physical_offset=int(row["physical_offset"]),
-            msg_id=row["msg_id"],
-            uniq_key=row["uniq_key"],
+            msg_id=row.get("uniq_key") or offset_id,  # rows made before unique ids: the offset id
+            offset_msg_id=offset_id,
             body=bytes(row["body"]),
             tags=row.get("tags"),
             keys=tuple(row.get("keys") or ()),

@@ -24,6 +24,7 @@ from rich.table import Table
 from engine import Admin, Message, MQError, Producer, PullConsumer, PullStatus, Store
 from engine.errors import StoreError
 from engine.spark.jobs.broker_app import run_once
+from engine.spark.jobs.runner import first_line
 
 TOPIC = "DemoTopic"
 QUEUES = 4
@@ -164,8 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             spark = session(app_name="lakemq-demo")
         run_demo(spark, store, console)
         return 0
-    except MQError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
+    except Exception as exc:  # an engine error, or Spark's: one line that names the cause
+        print(f"{PROG}: error: {first_line(exc, limit=None)}", file=sys.stderr)
         return 1
     finally:
         if spark is not None:

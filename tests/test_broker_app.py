@@ -199,7 +199,7 @@ def test_broker_once_runs_every_job_so_sends_are_pullable_indexed_and_delays_del
 
     assert _pull_one(store, topic, plain) is PullStatus.FOUND
     [by_key] = Admin(store).query_by_key(topic, "order-1", 0, 2**62)
-    assert by_key.msg_id == plain.offset_msg_id
+    assert by_key.offset_msg_id == plain.offset_msg_id
     assert _bodies(store, topic) == [b"delayed", b"plain"]  # delivered, then dispatched by round two
 
     statuses = {s.job: s for s in read_statuses(store)}

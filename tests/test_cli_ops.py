@@ -285,8 +285,10 @@ def test_dlq_list_and_resend_one(capsys: pytest.CaptureFixture[str], root: str) 
 
 def test_dlq_resend_all(capsys: pytest.CaptureFixture[str], root: str) -> None:
     dead_lettered(root)
+    listed = mq_json(capsys, "dlq", "list", "g", "--store", root)
     sent = mq_json(capsys, "dlq", "resend", "g", "--all", "--store", root)
     assert len(sent) == 2
+    assert sorted(r["sent"]["msg_id"] for r in sent) == sorted(m["msg_id"] for m in listed)  # ids kept
     code, out, _ = mq(capsys, "dlq", "list", "g", "--store", root)
     assert code == 0 and "2 dead letter(s) of group g" in out
 

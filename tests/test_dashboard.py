@@ -139,7 +139,8 @@ def test_a_message_found_by_id_shows_its_body_as_text_and_its_trace(running: Run
     page.fill("#by-id input[name=id]", evil.msg_id)  # the unique id (SendResult.msg_id)
     page.click("#by-id button")
     assert page.locator("#found tr").count() == 2
-    page.click(f"text={evil.offset_msg_id}")  # listed by its store id
+    page.click(f"#found >> text={evil.msg_id}")  # listed by the id the producer got
+    assert evil.offset_msg_id in page.inner_text("#message")
     assert page.locator("#body").inner_text() == EVIL.decode()
     assert page.locator("#message tr", has_text="property note").locator("td").inner_text() == "<b>bold?</b>"
     assert page.evaluate("window.pwned") is None  # the body never ran as markup
@@ -250,3 +251,20 @@ def test_mq_dashboard_prints_its_address_and_token_and_serves(tmp_path: Path) ->
     finally:
         as_json.terminate()
         as_json.wait(timeout=60)
+
+
+def test_a_key_search_says_so_when_the_index_is_too_far_behind(
+    running: Running, page: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from engine.client import queries
+
+    Admin(running.store).create_topic("Audit", 1)
+    with Producer(running.store) as producer:
+        producer.send(Message("Audit", b"fresh", keys=["audit-1"]))
+    dispatch_pending(running.store)
+    page.goto(running.url + "/messages?topic=Audit&key=audit-1")  # found without the index job
+    assert "fresh" in page.locator("#found").inner_text()
+    assert page.locator("#incomplete").count() == 0
+    monkeypatch.setattr(queries, "UNINDEXED_SCAN_VERSIONS", 0)
+    page.goto(running.url + "/messages?topic=Audit&key=audit-1")
+    assert "index is behind" in page.locator("#incomplete").inner_text()

@@ -67,7 +67,7 @@ def test_dispatch_once_makes_sent_messages_pullable_and_a_second_run_adds_nothin
         r = PullConsumer(store, "g").pull(topic, s.queue_id, s.queue_offset, max_nums=1)
         assert r.status is PullStatus.FOUND
         m = r.messages[0]
-        assert (m.msg_id, m.queue_offset, m.physical_offset) == (
+        assert (m.offset_msg_id, m.queue_offset, m.physical_offset) == (
             s.offset_msg_id,
             s.queue_offset,
             s.physical_offset,

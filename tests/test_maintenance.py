@@ -94,7 +94,7 @@ def _pull_all(consumer: PullConsumer, topic: str, queues: int = 4, start: int = 
             r = consumer.pull(topic, q, offset, max_nums=1024)
             if not r.messages:
                 break
-            ids.extend(m.msg_id for m in r.messages)
+            ids.extend(m.offset_msg_id for m in r.messages)
             offset = r.next_begin_offset
         out.append(ids)
     return out

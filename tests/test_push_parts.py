@@ -38,7 +38,7 @@ def _message(
         queue_offset=0,
         physical_offset=0,
         msg_id="m",
-        uniq_key="u",
+        offset_msg_id="u",
         body=b"x",
         tags=None,
         keys=(),

@@ -96,7 +96,7 @@ def test_a_nack_waits_at_level_3_in_the_schedule_for_the_retry_topic(store: Stor
     assert props[protocol.PROPERTY_REAL_TOPIC] == RETRY and props[protocol.PROPERTY_REAL_QUEUE_ID] == "0"
     assert props[protocol.PROPERTY_DELAY] == "3"
     assert props[protocol.PROPERTY_RETRY_TOPIC] == topic
-    assert props[protocol.PROPERTY_ORIGIN_MESSAGE_ID] == original.msg_id
+    assert props[protocol.PROPERTY_ORIGIN_MESSAGE_ID] == original.offset_msg_id
     assert store.topic(RETRY).queues == 1
 
     dispatch_pending(store)
@@ -112,7 +112,7 @@ def test_a_nack_waits_at_level_3_in_the_schedule_for_the_retry_topic(store: Stor
     )
     assert retry.reconsume_times == 1
     assert retry.properties[protocol.PROPERTY_RECONSUME_TIME] == "1"
-    assert retry.properties[protocol.PROPERTY_ORIGIN_MESSAGE_ID] == original.msg_id
+    assert retry.properties[protocol.PROPERTY_ORIGIN_MESSAGE_ID] == original.offset_msg_id
     assert protocol.PROPERTY_DELAY not in retry.properties
     assert retry.properties[protocol.PROPERTY_REAL_TOPIC] == RETRY  # kept, as RocketMQ's schedule keeps it
 
@@ -128,7 +128,7 @@ def test_each_retry_waits_one_level_longer_and_keeps_its_history(store: Store, t
         retries = redeliver(store)
         current = retries[-1]
         assert current.reconsume_times == attempt
-        assert current.properties[protocol.PROPERTY_ORIGIN_MESSAGE_ID] == original.msg_id
+        assert current.properties[protocol.PROPERTY_ORIGIN_MESSAGE_ID] == original.offset_msg_id
         assert current.properties[protocol.PROPERTY_RETRY_TOPIC] == topic
     assert len(pull_all(store, RETRY)) == 3
 
@@ -149,7 +149,7 @@ def test_after_16_reconsumes_the_message_goes_to_the_dead_letter_queue(
     assert store.topic(DLQ).queues == 1
     assert dead.body == b"payload" and dead.uniq_key == original.uniq_key
     assert dead.reconsume_times == 17
-    assert dead.properties[protocol.PROPERTY_ORIGIN_MESSAGE_ID] == original.msg_id
+    assert dead.properties[protocol.PROPERTY_ORIGIN_MESSAGE_ID] == original.offset_msg_id
     assert dead.properties[protocol.PROPERTY_RETRY_TOPIC] == topic
     assert dead.properties[protocol.PROPERTY_RECONSUME_TIME] == "17"
     assert len(pull_all(store, RETRY)) == 16
@@ -324,15 +324,17 @@ def test_resend_dlq_sends_a_fresh_copy_to_the_original_topic(store: Store, topic
     original, dead = _dead(store, topic)
     result = admin.resend_dlq(GROUP, dead.msg_id)
     assert result.topic == topic
-    resent = next(m for m in pull_all(store, topic) if m.msg_id == result.offset_msg_id)
+    resent = next(m for m in pull_all(store, topic) if m.offset_msg_id == result.offset_msg_id)
     assert resent.body == b"payload" and resent.tags == "TagA" and resent.keys == ("k1",)
     assert resent.reconsume_times == 0
-    assert resent.properties[protocol.PROPERTY_ORIGIN_MESSAGE_ID] == original.msg_id
+    assert resent.properties[protocol.PROPERTY_ORIGIN_MESSAGE_ID] == original.offset_msg_id
     assert resent.properties["user"] == "v"
     assert protocol.PROPERTY_RECONSUME_TIME not in resent.properties
     assert protocol.PROPERTY_RETRY_TOPIC not in resent.properties
-    by_uniq_key = admin.resend_dlq(GROUP, dead.uniq_key)  # the id consumers see works too
-    assert by_uniq_key.topic == topic and by_uniq_key.msg_id != result.msg_id
+    assert result.msg_id == resent.msg_id == original.msg_id  # a resend keeps the message's id
+    by_offset_id = admin.resend_dlq(GROUP, dead.offset_msg_id)  # the store's id of the DLQ copy too
+    assert by_offset_id.topic == topic and by_offset_id.msg_id == original.msg_id
+    assert by_offset_id.offset_msg_id != result.offset_msg_id
 
 
 @pytest.mark.parametrize("msg_id", ["0" * 32, "not-an-id", "ABC"])
@@ -344,7 +346,7 @@ def test_resend_dlq_of_a_message_not_in_that_dlq_is_a_typed_error(
     with pytest.raises(InvalidArgumentError, match="not in the dead-letter queue"):
         admin.resend_dlq(GROUP, msg_id)
     with pytest.raises(InvalidArgumentError, match="not in the dead-letter queue"):
-        admin.resend_dlq(GROUP, original.msg_id)  # stored, but in the topic, not the DLQ
+        admin.resend_dlq(GROUP, original.offset_msg_id)  # stored, but in the topic, not the DLQ
     with pytest.raises(InvalidArgumentError, match="no dead-letter queue"):
         admin.resend_dlq("other", msg_id)
     assert versions(store) == before

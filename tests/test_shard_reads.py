@@ -96,7 +96,7 @@ def test_a_message_of_each_shard_is_found_by_its_offset_msg_id(sharded: Store) -
     admin = Admin(sharded)
     for q in range(SHARDS):
         message = PullConsumer(sharded, "g").pull(TOPIC, q, 1).messages[0]
-        found = admin.view_message(message.msg_id)
+        found = admin.view_message(message.offset_msg_id)
         assert (found.queue_id, found.queue_offset, found.body) == (q, 1, message.body)
         assert shard_of_offset(found.physical_offset) == shard_of_queue(TOPIC, q, SHARDS)
 

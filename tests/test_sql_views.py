@@ -19,7 +19,7 @@ pytestmark = pytest.mark.spark
 
 MESSAGE_SCHEMA = (
     "topic string, queue_id int, queue_offset long, physical_offset long, msg_id string, "
-    "uniq_key string, tags string, body binary"
+    "offset_msg_id string, tags string, body binary"
 )
 
 
@@ -36,7 +36,8 @@ def test_messages_view_has_every_dispatched_message_with_its_body(
     dispatch_pending(store)
     assert register_views(spark, store) == list(VIEWS)
     actual = spark.sql(
-        "SELECT topic, queue_id, queue_offset, physical_offset, msg_id, uniq_key, tags, body FROM messages"
+        "SELECT topic, queue_id, queue_offset, physical_offset, msg_id, offset_msg_id, tags, body "
+        "FROM messages"
     )
     expected = spark.createDataFrame(
         [
@@ -45,8 +46,8 @@ def test_messages_view_has_every_dispatched_message_with_its_body(
                 r.queue_id,
                 r.queue_offset,
                 r.physical_offset,
+                r.msg_id,  # the id send returned, as mq send prints it
                 r.offset_msg_id,
-                r.msg_id,
                 m.tags,
                 m.body,
             )
@@ -63,7 +64,7 @@ def test_messages_view_columns_and_store_timestamp(spark: Any, store: Store, top
     register_views(spark, store, ["messages"])
     df = spark.table("messages")
     where = ["topic", "queue_id", "queue_offset", "physical_offset"]
-    what = ["msg_id", "uniq_key", "tags", "keys", "properties", "body"]
+    what = ["msg_id", "offset_msg_id", "tags", "keys", "properties", "body"]
     when = ["born_ts_ms", "store_ts_ms", "reconsume_times"]
     assert df.columns == [*where, *what, *when, "store_ts"]  # the message columns, then the view's own
     assert dict(df.dtypes)["store_ts"] == "timestamp"

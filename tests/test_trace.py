@@ -49,7 +49,8 @@ def dead_letter(store: Store, group: str = "g") -> None:
 def test_a_stored_message_is_traced_by_offset_id_and_by_uniq_key(store: Store) -> None:
     sent = send(store)
     trace = Admin(store).trace(sent.msg_id)
-    assert [c.msg_id for c in trace.copies] == [sent.offset_msg_id]
+    assert [c.offset_msg_id for c in trace.copies] == [sent.offset_msg_id]
+    assert trace.msg_id == sent.msg_id
     assert trace.kinds() == [TraceKind.STORED]
     assert trace.uniq_key == sent.uniq_key
     assert Admin(store).trace(sent.uniq_key).kinds() == [TraceKind.STORED]
@@ -104,12 +105,13 @@ def test_delivery_nack_dead_letter_and_resend_are_one_story(store: Store) -> Non
     )
     assert kinds.index(TraceKind.DEAD_LETTERED) < kinds.index(TraceKind.RESENT)
     assert [c.topic for c in trace.copies] == ["T", "%DLQ%g", "T"]
-    assert trace.copies[-1].msg_id == resent.offset_msg_id
+    assert trace.copies[-1].offset_msg_id == resent.offset_msg_id
+    assert {c.msg_id for c in trace.copies} == {sent.msg_id}  # every copy keeps the id
     pulled = next(e for e in trace.events if e.kind is TraceKind.PULLED)
     assert pulled.group == "g" and pulled.consumer_id
     # The same story from the resent copy's ids: the family is closed over both links.
     assert admin.trace(resent.msg_id).kinds() == kinds
-    assert admin.trace(resent.uniq_key).kinds() == kinds
+    assert admin.trace(resent.offset_msg_id).kinds() == kinds
 
 
 def test_a_retry_goes_through_the_schedule_topic(store: Store) -> None:

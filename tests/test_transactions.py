@@ -107,7 +107,7 @@ def test_commit_makes_the_message_visible_in_its_real_queue(store: Store, topic:
     )
     assert result.local_state is COMMIT and result.topic == topic and result.queue_offset == 0
     [message] = pull_all(store, topic)
-    assert (message.body, message.tags, message.msg_id) == (b"order-1", "A", result.offset_msg_id)
+    assert (message.body, message.tags, message.offset_msg_id) == (b"order-1", "A", result.offset_msg_id)
     assert message.sys_flag == SysFlag.COMMIT and message.uniq_key == result.uniq_key
     assert PROPERTY_REAL_TOPIC not in message.properties
     assert PROPERTY_TRANSACTION_PREPARED not in message.properties
@@ -167,7 +167,7 @@ def test_unknown_is_resolved_by_the_checker(store: Store, topic: str, producers:
     assert check_transactions(store, now_ms=FUTURE) == 1
     assert eventually(lambda: is_decided(store, result.physical_offset))
     [asked] = checker.asked
-    assert (asked.topic, asked.body, asked.msg_id) == (topic, b"late", result.offset_msg_id)
+    assert (asked.topic, asked.body, asked.msg_id) == (topic, b"late", result.msg_id)
     visible = pull_all(store, topic)
     assert [m.body for m in visible] == ([b"late"] if answer is COMMIT else [])
     [decision] = transactions(store, EVENT_COMMIT if answer is COMMIT else EVENT_ROLLBACK)

@@ -281,7 +281,9 @@ class RetryRouter:
             reason = None
             if message is None:
                 reason = "no message at this physical offset"
-            elif r["msg_id"] and r["msg_id"] != message["msg_id"]:
+            elif r["msg_id"] and r["msg_id"] not in (message["msg_id"], message["uniq_key"]):
+                # Consumers record the id they know the message by (MessageExt.msg_id, the unique
+                # id; older rows: the offset id): either names the stored copy.
                 reason = f"msg_id {r['msg_id']} does not match the stored {message['msg_id']}"
             elif int(message["sys_flag"]) in UNDISPATCHED_FLAGS:
                 reason = "a transaction half message is never consumed"

@@ -37,7 +37,8 @@ def _resend(args: argparse.Namespace, out: Output) -> int:
     admin = Admin(open_store(args))
     if args.all:
         with out.progress(f"reading the dead letters of {args.group}"):
-            targets = [m.msg_id for m in _all_dead_letters(admin, args.group)]
+            # By store id: the same message dead-lettered twice (resent, failed again) is two letters.
+            targets = [m.offset_msg_id for m in _all_dead_letters(admin, args.group)]
     else:
         targets = [args.id]
     results: list[tuple[str, SendResult]] = []
@@ -46,9 +47,11 @@ def _resend(args: argparse.Namespace, out: Output) -> int:
         for msg_id in targets:
             results.append((msg_id, admin.resend_dlq(args.group, msg_id)))
             bar.advance(task)
-    rows = [(dead, sent.topic, sent.queue_id, sent.msg_id) for dead, sent in results]
+    rows = [(dead, sent.topic, sent.queue_id, sent.msg_id, sent.offset_msg_id) for dead, sent in results]
     table = render.rows_table(
-        ["dead letter", "topic", "queue", "new msg id"], rows, title=f"{len(rows)} resent"
+        ["dead letter", "topic", "queue", "msg id (kept)", "new offset msg id"],
+        rows,
+        title=f"{len(rows)} resent",
     )
     out.emit([{"dlq_msg_id": dead, "sent": sent} for dead, sent in results], table)
     return EXIT_OK
@@ -67,6 +70,6 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
     listing.set_defaults(func=_list)
     resend = actions.add_parser("resend", parents=[common], help="send dead letters back to their topic")
     resend.add_argument("group")
-    resend.add_argument("id", nargs="?", default=None, help="the dead letter's msg id or uniq key")
+    resend.add_argument("id", nargs="?", default=None, help="the dead letter's msg id or offset msg id")
     resend.add_argument("--all", action="store_true", help="every dead letter of the group")
     resend.set_defaults(func=_resend)

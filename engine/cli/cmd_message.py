@@ -73,8 +73,15 @@ def _query(args: argparse.Namespace, out: Output) -> int:
         window = f"{render.format_ts(begin)} .. {render.format_ts(end)}"
         title = f"{len(messages)} message(s) of {args.topic} stored {window}"
     else:
-        messages = admin.query_by_key(args.topic, args.key, begin, end, args.max)
+        found = admin.query_by_key(args.topic, args.key, begin, end, args.max)
+        messages = found
         title = f"{len(messages)} message(s) of {args.topic} with key {args.key}"
+        if not found.complete:  # never a silent partial answer
+            out.warn(
+                f"warning: the key index is behind and {found.unread_versions} commit-log version(s) "
+                "were not searched: older messages with this key may be missing (run the index job: "
+                "mq broker --once, or jobs/index.py)"
+            )
     out.emit(messages, render.messages_table(messages, title=title))
     return EXIT_OK
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from engine.cli import render
 from engine.cli.common import EXIT_OK, Output, int_at_least, open_store, require_java
-from engine.errors import CliError
+from engine.errors import CliError, MQError
 
 # Logical-plan node classes that are not part of a query: every command (DELETE, UPDATE, MERGE, SET,
 # CREATE, DROP, CACHE, ...) and every parsed statement (INSERT, ...).
@@ -71,6 +71,7 @@ def _sql(args: argparse.Namespace, out: Output) -> int:
     from pyspark.logger import PySparkLogger
 
     from engine.spark import register_views, session
+    from engine.spark.jobs.runner import first_line
 
     # PySpark logs a failed statement as a JSON record with the JVM stack; the one-line error is enough.
     for name in ("SQLQueryContextLogger", "DataFrameQueryContextLogger"):
@@ -80,7 +81,12 @@ def _sql(args: argparse.Namespace, out: Output) -> int:
     spark: Any = None
     try:
         with out.progress("starting Spark and running the query"):
-            spark = session(app_name="mq-sql")
+            try:
+                spark = session(app_name="mq-sql")
+            except MQError:
+                raise
+            except Exception as exc:  # the JVM did not start: one line that names why
+                raise CliError(f"Spark did not start: {first_line(exc, limit=None)}", cause=exc) from exc
             check_query(spark, args.query)
             register_views(spark, store)
             try:

@@ -62,6 +62,10 @@ class Output:
         """A line for a person (stderr with ``--json``, so stdout stays one document)."""
         (self.err if self.as_json else self.out).print(text, markup=False, highlight=False, soft_wrap=True)
 
+    def warn(self, text: str) -> None:
+        """One line on stderr that qualifies the answer (it stays off stdout, whatever the format)."""
+        self.err.print(text, markup=False, highlight=False, soft_wrap=True)
+
     @contextmanager
     def progress(self, message: str) -> Iterator[None]:
         """A spinner on stderr while something slow runs (nothing when stderr is not a terminal)."""

@@ -138,7 +138,7 @@ def message_view(m: MessageExt) -> Table:
     grid.add_column()
     for name, value in (
         ("msg id", m.msg_id),
-        ("uniq key", m.uniq_key),
+        ("offset msg id", m.offset_msg_id),
         ("topic", m.topic),
         ("queue id", str(m.queue_id)),
         ("queue offset", str(m.queue_offset)),
@@ -160,10 +160,11 @@ def message_view(m: MessageExt) -> Table:
 def trace_table(trace: MessageTrace) -> Table:
     """A message's life, one event a row (``mq message trace``)."""
     table = Table(
-        title=f"{trace.uniq_key}: {len(trace.copies)} cop(ies), {len(trace.events)} event(s)",
+        title=f"msg id {trace.msg_id}: {len(trace.copies)} cop(ies), {len(trace.events)} event(s)",
         title_justify="left",
     )
-    for name in ("time", "event", "topic", "queue", "offset", "msg id", "group", "consumer", "detail"):
+    # Every copy has the message's id (the title's); the copy is told apart by its offset msg id.
+    for name in ("time", "event", "topic", "queue", "offset", "offset msg id", "group", "consumer", "detail"):
         table.add_column(name)
     for e in trace.events:
         table.add_row(
@@ -172,7 +173,7 @@ def trace_table(trace: MessageTrace) -> Table:
             Text(e.topic),
             str(e.queue_id),
             str(e.queue_offset),
-            e.msg_id,
+            e.offset_msg_id,
             Text(e.group or ""),
             Text(e.consumer_id or ""),
             Text(e.detail),

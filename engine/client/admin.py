@@ -14,7 +14,14 @@ from engine.client.admin_groups import (
 )
 from engine.client.admin_offsets import QueueLag
 from engine.client.producer import Producer
-from engine.client.queries import find_message, query_by_key, query_by_time, query_by_uniq_key, view_message
+from engine.client.queries import (
+    KeyQueryResult,
+    find_message,
+    query_by_key,
+    query_by_time,
+    query_by_uniq_key,
+    view_message,
+)
 from engine.client.trace import MessageTrace, trace_message
 from engine.errors import (
     InvalidArgumentError,
@@ -290,7 +297,7 @@ class Admin:
 
         Raises:
             InvalidArgumentError: a malformed id, or an offset id issued by another store.
-            MessageNotFoundError: no such message (never written, not indexed yet, or expired).
+            MessageNotFoundError: no such message (never written, or expired).
         """
         return view_message(self._store, msg_id, topic=topic, index=self._index)
 
@@ -305,10 +312,12 @@ class Admin:
 
     def query_by_key(
         self, topic: str, key: str, begin_ms: int, end_ms: int, max_num: int = 32
-    ) -> list[MessageExt]:
+    ) -> KeyQueryResult:
         """Messages of ``topic`` with key ``key`` stored in ``[begin_ms, end_ms]``: at most ``max_num``,
         the most recent, in store order. Reads the ``index`` table (built by the index job) pruned
-        by file statistics, then the commit log by offset; see :mod:`engine.client.queries`.
+        by file statistics and the commit-log versions the index has not reached, then the commit
+        log by offset; see :mod:`engine.client.queries`. The result is a list; its ``complete`` is
+        False when the index was too far behind to see every message.
 
         Raises:
             TopicNotFoundError: no such topic.
@@ -327,7 +336,8 @@ class Admin:
         return query_by_time(self._store, topic, begin_ms, end_ms, max_num, index=self._index)
 
     def query_by_uniq_key(self, topic: str, uniq_key: str) -> MessageExt | None:
-        """The message of ``topic`` with client unique id ``uniq_key``, or None if the index has none.
+        """The message of ``topic`` with client unique id ``uniq_key`` (or offset msg id), or None if
+        no message has it (indexed yet or not).
 
         Raises:
             TopicNotFoundError: no such topic.
@@ -413,13 +423,14 @@ class Admin:
     def resend_dlq(self, group: str, msg_id: str) -> SendResult:
         """Send a dead-lettered message back to its original topic as a new message.
 
-        The copy keeps body, tags, keys, user properties and ``ORIGIN_MESSAGE_ID``; it starts again
-        with ``reconsume_times`` 0. The DLQ keeps its copy (the log is append-only), so resending
+        The copy keeps the message's id (:attr:`MessageExt.msg_id`, the unique id its producer got),
+        body, tags, keys, user properties and ``ORIGIN_MESSAGE_ID``; it starts again with
+        ``reconsume_times`` 0. The DLQ keeps its copy (the log is append-only), so resending
         twice sends twice.
 
         Args:
             group: the consumer group whose DLQ holds the message.
-            msg_id: the DLQ message's offset msg id, or its uniq key.
+            msg_id: the DLQ message's id (:attr:`MessageExt.msg_id`) or its offset msg id.
 
         Returns:
             Where the new message was stored.
@@ -448,7 +459,7 @@ class Admin:
         copy = Message(original, message.body, message.tags, message.keys, properties)
         if self._producer is None:
             self._producer = Producer(self._store, "DLQ_RESEND")
-        return self._producer.append(self._producer.prepare(copy, resend=True))
+        return self._producer.append(self._producer.prepare(copy, uniq_key=message.msg_id, resend=True))
 
     # ----------------------------------------------------------------- consumer offsets
     def reset_offset_by_time(self, group: str, topic: str, timestamp_ms: int) -> dict[int, int]:

@@ -77,7 +77,8 @@ _ID_COLUMNS = ["physical_offset", "msg_id", "uniq_key", "properties"]
 @dataclass(frozen=True)
 class TraceEvent:
     """One step of a message's life: what, when (epoch ms; None when the log has no time), which
-    copy (topic, queue, offsets, offset msg id), and for consumption which group and consumer."""
+    copy (topic, queue, offsets, the message's id and the copy's offset msg id), and for
+    consumption which group and consumer."""
 
     kind: TraceKind
     ts_ms: int | None
@@ -86,6 +87,7 @@ class TraceEvent:
     queue_offset: int
     physical_offset: int
     msg_id: str
+    offset_msg_id: str
     group: str | None = None
     consumer_id: str | None = None
     detail: str = ""
@@ -93,7 +95,11 @@ class TraceEvent:
 
 @dataclass(frozen=True)
 class MessageTrace:
-    """A message's copies (in store order) and every event, in time order."""
+    """A message's copies (in store order) and every event, in time order.
+
+    ``msg_id`` is the message's id (the unique id its producer got, :attr:`MessageExt.msg_id`),
+    whichever id the trace was asked for; ``uniq_key`` is the same id (RocketMQ's name for it).
+    """
 
     msg_id: str
     uniq_key: str
@@ -144,7 +150,7 @@ def _family(store: Store, uniq_keys: set[str], since_ms: int | None) -> list[int
 
 
 # ----------------------------------------------------------------- events
-def _copy_kind(message: MessageExt, first_user_key: str | None, seen_user: bool) -> TraceKind:
+def _copy_kind(message: MessageExt, first_user_key: str | None, seen_user: bool, seen_dlq: bool) -> TraceKind:
     topic = message.topic
     if topic == SCHEDULE_TOPIC:
         return TraceKind.SCHEDULED
@@ -154,21 +160,26 @@ def _copy_kind(message: MessageExt, first_user_key: str | None, seen_user: bool)
         return TraceKind.RETRY
     if topic.startswith(DLQ_PREFIX):
         return TraceKind.DEAD_LETTERED
-    if first_user_key is not None and message.uniq_key != first_user_key:
+    # A resend keeps the message's id (older resends took a new one): a user-topic copy after a
+    # dead letter is one.
+    if seen_dlq or (first_user_key is not None and message.uniq_key != first_user_key):
         return TraceKind.RESENT
     return TraceKind.REPUT if seen_user else TraceKind.STORED
 
 
 def _event(kind: TraceKind, ts: int | None, m: MessageExt, **extra: Any) -> TraceEvent:
-    return TraceEvent(kind, ts, m.topic, m.queue_id, m.queue_offset, m.physical_offset, m.msg_id, **extra)
+    return TraceEvent(
+        kind, ts, m.topic, m.queue_id, m.queue_offset, m.physical_offset, m.msg_id, m.offset_msg_id, **extra
+    )
 
 
 def _copy_events(copies: list[MessageExt]) -> list[TraceEvent]:
     events = []
     first_user_key: str | None = None
-    seen_user = False
+    seen_user = seen_dlq = False
     for m in copies:
-        kind = _copy_kind(m, first_user_key, seen_user)
+        kind = _copy_kind(m, first_user_key, seen_user, seen_dlq)
+        seen_dlq = seen_dlq or kind is TraceKind.DEAD_LETTERED
         user = kind in (TraceKind.STORED, TraceKind.REPUT, TraceKind.RESENT)
         if user and first_user_key is None:
             first_user_key = m.uniq_key
@@ -314,4 +325,4 @@ def trace_message(store: Store, msg_id: str, *, index: QueueIndex | None = None)
     events = _copy_events(copies) + _log_events(store, copies) + _consumed_events(store, copies)
     events.sort(key=lambda e: (e.ts_ms if e.ts_ms is not None else 2**63, e.physical_offset, _ORDER[e.kind]))
     first = copies[0]
-    return MessageTrace(msg_id, first.uniq_key, tuple(copies), tuple(events))
+    return MessageTrace(first.msg_id, first.uniq_key, tuple(copies), tuple(events))

@@ -186,7 +186,7 @@ class TransactionProducer(Producer):
         return TransactionSendResult(
             status=SendStatus.SEND_OK,
             msg_id=committed.uniq_key,
-            offset_msg_id=committed.msg_id,
+            offset_msg_id=committed.offset_msg_id,
             topic=committed.topic,
             queue_id=committed.queue_id,
             queue_offset=committed.queue_offset,

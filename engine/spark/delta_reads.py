@@ -22,7 +22,7 @@ from engine.errors import InvalidArgumentError, StoreError
 from engine.model import UNDISPATCHED_FLAGS
 from engine.protocol import parse_tag_expression
 from engine.protocol.shards import shard_of_queue
-from engine.spark.views import MESSAGE_COLUMNS, commit_log_frame, native_reads
+from engine.spark.views import MESSAGE_COLUMNS, commit_log_frame, message_column, native_reads
 from engine.store import schemas
 from engine.store.store import Store
 
@@ -113,7 +113,10 @@ def as_message_rows(log: Any) -> Any:
 
     times = {"born_ts_ms": "born_ts", "store_ts_ms": "store_ts"}
     return log.select(
-        *(F.timestamp_millis(F.col(c)).alias(times[c]) if c in times else c for c in MESSAGE_COLUMNS)
+        *(
+            F.timestamp_millis(F.col(c)).alias(times[c]) if c in times else message_column(c)
+            for c in MESSAGE_COLUMNS
+        )
     )
 
 

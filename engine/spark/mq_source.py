@@ -1,7 +1,8 @@
 """``mq``: a topic as a Spark stream or batch, and DataFrames sent as messages (Python Data Source API).
 
 Reading (``spark.readStream.format("mq")`` / ``spark.read.format("mq")``) returns DISPATCHED
-messages, one row each: topic, queue_id, queue_offset, physical_offset, msg_id, uniq_key, tags,
+messages, one row each: topic, queue_id, queue_offset, physical_offset, msg_id (the unique id the
+producer got, the same on every copy of a message), offset_msg_id (this copy's store id), tags,
 keys, properties, body, born_ts, store_ts (timestamps), reconsume_times. Options: see
 :class:`engine.spark.mq_options.ReadOptions`. Writing: see :mod:`engine.spark.mq_sink`.
 
@@ -74,7 +75,7 @@ MESSAGE_SCHEMA = pa.schema(
         pa.field("queue_offset", pa.int64()),
         pa.field("physical_offset", pa.int64()),
         pa.field("msg_id", pa.string()),
-        pa.field("uniq_key", pa.string()),
+        pa.field("offset_msg_id", pa.string()),
         pa.field("tags", pa.string()),
         pa.field("keys", pa.list_(pa.string())),
         pa.field("properties", pa.map_(pa.string(), pa.string())),
@@ -168,6 +169,8 @@ def to_message_rows(rows: pa.Table) -> pa.Table:
         return pc.cast(pc.cast(rows[column], pa.timestamp("ms", tz="UTC")), _TS)
 
     columns = {name: rows[name] for name in MESSAGE_SCHEMA.names if name in rows.column_names}
+    # The commit log's ``msg_id`` is the offset id; readers know a message by its unique id.
+    columns["msg_id"], columns["offset_msg_id"] = rows["uniq_key"], rows["msg_id"]
     columns["born_ts"] = ts("born_ts_ms")
     columns["store_ts"] = ts("store_ts_ms")
     return pa.table([columns[n] for n in MESSAGE_SCHEMA.names], schema=MESSAGE_SCHEMA)

@@ -11,9 +11,10 @@ import re
 import shlex
 import shutil
 import sys
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from engine.config import conf_dir
 from engine.errors import ConfigError
@@ -29,6 +30,11 @@ _EXTENSIONS = "spark.sql.extensions"
 _CATALOG = "spark.sql.catalog.spark_catalog"
 # "key value" or "key=value"; a key alone is an error.
 _LINE = re.compile(r"^([^\s=]+)\s*[=\s]\s*(\S.*)$")
+# Lines a JVM we start prints on stderr that are no business of the user's: Spark's launcher always
+# adds ``--add-modules=jdk.incubator.vector`` (JavaModuleOptions) and the JVM announces it at boot,
+# and no JVM option mutes that warning. It would sit above every command's one-line answer.
+JVM_NOISE = (b"WARNING: Using incubator modules: ",)
+_T = TypeVar("_T")
 
 
 def read_spark_defaults(path: str | os.PathLike[str]) -> dict[str, str]:
@@ -99,6 +105,40 @@ def _quiet_submitted_jvm(spark: Any) -> None:
         return
     context = jvm.org.apache.logging.log4j.LogManager.getContext(False)
     context.setConfigLocation(jvm.java.io.File(str(log4j.resolve())).toURI())
+
+
+def _forward_stderr(source: int, target: int) -> None:
+    """Copy lines from fd ``source`` to fd ``target`` until end of file, leaving out :data:`JVM_NOISE`."""
+    with open(source, "rb", closefd=True) as lines, open(target, "wb", buffering=0, closefd=True) as out:
+        for line in lines:
+            if not line.startswith(JVM_NOISE):
+                try:
+                    out.write(line)
+                except OSError:  # nobody reads our stderr any more: keep draining the JVM's
+                    continue
+
+
+def without_jvm_noise(launch: Callable[[], _T]) -> _T:
+    """Call ``launch`` (which starts a JVM as a child of this process) with stderr (fd 2) going
+    through a filter that drops :data:`JVM_NOISE`; the JVM keeps writing through it for its life
+    (its own errors and logs still reach stderr), while this process's stderr is direct again once
+    ``launch`` returns."""
+    try:
+        real = os.dup(2)
+    except OSError:  # no stderr to protect
+        return launch()
+    sys.stderr.flush()
+    read_end, write_end = os.pipe()
+    threading.Thread(target=_forward_stderr, args=(read_end, real), name="jvm-stderr", daemon=True).start()
+    saved = os.dup(2)
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    try:
+        return launch()
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)  # only the JVM holds the pipe now: the filter ends when the JVM does
+        os.close(saved)
 
 
 def spark_settings(conf: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -193,7 +233,10 @@ def session(app_name: str = "lakemq", conf: Mapping[str, str] | None = None) -> 
         builder = builder.appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    if SparkContext._active_spark_context is None and not submitted:
+        spark = without_jvm_noise(builder.getOrCreate)  # this call starts the JVM
+    else:
+        spark = builder.getOrCreate()
     if submitted:
         _quiet_submitted_jvm(spark)
     register_data_sources(spark)

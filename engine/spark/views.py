@@ -30,13 +30,17 @@ from engine.store.store import Store
 
 ViewBuilder = Callable[[Any, Store], Any]
 
+# The columns a reader of messages sees (the ``messages`` view, the ``mq`` source, replays).
+# ``msg_id`` is the unique id the producer got (the commit log's ``uniq_key``: the same on every copy
+# of a message, as RocketMQ's consumer-side ``getMsgId()``); ``offset_msg_id`` is the copy's store id
+# (the commit log's ``msg_id``). :func:`message_column` maps them.
 MESSAGE_COLUMNS = (
     "topic",
     "queue_id",
     "queue_offset",
     "physical_offset",
     "msg_id",
-    "uniq_key",
+    "offset_msg_id",
     "tags",
     "keys",
     "properties",
@@ -45,6 +49,17 @@ MESSAGE_COLUMNS = (
     "store_ts_ms",
     "reconsume_times",
 )
+
+
+_FROM_COMMIT_LOG = {"msg_id": "uniq_key", "offset_msg_id": "msg_id"}
+
+
+def message_column(name: str) -> Any:
+    """The Spark column that gives :data:`MESSAGE_COLUMNS`' ``name`` from commit-log rows."""
+    from pyspark.sql import functions as F
+
+    source = _FROM_COMMIT_LOG.get(name)
+    return F.col(name) if source is None else F.col(source).alias(name)
 
 
 def native_reads(spark: Any, store: Store) -> bool:
@@ -124,7 +139,10 @@ def messages_frame(spark: Any, store: Store) -> Any:
     joined = log.join(F.broadcast(bounds), on=keys, how="inner").where(
         F.col("queue_offset").between(F.col("_first"), F.col("_last"))
     )
-    return joined.select(*MESSAGE_COLUMNS, F.timestamp_millis(F.col("store_ts_ms")).alias("store_ts"))
+    return joined.select(
+        *(message_column(c) for c in MESSAGE_COLUMNS),
+        F.timestamp_millis(F.col("store_ts_ms")).alias("store_ts"),
+    )
 
 
 VIEWS: dict[str, ViewBuilder] = {

@@ -139,14 +139,54 @@ class StopSignal:
 _RAISED = re.compile(r"^(?:[\w.]+\.)?\w*(?:Error|Exception|Exit|Interrupt): \S")
 
 
+_MAX_CAUSES = 32  # a cause chain longer than this is a loop
+
+
+def java_root_cause(error: BaseException) -> tuple[str, str] | None:
+    """The Java exception at the bottom of ``error``'s cause chain, as (class name, message), when
+    ``error`` came from the JVM: a py4j ``Py4JJavaError`` (its ``java_exception``) or a PySpark
+    ``CapturedException`` made from one (its origin). None otherwise, or when the JVM can no longer
+    be asked.
+
+    Why the root: py4j's own message names only the call that failed ("An error occurred while
+    calling o103.start."), and Spark's wrappers often only their stage; the root cause says what
+    was wrong (a checkpoint path that is a file, a missing table).
+    """
+    throwable = getattr(error, "java_exception", None)
+    if throwable is None:
+        # PySpark keeps the Java exception it converted in a private attribute; there is no public one.
+        throwable = getattr(error, "_origin", None)
+    if throwable is None:
+        return None
+    try:
+        for _ in range(_MAX_CAUSES):
+            cause = throwable.getCause()
+            if cause is None or cause.equals(throwable):
+                break
+            throwable = cause
+        message = throwable.getMessage()
+        return str(throwable.getClass().getName()), "" if message is None else str(message)
+    except Exception:  # the gateway is gone (the JVM died): the Python side's message is all there is
+        return None
+
+
 def first_line(error: BaseException, limit: int | None = 500) -> str:
     """The line that says what went wrong (its type when the message is empty), at most ``limit``
     characters.
 
-    That is the message's first line, except where it wraps a Python traceback (a ``foreachBatch``
-    function that raised reaches the driver as "An exception was raised by the Python Proxy. Return
-    Message: Traceback ..."): then the traceback's last ``SomeError: why`` line.
+    For an error from the JVM that is its root cause's class and message's first line
+    (``java.io.IOException: ...``; :func:`java_root_cause`). Otherwise the message's first line,
+    except where it wraps a Python traceback (a ``foreachBatch`` function that raised reaches the
+    driver as "An exception was raised by the Python Proxy. Return Message: Traceback ..."): then
+    the traceback's last ``SomeError: why`` line.
     """
+    root = java_root_cause(error)
+    if root is not None:
+        name, message = root
+        if "Traceback (most recent call last)" in message:
+            return first_line(RuntimeError(message), limit)  # a Python function failed under the JVM
+        line = (message.strip().splitlines() or [""])[0].strip()
+        return (f"{name}: {line}" if line else name)[:limit]
     text = str(error).strip()
     if not text:
         return type(error).__name__[:limit]

@@ -80,7 +80,8 @@ def _sql(args: argparse.Namespace, out: Output) -> int:
     spark: Any = None
     try:
         with out.progress("starting Spark and running the query"):
-            spark = session(app_name="mq-sql")
+            master = {"spark.master": args.master} if args.master else None
+            spark = session(app_name="mq-sql", conf=master, store=store)
             check_query(spark, args.query)
             register_views(spark, store)
             try:
@@ -109,4 +110,9 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
     sql = commands.add_parser("sql", parents=[common], help="run a Spark SQL query over the store's views")
     sql.add_argument("query", help='e.g. "SELECT topic, count(*) FROM messages GROUP BY topic"')
     sql.add_argument("--limit", type=int_at_least(1), default=100, help="most rows shown (default 100)")
+    sql.add_argument(
+        "--master",
+        default=None,
+        help="Spark master, e.g. spark://host:7077 (default: conf/spark-defaults.conf's, local[2])",
+    )
     sql.set_defaults(func=_sql)

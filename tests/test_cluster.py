@@ -1,0 +1,129 @@
+"""The broker jobs, replay, the SQL views and the ``mq`` source and sink on a Spark standalone cluster
+(a master and two workers on 127.0.0.1, :mod:`tests.cluster`) over an ``s3a://`` store, with their
+tasks on executors; the sink stays exactly once when an executor is killed in the middle of a write.
+
+Everything Spark does here runs in subprocesses, as users run it: ``spark-submit --master`` for the
+jobs, a Python process whose session names the master for the rest.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from engine import Admin, Store
+from engine.store import schemas
+from tests.test_spark_object_store import ROOT, dispatched, filled_store, job_env
+
+pytestmark = [pytest.mark.cluster, pytest.mark.s3, pytest.mark.spark, pytest.mark.slow]
+
+
+def bodies(store: Store) -> list[bytes]:
+    """Every message body the store's commit log holds (one entry per stored row)."""
+    found: list[bytes] = []
+    wanted = pa.schema([schemas.COMMIT_LOG_SCHEMA.field("body")])
+    fresh = Store.open(store.root, storage_options=store.storage_options)
+    for rows, _ in fresh.versions_after(schemas.COMMIT_LOG, -1, wanted):
+        found.extend(rows["body"].to_pylist())
+    return found
+
+
+def test_broker_jobs_run_on_the_cluster_with_spark_submit(
+    spark_cluster: Any, s3_server: Any, s3_bucket: str, tmp_path: Path
+) -> None:
+    root = f"s3a://{s3_bucket}/cluster-jobs-{tmp_path.name}"
+    store = filled_store(root, s3_server.storage_options())
+    before = set(spark_cluster.executor_logs())
+    done = subprocess.run(
+        [str(ROOT / "spark-submit.sh"), "--master", spark_cluster.url, "--conf", "spark.executor.memory=768m",
+         "jobs/broker.py", "--store", root, "--once"],
+        cwd=ROOT, env=job_env(s3_server, tmp_path), capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert "broker: ran dispatch, index" in done.stdout, done.stdout[-2000:]
+    assert dispatched(store, "Orders", 2) == 6
+    assert len(set(spark_cluster.executor_logs()) - before) >= 1  # the app ran executors on the workers
+
+
+_SINK_SCRIPT = """
+import os, sys, time
+from pathlib import Path
+from engine import Store
+from engine.broker.dispatch import dispatch_pending
+from engine.spark import session, register_views
+from engine.spark.replay import replay
+
+root, master, marks = sys.argv[1], sys.argv[2], Path(sys.argv[3])
+rows, hold_s = int(sys.argv[4]), float(sys.argv[5])
+store = Store.open(root)
+spark = session(
+    app_name="lakemq-cluster-sink",
+    conf={"spark.master": master, "spark.executor.memory": "768m", "spark.sql.shuffle.partitions": "4"},
+    store=store,
+)
+def held(ids):
+    # Runs in the executors: says it started, then holds the task so the test can kill its executor.
+    (marks / f"started-{os.getpid()}-{time.time_ns()}").touch()
+    time.sleep(hold_s)
+    for i in ids:
+        yield ("Orders", f"row-{i}")
+
+rdd = spark.sparkContext.parallelize(range(rows), 4).mapPartitions(held)
+frame = spark.createDataFrame(rdd, "topic string, body string")
+(frame.write.format("mq").mode("append").option("store", root)
+    .option("sinkId", "cluster-sink").option("batchId", "0").save())
+print("WROTE", flush=True)
+dispatch_pending(store)
+print("REPLAY", replay(spark, store, "Orders").count(), flush=True)
+register_views(spark, store)
+print("SQL", spark.sql("SELECT count(DISTINCT body) AS n FROM messages").collect()[0].n, flush=True)
+read = spark.read.format("mq").option("store", root).option("topic", "Orders").load()
+print("SOURCE", read.select("body").distinct().count(), flush=True)
+"""
+
+
+def test_the_sink_stays_exactly_once_when_an_executor_is_killed_mid_write(
+    spark_cluster: Any, s3_server: Any, s3_bucket: str, tmp_path: Path
+) -> None:
+    root = f"s3a://{s3_bucket}/cluster-sink-{tmp_path.name}"
+    store = Store.open(root, storage_options=s3_server.storage_options())
+    Admin(store).create_topic("Orders", 4)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    rows = 400
+    script = tmp_path / "sink.py"
+    script.write_text(_SINK_SCRIPT)
+    job = subprocess.Popen(
+        [sys.executable, str(script), root, spark_cluster.url, str(marks), str(rows), "6"],
+        cwd=ROOT, env=job_env(s3_server, tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    killed = None
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and job.poll() is None and killed is None:
+            if any(marks.iterdir()):
+                executors = spark_cluster.executor_pids()
+                if executors:
+                    killed = executors[0]
+                    os.kill(killed, signal.SIGKILL)  # a task of the write is running: kill its executor
+            time.sleep(0.2)
+        out, err = job.communicate(timeout=600)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert killed is not None, "no executor was running the write: " + err[-3000:]
+    assert job.returncode == 0, err[-4000:]
+    assert "WROTE" in out, out
+    assert len(list(marks.iterdir())) > 4  # a killed task ran again: 4 partitions, more starts
+    stored = bodies(store)
+    assert len(stored) == rows  # each row once: the killed attempt's staged rows never committed
+    assert sorted(stored) == sorted(f"row-{i}".encode() for i in range(rows))
+    assert f"REPLAY {rows}" in out and f"SQL {rows}" in out and f"SOURCE {rows}" in out, out

@@ -1,6 +1,7 @@
 """The broker jobs, replay, the SQL views and the ``mq`` source and sink on a Spark standalone cluster
-(a master and two workers on 127.0.0.1, :mod:`tests.cluster`) over an ``s3a://`` store, with their
-tasks on executors; the sink stays exactly once when an executor is killed in the middle of a write.
+(a master and two workers on 127.0.0.1, :mod:`tests.cluster`) over a store on S3, with their tasks
+on executors; the sink stays exactly once when an executor is killed in the middle of a write. The
+jobs (``spark-submit.sh --master``) and ``mq sql --master`` run as the README shows them.
 
 Everything Spark does here runs in subprocesses, as users run it: ``spark-submit --master`` for the
 jobs, a Python process whose session names the master for the rest.
@@ -9,6 +10,7 @@ jobs, a Python process whose session names the master for the rest.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,7 +23,13 @@ import pytest
 
 from engine import Admin, Store
 from engine.store import schemas
-from tests.test_spark_object_store import ROOT, dispatched, filled_store, job_env
+from tests.test_spark_object_store import (
+    ROOT,
+    job_env,
+    readme_block,
+    readme_env,
+    run_readme_python,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.s3, pytest.mark.spark, pytest.mark.slow]
 
@@ -34,23 +42,6 @@ def bodies(store: Store) -> list[bytes]:
     for rows, _ in fresh.versions_after(schemas.COMMIT_LOG, -1, wanted):
         found.extend(rows["body"].to_pylist())
     return found
-
-
-def test_broker_jobs_run_on_the_cluster_with_spark_submit(
-    spark_cluster: Any, s3_server: Any, s3_bucket: str, tmp_path: Path
-) -> None:
-    root = f"s3a://{s3_bucket}/cluster-jobs-{tmp_path.name}"
-    store = filled_store(root, s3_server.storage_options())
-    before = set(spark_cluster.executor_logs())
-    done = subprocess.run(
-        [str(ROOT / "spark-submit.sh"), "--master", spark_cluster.url, "--conf", "spark.executor.memory=768m",
-         "jobs/broker.py", "--store", root, "--once"],
-        cwd=ROOT, env=job_env(s3_server, tmp_path), capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-4000:]
-    assert "broker: ran dispatch, index" in done.stdout, done.stdout[-2000:]
-    assert dispatched(store, "Orders", 2) == 6
-    assert len(set(spark_cluster.executor_logs()) - before) >= 1  # the app ran executors on the workers
 
 
 _SINK_SCRIPT = """
@@ -93,7 +84,7 @@ print("SOURCE", read.select("body").distinct().count(), flush=True)
 def test_the_sink_stays_exactly_once_when_an_executor_is_killed_mid_write(
     spark_cluster: Any, s3_server: Any, s3_bucket: str, tmp_path: Path
 ) -> None:
-    root = f"s3a://{s3_bucket}/cluster-sink-{tmp_path.name}"
+    root = f"s3://{s3_bucket}/cluster-sink-{tmp_path.name}"  # s3:// is read through S3A too
     store = Store.open(root, storage_options=s3_server.storage_options())
     Admin(store).create_topic("Orders", 4)
     marks = tmp_path / "marks"
@@ -127,3 +118,21 @@ def test_the_sink_stays_exactly_once_when_an_executor_is_killed_mid_write(
     assert len(stored) == rows  # each row once: the killed attempt's staged rows never committed
     assert sorted(stored) == sorted(f"row-{i}".encode() for i in range(rows))
     assert f"REPLAY {rows}" in out and f"SQL {rows}" in out and f"SOURCE {rows}" in out, out
+
+
+def test_readme_object_store_and_cluster_examples_run(
+    spark_cluster: Any, s3_server: Any, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = f"s3a://{s3_bucket}/readme-cluster-{tmp_path.name}"
+    run_readme_python(s3_server, root, tmp_path, monkeypatch)
+    before = set(spark_cluster.executor_logs())
+    env = {**readme_env(s3_server, root, tmp_path), "SPARK_MASTER": spark_cluster.url}
+    done = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", readme_block("s3-cluster", "bash")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert re.search(r"Orders\s*│\s*2", done.stdout), done.stdout
+    assert "order 8 paid" in done.stdout, done.stdout
+    assert s3_server.admin.secret_key not in done.stdout + done.stderr
+    assert len(set(spark_cluster.executor_logs()) - before) >= 2  # the jobs' and mq sql's executors

@@ -282,38 +282,45 @@ def test_broker_jobs_run_on_s3a_with_spark_holding_a_read_only_identity(
     assert len(errors) == 1, failed.stderr[-3000:]
 
 
-@pytest.mark.s3
-@pytest.mark.spark
-@pytest.mark.slow
-def test_mq_sql_and_replay_read_an_s3_store(s3_server: Any, s3_bucket: str, tmp_path: Path) -> None:
-    root = f"s3://{s3_bucket}/sql-{tmp_path.name}"
-    store = filled_store(root, s3_server.storage_options())
-    env = job_env(s3_server, tmp_path)
-    script = f"""
-import sys
-from engine.broker.dispatch import dispatch_pending
-from engine import Store
-from engine.spark import session, register_views
-from engine.spark.replay import replay
-from engine.spark.views import native_reads
-store = Store.open({root!r})
-dispatch_pending(store)
-spark = session(store=store)
-assert native_reads(spark, store)
-register_views(spark, store)
-print("REPLAY", replay(spark, store, "Orders").count())
-"""
-    done = subprocess.run(
-        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
+# ----------------------------------------------------------------------------- the README's examples
+README = ROOT / "README.md"
+
+
+def readme_block(kind: str, language: str) -> str:
+    """The README's one ``language`` block marked ``<!-- test: kind -->``."""
+    pattern = rf"<!-- test: {re.escape(kind)} -->\s*\n```{language}\n(?P<code>.*?)\n```"
+    [code] = [m.group("code") for m in re.finditer(pattern, README.read_text(), re.DOTALL)]
+    return code
+
+
+def readme_env(server: Any, root: str, tmp_path: Path) -> dict[str, str]:
+    """The variables the README's object-store examples read, pointed at the test server."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MQ_", "AWS_")) and k != "COLUMNS"}
+    env.update(
+        MQ_S3_STORE=root,
+        AWS_ENDPOINT_URL=server.endpoint,
+        AWS_ACCESS_KEY_ID=server.admin.access_key,
+        AWS_SECRET_ACCESS_KEY=server.admin.secret_key,
+        XDG_CACHE_HOME=str(tmp_path / "cache"),
+        PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     )
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert "REPLAY 6" in done.stdout
-    assert dispatched(store, "Orders", 2) == 6
-    mq = Path(sys.executable).parent / "mq"
-    query = "SELECT count(*) AS n FROM messages WHERE topic = 'Orders'"
-    sql = subprocess.run(
-        [str(mq), "--store", root, "--json", "sql", query],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert sql.returncode == 0, sql.stderr[-3000:]
-    assert '"n": 6' in sql.stdout, sql.stdout
+    return env
+
+
+def run_readme_python(server: Any, root: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Run the README's ``s3`` Python example against ``server`` at ``root``."""
+    for key, value in readme_env(server, root, tmp_path).items():
+        monkeypatch.setenv(key, value)
+    namespace: dict[str, Any] = {"__name__": "readme"}
+    exec(compile(readme_block("s3", "python"), str(README), "exec"), namespace)
+
+
+@pytest.mark.s3
+def test_readme_object_store_example_runs(
+    s3_server: Any, s3_bucket: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    root = f"s3a://{s3_bucket}/readme-{tmp_path.name}"
+    run_readme_python(s3_server, root, tmp_path, monkeypatch)
+    assert capsys.readouterr().out.strip()  # the message id
+    store = Store.open(root, storage_options=s3_server.storage_options())
+    assert store.topic("Orders").queues == 2

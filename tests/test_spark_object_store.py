@@ -324,3 +324,45 @@ def test_readme_object_store_example_runs(
     assert capsys.readouterr().out.strip()  # the message id
     store = Store.open(root, storage_options=s3_server.storage_options())
     assert store.topic("Orders").queues == 2
+
+
+def test_s3a_jars_that_cannot_be_had_are_said_once_and_not_fetched_again(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from engine.errors import ConfigError
+
+    calls: list[str] = []
+
+    def failing(coordinate: str) -> Any:
+        calls.append(coordinate)
+        raise ConfigError(f"could not fetch {coordinate}")
+
+    monkeypatch.setattr(object_store, "cached_jars", lambda coordinate: None)
+    monkeypatch.setattr(object_store, "fetch_jars", failing)
+    monkeypatch.setattr(object_store, "_failed", set())
+    assert object_store.object_store_jars("s3a://b/s") is None
+    assert object_store.object_store_jars("s3://b/s") is None
+    assert len(calls) == 1
+    assert capsys.readouterr().err.count("Spark cannot read s3a:// natively") == 1
+
+
+def test_a_fetch_keeps_the_retrieved_jars_and_drops_ivys_second_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from engine.spark import delta_jars
+
+    fake = tmp_path / "spark-submit"  # does what Spark's resolver does: a download cache, then retrieval
+    fake.write_text(
+        "#!/bin/bash\n"
+        'ivy=$(printf "%s\\n" "$@" | sed -n "s/^spark.jars.ivy=//p")\n'
+        'mkdir -p "$ivy/cache/g" "$ivy/jars"\n'
+        'echo x > "$ivy/cache/g/a.jar"\n'
+        'echo x > "$ivy/jars/g_a.jar"\n'
+    )
+    fake.chmod(0o755)
+    monkeypatch.setattr(delta_jars, "_spark_submit", lambda: fake)
+    got = delta_jars.fetch_jars("g:a:1", tmp_path / "jars")
+    [jar] = got.paths
+    assert jar.name == "g_a.jar" and jar.is_file()
+    assert not (jar.parent.parent / "cache").exists()
+    assert delta_jars.cached_jars("g:a:1", tmp_path / "jars") == got

@@ -40,6 +40,8 @@ _SIMPLE_PROVIDER = "org.apache.hadoop.fs.s3a.SimpleAWSCredentialsProvider"
 _TEMPORARY_PROVIDER = "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider"
 _HADOOP_JAR = re.compile(r"^hadoop-client-api-(\d+\.\d+\.\d+)\.jar$")
 _TRUE = ("1", "true", "yes", "on")
+# Coordinates whose fetch failed in this process: not tried again for every session.
+_failed: set[str] = set()
 
 # delta-rs (object_store) option names, upper-cased, for each Hadoop setting they give.
 _ALIASES: dict[str, tuple[str, ...]] = {
@@ -90,13 +92,15 @@ def hadoop_aws_coordinate(version: str | None = None) -> str:
 def object_store_jars(root: str) -> DeltaJars | None:
     """The jars Spark needs to read ``root`` (``hadoop-aws`` and the AWS SDK bundle for S3), fetched
     on first use and cached; None for a root that needs none (local) or when they cannot be had
-    (then one line on stderr says why, and Spark reads the store through ``deltalog``)."""
+    (then one line on stderr says why, once per process, and Spark reads the store through
+    ``deltalog``)."""
     if not is_s3(root):
         return None
+    coordinate = "hadoop-aws"
     try:
         coordinate = hadoop_aws_coordinate()
         found = cached_jars(coordinate)
-        if found is not None:
+        if found is not None or coordinate in _failed:
             return found
         print(
             f"lakemq: fetching the S3A jars ({coordinate} and the AWS SDK bundle, ~700 MB; "
@@ -105,6 +109,7 @@ def object_store_jars(root: str) -> DeltaJars | None:
         )
         return fetch_jars(coordinate)
     except ConfigError as exc:
+        _failed.add(coordinate)
         print(
             f"lakemq: Spark cannot read s3a:// natively ({exc}); it reads the store through the "
             "project's own 'deltalog' data source",

@@ -127,9 +127,16 @@ def test_readme_object_store_and_cluster_examples_run(
     run_readme_python(s3_server, root, tmp_path, monkeypatch)
     before = set(spark_cluster.executor_logs())
     env = {**readme_env(s3_server, root, tmp_path), "SPARK_MASTER": spark_cluster.url}
+    # The block runs from "the repository's root": here a directory of its own whose spark-submit.sh
+    # and jobs/ are the repository's, so Spark's leftovers (spark-warehouse/) stay out of it.
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "jobs").symlink_to(ROOT / "jobs")
+    (work / "spark-submit.sh").write_text(f'#!/bin/bash\nexec {ROOT / "spark-submit.sh"} "$@"\n')
+    (work / "spark-submit.sh").chmod(0o755)
     done = subprocess.run(
         ["bash", "-euo", "pipefail", "-c", readme_block("s3-cluster", "bash")],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+        cwd=work, env=env, capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert re.search(r"Orders\s*│\s*2", done.stdout), done.stdout

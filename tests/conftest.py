@@ -162,3 +162,22 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(_EXIT_STATUS[-1])
+
+
+# ----------------------------------------------------------------------------- Spark cluster
+@pytest.fixture(scope="session")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """One Spark standalone cluster for the whole run: a master and two workers (1 core, 1 GiB each)
+    on 127.0.0.1 (``spark://127.0.0.1:7077`` when the port is free), stopped after the run. Work for
+    it runs in subprocesses (``--master cluster.url``): this process keeps its one local session."""
+    from tests.cluster import ClusterUnavailable, SparkCluster
+
+    cluster = SparkCluster(tmp_path_factory.mktemp("spark-cluster"))
+    try:
+        cluster.start()
+    except ClusterUnavailable as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(str(exc))
+        pytest.skip(str(exc))
+    yield cluster
+    cluster.stop()

@@ -46,6 +46,8 @@ def _dispatch(args: argparse.Namespace, out: Output) -> int:
     argv = ["--store", store.root]
     if args.checkpoint:
         argv += ["--checkpoint", args.checkpoint]
+    if args.master:
+        argv += ["--master", args.master]
     if args.once:
         return _run_job(
             out,
@@ -100,7 +102,13 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
     """Add ``dispatch``, ``broker``, ``maintenance`` and ``status`` to ``commands``."""
     dispatch = commands.add_parser("dispatch", parents=[common], help="run the dispatch job")
     dispatch.add_argument("--once", action="store_true", help="dispatch what is committed, then exit")
-    dispatch.add_argument("--checkpoint", default=None, help="streaming checkpoint location")
+    dispatch.add_argument(
+        "--checkpoint",
+        default=None,
+        help="streaming checkpoint location (default: under a local store; a local directory for a "
+        "store on object storage)",
+    )
+    dispatch.add_argument("--master", default=None, help="Spark master, e.g. spark://host:7077")
     dispatch.add_argument("--no-spark", action="store_true", help="dispatch in this process, without Spark")
     dispatch.set_defaults(func=_dispatch)
 

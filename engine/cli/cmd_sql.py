@@ -81,8 +81,9 @@ def _sql(args: argparse.Namespace, out: Output) -> int:
     spark: Any = None
     try:
         with out.progress("starting Spark and running the query"):
+            master = {"spark.master": args.master} if args.master else None
             try:
-                spark = session(app_name="mq-sql")
+                spark = session(app_name="mq-sql", conf=master, store=store)
             except MQError:
                 raise
             except Exception as exc:  # the JVM did not start: one line that names why
@@ -115,4 +116,9 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
     sql = commands.add_parser("sql", parents=[common], help="run a Spark SQL query over the store's views")
     sql.add_argument("query", help='e.g. "SELECT topic, count(*) FROM messages GROUP BY topic"')
     sql.add_argument("--limit", type=int_at_least(1), default=100, help="most rows shown (default 100)")
+    sql.add_argument(
+        "--master",
+        default=None,
+        help="Spark master, e.g. spark://host:7077 (default: conf/spark-defaults.conf's, local[2])",
+    )
     sql.set_defaults(func=_sql)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import fcntl
 import importlib.metadata
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -171,6 +172,9 @@ def fetch_jars(coordinate: str, root: Path | None = None, timeout_s: float = _FE
                 key=coordinate,
             )
         (cache / _MANIFEST).write_text("".join(f"{p}\n" for p in jars))
+        # Ivy's download cache holds a second copy of every jar retrieved (the S3A bundle alone is
+        # ~700 MB); the manifest names the retrieved ones only.
+        shutil.rmtree(cache / "ivy" / "cache", ignore_errors=True)
         return DeltaJars(coordinate, tuple(jars))
 
 
@@ -223,8 +227,3 @@ def spark_submit_args() -> list[str]:
         "--conf",
         "spark.lakemq.delta=true",
     ]
-
-
-def print_spark_submit_args() -> None:
-    """Print :func:`spark_submit_args`, one per line (``spark-submit.sh`` reads them)."""
-    print("\n".join(spark_submit_args()))

@@ -30,15 +30,16 @@ _IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
 
 def require_native(spark: Any, store: Store) -> None:
-    """Raise unless ``store`` is read natively on ``spark`` (Delta on, local store).
+    """Raise unless ``store`` is read natively on ``spark`` (Delta on; a local store, or one on S3
+    with S3A on the session).
 
     Raises:
-        StoreError: Delta on Spark is off on this session, or the store is on object storage.
+        StoreError: Delta on Spark is off on this session, or it cannot read the store's scheme.
     """
     if not native_reads(spark, store):
         raise StoreError(
-            "this read needs Delta on Spark (a session from engine.spark.session() with the Delta jars) "
-            "and a local store",
+            "this read needs Delta on Spark (a session from engine.spark.session(store=...) with the "
+            "Delta jars) and a store Spark can read: a local one, or s3:// / s3a:// with the S3A jars",
             store=store.root,
         )
 

@@ -20,6 +20,7 @@ from engine.protocol import validate_group_name, validate_topic_name
 from engine.protocol.selectors import ExpressionType, MessageSelector
 from engine.store import schemas
 from engine.store.commit_markers import sink_app
+from engine.store.delta import open_snapshot
 from engine.store.store import Store
 
 SHORT_NAME = "mq"
@@ -29,6 +30,7 @@ DEFAULT_ENTRIES_PER_PARTITION = 65_536
 _SINK_ID = re.compile(r"^[A-Za-z0-9_.-]{1,200}$")
 
 _stores: dict[StoreRef, Store] = {}
+_readers: dict[StoreRef, Store] = {}
 _stores_lock = threading.Lock()
 
 
@@ -115,6 +117,32 @@ def _store_path(options: Mapping[str, str]) -> str:
     return str(Path(path.removeprefix("file://")).resolve())
 
 
+class ReadingStore(Store):
+    """A store as a Spark task reads it: opened without creating, checking or repairing a table
+    (what :meth:`Store.open` does on the driver once), so a task costs only what it reads.
+
+    Its commit-log shards are read from the commit log's properties on first use.
+    """
+
+    def __init__(self, root: str, storage_options: Mapping[str, str] | None) -> None:
+        super().__init__(root, storage_options, load_config())
+        self._found_shards: int | None = None
+
+    @property
+    def commit_log_shards(self) -> int:
+        """The commit-log shards the store was created with (read once, from its commit log)."""
+        if self._found_shards is None:
+            snap = open_snapshot(self.uri(schemas.COMMIT_LOG), self.storage_options, name=schemas.COMMIT_LOG)
+            recorded = snap.configuration().get(schemas.SHARDS_PROPERTY)
+            self._found_shards = int(recorded) if recorded else 1
+        return self._found_shards
+
+    @property
+    def commit_logs(self) -> tuple[str, ...]:
+        """The table names of the commit-log shards, shard 0 first."""
+        return tuple(schemas.commit_log_table(k) for k in range(self.commit_log_shards))
+
+
 @dataclass(frozen=True)
 class StoreRef:
     """Where a store is: hashable and picklable, so executors can open it (once per process)."""
@@ -124,7 +152,13 @@ class StoreRef:
 
     @classmethod
     def of(cls, root: str, storage_options: Mapping[str, str] | None = None) -> StoreRef:
-        return cls(root, tuple(sorted((storage_options or {}).items())))
+        """A reference to the store at ``root``. For an object-store root the options are complete
+        here, on the driver: the config's (``[storage]``, ``MQ_STORAGE_*``, ``AWS_*``) under
+        ``storage_options``, so executors, whose environment may hold none, reach the same store."""
+        options = dict(storage_options or {})
+        if "://" in root and not root.startswith("file://"):
+            options = {**load_config().storage, **options}
+        return cls(root, tuple(sorted(options.items())))
 
     @property
     def storage_options(self) -> dict[str, str] | None:
@@ -139,13 +173,31 @@ class StoreRef:
         with _stores_lock:
             store = _stores.get(self)
             if store is None:
-                if "://" not in self.root or self.root.startswith("file://"):
-                    local = Path(self.root.removeprefix("file://"))
-                    if not (local / schemas.COMMIT_LOG / "_delta_log").is_dir():
-                        raise StoreError(f"mq: no store at {self.root} (no commit_log table)", path=self.root)
+                self._check_local()
                 store = Store.open(self.root, self.storage_options, load_config())
                 _stores[self] = store
             return store
+
+    def reader(self) -> Store:
+        """The store as a task reads it (:class:`ReadingStore`: no table created or checked), once
+        per Python process and reused: what executors open.
+
+        Raises:
+            StoreError: a local path that holds no store.
+        """
+        with _stores_lock:
+            store = _readers.get(self)
+            if store is None:
+                self._check_local()
+                store = ReadingStore(self.root, self.storage_options)
+                _readers[self] = store
+            return store
+
+    def _check_local(self) -> None:
+        if "://" not in self.root or self.root.startswith("file://"):
+            local = Path(self.root.removeprefix("file://"))
+            if not (local / schemas.COMMIT_LOG / "_delta_log").is_dir():
+                raise StoreError(f"mq: no store at {self.root} (no commit_log table)", path=self.root)
 
 
 @dataclass(frozen=True)

@@ -268,7 +268,7 @@ class _Writing:
         partition, name = _task_identity()
         if table.num_rows == 0:
             return MQStaged("", 0, partition)
-        store = self.options.store.open()
+        store = self.options.store.reader()  # a task reads the topics and stages: no table is opened else
         # Topics, permissions and queue ids are checked here, before any commit; the driver gets
         # the commit log's offset-free columns and only stamps the offsets.
         batch = pending_batch(store, table)

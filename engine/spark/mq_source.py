@@ -153,11 +153,12 @@ _indexes_lock = threading.Lock()
 
 def queue_index(ref: StoreRef) -> QueueIndex:
     """A :class:`QueueIndex` per store and Python process, reused across tasks and batches (its file
-    caches stay warm in a reused Python worker)."""
+    caches stay warm in a reused Python worker). It reads through :meth:`StoreRef.reader`: a task
+    opens only the tables it reads, never the whole store."""
     with _indexes_lock:
         index = _indexes.get(ref)
         if index is None:
-            index = QueueIndex(ref.open())
+            index = QueueIndex(ref.reader())
             _indexes[ref] = index
     return index
 

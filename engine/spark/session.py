@@ -19,6 +19,8 @@ from typing import Any, TypeVar
 from engine.config import conf_dir
 from engine.errors import ConfigError
 from engine.spark.delta_jars import DELTA_CATALOG, DELTA_EXTENSION, delta_jars
+from engine.spark.object_store import object_store_jars, prepare_session
+from engine.store.store import Store
 
 DEFAULTS_FILE = "spark-defaults.conf"
 LOG4J_FILE = "log4j2.properties"
@@ -163,8 +165,7 @@ def _with_delta(settings: dict[str, str]) -> dict[str, str]:
     jars = delta_jars()
     if jars is None:
         return {**settings, DELTA_READS: "false"}
-    out = dict(settings)
-    out["spark.jars"] = ",".join(j for j in (settings.get("spark.jars"), jars.spark_jars) if j)
+    out = _with_jars(settings, jars.spark_jars)
     extensions = [e for e in settings.get(_EXTENSIONS, "").split(",") if e.strip()]
     out[_EXTENSIONS] = ",".join(
         [*extensions, DELTA_EXTENSION] if DELTA_EXTENSION not in extensions else extensions
@@ -172,6 +173,17 @@ def _with_delta(settings: dict[str, str]) -> dict[str, str]:
     out.setdefault(_CATALOG, DELTA_CATALOG)
     out.setdefault(DELTA_READS, "true")
     return out
+
+
+def _with_jars(settings: dict[str, str], jars: str) -> dict[str, str]:
+    return {**settings, "spark.jars": ",".join(j for j in (settings.get("spark.jars"), jars) if j)}
+
+
+def _with_object_store(settings: dict[str, str], root: str | None) -> dict[str, str]:
+    """``settings`` plus the jars Spark needs to read the store at ``root`` (S3A for ``s3://`` and
+    ``s3a://``; none for a local store)."""
+    jars = object_store_jars(root) if root else None
+    return settings if jars is None else _with_jars(settings, jars.spark_jars)
 
 
 def delta_enabled(spark: Any) -> bool:
@@ -187,7 +199,9 @@ def delta_enabled(spark: Any) -> bool:
     return DELTA_EXTENSION in str(spark.conf.get(_EXTENSIONS, None) or "")
 
 
-def session(app_name: str = "lakemq", conf: Mapping[str, str] | None = None) -> Any:
+def session(
+    app_name: str = "lakemq", conf: Mapping[str, str] | None = None, store: Store | None = None
+) -> Any:
     """The SparkSession of this process, started with the project's settings if none is running.
 
     Precedence: ``conf`` > what ``spark-submit`` was given (``--master``, ``--conf``) >
@@ -201,9 +215,14 @@ def session(app_name: str = "lakemq", conf: Mapping[str, str] | None = None) -> 
     use (:func:`engine.spark.delta_jars.delta_jars`); where they cannot be had it says so in one
     line and the store is read through the ``deltalog`` source instead (:func:`delta_enabled`).
 
+    With ``store`` on S3, a new session also gets the S3A jars (fetched on first use) and the
+    session's Hadoop configuration the store's ``fs.s3a.*`` settings
+    (:func:`engine.spark.object_store.prepare_session`), so Spark reads the store natively.
+
     Args:
         app_name: the Spark application name.
         conf: settings that win over the defaults file.
+        store: the store the session will read (its root says which file systems it needs).
 
     Returns:
         pyspark.sql.SparkSession
@@ -227,7 +246,7 @@ def session(app_name: str = "lakemq", conf: Mapping[str, str] | None = None) -> 
         submitted = _submitted_settings()
         settings = {k: v for k, v in spark_settings(conf).items() if k in explicit or k not in submitted}
         if not submitted:  # a JVM started by spark-submit has its classpath already
-            settings = _with_delta(settings)
+            settings = _with_object_store(_with_delta(settings), None if store is None else store.root)
     builder = SparkSession.builder
     if SparkContext._active_spark_context is None:
         builder = builder.appName(app_name)
@@ -240,4 +259,6 @@ def session(app_name: str = "lakemq", conf: Mapping[str, str] | None = None) -> 
     if submitted:
         _quiet_submitted_jvm(spark)
     register_data_sources(spark)
+    if store is not None:
+        prepare_session(spark, store.root, store.storage_options)
     return spark

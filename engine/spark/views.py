@@ -10,9 +10,11 @@ the ``commit_log`` view is their union (:func:`commit_log_frame`), so SQL over `
 On a session with Delta on Spark (:func:`engine.spark.session.delta_enabled`, the default) a table
 is a native Delta scan (``spark.read.format("delta")``): filters are pushed into the Parquet reader
 and files are skipped by their min/max statistics, and Delta refreshes the snapshot at every query.
-Elsewhere, and for stores on object storage (whose delta-rs storage options Spark's file systems do
-not take), the project's own ``deltalog`` source reads them (its ``live`` option re-plans the
-snapshot at every execution).
+The choice goes by the store's scheme (:func:`native_reads`): a local store, and a store on S3
+(``s3://``, ``s3a://``) once the session has S3A (:func:`engine.spark.object_store.prepare_session`
+sets its ``fs.s3a.*`` from the store's storage options). Elsewhere (Delta off, no S3A jars, another
+scheme) the project's own ``deltalog`` source reads them with the store's delta-rs storage options
+(its ``live`` option re-plans the snapshot at every execution).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 
 from engine.errors import InvalidArgumentError
 from engine.spark.deltalog import SHORT_NAME, spark_schema
+from engine.spark.object_store import prepare_session
 from engine.spark.session import delta_enabled
 from engine.store import schemas
 from engine.store.delta import VERSION_COLUMN
@@ -63,9 +66,12 @@ def message_column(name: str) -> Any:
 
 
 def native_reads(spark: Any, store: Store) -> bool:
-    """Whether ``store``'s tables are read with ``format("delta")`` on ``spark`` (a local store on a
-    session with Delta on Spark), rather than through ``deltalog``."""
-    return not store.storage_options and delta_enabled(spark)
+    """Whether ``store``'s tables are read with ``format("delta")`` on ``spark``, rather than through
+    ``deltalog``: on a session with Delta on Spark, for a local store, and for one on S3 when the
+    session has S3A (whose ``fs.s3a.*`` settings this sets from the store's storage options on first
+    use, see :func:`engine.spark.object_store.prepare_session`). Chosen by the root's scheme, not by
+    whether storage options were given."""
+    return delta_enabled(spark) and prepare_session(spark, store.root, store.storage_options)
 
 
 def table_frame(spark: Any, store: Store, name: str) -> Any:

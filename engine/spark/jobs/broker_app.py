@@ -1,7 +1,8 @@
 """The broker app: every broker job as its own streaming query in ONE Spark application.
 
-The jobs are those of :data:`engine.spark.jobs.registry.JOBS`. Each keeps its own checkpoint under
-the store (``<store>/_checkpoints/<job>``, or ``<--checkpoint>/<job>``) and its own exactly-once
+The jobs are those of :data:`engine.spark.jobs.registry.JOBS`. Each keeps its own checkpoint
+(``<--checkpoint>/<job>``, else :func:`engine.spark.jobs.streams.checkpoint_location`: under a local
+store, in a local directory for a store on object storage) and its own exactly-once
 marker, so a job run here and the same job run alone (``jobs/<job>.py``) continue each other.
 
 - ``--once``: runs the jobs one after another in the order of the broker's pass plan

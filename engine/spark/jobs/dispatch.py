@@ -101,8 +101,9 @@ def run_dispatch(
         once: process every version committed now and wait for the query to finish
             (``Trigger.AvailableNow``); otherwise start a query triggered every
             ``store.config.dispatch_trigger_ms`` and return it running.
-        checkpoint: the streaming checkpoint; default ``<store>/_checkpoints/dispatch`` (the Delta
-            source keeps its offsets in its ``delta`` sub-directory).
+        checkpoint: the streaming checkpoint; default
+            :func:`~engine.spark.jobs.streams.checkpoint_location` (the Delta source keeps its
+            offsets in its ``delta`` sub-directory).
         stats: counters to update after each micro-batch.
 
     Returns:

@@ -4,7 +4,15 @@ Each job runs as ``python jobs/<job>.py`` or ``./spark-submit.sh jobs/<job>.py``
 
     --store PATH        the store (default: MQ_STORE, else ./mqdata)
     --once              process what is committed now, then exit (Trigger.AvailableNow)
-    --checkpoint PATH   the streaming checkpoint (default: under the store)
+    --checkpoint PATH   the streaming checkpoint (default: under a local store; a local directory,
+                        ~/.cache/lakemq/checkpoints/<store id>/<job>, for a store on object storage)
+    --master URL        Spark's master (over conf/spark-defaults.conf's; run under spark-submit,
+                        give spark-submit's --master instead)
+    --storage-option K=V  delta-rs storage options (exported as MQ_STORAGE_<K>)
+
+On a store on S3 the job's Spark reads the tables through S3A (``fs.s3a.*`` from the storage
+options, unless ``spark.hadoop.fs.s3a.*`` gives Spark an identity of its own) and every write goes
+through the engine in Python with the storage options (:mod:`engine.spark.object_store`).
 
 plus the options its registry entry declares (:mod:`engine.spark.jobs.registry`). :func:`job_main`
 is every job's ``main``: a bad argument or an unusable store is one line on stderr and exit code 2,
@@ -53,7 +61,16 @@ def argument_parser(job: str, description: str) -> JobArgumentParser:
     )
     parser.add_argument("--once", action="store_true", help="process every committed version, then exit")
     parser.add_argument(
-        "--checkpoint", default=None, help="streaming checkpoint location (default: under the store)"
+        "--checkpoint",
+        default=None,
+        help="streaming checkpoint location (default: under a local store; for a store on object "
+        "storage a local directory, ~/.cache/lakemq/checkpoints/<store id>/<job>)",
+    )
+    parser.add_argument(
+        "--master",
+        default=None,
+        help="Spark master, e.g. spark://host:7077 (default: conf/spark-defaults.conf's; under "
+        "spark-submit give its --master instead)",
     )
     parser.add_argument(
         "--storage-option", action="append", default=None, metavar="KEY=VALUE", help=STORAGE_OPTION_HELP
@@ -102,9 +119,10 @@ def start(args: argparse.Namespace, app_name: str, began: float | None = None) -
     export_storage_options(getattr(args, "storage_option", None))
     store = open_store(str(args.store))
     running = SparkContext._active_spark_context is not None
+    master = getattr(args, "master", None)
     return JobContext(
         store,
-        session(app_name=app_name),
+        session(app_name=app_name, conf={"spark.master": master} if master else None, store=store),
         owns_spark=not running,
         began=time.monotonic() if began is None else began,
     )

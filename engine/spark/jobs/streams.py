@@ -23,6 +23,7 @@ import pyarrow as pa
 
 from engine.spark.jobs.counted import BatchRows, CountedQuery
 from engine.spark.jobs.stats import JobStats
+from engine.spark.object_store import default_checkpoint_root
 from engine.store import schemas
 from engine.store.delta import VERSION_COLUMN, earliest_version, local_path
 from engine.store.store import Store
@@ -32,13 +33,24 @@ VERSIONS_PER_HANDLER_CALL = 1000
 
 
 def checkpoint_location(store: Store, job: str, override: str | None = None) -> str:
-    """A job's streaming checkpoint: ``override``, else ``<checkpoint_dir or store>/_checkpoints/<job>``.
+    """A job's streaming checkpoint: ``override``, else ``<checkpoint_dir>/<job>`` (``checkpoint_dir``
+    of the engine config), else ``<store>/_checkpoints/<job>`` for a local store and a LOCAL directory
+    for a store on object storage (:func:`engine.spark.object_store.default_checkpoint_root`:
+    ``~/.cache/lakemq/checkpoints/<store id>/<job>``). ``s3a://`` checkpoints are taken when asked.
 
-    ``checkpoint_dir`` from the engine config replaces the ``<store>/_checkpoints`` parent.
+    A local default is safe: a checkpoint holds only the source's offsets; every job resumes from
+    its own exactly-once marker (:func:`run_log_job`, the dispatch job's covered versions; the
+    ticker-driven jobs read the tables' state at every pass), so a lost checkpoint, or one on
+    another host, neither loses nor repeats work.
     """
     if override:
         return override
-    parent = store.config.checkpoint_dir or f"{store.root}/_checkpoints"
+    if store.config.checkpoint_dir:
+        parent = store.config.checkpoint_dir
+    elif store.is_local:
+        parent = f"{store.root}/_checkpoints"
+    else:
+        parent = str(default_checkpoint_root(store.store_id))
     return f"{parent.rstrip('/')}/{job}"
 
 
@@ -341,7 +353,7 @@ def run_log_job(
     Args:
         spark: a SparkSession (:func:`engine.spark.session`).
         store: the store.
-        job: the job's name (query name, default checkpoint ``<store>/_checkpoints/<job>``).
+        job: the job's name (query name, default checkpoint :func:`checkpoint_location`).
         table: the source table.
         columns: the source columns the handler needs; it also gets ``_version``.
         handler: called on the driver with rows of whole versions, in commit order. It must be
@@ -350,7 +362,7 @@ def run_log_job(
         marker: the last source version the job's output covers.
         once: process every version committed now and wait for the query to finish; otherwise
             start a query triggered every ``trigger_ms`` and return it running.
-        checkpoint: the streaming checkpoint (default under the store).
+        checkpoint: the streaming checkpoint (default :func:`checkpoint_location`).
         trigger_ms: the trigger interval of a running query.
         schema: the Arrow schema of ``columns`` (default: the table's own).
         max_versions: most versions per ``handler`` call (bounds a catch-up's memory).

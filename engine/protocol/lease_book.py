@@ -130,6 +130,7 @@ class LeaseBook:
         self.group = group
         self.queues: dict[tuple[str, int], QueueBook] = {}
         self.sequences: dict[str, int] = {}  # consumer_id -> highest sequence seen
+        self.leased_at: dict[str, int] = {}  # consumer_id -> time of its latest lease (not offline)
 
     def queue(self, topic: str, queue_id: int) -> QueueBook:
         key = (topic, queue_id)
@@ -146,6 +147,10 @@ class LeaseBook:
         book = self.queues.get((key[0], key[1]))
         return book is not None and book.is_done(key[2])
 
+    def active(self, since_ms: int) -> set[str]:
+        """Consumers that leased something at or after ``since_ms`` and did not go offline since."""
+        return {consumer for consumer, ts in self.leased_at.items() if ts >= since_ms}
+
     def apply(self, rows: list[dict[str, Any]]) -> None:
         """Apply rows in commit order."""
         for row in rows:
@@ -158,6 +163,8 @@ class LeaseBook:
             action = row["action"]
             ts = int(row["ts_ms"])
             if action == OFFLINE:
+                if self.leased_at.get(consumer, ts + 1) <= ts:
+                    del self.leased_at[consumer]
                 for book in self.queues.values():
                     for lease in book.leases.values():
                         if lease.consumer_id == consumer and lease.deadline_ms > ts:
@@ -170,6 +177,7 @@ class LeaseBook:
                 for offset in _offsets(row):
                     book.finish(offset)
             elif action == PULL:
+                self.leased_at[consumer] = max(ts, self.leased_at.get(consumer, ts))
                 deadline = int(row["deadline_ms"] or ts)
                 for offset in _offsets(row):
                     if book.is_done(offset):

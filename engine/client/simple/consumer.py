@@ -199,13 +199,13 @@ class SimpleConsumer(Closing):
         deadline = time.monotonic() + wait_ms / 1000
         interval = max(self._store.config.long_poll_interval_ms, 50) / 1000
         while True:
-            got = self._receive_once(max_nums, invisible)
+            got = self._receive_once(max_nums, invisible, deadline)
             remaining = deadline - time.monotonic()
             if got or remaining <= 0:
                 return got
             time.sleep(min(interval, remaining))
 
-    def _receive_once(self, max_nums: int, invisible_ms: int) -> list[ReceivedMessage]:
+    def _receive_once(self, max_nums: int, invisible_ms: int, deadline: float) -> list[ReceivedMessage]:
         with self._lock:
             leases = self._leases
             leases.start()
@@ -220,7 +220,10 @@ class SimpleConsumer(Closing):
                 capacity = self.max_unacked - leases.unacked - leases.waiting
                 since = time.monotonic()
                 wanted = min(room - len(out), capacity)
-                if capacity > 0 and leases.lease(self._sources(), wanted, invisible_ms) > 0:
+                if (
+                    capacity > 0
+                    and leases.lease(self._sources(), wanted, invisible_ms, deadline=deadline) > 0
+                ):
                     out += leases.take(room - len(out), invisible_ms, leased_since=since)
             buffered = leases.buffered_acks
         if buffered:

@@ -50,9 +50,11 @@ class OffsetLease:
 
 @dataclass
 class QueueBook:
-    """Lease state of one queue for one group: offsets below ``floor`` are all finished."""
+    """Lease state of one queue for one group: offsets below ``floor`` are all finished; none at
+    or above ``frontier`` was ever leased (since the last reset)."""
 
     floor: int = 0
+    frontier: int = 0
     done: set[int] = field(default_factory=set)
     leases: dict[int, OffsetLease] = field(default_factory=dict)
 
@@ -85,9 +87,27 @@ class QueueBook:
             self.done.remove(self.floor)
             self.floor += 1
 
+    def finish_range(self, start: int, end: int) -> None:
+        """:meth:`finish` every offset of ``[start, end)`` (acks travel as ranges, mostly at the
+        floor: the floor then jumps over the range)."""
+        leases = self.leases
+        for offset in range(start, end):
+            leases.pop(offset, None)
+        if start > self.floor:
+            self.done.update(range(start, end))
+            return
+        self.floor = max(self.floor, end)
+        done = self.done
+        if done:
+            self.done = done = {o for o in done if o >= self.floor}
+        while self.floor in done:
+            done.remove(self.floor)
+            self.floor += 1
+
     def reset(self, offset: int) -> None:
         """The group's position moves to ``offset``: forget every lease and ack."""
         self.floor = offset
+        self.frontier = offset
         self.done = set()
         self.leases = {}
 
@@ -96,6 +116,7 @@ class QueueBook:
         if offset <= self.floor:
             return
         self.floor = offset
+        self.frontier = max(self.frontier, offset)
         self.done = {o for o in self.done if o >= offset}
         self.leases = {o: c for o, c in self.leases.items() if o >= offset}
         while self.floor in self.done:
@@ -114,10 +135,14 @@ def ranges(offsets: list[int]) -> list[tuple[int, int]]:
     return out
 
 
-def _offsets(row: dict[str, Any]) -> Iterator[int]:
-    start = int(row["queue_offset"])
+def _end(row: dict[str, Any]) -> int:
+    """The end (exclusive) of the offsets a row is about: ``end_offset``, or one offset."""
     end = row.get("end_offset")
-    return iter(range(start, int(end) if end is not None else start + 1))
+    return int(end) if end is not None else int(row["queue_offset"]) + 1
+
+
+def _offsets(row: dict[str, Any]) -> Iterator[int]:
+    return iter(range(int(row["queue_offset"]), _end(row)))
 
 
 class LeaseBook:
@@ -174,11 +199,11 @@ class LeaseBook:
             if action == RESET:
                 book.reset(int(row["queue_offset"]))
             elif action in (ACK, EXPIRED):
-                for offset in _offsets(row):
-                    book.finish(offset)
+                book.finish_range(int(row["queue_offset"]), _end(row))
             elif action == PULL:
                 self.leased_at[consumer] = max(ts, self.leased_at.get(consumer, ts))
                 deadline = int(row["deadline_ms"] or ts)
+                book.frontier = max(book.frontier, _end(row))
                 for offset in _offsets(row):
                     if book.is_done(offset):
                         continue

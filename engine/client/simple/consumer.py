@@ -110,6 +110,7 @@ class SimpleConsumer(Closing):
         self._subscriptions: dict[str, MessageSelector] = {}
         self._lock = threading.RLock()
         self._wake = threading.Event()
+        self._flush_state: tuple[float | None, bool] = (None, False)
         self._flusher: threading.Thread | None = None
         self._offsets = OffsetStore(store, self.group)
         self._persisted: dict[tuple[str, int], int] = {}
@@ -225,9 +226,7 @@ class SimpleConsumer(Closing):
                     and leases.lease(self._sources(), wanted, invisible_ms, deadline=deadline) > 0
                 ):
                     out += leases.take(room - len(out), invisible_ms, leased_since=since)
-            buffered = leases.buffered_acks
-        if buffered:
-            self._wake.set()
+            self._nudge_flusher()
         return out
 
     def _sources(self) -> list[Source]:
@@ -247,10 +246,10 @@ class SimpleConsumer(Closing):
             ReceiptHandleExpiredError: its invisible time has passed.
         """
         self._check_open()
+        self._ensure_flusher()
         with self._lock:
             self._leases.ack(message, self._store.config.max_commit_attempts)
-        self._ensure_flusher()
-        self._wake.set()
+            self._nudge_flusher()
 
     def nack(self, message: ReceivedMessage) -> None:
         """Give a received message back for a later retry: records a ``NACK`` that the retry job
@@ -315,6 +314,16 @@ class SimpleConsumer(Closing):
                     self._persisted[(topic, queue_id)] = floor
             self._persisted_at = time.monotonic()
             return len(entries)
+
+    def _nudge_flusher(self) -> None:
+        """Wake the flusher when what it waits for changed (the first ack or release buffered since
+        a flush, a full buffer), not on every ack: a thread woken per message costs the receiving
+        thread its processor. Called under the lock."""
+        state = self._leases.flush_state()
+        if state != self._flush_state:
+            self._flush_state = state
+            if state[0] is not None:
+                self._wake.set()
 
     def _ensure_flusher(self) -> None:
         if self._flusher is None:

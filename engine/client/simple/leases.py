@@ -41,7 +41,7 @@ import random
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -110,9 +110,15 @@ def received_message(
     message: MessageExt, reconsume_times: int, receipt_handle: str, until_ms: int
 ) -> ReceivedMessage:
     """``message`` as handed to the consumer that leased it: its delivery count and its lease."""
-    values = {f.name: getattr(message, f.name) for f in fields(MessageExt)}
-    values["reconsume_times"] = reconsume_times
-    return ReceivedMessage(**values, receipt_handle=receipt_handle, invisible_until_ms=until_ms)
+    # A copy of the frozen dataclass's fields, without __init__ (one per message received: the
+    # keyword call cost more than the rest of a receive from the buffer).
+    out = object.__new__(ReceivedMessage)
+    fields_of = out.__dict__
+    fields_of.update(message.__dict__)
+    fields_of.update(
+        reconsume_times=reconsume_times, receipt_handle=receipt_handle, invisible_until_ms=until_ms
+    )
+    return out
 
 
 @dataclass
@@ -401,12 +407,12 @@ class Leases:
         """
         if not sources:
             return 0
-        want = max(n, min(self.prefetch, MAX_PREFETCH))
         filters = {(t, q): f for t, q, f in sources}
         expired = [k for k in self._expired if k in filters]
         routes = [(t, q) for t, q, _ in sources]
         if self._index.refresh() or self._dry != routes:
             self._dry = None
+        want = max(n, min(self.prefetch, MAX_PREFETCH, self._fair_share(sources)))
         turn = self._rotation
         self._rotation += 1
         tasks: list[tuple[bool, Source]] = [
@@ -497,12 +503,18 @@ class Leases:
         taken = {offset for offset, _ in matched}
         return matched, [o for o in entries["queue_offset"].to_pylist() if o not in taken]
 
-    def _fair_share(self, size: int, needed: int, left: int) -> int:
-        """At most ``size`` and at least ``needed`` (if ``left``), but no more than this consumer's
-        share of the ``left`` messages among the group's consumers that lease now, so that no
-        consumer sits on a buffer while the others find nothing."""
+    def _fair_share(self, sources: list[Source]) -> int:
+        """This consumer's share of what is left to lease in ``sources`` (unleased and expired, as
+        of the book) among the group's consumers that lease now: a lease takes no more, so that
+        no consumer sits on a buffer while the others find nothing."""
+        left = 0
+        for topic, queue_id, _ in sources:
+            low, high = self._index.bounds(topic, queue_id)
+            book = self._book.queues.get((topic, queue_id))
+            left += max(0, high - max(low, book.frontier if book is not None else 0))
+            left += len(self._expired.get((topic, queue_id), ()))
         active = self._book.active(now_ms() - ACTIVE_WINDOW_MS) | {self.consumer_id}
-        return max(0, min(size, left, max(needed, -(-left // len(active)))))
+        return -(-left // len(active))
 
     def _lease_fresh(
         self,
@@ -533,7 +545,7 @@ class Leases:
                 except CommitConflictError:
                     self.conflicts += 1
             return 0
-        end = start + self._fair_share(size, needed, high - start)
+        end = min(high, start + size)
         entries = self._index.entries(topic, queue_id, start, end)
         # The tags-code stage before the commit: entries not for this subscription are acked by
         # the lease commit itself; the rest of the selector runs on the messages after it.
@@ -567,7 +579,7 @@ class Leases:
         book = self._book.queue(topic, queue_id)
         now = now_ms()
         free = [o for o in self._expired.get(key, []) if book.available(o, now) and o in book.leases]
-        offsets = free[: self._fair_share(size, needed, len(free))]
+        offsets = free[:size]
         if not offsets:
             self._expired.pop(key, None)
             return 0
@@ -792,6 +804,14 @@ class Leases:
     def buffered_acks(self) -> int:
         """Acks and releases waiting to be appended."""
         return self._writer.buffered_acks
+
+    def flush_state(self) -> tuple[float | None, bool]:
+        """What wakes the flusher (:meth:`ack_flush_due_in`): when the oldest buffered ack was
+        buffered (None: none is), and whether they are enough to go at once. An earlier deadline
+        among later acks needs no wake: the flusher looks again within the linger, and an ack
+        closer than that to its deadline is committed at once."""
+        writer = self._writer
+        return writer.oldest_ack, writer.buffered_acks >= ACK_FLUSH_ROWS
 
     def ack_flush_due_in(self, linger_s: float) -> float | None:
         """Seconds until the buffered acks are due (0: now; None: nothing buffered): after

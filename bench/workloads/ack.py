@@ -4,6 +4,8 @@
   batches of 32 and acking each message, until every message is acked (acks flushed); maintenance
   (compaction, checkpoints) runs in the parent meanwhile, as in production. The rate of the first
   and the second half of the run shows whether throughput holds while the action log grows.
+  Every message stored must be acked once by the group: the workload reports how many were
+  delivered, how many twice, and how many never (then the run is reported failed, with its rate).
   Redis: 4 processes, ``XREADGROUP COUNT 32`` + ``XACK`` of the ids, on a stream of the same bodies.
 * ``ack_single``: one consumer, ``receive(max_nums=1)`` + ``ack`` per message.
 
@@ -50,6 +52,7 @@ def _lakemq_worker(root: str, group: str, worker: int, start: Any, out: Any) -> 
     consumer = SimpleConsumer(store, group, f"w{worker}")
     consumer.subscribe(TOPIC)
     times: list[float] = []
+    acked: list[tuple[int, int]] = []  # (queue_id, queue_offset) of every message acked
     flushed = 0.0  # when the last acks were durable
     error = ""
     start.wait()
@@ -65,10 +68,11 @@ def _lakemq_worker(root: str, group: str, worker: int, start: Any, out: Any) -> 
             for message in got:
                 consumer.ack(message)
                 times.append(time.time())
+                acked.append((message.queue_id, message.queue_offset))
         consumer.close()
     except BaseException as exc:  # reported with what was consumed before it
         error = repr(exc)
-    out.put((worker, times, flushed or time.time(), consumer.conflicts, error))
+    out.put((worker, times, flushed or time.time(), consumer.conflicts, error, acked))
 
 
 def _maintenance_loop(root: str, stop: threading.Event) -> int:
@@ -80,6 +84,30 @@ def _maintenance_loop(root: str, stop: threading.Event) -> int:
         maintain(store, min_files=8)
         passes += 1
     return passes
+
+
+def _stored(root: str) -> set[tuple[int, int]]:
+    """(queue_id, queue_offset) of every message of the topic, as dispatched."""
+    from engine.store.consume_queue import QueueIndex
+
+    index = QueueIndex(open_store(root))
+    index.refresh()
+    out: set[tuple[int, int]] = set()
+    for queue_id in range(QUEUES):
+        low, high = index.bounds(TOPIC, queue_id)
+        out.update((queue_id, offset) for offset in range(low, high))
+    return out
+
+
+def delivery(stored: set[tuple[int, int]], acked: list[tuple[int, int]]) -> dict[str, int]:
+    """How the acked messages cover the stored ones: distinct messages delivered, messages acked
+    more than once, and stored messages never acked."""
+    distinct = set(acked)
+    return {
+        "delivered": len(distinct & stored),
+        "duplicates": len(acked) - len(distinct),
+        "undelivered": len(stored - distinct),
+    }
 
 
 def _lakemq_processes(root: str, total: int) -> tuple[Measure, Measure, Measure, dict[str, Any]]:
@@ -107,14 +135,21 @@ def _lakemq_processes(root: str, total: int) -> tuple[Measure, Measure, Measure,
     finished = max(r[2] for r in results)
     consumed = len(stamps)
     half = stamps[consumed // 2] if stamps else began
+    covered = delivery(_stored(root), [key for r in results for key in r[5]])
+    if covered["undelivered"] or covered["duplicates"]:
+        errors.append(
+            f"{covered['undelivered']:,} of {total:,} messages never delivered, "
+            f"{covered['duplicates']:,} acked twice"
+        )
     info = {
         "consumed": consumed,
         "expected": total,
+        **covered,
         "conflicts": sum(r[3] for r in results),
         "maintenance_passes": passes[0] if passes else 0,
         "errors": errors,
     }
-    whole = rate(consumed, finished - began)
+    whole = {**rate(consumed, finished - began), **covered}
     first = rate(consumed // 2, half - began)
     second = rate(consumed - consumed // 2, stamps[-1] - half if stamps else 1.0)
     return whole, first, second, info
@@ -204,8 +239,9 @@ def acks(ctx: Context) -> list[dict[str, Any]]:
             "systems": {OURS: whole, REDIS: red},
             "notes": [
                 f"lakemq: {PROCESSES} spawned processes of one group on a topic of {QUEUES} queues, "
-                f"receive(max_nums={BATCH}) + ack each; {info['consumed']:,} of {info['expected']:,} "
-                f"acked; {info['conflicts']} lease races lost; maintenance passes meanwhile: "
+                f"receive(max_nums={BATCH}) + ack each; {info['delivered']:,} of {info['expected']:,} "
+                f"delivered and acked ({info['undelivered']:,} never, {info['duplicates']:,} twice); "
+                f"{info['conflicts']} lease races lost; maintenance passes meanwhile: "
                 f"{info['maintenance_passes']}; {halves}"
                 + (f"; consumer errors: {'; '.join(info['errors'])}" if info["errors"] else "")
                 + ".",

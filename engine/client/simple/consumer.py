@@ -17,8 +17,11 @@ Timing assumes the clocks of the group's consumers agree to well within an invis
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import threading
 import time
+import weakref
 
 from engine.client.membership import default_consumer_id
 from engine.client.offsets import ConsumeFrom
@@ -37,6 +40,25 @@ from engine.store.store import Store, now_ms
 MAX_RECEIVE_NUMS = 1024
 MAX_INVISIBLE_MS = 12 * 3600 * 1000  # RocketMQ 5's longest invisible duration
 OFFSET_PERSIST_MS = 5000  # as RocketMQ's consumer offset persistence
+
+
+def _reconsume_limit(group: str, default: int, message: MessageExt) -> int:
+    """Deliveries after the first allowed for ``message`` in ``group`` (its property, else ``default``)."""
+    return max_reconsume_times(message.properties, group, None, default)
+
+
+def _hand_back(leases: Leases, lock: threading.RLock) -> None:
+    """What :meth:`SimpleConsumer.close` does first, for a consumer not closed when its process
+    exits (``atexit``) or when it is collected: give back what was leased and never handed out and
+    append the buffered acks. Best effort: if that fails, those leases end at their deadlines."""
+    if not lock.acquire(timeout=5):  # a flush stuck in another thread: leave it to the deadlines
+        return
+    try:
+        with contextlib.suppress(Exception):
+            leases.release_all()
+            leases.flush()
+    finally:
+        lock.release()
 
 
 def _int_arg(name: str, value: object, low: int, high: int) -> int:
@@ -63,7 +85,9 @@ class SimpleConsumer(Closing):
             None) is the store's setting (RocketMQ's 16). A message's ``MAX_RECONSUME_TIMES``
             property wins.
 
-    Thread-safe. Use :meth:`close` (or a ``with`` block) to flush buffered acks.
+    Thread-safe. Use :meth:`close` (or a ``with`` block) to flush buffered acks and give back at
+    once what was leased ahead and never handed out; a consumer left open does that when its
+    process exits normally (not when it is killed: its leases then end at their deadlines).
 
     Raises:
         InvalidArgumentError: a bad group, consumer id, time or limit.
@@ -106,7 +130,10 @@ class SimpleConsumer(Closing):
         limit = _int_arg("max_reconsume_times", limit, -1, 1 << 30)
         self._max_reconsume = store.config.max_reconsume_times if limit == -1 else limit
         self._store = store
-        self._leases = Leases(store, self.group, consumer_id, start, timestamp, self._limit_of)
+        # The limit as a function of its own (not a method): the leases, which the exit hook
+        # keeps, must not keep the consumer alive.
+        limit_of = functools.partial(_reconsume_limit, self.group, self._max_reconsume)
+        self._leases = Leases(store, self.group, consumer_id, start, timestamp, limit_of)
         self._subscriptions: dict[str, MessageSelector] = {}
         self._lock = threading.RLock()
         self._wake = threading.Event()
@@ -116,14 +143,13 @@ class SimpleConsumer(Closing):
         self._persisted: dict[tuple[str, int], int] = {}
         self._persisted_at = time.monotonic()
         self._closed = False
+        # A consumer its process leaves unclosed still gives back what it never handed out.
+        self._finalizer = weakref.finalize(self, _hand_back, self._leases, self._lock)
 
     @property
     def conflicts(self) -> int:
         """Lease commits that lost a race with another consumer of the same queue."""
         return self._leases.conflicts
-
-    def _limit_of(self, message: MessageExt) -> int:
-        return max_reconsume_times(message.properties, self.group, None, self._max_reconsume)
 
     # ----------------------------------------------------------------- subscriptions
     def subscribe(self, topic: str, expression: MessageSelector | str = "*") -> None:
@@ -376,6 +402,7 @@ class SimpleConsumer(Closing):
             self._leases.release_all()
             self._leases.flush(offline=offline)
             self._closed = True
+            self._finalizer.detach()
         self._wake.set()
         if self._flusher is not None:
             self._flusher.join(timeout=10)

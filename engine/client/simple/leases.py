@@ -75,6 +75,9 @@ LEASE_HOLD_MS = 1000  # a leased message may wait this long in the buffer and st
 MAX_PREFETCH = 1024  # most messages one lease takes
 SCAN_INTERVAL_MS = 1000  # how often the lease state is read for expired leases and resets
 LEASE_ATTEMPTS = 8  # passes over the queues whose lease commits lost a race, in one lease()
+# A receive whose lease commits all lost their races tries again for up to this long, even when it
+# does not wait for new messages (wait_ms=0): there are messages, only contended.
+CONTENTION_WAIT_MS = 50
 # A consumer of the group that leased within this long shares what is left of a queue (fair share).
 ACTIVE_WINDOW_MS = 10_000
 ACK_FLUSH_ROWS = 256  # buffered acks that are flushed at once
@@ -399,8 +402,11 @@ class Leases:
         first, then fresh ones; returns how many were buffered.
 
         A race lost on one queue moves on to the next at once; the queues lost are tried again, on
-        a fresh frontier, only once every queue was tried and nothing was leased, after a jittered
-        pause that never runs past ``deadline`` (monotonic; default: now, a pass or two only).
+        a fresh frontier, only once every queue was tried and nothing was leased, after a jittered,
+        growing pause (so that the racers do not meet again in step), for up to
+        :data:`LEASE_ATTEMPTS` passes and until ``deadline`` (monotonic) or, when that is sooner,
+        :data:`CONTENTION_WAIT_MS` from now: messages are there, only contended, so even a
+        receive that does not wait for new ones waits that long for them.
         When every queue was found leased to its end and the consume queue has not moved since,
         nothing is tried until the next scan (:data:`SCAN_INTERVAL_MS`), so an idle consumer's
         receives cost next to nothing.
@@ -412,6 +418,11 @@ class Leases:
         routes = [(t, q) for t, q, _ in sources]
         if self._index.refresh() or self._dry != routes:
             self._dry = None
+        if self._dry is not None and not expired:
+            return 0
+        # The book as of now: who else leases (the fair share) and how far (the backlog). Each
+        # version is read once whenever it is read, so this costs little more than the scan would.
+        self._sync()
         want = max(n, min(self.prefetch, MAX_PREFETCH, self._fair_share(sources)))
         turn = self._rotation
         self._rotation += 1
@@ -422,7 +433,9 @@ class Leases:
             tasks += [(False, s) for s in _rotated(sources, turn)]
         total = 0
         dry = self._dry is None
-        until = time.monotonic() if deadline is None else deadline
+        until = time.monotonic() + CONTENTION_WAIT_MS / 1000
+        if deadline is not None:
+            until = max(until, deadline)
         for attempt in range(LEASE_ATTEMPTS):
             lost: list[tuple[bool, Source]] = []
             for i, (again, (topic, queue_id, selector)) in enumerate(tasks):
@@ -444,9 +457,9 @@ class Leases:
                 break
             tasks = lost
             left = until - time.monotonic()
-            if left <= 0 and attempt >= 1:
-                break  # no time to wait for: answer with what there is
-            time.sleep(max(0.0, min(left, random.uniform(0, 0.001 * 2 ** min(attempt + 1, 5)))))
+            if left <= 0:
+                break  # answer with what there is; the caller's next receive tries again
+            time.sleep(min(left, random.uniform(0, 0.001 * 2 ** min(attempt + 1, 5))))
         if dry and total == 0:
             self._dry = routes
         return total

@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import queue
 import signal
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -355,7 +353,9 @@ def test_consumer_processes_of_one_group_ack_every_message_once(store: Store, ad
 def test_the_lease_book_tracks_frontiers_active_consumers_and_ranged_acks() -> None:
     book = LeaseBook(GROUP)
 
-    def row(consumer: str, sequence: int, action: str, start: int, end: int | None, ts: int) -> dict[str, Any]:
+    def row(
+        consumer: str, sequence: int, action: str, start: int, end: int | None, ts: int
+    ) -> dict[str, Any]:
         return {
             "group": GROUP,
             "consumer_id": consumer,

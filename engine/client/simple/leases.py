@@ -23,13 +23,22 @@ Lease protocol (QMQ's pull / ack / action log, with Delta as the broker; no lock
 * Recovery: a consumer starting with an id that holds unexpired leases gets those messages back at
   once (QMQ: a consumer that pulls again with its id first gets what it did not ack).
 * Resets: a queue reset by an administrator (:func:`~engine.store.action_log.reset_leases`) drops
-  what this consumer holds of it.
+  what this consumer leased of it before the reset landed (by action-log version: a ``RESET`` row
+  also marks the group's first lease of a queue, and what others lease after it stays theirs).
+* Hand-back: what was leased and never handed out is released (``RELEASE``, no delivery counted)
+  when the consumer closes, when its process exits with the consumer open, or when it waited too
+  long in the buffer; what was handed out and not acked comes back at its deadline. So a message
+  is never out of the group's reach while no consumer holds it.
+* Contention: a lease takes no more than a fair share of what is left among the group's consumers
+  that lease (so none sits on a buffer while the others find nothing); a race lost on one queue
+  moves on to the next, and the queues lost are tried again after a short jittered pause.
 * Acks change no lease and are valid only before their lease's deadline (an expired receipt is
   refused), so they are buffered briefly and appended blindly, or ride along with the consumer's
   next lease commit.
 
 Leased messages wait in a buffer until :meth:`Leases.take` hands them out; the lease size grows
-while the buffer drains quickly and shrinks when leased messages wait too long. :class:`Leases`
+while the buffer drains quickly (up to the fair share) and shrinks when leased messages wait too
+long. :class:`Leases`
 owns all of one consumer's lease state (the book, the buffer, what it holds, its writer). Not
 thread-safe: the consumer calls it under its lock.
 """

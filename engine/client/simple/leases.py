@@ -451,9 +451,9 @@ class Leases:
                 if again:
                     got = self._redeliver(topic, queue_id, selector, want - total, invisible_ms, n)
                 else:
-                    # A fresh frontier for the first queue of a pass; the others' are as fresh
-                    # as that (a stale one costs a lost race, never a wrong lease).
-                    fresh = attempt > 0 or i == 0
+                    # The frontiers as of the _sync() above, then fresh ones for the queues lost
+                    # (a stale frontier costs a lost race, never a wrong lease).
+                    fresh = attempt > 0 and i == 0
                     got = self._lease_fresh(topic, queue_id, selector, want - total, invisible_ms, n, fresh)
                     dry = dry and got == 0
                 if got is None:

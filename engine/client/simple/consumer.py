@@ -141,6 +141,7 @@ class SimpleConsumer(Closing):
         self._flusher: threading.Thread | None = None
         self._offsets = OffsetStore(store, self.group)
         self._persisted: dict[tuple[str, int], int] = {}
+        self._persist_lock = threading.Lock()
         self._persisted_at = time.monotonic()
         self._closed = False
         # A consumer its process leaves unclosed still gives back what it never handed out.
@@ -318,8 +319,9 @@ class SimpleConsumer(Closing):
     # ----------------------------------------------------------------- the action log
     def flush(self) -> int:
         """Append buffered acks now; returns how many messages they cover."""
-        with self._lock:
-            return self._leases.flush()
+        # Not under the consumer's lock: receives and acks go on while the acks are written (the
+        # action-log writer keeps its buffers and commits in order by itself).
+        return self._leases.flush()
 
     def persist_offsets(self) -> int:
         """Record, per queue, the offset below which every message is finished (acked, nacked or
@@ -328,10 +330,12 @@ class SimpleConsumer(Closing):
 
         Returns the queues recorded.
         """
-        with self._lock:
+        with self._persist_lock:
+            with self._lock:
+                floors = self._leases.floors()
             entries = [
                 (topic, queue_id, floor)
-                for (topic, queue_id), floor in self._leases.floors().items()
+                for (topic, queue_id), floor in floors.items()
                 if self._persisted.get((topic, queue_id)) != floor
             ]
             if entries:

@@ -412,8 +412,8 @@ class Leases:
 
         A race lost on one queue moves on to the next at once; the queues lost are tried again, on
         a fresh frontier, only once every queue was tried and nothing was leased, after a jittered,
-        growing pause (so that the racers do not meet again in step), for up to
-        :data:`LEASE_ATTEMPTS` passes and until ``deadline`` (monotonic) or, when that is sooner,
+        growing pause (so that the racers do not meet again in step): at least once, then for up
+        to :data:`LEASE_ATTEMPTS` passes until ``deadline`` (monotonic) or, when that is sooner,
         :data:`CONTENTION_WAIT_MS` from now: messages are there, only contended, so even a
         receive that does not wait for new ones waits that long for them.
         When every queue was found leased to its end and the consume queue has not moved since,
@@ -466,9 +466,9 @@ class Leases:
                 break
             tasks = lost
             left = until - time.monotonic()
-            if left <= 0:
+            if left <= 0 and attempt > 0:
                 break  # answer with what there is; the caller's next receive tries again
-            time.sleep(min(left, random.uniform(0, 0.001 * 2 ** min(attempt + 1, 5))))
+            time.sleep(max(0.0, min(left, random.uniform(0, 0.001 * 2 ** min(attempt + 1, 5)))))
         if dry and total == 0:
             self._dry = routes
         return total
@@ -852,7 +852,8 @@ class Leases:
     def flush(self, *, offline: bool = False) -> int:
         """Append the buffered acks and releases; returns how many messages they cover. With
         ``offline`` an ``OFFLINE`` row goes with them (QMQ's FOREVER_OFFLINE: every lease of this
-        consumer id ends now).
+        consumer id ends now). Without ``offline`` only the writer is used, which is thread-safe:
+        callable without the consumer's lock.
 
         Raises:
             StoreError, CommitConflictError: the write failed; they stay buffered.

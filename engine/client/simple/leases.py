@@ -433,21 +433,24 @@ class Leases:
         # version is read once whenever it is read, so this costs little more than the scan would.
         self._sync()
         want = max(n, min(self.prefetch, MAX_PREFETCH, self._fair_share(sources)))
+        # Fresh leases start at the queue this consumer leased from last, and stay there while
+        # it serves: consumers of a group that race for one queue move apart, each to a queue of
+        # its own, instead of meeting again on every lease.
         turn = self._rotation
         self._rotation += 1
-        tasks: list[tuple[bool, Source]] = [
-            (True, (t, q, filters[(t, q)])) for t, q in _rotated(expired, turn)
+        tasks: list[tuple[bool, Source, int]] = [
+            (True, (t, q, filters[(t, q)]), 0) for t, q in _rotated(expired, turn)
         ]
         if self._dry is None:
-            tasks += [(False, s) for s in _rotated(sources, turn)]
+            tasks += [(False, s, turn + j) for j, s in enumerate(_rotated(sources, turn))]
         total = 0
         dry = self._dry is None
         until = time.monotonic() + CONTENTION_WAIT_MS / 1000
         if deadline is not None:
             until = max(until, deadline)
         for attempt in range(LEASE_ATTEMPTS):
-            lost: list[tuple[bool, Source]] = []
-            for i, (again, (topic, queue_id, selector)) in enumerate(tasks):
+            lost: list[tuple[bool, Source, int]] = []
+            for i, (again, (topic, queue_id, selector), position) in enumerate(tasks):
                 if again:
                     got = self._redeliver(topic, queue_id, selector, want - total, invisible_ms, n)
                 else:
@@ -456,8 +459,10 @@ class Leases:
                     fresh = attempt > 0 and i == 0
                     got = self._lease_fresh(topic, queue_id, selector, want - total, invisible_ms, n, fresh)
                     dry = dry and got == 0
+                    if got:
+                        self._rotation = position
                 if got is None:
-                    lost.append((again, (topic, queue_id, selector)))
+                    lost.append((again, (topic, queue_id, selector), position))
                     continue
                 total += got
                 if total >= n:

@@ -26,7 +26,7 @@ first: rows may be applied in commit order (new versions) or, from a snapshot, i
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine.protocol.actions import ACK, CHANGE_INVISIBLE, EXPIRED, NACK, OFFLINE, PULL, RELEASE, RESET
@@ -192,6 +192,7 @@ class LeaseBook:
                     del self.leased_at[consumer]
                 for book in self.queues.values():
                     for lease in book.leases.values():
+                        # Changed in place: a lease object shared by a range is all this consumer's.
                         if lease.consumer_id == consumer and lease.deadline_ms > ts:
                             lease.deadline_ms = ts
                 continue
@@ -203,8 +204,16 @@ class LeaseBook:
             elif action == PULL:
                 self.leased_at[consumer] = max(ts, self.leased_at.get(consumer, ts))
                 deadline = int(row["deadline_ms"] or ts)
-                book.frontier = max(book.frontier, _end(row))
-                for offset in _offsets(row):
+                start, end = int(row["queue_offset"]), _end(row)
+                if start >= book.frontier and not any(o >= start for o in book.done):
+                    # A fresh range (the common case): no offset of it was leased or finished.
+                    # One lease object for the range; holder actions replace, never change, it.
+                    book.frontier = end
+                    shared = OffsetLease(consumer, sequence, deadline, 1)
+                    book.leases.update(dict.fromkeys(range(max(start, book.floor), end), shared))
+                    continue
+                book.frontier = max(book.frontier, end)
+                for offset in range(start, end):
                     if book.is_done(offset):
                         continue
                     earlier = book.leases.get(offset)
@@ -228,12 +237,12 @@ class LeaseBook:
             if action == NACK:
                 book.finish(offset)
             elif ts < lease.deadline_ms:
+                # Replaced, not changed: a lease object may stand for a whole range.
                 if action == CHANGE_INVISIBLE:
-                    lease.deadline_ms = int(row["deadline_ms"] or ts)
-                    lease.sequence = sequence
+                    deadline = int(row["deadline_ms"] or ts)
+                    book.leases[offset] = replace(lease, deadline_ms=deadline, sequence=sequence)
                 elif action == RELEASE and row.get("deadline_ms") in (None, lease.deadline_ms):
-                    lease.deadline_ms = ts
-                    lease.deliveries -= 1
+                    book.leases[offset] = replace(lease, deadline_ms=ts, deliveries=lease.deliveries - 1)
 
     def bootstrap(self, rows: list[dict[str, Any]]) -> None:
         """Apply a snapshot's rows (no commit order): by time, then action, consumer and sequence."""

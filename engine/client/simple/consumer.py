@@ -137,7 +137,7 @@ class SimpleConsumer(Closing):
         self._subscriptions: dict[str, MessageSelector] = {}
         self._lock = threading.RLock()
         self._wake = threading.Event()
-        self._flush_state: tuple[float | None, bool] = (None, False)
+        self._ack_batch: float | None = None  # the batch of buffered acks the flusher was woken for
         self._flusher: threading.Thread | None = None
         self._offsets = OffsetStore(store, self.group)
         self._persisted: dict[tuple[str, int], int] = {}
@@ -346,14 +346,14 @@ class SimpleConsumer(Closing):
             return len(entries)
 
     def _nudge_flusher(self) -> None:
-        """Wake the flusher when what it waits for changed (the first ack or release buffered since
-        a flush, a full buffer), not on every ack: a thread woken per message costs the receiving
-        thread its processor. Called under the lock."""
-        state = self._leases.flush_state()
-        if state != self._flush_state:
-            self._flush_state = state
-            if state[0] is not None:
-                self._wake.set()
+        """Wake the flusher when a new batch of acks or releases began (the first buffered since a
+        flush), not on every ack: a thread woken per message costs the receiving thread its
+        processor. While a batch is buffered the flusher waits no longer than the linger, and
+        looks again after each flush. Called under the lock."""
+        batch = self._leases.ack_batch
+        if batch is not None and batch != self._ack_batch:
+            self._wake.set()
+        self._ack_batch = batch
 
     def _ensure_flusher(self) -> None:
         if self._flusher is None:

@@ -832,13 +832,11 @@ class Leases:
         """Acks and releases waiting to be appended."""
         return self._writer.buffered_acks
 
-    def flush_state(self) -> tuple[float | None, bool]:
-        """What wakes the flusher (:meth:`ack_flush_due_in`): when the oldest buffered ack was
-        buffered (None: none is), and whether they are enough to go at once. An earlier deadline
-        among later acks needs no wake: the flusher looks again within the linger, and an ack
-        closer than that to its deadline is committed at once."""
-        writer = self._writer
-        return writer.oldest_ack, writer.buffered_acks >= ACK_FLUSH_ROWS
+    @property
+    def ack_batch(self) -> float | None:
+        """Names the batch of buffered acks and releases (when its first was buffered; None: none
+        is buffered): a new value means a new batch began since the last flush."""
+        return self._writer.oldest_ack
 
     def ack_flush_due_in(self, linger_s: float) -> float | None:
         """Seconds until the buffered acks are due (0: now; None: nothing buffered): after

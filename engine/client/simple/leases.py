@@ -82,6 +82,7 @@ MATCH_ALL = MessageSelector.by_tag("*")
 
 LEASE_HOLD_MS = 1000  # a leased message may wait this long in the buffer and still get its full time
 MAX_PREFETCH = 1024  # most messages one lease takes
+PREFETCH_GROWTH = 4  # the lease size grows by this factor while the buffer drains quickly
 SCAN_INTERVAL_MS = 1000  # how often the lease state is read for expired leases and resets
 LEASE_ATTEMPTS = 8  # passes over the queues whose lease commits lost a race, in one lease()
 # A receive whose lease commits all lost their races tries again for up to this long, even when it
@@ -209,6 +210,7 @@ class Leases:
         self._buffer: collections.deque[Leased] = collections.deque()
         self.prefetch = 1
         self._drained_since: float | None = None  # monotonic time the last lease was taken
+        self._last_lease = 0  # messages the last lease buffered
         self._scanned_at: float | None = None  # monotonic; None: never
         self._expired: dict[tuple[str, int], list[int]] = {}
         self._committed: dict[tuple[str, int], int] | None = None
@@ -389,7 +391,9 @@ class Leases:
             out.append(received_message(m, item.reconsume_times, handle, item.deadline_ms))
         if not self._buffer and self._drained_since is not None:
             if time.monotonic() - self._drained_since < LEASE_HOLD_MS / 2000:
-                self.prefetch = min(MAX_PREFETCH, self.prefetch * 2)
+                # From what the last lease took (a receive's worth at first, not the prefetch of
+                # 1): a consumer reaches full leases in a few commits, not a dozen.
+                self.prefetch = min(MAX_PREFETCH, max(self.prefetch, self._last_lease) * PREFETCH_GROWTH)
             self._drained_since = None
         return out
 
@@ -656,6 +660,7 @@ class Leases:
             except CommitConflictError:
                 self.conflicts += 1
                 return None
+            self._last_lease = len(kept)
             for offset, message in kept:
                 self._buffer.append(
                     Leased(
@@ -693,6 +698,7 @@ class Leases:
             raise
         for offset in unmatched:
             self._writer.buffer_ack(ACK, topic, queue_id, offset, deadline, now)
+        self._last_lease = len(messages)
         for _, message in messages:
             self._buffer.append(
                 Leased(message, sequence, deadline, message.reconsume_times, version, False, time.monotonic())

@@ -204,7 +204,10 @@ class SimpleConsumer(Closing):
             max_nums: most messages returned (1..1024).
             invisible_ms: invisible time (1 ms..12 h); default ``invisible_ms_default``. A message
                 is returned only with at least this long left of its lease.
-            wait_ms: when nothing is visible, keep looking up to this long (long polling).
+            wait_ms: when nothing is visible, keep looking up to this long (long polling). When
+                there are messages but other consumers of the group win the races for them, a
+                receive tries again after short jittered pauses, also with ``wait_ms=0`` (for up
+                to about 50 ms), rather than answer empty.
 
         Returns:
             The messages, each with ``reconsume_times`` counting earlier deliveries, its receipt

@@ -27,7 +27,13 @@ from engine.client.membership import default_consumer_id
 from engine.client.offsets import ConsumeFrom
 from engine.client.simple.leases import Leases, ReceivedMessage, Source, receive_sources
 from engine.closing import Closing
-from engine.errors import ConsumerClosedError, ConsumerError, InvalidArgumentError, InvalidTopicError
+from engine.errors import (
+    ConsumerClosedError,
+    ConsumerError,
+    InvalidArgumentError,
+    InvalidTopicError,
+    MQError,
+)
 from engine.model import MessageExt
 from engine.protocol.actions import CHANGE_INVISIBLE, NACK
 from engine.protocol.delays import max_reconsume_times
@@ -172,6 +178,12 @@ class SimpleConsumer(Closing):
         selector = MessageSelector.of(expression)
         with self._lock:
             self._subscriptions[config.name] = selector
+            # The group's lease state is read, and the tables a receive reads are opened, now
+            # rather than in the first receive. Best effort: if it fails, the first receive
+            # does it again and reports the failure.
+            with contextlib.suppress(MQError):
+                self._leases.start()
+                self._leases.maintain(self._sources)
 
     def unsubscribe(self, topic: str) -> None:
         """Stop receiving ``topic`` (messages already received may still be acked).

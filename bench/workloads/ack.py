@@ -47,7 +47,7 @@ def _fill(ctx: Context, count: int) -> str:
     return str(path)
 
 
-def _lakemq_worker(root: str, group: str, worker: int, start: Any, out: Any) -> None:
+def _lakemq_worker(root: str, group: str, worker: int, ready: Any, start: Any, out: Any) -> None:
     store = open_store(root)
     consumer = SimpleConsumer(store, group, f"w{worker}")
     consumer.subscribe(TOPIC)
@@ -55,6 +55,7 @@ def _lakemq_worker(root: str, group: str, worker: int, start: Any, out: Any) -> 
     acked: list[tuple[int, int]] = []  # (queue_id, queue_offset) of every message acked
     flushed = 0.0  # when the last acks were durable
     error = ""
+    ready.put(worker)
     start.wait()
     idle_until = time.monotonic() + IDLE_S
     try:
@@ -112,13 +113,14 @@ def delivery(stored: set[tuple[int, int]], acked: list[tuple[int, int]]) -> dict
 
 def _lakemq_processes(root: str, total: int) -> tuple[Measure, Measure, Measure, dict[str, Any]]:
     ctx = multiprocessing.get_context("spawn")
-    start, out = ctx.Event(), ctx.Queue()
+    ready, start, out = ctx.Queue(), ctx.Event(), ctx.Queue()
     procs = [
-        ctx.Process(target=_lakemq_worker, args=(root, "AckGroup", i, start, out)) for i in range(PROCESSES)
+        ctx.Process(target=_lakemq_worker, args=(root, "AckGroup", i, ready, start, out))
+        for i in range(PROCESSES)
     ]
     for p in procs:
         p.start()
-    time.sleep(8)  # let every process import and open the store before the clock starts
+    _wait_ready(ready)
     stop = threading.Event()
     passes: list[int] = []
     maint = threading.Thread(target=lambda: passes.append(_maintenance_loop(root, stop)), daemon=True)
@@ -155,11 +157,23 @@ def _lakemq_processes(root: str, total: int) -> tuple[Measure, Measure, Measure,
     return whole, first, second, info
 
 
-def _redis_worker(url: str, worker: int, start: Any, out: Any) -> None:
+def _wait_ready(ready: Any) -> None:
+    """Every worker process imported, connected and opened what it reads: the clock may start (a
+    fixed pause was too short on a loaded machine, and a worker that came late counted its own
+    start-up, or its idle second, as the peer's work time)."""
+    for _ in range(PROCESSES):
+        ready.get(timeout=600)
+    time.sleep(0.5)
+
+
+def _redis_worker(url: str, worker: int, ready: Any, start: Any, out: Any) -> None:
     import redis
 
     client = redis.Redis.from_url(url)
+    client.ping()
     count = 0
+    last = 0.0  # when this worker's last ack was answered
+    ready.put(worker)
     start.wait()
     idle_until = time.monotonic() + 1.0
     while time.monotonic() < idle_until:
@@ -169,7 +183,8 @@ def _redis_worker(url: str, worker: int, start: Any, out: Any) -> None:
             idle_until = time.monotonic() + 1.0
             client.xack(STREAM, "g", *[entry_id for entry_id, _ in entries])
             count += len(entries)
-    out.put((count, time.time()))
+            last = time.time()
+    out.put((count, last))
 
 
 def _redis_processes(ctx: Context, total: int) -> Measure:
@@ -187,19 +202,19 @@ def _redis_processes(ctx: Context, total: int) -> Measure:
     kwargs = client.connection_pool.connection_kwargs
     url = f"redis://{kwargs.get('host', '127.0.0.1')}:{kwargs.get('port', 6379)}/0"
     mp = multiprocessing.get_context("spawn")
-    start, out = mp.Event(), mp.Queue()
-    procs = [mp.Process(target=_redis_worker, args=(url, i, start, out)) for i in range(PROCESSES)]
+    ready, start, out = mp.Queue(), mp.Event(), mp.Queue()
+    procs = [mp.Process(target=_redis_worker, args=(url, i, ready, start, out)) for i in range(PROCESSES)]
     for p in procs:
         p.start()
-    time.sleep(3)
+    _wait_ready(ready)
     began = time.time()
     start.set()
     results = [out.get(timeout=600) for _ in procs]
     for p in procs:
         p.join(30)
     consumed = sum(r[0] for r in results)
-    # The workers idle 1 s after the stream runs dry: the last ack is when the work ended.
-    measure = rate(consumed, max(r[1] for r in results) - 1.0 - began)
+    # The last ack answered is when the work ended (the workers then idle a second).
+    measure = rate(consumed, max(r[1] for r in results) - began)
     client.delete(STREAM)
     return measure
 

@@ -4,6 +4,8 @@
   batches of 32 and acking each message, until every message is acked (acks flushed); maintenance
   (compaction, checkpoints) runs in the parent meanwhile, as in production. The rate of the first
   and the second half of the run shows whether throughput holds while the action log grows.
+  Every message stored must be acked once by the group: the workload reports how many were
+  delivered, how many twice, and how many never (then the run is reported failed, with its rate).
   Redis: 4 processes, ``XREADGROUP COUNT 32`` + ``XACK`` of the ids, on a stream of the same bodies.
 * ``ack_single``: one consumer, ``receive(max_nums=1)`` + ``ack`` per message.
 
@@ -45,13 +47,15 @@ def _fill(ctx: Context, count: int) -> str:
     return str(path)
 
 
-def _lakemq_worker(root: str, group: str, worker: int, start: Any, out: Any) -> None:
+def _lakemq_worker(root: str, group: str, worker: int, ready: Any, start: Any, out: Any) -> None:
     store = open_store(root)
     consumer = SimpleConsumer(store, group, f"w{worker}")
     consumer.subscribe(TOPIC)
     times: list[float] = []
+    acked: list[tuple[int, int]] = []  # (queue_id, queue_offset) of every message acked
     flushed = 0.0  # when the last acks were durable
     error = ""
+    ready.put(worker)
     start.wait()
     idle_until = time.monotonic() + IDLE_S
     try:
@@ -65,10 +69,11 @@ def _lakemq_worker(root: str, group: str, worker: int, start: Any, out: Any) -> 
             for message in got:
                 consumer.ack(message)
                 times.append(time.time())
+                acked.append((message.queue_id, message.queue_offset))
         consumer.close()
     except BaseException as exc:  # reported with what was consumed before it
         error = repr(exc)
-    out.put((worker, times, flushed or time.time(), consumer.conflicts, error))
+    out.put((worker, times, flushed or time.time(), consumer.conflicts, error, acked))
 
 
 def _maintenance_loop(root: str, stop: threading.Event) -> int:
@@ -82,15 +87,40 @@ def _maintenance_loop(root: str, stop: threading.Event) -> int:
     return passes
 
 
+def _stored(root: str) -> set[tuple[int, int]]:
+    """(queue_id, queue_offset) of every message of the topic, as dispatched."""
+    from engine.store.consume_queue import QueueIndex
+
+    index = QueueIndex(open_store(root))
+    index.refresh()
+    out: set[tuple[int, int]] = set()
+    for queue_id in range(QUEUES):
+        low, high = index.bounds(TOPIC, queue_id)
+        out.update((queue_id, offset) for offset in range(low, high))
+    return out
+
+
+def delivery(stored: set[tuple[int, int]], acked: list[tuple[int, int]]) -> dict[str, int]:
+    """How the acked messages cover the stored ones: distinct messages delivered, messages acked
+    more than once, and stored messages never acked."""
+    distinct = set(acked)
+    return {
+        "delivered": len(distinct & stored),
+        "duplicates": len(acked) - len(distinct),
+        "undelivered": len(stored - distinct),
+    }
+
+
 def _lakemq_processes(root: str, total: int) -> tuple[Measure, Measure, Measure, dict[str, Any]]:
     ctx = multiprocessing.get_context("spawn")
-    start, out = ctx.Event(), ctx.Queue()
+    ready, start, out = ctx.Queue(), ctx.Event(), ctx.Queue()
     procs = [
-        ctx.Process(target=_lakemq_worker, args=(root, "AckGroup", i, start, out)) for i in range(PROCESSES)
+        ctx.Process(target=_lakemq_worker, args=(root, "AckGroup", i, ready, start, out))
+        for i in range(PROCESSES)
     ]
     for p in procs:
         p.start()
-    time.sleep(8)  # let every process import and open the store before the clock starts
+    _wait_ready(ready)
     stop = threading.Event()
     passes: list[int] = []
     maint = threading.Thread(target=lambda: passes.append(_maintenance_loop(root, stop)), daemon=True)
@@ -107,24 +137,43 @@ def _lakemq_processes(root: str, total: int) -> tuple[Measure, Measure, Measure,
     finished = max(r[2] for r in results)
     consumed = len(stamps)
     half = stamps[consumed // 2] if stamps else began
+    covered = delivery(_stored(root), [key for r in results for key in r[5]])
+    if covered["undelivered"] or covered["duplicates"]:
+        errors.append(
+            f"{covered['undelivered']:,} of {total:,} messages never delivered, "
+            f"{covered['duplicates']:,} acked twice"
+        )
     info = {
         "consumed": consumed,
         "expected": total,
+        **covered,
         "conflicts": sum(r[3] for r in results),
         "maintenance_passes": passes[0] if passes else 0,
         "errors": errors,
     }
-    whole = rate(consumed, finished - began)
+    whole = {**rate(consumed, finished - began), **covered}
     first = rate(consumed // 2, half - began)
     second = rate(consumed - consumed // 2, stamps[-1] - half if stamps else 1.0)
     return whole, first, second, info
 
 
-def _redis_worker(url: str, worker: int, start: Any, out: Any) -> None:
+def _wait_ready(ready: Any) -> None:
+    """Every worker process imported, connected and opened what it reads: the clock may start (a
+    fixed pause was too short on a loaded machine, and a worker that came late counted its own
+    start-up, or its idle second, as the peer's work time)."""
+    for _ in range(PROCESSES):
+        ready.get(timeout=600)
+    time.sleep(0.5)
+
+
+def _redis_worker(url: str, worker: int, ready: Any, start: Any, out: Any) -> None:
     import redis
 
     client = redis.Redis.from_url(url)
+    client.ping()
     count = 0
+    last = 0.0  # when this worker's last ack was answered
+    ready.put(worker)
     start.wait()
     idle_until = time.monotonic() + 1.0
     while time.monotonic() < idle_until:
@@ -134,7 +183,8 @@ def _redis_worker(url: str, worker: int, start: Any, out: Any) -> None:
             idle_until = time.monotonic() + 1.0
             client.xack(STREAM, "g", *[entry_id for entry_id, _ in entries])
             count += len(entries)
-    out.put((count, time.time()))
+            last = time.time()
+    out.put((count, last))
 
 
 def _redis_processes(ctx: Context, total: int) -> Measure:
@@ -152,19 +202,19 @@ def _redis_processes(ctx: Context, total: int) -> Measure:
     kwargs = client.connection_pool.connection_kwargs
     url = f"redis://{kwargs.get('host', '127.0.0.1')}:{kwargs.get('port', 6379)}/0"
     mp = multiprocessing.get_context("spawn")
-    start, out = mp.Event(), mp.Queue()
-    procs = [mp.Process(target=_redis_worker, args=(url, i, start, out)) for i in range(PROCESSES)]
+    ready, start, out = mp.Queue(), mp.Event(), mp.Queue()
+    procs = [mp.Process(target=_redis_worker, args=(url, i, ready, start, out)) for i in range(PROCESSES)]
     for p in procs:
         p.start()
-    time.sleep(3)
+    _wait_ready(ready)
     began = time.time()
     start.set()
     results = [out.get(timeout=600) for _ in procs]
     for p in procs:
         p.join(30)
     consumed = sum(r[0] for r in results)
-    # The workers idle 1 s after the stream runs dry: the last ack is when the work ended.
-    measure = rate(consumed, max(r[1] for r in results) - 1.0 - began)
+    # The last ack answered is when the work ended (the workers then idle a second).
+    measure = rate(consumed, max(r[1] for r in results) - began)
     client.delete(STREAM)
     return measure
 
@@ -204,8 +254,9 @@ def acks(ctx: Context) -> list[dict[str, Any]]:
             "systems": {OURS: whole, REDIS: red},
             "notes": [
                 f"lakemq: {PROCESSES} spawned processes of one group on a topic of {QUEUES} queues, "
-                f"receive(max_nums={BATCH}) + ack each; {info['consumed']:,} of {info['expected']:,} "
-                f"acked; {info['conflicts']} lease races lost; maintenance passes meanwhile: "
+                f"receive(max_nums={BATCH}) + ack each; {info['delivered']:,} of {info['expected']:,} "
+                f"delivered and acked ({info['undelivered']:,} never, {info['duplicates']:,} twice); "
+                f"{info['conflicts']} lease races lost; maintenance passes meanwhile: "
                 f"{info['maintenance_passes']}; {halves}"
                 + (f"; consumer errors: {'; '.join(info['errors'])}" if info["errors"] else "")
                 + ".",

@@ -26,7 +26,7 @@ first: rows may be applied in commit order (new versions) or, from a snapshot, i
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from engine.protocol.actions import ACK, CHANGE_INVISIBLE, EXPIRED, NACK, OFFLINE, PULL, RELEASE, RESET
@@ -50,9 +50,11 @@ class OffsetLease:
 
 @dataclass
 class QueueBook:
-    """Lease state of one queue for one group: offsets below ``floor`` are all finished."""
+    """Lease state of one queue for one group: offsets below ``floor`` are all finished; none at
+    or above ``frontier`` was ever leased (since the last reset)."""
 
     floor: int = 0
+    frontier: int = 0
     done: set[int] = field(default_factory=set)
     leases: dict[int, OffsetLease] = field(default_factory=dict)
 
@@ -85,9 +87,27 @@ class QueueBook:
             self.done.remove(self.floor)
             self.floor += 1
 
+    def finish_range(self, start: int, end: int) -> None:
+        """:meth:`finish` every offset of ``[start, end)`` (acks travel as ranges, mostly at the
+        floor: the floor then jumps over the range)."""
+        leases = self.leases
+        for offset in range(start, end):
+            leases.pop(offset, None)
+        if start > self.floor:
+            self.done.update(range(start, end))
+            return
+        self.floor = max(self.floor, end)
+        done = self.done
+        if done:
+            self.done = done = {o for o in done if o >= self.floor}
+        while self.floor in done:
+            done.remove(self.floor)
+            self.floor += 1
+
     def reset(self, offset: int) -> None:
         """The group's position moves to ``offset``: forget every lease and ack."""
         self.floor = offset
+        self.frontier = offset
         self.done = set()
         self.leases = {}
 
@@ -96,6 +116,7 @@ class QueueBook:
         if offset <= self.floor:
             return
         self.floor = offset
+        self.frontier = max(self.frontier, offset)
         self.done = {o for o in self.done if o >= offset}
         self.leases = {o: c for o, c in self.leases.items() if o >= offset}
         while self.floor in self.done:
@@ -114,10 +135,14 @@ def ranges(offsets: list[int]) -> list[tuple[int, int]]:
     return out
 
 
-def _offsets(row: dict[str, Any]) -> Iterator[int]:
-    start = int(row["queue_offset"])
+def _end(row: dict[str, Any]) -> int:
+    """The end (exclusive) of the offsets a row is about: ``end_offset``, or one offset."""
     end = row.get("end_offset")
-    return iter(range(start, int(end) if end is not None else start + 1))
+    return int(end) if end is not None else int(row["queue_offset"]) + 1
+
+
+def _offsets(row: dict[str, Any]) -> Iterator[int]:
+    return iter(range(int(row["queue_offset"]), _end(row)))
 
 
 class LeaseBook:
@@ -130,6 +155,7 @@ class LeaseBook:
         self.group = group
         self.queues: dict[tuple[str, int], QueueBook] = {}
         self.sequences: dict[str, int] = {}  # consumer_id -> highest sequence seen
+        self.leased_at: dict[str, int] = {}  # consumer_id -> time of its latest lease (not offline)
 
     def queue(self, topic: str, queue_id: int) -> QueueBook:
         key = (topic, queue_id)
@@ -146,6 +172,10 @@ class LeaseBook:
         book = self.queues.get((key[0], key[1]))
         return book is not None and book.is_done(key[2])
 
+    def active(self, since_ms: int) -> set[str]:
+        """Consumers that leased something at or after ``since_ms`` and did not go offline since."""
+        return {consumer for consumer, ts in self.leased_at.items() if ts >= since_ms}
+
     def apply(self, rows: list[dict[str, Any]]) -> None:
         """Apply rows in commit order."""
         for row in rows:
@@ -158,8 +188,11 @@ class LeaseBook:
             action = row["action"]
             ts = int(row["ts_ms"])
             if action == OFFLINE:
+                if self.leased_at.get(consumer, ts + 1) <= ts:
+                    del self.leased_at[consumer]
                 for book in self.queues.values():
                     for lease in book.leases.values():
+                        # Changed in place: a lease object shared by a range is all this consumer's.
                         if lease.consumer_id == consumer and lease.deadline_ms > ts:
                             lease.deadline_ms = ts
                 continue
@@ -167,11 +200,20 @@ class LeaseBook:
             if action == RESET:
                 book.reset(int(row["queue_offset"]))
             elif action in (ACK, EXPIRED):
-                for offset in _offsets(row):
-                    book.finish(offset)
+                book.finish_range(int(row["queue_offset"]), _end(row))
             elif action == PULL:
+                self.leased_at[consumer] = max(ts, self.leased_at.get(consumer, ts))
                 deadline = int(row["deadline_ms"] or ts)
-                for offset in _offsets(row):
+                start, end = int(row["queue_offset"]), _end(row)
+                if start >= book.frontier and not any(o >= start for o in book.done):
+                    # A fresh range (the common case): no offset of it was leased or finished.
+                    # One lease object for the range; holder actions replace, never change, it.
+                    book.frontier = end
+                    shared = OffsetLease(consumer, sequence, deadline, 1)
+                    book.leases.update(dict.fromkeys(range(max(start, book.floor), end), shared))
+                    continue
+                book.frontier = max(book.frontier, end)
+                for offset in range(start, end):
                     if book.is_done(offset):
                         continue
                     earlier = book.leases.get(offset)
@@ -195,12 +237,12 @@ class LeaseBook:
             if action == NACK:
                 book.finish(offset)
             elif ts < lease.deadline_ms:
+                # Replaced, not changed: a lease object may stand for a whole range.
                 if action == CHANGE_INVISIBLE:
-                    lease.deadline_ms = int(row["deadline_ms"] or ts)
-                    lease.sequence = sequence
+                    deadline = int(row["deadline_ms"] or ts)
+                    book.leases[offset] = replace(lease, deadline_ms=deadline, sequence=sequence)
                 elif action == RELEASE and row.get("deadline_ms") in (None, lease.deadline_ms):
-                    lease.deadline_ms = ts
-                    lease.deliveries -= 1
+                    book.leases[offset] = replace(lease, deadline_ms=ts, deliveries=lease.deliveries - 1)
 
     def bootstrap(self, rows: list[dict[str, Any]]) -> None:
         """Apply a snapshot's rows (no commit order): by time, then action, consumer and sequence."""

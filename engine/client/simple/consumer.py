@@ -17,14 +17,23 @@ Timing assumes the clocks of the group's consumers agree to well within an invis
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import threading
 import time
+import weakref
 
 from engine.client.membership import default_consumer_id
 from engine.client.offsets import ConsumeFrom
 from engine.client.simple.leases import Leases, ReceivedMessage, Source, receive_sources
 from engine.closing import Closing
-from engine.errors import ConsumerClosedError, ConsumerError, InvalidArgumentError, InvalidTopicError
+from engine.errors import (
+    ConsumerClosedError,
+    ConsumerError,
+    InvalidArgumentError,
+    InvalidTopicError,
+    MQError,
+)
 from engine.model import MessageExt
 from engine.protocol.actions import CHANGE_INVISIBLE, NACK
 from engine.protocol.delays import max_reconsume_times
@@ -37,6 +46,25 @@ from engine.store.store import Store, now_ms
 MAX_RECEIVE_NUMS = 1024
 MAX_INVISIBLE_MS = 12 * 3600 * 1000  # RocketMQ 5's longest invisible duration
 OFFSET_PERSIST_MS = 5000  # as RocketMQ's consumer offset persistence
+
+
+def _reconsume_limit(group: str, default: int, message: MessageExt) -> int:
+    """Deliveries after the first allowed for ``message`` in ``group`` (its property, else ``default``)."""
+    return max_reconsume_times(message.properties, group, None, default)
+
+
+def _hand_back(leases: Leases, lock: threading.RLock) -> None:
+    """What :meth:`SimpleConsumer.close` does first, for a consumer not closed when its process
+    exits (``atexit``) or when it is collected: give back what was leased and never handed out and
+    append the buffered acks. Best effort: if that fails, those leases end at their deadlines."""
+    if not lock.acquire(timeout=5):  # a flush stuck in another thread: leave it to the deadlines
+        return
+    try:
+        with contextlib.suppress(Exception):
+            leases.release_all()
+            leases.flush()
+    finally:
+        lock.release()
 
 
 def _int_arg(name: str, value: object, low: int, high: int) -> int:
@@ -63,7 +91,9 @@ class SimpleConsumer(Closing):
             None) is the store's setting (RocketMQ's 16). A message's ``MAX_RECONSUME_TIMES``
             property wins.
 
-    Thread-safe. Use :meth:`close` (or a ``with`` block) to flush buffered acks.
+    Thread-safe. Use :meth:`close` (or a ``with`` block) to flush buffered acks and give back at
+    once what was leased ahead and never handed out; a consumer left open does that when its
+    process exits normally (not when it is killed: its leases then end at their deadlines).
 
     Raises:
         InvalidArgumentError: a bad group, consumer id, time or limit.
@@ -106,23 +136,27 @@ class SimpleConsumer(Closing):
         limit = _int_arg("max_reconsume_times", limit, -1, 1 << 30)
         self._max_reconsume = store.config.max_reconsume_times if limit == -1 else limit
         self._store = store
-        self._leases = Leases(store, self.group, consumer_id, start, timestamp, self._limit_of)
+        # The limit as a function of its own (not a method): the leases, which the exit hook
+        # keeps, must not keep the consumer alive.
+        limit_of = functools.partial(_reconsume_limit, self.group, self._max_reconsume)
+        self._leases = Leases(store, self.group, consumer_id, start, timestamp, limit_of)
         self._subscriptions: dict[str, MessageSelector] = {}
         self._lock = threading.RLock()
         self._wake = threading.Event()
+        self._ack_batch: float | None = None  # the batch of buffered acks the flusher was woken for
         self._flusher: threading.Thread | None = None
         self._offsets = OffsetStore(store, self.group)
         self._persisted: dict[tuple[str, int], int] = {}
+        self._persist_lock = threading.Lock()
         self._persisted_at = time.monotonic()
         self._closed = False
+        # A consumer its process leaves unclosed still gives back what it never handed out.
+        self._finalizer = weakref.finalize(self, _hand_back, self._leases, self._lock)
 
     @property
     def conflicts(self) -> int:
         """Lease commits that lost a race with another consumer of the same queue."""
         return self._leases.conflicts
-
-    def _limit_of(self, message: MessageExt) -> int:
-        return max_reconsume_times(message.properties, self.group, None, self._max_reconsume)
 
     # ----------------------------------------------------------------- subscriptions
     def subscribe(self, topic: str, expression: MessageSelector | str = "*") -> None:
@@ -144,6 +178,12 @@ class SimpleConsumer(Closing):
         selector = MessageSelector.of(expression)
         with self._lock:
             self._subscriptions[config.name] = selector
+            # The group's lease state is read, and the tables a receive reads are opened, now
+            # rather than in the first receive. Best effort: if it fails, the first receive
+            # does it again and reports the failure.
+            with contextlib.suppress(MQError):
+                self._leases.start()
+                self._leases.maintain(self._sources)
 
     def unsubscribe(self, topic: str) -> None:
         """Stop receiving ``topic`` (messages already received may still be acked).
@@ -176,7 +216,10 @@ class SimpleConsumer(Closing):
             max_nums: most messages returned (1..1024).
             invisible_ms: invisible time (1 ms..12 h); default ``invisible_ms_default``. A message
                 is returned only with at least this long left of its lease.
-            wait_ms: when nothing is visible, keep looking up to this long (long polling).
+            wait_ms: when nothing is visible, keep looking up to this long (long polling). When
+                there are messages but other consumers of the group win the races for them, a
+                receive tries again after short jittered pauses, also with ``wait_ms=0`` (for up
+                to about 50 ms), rather than answer empty.
 
         Returns:
             The messages, each with ``reconsume_times`` counting earlier deliveries, its receipt
@@ -199,13 +242,13 @@ class SimpleConsumer(Closing):
         deadline = time.monotonic() + wait_ms / 1000
         interval = max(self._store.config.long_poll_interval_ms, 50) / 1000
         while True:
-            got = self._receive_once(max_nums, invisible)
+            got = self._receive_once(max_nums, invisible, deadline)
             remaining = deadline - time.monotonic()
             if got or remaining <= 0:
                 return got
             time.sleep(min(interval, remaining))
 
-    def _receive_once(self, max_nums: int, invisible_ms: int) -> list[ReceivedMessage]:
+    def _receive_once(self, max_nums: int, invisible_ms: int, deadline: float) -> list[ReceivedMessage]:
         with self._lock:
             leases = self._leases
             leases.start()
@@ -220,11 +263,12 @@ class SimpleConsumer(Closing):
                 capacity = self.max_unacked - leases.unacked - leases.waiting
                 since = time.monotonic()
                 wanted = min(room - len(out), capacity)
-                if capacity > 0 and leases.lease(self._sources(), wanted, invisible_ms) > 0:
+                if (
+                    capacity > 0
+                    and leases.lease(self._sources(), wanted, invisible_ms, deadline=deadline) > 0
+                ):
                     out += leases.take(room - len(out), invisible_ms, leased_since=since)
-            buffered = leases.buffered_acks
-        if buffered:
-            self._wake.set()
+            self._nudge_flusher()
         return out
 
     def _sources(self) -> list[Source]:
@@ -244,10 +288,10 @@ class SimpleConsumer(Closing):
             ReceiptHandleExpiredError: its invisible time has passed.
         """
         self._check_open()
+        self._ensure_flusher()
         with self._lock:
             self._leases.ack(message, self._store.config.max_commit_attempts)
-        self._ensure_flusher()
-        self._wake.set()
+            self._nudge_flusher()
 
     def nack(self, message: ReceivedMessage) -> None:
         """Give a received message back for a later retry: records a ``NACK`` that the retry job
@@ -290,8 +334,9 @@ class SimpleConsumer(Closing):
     # ----------------------------------------------------------------- the action log
     def flush(self) -> int:
         """Append buffered acks now; returns how many messages they cover."""
-        with self._lock:
-            return self._leases.flush()
+        # Not under the consumer's lock: receives and acks go on while the acks are written (the
+        # action-log writer keeps its buffers and commits in order by itself).
+        return self._leases.flush()
 
     def persist_offsets(self) -> int:
         """Record, per queue, the offset below which every message is finished (acked, nacked or
@@ -300,10 +345,12 @@ class SimpleConsumer(Closing):
 
         Returns the queues recorded.
         """
-        with self._lock:
+        with self._persist_lock:
+            with self._lock:
+                floors = self._leases.floors()
             entries = [
                 (topic, queue_id, floor)
-                for (topic, queue_id), floor in self._leases.floors().items()
+                for (topic, queue_id), floor in floors.items()
                 if self._persisted.get((topic, queue_id)) != floor
             ]
             if entries:
@@ -312,6 +359,16 @@ class SimpleConsumer(Closing):
                     self._persisted[(topic, queue_id)] = floor
             self._persisted_at = time.monotonic()
             return len(entries)
+
+    def _nudge_flusher(self) -> None:
+        """Wake the flusher when a new batch of acks or releases began (the first buffered since a
+        flush), not on every ack: a thread woken per message costs the receiving thread its
+        processor. While a batch is buffered the flusher waits no longer than the linger, and
+        looks again after each flush. Called under the lock."""
+        batch = self._leases.ack_batch
+        if batch is not None and batch != self._ack_batch:
+            self._wake.set()
+        self._ack_batch = batch
 
     def _ensure_flusher(self) -> None:
         if self._flusher is None:
@@ -364,6 +421,7 @@ class SimpleConsumer(Closing):
             self._leases.release_all()
             self._leases.flush(offline=offline)
             self._closed = True
+            self._finalizer.detach()
         self._wake.set()
         if self._flusher is not None:
             self._flusher.join(timeout=10)

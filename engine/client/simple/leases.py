@@ -23,13 +23,22 @@ Lease protocol (QMQ's pull / ack / action log, with Delta as the broker; no lock
 * Recovery: a consumer starting with an id that holds unexpired leases gets those messages back at
   once (QMQ: a consumer that pulls again with its id first gets what it did not ack).
 * Resets: a queue reset by an administrator (:func:`~engine.store.action_log.reset_leases`) drops
-  what this consumer holds of it.
+  what this consumer leased of it before the reset landed (by action-log version: a ``RESET`` row
+  also marks the group's first lease of a queue, and what others lease after it stays theirs).
+* Hand-back: what was leased and never handed out is released (``RELEASE``, no delivery counted)
+  when the consumer closes, when its process exits with the consumer open, or when it waited too
+  long in the buffer; what was handed out and not acked comes back at its deadline. So a message
+  is never out of the group's reach while no consumer holds it.
+* Contention: a lease takes no more than a fair share of what is left among the group's consumers
+  that lease (so none sits on a buffer while the others find nothing); a race lost on one queue
+  moves on to the next, and the queues lost are tried again after a short jittered pause.
 * Acks change no lease and are valid only before their lease's deadline (an expired receipt is
   refused), so they are buffered briefly and appended blindly, or ride along with the consumer's
   next lease commit.
 
 Leased messages wait in a buffer until :meth:`Leases.take` hands them out; the lease size grows
-while the buffer drains quickly and shrinks when leased messages wait too long. :class:`Leases`
+while the buffer drains quickly (up to the fair share) and shrinks when leased messages wait too
+long. :class:`Leases`
 owns all of one consumer's lease state (the book, the buffer, what it holds, its writer). Not
 thread-safe: the consumer calls it under its lock.
 """
@@ -37,10 +46,11 @@ thread-safe: the consumer calls it under its lock.
 from __future__ import annotations
 
 import collections
+import random
 import time
 import zlib
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 import pyarrow as pa
@@ -63,7 +73,7 @@ from engine.store import schemas
 from engine.store.action_log import ActionLogWriter
 from engine.store.consume_queue import QueueIndex
 from engine.store.consumer_offset import OffsetStore
-from engine.store.delta import backoff, read_versions
+from engine.store.delta import VERSION_COLUMN, backoff, read_versions
 from engine.store.store import Store, now_ms, sql_literal
 
 Key = tuple[str, int, int]  # topic, queue_id, queue_offset
@@ -72,8 +82,14 @@ MATCH_ALL = MessageSelector.by_tag("*")
 
 LEASE_HOLD_MS = 1000  # a leased message may wait this long in the buffer and still get its full time
 MAX_PREFETCH = 1024  # most messages one lease takes
+PREFETCH_GROWTH = 4  # the lease size grows by this factor while the buffer drains quickly
 SCAN_INTERVAL_MS = 1000  # how often the lease state is read for expired leases and resets
-LEASE_ATTEMPTS = 8  # lease commits tried on one queue before moving to the next
+LEASE_ATTEMPTS = 8  # passes over the queues whose lease commits lost a race, in one lease()
+# A receive whose lease commits all lost their races tries again for up to this long, even when it
+# does not wait for new messages (wait_ms=0): there are messages, only contended.
+CONTENTION_WAIT_MS = 50
+# A consumer of the group that leased within this long shares what is left of a queue (fair share).
+ACTIVE_WINDOW_MS = 10_000
 ACK_FLUSH_ROWS = 256  # buffered acks that are flushed at once
 ACK_DEADLINE_MARGIN_MS = 1000  # acks whose lease ends sooner than this (plus the linger) go at once
 
@@ -87,6 +103,7 @@ class Held:
     reconsume_times: int
     msg_id: str
     physical_offset: int
+    version: int  # the action-log version the lease landed at (a reset after it drops it)
     handles: set[str] = field(default_factory=set)  # every receipt handle of this delivery
 
 
@@ -106,9 +123,15 @@ def received_message(
     message: MessageExt, reconsume_times: int, receipt_handle: str, until_ms: int
 ) -> ReceivedMessage:
     """``message`` as handed to the consumer that leased it: its delivery count and its lease."""
-    values = {f.name: getattr(message, f.name) for f in fields(MessageExt)}
-    values["reconsume_times"] = reconsume_times
-    return ReceivedMessage(**values, receipt_handle=receipt_handle, invisible_until_ms=until_ms)
+    # A copy of the frozen dataclass's fields, without __init__ (one per message received: the
+    # keyword call cost more than the rest of a receive from the buffer).
+    out = object.__new__(ReceivedMessage)
+    fields_of = out.__dict__
+    fields_of.update(message.__dict__)
+    fields_of.update(
+        reconsume_times=reconsume_times, receipt_handle=receipt_handle, invisible_until_ms=until_ms
+    )
+    return out
 
 
 @dataclass
@@ -119,8 +142,17 @@ class Leased:
     sequence: int
     deadline_ms: int
     reconsume_times: int
+    version: int  # the action-log version the lease landed at (a reset after it drops it)
     recovered: bool = False
     leased_at: float = 0.0  # monotonic
+
+
+def _rotated(items: list[Any], turn: int) -> list[Any]:
+    """``items`` starting at ``turn`` (modulo their number): consumers of a group start apart."""
+    if not items:
+        return items
+    start = turn % len(items)
+    return items[start:] + items[:start]
 
 
 def receive_sources(store: Store, group: str, subscriptions: dict[str, MessageSelector]) -> list[Source]:
@@ -168,7 +200,8 @@ class Leases:
         self._writer = ActionLogWriter(store, group, consumer_id)
         self._book = LeaseBook(group)
         self._version = -1  # the action log's version the book is at (-1: not read yet)
-        self._resets: set[tuple[str, int]] = set()  # queues reset by others, seen by _sync()
+        # Queues reset by others, seen by _sync(): the version of the latest reset of each.
+        self._resets: dict[tuple[str, int], int] = {}
         self._index = QueueIndex(store)
         self._consume_from = consume_from
         self._timestamp_ms = consume_from_timestamp_ms
@@ -177,10 +210,14 @@ class Leases:
         self._buffer: collections.deque[Leased] = collections.deque()
         self.prefetch = 1
         self._drained_since: float | None = None  # monotonic time the last lease was taken
+        self._last_lease = 0  # messages the last lease buffered
         self._scanned_at: float | None = None  # monotonic; None: never
         self._expired: dict[tuple[str, int], list[int]] = {}
         self._committed: dict[tuple[str, int], int] | None = None
         self._rotation = zlib.crc32(consumer_id.encode())
+        # The routes every queue of which was found leased to its end (until the consume queue
+        # moves or the next scan): receives do not try them again meanwhile.
+        self._dry: list[tuple[str, int]] | None = None
         self.conflicts = 0  # lease commits that lost a race with another consumer of the same queue
 
     @property
@@ -228,16 +265,15 @@ class Leases:
             self._book.apply(mine)
             # Rows of this id written elsewhere (a process started again with it) move it on too.
             self._writer.known_sequence(self._book.sequences.get(self.consumer_id, -1))
-            self._resets |= {
-                (r["topic"], int(r["queue_id"]))
-                for r in mine
-                if r["action"] == RESET and r["consumer_id"] != self.consumer_id
-            }
+            for r in mine:
+                if r["action"] == RESET and r["consumer_id"] != self.consumer_id:
+                    queue = (r["topic"], int(r["queue_id"]))
+                    self._resets[queue] = max(int(r[VERSION_COLUMN]), self._resets.get(queue, -1))
         self._version = version
 
-    def _commit(self, rows: list[dict[str, Any]], topic: str, queue_id: int, frontier: int) -> None:
+    def _commit(self, rows: list[dict[str, Any]], topic: str, queue_id: int, frontier: int) -> int:
         """Commit rows deciding about a queue's leases (with the buffered acks) at ``frontier``; the
-        book applies them at once when nothing else landed since it was read.
+        book applies them at once when nothing else landed since it was read. Returns the version.
 
         Raises:
             CommitConflictError: another commit about the same queue landed first (read again).
@@ -247,6 +283,7 @@ class Leases:
         if version == self._version + 1:
             self._book.apply(committed)
             self._version = version
+        return version
 
     def floors(self) -> dict[tuple[str, int], int]:
         """Per queue of the book (read anew once it was read at all), the offset below which every
@@ -277,7 +314,9 @@ class Leases:
             for offset, message in messages:
                 lease = leases[offset]
                 reconsume = message.reconsume_times + lease.deliveries - 1
-                recovered.append(Leased(message, lease.sequence, lease.deadline_ms, reconsume, True))
+                recovered.append(
+                    Leased(message, lease.sequence, lease.deadline_ms, reconsume, self._version, True)
+                )
         self._buffer.extendleft(reversed(recovered))
 
     def maintain(self, sources: Callable[[], list[Source]]) -> None:
@@ -288,17 +327,20 @@ class Leases:
         if not due:
             return
         self._sync()
-        reset, self._resets = self._resets, set()
+        reset, self._resets = self._resets, {}
         self._scanned_at = time.monotonic()
+        self._dry = None
         now = now_ms()
         held = self._held
         for key in [k for k, h in held.items() if h.deadline_ms <= now]:
             del held[key]  # expired: no longer counts against max_unacked
         if reset:
+            # Only what was leased before the reset landed: a group's first lease of a queue
+            # records where it starts with a RESET too, and leases after that one are valid.
             self._buffer = collections.deque(
-                x for x in self._buffer if (x.message.topic, x.message.queue_id) not in reset
+                x for x in self._buffer if x.version >= reset.get((x.message.topic, x.message.queue_id), -1)
             )
-            for key in [k for k in held if (k[0], k[1]) in reset]:
+            for key in [k for k, h in held.items() if h.version < reset.get((k[0], k[1]), -1)]:
                 del held[key]
         self._index.refresh()
         self._expired = {}
@@ -338,12 +380,20 @@ class Leases:
                 continue
             handle = f"{self.consumer_id}#{item.sequence}"
             held[key] = Held(
-                item.sequence, item.deadline_ms, item.reconsume_times, m.msg_id, m.physical_offset, {handle}
+                item.sequence,
+                item.deadline_ms,
+                item.reconsume_times,
+                m.msg_id,
+                m.physical_offset,
+                item.version,
+                {handle},
             )
             out.append(received_message(m, item.reconsume_times, handle, item.deadline_ms))
         if not self._buffer and self._drained_since is not None:
             if time.monotonic() - self._drained_since < LEASE_HOLD_MS / 2000:
-                self.prefetch = min(MAX_PREFETCH, self.prefetch * 2)
+                # From what the last lease took (a receive's worth at first, not the prefetch of
+                # 1): a consumer reaches full leases in a few commits, not a dozen.
+                self.prefetch = min(MAX_PREFETCH, max(self.prefetch, self._last_lease) * PREFETCH_GROWTH)
             self._drained_since = None
         return out
 
@@ -357,26 +407,79 @@ class Leases:
                 self._writer.buffer_ack(RELEASE, m.topic, m.queue_id, m.queue_offset, item.deadline_ms, now)
 
     # ----------------------------------------------------------------- leasing
-    def lease(self, sources: list[Source], n: int, invisible_ms: int) -> int:
-        """Lease at least ``n`` messages if there are (up to the prefetch size): expired leases
-        first, then fresh ones, queue after queue; returns how many were buffered."""
+    def lease(
+        self, sources: list[Source], n: int, invisible_ms: int, *, deadline: float | None = None
+    ) -> int:
+        """Lease at least ``n`` messages if there are (up to the prefetch size, and no more than a
+        fair share of what is left when other consumers of the group lease too): expired leases
+        first, then fresh ones; returns how many were buffered.
+
+        A race lost on one queue moves on to the next at once; the queues lost are tried again, on
+        a fresh frontier, only once every queue was tried and nothing was leased, after a jittered,
+        growing pause (so that the racers do not meet again in step): at least once, then for up
+        to :data:`LEASE_ATTEMPTS` passes until ``deadline`` (monotonic) or, when that is sooner,
+        :data:`CONTENTION_WAIT_MS` from now: messages are there, only contended, so even a
+        receive that does not wait for new ones waits that long for them.
+        When every queue was found leased to its end and the consume queue has not moved since,
+        nothing is tried until the next scan (:data:`SCAN_INTERVAL_MS`), so an idle consumer's
+        receives cost next to nothing.
+        """
         if not sources:
             return 0
-        want = max(n, min(self.prefetch, MAX_PREFETCH))
         filters = {(t, q): f for t, q, f in sources}
+        expired = [k for k in self._expired if k in filters]
+        routes = [(t, q) for t, q, _ in sources]
+        if self._index.refresh() or self._dry != routes:
+            self._dry = None
+        if self._dry is not None and not expired:
+            return 0
+        # The book as of now: who else leases (the fair share) and how far (the backlog). Each
+        # version is read once whenever it is read, so this costs little more than the scan would.
+        self._sync()
+        want = max(n, min(self.prefetch, MAX_PREFETCH, self._fair_share(sources)))
+        # Fresh leases start at the queue this consumer leased from last, and stay there while
+        # it serves: consumers of a group that race for one queue move apart, each to a queue of
+        # its own, instead of meeting again on every lease.
+        turn = self._rotation
+        self._rotation += 1
+        tasks: list[tuple[bool, Source, int]] = [
+            (True, (t, q, filters[(t, q)]), 0) for t, q in _rotated(expired, turn)
+        ]
+        if self._dry is None:
+            tasks += [(False, s, turn + j) for j, s in enumerate(_rotated(sources, turn))]
         total = 0
-        for key in list(self._expired):
-            if key in filters:
-                total += self._redeliver(key[0], key[1], filters[key], want - total, invisible_ms, n)
+        dry = self._dry is None
+        until = time.monotonic() + CONTENTION_WAIT_MS / 1000
+        if deadline is not None:
+            until = max(until, deadline)
+        for attempt in range(LEASE_ATTEMPTS):
+            lost: list[tuple[bool, Source, int]] = []
+            for i, (again, (topic, queue_id, selector), position) in enumerate(tasks):
+                if again:
+                    got = self._redeliver(topic, queue_id, selector, want - total, invisible_ms, n)
+                else:
+                    # The frontiers as of the _sync() above, then fresh ones for the queues lost
+                    # (a stale frontier costs a lost race, never a wrong lease).
+                    fresh = attempt > 0 and i == 0
+                    got = self._lease_fresh(topic, queue_id, selector, want - total, invisible_ms, n, fresh)
+                    dry = dry and got == 0
+                    if got:
+                        self._rotation = position
+                if got is None:
+                    lost.append((again, (topic, queue_id, selector), position))
+                    continue
+                total += got
                 if total >= n:
                     return total
-        self._index.refresh()
-        start = self._rotation % len(sources)
-        self._rotation += 1
-        for i, (topic, queue_id, selector) in enumerate(sources[start:] + sources[:start]):
-            total += self._lease_fresh(topic, queue_id, selector, want - total, invisible_ms, n, i == 0)
-            if total >= n:
+            if not lost or total > 0:
                 break
+            tasks = lost
+            left = until - time.monotonic()
+            if left <= 0 and attempt > 0:
+                break  # answer with what there is; the caller's next receive tries again
+            time.sleep(max(0.0, min(left, random.uniform(0, 0.001 * 2 ** min(attempt + 1, 5)))))
+        if dry and total == 0:
+            self._dry = routes
         return total
 
     @staticmethod
@@ -430,6 +533,19 @@ class Leases:
         taken = {offset for offset, _ in matched}
         return matched, [o for o in entries["queue_offset"].to_pylist() if o not in taken]
 
+    def _fair_share(self, sources: list[Source]) -> int:
+        """This consumer's share of what is left to lease in ``sources`` (unleased and expired, as
+        of the book) among the group's consumers that lease now: a lease takes no more, so that
+        no consumer sits on a buffer while the others find nothing."""
+        left = 0
+        for topic, queue_id, _ in sources:
+            low, high = self._index.bounds(topic, queue_id)
+            book = self._book.queues.get((topic, queue_id))
+            left += max(0, high - max(low, book.frontier if book is not None else 0))
+            left += len(self._expired.get((topic, queue_id), ()))
+        active = self._book.active(now_ms() - ACTIVE_WINDOW_MS) | {self.consumer_id}
+        return -(-left // len(active))
+
     def _lease_fresh(
         self,
         topic: str,
@@ -439,115 +555,124 @@ class Leases:
         invisible_ms: int,
         needed: int,
         refresh: bool,
-    ) -> int:
+    ) -> int | None:
+        """One lease commit of a queue's messages past the group's frontier; how many were buffered
+        (0: none left), or None when another consumer's commit about the queue landed first."""
         writer = self._writer
-        for attempt in range(LEASE_ATTEMPTS):
-            frontier = writer.frontier(topic, queue_id, refresh=refresh or attempt > 0)
-            low, high = self._index.bounds(topic, queue_id)
-            ts = now_ms()
-            rows = []
-            start = frontier
-            if frontier < 0:
-                start = self._first_offset(topic, queue_id)
-                rows.append(writer.row(RESET, topic, queue_id, start, ts=ts))
-            start = max(start, low)
-            if start >= high:
-                if rows and attempt == 0:  # record where the group starts, so it does not move on
-                    try:
-                        self._commit(rows, topic, queue_id, start)
-                    except CommitConflictError:
-                        self.conflicts += 1
-                return 0
-            end = min(high, start + size)
-            entries = self._index.entries(topic, queue_id, start, end)
-            # The tags-code stage before the commit: entries not for this subscription are acked by
-            # the lease commit itself; the rest of the selector runs on the messages after it.
-            codes = selector.match_codes(entries["tags_code"])
-            passing = entries.filter(codes)
-            filtered = entries.filter(pc.invert(codes))["queue_offset"].to_pylist()
-            deadline = self._deadline(ts, invisible_ms, end - start, needed)
-            sequence = writer.next_sequence()
-            rows.append(
-                writer.row(
-                    PULL, topic, queue_id, start, end=end, deadline_ms=deadline, ts=ts, sequence=sequence
-                )
-            )
-            rows.extend(writer.row(ACK, topic, queue_id, s, end=e, ts=ts) for s, e in ranges(filtered))
-            try:
-                self._commit(rows, topic, queue_id, end)
-            except CommitConflictError:
-                self.conflicts += 1
-                continue
-            return self._buffer_leased(topic, queue_id, passing, selector, sequence, deadline)
-        return 0
+        frontier = writer.frontier(topic, queue_id, refresh=refresh)
+        low, high = self._index.bounds(topic, queue_id)
+        ts = now_ms()
+        rows = []
+        start = frontier
+        if frontier < 0:
+            start = self._first_offset(topic, queue_id)
+            rows.append(writer.row(RESET, topic, queue_id, start, ts=ts))
+        start = max(start, low)
+        if start >= high:
+            if rows:  # record where the group starts, so that it does not move on
+                try:
+                    self._commit(rows, topic, queue_id, start)
+                except CommitConflictError:
+                    self.conflicts += 1
+            return 0
+        end = min(high, start + size)
+        entries = self._index.entries(topic, queue_id, start, end)
+        # The tags-code stage before the commit: entries not for this subscription are acked by
+        # the lease commit itself; the rest of the selector runs on the messages after it.
+        codes = selector.match_codes(entries["tags_code"])
+        passing = entries.filter(codes)
+        filtered = entries.filter(pc.invert(codes))["queue_offset"].to_pylist()
+        deadline = self._deadline(ts, invisible_ms, end - start, needed)
+        sequence = writer.next_sequence()
+        rows.append(
+            writer.row(PULL, topic, queue_id, start, end=end, deadline_ms=deadline, ts=ts, sequence=sequence)
+        )
+        rows.extend(writer.row(ACK, topic, queue_id, s, end=e, ts=ts) for s, e in ranges(filtered))
+        try:
+            version = self._commit(rows, topic, queue_id, end)
+        except CommitConflictError:
+            self.conflicts += 1
+            return None
+        return self._buffer_leased(topic, queue_id, passing, selector, sequence, deadline, version)
 
     def _redeliver(
         self, topic: str, queue_id: int, selector: MessageSelector, size: int, invisible_ms: int, needed: int
-    ) -> int:
+    ) -> int | None:
+        """One lease commit of a queue's expired leases noted by the last scan; how many were
+        buffered (0: none left), or None when another consumer's commit about the queue landed
+        first. Those not taken this time stay noted for the next receive."""
         writer = self._writer
-        wanted = self._expired.pop((topic, queue_id))
-        for _ in range(LEASE_ATTEMPTS):
-            # Decide from the state as of the snapshot the commit is based on: a lease of these
-            # offsets committed by anyone after it makes the commit conflict (same queue app id).
-            self._sync()
-            book = self._book.queue(topic, queue_id)
-            now = now_ms()
-            offsets = [o for o in wanted if book.available(o, now) and o in book.leases][:size]
-            if not offsets:
-                return 0
-            messages, unmatched = self._read(topic, queue_id, offsets, selector)
-            deadline = self._deadline(now, invisible_ms, len(offsets), needed)
-            rows = [writer.row(ACK, topic, queue_id, s, end=e, ts=now) for s, e in ranges(unmatched)]
-            counts: dict[int, int] = {}
-            kept: list[tuple[int, MessageExt]] = []
-            for offset, message in messages:
-                reconsume = message.reconsume_times + book.leases[offset].deliveries
-                if reconsume > self._max_reconsume(message):
-                    rows.append(
-                        writer.row(
-                            EXPIRED,
-                            topic,
-                            queue_id,
-                            offset,
-                            physical_offset=message.physical_offset,
-                            msg_id=message.msg_id,
-                            reconsume_times=reconsume - 1,
-                            ts=now,
-                        )
-                    )
-                    continue
-                counts[offset] = reconsume
-                kept.append((offset, message))
-            sequences = {}
-            for s, e in ranges(list(counts)):
-                sequence = writer.next_sequence()
+        key = (topic, queue_id)
+        # Decide from the state as of the snapshot the commit is based on: a lease of these
+        # offsets committed by anyone after it makes the commit conflict (same queue app id).
+        self._sync()
+        book = self._book.queue(topic, queue_id)
+        now = now_ms()
+        free = [o for o in self._expired.get(key, []) if book.available(o, now) and o in book.leases]
+        offsets = free[:size]
+        if not offsets:
+            self._expired.pop(key, None)
+            return 0
+        messages, unmatched = self._read(topic, queue_id, offsets, selector)
+        deadline = self._deadline(now, invisible_ms, len(offsets), needed)
+        rows = [writer.row(ACK, topic, queue_id, s, end=e, ts=now) for s, e in ranges(unmatched)]
+        counts: dict[int, int] = {}
+        kept: list[tuple[int, MessageExt]] = []
+        for offset, message in messages:
+            reconsume = message.reconsume_times + book.leases[offset].deliveries
+            if reconsume > self._max_reconsume(message):
                 rows.append(
                     writer.row(
-                        PULL,
+                        EXPIRED,
                         topic,
                         queue_id,
-                        s,
-                        end=e,
-                        reconsume_times=counts[s],
-                        deadline_ms=deadline,
+                        offset,
+                        physical_offset=message.physical_offset,
+                        msg_id=message.msg_id,
+                        reconsume_times=reconsume - 1,
                         ts=now,
-                        sequence=sequence,
                     )
                 )
-                sequences.update(dict.fromkeys(range(s, e), sequence))
-            if not rows:
-                return 0
+                continue
+            counts[offset] = reconsume
+            kept.append((offset, message))
+        sequences = {}
+        for s, e in ranges(list(counts)):
+            sequence = writer.next_sequence()
+            rows.append(
+                writer.row(
+                    PULL,
+                    topic,
+                    queue_id,
+                    s,
+                    end=e,
+                    reconsume_times=counts[s],
+                    deadline_ms=deadline,
+                    ts=now,
+                    sequence=sequence,
+                )
+            )
+            sequences.update(dict.fromkeys(range(s, e), sequence))
+        if rows:
             try:
-                self._commit(rows, topic, queue_id, writer.frontier(topic, queue_id, refresh=False))
+                version = self._commit(rows, topic, queue_id, writer.frontier(topic, queue_id, refresh=False))
             except CommitConflictError:
                 self.conflicts += 1
-                continue
+                return None
+            self._last_lease = len(kept)
             for offset, message in kept:
                 self._buffer.append(
-                    Leased(message, sequences[offset], deadline, counts[offset], False, time.monotonic())
+                    Leased(
+                        message, sequences[offset], deadline, counts[offset], version, False, time.monotonic()
+                    )
                 )
-            return len(kept)
-        return 0
+        rest = free[len(offsets) :]
+        if rest:
+            self._expired[key] = rest
+        else:
+            self._expired.pop(key, None)
+        self._drained_since = time.monotonic()
+        return len(kept)
 
     def _buffer_leased(
         self,
@@ -557,16 +682,25 @@ class Leases:
         selector: MessageSelector,
         sequence: int,
         deadline: int,
+        version: int,
     ) -> int:
-        """Buffer the messages of a lease just committed (``entries`` passed the tags-code stage);
-        those the rest of the selector does not match are acked: consumed by filtering."""
-        messages, unmatched = self._read_entries(entries, selector)
+        """Buffer the messages of a lease just committed at ``version`` (``entries`` passed the
+        tags-code stage); those the rest of the selector does not match are acked: consumed by
+        filtering. If they cannot be read, the lease is given back (released) before the error
+        goes on: a lease nobody can hand out would hide its messages until its deadline."""
         now = now_ms()
+        try:
+            messages, unmatched = self._read_entries(entries, selector)
+        except BaseException:
+            for offset in entries["queue_offset"].to_pylist():
+                self._writer.buffer_ack(RELEASE, topic, queue_id, offset, deadline, now)
+            raise
         for offset in unmatched:
             self._writer.buffer_ack(ACK, topic, queue_id, offset, deadline, now)
+        self._last_lease = len(messages)
         for _, message in messages:
             self._buffer.append(
-                Leased(message, sequence, deadline, message.reconsume_times, False, time.monotonic())
+                Leased(message, sequence, deadline, message.reconsume_times, version, False, time.monotonic())
             )
         self._drained_since = time.monotonic()
         return len(messages)
@@ -703,6 +837,12 @@ class Leases:
         """Acks and releases waiting to be appended."""
         return self._writer.buffered_acks
 
+    @property
+    def ack_batch(self) -> float | None:
+        """Names the batch of buffered acks and releases (when its first was buffered; None: none
+        is buffered): a new value means a new batch began since the last flush."""
+        return self._writer.oldest_ack
+
     def ack_flush_due_in(self, linger_s: float) -> float | None:
         """Seconds until the buffered acks are due (0: now; None: nothing buffered): after
         ``linger_s``, at :data:`ACK_FLUSH_ROWS`, or a margin before the earliest lease they end."""
@@ -720,7 +860,8 @@ class Leases:
     def flush(self, *, offline: bool = False) -> int:
         """Append the buffered acks and releases; returns how many messages they cover. With
         ``offline`` an ``OFFLINE`` row goes with them (QMQ's FOREVER_OFFLINE: every lease of this
-        consumer id ends now).
+        consumer id ends now). Without ``offline`` only the writer is used, which is thread-safe:
+        callable without the consumer's lock.
 
         Raises:
             StoreError, CommitConflictError: the write failed; they stay buffered.

@@ -38,7 +38,19 @@ from rich.table import Table  # noqa: E402
 
 from bench import machine, report  # noqa: E402
 from bench.peers import RedisServer  # noqa: E402
-from bench.workloads import Context, Sizes, ack, contention, flow, produce, pull, replay, topics, wire  # noqa: E402
+from bench.workloads import (  # noqa: E402
+    Context,
+    Sizes,
+    ack,
+    contention,
+    flow,
+    object_store,
+    produce,
+    pull,
+    replay,
+    topics,
+    wire,
+)
 
 Step = Callable[[Context], list[dict[str, Any]]]
 # (name, function, needs the big store built by "produce")
@@ -54,6 +66,7 @@ STEPS: tuple[tuple[str, Step, bool], ...] = (
     ("flush", topics.sync_flush, False),
     ("contention", contention.contention, False),
     ("wire", wire.wire, False),
+    ("s3", object_store.object_store, False),
 )
 DESCRIPTIONS = {
     "produce": "batched produce (builds the big store)",
@@ -67,6 +80,7 @@ DESCRIPTIONS = {
     "flush": "synchronous sends with SYNC_FLUSH vs ASYNC_FLUSH",
     "contention": "8 writer processes racing for the commit log, with and without the host lock",
     "wire": "RocketMQ's Java client: mq serve vs the real RocketMQ broker",
+    "s3": "object storage (SeaweedFS on loopback, with and without 20 ms injected per request)",
 }
 
 

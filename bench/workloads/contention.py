@@ -41,12 +41,21 @@ def _config(root: str, shards: int) -> EngineConfig:
 
 
 def _writer(
-    root: str, worker: int, sends: int, batch: int, lock: bool, shards: int, ready: Any, start: Any, out: Any
+    root: str,
+    worker: int,
+    sends: int,
+    batch: int,
+    lock: bool,
+    shards: int,
+    ready: Any,
+    start: Any,
+    out: Any,
+    storage: dict[str, str] | None = None,
 ) -> None:
     os.environ["MQ_SEQUENCER_LOCK"] = "1" if lock else "0"
     from engine import CommitConflictError, Message, Producer, Store
 
-    store = Store.open(root, config=_config(root, shards))
+    store = Store.open(root, storage_options=storage, config=_config(root, shards))
     body = os.urandom(BODY)
     latencies: list[float] = []
     gave_up = 0
@@ -82,20 +91,34 @@ def _writer(
 
 
 def run(
-    writers: int, sends: int, batch: int = 1, *, lock: bool, shards: int = 1, workdir: Path | None = None
+    writers: int,
+    sends: int,
+    batch: int = 1,
+    *,
+    lock: bool,
+    shards: int = 1,
+    workdir: Path | None = None,
+    root: str | None = None,
+    storage: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """One contention run in a fresh store under ``workdir``; the measure (see the module docstring)."""
+    """One contention run; the measure (see the module docstring).
+
+    The store is fresh: under ``workdir`` (removed after), or at ``root`` (an object-store URI
+    with its ``storage`` options, left for the caller to drop).
+    """
     from engine import Admin, Store
 
-    scratch = Path(tempfile.mkdtemp(prefix="lakemq-contention-", dir=workdir))
+    scratch = None if root else Path(tempfile.mkdtemp(prefix="lakemq-contention-", dir=workdir))
     try:
-        root = str(scratch / "store")
-        store = Store.open(root, config=_config(root, shards))
+        root = root or str(Path(str(scratch)) / "store")
+        store = Store.open(root, storage_options=storage, config=_config(root, shards))
         Admin(store).create_topic(TOPIC, QUEUES)
         ctx = mp.get_context("spawn")
         ready, start, out = ctx.Queue(), ctx.Event(), ctx.Queue()
         procs = [
-            ctx.Process(target=_writer, args=(root, w, sends, batch, lock, shards, ready, start, out))
+            ctx.Process(
+                target=_writer, args=(root, w, sends, batch, lock, shards, ready, start, out, storage)
+            )
             for w in range(writers)
         ]
         for p in procs:
@@ -111,7 +134,8 @@ def run(
                 if p.is_alive():
                     p.kill()
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
     lat = [x for r in results for x in r["lat"]]
     wall = max(r["ended"] for r in results) - min(r["began"] for r in results)
     return {

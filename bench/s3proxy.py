@@ -209,7 +209,10 @@ class S3Proxy:
                         "transfer-encoding",
                     ):
                         self.send_header(name, value)
-                self.send_header("Content-Length", str(len(data)))
+                length = len(data)
+                if self.command == "HEAD":  # no body, but the length of the object: readers size files by it
+                    length = int(next((v for k, v in headers if k.lower() == "content-length"), 0))
+                self.send_header("Content-Length", str(length))
                 self.end_headers()
                 if self.command != "HEAD" and data:
                     self.wfile.write(data)

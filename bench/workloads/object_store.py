@@ -144,6 +144,10 @@ def _with_failures(measure: Measure, failed: int, first: str) -> Measure:
 
 
 # ----------------------------------------------------------------------------- the parts
+def _tagged(body: bytes) -> Message:
+    return Message(TOPIC, body, tags="TagA")
+
+
 def sync_send(bed: Bed, n: int, body_bytes: int) -> dict[str, Measure]:
     """``Producer.send`` one after another; bare: ``write_deltalake`` of one commit-log row per call."""
     store = bed.store("sync")
@@ -152,9 +156,8 @@ def sync_send(bed: Bed, n: int, body_bytes: int) -> dict[str, Measure]:
     with Producer(store, "S3Sync") as producer:
         for _ in range(3):  # warm-up: first touches of the tables
             producer.send(Message(TOPIC, body, tags="TagA"))
-        message = Message(TOPIC, body, tags="TagA")
         with bed.counting(counted):
-            samples, failed, first = timed_calls(lambda i: producer.send(message), n)
+            samples, failed, first = timed_calls(lambda i: producer.send(_tagged(body)), n)
     ours = bed.round_trips(_with_failures(latency(samples), failed, first), counted["requests"], n)
     one_row = store.read(schemas.COMMIT_LOG).slice(0, 1)
     dt = peers.create_commit_log_like(bed.root("bare-sync"), bed.options())

@@ -10,13 +10,18 @@ neither problem; the parent asks it for its request count over a pipe.
 from __future__ import annotations
 
 import multiprocessing as mp
+import sys
 from multiprocessing.connection import Connection
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 
-def _serve(upstream: str, delay_ms: float, conn: Connection) -> None:
+def _serve(upstream: str, delay_ms: float, conn: Connection, log: str | None) -> None:
     from bench.s3proxy import S3Proxy
+
+    if log is not None:  # a client hanging up mid-answer prints a traceback per request: keep them apart
+        sys.stderr = open(log, "a", buffering=1)  # noqa: SIM115 - open for the process's life
 
     with S3Proxy(upstream, delay_ms=delay_ms) as proxy:
         conn.send(proxy.endpoint)
@@ -33,14 +38,15 @@ def _serve(upstream: str, delay_ms: float, conn: Connection) -> None:
 
 
 class ProxyProcess:
-    """``S3Proxy(upstream, delay_ms)`` running in a spawned process; a context manager.
+    """``S3Proxy(upstream, delay_ms)`` running in a spawned process; a context manager. The
+    process's stderr goes to ``log`` when given.
 
     Attributes:
         endpoint: the proxy's ``http://127.0.0.1:<port>`` (point storage options at it).
     """
 
-    def __init__(self, upstream: str, delay_ms: float = 0.0) -> None:
-        self.upstream, self.delay_ms = upstream, delay_ms
+    def __init__(self, upstream: str, delay_ms: float = 0.0, log: Path | None = None) -> None:
+        self.upstream, self.delay_ms, self.log = upstream, delay_ms, log
         self.endpoint = ""
         self._conn: Connection | None = None
         self._proc: Any = None
@@ -49,7 +55,11 @@ class ProxyProcess:
         """Start the process and wait for its endpoint."""
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
-        self._proc = ctx.Process(target=_serve, args=(self.upstream, self.delay_ms, child), daemon=True)
+        self._proc = ctx.Process(
+            target=_serve,
+            args=(self.upstream, self.delay_ms, child, None if self.log is None else str(self.log)),
+            daemon=True,
+        )
         self._proc.start()
         child.close()
         if not parent.poll(timeout_s):

@@ -115,6 +115,8 @@ def _lakemq_processes(root: str, total: int) -> tuple[Measure, Measure, Measure,
         "errors": errors,
     }
     whole = rate(consumed, finished - began)
+    if consumed < total:  # §7: every message delivered
+        whole["missing"] = total - consumed
     first = rate(consumed // 2, half - began)
     second = rate(consumed - consumed // 2, stamps[-1] - half if stamps else 1.0)
     return whole, first, second, info

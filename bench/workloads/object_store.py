@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -79,13 +80,14 @@ class Bed:
     proxy: ProxyProcess
     profile: str
     rtt_ms: float
+    prefix: str = ""
 
     def options(self) -> dict[str, str]:
         """Storage options pointing at the proxy."""
         return self.server.storage_options(endpoint=self.proxy.endpoint)
 
     def root(self, name: str) -> str:
-        return f"s3://{self.bucket}/{self.profile}-{name}"
+        return f"s3://{self.bucket}/{self.prefix}{self.profile}-{name}"
 
     def store(self, name: str, topic: str = TOPIC, queues: int = QUEUES) -> Store:
         root = self.root(name)
@@ -297,7 +299,10 @@ def end_to_end(bed: Bed, ctx: Context, seconds: float, send_rate: float) -> dict
                     *flow_workload.drive(count, send_rate, send, poll, flow_workload.SETTLE_S)
                 )
     except Exception as exc:
-        return {OURS: unavailable(f"the broker on the S3 store: {_why(exc)}")}
+        # A broker that exited says why in the last line of its log (Broker.check quotes the tail).
+        lines = [line for line in str(exc).splitlines() if line.strip()]
+        why = f"{_why(exc)} {lines[-1].strip()[:200]}" if len(lines) > 1 else _why(exc)
+        return {OURS: unavailable(f"the broker on the S3 store: {why}")}
     return {OURS: bed.round_trips(measure, counted.get("requests", 0), count)}
 
 
@@ -412,14 +417,19 @@ def _result(bed: Bed, ctx: Context, what: str, title: str, systems: dict[str, Me
     }
 
 
-def object_store(ctx: Context) -> list[dict[str, Any]]:
-    """The benchmark step ``s3``: every workload in both profiles, on one SeaweedFS server."""
+def on_server(server: SeaweedS3, bucket: str, ctx: Context) -> list[dict[str, Any]]:
+    """Every workload in both profiles on a running server, under fresh prefixes of ``bucket``."""
     results: list[dict[str, Any]] = []
-    with SeaweedS3(ctx.workdir / "seaweedfs") as server:
-        bucket = server.create_bucket("bench")
-        ctx.extra["s3_profiles"] = dict(PROFILES)
-        for profile, delay_ms in PROFILES:
-            with ProxyProcess(server.endpoint, delay_ms=delay_ms) as proxy:
-                bed = Bed(server, bucket, proxy, profile, delay_ms)
-                results += profile_workloads(bed, ctx)
+    ctx.extra["s3_profiles"] = dict(PROFILES)
+    for profile, delay_ms in PROFILES:
+        log = ctx.workdir / f"s3proxy-{profile}.log"
+        with ProxyProcess(server.endpoint, delay_ms=delay_ms, log=log) as proxy:
+            bed = Bed(server, bucket, proxy, profile, delay_ms, f"{uuid.uuid4().hex[:8]}/")
+            results += profile_workloads(bed, ctx)
     return results
+
+
+def object_store(ctx: Context) -> list[dict[str, Any]]:
+    """The benchmark step ``s3``: starts SeaweedFS in the run's directory, then :func:`on_server`."""
+    with SeaweedS3(ctx.workdir / "seaweedfs") as server:
+        return on_server(server, server.create_bucket("bench"), ctx)

@@ -278,6 +278,7 @@ def test_object_storage_targets_are_judged_on_the_injected_profile_in_round_trip
         _s3_workload("rtt20", "produce_batched", "rate", {OURS: rate(900, 1), BARE: rate(1000, 1)}),
         _s3_workload("rtt20", "writers_1", "rate", {OURS: one}),
         _s3_workload("rtt20", "writers_4", "rate", {OURS: four}),
+        _s3_workload("rtt20", "send_sync", "latency", {OURS: latency([45.0, 55.0, 40.0])}),
     ]
     by_id = {w["id"]: w for w in workloads}
     verdicts = {t.workload: evaluate(t, by_id)[1] for t in TARGETS if (t.workload or "").startswith("s3_")}
@@ -287,6 +288,7 @@ def test_object_storage_targets_are_judged_on_the_injected_profile_in_round_trip
         "s3_rtt20_end_to_end": None,
         "s3_rtt20_writers_4": False,  # 3x one shard, but one writer gave up
         "s3_rtt20_writers_1": True,
+        "s3_rtt20_send_sync": True,  # 45 ms <= 2 x 20 ms + 10 ms
     }
     section = object_storage_section(_results(workloads))
     assert section[0] == "## Object storage"
@@ -300,7 +302,7 @@ def test_object_storage_targets_are_judged_on_the_injected_profile_in_round_trip
     produce_row = next(line for line in section if line.startswith("| produce_batched |"))
     assert "1,000 msg/s (lakemq: 90%)" in produce_row
     writers_row = next(line for line in section if line.startswith("| writers_4 |"))
-    assert "1 gave up, 0 lost races; 3.00x one shard" in writers_row
+    assert "| 300 msg/s; 1 gave up, 0 lost races; 3.00x one shard |" in writers_row
     assert object_storage_section(_results([])) == []
     text = render(_results(workloads))
     assert "## Object storage" in text and "### Object storage" not in text

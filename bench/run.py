@@ -6,8 +6,9 @@
 Works unattended (no stdin). Everything it creates lives in one temporary directory that is removed
 at the end, and the Redis server, the broker process, the real RocketMQ name server and broker and
 `mq serve` it starts are stopped, also on an error, Ctrl-C or SIGTERM (the wire step, ``--only
-wire``, needs Maven and Java 17: see bench/workloads/wire.py). Results: BENCHMARKS.md at the
-repository root and bench/results/latest.json.
+wire``, needs Maven and Java 17: see bench/workloads/wire.py; the object-storage step, ``--only s3``,
+SeaweedFS built by bin/seaweedfs-build.sh: see bench/workloads/object_store.py). Results:
+BENCHMARKS.md at the repository root and bench/results/latest.json.
 """
 
 from __future__ import annotations

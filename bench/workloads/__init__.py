@@ -58,6 +58,7 @@ class Sizes:
     s3_ack_messages: int = 2_000
     s3_e2e_seconds: float = 20.0  # 0: not run
     s3_e2e_rate: float = 5.0
+    s3_e2e_loopback: bool = True  # also with the broker in the loopback profile (a Spark start each)
     s3_writers: int = 8
     s3_writer_sends: int = 20
 
@@ -85,6 +86,7 @@ class Sizes:
             s3_ack_messages=500,
             s3_e2e_seconds=6.0,
             s3_writer_sends=5,
+            s3_e2e_loopback=False,
         )
 
 

@@ -360,7 +360,12 @@ def profile_workloads(bed: Bed, ctx: Context) -> list[dict[str, Any]]:
         got["ack"] = _guarded("receive + ack", lambda: receive_ack(bed, kept[0], s.s3_ack_messages))
     else:
         got["pull"] = got["ack"] = {OURS: unavailable("the async step, which fills the store, failed")}
-    got["end_to_end"] = end_to_end(bed, ctx, s.s3_e2e_seconds, s.s3_e2e_rate)
+    if bed.rtt_ms > 0 or s.s3_e2e_loopback:
+        got["end_to_end"] = end_to_end(bed, ctx, s.s3_e2e_seconds, s.s3_e2e_rate)
+    else:
+        got["end_to_end"] = {
+            OURS: unavailable("not run in this profile (--quick: the injected profile only)")
+        }
     one, sharded = writers(bed, s.s3_writers, s.s3_writer_sends)
     got["writers_1"], got[f"writers_{SHARDS}"] = {OURS: one}, {OURS: sharded}
     for what, measures in got.items():

@@ -48,3 +48,25 @@ def test_tiny_contention_run_reports_every_figure_its_targets_read(tmp_path: Pat
     for target in (t for t in TARGETS if t.workload in by_id):
         assert evaluate(target, by_id)[1] is not None, target.label
     assert list(tmp_path.iterdir()) == []  # every run's store removed
+
+
+def test_collect_raises_when_a_writer_reports_an_error_or_dies_instead_of_waiting() -> None:
+    import queue
+    from types import SimpleNamespace
+
+    import pytest
+
+    from bench.workloads.contention import _collect
+
+    alive, dead = SimpleNamespace(exitcode=None), SimpleNamespace(exitcode=1)
+    box: queue.Queue[object] = queue.Queue()
+    for item in (0, 1):
+        box.put(item)
+    assert _collect(box, [alive, alive], 2, 5) == [0, 1]
+    box.put("writer 1: StoreError: no bucket")
+    with pytest.raises(RuntimeError, match="writer 1: StoreError: no bucket"):
+        _collect(box, [alive], 1, 5)
+    with pytest.raises(RuntimeError, match=r"1 writer process\(es\) died \(exit code 1\)"):
+        _collect(box, [alive, dead], 1, 60)
+    with pytest.raises(RuntimeError, match="took over 0 s"):
+        _collect(box, [alive], 1, 0)

@@ -1,5 +1,10 @@
 """The design's performance targets and the Markdown report (BENCHMARKS.md): pure functions of the results.
 
+The targets are DESIGN.md §7, row by row in its order and words (:data:`DESIGN_TARGETS`; each row
+judged in one or more parts, local and object storage); a part no workload of the run measured is
+shown "not measured" with the reason. ``tests/test_bench.py`` compares the rows with DESIGN.md
+(``../shared/DESIGN.md`` beside the clone) and with the copy of §7 kept in ``bench/design_targets.md``.
+
 ``results`` is what ``bench/run.py`` writes to ``bench/results/latest.json``: ``machine``,
 ``versions``, ``params``, ``workloads`` (a list of ``{"id", "title", "kind", "systems", "notes"}``)
 and a few run facts.

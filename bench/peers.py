@@ -144,10 +144,15 @@ class RedisServer:
 COMMIT_LOG_TABLE_CONFIG = {"delta.dataSkippingNumIndexedCols": "8"}  # as the store's commit log
 
 
-def create_commit_log_like(uri: str) -> DeltaTable:
-    """An empty table with the commit log's schema and settings, for bare ``write_deltalake`` appends."""
+def create_commit_log_like(uri: str, storage_options: dict[str, str] | None = None) -> DeltaTable:
+    """An empty table with the commit log's schema and settings, for bare ``write_deltalake`` appends
+    (``storage_options`` for an object-store ``uri``)."""
     return DeltaTable.create(
-        uri, schemas.COMMIT_LOG_SCHEMA, mode="error", configuration=COMMIT_LOG_TABLE_CONFIG
+        uri,
+        schemas.COMMIT_LOG_SCHEMA,
+        mode="error",
+        configuration=COMMIT_LOG_TABLE_CONFIG,
+        storage_options=storage_options,
     )
 
 

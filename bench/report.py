@@ -1,5 +1,10 @@
 """The design's performance targets and the Markdown report (BENCHMARKS.md): pure functions of the results.
 
+The targets are DESIGN.md §7, row by row in its order and words (:data:`DESIGN_TARGETS`; each row
+judged in one or more parts, local and object storage); a part no workload of the run measured is
+shown "not measured" with the reason. ``tests/test_bench.py`` compares the rows with DESIGN.md
+(``../shared/DESIGN.md`` beside the clone) and with the copy of §7 kept in ``bench/design_targets.md``.
+
 ``results`` is what ``bench/run.py`` writes to ``bench/results/latest.json``: ``machine``,
 ``versions``, ``params``, ``workloads`` (a list of ``{"id", "title", "kind", "systems", "notes"}``)
 and a few run facts.
@@ -10,10 +15,12 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from bench.stats import is_available, ratio
 from bench.workloads import BARE, OURS, REDIS, ROCKETMQ, SYSTEMS
+from bench.workloads.object_store import INJECTED, INJECTED_RTT_MS, SHARDS
 
 _OPS: dict[str, Callable[[float, float], bool]] = {">=": operator.ge, "<=": operator.le}
 
@@ -21,11 +28,16 @@ _OPS: dict[str, Callable[[float, float], bool]] = {">=": operator.ge, "<=": oper
 @dataclass(frozen=True)
 class Condition:
     """``metric op threshold``; metric is a measure key (``msg_s``, ``p50_ms``, ``p99_ms``) or
-    ``ratio:<system>`` (lakemq's headline number over that system's)."""
+    ``ratio:<system>`` (lakemq's headline number over that system's).
+
+    With ``of`` = (workload, system, key), the limit is ``threshold`` times that figure measured in
+    the same run (a peer of another workload: RocketMQ's own sync send for lakemq's).
+    """
 
     metric: str
     op: str
     threshold: float
+    of: tuple[str, str, str] | None = None
 
     def value(self, systems: Mapping[str, Mapping[str, Any]]) -> float | None:
         ours = systems.get(OURS)
@@ -36,99 +48,259 @@ class Condition:
         value = ours.get(self.metric)
         return None if value is None else float(value)
 
+    def limit(self, workloads: Mapping[str, Mapping[str, Any]]) -> float | None:
+        """The threshold in this run (None: the figure it is relative to was not measured)."""
+        if self.of is None:
+            return self.threshold
+        workload, system, key = self.of
+        measure = workloads.get(workload, {}).get("systems", {}).get(system)
+        if not is_available(measure) or measure.get(key) is None:  # type: ignore[union-attr]
+            return None
+        return self.threshold * float(measure[key])  # type: ignore[index]
+
 
 @dataclass(frozen=True)
 class Target:
-    """A performance target of the design on one workload: every condition must hold."""
+    """One part of a DESIGN.md §7 target judged on one workload: every condition must hold.
+
+    ``workload`` None: no workload measures it; ``why`` says so in the report.
+    """
 
     label: str
+    workload: str | None
+    conditions: tuple[Condition, ...] = ()
+    why: str = ""
+
+
+@dataclass(frozen=True)
+class DesignRow:
+    """A row of DESIGN.md §7, in its words, and the parts of it the benchmark judges."""
+
     workload: str
-    conditions: tuple[Condition, ...]
+    target: str
+    parts: tuple[Target, ...]
 
 
-def _pull_target(kind: str, phase: str) -> Target:
+def _s3(what: str) -> str:
+    return f"s3_{INJECTED}_{what}"
+
+
+def _pull_part(kind: str, phase: str) -> Target:
     where = "random offsets" if kind == "random" else "tail"
     return Target(
-        f"pull 32 from a 1M-message store ({where}, {phase} compaction): p50 <= 10 ms, p99 <= 50 ms",
+        f"local, {where}, {phase} compaction: p50 <= 1 ms and within 2x of Redis, p99 <= 5 ms",
         f"pull_{kind}_{phase}",
-        (Condition("p50_ms", "<=", 10), Condition("p99_ms", "<=", 50)),
+        (Condition("p50_ms", "<=", 1), Condition(f"ratio:{REDIS}", "<=", 2), Condition("p99_ms", "<=", 5)),
     )
 
 
-TARGETS: tuple[Target, ...] = (
-    Target("batched produce, 1 KiB: >= 150k msg/s", "produce_batched", (Condition("msg_s", ">=", 150_000),)),
-    Target(
-        "batched produce: >= 50 % of bare write_deltalake",
-        "produce_batched",
-        (Condition(f"ratio:{BARE}", ">=", 0.5),),
+_RTT = INJECTED_RTT_MS
+# DESIGN.md §7, row by row, in its order and words (tests/test_bench.py compares them with DESIGN.md).
+DESIGN_TARGETS: tuple[DesignRow, ...] = (
+    DesignRow(
+        "batched produce, 1 KiB",
+        ">= 250k msg/s and >= 100 % of a bare `write_deltalake` (local; met 150k / 90 % on 2026-11-27: "
+        "182k, 130 %); >= 90 % of bare on object storage",
+        (
+            Target(
+                "local: >= 250k msg/s and >= 100 % of a bare write_deltalake",
+                "produce_batched",
+                (Condition("msg_s", ">=", 250_000), Condition(f"ratio:{BARE}", ">=", 1.0)),
+            ),
+            Target(
+                f"object storage ({_RTT:g} ms injected round trips): >= 90 % of bare on the same server",
+                _s3("produce_batched"),
+                (Condition(f"ratio:{BARE}", ">=", 0.9),),
+            ),
+        ),
     ),
-    Target("single synchronous send: p50 <= 30 ms", "send_sync", (Condition("p50_ms", "<=", 30),)),
-    Target("async producer with linger: >= 20k msg/s", "send_async", (Condition("msg_s", ">=", 20_000),)),
-    _pull_target("random", "before"),
-    _pull_target("tail", "before"),
-    _pull_target("random", "after"),
-    _pull_target("tail", "after"),
-    Target(
-        "end to end through the running dispatch job: p50 <= 1 s, p99 <= 3 s",
-        "end_to_end",
-        (Condition("p50_ms", "<=", 1000), Condition("p99_ms", "<=", 3000)),
+    DesignRow(
+        "sync send / async with linger (local)",
+        "p50 <= RocketMQ's own sync send through its Java client on the same machine (1 ms) / >= 100k msg/s",
+        (
+            Target(
+                "sync send p50 <= RocketMQ's sync send p50 through its Java client, same run",
+                "send_sync",
+                (Condition("p50_ms", "<=", 1.0, of=("wire_sync", ROCKETMQ, "p50_ms")),),
+            ),
+            Target("async with linger: >= 100k msg/s", "send_async", (Condition("msg_s", ">=", 100_000),)),
+            Target(
+                f"object storage (issue 25's target beside §7): sync send p50 within 2 round trips + 10 ms "
+                f"({2 * _RTT + 10:g} ms)",
+                _s3("send_sync"),
+                (Condition("p50_ms", "<=", 2 * _RTT + 10),),
+            ),
+        ),
     ),
-    Target("delayed delivery lateness: p99 <= 1.5 s", "delay_lateness", (Condition("p99_ms", "<=", 1500),)),
-    Target("Spark batch replay: >= 1M msg/s", "replay", (Condition("msg_s", ">=", 1_000_000),)),
-    Target(
-        "Spark batch replay: >= 70 % of a native Delta scan",
-        "replay",
-        (Condition(f"ratio:{BARE}", ">=", 0.7),),
+    DesignRow(
+        "pull 32 from a 1M store",
+        "local p50 <= 1 ms (within 2x of Redis), p99 <= 5 ms, before and after compaction; object storage "
+        "p50 <= 3 round trips",
+        (
+            _pull_part("random", "before"),
+            _pull_part("tail", "before"),
+            _pull_part("random", "after"),
+            _pull_part("tail", "after"),
+            Target(
+                f"object storage: p50 <= 3 round trips ({3 * _RTT:g} ms)",
+                _s3("pull"),
+                (Condition("p50_ms", "<=", 3 * _RTT),),
+            ),
+        ),
     ),
-    Target(
-        "topic-filtered SELECT over messages: within 1.5x of the bare Delta table",
-        "select_topic",
-        (Condition(f"ratio:{BARE}", ">=", 1 / 1.5),),
+    DesignRow(
+        "per-message ack, 4 consumer processes, batches of 32",
+        ">= 25 % of Redis Streams XREADGROUP + XACK, every message delivered",
+        (
+            Target(
+                ">= 25 % of Redis XREADGROUP + XACK, every message delivered",
+                "ack_4proc",
+                (Condition(f"ratio:{REDIS}", ">=", 0.25),),
+            ),
+        ),
     ),
-    Target(
-        "df.write.format('mq'), 4 partitions: >= 60 % of the batched producer",
-        "spark_sink",
-        (Condition(f"ratio:{BARE}", ">=", 0.6),),
+    DesignRow(
+        "send -> pullable, broker jobs running",
+        "local p50 <= 50 ms, p99 <= 200 ms (met 200 ms on 2026-11-27: 177 ms; RocketMQ's reput dispatches "
+        "within milliseconds); object storage with 20 ms injected round trips p50 <= 250 ms, p99 <= 500 ms",
+        (
+            Target(
+                "local: p50 <= 50 ms, p99 <= 200 ms",
+                "end_to_end",
+                (Condition("p50_ms", "<=", 50), Condition("p99_ms", "<=", 200)),
+            ),
+            Target(
+                f"object storage, {_RTT:g} ms injected round trips: p50 <= 250 ms, p99 <= 500 ms",
+                _s3("end_to_end"),
+                (Condition("p50_ms", "<=", 250), Condition("p99_ms", "<=", 500)),
+            ),
+        ),
     ),
-    Target(
-        "per-message ack, 4 processes, batches of 32: >= 25 % of Redis XREADGROUP + XACK",
-        "ack_4proc",
-        (Condition(f"ratio:{REDIS}", ">=", 0.25),),
+    DesignRow(
+        "delayed delivery lateness",
+        "p99 <= 300 ms (met 1 s on 2026-11-27: 806 ms)",
+        (Target("p99 <= 300 ms", "delay_lateness", (Condition("p99_ms", "<=", 300),)),),
     ),
-    Target(
-        "receive(max_nums=1) + ack, one consumer: >= 500 msg/s",
-        "ack_single",
-        (Condition("msg_s", ">=", 500),),
+    DesignRow(
+        "Spark replay of 1 KiB messages",
+        ">= 90 % of a native Delta scan of the same rows (and on a cluster, the scan's per-core rate times "
+        "cores)",
+        (
+            Target(
+                ">= 90 % of a native Delta scan of the same rows",
+                "replay",
+                (Condition(f"ratio:{BARE}", ">=", 0.9),),
+            ),
+            Target(
+                "on a cluster: the scan's per-core rate times cores",
+                None,
+                why="the benchmark runs Spark in local mode; no workload replays on a cluster",
+            ),
+        ),
     ),
-    Target(
-        "creating a topic: within 3x one synchronous send", "topic_create", (Condition("x_send", "<=", 3),)
+    DesignRow(
+        "8 writer processes, object storage with injected round trips",
+        "4 shards >= 2.5x one shard, none gives up",
+        (
+            Target(
+                f"4 shards >= 2.5x one shard, none gives up ({_RTT:g} ms injected round trips)",
+                _s3(f"writers_{SHARDS}"),
+                (
+                    Condition("x_one_shard", ">=", 2.5),
+                    Condition("gave_up", "<=", 0),
+                    Condition("failures", "<=", 0),
+                ),
+            ),
+            Target(
+                "one shard: none gives up",
+                _s3("writers_1"),
+                (Condition("gave_up", "<=", 0), Condition("failures", "<=", 0)),
+            ),
+        ),
     ),
-    Target(
-        "synchronous send with 10,000 topics: within 1.5x of one topic",
-        "send_many_topics",
-        (Condition("x_one_topic", "<=", 1.5),),
+    DesignRow(
+        "topics",
+        "create one in about one commit; 10,000 topics; commit metadata <= 4 KiB",
+        (
+            Target(
+                "create one in about one commit (p50 within 1.5x one synchronous send)",
+                "topic_create",
+                (Condition("x_send", "<=", 1.5),),
+            ),
+            Target(
+                "10,000 topics (a synchronous send among them within 1.5x of one topic)",
+                "send_many_topics",
+                (Condition("x_one_topic", "<=", 1.5),),
+            ),
+            Target("commit metadata <= 4 KiB", "commit_metadata", (Condition("commit_bytes", "<=", 4096),)),
+        ),
     ),
-    Target(
-        "commit metadata with 300 topics x 4 queues in use: <= 4 KiB",
-        "commit_metadata",
-        (Condition("commit_bytes", "<=", 4096),),
+    DesignRow(
+        "wire, the same unmodified RocketMQ client against the real broker",
+        "one sync send p50 <= 2x RocketMQ's; threads, batches, push consumer >= 50 % of RocketMQ's "
+        "throughput",
+        (
+            Target(
+                "one sync send p50 <= 2x RocketMQ's", "wire_sync", (Condition(f"ratio:{ROCKETMQ}", "<=", 2),)
+            ),
+            Target(
+                "threads: >= 50 % of RocketMQ's throughput",
+                "wire_sync_rate",
+                (Condition(f"ratio:{ROCKETMQ}", ">=", 0.5),),
+            ),
+            Target(
+                "batches: >= 50 % of RocketMQ's throughput",
+                "wire_batch",
+                (Condition(f"ratio:{ROCKETMQ}", ">=", 0.5),),
+            ),
+            Target(
+                "push consumer: >= 50 % of RocketMQ's throughput",
+                "wire_consume",
+                (Condition(f"ratio:{ROCKETMQ}", ">=", 0.5),),
+            ),
+        ),
     ),
-    Target(
-        "synchronous send with SYNC_FLUSH: within 2x of ASYNC_FLUSH",
-        "send_sync_flush",
-        (Condition("x_async_flush", "<=", 2),),
-    ),
-    Target(
-        "8 writers without the host lock: 4 shards >= 2.5x one shard",
-        "contention_shards",
-        (Condition("x_one_shard", ">=", 2.5), Condition("gave_up", "<=", 0)),
-    ),
-    Target(
-        "8 writers without the host lock, one shard: none gives up",
-        "contention_racing",
-        (Condition("gave_up", "<=", 0),),
+    DesignRow(
+        "a consumer dies (clustering, any door)",
+        "its queues consumed by the others within 5 s",
+        (
+            Target(
+                "its queues consumed by the others within 5 s",
+                None,
+                why="no workload of the benchmark kills a consumer yet",
+            ),
+        ),
     ),
 )
+TARGETS: tuple[Target, ...] = tuple(part for row in DESIGN_TARGETS for part in row.parts)
+# Where DESIGN.md is (the shared design beside the clone), and the copy of its §7 kept in the repository
+DESIGN_MD = Path(__file__).resolve().parents[2] / "shared" / "DESIGN.md"
+DESIGN_COPY = Path(__file__).resolve().parent / "design_targets.md"
+
+
+def design_section(markdown: str) -> str:
+    """Section 7 (targets) of DESIGN.md: from its heading to the next ``## `` heading."""
+    start = markdown.find("\n## 7.")
+    if start < 0 and markdown.startswith("## 7."):
+        start = -1
+    elif start < 0:
+        raise ValueError("DESIGN.md has no section '## 7.'")
+    end = markdown.find("\n## ", start + 2)
+    return markdown[start + 1 : None if end < 0 else end].strip() + "\n"
+
+
+def design_rows(markdown: str) -> list[tuple[str, str]]:
+    """The (workload, target) rows of the targets table of DESIGN.md §7, in order (``markdown`` is
+    the whole document or the section alone)."""
+    rows = []
+    for line in design_section(markdown).splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if not line.startswith("|") or len(cells) != 2:
+            continue
+        if cells == ["workload", "target"] or set(cells[0]) <= {"-", ":"}:
+            continue
+        rows.append((cells[0], cells[1]))
+    return rows
 
 
 def fmt_ms(value: float) -> str:
@@ -145,6 +317,8 @@ def fmt_value(metric: str, value: float) -> str:
         return f"{value:.2f}x {metric.removeprefix('x_').replace('_', ' ')}"
     if metric == "gave_up":
         return f"{value:,.0f} gave up"
+    if metric == "failures":
+        return f"{value:,.0f} failed"
     if metric.endswith("_bytes"):
         return f"{value:,.0f} B"
     if metric.startswith("ratio:"):
@@ -155,19 +329,32 @@ def fmt_value(metric: str, value: float) -> str:
 
 
 def evaluate(target: Target, workloads: Mapping[str, Mapping[str, Any]]) -> tuple[str, bool | None]:
-    """What was measured for a target, and whether it is met (None: not measured)."""
+    """What was measured for a target, and whether it is met (None: not measured, and why)."""
+    if target.workload is None:
+        return f"not measured: {target.why}", None
     workload = workloads.get(target.workload)
     if workload is None:
-        return "not measured", None
+        return f"not measured: the `{target.workload}` workload did not run", None
     systems = workload["systems"]
+    ours = systems.get(OURS)
+    if ours is not None and not is_available(ours):
+        return f"not measured: {ours['unavailable']}", None
     parts, met = [], True
     for condition in target.conditions:
         value = condition.value(systems)
         if value is None:
-            return "not measured", None
-        parts.append(fmt_value(condition.metric, value))
-        met = met and _OPS[condition.op](value, condition.threshold)
-    missing = systems.get(OURS, {}).get("missing")
+            peer = condition.metric.removeprefix("ratio:")
+            return f"not measured: no {peer} figure in `{target.workload}`", None
+        limit = condition.limit(workloads)
+        if limit is None:
+            workload_id, system, _ = condition.of or ("", "", "")
+            return f"not measured: no {system} figure (`{workload_id}`) in this run", None
+        text = fmt_value(condition.metric, value)
+        if condition.of is not None:
+            text += f" ({condition.of[1]}: {fmt_value(condition.metric, limit / condition.threshold)})"
+        parts.append(text)
+        met = met and _OPS[condition.op](value, limit)
+    missing = (ours or {}).get("missing")
     if missing:
         parts.append(f"{missing} messages never seen")
         met = False
@@ -319,22 +506,26 @@ def render(results: Mapping[str, Any]) -> str:
     if results.get("context_note"):
         out += [results["context_note"], ""]
     out += [
-        "## Targets",
+        "## Targets (DESIGN.md §7)",
         "",
-        f"**{len(met)} of {len(TARGETS)} targets met.**"
-        + (f" Not met: {'; '.join(t.label for t in missed)}." if missed else "")
-        + (f" Not measured: {'; '.join(t.label for t in unmeasured)}." if unmeasured else ""),
+        f"**{len(met)} of {len(TARGETS)} targets met** ({len(DESIGN_TARGETS)} rows of DESIGN.md §7, "
+        f"{len(missed)} not met, {len(unmeasured)} not measured)."
+        + (f" Not met: {'; '.join(_part_name(t) for t in missed)}." if missed else ""),
         "",
-        "| target | lakemq measured | vs bare delta-rs | vs Redis Streams | verdict |",
-        "|---|---|---:|---:|---|",
+        "| §7 workload | §7 target | judged here | lakemq measured | verdict |",
+        "|---|---|---|---|---|",
     ]
-    for target, measured, ok in evaluated:
-        workload = by_id.get(target.workload)
-        bare = _ratio_cell(workload, BARE) if workload else "—"
-        red = _ratio_cell(workload, REDIS) if workload else "—"
-        out.append(f"| {target.label} | {measured} | {bare} | {red} | **{verdict(ok)}** |")
-    out += ["", _how_ratios_read(), "", *rocketmq_section(results), "## Workloads", ""]
+    verdicts = iter(evaluated)
+    for row in DESIGN_TARGETS:
+        for i, _ in enumerate(row.parts):
+            target, measured, ok = next(verdicts)
+            head = f"{row.workload} | {row.target}" if i == 0 else " | "
+            out.append(f"| {head} | {target.label} | {measured} | **{verdict(ok)}** |")
+    out += ["", _how_ratios_read(), "", *rocketmq_section(results), *object_storage_section(results)]
+    out += ["## Workloads", ""]
     for workload in results["workloads"]:
+        if "profile" in workload:  # an object-storage workload: in its own section
+            continue
         out += [f"### {workload['title']}", "", *workload_table(workload), ""]
         out += [f"- {note}" for note in workload.get("notes", ())]
         out += [""]
@@ -349,7 +540,80 @@ def render(results: Mapping[str, Any]) -> str:
 def console_rows(results: Mapping[str, Any]) -> Sequence[tuple[str, str, str]]:
     """(target, measured, verdict) for the summary printed at the end of a run."""
     by_id = {w["id"]: w for w in results["workloads"]}
-    return [(t.label, m, verdict(ok)) for t, m, ok in ((t, *evaluate(t, by_id)) for t in TARGETS)]
+    return [(_part_name(t), m, verdict(ok)) for t, m, ok in ((t, *evaluate(t, by_id)) for t in TARGETS)]
+
+
+def _part_name(target: Target) -> str:
+    row = next(r for r in DESIGN_TARGETS if target in r.parts)
+    return f"{row.workload}: {target.label}"
+
+
+def _s3_cell(measure: Mapping[str, Any] | None) -> str:
+    """One system's figures on object storage: rate or latency, requests per operation, round trips."""
+    if measure is None:
+        return "—"
+    if not is_available(measure):
+        return f"not available: {measure['unavailable']}"
+    latency_text = ""
+    if "p50_ms" in measure:
+        latency_text = f"p50 {fmt_ms(float(measure['p50_ms']))}, p99 {fmt_ms(float(measure['p99_ms']))}"
+        if "p50_rtts" in measure:
+            latency_text += f" ({measure['p50_rtts']:g} / {measure['p99_rtts']:g} round trips)"
+    if "msg_s" in measure:
+        text = f"{measure['msg_s']:,} msg/s" + (f" (one send: {latency_text})" if latency_text else "")
+    else:
+        text = latency_text
+    if "requests_per_op" in measure:
+        text += f"; {measure['requests_per_op']:g} requests per op"
+    if "gave_up" in measure:
+        text += f"; {measure['gave_up']} gave up, {measure.get('conflicts', 0)} lost races"
+    if "x_one_shard" in measure:
+        text += f"; {measure['x_one_shard']:.2f}x one shard"
+    if measure.get("failures"):
+        text += f"; {measure['failures']} failed ({measure.get('first_failure', '')})"
+    if measure.get("missing"):
+        text += f"; {measure['missing']} never seen"
+    return text
+
+
+def object_storage_section(results: Mapping[str, Any]) -> list[str]:
+    """The object-storage workloads (``bench/workloads/object_store.py``), both profiles side by side;
+    empty when the run had none."""
+    s3 = [w for w in results["workloads"] if "profile" in w]
+    if not s3:
+        return []
+    profiles = list(dict.fromkeys(w["profile"] for w in s3))
+    out = [
+        "## Object storage",
+        "",
+        "lakemq on SeaweedFS's S3 gateway on 127.0.0.1, every request through a proxy that counts it and, in "
+        f"the injected profile, holds it {INJECTED_RTT_MS:g} ms first (the round trip of a cloud object "
+        "store); bare delta-rs on the same server through the same proxy. Latencies are also given in "
+        "injected round trips. The §7 object-storage targets are judged on the injected profile.",
+        "",
+        "| workload | " + " | ".join(f"{p} lakemq | {p} bare delta-rs" for p in profiles) + " |",
+        "|---|" + "---|---|" * len(profiles),
+    ]
+    whats = list(dict.fromkeys(w["what"] for w in s3))
+    by_key = {(w["profile"], w["what"]): w for w in s3}
+    for what in whats:
+        cells = []
+        title = ""
+        for profile in profiles:
+            workload = by_key.get((profile, what))
+            systems = workload["systems"] if workload else {}
+            title = title or (workload["title"].split(": ", 1)[-1] if workload else what)
+            bare = systems.get(BARE)
+            if bare is not None and is_available(bare) and workload is not None:
+                ratio_text = _ratio_cell(workload, BARE)
+                bare_text = f"{_s3_cell(bare)} (lakemq: {ratio_text})"
+            else:
+                bare_text = _s3_cell(bare)
+            cells += [_s3_cell(systems.get(OURS)), bare_text]
+        out.append(f"| {title} | " + " | ".join(cells) + " |")
+    notes = list(dict.fromkeys(n for w in s3 for n in w.get("notes", ()) if not n.startswith("SeaweedFS")))
+    out += ["", *[f"- {note}" for note in notes], ""]
+    return out
 
 
 SOAK_START, SOAK_END = "<!-- soak: written by bench/soak.py -->", "<!-- /soak -->"

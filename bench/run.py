@@ -6,8 +6,9 @@
 Works unattended (no stdin). Everything it creates lives in one temporary directory that is removed
 at the end, and the Redis server, the broker process, the real RocketMQ name server and broker and
 `mq serve` it starts are stopped, also on an error, Ctrl-C or SIGTERM (the wire step, ``--only
-wire``, needs Maven and Java 17: see bench/workloads/wire.py). Results: BENCHMARKS.md at the
-repository root and bench/results/latest.json.
+wire``, needs Maven and Java 17: see bench/workloads/wire.py; the object-storage step, ``--only s3``,
+SeaweedFS built by bin/seaweedfs-build.sh: see bench/workloads/object_store.py). Results:
+BENCHMARKS.md at the repository root and bench/results/latest.json.
 """
 
 from __future__ import annotations
@@ -38,7 +39,19 @@ from rich.table import Table  # noqa: E402
 
 from bench import machine, report  # noqa: E402
 from bench.peers import RedisServer  # noqa: E402
-from bench.workloads import Context, Sizes, ack, contention, flow, produce, pull, replay, topics, wire  # noqa: E402
+from bench.workloads import (  # noqa: E402
+    Context,
+    Sizes,
+    ack,
+    contention,
+    flow,
+    object_store,
+    produce,
+    pull,
+    replay,
+    topics,
+    wire,
+)
 
 Step = Callable[[Context], list[dict[str, Any]]]
 # (name, function, needs the big store built by "produce")
@@ -54,6 +67,7 @@ STEPS: tuple[tuple[str, Step, bool], ...] = (
     ("flush", topics.sync_flush, False),
     ("contention", contention.contention, False),
     ("wire", wire.wire, False),
+    ("s3", object_store.object_store, False),
 )
 DESCRIPTIONS = {
     "produce": "batched produce (builds the big store)",
@@ -67,6 +81,7 @@ DESCRIPTIONS = {
     "flush": "synchronous sends with SYNC_FLUSH vs ASYNC_FLUSH",
     "contention": "8 writer processes racing for the commit log, with and without the host lock",
     "wire": "RocketMQ's Java client: mq serve vs the real RocketMQ broker",
+    "s3": "object storage (SeaweedFS on loopback, with and without 20 ms injected per request)",
 }
 
 

@@ -49,6 +49,18 @@ class Sizes:
     # writer processes racing for one commit log (bench/workloads/contention.py)
     contention_writers: int = 8
     contention_sends: int = 100  # synchronous sends per writer
+    # object storage (bench/workloads/object_store.py), per profile
+    s3_sync_sends: int = 100
+    s3_batch_messages: int = 2_000  # messages per send_batch
+    s3_batches: int = 10
+    s3_async_messages: int = 5_000
+    s3_pulls: int = 100
+    s3_ack_messages: int = 2_000
+    s3_e2e_seconds: float = 20.0  # 0: not run
+    s3_e2e_rate: float = 5.0
+    s3_e2e_loopback: bool = True  # also with the broker in the loopback profile (a Spark start each)
+    s3_writers: int = 8
+    s3_writer_sends: int = 20
 
     @classmethod
     def quick(cls) -> Sizes:
@@ -67,6 +79,14 @@ class Sizes:
             wire_sync_messages=1_000,
             wire_batch_messages=10_000,
             contention_sends=20,
+            s3_sync_sends=30,
+            s3_batches=3,
+            s3_async_messages=1_500,
+            s3_pulls=30,
+            s3_ack_messages=500,
+            s3_e2e_seconds=6.0,
+            s3_writer_sends=5,
+            s3_e2e_loopback=False,
         )
 
 

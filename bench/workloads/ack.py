@@ -152,6 +152,8 @@ def _lakemq_processes(root: str, total: int) -> tuple[Measure, Measure, Measure,
         "errors": errors,
     }
     whole = {**rate(consumed, finished - began), **covered}
+    if covered["undelivered"]:  # §7: every message delivered
+        whole["missing"] = covered["undelivered"]
     first = rate(consumed // 2, half - began)
     second = rate(consumed - consumed // 2, stamps[-1] - half if stamps else 1.0)
     return whole, first, second, info

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import queue
 import shutil
 import tempfile
 import time
@@ -41,15 +42,45 @@ def _config(root: str, shards: int) -> EngineConfig:
 
 
 def _writer(
-    root: str, worker: int, sends: int, batch: int, lock: bool, shards: int, ready: Any, start: Any, out: Any
+    root: str,
+    worker: int,
+    sends: int,
+    batch: int,
+    lock: bool,
+    shards: int,
+    ready: Any,
+    start: Any,
+    out: Any,
+    storage: dict[str, str] | None = None,
 ) -> None:
     os.environ["MQ_SEQUENCER_LOCK"] = "1" if lock else "0"
+    try:
+        result = _writes(root, worker, sends, batch, shards, ready, start, storage)
+    except Exception as exc:  # the parent reports it instead of waiting for a writer that is gone
+        why = f"writer {worker}: {type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
+        ready.put(why)
+        out.put({"error": why})
+        return
+    out.put(result)
+
+
+def _writes(
+    root: str,
+    worker: int,
+    sends: int,
+    batch: int,
+    shards: int,
+    ready: Any,
+    start: Any,
+    storage: dict[str, str] | None,
+) -> dict[str, Any]:
     from engine import CommitConflictError, Message, Producer, Store
 
-    store = Store.open(root, config=_config(root, shards))
+    store = Store.open(root, storage_options=storage, config=_config(root, shards))
     body = os.urandom(BODY)
     latencies: list[float] = []
-    gave_up = 0
+    gave_up = failed = 0
+    first_failure = ""
     with Producer(store) as producer:
         producer.send(Message(TOPIC, body))  # warm-up: tables opened, topic cached
         ready.put(worker)
@@ -66,56 +97,98 @@ def _writer(
                     )
             except CommitConflictError:
                 gave_up += 1
+            except Exception as exc:  # any other refusal is counted, not fatal: the run goes on
+                failed += 1
+                first_failure = first_failure or f"{type(exc).__name__}: {str(exc)[:200]}"
             latencies.append((time.perf_counter() - t) * 1000)
         ended, cpu = time.time(), time.process_time() - cpu
         conflicts = producer.lost_races
-    out.put(
-        {
-            "began": began,
-            "ended": ended,
-            "cpu": cpu,
-            "lat": latencies,
-            "gave_up": gave_up,
-            "conflicts": conflicts,
-        }
-    )
+    return {
+        "began": began,
+        "ended": ended,
+        "cpu": cpu,
+        "lat": latencies,
+        "gave_up": gave_up,
+        "conflicts": conflicts,
+        "failed": failed,
+        "first_failure": first_failure,
+    }
+
+
+def _collect(box: Any, procs: list[Any], count: int, timeout_s: float) -> list[Any]:
+    """``count`` items from ``box``; raises when a writer reported an error, died, or time ran out."""
+    items: list[Any] = []
+    deadline = time.monotonic() + timeout_s
+    while len(items) < count:
+        try:
+            item = box.get(timeout=2)
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                raise RuntimeError(f"{len(dead)} writer process(es) died (exit code {dead[0]})") from None
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the writers took over {timeout_s:.0f} s") from None
+            continue
+        if isinstance(item, str) or (isinstance(item, dict) and "error" in item):
+            raise RuntimeError(item if isinstance(item, str) else item["error"])
+        items.append(item)
+    return items
 
 
 def run(
-    writers: int, sends: int, batch: int = 1, *, lock: bool, shards: int = 1, workdir: Path | None = None
+    writers: int,
+    sends: int,
+    batch: int = 1,
+    *,
+    lock: bool,
+    shards: int = 1,
+    workdir: Path | None = None,
+    root: str | None = None,
+    storage: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """One contention run in a fresh store under ``workdir``; the measure (see the module docstring)."""
+    """One contention run; the measure (see the module docstring).
+
+    The store is fresh: under ``workdir`` (removed after), or at ``root`` (an object-store URI
+    with its ``storage`` options, left for the caller to drop).
+    """
     from engine import Admin, Store
 
-    scratch = Path(tempfile.mkdtemp(prefix="lakemq-contention-", dir=workdir))
+    scratch = None if root else Path(tempfile.mkdtemp(prefix="lakemq-contention-", dir=workdir))
     try:
-        root = str(scratch / "store")
-        store = Store.open(root, config=_config(root, shards))
+        root = root or str(Path(str(scratch)) / "store")
+        store = Store.open(root, storage_options=storage, config=_config(root, shards))
         Admin(store).create_topic(TOPIC, QUEUES)
         ctx = mp.get_context("spawn")
         ready, start, out = ctx.Queue(), ctx.Event(), ctx.Queue()
         procs = [
-            ctx.Process(target=_writer, args=(root, w, sends, batch, lock, shards, ready, start, out))
+            ctx.Process(
+                target=_writer, args=(root, w, sends, batch, lock, shards, ready, start, out, storage)
+            )
             for w in range(writers)
         ]
         for p in procs:
             p.start()
         try:
-            for _ in procs:
-                ready.get(timeout=300)
+            _collect(ready, procs, len(procs), 300)
             start.set()
-            results = [out.get(timeout=1800) for _ in procs]
+            results = _collect(out, procs, len(procs), 1800)
+        except BaseException:
+            for p in procs:  # a writer that never got the start signal would wait for ever
+                p.kill()
+            raise
         finally:
             for p in procs:
                 p.join(60)
                 if p.is_alive():
                     p.kill()
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
     lat = [x for r in results for x in r["lat"]]
+    failures = sum(r["failed"] for r in results)
     wall = max(r["ended"] for r in results) - min(r["began"] for r in results)
     return {
-        **rate(writers * sends * batch, wall),
+        **rate((writers * sends - failures) * batch, wall),
         "writers": writers,
         "lock": lock,
         "shards": shards,
@@ -124,6 +197,8 @@ def run(
         "max_ms": round(max(lat), 1),
         "conflicts": sum(r["conflicts"] for r in results),
         "gave_up": sum(r["gave_up"] for r in results),
+        "failures": failures,
+        "first_failure": next((r["first_failure"] for r in results if r["first_failure"]), ""),
         # the writers' CPU per message, and the cores they kept busy on average
         "cpu_ms": round(sum(r["cpu"] for r in results) * 1000 / max(writers * sends * batch, 1), 1),
         "cores": round(sum(r["cpu"] for r in results) / max(wall, 1e-9), 2),
@@ -138,7 +213,8 @@ def describe(measure: dict[str, Any]) -> str:
         f"{measure['shards']} shard{'s' if measure['shards'] != 1 else ''}: {measure['msg_s']:,} msg/s, "
         f"send p50 {measure['p50_ms']} ms / p99 {measure['p99_ms']} ms / max {measure['max_ms']} ms, "
         f"{measure['conflicts']} lost races, {measure['gave_up']} gave up, "
-        f"{measure['cpu_ms']} ms of writer CPU per message ({measure['cores']} cores busy)."
+        + (f"{measure['failures']} failed ({measure['first_failure']}), " if measure.get("failures") else "")
+        + f"{measure['cpu_ms']} ms of writer CPU per message ({measure['cores']} cores busy)."
     )
 
 

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -116,12 +116,19 @@ def delays_of(refs: list[float], seen: dict[int, float]) -> Measure:
 class Broker:
     """``jobs/broker.py`` running as its own process (and Spark application) until stopped."""
 
-    def __init__(self, store_path: Path, log_path: Path, jobs: str = BROKER_JOBS) -> None:
+    def __init__(
+        self,
+        store_path: Path | str,
+        log_path: Path,
+        jobs: str = BROKER_JOBS,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.store_path, self.log_path, self.jobs = store_path, log_path, jobs
+        self.env = dict(env or {})  # e.g. MQ_STORAGE_<KEY> for an object-store root: never on argv
         self.proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> Broker:
-        env = {**os.environ}
+        env = {**os.environ, **self.env}
         env.setdefault("PYSPARK_PYTHON", sys.executable)
         env.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
         env.setdefault("SPARK_CONF_DIR", str(ROOT / "conf"))

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Mapping
@@ -23,12 +24,17 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 import pyarrow.fs as pa_fs
 from deltalake._internal import DeltaFileSystemHandler
 
-from engine.errors import StoreError
+from engine.errors import (
+    BucketNotFoundError,
+    StoreAccessDeniedError,
+    StoreError,
+    StoreUnreachableError,
+)
 
 
 @dataclass(frozen=True)
@@ -52,15 +58,80 @@ def _handler(root: str, options_key: tuple[tuple[str, str], ...]) -> DeltaFileSy
 
 
 def _remote(root: str, storage_options: Mapping[str, str] | None) -> DeltaFileSystemHandler:
+    # A root with a trailing slash (delta-rs's table URIs have one) makes the handler read empty
+    # objects: it is cut off, as every root of the store is given without one.
     try:
-        return _handler(root, tuple(sorted((storage_options or {}).items())))
+        return _handler(root.rstrip("/"), tuple(sorted((storage_options or {}).items())))
     except Exception as exc:  # delta-rs's errors: an unknown scheme, bad options
-        raise StoreError(f"cannot reach {root}: {_one_line(exc)}", path=root, cause=exc) from exc
+        raise storage_failure(exc, f"cannot reach {root}", root, path=root) from exc
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_ENDPOINT = re.compile(r"\b(https?://[^/\s]+)")
+_DENIED = (
+    "lacked the necessary privileges",
+    "accessdenied",
+    "signaturedoesnotmatch",
+    "invalidaccesskeyid",
+    "403 forbidden",
+)
+_UNREACHABLE = (
+    "tcp connect error",
+    "connection refused",
+    "dns error",
+    "failed to lookup address",
+    "operation timed out",
+    "connection reset",
+    "error sending request",
+)
 
 
 def _one_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())
+    """An error of delta-rs or object_store (a multi-line chain of causes, colour codes, an XML
+    body) as one line: its first line and its innermost cause, at most 300 characters."""
+    lines = [" ".join(line.replace("↳", " ").split()) for line in _ANSI.sub("", str(exc)).splitlines()]
+    lines = [line for line in lines if line and not line.startswith("<")]
+    text = lines[0] if lines else type(exc).__name__
+    if len(lines) > 1 and lines[-1] != text:
+        text = f"{text} ... {lines[-1]}"
     return text if len(text) <= 300 else text[:297] + "..."
+
+
+def storage_failure(exc: BaseException, message: str, uri: str, **context: Any) -> StoreError:
+    """The engine's error for a failure of delta-rs or its object store at ``uri``, in one line:
+    :class:`BucketNotFoundError` (naming the bucket), :class:`StoreAccessDeniedError`,
+    :class:`StoreUnreachableError` (naming the endpoint), else a :class:`StoreError` reading
+    ``message: <the failure's first line and innermost cause>``."""
+    raw = _ANSI.sub("", str(exc))
+    low = raw.lower()
+    bucket = urlsplit(uri).netloc if "://" in uri else ""
+    if "nosuchbucket" in low or "bucket does not exist" in low:
+        return BucketNotFoundError(
+            f"bucket {bucket!r} does not exist (store location {uri}); create it first, or fix the URI",
+            bucket=bucket,
+            table=context.get("table", uri),
+            cause=exc,
+        )
+    if any(marker in low for marker in _DENIED):
+        code = next(
+            (c for c in ("SignatureDoesNotMatch", "InvalidAccessKeyId", "AccessDenied") if c in raw), "403"
+        )
+        return StoreAccessDeniedError(
+            f"access to {uri} was denied by the object store ({code}): check the storage credentials "
+            "and what they may do",
+            table=context.get("table", uri),
+            cause=exc,
+        )
+    if any(marker in low for marker in _UNREACHABLE):
+        found = _ENDPOINT.search(raw)
+        endpoint = found.group(1) if found else "?"
+        return StoreUnreachableError(
+            f"the object store of {uri} cannot be reached at {endpoint}: {_one_line(exc).split(' ... ')[-1]}",
+            endpoint=endpoint,
+            table=context.get("table", uri),
+            cause=exc,
+        )
+    return StoreError(f"{message}: {_one_line(exc)}", cause=exc, **context)
 
 
 def _not_found(exc: BaseException) -> bool:
@@ -96,7 +167,7 @@ def put_object(root: str, path: str, data: bytes, storage_options: Mapping[str, 
         except OSError as exc:
             with contextlib.suppress(OSError):
                 os.unlink(temporary)
-            raise StoreError(f"cannot write {root}/{path}: {_one_line(exc)}", path=path, cause=exc) from exc
+            raise storage_failure(exc, f"cannot write {root}/{path}", root, path=path) from exc
         return
     handler = _remote(root, storage_options)
     try:
@@ -106,7 +177,7 @@ def put_object(root: str, path: str, data: bytes, storage_options: Mapping[str, 
         finally:
             out.close()
     except Exception as exc:
-        raise StoreError(f"cannot write {root}/{path}: {_one_line(exc)}", path=path, cause=exc) from exc
+        raise storage_failure(exc, f"cannot write {root}/{path}", root, path=path) from exc
 
 
 def get_object(root: str, path: str, storage_options: Mapping[str, str] | None = None) -> bytes | None:
@@ -128,7 +199,7 @@ def get_object(root: str, path: str, storage_options: Mapping[str, str] | None =
     except Exception as exc:
         if _not_found(exc):
             return None
-        raise StoreError(f"cannot read {root}/{path}: {_one_line(exc)}", path=path, cause=exc) from exc
+        raise storage_failure(exc, f"cannot read {root}/{path}", root, path=path) from exc
 
 
 def list_objects(
@@ -160,7 +231,7 @@ def list_objects(
     except Exception as exc:
         if _not_found(exc):
             return []
-        raise StoreError(f"cannot list {root}/{prefix}: {_one_line(exc)}", path=prefix, cause=exc) from exc
+        raise storage_failure(exc, f"cannot list {root}/{prefix}", root, path=prefix) from exc
     return sorted(out, key=lambda info: info.path)
 
 
@@ -182,7 +253,7 @@ def delete_object(root: str, path: str, storage_options: Mapping[str, str] | Non
     except Exception as exc:
         if _not_found(exc):
             return
-        raise StoreError(f"cannot delete {root}/{path}: {_one_line(exc)}", path=path, cause=exc) from exc
+        raise storage_failure(exc, f"cannot delete {root}/{path}", root, path=path) from exc
 
 
 def delete_prefix(root: str, prefix: str, storage_options: Mapping[str, str] | None = None) -> None:
@@ -203,4 +274,4 @@ def delete_prefix(root: str, prefix: str, storage_options: Mapping[str, str] | N
     except Exception as exc:
         if _not_found(exc):
             return
-        raise StoreError(f"cannot delete {root}/{prefix}: {_one_line(exc)}", path=prefix, cause=exc) from exc
+        raise storage_failure(exc, f"cannot delete {root}/{prefix}", root, path=prefix) from exc

@@ -206,8 +206,8 @@ class S3Proxy:
                         "transfer-encoding",
                     ):
                         self.send_header(name, value)
-                head = [v for k, v in headers if k.lower() == "content-length"] if self.command == "HEAD" else []
-                self.send_header("Content-Length", head[0] if head else str(len(data)))  # HEAD: upstream's size
+                sized = [v for k, v in headers if k.lower() == "content-length" and self.command == "HEAD"]
+                self.send_header("Content-Length", sized[0] if sized else str(len(data)))  # HEAD: upstream's
                 self.end_headers()
                 if self.command != "HEAD" and data:
                     self.wfile.write(data)

@@ -129,11 +129,28 @@ def commit_next(
                 max_retries=0 if remote else max_retries,
             )
         except (CommitConflictError, StoreError, CommitStateUnknownError) as exc:
-            if not remote or not _landed_after_all(snapshot, base + 1, commit_id, exc):
+            holder = _commit_id_at(snapshot, base + 1, exc) if remote else None
+            if holder != commit_id:
                 if isinstance(exc, CommitConflictError) and attempt + 1 < attempts:
                     snapshot.refresh()
                     backoff(attempt)
                     continue
+                if (
+                    holder is None
+                    and remote
+                    and isinstance(exc, StoreError)
+                    and _commit_put_failed(exc, base + 1)
+                ):
+                    # The commit's own PUT failed without an answer (a timeout, 5xx to the last
+                    # retry) and the version is still free: a request still in flight may land
+                    # there. (Once another commit holds it, this one never can: a plain failure.)
+                    raise CommitStateUnknownError(
+                        f"commit to {snapshot.name} at version {base + 1} got no answer and is not "
+                        f"there yet; it may still land: {exc}",
+                        table=snapshot.name,
+                        version=base + 1,
+                        cause=exc,
+                    ) from exc
                 raise
             version = base + 1
             if not actions:
@@ -145,9 +162,15 @@ def commit_next(
     raise AssertionError("unreachable")  # pragma: no cover
 
 
-def _landed_after_all(snapshot: Snapshot, version: int, commit_id: str, failure: Exception) -> bool:
-    """Whether the commit at ``version`` is the one carrying ``commit_id`` (a commit whose answer was
-    lost). False when the version holds another writer's commit, or none.
+def _commit_put_failed(exc: StoreError, version: int) -> bool:
+    """Whether a failed write's error is the failure of the PUT of commit ``version`` itself
+    (object_store names the request it gave up on), not of a data file or a read before it."""
+    return f"_delta_log/{version:020d}.json" in str(exc.context.get("cause", exc))
+
+
+def _commit_id_at(snapshot: Snapshot, version: int, failure: Exception) -> str | None:
+    """The commit id (:data:`COMMIT_ID_KEY`) of the commit at ``version``: "" for a commit without
+    one, None when the version is free.
 
     Raises:
         CommitStateUnknownError: the commit at ``version`` cannot be read.
@@ -156,7 +179,7 @@ def _landed_after_all(snapshot: Snapshot, version: int, commit_id: str, failure:
     try:
         data = get_object(snapshot.uri, path, snapshot.storage_options)
         if data is None:
-            return False
+            return None
         actions = parse_commit(data.decode(), f"{snapshot.uri}/{path}", version)
     except (StoreError, ValueError) as exc:
         raise CommitStateUnknownError(
@@ -167,7 +190,8 @@ def _landed_after_all(snapshot: Snapshot, version: int, commit_id: str, failure:
             cause=exc,
         ) from exc
     info: object = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
-    return isinstance(info, Mapping) and info.get(COMMIT_ID_KEY) == commit_id
+    found = info.get(COMMIT_ID_KEY) if isinstance(info, Mapping) else None
+    return found if isinstance(found, str) else ""
 
 
 def _commit_once(

@@ -59,6 +59,7 @@ from engine.store.delta.objects import (
     get_object,
     list_objects,
     local_path,
+    object_exists,
     put_object,
 )
 from engine.store.delta.repair import commit_parses, repair_log
@@ -121,6 +122,7 @@ __all__ = [
     "listing_gap",
     "local_path",
     "log_gone",
+    "object_exists",
     "open_snapshot",
     "probe_latest_version",
     "put_object",

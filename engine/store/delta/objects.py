@@ -202,6 +202,27 @@ def get_object(root: str, path: str, storage_options: Mapping[str, str] | None =
         raise storage_failure(exc, f"cannot read {root}/{path}", root, path=path) from exc
 
 
+def object_exists(root: str, path: str, storage_options: Mapping[str, str] | None = None) -> bool:
+    """Whether the object ``path`` exists under ``root`` (one HEAD request on an object store).
+
+    Raises:
+        StoreError: the store cannot be asked.
+    """
+    _check(path)
+    local = local_path(root)
+    if local is not None:
+        return os.path.exists(os.path.join(local, *path.split("/")))
+    try:
+        _remote(root, storage_options).open_input_file(path)
+    except StoreError:
+        raise
+    except Exception as exc:
+        if _not_found(exc):
+            return False
+        raise storage_failure(exc, f"cannot look for {root}/{path}", root, path=path) from exc
+    return True
+
+
 def list_objects(
     root: str, prefix: str, storage_options: Mapping[str, str] | None = None
 ) -> list[ObjectInfo]:

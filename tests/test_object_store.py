@@ -44,6 +44,7 @@ from engine.store import schemas
 from engine.store.commit_log import hwm as commit_log_marks
 from engine.store.commit_log import saved_marks
 from engine.store.delta import delete_object, delete_prefix, get_object, list_objects, put_object
+from engine.store.delta.objects import storage_failure
 from engine.store.maintenance import listing
 from engine.store.staging import drop_write, new_write_id, read_staged, stage, staged_files
 from engine.store.status import JobStatus, read_statuses, write_status
@@ -176,7 +177,15 @@ def test_a_commit_log_checkpoint_saves_the_marks_and_they_load_back(any_store: S
     loaded = saved_marks.load(latest.uri, any_store.storage_options, latest.version())
     assert loaded is not None and loaded[0] == latest.version()
     assert loaded[1].to_json() == commit_log_marks.read_hwm(latest).to_json()
-    with Producer(Store.open(any_store.root, any_store.storage_options), "P2") as producer:
+    # A log cleanup: the commits before the checkpoint are deleted, as delta-rs's cleanup does.
+    log = any_store.uri(schemas.COMMIT_LOG)
+    for info in list_objects(log, "_delta_log", any_store.storage_options):
+        name = info.path.removeprefix("_delta_log/")
+        if name.endswith(".json") and name[:-5].isdigit() and int(name[:-5]) < latest.version():
+            delete_object(log, info.path, any_store.storage_options)
+    reopened = Store.open(any_store.root, any_store.storage_options)
+    assert commit_log_marks.read_hwm(reopened.snapshot(schemas.COMMIT_LOG)).to_json() == loaded[1].to_json()
+    with Producer(reopened, "P2") as producer:
         assert producer.send(Message(topic, b"after"), queue_id=0).queue_offset == 8
 
 
@@ -221,6 +230,27 @@ def test_side_objects_are_put_whole_got_listed_and_deleted(any_store: Store) -> 
     assert list_objects(root, "_side", options) == []
     with pytest.raises(StoreError, match="relative"):
         put_object(root, "../escape", b"x", options)
+
+
+def test_object_store_failures_become_one_line_typed_errors() -> None:
+    dump = (
+        "Kernel error -> Generic S3 error\n  \x1b[31m↳\x1b[0m Error performing GET "
+        "http://127.0.0.1:9/b/x in 2s\n   \x1b[31m↳\x1b[0m tcp connect error\n"
+        "    \x1b[31m↳\x1b[0m Connection refused (os error 111)\n"
+    )
+    unreachable = storage_failure(OSError(dump), "cannot load", "s3://b/x")
+    assert isinstance(unreachable, StoreUnreachableError)
+    assert str(unreachable).endswith(
+        "cannot be reached at http://127.0.0.1:9: Connection refused (os error 111)"
+    )
+    missing = storage_failure(OSError("...<Code>NoSuchBucket</Code>..."), "cannot load", "s3://gone/x")
+    assert isinstance(missing, BucketNotFoundError) and missing.context["bucket"] == "gone"
+    denied = storage_failure(OSError("403 Forbidden\n<Code>AccessDenied</Code>"), "cannot load", "s3://b/x")
+    assert isinstance(denied, StoreAccessDeniedError) and "(AccessDenied)" in str(denied)
+    other = storage_failure(
+        OSError("Kernel error -> Parse\n  \x1b[31m↳\x1b[0m bad json\n"), "cannot load", "s3://b/x"
+    )
+    assert type(other) is StoreError and str(other) == "cannot load: Kernel error -> Parse ... bad json"
 
 
 # ----------------------------------------------------------------------------- maintenance

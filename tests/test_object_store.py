@@ -311,6 +311,13 @@ def test_a_missing_bucket_is_named_in_one_line(s3_options: dict[str, str]) -> No
 
 
 @pytest.mark.s3
+def test_side_files_of_a_missing_bucket_are_an_error_not_absent(s3_options: dict[str, str]) -> None:
+    # (a HEAD's 404 carries no body: a get cannot tell a missing bucket from a missing object)
+    with pytest.raises(BucketNotFoundError):
+        list_objects("s3://no-such-bucket-lakemq/store", "_status", s3_options)
+
+
+@pytest.mark.s3
 def test_wrong_credentials_are_access_denied_in_one_line(s3_root: str, s3_options: dict[str, str]) -> None:
     with pytest.raises(StoreAccessDeniedError) as caught:
         Store.open(s3_root, storage_options={**s3_options, "AWS_SECRET_ACCESS_KEY": "not-the-secret-7f3a"})

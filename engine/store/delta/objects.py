@@ -138,6 +138,8 @@ def _not_found(exc: BaseException) -> bool:
     if isinstance(exc, FileNotFoundError):
         return True
     text = str(exc).lower()
+    if "nosuchbucket" in text or "bucket does not exist" in text:
+        return False  # the whole store is missing, not one object: an error
     return "not found" in text or "notfound" in text or "no such" in text or "does not exist" in text
 
 

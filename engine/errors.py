@@ -81,6 +81,19 @@ class TableMissingError(StoreError):
     """No Delta table where one was expected (a store creates its own tables when it opens)."""
 
 
+class BucketNotFoundError(StoreError):
+    """The object store has no bucket (container) of the store's name; ``bucket`` names it."""
+
+
+class StoreAccessDeniedError(StoreError):
+    """The object store refused the store's credentials, or they may not do what was asked."""
+
+
+class StoreUnreachableError(StoreError):
+    """The object store cannot be reached (connection refused, name unresolved, timed out);
+    ``endpoint`` names where it was looked for."""
+
+
 class StoreCorruptedError(StoreError):
     """A table's Delta log is damaged in a way the store does not repair by itself (it repairs only
     a torn last commit file); ``path`` names the damaged file."""

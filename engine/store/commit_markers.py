@@ -30,6 +30,10 @@ physical offset, the queues written and a rolling slice of the others; never car
 BATCH_KEY = "mq.batch"
 """commit_log: the id of the producer batch a commit holds, ``<writer>-<batch>`` (finds an append of
 unknown outcome; racing writers count their rivals by the writer part)."""
+COMMIT_ID_KEY = "mq.commit"
+"""every table: a fresh id of each commit made through delta-rs
+(:func:`engine.store.delta.commits.commit_next`): a commit whose answer was lost (an object store's
+5xx or timeout, then its retry meets "version already exists") is recognised as this writer's by it."""
 CQ_KEY = "mq.cq"
 """consume_queue: every queue's next and minimum retained offset, and the covered commit-log version."""
 PULL_LOG_MARKS_KEY = "mq.pl"
@@ -138,6 +142,7 @@ MARKERS: tuple[Marker, ...] = (
     Marker(GROUPS_STATE_KEY, "commit_info", schemas.GROUPS, "consumers (membership, queue locks)"),
     Marker(TX_FLOOR_KEY, "commit_info", schemas.TRANSACTIONS, "the transaction check job"),
     Marker(MAINTENANCE_KEY, "commit_info", "*", "the maintenance job"),
+    Marker(COMMIT_ID_KEY, "commit_info", "*", "every engine commit through delta-rs (commit_next)"),
     Marker(COUNTS_KEY, "commit_info", "*", "every engine commit (engine.store.delta.commits.commit_next)"),
     Marker(DISPATCH_APP, "app_transaction", schemas.CONSUME_QUEUE, "the dispatch job"),
     Marker(INDEX_APP, "app_transaction", schemas.INDEX, "the index job"),

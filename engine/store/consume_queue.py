@@ -322,9 +322,8 @@ class _ShardLog:
             if attempt or self._log is None or int(unique[-1]) > self._max():
                 self._refresh(reopen=attempt > 1)
             try:
-                parts = []
-                for path in self._files.overlapping("physical_offset", int(unique[0]), int(unique[-1])):
-                    parts.append(self._reader.rows_at(path, "physical_offset", unique, schema))
+                paths = self._files.overlapping("physical_offset", int(unique[0]), int(unique[-1]))
+                parts = self._reader.rows_in(paths, "physical_offset", unique, schema)
             except (OSError, FileNotFoundError):
                 if attempt + 1 == _READ_ATTEMPTS:
                     raise

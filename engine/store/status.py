@@ -11,15 +11,11 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
-import os
-import threading
 from dataclasses import asdict, dataclass, fields
-from pathlib import Path
 from typing import Any
 
-import pyarrow.fs as pa_fs
-
-from engine.store.delta import table_filesystem
+from engine.errors import StoreError
+from engine.store.delta import get_object, list_objects, put_object
 from engine.store.store import Store
 
 STATUS_DIR = "_status"
@@ -76,42 +72,33 @@ class JobStatus:
         return ", ".join(parts)
 
 
-def _status_fs(store: Store) -> tuple[pa_fs.FileSystem, str]:
-    if store.is_local:
-        return pa_fs.LocalFileSystem(), f"{store.root}/{STATUS_DIR}"
-    return table_filesystem(store.root, store.storage_options), STATUS_DIR
-
-
 def write_status(store: Store, status: JobStatus) -> None:
-    """Write a job's status to ``<store>/_status/<job>.json`` (atomically on a local store)."""
+    """Write a job's status to ``<store>/_status/<job>.json`` (atomically on a local store, one
+    upload on an object store).
+
+    Raises:
+        StoreError: it could not be written.
+    """
     data = status.to_json().encode()
-    if store.is_local:
-        local = Path(store.root) / STATUS_DIR
-        local.mkdir(parents=True, exist_ok=True)
-        tmp = local / f".{status.job}.{os.getpid()}.{threading.get_ident()}.tmp"
-        tmp.write_bytes(data)
-        os.replace(tmp, local / f"{status.job}.json")
-        return
-    fs, folder = _status_fs(store)
-    with fs.open_output_stream(f"{folder}/{status.job}.json") as out:
-        out.write(data)
+    put_object(store.root, f"{STATUS_DIR}/{status.job}.json", data, store.storage_options)
 
 
 def read_statuses(store: Store) -> list[JobStatus]:
     """Every job status written under the store, sorted by job name (unreadable files skipped)."""
-    fs, folder = _status_fs(store)
     try:
-        infos = fs.get_file_info(pa_fs.FileSelector(folder, allow_not_found=True))
-    except OSError:
+        infos = list_objects(store.root, STATUS_DIR, store.storage_options)
+    except StoreError:
         return []
     out = []
     for info in infos:
-        if info.type != pa_fs.FileType.File or not info.base_name.endswith(".json"):
+        name = info.path.removeprefix(f"{STATUS_DIR}/")
+        if "/" in name or not name.endswith(".json"):
             continue
         try:
-            with fs.open_input_stream(info.path) as f:
-                out.append(JobStatus.from_json(f.read().decode()))
-        except (OSError, ValueError, TypeError):
+            data = get_object(store.root, info.path, store.storage_options)
+            if data is not None:
+                out.append(JobStatus.from_json(data.decode()))
+        except (StoreError, ValueError, TypeError):
             continue
     return sorted(out, key=lambda s: s.job)
 

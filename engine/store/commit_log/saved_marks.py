@@ -11,19 +11,18 @@ checkpoint of the commit log first saves the full marks of that version here, at
 at or before its version and replays the commits after it (a cleanup never deletes those).
 
 The directory starts with ``_``: Delta readers and vacuum leave it alone. A file is written whole
-(temporary name, then rename, on a local disk; a single put on an object store).
+(temporary name, then rename, on a local disk; one upload on an object store:
+:mod:`engine.store.delta.objects`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import uuid
-
-import pyarrow.fs as pa_fs
+from collections.abc import Mapping
 
 from engine.errors import StoreError
 from engine.store.commit_log.marks import HighWaterMarks
-from engine.store.delta import table_filesystem
+from engine.store.delta import delete_object, get_object, list_objects, put_object
 
 DIRECTORY = "_mq_marks"
 KEEP = 3  # saved marks kept: the newest, and a few in case a checkpoint was written without one
@@ -33,50 +32,42 @@ def _name(version: int) -> str:
     return f"{DIRECTORY}/{version:020d}.json"
 
 
-def save(uri: str, storage_options: dict[str, str] | None, version: int, hwm: HighWaterMarks) -> None:
+def save(uri: str, storage_options: Mapping[str, str] | None, version: int, hwm: HighWaterMarks) -> None:
     """Save the full marks after ``version`` of the commit log at ``uri``; prune older ones.
 
     Raises:
         StoreError: the file could not be written (then write no checkpoint: nothing else would
             survive a cleanup of the commits that carry the marks).
     """
-    fs = table_filesystem(uri, storage_options)
-    data = hwm.to_json().encode()
     try:
-        fs.create_dir(DIRECTORY, recursive=True)
-        if isinstance(fs, pa_fs.SubTreeFileSystem) and isinstance(fs.base_fs, pa_fs.LocalFileSystem):
-            temporary = f"{DIRECTORY}/.{uuid.uuid4().hex}.tmp"
-            with fs.open_output_stream(temporary) as out:
-                out.write(data)
-            fs.move(temporary, _name(version))
-        else:
-            with fs.open_output_stream(_name(version)) as out:
-                out.write(data)
-    except OSError as exc:
+        put_object(uri, _name(version), hwm.to_json().encode(), storage_options)
+    except StoreError as exc:
         raise StoreError(f"cannot save the marks of commit-log version {version}: {exc}", cause=exc) from exc
-    with contextlib.suppress(OSError):
-        for old in _versions(fs)[:-KEEP]:
-            fs.delete_file(_name(old))
+    with contextlib.suppress(StoreError):
+        for old in _versions(uri, storage_options)[:-KEEP]:
+            delete_object(uri, _name(old), storage_options)
 
 
-def load(uri: str, storage_options: dict[str, str] | None, at_most: int) -> tuple[int, HighWaterMarks] | None:
+def load(
+    uri: str, storage_options: Mapping[str, str] | None, at_most: int
+) -> tuple[int, HighWaterMarks] | None:
     """The newest saved marks at or before version ``at_most``: ``(version, marks)``, or None."""
-    fs = table_filesystem(uri, storage_options)
-    for version in reversed(_versions(fs)):
+    for version in reversed(_versions(uri, storage_options)):
         if version > at_most:
             continue
         try:
-            with fs.open_input_stream(_name(version)) as f:
-                return version, HighWaterMarks.from_json(f.read().decode())
-        except (OSError, ValueError):
+            data = get_object(uri, _name(version), storage_options)
+            if data is not None:
+                return version, HighWaterMarks.from_json(data.decode())
+        except (StoreError, ValueError):
             continue  # unreadable: an older one may do
     return None
 
 
-def _versions(fs: pa_fs.FileSystem) -> list[int]:
+def _versions(uri: str, storage_options: Mapping[str, str] | None) -> list[int]:
     try:
-        infos = fs.get_file_info(pa_fs.FileSelector(DIRECTORY, allow_not_found=True))
-    except OSError:
+        infos = list_objects(uri, DIRECTORY, storage_options)
+    except StoreError:
         return []
-    names = (info.base_name for info in infos if info.type == pa_fs.FileType.File)
+    names = (info.path.removeprefix(f"{DIRECTORY}/") for info in infos)
     return sorted(int(n[:-5]) for n in names if n.endswith(".json") and n[:-5].isdigit())

@@ -436,6 +436,9 @@ class CommitLogWriter:
                     self._catch_up()
                     continue
                 version = base_version + 1  # a retried link of a network file system made it
+            except CommitStateUnknownError:
+                self._forget()  # whatever happened, the handle and the marks may be behind the log
+                raise
             except StoreError as exc:
                 if direct is not None and exc.context.get("links_unsupported"):
                     self._direct_allowed, self._direct = False, None  # through delta-rs from now on

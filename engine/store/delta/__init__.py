@@ -13,6 +13,7 @@ its owner moves) and see Arrow tables, plain values and the engine's errors.
   itself on a local store, where delta-rs costs more than the commit;
 - data files (:mod:`.data_files`, :mod:`.file_reader`): written with Delta's statistics, read by
   point reads on the pull path;
+- the store's side files, whole objects put, got, listed and deleted (:mod:`.objects`);
 - repair of a log torn by a crash (:mod:`.repair`), durability (:mod:`.durability`), the host lock
   (:mod:`.hostlock`).
 """
@@ -45,12 +46,21 @@ from engine.store.delta.hostlock import LOCK_DIR, LOCK_WAIT_S, HostLock, host_lo
 from engine.store.delta.log import (
     VERSION_COLUMN,
     earliest_version,
-    local_path,
     probe_latest_version,
     read_files,
     read_version,
     read_versions,
     table_filesystem,
+)
+from engine.store.delta.objects import (
+    ObjectInfo,
+    delete_object,
+    delete_prefix,
+    get_object,
+    list_objects,
+    local_path,
+    object_exists,
+    put_object,
 )
 from engine.store.delta.repair import commit_parses, repair_log
 from engine.store.delta.snapshot import (
@@ -85,6 +95,7 @@ __all__ = [
     "FileStats",
     "HostLock",
     "LogCommit",
+    "ObjectInfo",
     "Snapshot",
     "StatsColumns",
     "app_transactions",
@@ -96,19 +107,25 @@ __all__ = [
     "create_table",
     "data_files_of",
     "delete_files",
+    "delete_object",
+    "delete_prefix",
     "direct_append_enabled",
     "direct_appender",
     "earliest_version",
     "find_batch",
     "fsync_version",
+    "get_object",
     "host_lock_enabled",
     "int_column",
     "landed",
+    "list_objects",
     "listing_gap",
     "local_path",
     "log_gone",
+    "object_exists",
     "open_snapshot",
     "probe_latest_version",
+    "put_object",
     "read_columns",
     "read_file",
     "read_files",

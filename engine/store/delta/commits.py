@@ -9,6 +9,7 @@ import contextlib
 import json
 import random
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Literal
 
@@ -25,8 +26,10 @@ from deltalake.exceptions import CommitFailedError, DeltaError
 from deltalake.transaction import AddAction, RemoveAction
 
 from engine.errors import CommitConflictError, CommitStateUnknownError, StoreError
-from engine.store.commit_markers import BATCH_KEY, COUNTS_KEY
+from engine.store.commit_markers import BATCH_KEY, COMMIT_ID_KEY, COUNTS_KEY
 from engine.store.delta.direct_append import DirectAppender
+from engine.store.delta.log import parse_commit
+from engine.store.delta.objects import get_object, local_path, storage_failure
 from engine.store.delta.snapshot import Action, Snapshot, checkpoint_interval, log_gone
 
 Failure = Literal["failed", "unknown"]
@@ -92,15 +95,118 @@ def commit_next(
     Without ``hooks`` no delta-rs post-commit hook runs; a commit of rows is followed by
     :func:`checkpoint_if_due` instead, outside the commit.
 
+    Every commit carries a fresh id (:data:`COMMIT_ID_KEY`). On an object store a commit whose answer
+    was lost (a 5xx or a timeout after the conditional PUT landed: object_store retries it, and the
+    retry meets "version already exists") is told from a lost race by reading the commit at the
+    version it tried and comparing ids: it is never reported failed when it landed, and never
+    committed again. So there, retries (``max_retries`` other than 0) are this function's own, one
+    version at a time, not delta-rs's (which would commit the landed one again on the next version).
+
     Raises:
         CommitConflictError: another writer took the version (retryable; nothing was committed).
         StoreError: the write failed (``on_error="failed"``: the caller knows nothing landed, e.g.
             the data files could not be written).
         CommitStateUnknownError: the write failed mid-way (``on_error="unknown"``) and may have
-            happened.
+            happened, or a lost answer's commit cannot be read back.
     """
     if actions and max_retries != 0:
         raise ValueError("a commit of ready actions lands exactly on the next version: max_retries=0")
+    remote = local_path(snapshot.uri) is None
+    attempts = 1 if max_retries == 0 or not remote else (max_retries if max_retries is not None else 15) + 1
+    for attempt in range(attempts):
+        base = snapshot.version()
+        commit_id = uuid.uuid4().hex
+        try:
+            version = _commit_once(
+                snapshot,
+                rows=rows,
+                actions=actions,
+                transactions=transactions,
+                custom_metadata={**(custom_metadata or {}), COMMIT_ID_KEY: commit_id},
+                writer_properties=writer_properties,
+                hooks=hooks,
+                on_error=on_error,
+                max_retries=0 if remote else max_retries,
+            )
+        except (CommitConflictError, StoreError, CommitStateUnknownError) as exc:
+            holder = _commit_id_at(snapshot, base + 1, exc) if remote else None
+            if holder != commit_id:
+                if isinstance(exc, CommitConflictError) and attempt + 1 < attempts:
+                    snapshot.refresh()
+                    backoff(attempt)
+                    continue
+                if (
+                    holder is None
+                    and remote
+                    and isinstance(exc, StoreError)
+                    and _commit_put_failed(exc, base + 1)
+                ):
+                    # The commit's own PUT failed without an answer (a timeout, 5xx to the last
+                    # retry) and the version is still free: a request still in flight may land
+                    # there. (Once another commit holds it, this one never can: a plain failure.)
+                    raise CommitStateUnknownError(
+                        f"commit to {snapshot.name} at version {base + 1} got no answer and is not "
+                        f"there yet; it may still land: {exc}",
+                        table=snapshot.name,
+                        version=base + 1,
+                        cause=exc,
+                    ) from exc
+                raise
+            version = base + 1
+            if not actions:
+                with contextlib.suppress(StoreError):
+                    snapshot.refresh()
+                if hooks is None:
+                    checkpoint_if_due(snapshot, version)
+        return version
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+def _commit_put_failed(exc: StoreError, version: int) -> bool:
+    """Whether a failed write's error is the failure of the PUT of commit ``version`` itself
+    (object_store names the request it gave up on), not of a data file or a read before it."""
+    return f"_delta_log/{version:020d}.json" in str(exc.context.get("cause", exc))
+
+
+def _commit_id_at(snapshot: Snapshot, version: int, failure: Exception) -> str | None:
+    """The commit id (:data:`COMMIT_ID_KEY`) of the commit at ``version``: "" for a commit without
+    one, None when the version is free.
+
+    Raises:
+        CommitStateUnknownError: the commit at ``version`` cannot be read.
+    """
+    path = f"_delta_log/{version:020d}.json"
+    try:
+        data = get_object(snapshot.uri, path, snapshot.storage_options)
+        if data is None:
+            return None
+        actions = parse_commit(data.decode(), f"{snapshot.uri}/{path}", version)
+    except (StoreError, ValueError) as exc:
+        raise CommitStateUnknownError(
+            f"commit to {snapshot.name} failed ({failure}) and version {version}, which it may have "
+            f"taken, cannot be read back: {exc}",
+            table=snapshot.name,
+            version=version,
+            cause=exc,
+        ) from exc
+    info: object = next((a["commitInfo"] for a in actions if "commitInfo" in a), {})
+    found = info.get(COMMIT_ID_KEY) if isinstance(info, Mapping) else None
+    return found if isinstance(found, str) else ""
+
+
+def _commit_once(
+    snapshot: Snapshot,
+    *,
+    rows: pa.Table | None,
+    actions: Sequence[Action] | None,
+    transactions: Sequence[Transaction] | None,
+    custom_metadata: Mapping[str, str],
+    writer_properties: WriterProperties | None,
+    hooks: PostCommitHookProperties | None,
+    on_error: Failure,
+    max_retries: int | None,
+) -> int:
+    """One commit through delta-rs (:func:`commit_next` without the look-up of a lost answer)."""
     own_checkpoint = hooks is None
     hooks = NO_HOOKS if hooks is None else hooks
     dt = snapshot._dt
@@ -164,7 +270,9 @@ def commit_next(
                 table=snapshot.name,
                 cause=exc,
             ) from exc
-        raise StoreError(f"write to {snapshot.name} failed: {exc}", table=snapshot.name, cause=exc) from exc
+        raise storage_failure(
+            exc, f"write to {snapshot.name} failed", snapshot.uri, table=snapshot.name
+        ) from exc
     if actions:  # delta-rs moves the handle on after a write, not after a transaction of actions
         return base + 1
     version = snapshot.version()

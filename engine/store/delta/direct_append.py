@@ -45,7 +45,8 @@ import pyarrow.parquet as pq
 
 from engine.errors import CommitConflictError, StoreError
 from engine.store.commit_markers import BATCH_KEY, COUNTS_KEY
-from engine.store.delta.log import last_checkpoint_version, local_path, parse_commit
+from engine.store.delta.log import last_checkpoint_version, parse_commit
+from engine.store.delta.objects import local_path
 from engine.store.delta.snapshot import Snapshot
 
 DIRECT_ENV = "MQ_DIRECT_APPEND"

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,6 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from engine.store.delta.log import table_filesystem
+from engine.store.delta.objects import local_path
 from engine.store.delta.snapshot import Snapshot
 
 
@@ -58,6 +60,10 @@ class FileStats:
 
 
 _QueueIndex = tuple[np.ndarray, np.ndarray]  # sorted queue offsets, and the rows holding them
+# Files of one read fetched at once on an object store: each is a request of a round trip, and a
+# pull whose messages lie in many small files (one per send) would otherwise wait for each in turn.
+PARALLEL_READS = 16
+_POOL = ThreadPoolExecutor(PARALLEL_READS, thread_name_prefix="mq-file-reads")
 
 
 class FileReader:
@@ -67,8 +73,13 @@ class FileReader:
         self, uri: str, storage_options: Mapping[str, str] | None, *, max_cached_rows: int = 4_000_000
     ) -> None:
         self._fs = table_filesystem(uri, storage_options)
+        self._remote = local_path(uri) is None
         self._lock = threading.Lock()
-        self._footers: OrderedDict[str, tuple[pq.ParquetFile, np.ndarray, np.ndarray]] = OrderedDict()
+        # per file: its footer, row-group ranges, and a lock (a ParquetFile is not safe for
+        # concurrent reads; reads of different files go on at once)
+        self._footers: OrderedDict[str, tuple[pq.ParquetFile, np.ndarray, np.ndarray, threading.Lock]] = (
+            OrderedDict()
+        )
         self._tables: OrderedDict[str, tuple[pa.Table, dict[tuple[str, int], _QueueIndex]]] = OrderedDict()
         self._cached_rows = 0
         self._max_cached_rows = max_cached_rows
@@ -106,7 +117,9 @@ class FileReader:
         return table.take(pa.array(rows[lo:hi]))
 
     # ------------------------------------------------------------ row groups of large files (commit log)
-    def _footer(self, path: str, column: str) -> tuple[pq.ParquetFile, np.ndarray, np.ndarray]:
+    def _footer(
+        self, path: str, column: str
+    ) -> tuple[pq.ParquetFile, np.ndarray, np.ndarray, threading.Lock]:
         with self._lock:
             cached = self._footers.get(path)
             if cached is not None:
@@ -121,25 +134,33 @@ class FileReader:
             st = meta.row_group(i).column(idx).statistics
             mins[i] = st.min if st is not None and st.has_min_max else np.iinfo(np.int64).min
             maxs[i] = st.max if st is not None and st.has_min_max else np.iinfo(np.int64).max
-        cached = (pf, mins, maxs)
         with self._lock:
-            self._footers[path] = cached
+            cached = self._footers.setdefault(path, (pf, mins, maxs, threading.Lock()))
             while len(self._footers) > 512:
                 self._footers.popitem(last=False)
         return cached
 
     def rows_at(self, path: str, column: str, values: np.ndarray, schema: pa.Schema) -> pa.Table:
         """Rows of a file whose ``column`` is in ``values``, reading only row groups that may hold them."""
-        pf, mins, maxs = self._footer(path, column)
+        pf, mins, maxs, lock = self._footer(path, column)
         lo, hi = int(values.min()), int(values.max())
         groups = [i for i in range(len(mins)) if mins[i] <= hi and maxs[i] >= lo]
         groups = [g for g in groups if bool(np.any((values >= mins[g]) & (values <= maxs[g])))]
         if not groups:
             return schema.empty_table()
-        with self._lock:  # a ParquetFile is not safe for concurrent reads
+        with lock:
             table = pf.read_row_groups(groups)
         table = table.filter(pc.is_in(table[column], value_set=pa.array(values)))
         return table.select(schema.names).cast(schema)
+
+    def rows_in(
+        self, paths: Sequence[str], column: str, values: np.ndarray, schema: pa.Schema
+    ) -> list[pa.Table]:
+        """:meth:`rows_at` of each file of ``paths``, in their order; on an object store the files
+        are read at once (:data:`PARALLEL_READS`), so a read of many files costs about one round trip."""
+        if not self._remote or len(paths) < 2:
+            return [self.rows_at(path, column, values, schema) for path in paths]
+        return list(_POOL.map(lambda path: self.rows_at(path, column, values, schema), paths))
 
     def forget(self, keep: set[str]) -> None:
         """Drop cached entries of files no longer in the snapshot (compacted away)."""

@@ -14,7 +14,6 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
@@ -25,6 +24,7 @@ from deltalake.fs import DeltaStorageHandler
 
 from engine.errors import CommitTruncatedError, StoreError
 from engine.store.commit_markers import COUNTS_KEY
+from engine.store.delta.objects import get_object, list_objects, local_path
 
 VERSION_COLUMN = "_version"
 COMMIT_FILE = re.compile(r"^(\d{20})\.json$")  # a commit file's name in _delta_log; group 1: its version
@@ -39,11 +39,42 @@ class VersionFiles:
     commit_info: Mapping[str, Any]
 
 
-def local_path(uri: str) -> str | None:
-    """The directory of a table on the local filesystem, or None for an object-store URI."""
-    if uri.startswith("file://"):
-        return unquote(uri.removeprefix("file://")).rstrip("/") or "/"
-    return None if "://" in uri else str(Path(uri).resolve())
+class _BytesOut:
+    """An output stream of delta-rs's storage handler that takes what pyarrow writes: pyarrow hands
+    a ``Buffer``, the handler's ``write`` only ``bytes`` (``TypeError`` otherwise)."""
+
+    def __init__(self, raw: Any) -> None:
+        self._raw = raw
+        self.closed = False
+
+    def write(self, data: Any) -> int:
+        return int(self._raw.write(data if isinstance(data, bytes) else memoryview(data).tobytes()))
+
+    def close(self) -> None:
+        self.closed = True
+        self._raw.close()
+
+    def flush(self) -> None:
+        return None  # each flush of the handler uploads a part: the whole file goes at close
+
+    def writable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return False
+
+    def seekable(self) -> bool:
+        return False
+
+    def tell(self) -> int:
+        return int(self._raw.tell())
+
+
+class _StorageHandler(DeltaStorageHandler):
+    """delta-rs's storage handler, with output streams pyarrow can write to (:class:`_BytesOut`)."""
+
+    def open_output_stream(self, path: str, metadata: dict[str, str] | None = None) -> pa.PythonFile:
+        return pa.PythonFile(_BytesOut(self._handler.open_output_stream(path, metadata)), mode="w")
 
 
 @lru_cache(maxsize=64)
@@ -54,7 +85,7 @@ def _filesystem(uri: str, options_key: tuple[tuple[str, str], ...]) -> pa_fs.Fil
         # from Arrow's I/O threads makes short-lived processes abort at exit ("terminate called
         # without an active exception"), see delta-rs#2184 and arrow#34314.
         return pa_fs.SubTreeFileSystem(path, pa_fs.LocalFileSystem())
-    return pa_fs.PyFileSystem(DeltaStorageHandler(uri, dict(options_key) or None))
+    return pa_fs.PyFileSystem(_StorageHandler(uri, dict(options_key) or None))
 
 
 def table_filesystem(uri: str, storage_options: Mapping[str, str] | None = None) -> pa_fs.FileSystem:
@@ -178,9 +209,9 @@ def earliest_version(uri: str, storage_options: Mapping[str, str] | None = None)
     every commit, or has none): log retention removes commits older than the newest checkpoint it
     keeps, and nothing can read changes from before this version.
     """
-    fs = table_filesystem(uri, storage_options)
-    listed = fs.get_file_info(pa_fs.FileSelector("_delta_log", allow_not_found=True))
-    versions = [int(m.group(1)) for m in (COMMIT_FILE.match(info.base_name) for info in listed) if m]
+    listed = list_objects(uri, "_delta_log", storage_options)
+    names = (info.path.removeprefix("_delta_log/") for info in listed)
+    versions = [int(m.group(1)) for m in (COMMIT_FILE.match(name) for name in names) if m]
     return min(versions, default=0)
 
 
@@ -191,18 +222,20 @@ def read_version(uri: str, version: int, storage_options: Mapping[str, str] | No
         StoreError: the commit file is gone (the reader fell behind log retention) or unreadable.
         CommitTruncatedError: the commit file was cut short at a line break.
     """
-    fs = table_filesystem(uri, storage_options)
     try:
-        with fs.open_input_stream(_log_path(version)) as f:
-            text = f.read().decode()
-    except (FileNotFoundError, OSError) as exc:
+        data = get_object(uri, _log_path(version), storage_options)
+        text = None if data is None else data.decode()
+    except (StoreError, UnicodeDecodeError) as exc:
         raise StoreError(
-            f"commit {version} of {uri} cannot be read ({exc}); a reader that fell behind the log "
-            "retention must be restarted from a newer version",
+            f"commit {version} of {uri} cannot be read: {exc}", table=uri, version=version, cause=exc
+        ) from exc
+    if text is None:
+        raise StoreError(
+            f"commit {version} of {uri} is gone; a reader that fell behind the log retention must be "
+            "restarted from a newer version",
             table=uri,
             version=version,
-            cause=exc,
-        ) from exc
+        )
     files: list[str] = []
     info: Mapping[str, Any] = {}
     for action in parse_commit(text, f"{uri}/{_log_path(version)}", version):

@@ -39,7 +39,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from engine.errors import StoreCorruptedError
-from engine.store.delta.log import COMMIT_FILE, local_path, missing_actions
+from engine.store.delta.log import COMMIT_FILE, missing_actions
+from engine.store.delta.objects import local_path
 
 QUARANTINE_DIR = "_quarantine"
 _CHECKSUM = re.compile(r"^(\d{20})\.crc$")

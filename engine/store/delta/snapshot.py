@@ -33,6 +33,7 @@ from engine.errors import (
     TableMissingError,
 )
 from engine.store.delta.log import probe_latest_version, read_version, table_filesystem
+from engine.store.delta.objects import storage_failure
 
 # A DeltaTable handle gets slower with every version it moves on by: delta-rs keeps the file list of
 # each new version as one more Arrow batch and every later commit goes over all of them, and a
@@ -166,8 +167,8 @@ def open_snapshot(
             if listing_gap(exc) and attempt + 1 < LISTING_ATTEMPTS:
                 listing_pause(attempt)  # the log was listed mid-commit: read it again
                 continue
-            raise StoreError(
-                f"table {uri} cannot be loaded: {exc}", table=label, version=version, cause=exc
+            raise storage_failure(
+                exc, f"table {uri} cannot be loaded", uri, table=label, version=version
             ) from exc
         return Snapshot(dt, label, storage_options)
     raise AssertionError("unreachable")  # pragma: no cover
@@ -246,8 +247,8 @@ class Snapshot:
                 if listing_gap(exc) and attempt + 1 < LISTING_ATTEMPTS:
                     listing_pause(attempt)
                     continue
-                raise StoreError(
-                    f"table {self.name} cannot be {doing}: {exc}", table=self.name, cause=exc
+                raise storage_failure(
+                    exc, f"table {self.name} cannot be {doing}", self.uri, table=self.name
                 ) from exc
         self.reload()
         return read()
@@ -478,7 +479,7 @@ def create_table(
             ),
         )
     except (DeltaError, OSError) as exc:
-        raise StoreError(f"cannot create table {uri}: {exc}", table=name, cause=exc) from exc
+        raise storage_failure(exc, f"cannot create table {uri}", uri, table=name) from exc
     return Snapshot(dt, name, storage_options)
 
 

@@ -22,6 +22,7 @@ from engine.client.trace import MessageTrace, TraceEvent, TraceKind
 from engine.client.transaction import TransactionProducer
 from engine.config import EngineConfig, load_config
 from engine.errors import (
+    BucketNotFoundError,
     CommitConflictError,
     CommitStateUnknownError,
     CommitTruncatedError,
@@ -36,8 +37,10 @@ from engine.errors import (
     MQError,
     OffsetOutOfRangeError,
     ProducerClosedError,
+    StoreAccessDeniedError,
     StoreCorruptedError,
     StoreError,
+    StoreUnreachableError,
     TopicExistsError,
     TopicInUseError,
     TopicNotFoundError,
@@ -65,6 +68,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Admin",
+    "BucketNotFoundError",
     "CommitConflictError",
     "CommitStateUnknownError",
     "CommitTruncatedError",
@@ -108,8 +112,10 @@ __all__ = [
     "SendStatus",
     "SimpleConsumer",
     "Store",
+    "StoreAccessDeniedError",
     "StoreCorruptedError",
     "StoreError",
+    "StoreUnreachableError",
     "SysFlag",
     "TopicConfig",
     "TopicExistsError",

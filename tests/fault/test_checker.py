@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pytest
 
 from engine import Admin, Message, Producer, Store
 from engine.broker.dispatch import dispatch_pending
@@ -253,6 +254,23 @@ def test_records_become_a_report_that_keeps_scenarios_not_run_again(tmp_path: Pa
     assert "0 in every scenario: yes" in old
     assert "0 in every scenario: NO" in text
     assert bad.acknowledged_lost == 1
+
+
+def test_object_store_scenarios_get_a_section_of_their_own(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setenv("MQ_FAULT_RESULTS", str(tmp_path / "results.jsonl"))
+    figures = _figures(History(sent={"a"}, acknowledged={"a"}))
+    record("on disk", figures)
+    record("on s3", figures, storage="s3")
+    with pytest.raises(ValueError, match="unknown storage"):
+        record("elsewhere", figures, storage="tape")  # type: ignore[arg-type]
+
+    text = render_faults(load_results())
+    # an earlier report's rows without a storage field are local ones
+    old = render_faults([{k: v for k, v in r.items() if k != "storage"} for r in load_results()])
+
+    local, s3 = text.index("## On a local disk"), text.index("## On object storage")
+    assert local < text.index("| on disk |") < s3 < text.index("| on s3 |")
+    assert "## On object storage" not in old and "| on s3 |" in old
 
 
 def test_rows_of_tests_that_no_longer_exist_leave_the_report(tmp_path: Path, monkeypatch: Any) -> None:

@@ -52,7 +52,7 @@ def save(uri: str, storage_options: dict[str, str] | None, version: int, hwm: Hi
         else:
             with fs.open_output_stream(_name(version)) as out:
                 out.write(data)
-    except OSError as exc:
+    except (OSError, TypeError) as exc:  # TypeError: pyarrow Buffer vs delta-rs handler on S3
         raise StoreError(f"cannot save the marks of commit-log version {version}: {exc}", cause=exc) from exc
     with contextlib.suppress(OSError):
         for old in _versions(fs)[:-KEEP]:

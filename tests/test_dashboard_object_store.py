@@ -17,8 +17,7 @@ import pytest
 
 from bench.seaweedfs import SeaweedS3
 from engine import Store
-from tests.test_dashboard import EVIL, _seed
-from tests.test_dashboard import page as _page  # noqa: F401 - registers the `page` fixture (Chromium)
+from tests.test_dashboard import CHROMIUM, CHROMIUM_FLAGS, EVIL, _seed
 from tests.test_serve_object_store import serve_command_options
 
 pytestmark = [pytest.mark.s3]
@@ -73,6 +72,24 @@ def board(s3_server: SeaweedS3, s3_bucket: str, tmp_path_factory: pytest.TempPat
     finally:
         child.terminate()
         child.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A headless Chromium page (as ``tests/test_dashboard.py``'s)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            str(tmp_path_factory.mktemp("profile")),
+            executable_path=CHROMIUM,
+            headless=True,
+            args=CHROMIUM_FLAGS,
+        )
+        try:
+            yield context.new_page()
+        finally:
+            context.close()
 
 
 def _open(board: Board, page: Any, path: str) -> Any:

@@ -199,17 +199,17 @@ def test_injected_503s_and_slow_answers_lose_and_duplicate_nothing(
     options = s3_server.storage_options(endpoint=proxy.endpoint)
     store = Store.open(s3_root, storage_options=s3_server.storage_options())
     Admin(store).create_topic(TOPIC, QUEUES)
-    writers = _writers(s3_root, history_dir, logs, child_env(options), count=60, size=200)
+    writers = _writers(s3_root, history_dir, logs, child_env(options), count=30, size=200)
     method, path, kind = INJECTED[fault]
     rules = []
-    # Re-armed every 0.3 s while the writers run, so faults fall all through their sends.
+    # Re-armed every 0.5 s while the writers run, so faults fall all through their sends.
     while any(child.alive() for child in writers):
         if kind == "fail":
             rules.append(proxy.fail(path, method=method, status=503, times=2))
         else:
             hold = 400 if method == "PUT" else 300
             rules.append(proxy.slow(path, hold, method=method, times=3))
-        time.sleep(0.3)
+        time.sleep(0.5)
     proxy.clear()
     outputs = [child.finish(timeout=300) for child in writers]
 
@@ -302,7 +302,7 @@ def test_readers_listing_while_commits_land_never_see_a_torn_or_forked_table(
         for i in range(2)
     ]
     dispatcher = worker("dispatcher", "dispatcher", logs, env, store=s3_root, interval_ms=50)
-    writers = _writers(s3_root, history_dir, logs, env, count=80, size=200)
+    writers = _writers(s3_root, history_dir, logs, env, count=50, size=200)
     outputs = [child.finish(timeout=300) for child in writers]
     seen = [reader.stop(timeout=300) for reader in readers]
     dispatched = dispatcher.stop(timeout=120)

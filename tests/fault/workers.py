@@ -456,4 +456,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # As the mq CLI: every outcome is fsynced and printed by now; pyarrow scan threads over delta-rs's
+    # storage handler can abort the interpreter's teardown ("terminate called without an active
+    # exception", SIGABRT), which would read as a crashed worker.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -467,6 +467,36 @@ def check(
     )
 
 
+class ReadCheck:
+    """What one reader saw of the commit log while writers committed: the version never goes back,
+    every row it read stays where it was (else ``forks``), each queue's offsets have no hole
+    (else ``torn``). ``see`` takes one read: its version and rows (physical_offset, topic, queue_id,
+    queue_offset, body)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, str] = {}  # physical offset -> message id
+        self.version = -1
+        self.forks: list[str] = []
+        self.torn: list[str] = []
+
+    def see(self, version: int, rows: list[dict[str, Any]], topic: str) -> None:
+        if version < self.version:
+            self.forks.append(f"commit_log went back from version {self.version} to {version}")
+        self.version = max(self.version, version)
+        now = {int(r["physical_offset"]): body_id(r["body"]) for r in rows if r["topic"] == topic}
+        for offset, mid in self.rows.items():
+            if now.get(offset) != mid and len(self.forks) < 20:
+                self.forks.append(f"row at physical offset {offset} was {mid}, now {now.get(offset)}")
+        self.rows.update(now)
+        queues: dict[int, list[int]] = {}
+        for r in rows:
+            if r["topic"] == topic:
+                queues.setdefault(int(r["queue_id"]), []).append(int(r["queue_offset"]))
+        for q, offsets in queues.items():
+            if sorted(offsets) != list(range(len(offsets))) and len(self.torn) < 20:
+                self.torn.append(f"version {version}: queue {q} holds offsets {sorted(offsets)[:10]}...")
+
+
 # --------------------------------------------------------------------------- the record
 Storage = Literal["local", "s3"]
 # FAULTS.md's sections, in order: where the scenarios' stores were.

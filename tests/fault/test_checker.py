@@ -18,6 +18,7 @@ from tests.fault.history import (
     Figures,
     History,
     HistoryLog,
+    ReadCheck,
     body_id,
     check,
     load_results,
@@ -314,3 +315,25 @@ def _figures(history: History, lost: int = 0) -> Figures:
         offsets_not_dense=0,
         offsets_not_monotonic=0,
     )
+
+
+def test_a_reader_flags_a_table_that_went_back_forked_or_tore() -> None:
+    def row(offset: int, mid: str, queue_offset: int) -> dict[str, Any]:
+        return {
+            "physical_offset": offset,
+            "topic": "T",
+            "queue_id": 0,
+            "queue_offset": queue_offset,
+            "body": make_body(mid),
+        }
+
+    seen = ReadCheck()
+    seen.see(3, [row(0, "a", 0), row(10, "b", 1)], "T")
+    seen.see(4, [row(0, "a", 0), row(10, "b", 1), row(20, "c", 2)], "T")
+    assert (seen.forks, seen.torn) == ([], [])
+
+    seen.see(2, [row(0, "a", 0), row(10, "b", 1), row(20, "c", 2)], "T")  # an older version
+    seen.see(5, [row(0, "a", 0), row(10, "x", 1), row(20, "c", 2)], "T")  # a row changed under it
+    seen.see(6, [row(0, "a", 0), row(10, "x", 1), row(20, "c", 2), row(30, "d", 4)], "T")  # a hole
+    assert len(seen.forks) == 2 and "went back" in seen.forks[0] and "was b, now x" in seen.forks[1]
+    assert len(seen.torn) == 1 and "queue 0" in seen.torn[0]

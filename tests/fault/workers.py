@@ -63,7 +63,7 @@ from engine import (  # noqa: E402
     Store,
 )
 from engine.errors import InvalidReceiptHandleError  # noqa: E402
-from tests.fault.history import HistoryLog, body_id, make_body  # noqa: E402
+from tests.fault.history import HistoryLog, ReadCheck, body_id, make_body  # noqa: E402
 
 
 def _die() -> None:
@@ -278,33 +278,6 @@ def maintain_loop(args: argparse.Namespace) -> None:
 
 
 # --------------------------------------------------------------------------- readers
-class _ReadCheck:
-    """What one reader saw of the commit log so far: every row it read stays where it was."""
-
-    def __init__(self) -> None:
-        self.rows: dict[int, str] = {}  # physical offset -> message id
-        self.version = -1
-        self.forks: list[str] = []
-        self.torn: list[str] = []
-
-    def see(self, version: int, rows: list[dict[str, Any]], topic: str) -> None:
-        if version < self.version:
-            self.forks.append(f"commit_log went back from version {self.version} to {version}")
-        self.version = max(self.version, version)
-        now = {int(r["physical_offset"]): body_id(r["body"]) for r in rows if r["topic"] == topic}
-        for offset, mid in self.rows.items():
-            if now.get(offset) != mid and len(self.forks) < 20:
-                self.forks.append(f"row at physical offset {offset} was {mid}, now {now.get(offset)}")
-        self.rows.update(now)
-        queues: dict[int, list[int]] = {}
-        for r in rows:
-            if r["topic"] == topic:
-                queues.setdefault(int(r["queue_id"]), []).append(int(r["queue_offset"]))
-        for q, offsets in queues.items():
-            if sorted(offsets) != list(range(len(offsets))) and len(self.torn) < 20:
-                self.torn.append(f"version {version}: queue {q} holds offsets {sorted(offsets)[:10]}...")
-
-
 def _topic_stats(store: str, topic: str) -> str | None:
     """``mq topic stats`` in a subprocess: None when it answered, else what went wrong (an untyped
     failure shows as a traceback, a typed one as ``mq: error: ...``)."""
@@ -326,7 +299,7 @@ def _topic_stats(store: str, topic: str) -> str | None:
 def read_loop(args: argparse.Namespace) -> None:
     from engine.store import schemas
 
-    seen = _ReadCheck()
+    seen = ReadCheck()
     errors: Counter[str] = Counter()
     untyped: list[str] = []
     stats_runs = pulled = passes = 0

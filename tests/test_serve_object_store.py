@@ -22,11 +22,11 @@ import pytest
 from bench.java_harness import harness_classpath, run_scenario
 from bench.lakemq_server import LakemqServer
 from bench.seaweedfs import SeaweedS3
-from engine import Admin, Message, Producer, PullConsumer, PullStatus, Store
+from engine import Admin, Message, Producer, Store
+from tests.test_rocketmq_client import QUEUES, python_pull_all
 
 pytestmark = [pytest.mark.slow, pytest.mark.s3]
 
-QUEUES = 4
 # The keys travel in the environment; everything else on the command line.
 SECRET_ENV = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 
@@ -77,20 +77,6 @@ def _keys(events: list[dict[str, Any]]) -> Counter[str]:
     return Counter(e["key"] for e in events)
 
 
-def _python_pull_all(store: Store, topic: str, group: str) -> list[Any]:
-    consumer = PullConsumer(store, group)
-    out = []
-    for queue_id in range(QUEUES):
-        offset = 0
-        while True:
-            result = consumer.pull(topic, queue_id, offset, max_nums=32)
-            if result.status is not PullStatus.FOUND:
-                break
-            out += result.messages
-            offset = result.next_begin_offset
-    return out
-
-
 def test_java_client_sends_sync_and_batch_and_consumes_by_push_and_pull_on_an_s3a_store(
     served: Served, classpath: str, tmp_path: Path
 ) -> None:
@@ -123,7 +109,7 @@ def test_java_client_sends_sync_and_batch_and_consumes_by_push_and_pull_on_an_s3
     # Stored on S3 where each SendResult said, and readable through the Python door.
     placed = {e["key"]: (e["queueId"], e["queueOffset"]) for e in sent}
     stored = {
-        m.keys[0]: (m.queue_id, m.queue_offset) for m in _python_pull_all(served.store, topic, "PyS3Reader")
+        m.keys[0]: (m.queue_id, m.queue_offset) for m in python_pull_all(served.store, topic, "PyS3Reader")
     }
     assert stored == placed
 

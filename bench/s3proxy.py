@@ -12,20 +12,38 @@ unchanged (the ``Host`` header too, so SigV4 signatures stay valid) and can:
 
 Faults are rules checked in order, each with a count of requests it still applies to; every rule
 records the requests it hit, so a test can tell that the fault it meant to inject really happened.
+
+The proxy serves from a process of its own (``python -m bench.s3proxy``), driven through control
+requests under ``/__s3proxy__/`` (not a valid bucket name): delta-rs's Python storage handler holds
+the GIL while it waits for an answer, so a proxy thread in the process it serves would never get to
+answer.
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
 import http.client
+import json
+import os
 import re
+import subprocess
+import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from types import TracebackType
+from typing import Any
 from urllib.parse import urlsplit
 
+ROOT = Path(__file__).resolve().parent.parent
+CONTROL = "/__s3proxy__/"
+
 _HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "te", "trailer", "upgrade"}
+# Headers of the upstream answer the proxy writes itself.
+_REWRITTEN = {"content-length", "transfer-encoding", "server", "date"}
 
 
 @dataclass
@@ -50,13 +68,8 @@ class Rule:
         return re.search(self.path, target) is not None
 
 
-class S3Proxy:
-    """The proxy, listening on a free 127.0.0.1 port; a context manager.
-
-    Args:
-        upstream: the S3 server's endpoint, ``http://127.0.0.1:<port>``.
-        delay_ms: added before forwarding every request.
-    """
+class _ProxyServer:
+    """The proxy itself, in the process ``python -m bench.s3proxy`` runs (see :class:`S3Proxy`)."""
 
     def __init__(self, upstream: str, delay_ms: float = 0.0) -> None:
         parts = urlsplit(upstream)
@@ -146,7 +159,33 @@ class S3Proxy:
         raise AssertionError("unreachable")
 
     # ------------------------------------------------------------------ life cycle
-    def start(self) -> S3Proxy:
+    def control(self, method: str, path: str, body: bytes) -> tuple[int, Any]:
+        """A control request: ``POST rules`` (a rule as JSON; answers its index), ``GET rules/<i>``,
+        ``POST clear``, ``GET stats``, ``POST delay`` (``{"delay_ms": ...}``)."""
+        what = path[len(CONTROL) :]
+        with self._lock:
+            if method == "POST" and what == "rules":
+                self.rules.append(Rule(**json.loads(body)))
+                return 200, {"id": len(self.rules) - 1}
+            if method == "GET" and what.startswith("rules/"):
+                rule = (
+                    self.rules[int(what[6:])]
+                    if what[6:].isdigit() and int(what[6:]) < len(self.rules)
+                    else None
+                )
+                return (200, asdict(rule)) if rule is not None else (404, {"error": "no such rule"})
+            if method == "POST" and what == "clear":
+                for rule in self.rules:
+                    rule.times = 0  # kept for their hits; cleared rules match nothing
+                return 200, {}
+            if method == "POST" and what == "delay":
+                self.delay_ms = float(json.loads(body)["delay_ms"])
+                return 200, {}
+            if method == "GET" and what == "stats":
+                return 200, {"requests": self.requests, "delay_ms": self.delay_ms}
+        return 404, {"error": f"unknown control request {method} {path}"}
+
+    def start(self, port: int = 0) -> _ProxyServer:
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -174,6 +213,10 @@ class S3Proxy:
 
             def _handle(self) -> None:
                 body = self._body()
+                if self.path.startswith(CONTROL):
+                    status, answer = proxy.control(self.command, self.path, body)
+                    self._answer(status, "OK" if status == 200 else "Error", [], json.dumps(answer).encode())
+                    return
                 with proxy._lock:
                     proxy.requests += 1
                 if proxy.delay_ms:
@@ -202,24 +245,24 @@ class S3Proxy:
                 self._answer(status, reason, resp_headers, data)
 
             def _answer(self, status: int, reason: str, headers: list[tuple[str, str]], data: bytes) -> None:
-                self.send_response(status, reason)
-                for name, value in headers:
-                    if name.lower() not in _HOP_BY_HOP and name.lower() not in (
-                        "content-length",
-                        "transfer-encoding",
-                    ):
-                        self.send_header(name, value)
-                length = len(data)
-                if self.command == "HEAD":  # no body, but the length of the object: readers size files by it
-                    length = int(next((v for k, v in headers if k.lower() == "content-length"), 0))
-                self.send_header("Content-Length", str(length))
-                self.end_headers()
-                if self.command != "HEAD" and data:
-                    self.wfile.write(data)
+                length = str(len(data))
+                if self.command == "HEAD":  # no body, but the object's length: clients size reads by it
+                    length = next((v for k, v in headers if k.lower() == "content-length"), "0")
+                try:
+                    self.send_response(status, reason)  # adds its own Server and Date
+                    for name, value in headers:
+                        if name.lower() not in _HOP_BY_HOP and name.lower() not in _REWRITTEN:
+                            self.send_header(name, value)
+                    self.send_header("Content-Length", length)
+                    self.end_headers()
+                    if self.command != "HEAD" and data:
+                        self.wfile.write(data)
+                except (BrokenPipeError, ConnectionResetError):
+                    self.close_connection = True  # the client gave up on this request (a timeout)
 
             do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = _handle
 
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         server.daemon_threads = True
         self._server = server
         self.endpoint = f"http://127.0.0.1:{server.server_address[1]}"
@@ -233,6 +276,131 @@ class S3Proxy:
             server.shutdown()
             server.server_close()
 
+
+class RemoteRule:
+    """A rule installed in the proxy process: ``hits`` (the requests it hit so far) and ``times``
+    (how many more it applies to) are read from there."""
+
+    def __init__(self, proxy: S3Proxy, index: int) -> None:
+        self._proxy = proxy
+        self.index = index
+
+    def _state(self) -> dict[str, Any]:
+        return dict(self._proxy._control("GET", f"rules/{self.index}"))
+
+    @property
+    def hits(self) -> list[str]:
+        return list(self._state()["hits"])
+
+    @property
+    def times(self) -> int:
+        return int(self._state()["times"])
+
+
+class S3Proxy:
+    """The proxy, in a process of its own listening on a free 127.0.0.1 port; a context manager.
+
+    Args:
+        upstream: the S3 server's endpoint, ``http://127.0.0.1:<port>``.
+        delay_ms: added before forwarding every request (settable while it runs).
+    """
+
+    def __init__(self, upstream: str, delay_ms: float = 0.0) -> None:
+        parts = urlsplit(upstream)
+        if parts.scheme != "http" or parts.hostname is None or parts.port is None:
+            raise ValueError(f"upstream must be http://host:port, got {upstream!r}")
+        self.upstream = upstream
+        self._delay_ms = delay_ms
+        self._proc: subprocess.Popen[str] | None = None
+        self.endpoint = ""
+
+    # ------------------------------------------------------------------ faults
+    def fail(
+        self,
+        path: str,
+        *,
+        method: str | None = None,
+        status: int = 503,
+        after: bool = False,
+        times: int = 1,
+    ) -> RemoteRule:
+        """Answer the next ``times`` matching requests with ``status`` (after forwarding when ``after``)."""
+        return self._add(Rule(method, path, status=status, after=after, times=times))
+
+    def slow(self, path: str, hold_ms: float, *, method: str | None = None, times: int = 1) -> RemoteRule:
+        """Hold the next ``times`` matching requests ``hold_ms`` before forwarding them."""
+        return self._add(Rule(method, path, status=0, hold_ms=hold_ms, times=times))
+
+    def clear(self) -> None:
+        """Drop every rule (the delay stays)."""
+        self._control("POST", "clear", {})
+
+    @property
+    def requests(self) -> int:
+        """Requests the proxy received so far (control requests apart)."""
+        return int(self._control("GET", "stats")["requests"])
+
+    @property
+    def delay_ms(self) -> float:
+        return self._delay_ms
+
+    @delay_ms.setter
+    def delay_ms(self, value: float) -> None:
+        self._delay_ms = value
+        if self._proc is not None:
+            self._control("POST", "delay", {"delay_ms": value})
+
+    def _add(self, rule: Rule) -> RemoteRule:
+        answer = self._control("POST", "rules", asdict(rule))
+        return RemoteRule(self, int(answer["id"]))
+
+    def _control(self, method: str, what: str, payload: Any = None) -> Any:
+        if self._proc is None:
+            raise RuntimeError("the proxy is not running: start() it first")
+        parts = urlsplit(self.endpoint)
+        conn = http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=30)
+        try:
+            body = json.dumps(payload).encode() if payload is not None else b""
+            conn.request(method, CONTROL + what, body=body, headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            data = json.loads(resp.read() or b"{}")
+        finally:
+            conn.close()
+        if resp.status != 200:
+            raise RuntimeError(f"proxy control {method} {what}: {data}")
+        return data
+
+    # ------------------------------------------------------------------ life cycle
+    def start(self, timeout_s: float = 30) -> S3Proxy:
+        """Start the proxy process and wait until it listens."""
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "bench.s3proxy", self.upstream, "--delay-ms", str(self._delay_ms)],
+            cwd=ROOT,
+            stdin=subprocess.PIPE,  # closed by this process's end: the proxy then ends too
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")},
+        )
+        assert self._proc.stdout is not None
+        line = self._proc.stdout.readline().strip()
+        if not line.startswith("http://"):
+            self.stop()
+            raise RuntimeError(f"the S3 proxy did not start: {line!r}")
+        self.endpoint = line
+        return self
+
+    def stop(self) -> None:
+        """End the proxy process."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
     def __enter__(self) -> S3Proxy:
         return self.start()
 
@@ -240,6 +408,21 @@ class S3Proxy:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The proxy process: prints its endpoint, serves until its stdin closes or SIGTERM."""
+    parser = argparse.ArgumentParser(prog="python -m bench.s3proxy", description=__doc__.splitlines()[0])
+    parser.add_argument("upstream", help="the S3 server, http://127.0.0.1:<port>")
+    parser.add_argument("--delay-ms", type=float, default=0.0)
+    parser.add_argument("--port", type=int, default=0)
+    args = parser.parse_args(argv)
+    server = _ProxyServer(args.upstream, args.delay_ms).start(args.port)
+    print(server.endpoint, flush=True)
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.stdin.read()  # EOF: the parent ended (or closed it)
+    server.stop()
+    return 0
 
 
 def _error_body(status: int) -> bytes:
@@ -250,3 +433,7 @@ def _error_body(status: int) -> bytes:
         f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
         f"<Message>injected by the test proxy</Message></Error>"
     ).encode()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

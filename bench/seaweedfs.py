@@ -180,6 +180,8 @@ class SeaweedS3:
             "-master.volumeSizeLimitMB=64",
             f"-volume.port={p['volume']}",
             "-volume.max=0",
+            # a test server has no peers to hand over to: stop at once (10 s by default)
+            "-volume.preStopSeconds=0",
             "-filer",
             f"-filer.port={p['filer']}",
             "-s3",

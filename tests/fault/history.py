@@ -467,7 +467,45 @@ def check(
     )
 
 
+class ReadCheck:
+    """What one reader saw of the commit log while writers committed: the version never goes back,
+    every row it read stays where it was (else ``forks``), each queue's offsets have no hole
+    (else ``torn``). ``see`` takes one read: its version and rows (physical_offset, topic, queue_id,
+    queue_offset, body)."""
+
+    def __init__(self) -> None:
+        self.rows: dict[int, str] = {}  # physical offset -> message id
+        self.version = -1
+        self.forks: list[str] = []
+        self.torn: list[str] = []
+
+    def see(self, version: int, rows: list[dict[str, Any]], topic: str) -> None:
+        if version < self.version:
+            self.forks.append(f"commit_log went back from version {self.version} to {version}")
+        self.version = max(self.version, version)
+        now = {int(r["physical_offset"]): body_id(r["body"]) for r in rows if r["topic"] == topic}
+        for offset, mid in self.rows.items():
+            if now.get(offset) != mid and len(self.forks) < 20:
+                self.forks.append(f"row at physical offset {offset} was {mid}, now {now.get(offset)}")
+        self.rows.update(now)
+        queues: dict[int, list[int]] = {}
+        for r in rows:
+            if r["topic"] == topic:
+                queues.setdefault(int(r["queue_id"]), []).append(int(r["queue_offset"]))
+        for q, offsets in queues.items():
+            if sorted(offsets) != list(range(len(offsets))) and len(self.torn) < 20:
+                self.torn.append(f"version {version}: queue {q} holds offsets {sorted(offsets)[:10]}...")
+
+
 # --------------------------------------------------------------------------- the record
+Storage = Literal["local", "s3"]
+# FAULTS.md's sections, in order: where the scenarios' stores were.
+STORAGE_SECTIONS: dict[str, str] = {
+    "local": "On a local disk",
+    "s3": "On object storage (S3: SeaweedFS on 127.0.0.1, faults injected by `bench/s3proxy.py`)",
+}
+
+
 def results_path() -> Path:
     """The file :func:`record` appends to (``$MQ_FAULT_RESULTS``, set by the fault conftest)."""
     configured = os.environ.get(RESULTS_ENV)
@@ -476,12 +514,16 @@ def results_path() -> Path:
     return Path(os.environ.get("TMPDIR", "/tmp")) / f"lakemq-fault-results-{os.getuid()}.jsonl"
 
 
-def record(scenario: str, figures: Figures, **extra: Any) -> None:
+def record(scenario: str, figures: Figures, *, storage: Storage = "local", **extra: Any) -> None:
     """Append one scenario's figures (and scenario-specific ``extra`` numbers) to the results file.
 
+    ``storage``: where the scenario's store was (FAULTS.md has a section per kind of storage).
     Call it before asserting, so a failing scenario is in the report too.
     """
+    if storage not in STORAGE_SECTIONS:
+        raise ValueError(f"unknown storage {storage!r}; one of {', '.join(STORAGE_SECTIONS)}")
     row: dict[str, Any] = {"scenario": scenario, "at": time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime())}
+    row["storage"] = storage
     # The test that recorded it ("tests/fault/x.py::test_y[param]"), to tell stale rows apart later.
     row["test"] = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
     row.update({k: v for k, v in asdict(figures).items() if k != "problems"})
@@ -608,17 +650,27 @@ def render_faults(rows: Sequence[Mapping[str, Any]], previous: Sequence[Mapping[
         f"{'yes' if clean else 'NO'}.**",
         f"Offsets dense and monotonic in every scenario: {'yes' if ordered else 'NO'}.",
         "",
-        "| scenario | " + " | ".join(title for _, title in _COLUMNS) + " | other figures | run at |",
-        "|---|" + "---:|" * len(_COLUMNS) + "---|---|",
     ]
-    for r in all_rows:
-        extra = ", ".join(f"{k}={_cell(v)}" for k, v in sorted((r.get("extra") or {}).items()))
-        name = str(r["scenario"]) + (" (earlier run)" if r["scenario"] in stale else "")
-        out.append(
-            f"| {name} | "
-            + " | ".join(_cell(r.get(key)) for key, _ in _COLUMNS)
-            + f" | {extra} | {r.get('at', '')} |"
-        )
+    for storage, title in STORAGE_SECTIONS.items():
+        section = [r for r in all_rows if r.get("storage", "local") == storage]
+        if not section:
+            continue
+        out += [
+            f"## {title}",
+            "",
+            "| scenario | " + " | ".join(title for _, title in _COLUMNS) + " | other figures | run at |",
+            "|---|" + "---:|" * len(_COLUMNS) + "---|---|",
+        ]
+        for r in section:
+            extra = ", ".join(f"{k}={_cell(v)}" for k, v in sorted((r.get("extra") or {}).items()))
+            name = str(r["scenario"]) + (" (earlier run)" if r["scenario"] in stale else "")
+            out.append(
+                f"| {name} | "
+                + " | ".join(_cell(r.get(key)) for key, _ in _COLUMNS)
+                + f" | {extra} | {r.get('at', '')} |"
+            )
+        out.append("")
+    out.pop()  # the blank line after the last table
     problems = [(r["scenario"], p) for r in all_rows for p in r.get("problems") or []]
     if problems:
         out += ["", "## Problems found", ""]

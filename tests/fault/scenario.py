@@ -14,7 +14,7 @@ from typing import Any, Self, TypeVar
 from engine import Admin, Message, Producer, SendResult, Store
 from engine.broker.dispatch import dispatch_pending
 from engine.store import schemas
-from tests.fault.history import Figures, HistoryLog, body_id, check, make_body, record
+from tests.fault.history import Figures, HistoryLog, Storage, body_id, check, make_body, record
 
 TOPIC = "T"
 QUEUES = 2
@@ -29,20 +29,24 @@ class Scenario:
     body_size = 64
     tags: str | None = None  # of single sends (batches are untagged)
 
-    def __init__(self, root: Path, log: HistoryLog) -> None:
+    def __init__(
+        self, root: Path | str, log: HistoryLog, storage_options: dict[str, str] | None = None
+    ) -> None:
         self.root = root
         self.log = log
-        self.store = Store.open(root)
+        self.store = Store.open(root, storage_options=storage_options)
         Admin(self.store).create_topic(TOPIC, QUEUES)
         self.producer = Producer(self.store, self.producer_group)
         self.count = 0
         self.name = ""
 
     @classmethod
-    def running(cls, root: Path, history_dir: Path) -> Iterator[Self]:
+    def running(
+        cls, root: Path | str, history_dir: Path, storage_options: dict[str, str] | None = None
+    ) -> Iterator[Self]:
         """For a fixture to ``yield from``: the scenario with its history file open; closed after."""
         with HistoryLog(history_dir / "producer.jsonl") as log:
-            scenario = cls(root, log)
+            scenario = cls(root, log, storage_options)
             yield scenario
             scenario.producer.close()
 
@@ -94,6 +98,7 @@ class Scenario:
     def check_and_record(
         self,
         *,
+        storage: Storage = "local",
         dispatched: bool = False,
         consumed: bool = False,
         recovery_s: float | None = None,
@@ -110,7 +115,7 @@ class Scenario:
             consumed=consumed,
             recovery_s=recovery_s,
         )
-        record(self.name, figures, **extra)
+        record(self.name, figures, storage=storage, **extra)
         figures.assert_ok()
         return figures
 

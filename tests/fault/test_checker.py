@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pytest
 
 from engine import Admin, Message, Producer, Store
 from engine.broker.dispatch import dispatch_pending
@@ -17,6 +18,7 @@ from tests.fault.history import (
     Figures,
     History,
     HistoryLog,
+    ReadCheck,
     body_id,
     check,
     load_results,
@@ -255,6 +257,23 @@ def test_records_become_a_report_that_keeps_scenarios_not_run_again(tmp_path: Pa
     assert bad.acknowledged_lost == 1
 
 
+def test_object_store_scenarios_get_a_section_of_their_own(tmp_path: Path, monkeypatch: Any) -> None:
+    monkeypatch.setenv("MQ_FAULT_RESULTS", str(tmp_path / "results.jsonl"))
+    figures = _figures(History(sent={"a"}, acknowledged={"a"}))
+    record("on disk", figures)
+    record("on s3", figures, storage="s3")
+    with pytest.raises(ValueError, match="unknown storage"):
+        record("elsewhere", figures, storage="tape")  # type: ignore[arg-type]
+
+    text = render_faults(load_results())
+    # an earlier report's rows without a storage field are local ones
+    old = render_faults([{k: v for k, v in r.items() if k != "storage"} for r in load_results()])
+
+    local, s3 = text.index("## On a local disk"), text.index("## On object storage")
+    assert local < text.index("| on disk |") < s3 < text.index("| on s3 |")
+    assert "## On object storage" not in old and "| on s3 |" in old
+
+
 def test_rows_of_tests_that_no_longer_exist_leave_the_report(tmp_path: Path, monkeypatch: Any) -> None:
     monkeypatch.setenv("MQ_FAULT_RESULTS", str(tmp_path / "results.jsonl"))
     (tmp_path / "tests").mkdir()
@@ -296,3 +315,25 @@ def _figures(history: History, lost: int = 0) -> Figures:
         offsets_not_dense=0,
         offsets_not_monotonic=0,
     )
+
+
+def test_a_reader_flags_a_table_that_went_back_forked_or_tore() -> None:
+    def row(offset: int, mid: str, queue_offset: int) -> dict[str, Any]:
+        return {
+            "physical_offset": offset,
+            "topic": "T",
+            "queue_id": 0,
+            "queue_offset": queue_offset,
+            "body": make_body(mid),
+        }
+
+    seen = ReadCheck()
+    seen.see(3, [row(0, "a", 0), row(10, "b", 1)], "T")
+    seen.see(4, [row(0, "a", 0), row(10, "b", 1), row(20, "c", 2)], "T")
+    assert (seen.forks, seen.torn) == ([], [])
+
+    seen.see(2, [row(0, "a", 0), row(10, "b", 1), row(20, "c", 2)], "T")  # an older version
+    seen.see(5, [row(0, "a", 0), row(10, "x", 1), row(20, "c", 2)], "T")  # a row changed under it
+    seen.see(6, [row(0, "a", 0), row(10, "x", 1), row(20, "c", 2), row(30, "d", 4)], "T")  # a hole
+    assert len(seen.forks) == 2 and "went back" in seen.forks[0] and "was b, now x" in seen.forks[1]
+    assert len(seen.torn) == 1 and "queue 0" in seen.torn[0]

@@ -18,6 +18,7 @@ import json
 import os
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ import pytest
 
 from engine import Admin, Message, Producer, PullConsumer, PullStatus, SimpleConsumer, Store
 from engine.broker.dispatch import dispatch_pending
+from engine.config import STORAGE_ENV_PREFIX
 from engine.protocol.actions import ACK
 from engine.spark.jobs.streams import DELTA_SOURCE, checkpoint_location
 from engine.store import schemas
@@ -36,6 +38,7 @@ from tests.fault.history import (
     Figures,
     History,
     HistoryLog,
+    Storage,
     check,
     make_body,
     misreported_offsets,
@@ -139,7 +142,9 @@ def _any_received(history_files: list[Path]) -> bool:
 
 def _leftovers(store: Store) -> dict[str, int]:
     """What killed writers left in the commit log's directory: data files no commit references, and
-    files in ``_delta_log`` that are not commits or checkpoints (staged commits)."""
+    files in ``_delta_log`` that are not commits or checkpoints (staged commits). Local stores only."""
+    if not store.is_local:
+        return {}
     table = Path(store.uri(schemas.COMMIT_LOG))
     live = {Path(uri).name for uri in raw_table(store, schemas.COMMIT_LOG).file_uris()}
     data = {p.name for p in table.glob("*.parquet")}
@@ -175,17 +180,46 @@ def _stored_not_acknowledged(history: History, stored: int) -> int:
 LOCKS = {"host lock": {}, "no host lock": {"MQ_SEQUENCER_LOCK": "0"}}
 
 
-@pytest.mark.parametrize("lock", list(LOCKS))
+# Where the killed producers' store is: a local disk with and without the host lock, and the S3
+# server (no host lock there: writers on other hosts take turns on the Delta log alone).
+KILL_STORES = [
+    pytest.param(("local", "host lock"), id="host lock"),
+    pytest.param(("local", "no host lock"), id="no host lock"),
+    pytest.param(("s3", "s3://, no host lock"), marks=pytest.mark.s3, id="s3"),
+]
+
+
+@dataclass
+class KillStore:
+    """The killed producers' store, what their environment adds to reach it, and its label."""
+
+    store: Store
+    env: dict[str, str]
+    label: str
+    storage: Storage
+
+
+@pytest.fixture(params=KILL_STORES)
+def kill_store(request: pytest.FixtureRequest, tmp_path: Path) -> KillStore:
+    where, label = request.param
+    if where == "local":
+        return KillStore(Store.open(tmp_path / "mqdata"), dict(LOCKS[label]), label, "local")
+    options = request.getfixturevalue("s3_options")
+    store = Store.open(request.getfixturevalue("s3_root"), storage_options=options)
+    return KillStore(store, {STORAGE_ENV_PREFIX + k: v for k, v in options.items()}, label, "s3")
+
+
 def test_producers_killed_at_random_moments_lose_no_acknowledged_message(
-    store: Store, admin: Admin, history_dir: Path, logs: Path, rng: random.Random, lock: str
+    kill_store: KillStore, history_dir: Path, logs: Path, rng: random.Random
 ) -> None:
-    admin.create_topic("KILLED", 4)
+    store, env, lock = kill_store.store, kill_store.env, kill_store.label
+    Admin(store).create_topic("KILLED", 4)
     rounds, kills = 3, 0
     for r in range(rounds):
         # Two sync and two batch senders racing each other, each killed at its own random moment
         # once it is sending.
         children = [
-            _producer(f"sync{r}{i}", store, "KILLED", history_dir, logs, LOCKS[lock], count=100_000, size=200)
+            _producer(f"sync{r}{i}", store, "KILLED", history_dir, logs, env, count=100_000, size=200)
             for i in range(2)
         ] + [
             _producer(
@@ -194,7 +228,7 @@ def test_producers_killed_at_random_moments_lose_no_acknowledged_message(
                 "KILLED",
                 history_dir,
                 logs,
-                LOCKS[lock],
+                env,
                 count=100_000,
                 batch=25,
                 size=200,
@@ -203,13 +237,14 @@ def test_producers_killed_at_random_moments_lose_no_acknowledged_message(
         ]
         kills += kill_once_sending(children, history_dir, rng, 60)
     # The store takes new writers at once after the kills, and stays dense.
-    after = _producer("after", store, "KILLED", history_dir, logs, LOCKS[lock], count=40).finish()
+    after = _producer("after", store, "KILLED", history_dir, logs, env, count=40).finish(timeout=300)
     assert after["acknowledged"] == 40
 
     history, figures, misreported = _dispatched_and_checked(store, history_dir, "KILLED")
     record(
         f"producers SIGKILLed while sending (4 at once: sync + batch; {lock})",
         figures,
+        storage=kill_store.storage,
         rounds=rounds,
         kills=kills,
         stored_not_acked=_stored_not_acknowledged(history, figures.stored),

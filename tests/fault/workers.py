@@ -15,6 +15,15 @@ Roles:
   ``--die-after-batches K`` it SIGKILLs itself after logging the K-th batch's receipt, before acking.
 - ``dispatcher``: ``dispatch_pending`` in a loop (the Spark dispatch job's logic, without Spark).
 - ``maintainer``: compaction (and checkpoints) in a loop.
+- ``reader``: opens the store afresh, reads the commit log, pulls every queue of ``--topic`` and now
+  and then runs ``mq topic stats``, in a loop while writers commit (object storage's listings while
+  commits land); counts a table that moved backwards or forked (a row it read before changed or
+  vanished), a torn read (a queue's offsets with a hole), a pulled message the commit log lacks, and
+  every error by type, untyped ones apart.
+
+With ``--survive-errors`` a producer outlives a store that fails (the object-store server killed,
+503s): a typed error (``MQError``) is logged as ``gave_up`` with its type and counted, an untyped one
+is counted apart with its text, and it goes on sending after ``--error-pause-ms``.
 
 Each long-running role stops on SIGTERM or after ``--seconds``; every role prints one JSON line of
 counters on stdout when it ends normally.
@@ -54,7 +63,7 @@ from engine import (  # noqa: E402
     Store,
 )
 from engine.errors import InvalidReceiptHandleError  # noqa: E402
-from tests.fault.history import HistoryLog, body_id, make_body  # noqa: E402
+from tests.fault.history import HistoryLog, ReadCheck, body_id, make_body  # noqa: E402
 
 
 def _die() -> None:
@@ -84,6 +93,7 @@ def produce(args: argparse.Namespace) -> None:
     ids = [f"{args.prefix}-{i}" for i in range(args.count)]
     step = max(1, args.batch)
     counts: Counter[str] = Counter()
+    untyped: list[str] = []
     stop = _Stop(args.seconds)
     with Producer(store) as producer:
         for start in range(0, len(ids), step):
@@ -106,6 +116,23 @@ def produce(args: argparse.Namespace) -> None:
                     log.gave_up(chunk, reason="CommitStateUnknownError")
                     counts["unknown"] += len(chunk)
                     break
+                except MQError as exc:
+                    if not args.survive_errors:
+                        raise
+                    # Failed (or, if the engine mislabels an unknown outcome, maybe stored): never
+                    # retried under the same ids, so a retry cannot be what duplicates it.
+                    log.gave_up(chunk, reason=type(exc).__name__)
+                    counts[f"error:{type(exc).__name__}"] += 1
+                    time.sleep(args.error_pause_ms / 1000)
+                    break
+                except Exception as exc:
+                    if not args.survive_errors:
+                        raise
+                    log.gave_up(chunk, reason=f"untyped {type(exc).__name__}")
+                    counts["untyped"] += 1
+                    untyped.append(f"{type(exc).__name__}: {exc}"[:300])
+                    time.sleep(args.error_pause_ms / 1000)
+                    break
                 log.acknowledged(
                     chunk, offsets=[[r.queue_id, r.queue_offset, r.physical_offset] for r in results]
                 )
@@ -115,7 +142,7 @@ def produce(args: argparse.Namespace) -> None:
                 time.sleep(args.pause_ms / 1000)
     counts["sequencer_conflicts"] = producer.lost_races
     log.close()
-    _out(**counts)
+    _out(**counts, untyped_errors=untyped[:5])
 
 
 # --------------------------------------------------------------------------- consumers
@@ -250,6 +277,86 @@ def maintain_loop(args: argparse.Namespace) -> None:
     _out(passes=passes, compactions=compactions, files_removed=files_removed, errors=dict(errors))
 
 
+# --------------------------------------------------------------------------- readers
+def _topic_stats(store: str, topic: str) -> str | None:
+    """``mq topic stats`` in a subprocess: None when it answered, else what went wrong (an untyped
+    failure shows as a traceback, a typed one as ``mq: error: ...``)."""
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, "-m", "engine.cli", "topic", "stats", topic, "--store", store, "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if done.returncode == 0:
+        json.loads(done.stdout)
+        return None
+    return done.stderr.strip()[-300:] or f"exit {done.returncode}"
+
+
+def read_loop(args: argparse.Namespace) -> None:
+    from engine.store import schemas
+
+    seen = ReadCheck()
+    errors: Counter[str] = Counter()
+    untyped: list[str] = []
+    stats_runs = pulled = passes = 0
+    offsets: dict[int, int] = {}
+    pending: set[str] = set()  # pulled, not yet seen in a commit-log read
+    stop = _Stop(args.seconds)
+    while not stop:
+        passes += 1
+        try:
+            store = Store.open(args.store)
+            version = store.version(schemas.COMMIT_LOG)
+            rows = store.read(
+                schemas.COMMIT_LOG, columns=["physical_offset", "topic", "queue_id", "queue_offset", "body"]
+            ).to_pylist()
+            # The read is at least as new as the version asked before it.
+            seen.see(version, rows, args.topic)
+            pending -= set(seen.rows.values())
+            consumer = PullConsumer(store, args.group)
+            for q in range(store.topic(args.topic).queues):
+                result = consumer.pull(args.topic, q, offsets.get(q, 0), max_nums=32)
+                if result.status is PullStatus.FOUND:
+                    # checked against a later read: this pull may see commits newer than the read
+                    pending.update(body_id(m.body) for m in result.messages)
+                    pulled += len(result.messages)
+                offsets[q] = result.next_begin_offset
+            if args.stats_every and passes % args.stats_every == 0:
+                stats_runs += 1
+                failed = _topic_stats(args.store, args.topic)
+                if failed is not None:
+                    name = "untyped mq" if "Traceback" in failed else "mq: error"
+                    if "Traceback" in failed:
+                        untyped.append(failed)
+                    errors[name] += 1
+        except MQError as exc:
+            errors[type(exc).__name__] += 1
+        except Exception as exc:  # what the scenario looks for: none may leave a public call
+            untyped.append(f"{type(exc).__name__}: {exc}"[:300])
+        time.sleep(args.interval_ms / 1000)
+    final = Store.open(args.store).read(schemas.COMMIT_LOG, columns=["topic", "body"]).to_pylist()
+    phantoms = len(pending - {body_id(r["body"]) for r in final if r["topic"] == args.topic})
+    _out(
+        passes=passes,
+        last_version=seen.version,
+        rows=len(seen.rows),
+        pulled=pulled,
+        phantoms=phantoms,
+        stats_runs=stats_runs,
+        forks=seen.forks[:5],
+        fork_count=len(seen.forks),
+        torn=seen.torn[:5],
+        torn_count=len(seen.torn),
+        errors=dict(errors),
+        untyped_errors=untyped[:5],
+        untyped=len(untyped),
+    )
+
+
 # --------------------------------------------------------------------------- command line
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m tests.fault.workers")
@@ -270,6 +377,10 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--size", type=int, default=64)
     s.add_argument("--conflict-retries", type=int, default=0)
     s.add_argument("--pause-ms", type=float, default=0)
+    s.add_argument(
+        "--survive-errors", action="store_true", help="log a failed send as gave_up and go on sending"
+    )
+    s.add_argument("--error-pause-ms", type=float, default=200, help="with --survive-errors")
     for role in ("pull-consumer", "simple-consumer"):
         s = common(role)
         s.add_argument("--topic", required=True)
@@ -292,6 +403,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--interval-ms", type=float, default=20)
     s = common("maintainer")
     s.add_argument("--interval-ms", type=float, default=100)
+    s = common("reader")
+    s.add_argument("--topic", required=True)
+    s.add_argument("--group", default="fault-reader")
+    s.add_argument("--interval-ms", type=float, default=0)
+    s.add_argument("--stats-every", type=int, default=5, help="run `mq topic stats` every N passes; 0 never")
     return p
 
 
@@ -301,6 +417,7 @@ ROLES = {
     "simple-consumer": simple_consume,
     "dispatcher": dispatch_loop,
     "maintainer": maintain_loop,
+    "reader": read_loop,
 }
 
 
@@ -312,4 +429,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # As the mq CLI: every outcome is fsynced and printed by now; pyarrow scan threads over delta-rs's
+    # storage handler can abort the interpreter's teardown ("terminate called without an active
+    # exception", SIGABRT), which would read as a crashed worker.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -79,6 +79,7 @@ class _ProxyServer:
         self.delay_ms = delay_ms
         self.rules: list[Rule] = []
         self.requests = 0
+        self.seen: list[str] | None = None  # every request's "METHOD target" while recording
         self._lock = threading.Lock()
         self._local = threading.local()
         self._server: ThreadingHTTPServer | None = None
@@ -161,7 +162,8 @@ class _ProxyServer:
     # ------------------------------------------------------------------ life cycle
     def control(self, method: str, path: str, body: bytes) -> tuple[int, Any]:
         """A control request: ``POST rules`` (a rule as JSON; answers its index), ``GET rules/<i>``,
-        ``POST clear``, ``GET stats``, ``POST delay`` (``{"delay_ms": ...}``)."""
+        ``POST clear``, ``GET stats``, ``POST delay`` (``{"delay_ms": ...}``), ``POST record``
+        (``{"on": bool}``; answers what was recorded since the last one)."""
         what = path[len(CONTROL) :]
         with self._lock:
             if method == "POST" and what == "rules":
@@ -181,6 +183,9 @@ class _ProxyServer:
             if method == "POST" and what == "delay":
                 self.delay_ms = float(json.loads(body)["delay_ms"])
                 return 200, {}
+            if method == "POST" and what == "record":
+                seen, self.seen = self.seen or [], ([] if json.loads(body)["on"] else None)
+                return 200, {"seen": seen}
             if method == "GET" and what == "stats":
                 return 200, {"requests": self.requests, "delay_ms": self.delay_ms}
         return 404, {"error": f"unknown control request {method} {path}"}
@@ -219,6 +224,8 @@ class _ProxyServer:
                     return
                 with proxy._lock:
                     proxy.requests += 1
+                    if proxy.seen is not None:
+                        proxy.seen.append(f"{self.command} {self.path}")
                 if proxy.delay_ms:
                     time.sleep(proxy.delay_ms / 1000)
                 rule = proxy._take(self.command, self.path)
@@ -334,6 +341,11 @@ class S3Proxy:
     def clear(self) -> None:
         """Drop every rule (the delay stays)."""
         self._control("POST", "clear", {})
+
+    def record(self, on: bool = True) -> list[str]:
+        """Start (``on``) or stop recording every request as ``"METHOD target"``; returns what was
+        recorded since the previous call."""
+        return list(self._control("POST", "record", {"on": on})["seen"])
 
     @property
     def requests(self) -> int:

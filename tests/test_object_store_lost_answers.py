@@ -17,23 +17,23 @@ from typing import Any
 
 import pytest
 
+from bench.s3proxy import RemoteRule, S3Proxy
 from engine import Admin, Message, Producer, PullConsumer, PullStatus, SimpleConsumer, Store
 from engine.broker.dispatch import dispatch_pending
 from engine.errors import CommitStateUnknownError
 from engine.store import schemas
-from tests.object_store_proxy import ProxyProcess
 
 pytestmark = pytest.mark.s3
 
 
 @pytest.fixture
-def proxy(s3_server: Any) -> Iterator[ProxyProcess]:
-    with ProxyProcess(s3_server.endpoint) as running:
+def proxy(s3_server: Any) -> Iterator[S3Proxy]:
+    with S3Proxy(s3_server.endpoint) as running:
         yield running
 
 
 @pytest.fixture
-def store(proxy: ProxyProcess, s3_server: Any, s3_root: str) -> Store:
+def store(proxy: S3Proxy, s3_server: Any, s3_root: str) -> Store:
     return Store.open(s3_root, storage_options=s3_server.storage_options(endpoint=proxy.endpoint))
 
 
@@ -44,8 +44,8 @@ def topic(store: Store) -> str:
     return name
 
 
-def lose_next_answer(proxy: ProxyProcess, store: Store, table: str) -> int:
-    """Make the next commit PUT of ``table`` land and answer 503; returns the rule's number."""
+def lose_next_answer(proxy: S3Proxy, store: Store, table: str) -> RemoteRule:
+    """Make the next commit PUT of ``table`` land and answer 503; returns the rule."""
     version = store.snapshot(table).version() + 1
     return proxy.fail(rf"/{table}/_delta_log/0*{version}\.json", method="PUT", status=503, after=True)
 
@@ -55,50 +55,48 @@ def rows(store: Store, topic: str) -> list[tuple[int, bytes]]:
     return sorted((r["queue_offset"], r["body"]) for r in table if r["topic"] == topic)
 
 
-def test_a_send_whose_commit_answer_was_lost_is_stored_once(
-    proxy: ProxyProcess, store: Store, topic: str
-) -> None:
+def test_a_send_whose_commit_answer_was_lost_is_stored_once(proxy: S3Proxy, store: Store, topic: str) -> None:
     with Producer(store, "P") as producer:
         producer.send(Message(topic, b"before"), queue_id=0)
         rule = lose_next_answer(proxy, store, schemas.COMMIT_LOG)
         result = producer.send(Message(topic, b"lost"), queue_id=0)
         after = producer.send(Message(topic, b"after"), queue_id=0)
-    assert proxy.hits(rule), "the fault did not hit the commit PUT"
+    assert rule.hits, "the fault did not hit the commit PUT"
     assert (result.queue_offset, after.queue_offset) == (1, 2)
     assert rows(store, topic) == [(0, b"before"), (1, b"lost"), (2, b"after")]
 
 
 def test_a_batch_whose_commit_answer_was_lost_is_stored_once(
-    proxy: ProxyProcess, store: Store, topic: str
+    proxy: S3Proxy, store: Store, topic: str
 ) -> None:
     with Producer(store, "P") as producer:
         rule = lose_next_answer(proxy, store, schemas.COMMIT_LOG)
         results = producer.send_batch([Message(topic, f"b{i}".encode()) for i in range(3)], queue_id=0)
-    assert proxy.hits(rule)
+    assert rule.hits
     assert [r.queue_offset for r in results] == [0, 1, 2]
     assert rows(store, topic) == [(0, b"b0"), (1, b"b1"), (2, b"b2")]
 
 
 def test_an_async_send_whose_commit_answer_was_lost_is_stored_once(
-    proxy: ProxyProcess, store: Store, topic: str
+    proxy: S3Proxy, store: Store, topic: str
 ) -> None:
     with Producer(store, "P") as producer:
         rule = lose_next_answer(proxy, store, schemas.COMMIT_LOG)
         result = producer.send_async(Message(topic, b"async"), queue_id=0).result(timeout=60)
-    assert proxy.hits(rule)
+    assert rule.hits
     assert result.queue_offset == 0
     assert rows(store, topic) == [(0, b"async")]
 
 
 def test_a_dispatch_commit_whose_answer_was_lost_indexes_each_message_once(
-    proxy: ProxyProcess, store: Store, topic: str
+    proxy: S3Proxy, store: Store, topic: str
 ) -> None:
     with Producer(store, "P") as producer:
         producer.send_batch([Message(topic, f"m{i}".encode()) for i in range(3)], queue_id=0)
     rule = lose_next_answer(proxy, store, schemas.CONSUME_QUEUE)
     dispatch_pending(store)
     dispatch_pending(store)
-    assert proxy.hits(rule)
+    assert rule.hits
     entries = store.read(schemas.CONSUME_QUEUE, columns=["topic", "queue_offset"]).to_pylist()
     assert sorted(e["queue_offset"] for e in entries if e["topic"] == topic) == [0, 1, 2]
     result = PullConsumer(store, "G").pull(topic, 0, 0, 32)
@@ -106,19 +104,19 @@ def test_a_dispatch_commit_whose_answer_was_lost_indexes_each_message_once(
 
 
 def test_an_offset_commit_whose_answer_was_lost_is_recorded_once(
-    proxy: ProxyProcess, store: Store, topic: str
+    proxy: S3Proxy, store: Store, topic: str
 ) -> None:
     consumer = PullConsumer(store, "G")
     rule = lose_next_answer(proxy, store, schemas.CONSUMER_OFFSET)
     consumer.commit_offset(topic, 0, 5)
-    assert proxy.hits(rule)
+    assert rule.hits
     offsets = store.read(schemas.CONSUMER_OFFSET).to_pylist()
     assert [(o["topic"], o["offset"]) for o in offsets if o["topic"] == topic] == [(topic, 5)]
     assert PullConsumer(store, "G").committed_offset(topic, 0) == 5
 
 
 def test_an_action_log_commit_whose_answer_was_lost_leases_once(
-    proxy: ProxyProcess, store: Store, topic: str
+    proxy: S3Proxy, store: Store, topic: str
 ) -> None:
     with Producer(store, "P") as producer:
         producer.send_batch([Message(topic, f"m{i}".encode()) for i in range(3)], queue_id=0)
@@ -131,7 +129,7 @@ def test_an_action_log_commit_whose_answer_was_lost_leases_once(
         deadline = time.monotonic() + 30
         while len(got) < 3 and time.monotonic() < deadline:
             got.extend(consumer.receive(16, wait_ms=300))
-        assert proxy.hits(rule)
+        assert rule.hits
         assert sorted(m.body for m in got) == [b"m0", b"m1", b"m2"]
         assert consumer.receive(16) == []  # nothing handed out twice
     finally:
@@ -146,7 +144,7 @@ def test_a_commit_answered_after_the_client_timeout_is_unknown_never_failed_and_
 ) -> None:
     # object_store does not retry a conditional PUT that timed out: when the version is still free
     # the request may yet land (here it does, 2.5 s later), so the send says "unknown", not "failed".
-    with ProxyProcess(s3_server.endpoint) as proxy:
+    with S3Proxy(s3_server.endpoint) as proxy:
         options = {**s3_server.storage_options(endpoint=proxy.endpoint), "timeout": "1s"}
         store = Store.open(s3_root, storage_options=options)
         topic = f"T{uuid.uuid4().hex[:6]}"
@@ -159,6 +157,6 @@ def test_a_commit_answered_after_the_client_timeout_is_unknown_never_failed_and_
                 producer.send(Message(topic, b"slow"), queue_id=0)
             time.sleep(3)  # the held request reaches the server
             after = producer.send(Message(topic, b"after"), queue_id=0)
-        assert proxy.hits(rule)
+        assert rule.hits
         assert after.queue_offset == 2
         assert rows(store, topic) == [(0, b"before"), (1, b"slow"), (2, b"after")]

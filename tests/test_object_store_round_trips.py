@@ -21,21 +21,21 @@ import pyarrow as pa
 import pytest
 from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, write_deltalake
 
+from bench.s3proxy import S3Proxy
 from engine import Admin, Message, Producer, PullConsumer, PullStatus, Store
 from engine.broker.dispatch import dispatch_pending
-from tests.object_store_proxy import ProxyProcess
 
 pytestmark = pytest.mark.s3
 
 
 @pytest.fixture
-def proxy(s3_server: Any) -> Iterator[ProxyProcess]:
-    with ProxyProcess(s3_server.endpoint) as running:
+def proxy(s3_server: Any) -> Iterator[S3Proxy]:
+    with S3Proxy(s3_server.endpoint) as running:
         yield running
 
 
 @pytest.fixture
-def options(proxy: ProxyProcess, s3_server: Any) -> dict[str, str]:
+def options(proxy: S3Proxy, s3_server: Any) -> dict[str, str]:
     return dict(s3_server.storage_options(endpoint=proxy.endpoint))
 
 
@@ -44,7 +44,7 @@ def store(options: dict[str, str], s3_root: str) -> Store:
     return Store.open(s3_root, storage_options=options)
 
 
-def counted(proxy: ProxyProcess, action: Any) -> tuple[int, list[str]]:
+def counted(proxy: S3Proxy, action: Any) -> tuple[int, list[str]]:
     """Requests ``action()`` made, and what they were."""
     proxy.record()
     before = proxy.requests
@@ -52,7 +52,7 @@ def counted(proxy: ProxyProcess, action: Any) -> tuple[int, list[str]]:
     return proxy.requests - before, proxy.record(False)
 
 
-def routed_requests(proxy: ProxyProcess, action: Any) -> tuple[int, list[str]]:
+def routed_requests(proxy: S3Proxy, action: Any) -> tuple[int, list[str]]:
     """Requests of a send or pull, without the route check: every second a client looks for a newer
     topics version (one HEAD, as RocketMQ's clients refresh routes on a timer), whichever call it
     falls on."""
@@ -62,7 +62,7 @@ def routed_requests(proxy: ProxyProcess, action: Any) -> tuple[int, list[str]]:
     return count - len(routes), [r for r in seen if r not in routes]
 
 
-def bare_append_requests(proxy: ProxyProcess, options: dict[str, str], root: str) -> int:
+def bare_append_requests(proxy: S3Proxy, options: dict[str, str], root: str) -> int:
     """Requests of one steady-state append of one row through delta-rs alone (no engine)."""
     uri = f"{root}/bare-peer"
     row = pa.table({"a": [1]})
@@ -80,7 +80,7 @@ def bare_append_requests(proxy: ProxyProcess, options: dict[str, str], root: str
 
 
 def test_a_sync_send_costs_no_request_beyond_a_bare_delta_rs_append(
-    proxy: ProxyProcess, options: dict[str, str], store: Store, s3_root: str
+    proxy: S3Proxy, options: dict[str, str], store: Store, s3_root: str
 ) -> None:
     topic = f"T{uuid.uuid4().hex[:6]}"
     Admin(store).create_topic(topic, queues=1)
@@ -120,7 +120,7 @@ def pulled(store: Store) -> tuple[str, PullConsumer]:
 
 
 def test_a_pull_of_32_from_one_file_costs_at_most_3_requests(
-    proxy: ProxyProcess, pulled: tuple[str, PullConsumer]
+    proxy: S3Proxy, pulled: tuple[str, PullConsumer]
 ) -> None:
     topic, consumer = pulled
     results = []
@@ -131,7 +131,7 @@ def test_a_pull_of_32_from_one_file_costs_at_most_3_requests(
 
 
 def test_a_pull_at_the_head_of_a_queue_costs_one_request(
-    proxy: ProxyProcess, pulled: tuple[str, PullConsumer]
+    proxy: S3Proxy, pulled: tuple[str, PullConsumer]
 ) -> None:
     topic, consumer = pulled
     results = []
@@ -140,9 +140,7 @@ def test_a_pull_at_the_head_of_a_queue_costs_one_request(
     assert count == 1, seen
 
 
-def test_a_pull_from_many_files_reads_each_once(
-    proxy: ProxyProcess, pulled: tuple[str, PullConsumer]
-) -> None:
+def test_a_pull_from_many_files_reads_each_once(proxy: S3Proxy, pulled: tuple[str, PullConsumer]) -> None:
     topic, consumer = pulled
     results = []
     count, seen = routed_requests(proxy, lambda: results.append(consumer.pull(topic, 1, 0, 32)))

@@ -68,7 +68,11 @@ def test_proxy_holds_slow_requests_and_matches_by_method(s3_server: Any, s3_buck
         client.get_object(Bucket=s3_bucket, Key="p/d")
         assert slow.hits == [f"GET /{s3_bucket}/p/d"]
         proxy.clear()
-        assert proxy.rules == []
+        assert slow.times == 0  # cleared rules match nothing more
+        assert proxy.record() == []
+        client.get_object(Bucket=s3_bucket, Key="p/d")
+        assert proxy.record(False) == [f"GET /{s3_bucket}/p/d"]
+        assert slow.hits == [f"GET /{s3_bucket}/p/d"]
 
 
 def test_proxy_refuses_an_upstream_that_is_not_http_host_port() -> None:

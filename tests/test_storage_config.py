@@ -131,3 +131,17 @@ def test_cli_bad_storage_option_is_one_line_error(
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "KEY=VALUE" in err[0]
+
+
+def test_cli_warns_once_when_a_secret_is_given_on_the_command_line(
+    clean_env: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from engine.cli import main
+
+    for key in ("AWS_SECRET_ACCESS_KEY", "AWS_REGION"):
+        monkeypatch.setenv(f"MQ_STORAGE_{key}", "")  # restored after the test
+    argv = ["--storage-option", "AWS_SECRET_ACCESS_KEY=hush", "--storage-option", "AWS_REGION=r"]
+    assert main([*argv, "--store", str(tmp_path / "s"), "topic", "list"]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "AWS_SECRET_ACCESS_KEY" in err[0] and "MQ_STORAGE_" in err[0]
+    assert "hush" not in err[0]

@@ -5,11 +5,12 @@ same server through the same proxy, in two profiles.
 * ``rtt20``: the proxy holds every request ``INJECTED_RTT_MS`` (20 ms) before forwarding it, the
   round trip of a cloud object store.
 
-The proxy (:class:`bench.proxy_process.ProxyProcess`) counts the requests, so each operation is also
-reported in requests per operation, and each latency as a multiple of the injected round trip. Per
-profile: sync send, batched produce (2,000 x 1 KiB per batch) beside bare ``write_deltalake``, async
-send, pull 32, end to end (send -> pullable) with the broker jobs running on the S3 store, receive +
-ack (SimpleConsumer), and 8 writer processes on 1 and on 4 commit-log shards.
+The proxy (:class:`bench.s3proxy.S3Proxy`, in a process of its own) counts the requests, so each
+operation is also reported in requests per operation, and each latency as a multiple of the injected
+round trip. Per profile: sync send, batched produce (2,000 x 1 KiB per batch) beside bare
+``write_deltalake``, async send, pull 32, end to end (send -> pullable) with the broker jobs running
+on the S3 store, receive + ack (SimpleConsumer), and 8 writer processes on 1 and on 4 commit-log
+shards.
 
 Workload ids are ``s3_<profile>_<what>``; a part that fails is reported unavailable with its error
 (the store's object-storage work is under way), the others are still measured.
@@ -28,7 +29,7 @@ from typing import Any
 from deltalake import write_deltalake
 
 from bench import peers
-from bench.proxy_process import ProxyProcess
+from bench.s3proxy import S3Proxy
 from bench.seaweedfs import SeaweedS3
 from bench.stats import Measure, latency, rate, unavailable
 from bench.workloads import BARE, OURS, Context
@@ -77,7 +78,7 @@ class Bed:
 
     server: SeaweedS3
     bucket: str
-    proxy: ProxyProcess
+    proxy: S3Proxy
     profile: str
     rtt_ms: float
     prefix: str = ""
@@ -427,8 +428,7 @@ def on_server(server: SeaweedS3, bucket: str, ctx: Context) -> list[dict[str, An
     results: list[dict[str, Any]] = []
     ctx.extra["s3_profiles"] = dict(PROFILES)
     for profile, delay_ms in PROFILES:
-        log = ctx.workdir / f"s3proxy-{profile}.log"
-        with ProxyProcess(server.endpoint, delay_ms=delay_ms, log=log) as proxy:
+        with S3Proxy(server.endpoint, delay_ms=delay_ms) as proxy:
             bed = Bed(server, bucket, proxy, profile, delay_ms, f"{uuid.uuid4().hex[:8]}/")
             results += profile_workloads(bed, ctx)
     return results

@@ -23,7 +23,7 @@ from collections.abc import Callable, Sequence
 
 from engine.cli import cmd_dashboard, cmd_dlq, cmd_group, cmd_jobs, cmd_message, cmd_serve, cmd_sql, cmd_topic
 from engine.cli.common import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, PROG, Output, Parser, console, one_line
-from engine.config import STORAGE_OPTION_HELP, export_storage_options
+from engine.config import STORAGE_OPTION_HELP, export_storage_options, is_secret_option
 from engine.errors import MQError
 
 Command = Callable[[argparse.Namespace, Output], int]
@@ -85,7 +85,13 @@ def _run(argv: Sequence[str] | None) -> int:
             parser.error(f"unrecognized arguments: {' '.join(extra)}")
         if hasattr(args, "job_args"):  # options handed to a job's own parser (mq broker, maintenance)
             args.job_args = extra
-        export_storage_options(args.storage_option)
+        for key in export_storage_options(args.storage_option):
+            if is_secret_option(key):  # argv is world-readable (ps, /proc): say so, once, on stderr
+                print(
+                    f"{PROG}: warning: --storage-option {key} puts a secret on the command line, where "
+                    f"ps shows it; set MQ_STORAGE_{key} or [storage] in engine.toml instead",
+                    file=sys.stderr,
+                )
         func: Command = args.func
         return func(args, Output(out, err, as_json=bool(args.json)))
     except SystemExit as exc:  # --help, or a job that exits

@@ -234,14 +234,9 @@ def test_injected_503s_and_slow_answers_lose_and_duplicate_nothing(
     assert history.sent == history.acknowledged | history.gave_up
 
 
-# A commit PUT that lands but answers 503: object_store retries it, meets 412 (the commit file
-# exists) and delta-rs reports a lost race; the sequencer then re-stamps the same messages and commits
-# them again at the next version (issue 25). Being fixed in engine/store/delta/commits.py: the fix reads
-# the commit at that version and compares its batch id. Flip this when it lands.
-LANDED_503 = pytest.mark.xfail(
-    strict=True,
-    reason="a commit that landed but answered 503 is committed again (issue 25, engine/store fix pending)",
-)
+# A commit PUT that lands but answers 503: object_store retries it and meets 412 (the commit file
+# exists). The writer reads the commit at that version and finds its own commit id there
+# (engine.store.delta.commits.commit_next): the send is acknowledged once and stored once.
 
 
 class _LandedScenario(Scenario):
@@ -256,7 +251,6 @@ def landed(
     yield from _LandedScenario.running(s3_root, history_dir, options)
 
 
-@LANDED_503
 @pytest.mark.parametrize("send", ["sync send", "batch of 8"])
 def test_a_commit_that_landed_but_answered_503_is_stored_once_and_acknowledged(
     landed: _LandedScenario, proxy: S3Proxy, send: str

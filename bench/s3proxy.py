@@ -86,34 +86,6 @@ class _ProxyServer:
         self._thread: threading.Thread | None = None
         self.endpoint = ""
 
-    # ------------------------------------------------------------------ faults
-    def fail(
-        self,
-        path: str,
-        *,
-        method: str | None = None,
-        status: int = 503,
-        after: bool = False,
-        times: int = 1,
-    ) -> Rule:
-        """Answer the next ``times`` matching requests with ``status`` (after forwarding when ``after``)."""
-        rule = Rule(method, path, status=status, after=after, times=times)
-        with self._lock:
-            self.rules.append(rule)
-        return rule
-
-    def slow(self, path: str, hold_ms: float, *, method: str | None = None, times: int = 1) -> Rule:
-        """Hold the next ``times`` matching requests ``hold_ms`` before forwarding them."""
-        rule = Rule(method, path, status=0, hold_ms=hold_ms, times=times)
-        with self._lock:
-            self.rules.append(rule)
-        return rule
-
-    def clear(self) -> None:
-        """Drop every rule (the delay stays)."""
-        with self._lock:
-            self.rules.clear()
-
     def _take(self, method: str, target: str) -> Rule | None:
         with self._lock:
             for rule in self.rules:

@@ -30,6 +30,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from bench.peers import stop_process_group
+
 ROOT = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = ROOT / "bin" / "seaweedfs-build.sh"
 REGION = "us-east-1"
@@ -220,16 +222,8 @@ class SeaweedS3:
     def stop(self, grace_s: float = 15) -> None:
         """Stop the server (SIGTERM to its process group, SIGKILL after ``grace_s``)."""
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=grace_s)
-        except ProcessLookupError:
-            pass
+        if proc is not None:
+            stop_process_group(proc, grace_s)
 
     def kill(self) -> None:
         """SIGKILL the server at once (a crash mid-commit); :meth:`restart` brings it back."""

@@ -15,6 +15,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 
 from engine import Admin, Store
+from tests.helpers import start_seaweed
 
 # The JVMs the tests start in other processes (mq sql, spark-submit jobs, notebook kernels) live for
 # seconds: with the JIT's first tier only they start and warm up about a fifth faster. A performance
@@ -95,15 +96,7 @@ def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     Where it cannot be built or started the object-store tests skip — except under CI, where that
     is a failure.
     """
-    from bench.seaweedfs import SeaweedS3, SeaweedUnavailable, cached_binary
-
-    server = SeaweedS3(tmp_path_factory.mktemp("seaweedfs"), binary=cached_binary())
-    try:
-        server.start()
-    except SeaweedUnavailable as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"the S3 server is unavailable: {exc}")
-        pytest.skip(f"the S3 server is unavailable: {exc}")
+    server = start_seaweed(tmp_path_factory.mktemp("seaweedfs"))
     yield server
     server.stop()
 
@@ -125,6 +118,16 @@ def s3_root(s3_bucket: str, request: pytest.FixtureRequest) -> str:
 def s3_options(s3_server: Any) -> dict[str, str]:
     """delta-rs storage options of the run's S3 server (admin keys)."""
     return dict(s3_server.storage_options())
+
+
+@pytest.fixture
+def s3_proxy(s3_server: Any) -> Iterator[Any]:
+    """A fault- and latency-injecting proxy (:class:`bench.s3proxy.S3Proxy`) in front of the run's
+    S3 server, for one test; point storage options at ``s3_server.storage_options(endpoint=...)``."""
+    from bench.s3proxy import S3Proxy
+
+    with S3Proxy(s3_server.endpoint) as proxy:
+        yield proxy
 
 
 @pytest.fixture

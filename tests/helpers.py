@@ -9,6 +9,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from engine import Store
 from engine.store import schemas
 
@@ -94,3 +96,18 @@ def append_to_queues(
         ]
         stamped += CommitLogWriter(store, shard=shard).append(pending)
     return stamped
+
+
+def start_seaweed(workdir: Path) -> Any:
+    """A started :class:`bench.seaweedfs.SeaweedS3` in ``workdir``; the calling test skips where
+    it is unavailable, or fails under CI (where ``.ci/run`` built it)."""
+    from bench.seaweedfs import SeaweedS3, SeaweedUnavailable, cached_binary
+
+    server = SeaweedS3(workdir, binary=cached_binary())
+    try:
+        server.start()
+    except SeaweedUnavailable as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"the S3 server is unavailable: {exc}")
+        pytest.skip(f"the S3 server is unavailable: {exc}")
+    return server

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -27,9 +26,8 @@ pytestmark = pytest.mark.s3
 
 
 @pytest.fixture
-def proxy(s3_server: Any) -> Iterator[S3Proxy]:
-    with S3Proxy(s3_server.endpoint) as running:
-        yield running
+def proxy(s3_proxy: S3Proxy) -> S3Proxy:
+    return s3_proxy
 
 
 @pytest.fixture

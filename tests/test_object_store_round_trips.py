@@ -14,7 +14,6 @@ state, after a warm-up): what DESIGN.md §7's round-trip budgets are made of, as
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -29,9 +28,8 @@ pytestmark = pytest.mark.s3
 
 
 @pytest.fixture
-def proxy(s3_server: Any) -> Iterator[S3Proxy]:
-    with S3Proxy(s3_server.endpoint) as running:
-        yield running
+def proxy(s3_proxy: S3Proxy) -> S3Proxy:
+    return s3_proxy
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ Beyond that, every error a writer or a reader saw must be typed (an ``MQError``)
 from __future__ import annotations
 
 import json
-import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,13 +22,14 @@ from typing import Any
 import pytest
 
 from bench.s3proxy import S3Proxy
-from bench.seaweedfs import SeaweedS3, SeaweedUnavailable, cached_binary
+from bench.seaweedfs import SeaweedS3
 from engine import Admin, CommitStateUnknownError, Store
 from engine.broker.dispatch import dispatch_pending
 from engine.config import STORAGE_ENV_PREFIX
 from tests.fault.history import Figures, History, check, misreported_offsets, record
 from tests.fault.procs import Child, event_lines, wait_until, worker
 from tests.fault.scenario import Scenario, timed
+from tests.helpers import start_seaweed
 
 pytestmark = [pytest.mark.fault, pytest.mark.s3]
 
@@ -117,13 +117,7 @@ def _checked(store: Store, history_dir: Path) -> tuple[History, Figures, int]:
 def own_server(tmp_path: Path) -> Iterator[SeaweedS3]:
     """A SeaweedFS server of this test's own: it is killed and restarted, which the run's shared one
     must never be."""
-    server = SeaweedS3(tmp_path / "seaweedfs", binary=cached_binary())
-    try:
-        server.start()
-    except SeaweedUnavailable as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"the S3 server is unavailable: {exc}")
-        pytest.skip(f"the S3 server is unavailable: {exc}")
+    server = start_seaweed(tmp_path / "seaweedfs")
     yield server
     server.stop()
 
@@ -187,9 +181,8 @@ INJECTED = {
 
 
 @pytest.fixture
-def proxy(s3_server: SeaweedS3) -> Iterator[S3Proxy]:
-    with S3Proxy(s3_server.endpoint) as p:
-        yield p
+def proxy(s3_proxy: S3Proxy) -> S3Proxy:
+    return s3_proxy
 
 
 @pytest.mark.parametrize("fault", list(INJECTED))

@@ -44,6 +44,20 @@ def bodies(store: Store) -> list[bytes]:
     return found
 
 
+def running_executor(executors: list[int], pid: int) -> int | None:
+    """The executor among ``executors`` that ``pid`` descends from (its Python workers are forked by a
+    daemon the executor started), or None when the process is gone or belongs to none of them."""
+    while pid > 1:
+        if pid in executors:
+            return pid
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return None
+        pid = int(stat.rsplit(")", 1)[1].split()[1])  # the parent's pid follows the state field
+    return None
+
+
 _SINK_SCRIPT = """
 import os, sys, time
 from pathlib import Path
@@ -100,11 +114,12 @@ def test_the_sink_stays_exactly_once_when_an_executor_is_killed_mid_write(
     try:
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and job.poll() is None and killed is None:
-            if any(marks.iterdir()):
-                executors = spark_cluster.executor_pids()
-                if executors:
-                    killed = executors[0]
+            for mark in marks.iterdir():
+                # the executor running that task: an ancestor of the Python worker that made the mark
+                killed = running_executor(spark_cluster.executor_pids(), int(mark.name.split("-")[1]))
+                if killed is not None:
                     os.kill(killed, signal.SIGKILL)  # a task of the write is running: kill its executor
+                    break
             time.sleep(0.2)
         out, err = job.communicate(timeout=600)
     finally:

@@ -25,7 +25,7 @@ from engine.protocol.lease_book import ranges
 from engine.protocol.names import validate_group_name
 from engine.store import schemas
 from engine.store.commit_markers import lease_app
-from engine.store.delta import Snapshot, backoff
+from engine.store.delta import FollowedLog, Snapshot, backoff, direct_append_enabled, followed_log
 from engine.store.store import Store, now_ms, sql_literal
 
 ADMIN_CONSUMER_ID = "%ADMIN%"  # the consumer id of rows written by administration (offset resets)
@@ -115,8 +115,10 @@ class ActionLogWriter(Closing):
       buffered, first) with the group's lease frontier of that queue (the Delta app transaction
       :func:`~engine.store.commit_markers.lease_app`), so of two decisions about one queue exactly
       one lands; the loser reads again (:meth:`frontier`, :meth:`latest_version`) and decides again.
-      These go through the writer's own table handle: a commit and the frontier it was decided from
-      must come from one snapshot, which a handle shared with other users of the store cannot promise.
+      A commit and the frontier it was decided from must come from one view of the log, which a
+      handle shared with other users of the store cannot promise: on a local store the writer follows
+      the log itself and commits directly (:mod:`engine.store.delta.followed_log`), elsewhere (or
+      with ``MQ_DIRECT_APPEND=0``) through its own delta-rs handle.
 
     Thread-safe.
 
@@ -160,6 +162,9 @@ class ActionLogWriter(Closing):
         self._sequence: int | None = None  # last assigned; read lazily from the table
         self._acks = _Acks()
         self._snapshot: Snapshot | None = None  # the writer's own handle, for lease decisions
+        # On a local store the writer follows the log itself and commits its decisions directly.
+        self._direct = store.is_local and direct_append_enabled()
+        self._log: FollowedLog | None = None
 
     # ----------------------------------------------------------------- sequences and rows
     def next_sequence(self) -> int:
@@ -371,6 +376,28 @@ class ActionLogWriter(Closing):
         self.flush()
 
     # ----------------------------------------------------------------- lease decisions
+    def _followed(self, *, refresh: bool) -> FollowedLog | None:
+        """The writer's own view of a local action log, followed through its commit files (moved on
+        to the latest version when ``refresh``): lease decisions are then committed directly
+        (:mod:`engine.store.delta.followed_log`). None where they go through delta-rs."""
+        log = self._log
+        if log is None:
+            if not self._direct:
+                return None
+            snapshot = self._store.snapshot(schemas.ACTION_LOG)
+            log = self._log = followed_log(
+                snapshot,
+                schemas.ACTION_LOG_SCHEMA,
+                lambda version: self._store.snapshot(schemas.ACTION_LOG, version),
+            )
+            if log is None:
+                self._direct = False
+            return log
+        if refresh and log.follow() is None:
+            self._log = None  # the table changed under it, or its log was cleaned past it
+            return self._followed(refresh=True)
+        return log
+
     def _handle(self, *, refresh: bool) -> Snapshot:
         """The writer's own ``action_log`` handle, moved on to the latest version when ``refresh``
         (and opened anew once it has aged: a long-lived handle slows every commit)."""
@@ -384,12 +411,16 @@ class ActionLogWriter(Closing):
     def latest_version(self) -> int:
         """The table's latest version, read through the writer's own handle (which it moves on)."""
         with self._flush_lock:
-            return self._handle(refresh=True).version()
+            log = self._followed(refresh=True)
+            return log.version if log is not None else self._handle(refresh=True).version()
 
     def frontier(self, topic: str, queue_id: int, *, refresh: bool) -> int:
         """The group's lease frontier in a queue (-1: never leased) as of the writer's own handle,
         moved on to the latest version first when ``refresh``: what a lease decision is based on."""
         with self._flush_lock:
+            log = self._followed(refresh=refresh)
+            if log is not None:
+                return log.app_version(lease_app(self.group, topic, queue_id))
             return lease_frontier(self._handle(refresh=refresh), self.group, topic, queue_id)
 
     def commit_lease(
@@ -410,15 +441,30 @@ class ActionLogWriter(Closing):
         with self._flush_lock:
             taken, acks, recorded = self._take()
             committed = taken + rows
+            table = pa.Table.from_pylist(committed, schema=schemas.ACTION_LOG_SCHEMA)
+            app = lease_app(self.group, topic, queue_id)
             try:
-                version = self._store.append(
-                    schemas.ACTION_LOG,
-                    pa.Table.from_pylist(committed, schema=schemas.ACTION_LOG_SCHEMA),
-                    app_id=lease_app(self.group, topic, queue_id),
-                    app_version=frontier,
-                    max_retries=LEASE_COMMIT_RETRIES,
-                    snapshot=self._handle(refresh=False),
-                )
+                log = self._followed(refresh=False)
+                if log is None:
+                    version = self._store.append(
+                        schemas.ACTION_LOG,
+                        table,
+                        app_id=app,
+                        app_version=frontier,
+                        max_retries=LEASE_COMMIT_RETRIES,
+                        snapshot=self._handle(refresh=False),
+                    )
+                else:
+                    landed = log.commit(table, app, frontier, attempts=LEASE_COMMIT_RETRIES + 1)
+                    if landed is None:
+                        self._log = None
+                        raise CommitConflictError(
+                            f"the action log changed under {self.consumer_id}'s decision about "
+                            f"{topic}:{queue_id}: read again",
+                            table=schemas.ACTION_LOG,
+                            group=self.group,
+                        )
+                    version = landed
             except BaseException:
                 self._put_back(acks, recorded)
                 raise

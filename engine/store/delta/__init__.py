@@ -9,8 +9,8 @@ its owner moves) and see Arrow tables, plain values and the engine's errors.
 - reading the log version by version (:mod:`.log`): the feed of every streaming broker job;
 - committing exactly the next version and its outcomes (:mod:`.commits`): :func:`commit_next`,
   checkpoints at the interval, the look-up of a write whose outcome was unknown;
-- direct appends (:mod:`.direct_append`, :mod:`.blind_appends`): commit files written by the engine
-  itself on a local store, where delta-rs costs more than the commit;
+- direct appends (:mod:`.direct_append`, :mod:`.blind_appends`, :mod:`.followed_log`): commit files
+  written by the engine itself on a local store, where delta-rs costs more than the commit;
 - data files (:mod:`.data_files`, :mod:`.file_reader`): written with Delta's statistics, read by
   point reads on the pull path;
 - the store's side files, whole objects put, got, listed and deleted (:mod:`.objects`);
@@ -42,6 +42,7 @@ from engine.store.delta.data_files import (
 from engine.store.delta.direct_append import DirectAppender, LogCommit, direct_append_enabled, direct_appender
 from engine.store.delta.durability import fsync_version
 from engine.store.delta.file_reader import FileReader, FileStats
+from engine.store.delta.followed_log import FollowedLog, followed_log
 from engine.store.delta.hostlock import LOCK_DIR, LOCK_WAIT_S, HostLock, host_lock_enabled
 from engine.store.delta.log import (
     VERSION_COLUMN,
@@ -93,6 +94,7 @@ __all__ = [
     "DirectAppender",
     "FileReader",
     "FileStats",
+    "FollowedLog",
     "HostLock",
     "LogCommit",
     "ObjectInfo",
@@ -113,6 +115,7 @@ __all__ = [
     "direct_appender",
     "earliest_version",
     "find_batch",
+    "followed_log",
     "fsync_version",
     "get_object",
     "host_lock_enabled",

@@ -15,9 +15,11 @@ The commit is what Delta's protocol asks of a writer of version 1/2 tables: a ``
 statistics (``numRecords``, ``minValues``, ``maxValues``, ``nullCount`` over the table's statistics
 columns). Only tables that ask nothing more qualify (:func:`direct_appender`): reader version 1,
 writer version at most 2 (appendOnly and invariants; no invariant may be set on a column), not
-partitioned, and of exactly the schema the rows have. Anything else (object stores, app
-transactions, newer protocols) goes through delta-rs, and both kinds of commit interleave on one
-log: each lands on the next version or not at all.
+partitioned, and of exactly the schema the rows have. A commit may carry app transactions (``txn``
+actions, which version 2 writers write): the action log's lease decisions
+(:mod:`engine.store.delta.followed_log`). Anything else (object stores, newer protocols) goes through
+delta-rs, and both kinds of commit interleave on one log: each lands on the next version or not at
+all.
 
 A writer that commits here follows the log by reading the commit files after its version
 (:meth:`DirectAppender.read_commit`) instead of refreshing a delta-rs handle (about 5 ms per version
@@ -318,9 +320,16 @@ class DirectAppender:
             "stats": file_stats(rows, self.stats_columns),
         }
 
-    def commit(self, version: int, add: Mapping[str, Any], custom_metadata: Mapping[str, str]) -> None:
+    def commit(
+        self,
+        version: int,
+        add: Mapping[str, Any],
+        custom_metadata: Mapping[str, str],
+        transactions: Mapping[str, int] | None = None,
+    ) -> None:
         """Commit the file of ``add`` as exactly version ``version``, with ``custom_metadata`` in its
-        commitInfo (as delta-rs places it).
+        commitInfo (as delta-rs places it) and a ``txn`` action for each of ``transactions`` (Delta
+        app transactions: app id -> version), which a writer of version 2 tables may write.
 
         Raises:
             CommitConflictError: the version exists already: another writer took it (nothing was
@@ -337,10 +346,18 @@ class DirectAppender:
             "isBlindAppend": True,
             "engineInfo": ENGINE_INFO,
             **custom_metadata,
-            COUNTS_KEY: _COUNTS_ONE_ADD,
+            COUNTS_KEY: json.dumps({"txn": len(transactions or {}), "add": 1}, separators=(",", ":"))
+            if transactions
+            else _COUNTS_ONE_ADD,
         }
+        txns = [
+            {"txn": {"appId": app, "version": int(v), "lastUpdated": info["timestamp"]}}
+            for app, v in (transactions or {}).items()
+        ]
         # one action a line and no newline after the last, as delta-rs writes them
-        text = "\n".join(json.dumps(a, separators=(",", ":")) for a in ({"commitInfo": info}, {"add": add}))
+        text = "\n".join(
+            json.dumps(a, separators=(",", ":")) for a in ({"commitInfo": info}, *txns, {"add": add})
+        )
         target = self.commit_path(version)
         temporary = os.path.join(self._log_dir, f"_commit_{uuid.uuid4()}.json.tmp")
         linking = False

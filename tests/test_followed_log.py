@@ -19,11 +19,11 @@ from engine.broker.dispatch import dispatch_pending
 from engine.store import schemas
 from engine.store.action_log import ActionLogWriter, reset_leases
 from engine.store.commit_markers import lease_app
-from engine.store.delta import FollowedLog, followed_log, open_snapshot
+from engine.store.delta import FollowedLog, follow_log, open_snapshot
 
 
 def _log(store: Store) -> FollowedLog:
-    log = followed_log(
+    log = follow_log(
         store.snapshot(schemas.ACTION_LOG),
         schemas.ACTION_LOG_SCHEMA,
         lambda version: store.snapshot(schemas.ACTION_LOG, version),

@@ -2,7 +2,8 @@
 
 A member proves it is alive with HEARTBEAT rows (every 1-2 s) and says goodbye with a LEAVE row.
 :func:`live_members` is every consumer whose latest event is a heartbeat younger than the timeout,
-so a member that crashes drops out by itself.
+so a member that crashes drops out by itself; one that ran on the same host drops out at once
+(:func:`known_dead`).
 
 Orderly consumption locks queues with leases (RocketMQ: the broker keeps a lock 60 s, the client
 relocks every 20 s and trusts its lock for 30 s). The lease decision is sequenced on the Delta log
@@ -13,12 +14,15 @@ lapse stops before anyone else can take the queue, with half a TTL of slack for 
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import re
 import socket
 import threading
 import time
 import uuid
+import zlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -33,8 +37,64 @@ DEFAULT_LOCK_TTL_MS = 60_000
 
 
 def default_consumer_id() -> str:
-    """A consumer id unique to this instance: host, pid and a random suffix."""
-    return f"{socket.gethostname()}@{os.getpid()}@{uuid.uuid4().hex[:8]}"
+    """A consumer id unique to this instance: host, pid and a random suffix, then (on Linux) the
+    process's liveness tag, by which members on the same host learn at once that it died
+    (:func:`known_dead`)."""
+    tag = _liveness_tag(os.getpid())
+    return f"{socket.gethostname()}@{os.getpid()}@{uuid.uuid4().hex[:8]}" + (f".{tag}" if tag else "")
+
+
+# host@pid@random.<pid namespace tag><process start tag>, as default_consumer_id makes them
+_TAGGED_ID = re.compile(r"^(?P<host>.+)@(?P<pid>\d+)@[0-9a-f]{8}\.(?P<ns>[0-9a-f]{8})(?P<start>[0-9a-f]{8})$")
+
+
+def _crc(text: str) -> str:
+    return f"{zlib.crc32(text.encode()):08x}"
+
+
+@functools.cache
+def _namespace_tag() -> str | None:
+    """This host's boot and this process's pid namespace: pids compare only within them."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as f:
+            boot = f.read().strip()
+        return _crc(f"{boot}:{os.stat('/proc/self/ns/pid').st_ino}")
+    except OSError:
+        return None
+
+
+def _start_tag(pid: int) -> str | None:
+    """Process ``pid``'s start (in clock ticks since boot): a pid reused later starts later. None
+    when there is no such process, or it has ended and waits for its parent (a zombie), or no /proc."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    # fields 3 (state) and 22 (start time) of stat, counted after the command name
+    if len(fields) < 20 or fields[0] in ("Z", "X"):
+        return None
+    return _crc(f"{pid}:{fields[19]}")
+
+
+def _liveness_tag(pid: int) -> str | None:
+    ns, start = _namespace_tag(), _start_tag(pid)
+    return None if ns is None or start is None else ns + start
+
+
+def known_dead(consumer_id: str) -> bool:
+    """Whether ``consumer_id`` names a process of this host and pid namespace that has ended.
+
+    A member's heartbeats stop when it dies, but the others would wait ``member_timeout_ms`` to
+    notice; a RocketMQ broker learns it at once from the closed connection and tells the group. For
+    a member with a default id (:func:`default_consumer_id`) on the same host the answer is at hand:
+    its process is gone, or its pid now belongs to a process started later. Any other id (given by
+    the user, another host, another container) is never known dead: its heartbeats decide.
+    """
+    match = _TAGGED_ID.match(consumer_id)
+    if match is None or match["host"] != socket.gethostname() or match["ns"] != _namespace_tag():
+        return False
+    return _start_tag(int(match["pid"])) != match["start"]
 
 
 DEFAULT_INSTANCE_NAME = "DEFAULT"
@@ -62,7 +122,8 @@ def _positive_ms(name: str, value: object, maximum: int | None = None) -> int:
 
 
 def _latest_alive(rows: Iterable[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
-    """Per consumer, its latest HEARTBEAT when that is its latest membership event."""
+    """Per consumer, its latest HEARTBEAT when that is its latest membership event (and it is not
+    known dead)."""
     latest: dict[str, Mapping[str, Any]] = {}
     for row in rows:
         if row["event"] not in (HEARTBEAT, LEAVE):
@@ -72,7 +133,7 @@ def _latest_alive(rows: Iterable[Mapping[str, Any]]) -> dict[str, Mapping[str, A
         # On equal timestamps LEAVE wins: a member never heartbeats after leaving.
         if seen is None or (row["ts_ms"], row["event"] == LEAVE) > (seen["ts_ms"], seen["event"] == LEAVE):
             latest[cid] = row
-    return {cid: row for cid, row in latest.items() if row["event"] == HEARTBEAT}
+    return {cid: row for cid, row in latest.items() if row["event"] == HEARTBEAT and not known_dead(cid)}
 
 
 def live_members(
@@ -87,7 +148,7 @@ def live_members(
     _positive_ms("timeout_ms", timeout_ms, MAX_MEMBER_MS)
     since = now_ms() - timeout_ms
     members = (log or GroupLog(store)).members(group)
-    return sorted(cid for cid, m in members.items() if m.last_heartbeat_ms >= since)
+    return sorted(cid for cid, m in members.items() if m.last_heartbeat_ms >= since and not known_dead(cid))
 
 
 def live_subscriptions(

@@ -25,7 +25,7 @@ from engine.protocol.lease_book import ranges
 from engine.protocol.names import validate_group_name
 from engine.store import schemas
 from engine.store.commit_markers import lease_app
-from engine.store.delta import FollowedLog, Snapshot, backoff, direct_append_enabled, followed_log
+from engine.store.delta import FollowedLog, Snapshot, backoff, direct_append_enabled, follow_log
 from engine.store.store import Store, now_ms, sql_literal
 
 ADMIN_CONSUMER_ID = "%ADMIN%"  # the consumer id of rows written by administration (offset resets)
@@ -385,7 +385,7 @@ class ActionLogWriter(Closing):
             if not self._direct:
                 return None
             snapshot = self._store.snapshot(schemas.ACTION_LOG)
-            log = self._log = followed_log(
+            log = self._log = follow_log(
                 snapshot,
                 schemas.ACTION_LOG_SCHEMA,
                 lambda version: self._store.snapshot(schemas.ACTION_LOG, version),

@@ -42,7 +42,7 @@ from engine.store.delta.data_files import (
 from engine.store.delta.direct_append import DirectAppender, LogCommit, direct_append_enabled, direct_appender
 from engine.store.delta.durability import fsync_version
 from engine.store.delta.file_reader import FileReader, FileStats
-from engine.store.delta.followed_log import FollowedLog, followed_log
+from engine.store.delta.followed_log import FollowedLog, follow_log
 from engine.store.delta.hostlock import LOCK_DIR, LOCK_WAIT_S, HostLock, host_lock_enabled
 from engine.store.delta.log import (
     VERSION_COLUMN,
@@ -115,7 +115,7 @@ __all__ = [
     "direct_appender",
     "earliest_version",
     "find_batch",
-    "followed_log",
+    "follow_log",
     "fsync_version",
     "get_object",
     "host_lock_enabled",

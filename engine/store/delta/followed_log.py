@@ -37,7 +37,7 @@ class FollowedLog:
     """One writer's view of a local table: every commit up to :attr:`version` read, the app
     transactions they recorded, and its own commits put at the next version. Not thread-safe.
 
-    Made by :func:`followed_log`.
+    Made by :func:`follow_log`.
 
     Args:
         base: a snapshot of the table; its version is where following starts, and app transactions
@@ -168,7 +168,7 @@ class FollowedLog:
         checkpoint_if_due(snapshot, version)
 
 
-def followed_log(
+def follow_log(
     snapshot: Snapshot, schema: pa.Schema, open_snapshot: Callable[[int], Snapshot]
 ) -> FollowedLog | None:
     """A :class:`FollowedLog` of ``snapshot``'s table from its version, for rows of ``schema``; None

@@ -169,10 +169,10 @@ def test_continuous_run_picks_up_new_messages_and_stops_cleanly(spark: Any, stor
         assert query.isActive
         sent = _send(store, topic, 1)[0]
         deadline = time.monotonic() + 30
-        consumer = PullConsumer(store, "g")
-        while consumer.pull(topic, sent.queue_id, 0).status is not PullStatus.FOUND:
+        while dispatched_version(store) < store.version(schemas.COMMIT_LOG):
             assert time.monotonic() < deadline, "the running dispatch job never dispatched the message"
             time.sleep(0.1)
+        assert [e["physical_offset"] for e in _consume_queue(store)] == [sent.physical_offset]
     finally:
         query.stop()
     assert not query.isActive and query.exception() is None

@@ -44,13 +44,23 @@ def test_found_returns_messages_and_next_offset(store: Store, topic: str) -> Non
     assert m.store_ts_ms >= m.born_ts_ms > 0 and len(m.msg_id) == 32
 
 
-def test_pull_reads_only_dispatched_messages(store: Store, topic: str) -> None:
+def test_a_message_is_pullable_once_its_commit_lands_and_dispatch_commits_the_same_entries(
+    store: Store, topic: str
+) -> None:
+    consumer = PullConsumer(store, "g")
     with Producer(store) as p:
         p.send(Message(topic, b"x"), queue_id=0)
-    r = PullConsumer(store, "g").pull(topic, 0, 0)
-    assert (r.status, r.next_begin_offset, r.max_offset) == (PullStatus.NO_NEW_MSG, 0, 0)
-    dispatch_pending(store)
-    assert PullConsumer(store, "g").pull(topic, 0, 0).status is PullStatus.FOUND
+        before = consumer.pull(topic, 0, 0)  # the consume queue does not cover it yet: the tail does
+        assert (before.status, before.next_begin_offset, before.max_offset) == (PullStatus.FOUND, 1, 1)
+        assert [m.body for m in before.messages] == [b"x"]
+        p.send(Message(topic, b"y"), queue_id=0)
+    assert dispatch_pending(store) == 2
+    after = PullConsumer(store, "g").pull(topic, 0, 0)  # from the consume queue alone
+    assert [m.body for m in after.messages] == [b"x", b"y"]
+    assert [(m.msg_id, m.physical_offset, m.queue_offset) for m in after.messages[:1]] == [
+        (m.msg_id, m.physical_offset, m.queue_offset) for m in before.messages
+    ]
+    assert consumer.pull(topic, 0, 1).messages[0].body == b"y"  # the tail gave way to the queue
 
 
 def test_offset_equal_to_max_is_no_new_msg(store: Store, topic: str) -> None:

@@ -11,19 +11,16 @@ upstream and stops the job rather than writing a hole.
 from __future__ import annotations
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from engine.errors import CommitConflictError, StoreError
-from engine.model import UNDISPATCHED_FLAGS
+from engine.errors import CommitConflictError
 from engine.store import schemas
 from engine.store.consume_queue import (
-    QueueMarks,
     commit_entries,
     covered_version,
     dispatched_version,
     queue_marks,
 )
-from engine.store.delta import VERSION_COLUMN
+from engine.store.queue_entries import plan_entries
 from engine.store.store import Store
 
 # What dispatch needs from a commit-log row; bodies stay on disk.
@@ -40,69 +37,6 @@ DISPATCH_COLUMNS = (
 DISPATCH_SCHEMA = pa.schema([schemas.COMMIT_LOG_SCHEMA.field(c) for c in DISPATCH_COLUMNS])
 # Commit-log versions read and dispatched in one consume-queue commit (bounds a catch-up's memory).
 VERSIONS_PER_COMMIT = 1000
-_HIDDEN_FLAGS = pa.array(sorted(UNDISPATCHED_FLAGS), pa.int32())
-
-
-def visible_rows_after(rows: pa.Table, last: int) -> tuple[pa.Table, int]:
-    """The commit-log ``rows`` (carrying ``_version``) of versions after ``last`` that consumers can
-    see (transaction halves and rolled-back messages are not), and the last version among those
-    newer rows (``last`` when there is none: the caller has nothing to cover). Pure.
-
-    Which rows a consumer will ever see: dispatch gives them queue entries and the index
-    (:mod:`engine.broker.index`) indexes them, with this one filter.
-    """
-    rows = rows.filter(pc.greater(rows[VERSION_COLUMN], last))
-    if rows.num_rows == 0:
-        return rows, last
-    covered = int(pc.max(rows[VERSION_COLUMN]).as_py())
-    return rows.filter(pc.invert(pc.is_in(rows["sys_flag"], value_set=_HIDDEN_FLAGS))), covered
-
-
-def plan_entries(rows: pa.Table, last: int, marks: QueueMarks) -> tuple[pa.Table, int]:
-    """Consume-queue entries for the commit-log ``rows`` (carrying ``_version``) of versions after
-    ``last``, and the last version they cover; ``marks`` (the queues' next offsets as of the same
-    consume-queue version as ``last``) is advanced in place. Pure.
-
-    Raises:
-        StoreError: a queue-offset gap (entries must continue each queue densely).
-    """
-    rows, covered = visible_rows_after(rows, last)
-    if covered == last:
-        return schemas.CONSUME_QUEUE_SCHEMA.empty_table(), last
-    rows = rows.sort_by([(VERSION_COLUMN, "ascending"), ("physical_offset", "ascending")])
-    topics = rows["topic"].to_pylist()
-    qids = rows["queue_id"].to_pylist()
-    offsets = rows["queue_offset"].to_pylist()
-    keep = []
-    for i, (topic, qid, off) in enumerate(zip(topics, qids, offsets, strict=True)):
-        expected = marks.max_offset(topic, qid)
-        if off < expected:
-            continue  # already dispatched by an earlier writer of the same version range
-        if off > expected:
-            raise StoreError(
-                f"dispatch found a gap in {topic}:{qid}: expected queue offset {expected}, got {off}",
-                topic=topic,
-                queue_id=qid,
-                offset=off,
-            )
-        marks.set_next(topic, qid, off + 1)
-        keep.append(i)
-    rows = rows.take(pa.array(keep, pa.int64()))
-    marks.log_version = covered
-    entries = pa.table(
-        {
-            "topic": rows["topic"],
-            "queue_id": rows["queue_id"],
-            "queue_offset": rows["queue_offset"],
-            "physical_offset": rows["physical_offset"],
-            "size": rows["size"],
-            "tags_code": rows["tags_code"],
-            "store_ts_ms": rows["store_ts_ms"],
-            "log_version": rows[VERSION_COLUMN],
-        },
-        schema=schemas.CONSUME_QUEUE_SCHEMA,
-    )
-    return entries, covered
 
 
 def dispatch_rows(store: Store, rows: pa.Table, attempts: int = 8, *, shard: int = 0) -> int:

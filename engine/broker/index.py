@@ -17,7 +17,6 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.broker.dispatch import visible_rows_after
 from engine.errors import CommitConflictError, StoreError
 from engine.store import schemas
 from engine.store.delta import VERSION_COLUMN, read_versions
@@ -29,6 +28,7 @@ from engine.store.index import (
     covered_version,
     indexed_version,
 )
+from engine.store.queue_entries import visible_rows_after
 from engine.store.store import Store
 
 # What the indexer reads from a commit-log row; bodies stay on disk.

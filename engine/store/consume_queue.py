@@ -33,6 +33,7 @@ from engine.protocol.shards import SHARD_SHIFT
 from engine.store import schemas
 from engine.store.commit_markers import CQ_KEY, dispatch_app
 from engine.store.delta import FileReader, FileStats, Snapshot
+from engine.store.queue_entries import QueueTail
 from engine.store.store import Store
 
 
@@ -145,41 +146,76 @@ class QueueIndex:
         self._cq_files = FileStats(-1, [])
         self._cq_reader = FileReader(store.uri(schemas.CONSUME_QUEUE), store.storage_options)
         self._logs = [_ShardLog(store, name) for name in store.commit_logs]
+        self._covered = [-1] * len(self._logs)  # per shard: the commit-log version the marks cover
+        self._tail = QueueTail(store)
+        self._generation = 0
 
     @property
     def version(self) -> int:
-        return self._version
+        """A number that changes whenever what the reader sees changes (a consume-queue version or
+        the tail read past it)."""
+        return self._generation
 
     def refresh(self) -> bool:
-        """Catch up with the consume queue; True when a newer version was loaded."""
+        """Catch up with the consume queue and with the commit-log versions it does not cover yet
+        (:class:`~engine.store.queue_entries.QueueTail`); True when what the reader sees changed."""
         with self._lock:
-            if self._cq is None:
-                self._cq = self._store.snapshot(schemas.CONSUME_QUEUE)
-            else:
-                if self._store.latest_version_hint(schemas.CONSUME_QUEUE, self._version) <= self._version:
-                    return False
-                self._cq.refresh()
-            version = self._cq.version()
-            if version == self._version:
-                return False
-            marks = queue_marks(self._cq)
-            files = FileStats.of(self._cq, ["queue_id", "queue_offset"])
-            # Files first: a reader that sees the new bounds must find the entries behind them.
-            self._cq_files = files
-            self._marks = marks
-            self._cq_reader.forget(set(files.paths))
-            self._version = version
-            return True
+            changed = self._refresh_queue()
+            if self._tail.advance(self._covered, self._marks, cq_changed=changed) or changed:
+                self._generation += 1
+                return True
+            return False
+
+    def _refresh_queue(self) -> bool:
+        if self._cq is None:
+            self._cq = self._store.snapshot(schemas.CONSUME_QUEUE)
+        elif self._store.latest_version_hint(schemas.CONSUME_QUEUE, self._version) <= self._version:
+            return False
+        else:
+            self._cq.refresh()
+        version = self._cq.version()
+        if version == self._version:
+            return False
+        marks = queue_marks(self._cq)
+        files = FileStats.of(self._cq, ["queue_id", "queue_offset"])
+        # Files first: a reader that sees the new bounds must find the entries behind them.
+        self._cq_files = files
+        self._marks = marks
+        # The marks' log version is shard 0's covered version; other shards have their own marker.
+        self._covered = [marks.log_version] + [
+            covered_version(self._cq, shard) for shard in range(1, len(self._logs))
+        ]
+        self._cq_reader.forget(set(files.paths))
+        self._version = version
+        return True
 
     def marks(self) -> QueueMarks:
-        return self._marks
+        """Every queue's bounds, the tail's entries included."""
+        return self._tail.marks or self._marks
 
     def bounds(self, topic: str, queue_id: int) -> tuple[int, int]:
-        """(min_offset, max_offset) of a dispatched queue; max is the next offset to be written."""
-        return self._marks.min_offset(topic, queue_id), self._marks.max_offset(topic, queue_id)
+        """(min_offset, max_offset) of a queue; max is the next offset to be written, past the
+        entries of commit-log versions dispatch has not committed yet (the tail)."""
+        tail = self._tail.marks
+        dispatched = self._marks.max_offset(topic, queue_id)
+        high = dispatched if tail is None else max(dispatched, tail.max_offset(topic, queue_id))
+        return self._marks.min_offset(topic, queue_id), high
 
     def entries(self, topic: str, queue_id: int, start: int, end: int) -> pa.Table:
-        """Consume-queue entries with ``start <= queue_offset < end``, in offset order."""
+        """Consume-queue entries with ``start <= queue_offset < end``, in offset order (those past
+        the consume queue from the tail)."""
+        dispatched = self._marks.max_offset(topic, queue_id)
+        tail = self._tail.entries.get((topic, queue_id)) if end > dispatched else None
+        table = self._dispatched_entries(topic, queue_id, start, min(end, dispatched))
+        if tail is None:
+            return table
+        offsets = tail["queue_offset"]
+        wanted = pc.and_(pc.greater_equal(offsets, max(start, dispatched)), pc.less(offsets, end))
+        return pa.concat_tables([table, tail.filter(wanted)])
+
+    def _dispatched_entries(self, topic: str, queue_id: int, start: int, end: int) -> pa.Table:
+        if end <= start:
+            return schemas.CONSUME_QUEUE_SCHEMA.empty_table()
         files = self._cq_files.overlapping("queue_offset", start, end - 1, {"queue_id": queue_id})
         for attempt in range(2):
             try:
@@ -208,16 +244,21 @@ class QueueIndex:
         if not physical_offsets:
             return schema.empty_table()
         wanted = np.asarray(physical_offsets, dtype=np.int64)
-        unique = np.unique(wanted)
-        if int(unique[0]) >= 0 and int(unique[-1]) >> SHARD_SHIFT == 0:
-            parts = [self._logs[0].rows(unique)]  # all in shard 0 (every store without shards)
+        tail, rest = self._tail.rows_at(np.unique(wanted).tolist())
+        parts = [] if tail is None else [tail]
+        unique = np.asarray(rest, dtype=np.int64)
+        if not len(unique):
+            pass
+        elif int(unique[0]) >= 0 and int(unique[-1]) >> SHARD_SHIFT == 0:
+            parts.append(self._logs[0].rows(unique))  # all in shard 0 (every store without shards)
         else:
             shards = unique >> SHARD_SHIFT  # a negative offset or a shard the store lacks: never found
-            parts = [
+            parts += [
                 self._logs[k].rows(unique[shards == k])
                 for k in np.unique(shards).tolist()
                 if 0 <= k < len(self._logs)
             ]
+        unique = np.unique(wanted)
         table = pa.concat_tables(parts) if parts else schema.empty_table()
         found = table["physical_offset"]
         if table.num_rows < len(unique):

@@ -49,7 +49,14 @@ def local_path(uri: str) -> str | None:
     """The directory of a table (or store) on the local filesystem, or None for an object-store URI."""
     if uri.startswith("file://"):
         return unquote(uri.removeprefix("file://")).rstrip("/") or "/"
-    return None if "://" in uri else str(Path(uri).resolve())
+    return None if "://" in uri else _resolved(uri, os.getcwd())
+
+
+@lru_cache(maxsize=256)
+def _resolved(path: str, cwd: str) -> str:
+    # Long polls ask for every table's newest commit on every poll: resolving the path (a stat of
+    # each of its parts) cost more than the probe itself.
+    return str(Path(cwd, path).resolve())
 
 
 @lru_cache(maxsize=64)

@@ -1,0 +1,135 @@
+"""Messages are read from the commit-log versions dispatch has not covered yet
+(engine.store.queue_entries.QueueTail), with the same entries dispatch then commits: by pulls, long
+polls, leases and a store of several shards; never transaction halves; never past a gap or a failed
+read; no more than TAIL_MAX_VERSIONS versions ahead of a stopped dispatcher."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+import engine.store.queue_entries as queue_entries
+from engine import Admin, Message, Producer, PullConsumer, PullStatus, SimpleConsumer, Store
+from engine.broker.dispatch import dispatch_pending
+from engine.config import load_config
+from engine.errors import StoreError
+from engine.protocol.transactions import SysFlag
+from engine.store import schemas
+from engine.store.commit_log import CommitLogWriter
+from engine.store.commit_log.stamping import PendingMessage
+from engine.store.consume_queue import QueueIndex, dispatched_version
+
+
+def _entries(index: QueueIndex, topic: str, queue_id: int) -> list[tuple[int, int]]:
+    low, high = index.bounds(topic, queue_id)
+    table = index.entries(topic, queue_id, low, high)
+    return list(zip(table["queue_offset"].to_pylist(), table["physical_offset"].to_pylist(), strict=True))
+
+
+def test_the_tail_plans_exactly_the_entries_dispatch_commits(store: Store, topic: str) -> None:
+    with Producer(store) as producer:
+        for i in range(10):
+            producer.send(Message(topic, f"m{i}".encode()), queue_id=i % 2)
+        producer.send_batch([Message(topic, f"b{i}".encode()) for i in range(5)], queue_id=1)
+    before = QueueIndex(store)
+    before.refresh()
+    planned = {q: _entries(before, topic, q) for q in range(2)}
+    assert [len(planned[q]) for q in range(2)] == [5, 10]
+    assert dispatched_version(store) == -1
+    dispatch_pending(store)
+    after = QueueIndex(store)
+    after.refresh()
+    assert {q: _entries(after, topic, q) for q in range(2)} == planned
+    # the reader that planned them goes over to the consume queue and sees the same
+    assert before.refresh() and {q: _entries(before, topic, q) for q in range(2)} == planned
+
+
+def test_a_long_poll_wakes_for_a_send_that_no_dispatcher_handles(store: Store, topic: str) -> None:
+    consumer = PullConsumer(store, "g")
+    got = []
+    poll = threading.Thread(target=lambda: got.append(consumer.pull(topic, 0, 0, suspend_ms=20_000)))
+    poll.start()
+    with Producer(store) as producer:
+        producer.send(Message(topic, b"now"), queue_id=0)
+    poll.join(60)
+    assert got and got[0].status is PullStatus.FOUND and [m.body for m in got[0].messages] == [b"now"]
+    assert dispatched_version(store) == -1
+
+
+def test_leases_take_messages_from_the_tail_and_acks_hold_after_dispatch(store: Store, topic: str) -> None:
+    with Producer(store) as producer:
+        producer.send_batch([Message(topic, f"m{i}".encode()) for i in range(6)], queue_id=0)
+    with SimpleConsumer(store, "g", "c1") as consumer:
+        consumer.subscribe(topic)
+        got = consumer.receive(max_nums=6, invisible_ms=30_000)
+        assert sorted(m.body for m in got) == [f"m{i}".encode() for i in range(6)]
+        for m in got:
+            consumer.ack(m)
+    dispatch_pending(store)
+    with SimpleConsumer(store, "g", "c2") as consumer:
+        consumer.subscribe(topic)
+        assert consumer.receive(max_nums=6, invisible_ms=30_000) == []
+
+
+def test_transaction_halves_and_rolled_back_messages_stay_out_of_the_tail(store: Store, topic: str) -> None:
+    writer = CommitLogWriter(store)
+    writer.append(
+        [
+            PendingMessage(topic, 0, b"half", "U-HALF", sys_flag=int(SysFlag.PREPARED)),
+            PendingMessage(topic, 0, b"rolled-back", "U-RB", sys_flag=int(SysFlag.ROLLBACK)),
+        ]
+    )
+    with Producer(store) as producer:
+        producer.send(Message(topic, b"plain"), queue_id=0)
+    result = PullConsumer(store, "g").pull(topic, 0, 0)
+    assert [m.body for m in result.messages] == [b"plain"]
+
+
+def test_each_shard_is_read_past_its_own_marker(tmp_path: Path) -> None:
+    store = Store.open(tmp_path / "mq", config=load_config(commit_log_shards=3))
+    Admin(store).create_topic("S", 6)
+    with Producer(store) as producer:
+        for q in range(6):
+            producer.send(Message("S", f"q{q}".encode()), queue_id=q)
+    consumer = PullConsumer(store, "g")
+    assert [[m.body for m in consumer.pull("S", q, 0).messages] for q in range(6)] == [
+        [f"q{q}".encode()] for q in range(6)
+    ]
+    dispatch_pending(store)
+    with Producer(store) as producer:
+        producer.send(Message("S", b"again"), queue_id=4)
+    assert [m.body for m in consumer.pull("S", 4, 0).messages] == [b"q4", b"again"]
+
+
+def test_a_failed_read_leaves_the_consume_queue_alone_visible(
+    store: Store, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with Producer(store) as producer:
+        producer.send(Message(topic, b"dispatched"), queue_id=0)
+    dispatch_pending(store)
+    with Producer(store) as producer:
+        producer.send(Message(topic, b"not yet"), queue_id=0)
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise StoreError("the commit log cannot be read")
+
+    monkeypatch.setattr(Store, "versions_after", refused)
+    result = PullConsumer(store, "g").pull(topic, 0, 0)
+    assert [m.body for m in result.messages] == [b"dispatched"] and result.max_offset == 1
+
+
+def test_the_tail_stops_its_read_a_bounded_way_past_a_stopped_dispatcher(
+    store: Store, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(queue_entries, "TAIL_MAX_VERSIONS", 3)
+    with Producer(store) as producer:
+        for i in range(5):
+            producer.send(Message(topic, f"m{i}".encode()), queue_id=0)
+    # versions 0 (the table's creation), 1 and 2 (the first two sends) of the 6
+    assert store.version(schemas.COMMIT_LOG) == 5
+    assert PullConsumer(store, "g").pull(topic, 0, 0).max_offset == 2
+    dispatch_pending(store)
+    assert PullConsumer(store, "g").pull(topic, 0, 0).max_offset == 5
+    assert store.version(schemas.COMMIT_LOG) == dispatched_version(store)

@@ -32,6 +32,7 @@ from engine.protocol import (
 )
 from engine.protocol.delays import DELAY_LEVELS_MS, MAX_DELAY_LEVEL
 from engine.protocol.schedule import TIMER_QUEUE_ID
+from engine.spark.jobs.schedule import _deliver_within
 from engine.store import schemas
 from engine.store.commit_markers import SCHEDULE_APP, schedule_queue_app
 from engine.store.store import now_ms
@@ -472,3 +473,48 @@ def test_a_one_second_delay_through_the_running_jobs(spark: Any, store: Store, t
     finally:
         schedule.stop()
         dispatch.stop()
+
+
+def test_next_due_is_the_earliest_waiting_message_still_ahead(store: Store, topic: str) -> None:
+    base = now_ms()
+    with Producer(store) as producer:
+        producer.send(Message(topic, b"timer", deliver_at_ms=base + 50_000), queue_id=0)
+        producer.send(Message(topic, b"level"), delay_level=3, queue_id=0)  # 10 s
+    scheduler = Scheduler(store)
+    assert scheduler.next_due_ms() is None  # nothing seen before a pass
+    assert scheduler.deliver_due(base) == 0
+    level = next(r for r in commit_log_rows(store) if r["body"] == b"level")
+    level_due = int(level["deliver_at_ms"])  # type: ignore[call-overload]
+    assert scheduler.next_due_ms() == level_due
+    assert scheduler.deliver_due(level_due) == 1
+    assert scheduler.next_due_ms() == base + 50_000  # the timer is next
+    assert scheduler.deliver_due(base + 50_000) == 1
+    assert scheduler.next_due_ms() is None
+
+
+class _Due:
+    """A scheduler stand-in: one message due ``ahead_ms`` from now, then nothing."""
+
+    def __init__(self, ahead_ms: int) -> None:
+        self.due: int | None = now_ms() + ahead_ms
+        self.calls: list[int] = []
+
+    def next_due_ms(self) -> int | None:
+        return self.due
+
+    def deliver_due(self) -> int:
+        self.calls.append(now_ms())
+        if self.due is not None and now_ms() >= self.due:
+            self.due = None
+            return 1
+        return 0
+
+
+def test_a_running_schedule_job_delivers_at_the_due_time_within_its_tick_not_at_the_next() -> None:
+    soon = _Due(30)
+    due = soon.due
+    assert due is not None
+    assert _deliver_within(soon, trigger_ms=250) == 1  # type: ignore[arg-type]
+    assert soon.calls[0] >= due  # it waited for the due time, then delivered, in this tick
+    later = _Due(10_000)
+    assert _deliver_within(later, trigger_ms=250) == 0 and later.calls == []  # a later tick's work

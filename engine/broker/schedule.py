@@ -263,6 +263,24 @@ class Scheduler:
                 if not more:
                     return self.delivered - before
 
+    def next_due_ms(self) -> int | None:
+        """The earliest due time (epoch ms) of a message this scheduler has seen waiting (the heads
+        of the delay levels, the timers read) as of its last pass; None when it saw none.
+        A hint for when to deliver next: messages stored since the last pass are not in it."""
+        with self._lock:
+            state, cache = self._state, self._timers
+            dues = [
+                due
+                for qid, (offset, due) in self._heads.items()
+                if state is None or offset > state.delivered[qid]  # not delivered since
+            ]
+            waiting = cache.dues
+            if state is not None and waiting.size:
+                waiting = waiting[~handled_mask(state.timer_prefix, state.timer_runs, cache.offsets)]
+            if waiting.size:
+                dues.append(int(waiting.min()))
+            return min(dues) if dues else None
+
     # ------------------------------------------------------------- one pass
     def _read_state(self, dt: Snapshot) -> ScheduleState:
         self._state = state = read_state(dt, self._state)

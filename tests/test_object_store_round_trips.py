@@ -7,7 +7,9 @@ state, after a warm-up): what DESIGN.md §7's round-trip budgets are made of, as
   :func:`test_a_sync_send_costs_no_request_beyond_a_bare_delta_rs_append`);
 - a pull of 32 messages stored in one file: the look for a newer consume-queue version (one HEAD)
   and the data file's row groups (one GET);
-- a pull at the head of a queue: one HEAD (besides, once a second, the route check: one HEAD);
+- a pull at the head of a queue: two HEADs, the consume queue's and the commit log's (the messages
+  not dispatched yet are read from it), besides, once a second, the route check (one HEAD); a pull
+  far from the head does not look at the commit log;
 - a pull whose messages lie in many files reads each once, and (on an object store) all at once.
 """
 
@@ -128,14 +130,30 @@ def test_a_pull_of_32_from_one_file_costs_at_most_3_requests(
     assert not any("list-type" in r for r in seen), seen  # no listing of the log on the way
 
 
-def test_a_pull_at_the_head_of_a_queue_costs_one_request(
-    proxy: S3Proxy, pulled: tuple[str, PullConsumer]
+def test_a_pull_at_the_head_of_a_queue_costs_two_requests_and_sees_what_is_not_dispatched(
+    proxy: S3Proxy, pulled: tuple[str, PullConsumer], store: Store
 ) -> None:
     topic, consumer = pulled
     results = []
     count, seen = routed_requests(proxy, lambda: results.append(consumer.pull(topic, 0, 32, 32)))
     assert results[0].status is PullStatus.NO_NEW_MSG
-    assert count == 1, seen
+    # a newer consume-queue version, and a newer commit-log version (the queue's tail): one HEAD each
+    assert count == 2 and all(r.startswith("HEAD ") for r in seen), "\n".join(seen)
+    with Producer(store, "P") as producer:
+        producer.send(Message(topic, b"not dispatched"), queue_id=0)
+    assert [m.body for m in consumer.pull(topic, 0, 32, 32).messages] == [b"not dispatched"]
+
+
+def test_a_pull_far_from_the_head_does_not_look_at_the_commit_log(
+    proxy: S3Proxy, pulled: tuple[str, PullConsumer], store: Store
+) -> None:
+    topic, consumer = pulled
+    with Producer(store, "P") as producer:
+        producer.send(Message(topic, b"not dispatched"), queue_id=0)
+    results = []
+    _, seen = routed_requests(proxy, lambda: results.append(consumer.pull(topic, 0, 0, 32)))
+    assert len(results[0].messages) == 32
+    assert not any("/commit_log/_delta_log/" in r for r in seen), seen
 
 
 def test_a_pull_from_many_files_reads_each_once(proxy: S3Proxy, pulled: tuple[str, PullConsumer]) -> None:

@@ -83,7 +83,10 @@ class PullConsumer:
             )
         suspend_ms = min(suspend_ms, self._store.config.long_poll_max_ms)
         selector = MessageSelector.of(expression)
-        self._index.refresh()
+        local = self._store.is_local
+        self._index.refresh(tail=local)
+        if not local and offset >= self._index.bounds(topic, queue_id)[1]:
+            self._index.refresh_tail()  # at the end of the queue: the commit-log versions not dispatched
         result, examined = self._pull_once(topic, queue_id, offset, max_nums, selector)
         if (
             suspend_ms == 0

@@ -156,12 +156,26 @@ class QueueIndex:
         the tail read past it)."""
         return self._generation
 
-    def refresh(self) -> bool:
-        """Catch up with the consume queue and with the commit-log versions it does not cover yet
-        (:class:`~engine.store.queue_entries.QueueTail`); True when what the reader sees changed."""
+    def refresh(self, *, tail: bool = True) -> bool:
+        """Catch up with the consume queue and (with ``tail``) with the commit-log versions it does
+        not cover yet (:class:`~engine.store.queue_entries.QueueTail`); True when what the reader
+        sees changed. On an object store the tail costs a request: a reader far from the end of its
+        queue leaves it out."""
         with self._lock:
             changed = self._refresh_queue()
-            if self._tail.advance(self._covered, self._marks, cq_changed=changed) or changed:
+            grew = tail and self._tail.advance(self._covered, self._marks, cq_changed=changed)
+            if grew or changed:
+                self._generation += 1
+                return True
+            return False
+
+    def refresh_tail(self) -> bool:
+        """Catch up with the commit-log versions the consume queue (as last refreshed) does not
+        cover; True when what the reader sees changed."""
+        if self._cq is None:
+            return self.refresh()
+        with self._lock:
+            if self._tail.advance(self._covered, self._marks, cq_changed=False):
                 self._generation += 1
                 return True
             return False

@@ -487,6 +487,13 @@ def render(results: Mapping[str, Any]) -> str:
         "Targets are the design's performance targets; they are never asserted by tests. Raw figures: "
         "`bench/results/latest.json`.",
         "",
+        *[
+            f"Steps measured again on {u['date']} (`--update`, 1-min load average "
+            f"{u['load_average_start'][0]} at its start, {u['elapsed_s']:.0f} s): "
+            f"{', '.join(u['steps'])}; their workloads below are from that run, the others from the full run."
+            for u in results.get("updates", [])
+        ],
+        *([""] if results.get("updates") else []),
         "## Machine and versions",
         "",
         "| | |",

@@ -111,6 +111,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--render", type=Path, default=None, help="only write the report again from this JSON results file"
     )
     parser.add_argument("--keep", action="store_true", help="keep the temporary directory (debugging)")
+    parser.add_argument(
+        "--update",
+        action="store_true",
+        help="measure only the --only steps again: their workloads replace those of the same ids in "
+        "the --out results, the rest is kept, and the report says which steps were measured when",
+    )
     args = parser.parse_args(argv)
     known = {s[0] for s in STEPS}
     args.steps = [s for s in args.only.split(",") if s] or [s[0] for s in STEPS]
@@ -130,6 +136,27 @@ def context_note(load: Sequence[float], cores: int | None) -> str:
             "ratios to the peers, measured in the same run, are the more telling numbers."
         )
     return ""
+
+
+def updated(base: dict[str, Any], new: dict[str, Any], steps: Sequence[str]) -> dict[str, Any]:
+    """``base`` results with the workloads of ``new`` (a run of ``steps``) in place of those of the
+    same ids, and the run recorded under ``updates`` (its date, steps, load and errors): a report of
+    a full run with some steps measured again later, which says so."""
+    fresh = {w["id"] for w in new["workloads"]}
+    kept = [w for w in base["workloads"] if w["id"] not in fresh]
+    update = {
+        "date": new["date"],
+        "steps": list(steps),
+        "load_average_start": new["machine"]["load_average_start"],
+        "elapsed_s": new["elapsed_s"],
+    }
+    return {
+        **base,
+        "workloads": kept + new["workloads"],
+        "updates": [*base.get("updates", []), update],
+        "errors": [*base.get("errors", []), *new["errors"]],
+        "extra": {**base.get("extra", {}), **new.get("extra", {})},
+    }
 
 
 def _write_markdown(path: Path, text: str) -> None:
@@ -222,6 +249,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "extra": extra,
         "errors": errors,
     }
+    if args.update:
+        results = updated(json.loads(args.out.read_text()), results, args.steps)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2, default=str) + "\n")
     _write_markdown(args.markdown, report.render(results))

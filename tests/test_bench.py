@@ -339,3 +339,26 @@ def test_interleaved_rates_warm_every_case_once_then_alternate_them_round_by_rou
     assert all(m["runs"] == 3 and m["n"] == 10 and m["best_msg_s"] >= m["msg_s"] for m in measures.values())
     with pytest.raises(RuntimeError, match="read 10 rows, expected 11"):
         interleaved_rates({"a": case("a")}, 11, 1)
+
+
+def test_an_update_replaces_the_workloads_it_measured_again_and_the_report_says_so() -> None:
+    from bench.run import updated
+
+    def rate_of(wid: str, msg_s: float) -> dict[str, Any]:
+        return _workload(wid, "rate", {OURS: {"msg_s": msg_s, "n": 10}})
+
+    base = {**_results([rate_of("ack_4proc", 1.0), rate_of("pull_random", 2.0)]), "date": "D0"}
+    again = {
+        **_results([rate_of("ack_4proc", 3.0)]),
+        "date": "D1",
+        "elapsed_s": 12.0,
+        "errors": ["ack: something"],
+    }
+    again["machine"] = {**again["machine"], "load_average_start": [0.3, 0.2, 0.1]}
+    merged = updated(base, again, ["ack"])
+    by_id = {w["id"]: w for w in merged["workloads"]}
+    assert by_id["ack_4proc"]["systems"]["lakemq"]["msg_s"] == 3.0
+    assert by_id["pull_random"]["systems"]["lakemq"]["msg_s"] == 2.0
+    assert merged["date"] == "D0" and merged["errors"] == ["ack: something"]
+    text = render(merged)
+    assert "Steps measured again on D1 (`--update`, 1-min load average 0.3 at its start, 12 s): ack" in text

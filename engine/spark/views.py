@@ -124,7 +124,9 @@ def messages_frame(spark: Any, store: Store) -> Any:
     """One row per dispatched message with its body: the commit log within what the consume queue
     holds of each queue.
 
-    Transaction halves and anything not yet dispatched are absent, as they are from pulls.
+    Transaction halves are absent, as they are from pulls; so is what is not dispatched yet (a
+    pull reads that from the commit log's tail, :mod:`engine.store.queue_entries`; the view reads
+    the consume-queue table as Delta has it).
 
     A queue's consume-queue entries are dense (offsets are given one by one at commit and dispatched
     in order; retention only removes a queue's oldest ones), so the dispatched messages of a queue

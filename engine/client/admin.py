@@ -260,7 +260,7 @@ class Admin:
     def topic_stats(self, topic: str) -> list[QueueStats]:
         """Per queue: min offset, max offset (the next to be written) and last store time.
 
-        Counts dispatched messages: what consumers can pull.
+        Counts what consumers can pull: the messages stored, dispatched or not yet.
 
         Raises:
             TopicNotFoundError: no such topic.

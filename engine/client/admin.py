@@ -279,7 +279,7 @@ class Admin:
         return stats
 
     def message_counts(self) -> dict[str, int]:
-        """Per topic (system topics left out), its dispatched and retained messages: one look at the
+        """Per topic (system topics left out), its pullable and retained messages: one look at the
         consume queue's bounds, however many topics there are (what :meth:`topic_stats` counts,
         without reading any entry)."""
         self._index.refresh()

@@ -22,6 +22,7 @@ from engine.spark.jobs.broker_app import selected_jobs
 from engine.spark.jobs.registry import JOBS, job_named
 from engine.spark.progress import ProgressMonitor, status_from_progress
 from engine.store import schemas
+from engine.store.consume_queue import dispatched_version
 from engine.store.status import FINISHED, STOPPED, JobStatus, read_statuses, store_status, write_status
 from jobs.broker import JOB_ORDER, main, run_forever
 
@@ -247,7 +248,8 @@ def test_running_broker_serves_sends_until_stopped(spark: Any, store: Store, top
         with Producer(store) as p:
             sent = p.send(Message(topic, b"live", keys=("live-key",)))
         deadline = time.monotonic() + 60
-        while _pull_one(store, topic, sent) is not PullStatus.FOUND:
+        assert _pull_one(store, topic, sent) is PullStatus.FOUND  # pullable at once (the queue's tail)
+        while dispatched_version(store) < store.version(schemas.COMMIT_LOG):
             assert time.monotonic() < deadline, "the running dispatch query never dispatched the send"
             time.sleep(0.2)
         while Admin(store).query_by_uniq_key(topic, sent.uniq_key) is None:

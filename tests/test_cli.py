@@ -199,13 +199,15 @@ def test_pull_with_expression_returns_only_matching_tags(
     assert "body-0" not in out and "TagA" not in out
 
 
-def test_pull_before_dispatch_is_no_new_msg(capsys: pytest.CaptureFixture[str], root: str) -> None:
+def test_pull_before_dispatch_finds_the_message(capsys: pytest.CaptureFixture[str], root: str) -> None:
     store = Store.open(root)
     Admin(store).create_topic("T", 1)
     Producer(store).send(Message("T", b"x"))
     code, out, _ = mq(capsys, "pull", "T", "--queue-id", "0", "--offset", "0", "--store", root)
     assert code == 0
-    assert out.startswith("NO_NEW_MSG  next offset 0")
+    assert out.startswith("FOUND  next offset 1  (queue min 0, max 1)  1 message(s)")
+    code, out, _ = mq(capsys, "pull", "T", "--queue-id", "0", "--offset", "1", "--store", root)
+    assert code == 0 and out.startswith("NO_NEW_MSG  next offset 1")
 
 
 @pytest.mark.parametrize(

@@ -142,6 +142,7 @@ def mqadmin_command(classpath: str, home: Path, *args: str) -> list[str]:
         "-XX:+UseSerialGC",
         "-XX:TieredStopAtLevel=1",
         f"-Duser.home={home}",
+        f"-Drocketmq.home.dir={MQADMIN_DIR}",  # its conf/logback_tools.xml
         f"-Drocketmq.client.logRoot={home / 'logs'}",
         "-Drocketmq.client.logLevel=WARN",
         "-cp",

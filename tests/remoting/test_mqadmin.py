@@ -94,7 +94,7 @@ def send(store: Store, topic: str, per_queue: dict[int, int]) -> list[SendResult
     with Producer(store) as producer:
         for qid, count in per_queue.items():
             for i in range(count):
-                message = Message(topic, f"{qid}-{i}".encode(), keys=f"k{qid}-{i}")
+                message = Message(topic, f"{qid}-{i}".encode(), keys=(f"k{qid}-{i}",))
                 results.append(producer.send(message, queue_id=qid))
     return results
 
@@ -132,9 +132,11 @@ def test_topic_status_of_an_unknown_topic_fails_with_topic_not_exist(served: Ser
     assert "TOPIC_NOT_EXIST" in out or "No topic route info" in out, out
 
 
-def test_delete_topic_removes_it_from_topic_list_and_routes(served: Served) -> None:
+def test_update_topic_then_delete_topic_removes_it_from_topic_list_and_routes(served: Served) -> None:
     topic, _ = names()
-    Admin(served.store).create_topic(topic, QUEUES)
+    created = served.mqadmin("updateTopic", "-t", topic, "-c", CLUSTER_NAME, "-r", "3", "-w", "3")
+    assert "create topic to" in created and "success" in created, created
+    assert served.store.topic_configs(refresh=True)[topic].queues == 3
     assert topic in served.mqadmin("topicList").split()
     out = served.mqadmin("deleteTopic", "-t", topic, "-c", CLUSTER_NAME)
     assert "delete topic" in out and "success" in out, out
@@ -222,7 +224,11 @@ def test_consumer_connection_lists_the_running_java_consumer(
 
 def test_consumer_connection_of_a_group_without_members_is_not_online(served: Served) -> None:
     out = served.mqadmin("consumerConnection", "-g", "AdmNobodyGroup")
-    assert "206" in out or "not online" in out, out
+    assert "No topic route info in name server for the topic: %RETRY%AdmNobodyGroup" in out, out
+    _, group = names()
+    assert "success" in served.mqadmin("updateSubGroup", "-b", served.broker, "-g", group)
+    out = served.mqadmin("consumerConnection", "-g", group)
+    assert "CODE: 206" in out and f"the consumer group[{group}] not online" in out, out
 
 
 def test_consumer_status_reports_the_clients_running_info(

@@ -302,9 +302,17 @@ def group_config(ctx: BrokerContext, group: str) -> dict[str, object]:
     }
 
 
-# Settings a broker of one store without slaves ignores whatever their value.
+# Settings accepted whatever their value: a store has no slaves (brokerId, whichBrokerWhenConsumeSlowly),
+# consumeFromMinEnable does nothing in RocketMQ 4.9's broker either, and broadcasting consumers are
+# always allowed here (mqadmin updateSubGroup sends consumeBroadcastEnable=false unless told).
 _IGNORED_SETTINGS = frozenset(
-    {"groupName", "consumeFromMinEnable", "brokerId", "whichBrokerWhenConsumeSlowly"}
+    {
+        "groupName",
+        "consumeFromMinEnable",
+        "consumeBroadcastEnable",
+        "brokerId",
+        "whichBrokerWhenConsumeSlowly",
+    }
 )
 
 

@@ -36,6 +36,7 @@ from engine.remoting.context import (
 )
 from engine.remoting.frames import RemotingCommand
 from engine.remoting.headers import Header, json_body
+from engine.store.consumer_offset import OffsetStore
 from engine.store.store import now_ms
 
 CONSUME_TPS_WINDOW_MS = 60_000  # RocketMQ's consumeTps is the per-minute rate of GROUP_GET_NUMS
@@ -479,6 +480,82 @@ async def update_broker_config(ctx: BrokerContext, conn: Connection, cmd: Remoti
     return cmd.response(ResponseCode.SUCCESS)
 
 
+# ----------------------------------------------------------------- offsets
+def clone_offsets_sync(ctx: BrokerContext, source: str, dest: str, topic: str | None) -> int:
+    """Give ``dest`` the committed offsets ``source`` has (of ``topic``, or of every topic it
+    committed): one ``consumer_offset`` commit; how many queues were copied."""
+    validate_group_name(source)
+    validate_group_name(dest)
+    ctx.offsets.flush()
+    configs = ctx.store.topic_configs(refresh=True)
+    topics = [topic] if topic else sorted({r.topic for r in lag_rows(ctx.store, source) if not r.consumer_id})
+    entries = [
+        (t, qid, offset)
+        for t in topics
+        if t in configs
+        for qid, offset in sorted(committed_offsets(ctx.store, source, t).items())
+    ]
+    if entries:
+        OffsetStore(ctx.store, dest).commit(entries)
+    return len(entries)
+
+
+async def clone_group_offset(ctx: BrokerContext, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+    """CLONE_GROUP_OFFSET (``cloneGroupOffset``)."""
+    header = Header(cmd.ext_fields)
+    source, dest, topic = header.text("srcGroup"), header.text("destGroup"), header.optional("topic") or None
+    await ctx.run(clone_offsets_sync, ctx, source, dest, topic)
+    return cmd.response(ResponseCode.SUCCESS)
+
+
+# ----------------------------------------------------------------- name server
+def namesrv_config(ctx: BrokerContext, conn: Connection) -> dict[str, str]:
+    """The name server's configuration (``NamesrvConfig`` names where one applies); its port is the
+    one ``conn`` reached."""
+    local = conn.writer.get_extra_info("sockname")
+    return {
+        "listenPort": str(local[1]) if isinstance(local, tuple) and len(local) >= 2 else "",
+        "clusterTest": "false",
+        "orderMessageEnable": "false",
+        "rocketmqHome": str(ctx.store.root),
+    }
+
+
+async def get_namesrv_config(ctx: BrokerContext, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+    """GET_NAMESRV_CONFIG: ``key=value`` lines (``getNamesrvConfig``, ``exportConfigs``)."""
+    text = "".join(f"{k}={v}\n" for k, v in namesrv_config(ctx, conn).items())
+    return cmd.response(ResponseCode.SUCCESS, body=text.encode())
+
+
+async def get_kv_config(ctx: BrokerContext, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+    """GET_KV_CONFIG: the name server keeps no KV config here (order configs included)."""
+    header = Header(cmd.ext_fields)
+    return cmd.response(
+        ResponseCode.QUERY_NOT_FOUND,
+        f"No config item, Namespace: {header.text('namespace', '')} Key: {header.text('key', '')}",
+    )
+
+
+def refusal(reason: str) -> Handler:
+    """A handler that refuses its request with ``reason`` (REQUEST_CODE_NOT_SUPPORTED, nothing written)."""
+
+    async def refuse(ctx: BrokerContext, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+        return cmd.response(ResponseCode.REQUEST_CODE_NOT_SUPPORTED, f"request type {cmd.code}: {reason}")
+
+    return refuse
+
+
+NO_ACL = refusal("lakemq has no ACL; it binds 127.0.0.1 unless told, and the store's own access rules apply")
+RETENTION = refusal(
+    "retention is the maintenance job's (file_reserved_hours, consumer-aware): run jobs/maintenance.py "
+    "or mq serve's broker loop"
+)
+NO_KV = refusal(
+    "the name server keeps no KV config (order configs included): topics are configured in the store"
+)
+NAMESRV_FIXED = refusal("the name server's settings come from mq serve's options; restart to change them")
+PERM = refusal("a broker's write permission is its topics' perm: change it with updateTopicPerm per topic")
+
 HANDLERS: dict[int, Handler] = {
     RequestCode.GET_TOPIC_STATS_INFO: topic_stats,
     RequestCode.DELETE_TOPIC_IN_BROKER: delete_topic,
@@ -491,5 +568,22 @@ HANDLERS: dict[int, Handler] = {
     RequestCode.DELETE_SUBSCRIPTIONGROUP: delete_subscription_group,
     RequestCode.GET_BROKER_CONFIG: get_broker_config,
     RequestCode.UPDATE_BROKER_CONFIG: update_broker_config,
+    RequestCode.CLONE_GROUP_OFFSET: clone_group_offset,
+    RequestCode.UPDATE_AND_CREATE_ACL_CONFIG: NO_ACL,
+    RequestCode.DELETE_ACL_CONFIG: NO_ACL,
+    RequestCode.GET_BROKER_CLUSTER_ACL_INFO: NO_ACL,
+    RequestCode.UPDATE_GLOBAL_WHITE_ADDRS_CONFIG: NO_ACL,
+    RequestCode.CLEAN_EXPIRED_CONSUMEQUEUE: RETENTION,
+    RequestCode.CLEAN_UNUSED_TOPIC: RETENTION,
+    RequestCode.DELETE_EXPIRED_COMMITLOG: RETENTION,
 }
-NAMESRV_HANDLERS: dict[int, Handler] = {RequestCode.DELETE_TOPIC_IN_NAMESRV: delete_topic}
+NAMESRV_HANDLERS: dict[int, Handler] = {
+    RequestCode.DELETE_TOPIC_IN_NAMESRV: delete_topic,
+    RequestCode.GET_NAMESRV_CONFIG: get_namesrv_config,
+    RequestCode.UPDATE_NAMESRV_CONFIG: NAMESRV_FIXED,
+    RequestCode.GET_KV_CONFIG: get_kv_config,
+    RequestCode.PUT_KV_CONFIG: NO_KV,
+    RequestCode.DELETE_KV_CONFIG: NO_KV,
+    RequestCode.WIPE_WRITE_PERM_OF_BROKER: PERM,
+    RequestCode.ADD_WRITE_PERM_OF_BROKER: PERM,
+}

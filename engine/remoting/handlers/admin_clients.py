@@ -49,6 +49,7 @@ class ClientSeen:
 
     language: str = "JAVA"
     version: int = 0
+    heartbeat_ms: int = 0
     consumers: dict[str, ConsumerSeen] = field(default_factory=dict)
 
 
@@ -69,7 +70,7 @@ def record_heartbeat(conn: Connection, cmd: RemotingCommand) -> None:
     if not isinstance(body, dict):
         return
     info = _SEEN.setdefault(conn, ClientSeen())
-    info.language, info.version = cmd.language, cmd.version
+    info.language, info.version, info.heartbeat_ms = cmd.language, cmd.version, now_ms()
     for data in body.get("consumerDataSet") or []:
         if not isinstance(data, dict) or not isinstance(data.get("groupName"), str):
             continue
@@ -192,6 +193,25 @@ async def producer_connection_list(
     return cmd.response(ResponseCode.SUCCESS, body=json_bytes({"connectionSet": connections}))
 
 
+async def all_producer_info(ctx: BrokerContext, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+    """GET_ALL_PRODUCER_INFO: ``ProducerTableInfo``, every producer group's connections (``producer``)."""
+    table: dict[str, list[dict[str, object]]] = {}
+    for producer in list(ctx.connections):
+        info = seen(producer)
+        for group in sorted(producer.producer_groups):
+            for client_id in sorted(producer.client_ids) or [client_addr(producer)]:
+                table.setdefault(group, []).append(
+                    {
+                        "clientId": client_id,
+                        "remoteIP": "/" + client_addr(producer),
+                        "language": info.language if info is not None else "OTHER",
+                        "version": info.version if info is not None else 0,
+                        "lastUpdateTimestamp": info.heartbeat_ms if info is not None else 0,
+                    }
+                )
+    return cmd.response(ResponseCode.SUCCESS, body=json_bytes({"data": table}))
+
+
 # ----------------------------------------------------------------- requests forwarded to a client
 class ClientCalls:
     """Requests the broker sends to a connected client, each awaiting the client's response."""
@@ -298,6 +318,7 @@ HANDLERS: dict[int, Handler] = {
     RequestCode.HEART_BEAT: heartbeat,
     RequestCode.GET_CONSUMER_CONNECTION_LIST: consumer_connection_list,
     RequestCode.GET_PRODUCER_CONNECTION_LIST: producer_connection_list,
+    RequestCode.GET_ALL_PRODUCER_INFO: all_producer_info,
     RequestCode.GET_CONSUMER_RUNNING_INFO: consumer_running_info,
     RequestCode.CONSUME_MESSAGE_DIRECTLY: consume_message_directly,
 }

@@ -58,6 +58,8 @@ class RequestCode(enum.IntEnum):
     GET_ALL_PRODUCER_INFO = 328
     GET_NAMESRV_CONFIG = 319
     GET_KV_CONFIG = 101
+    QUERY_CONSUME_QUEUE = 321
+    GET_SYSTEM_TOPIC_LIST_FROM_BROKER = 305
     # Refused with a reason (see README's mqadmin table).
     UPDATE_AND_CREATE_ACL_CONFIG = 50
     DELETE_ACL_CONFIG = 51

@@ -20,9 +20,11 @@ from engine.client.admin import Admin
 from engine.client.admin_groups import group_progress
 from engine.client.admin_offsets import committed_offsets, lag_rows
 from engine.client.membership import live_subscriptions
-from engine.errors import InvalidTopicError, TopicNotFoundError
+from engine.errors import InvalidArgumentError, InvalidTopicError, TopicNotFoundError
 from engine.model import QueueStats, TopicConfig
-from engine.protocol.names import RETRY_PREFIX, retry_topic, validate_group_name
+from engine.protocol.delays import DELAY_LEVELS_MS
+from engine.protocol.messages import MAX_BODY_BYTES
+from engine.protocol.names import DLQ_PREFIX, RETRY_PREFIX, is_system_topic, retry_topic, validate_group_name
 from engine.protocol.permissions import DEFAULT_PERM
 from engine.protocol.topics import system_topic_config, system_topic_queues
 from engine.remoting.codes import RequestCode, ResponseCode
@@ -430,6 +432,15 @@ def broker_config(ctx: BrokerContext) -> dict[str, str]:
         "longPollingEnable": "true",
         "timerMaxDelaySec": str(config.timer_max_delay_sec),
         "storePathRootDir": str(ctx.store.root),
+        "brokerRole": "SYNC_MASTER" if config.flush_disk_type == "SYNC_FLUSH" else "ASYNC_MASTER",
+        "filterServerNums": "0",
+        "maxMessageSize": str(MAX_BODY_BYTES),
+        "messageDelayLevel": " ".join(_duration(ms) for ms in DELAY_LEVELS_MS),
+        "msgTraceTopicName": "RMQ_SYS_TRACE_TOPIC",
+        "traceTopicEnable": "false",
+        "traceOn": "true",
+        "slaveReadEnable": "false",
+        "useTLS": "false",
     }
     engine = {
         k: str(v)
@@ -437,6 +448,14 @@ def broker_config(ctx: BrokerContext) -> dict[str, str]:
         if k != "storage" and isinstance(v, str | int | float | bool)
     }
     return {**rocketmq, **engine}
+
+
+def _duration(ms: int) -> str:
+    """A delay level as RocketMQ's ``messageDelayLevel`` writes it (``1s``, ``2m``, ``1h``)."""
+    for unit, size in (("h", 3_600_000), ("m", 60_000), ("s", 1000)):
+        if ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
 
 
 def _properties(text: str) -> dict[str, str]:
@@ -478,6 +497,53 @@ async def update_broker_config(ctx: BrokerContext, conn: Connection, cmd: Remoti
             "mq serve's options and restart",
         )
     return cmd.response(ResponseCode.SUCCESS)
+
+
+# ----------------------------------------------------------------- consume queue
+def consume_queue_sync(
+    ctx: BrokerContext, topic: str, queue_id: int, index: int, count: int
+) -> dict[str, object]:
+    """RocketMQ's ``QueryConsumeQueueResponseBody``: up to ``count`` consume-queue entries of a
+    queue from offset ``index`` (``queryCq``).
+
+    Raises:
+        TopicNotFoundError: no such topic.
+        InvalidArgumentError: a queue id outside the topic.
+    """
+    config = ctx.store.topic(topic)
+    if not 0 <= queue_id < config.queues:
+        raise InvalidArgumentError(f"{queue_id}@{topic} is not exist!", topic=topic, queue_id=queue_id)
+    ctx.index.refresh()
+    low, high = ctx.index.bounds(topic, queue_id)
+    count = max(0, min(count, 1024))
+    entries = ctx.index.entries(topic, queue_id, max(index, low), min(max(index, low) + count, high))
+    data = [
+        {
+            "physicOffset": r["physical_offset"],
+            "physicSize": r["size"],
+            "tagsCode": r["tags_code"],
+            "eval": False,
+        }
+        for r in entries.select(["physical_offset", "size", "tags_code"]).to_pylist()
+    ]
+    return {"maxQueueIndex": high, "minQueueIndex": low, "queueData": data}
+
+
+async def query_consume_queue(ctx: BrokerContext, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+    """QUERY_CONSUME_QUEUE."""
+    header = Header(cmd.ext_fields)
+    topic, queue_id = header.text("topic"), header.int32("queueId")
+    body = await ctx.run(
+        consume_queue_sync, ctx, topic, queue_id, header.int64("index", 0), header.int32("count", 1)
+    )
+    return cmd.response(ResponseCode.SUCCESS, body=fastjson_bytes(body))
+
+
+async def system_topic_list(ctx: BrokerContext, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+    """GET_SYSTEM_TOPIC_LIST_FROM_BROKER: the system topics of this store."""
+    configs = await ctx.run(lambda: ctx.store.topic_configs(refresh=True))
+    topics = sorted(n for n in configs if is_system_topic(n) and not n.startswith((RETRY_PREFIX, DLQ_PREFIX)))
+    return cmd.response(ResponseCode.SUCCESS, body=fastjson_bytes({"topicList": topics}))
 
 
 # ----------------------------------------------------------------- offsets
@@ -569,6 +635,8 @@ HANDLERS: dict[int, Handler] = {
     RequestCode.GET_BROKER_CONFIG: get_broker_config,
     RequestCode.UPDATE_BROKER_CONFIG: update_broker_config,
     RequestCode.CLONE_GROUP_OFFSET: clone_group_offset,
+    RequestCode.QUERY_CONSUME_QUEUE: query_consume_queue,
+    RequestCode.GET_SYSTEM_TOPIC_LIST_FROM_BROKER: system_topic_list,
     RequestCode.UPDATE_AND_CREATE_ACL_CONFIG: NO_ACL,
     RequestCode.DELETE_ACL_CONFIG: NO_ACL,
     RequestCode.GET_BROKER_CLUSTER_ACL_INFO: NO_ACL,

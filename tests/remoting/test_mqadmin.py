@@ -147,7 +147,7 @@ def test_update_topic_then_delete_topic_removes_it_from_topic_list_and_routes(se
 def test_delete_of_a_system_topic_is_refused_and_writes_nothing(served: Served) -> None:
     before = served.store.version("topics")
     out = served.mqadmin("deleteTopic", "-t", "SCHEDULE_TOPIC_XXXX", "-c", CLUSTER_NAME)
-    assert "success" not in out.lower() or "conflict" in out, out
+    assert "CODE: 1  DESC: The topic[SCHEDULE_TOPIC_XXXX] is conflict with system topic" in out, out
     assert served.store.version("topics") == before
 
 
@@ -237,7 +237,13 @@ def test_consumer_status_reports_the_clients_running_info(
     topic, group, _, _ = consumed
     out = served.mqadmin("consumerStatus", "-g", group)
     # mqadmin asked the consumer itself (GET_CONSUMER_RUNNING_INFO forwarded): its subscription is in it
-    assert "Same subscription in the same group of consumer" in out or topic in out, out
+    found = re.search(r"1\s+(\d+\.\d+\.\d+\.\d+@\S+)\s+V4_9_8", out)
+    assert found, out
+    detail = served.mqadmin("consumerStatus", "-g", group, "-i", found.group(1))
+    assert re.search(rf"{topic}\s+\*", detail) and "CONSUME_PASSIVELY" in detail, detail
+    assert "Same subscription in the same group of consumer" in out and "Rebalance OK" in out, out
+    unknown = served.mqadmin("consumerStatus", "-g", group, "-i", "10.9.9.9@nobody")
+    assert f"The Consumer <{group}> <10.9.9.9@nobody> not online" in unknown, unknown
 
 
 def test_topic_route_cluster_and_broker_status(served: Served) -> None:
@@ -329,6 +335,8 @@ def test_producer_connection_lists_a_connected_producer(served: Served) -> None:
         assert client.call(RequestCode.HEART_BEAT, body=json.dumps(heartbeat).encode()).code == 0
         out = served.mqadmin("producerConnection", "-g", group, "-t", topic)
         assert re.search(r"10\.1\.2\.3@adm\s+127\.0\.0\.1:\d+\s+JAVA", out), out
+        table = served.mqadmin("producer", "-b", served.broker)
+        assert re.search(rf"{group}.*10\.1\.2\.3@adm", table, re.DOTALL), table
     finally:
         client.close()
     out = served.mqadmin("producerConnection", "-g", group, "-t", topic)
@@ -345,3 +353,116 @@ def test_query_msg_by_id_with_a_consumer_consumes_it_directly(
     assert client is not None
     out = served.mqadmin("queryMsgById", "-i", msg_id, "-g", group, "-d", client.group(1))
     assert "CR_SUCCESS" in out, out
+
+
+# ----------------------------------------------------------------- messages
+def test_message_look_ups_print_the_stored_messages(served: Served) -> None:
+    topic, _ = names()
+    Admin(served.store).create_topic(topic, 2)
+    sent = {0: 2, 1: 1}
+    results = send(served.store, topic, sent)
+    wait_dispatched(served.store, topic, sent)
+    first = results[0]
+    by_offset_id = offset_msg_id("127.0.0.1", served.server.broker_port, first.physical_offset)
+    out = served.mqadmin("queryMsgById", "-i", by_offset_id)
+    assert re.search(rf"Topic:\s+{topic}", out) and re.search(r"Keys:\s+\[k0-0\]", out), out
+    out = served.mqadmin("queryMsgByUniqueKey", "-t", topic, "-i", first.msg_id)
+    assert re.search(r"Keys:\s+\[k0-0\]", out) and re.search(r"Queue Offset:\s+0", out), out
+    out = served.mqadmin("queryMsgByKey", "-t", topic, "-k", "k0-1")
+    assert re.search(rf"{results[1].msg_id}\s+0\s+1", out), out
+    out = served.mqadmin("queryMsgByOffset", "-t", topic, "-b", BROKER_NAME, "-i", "1", "-o", "0")
+    assert re.search(r"Keys:\s+\[k1-0\]", out), out
+    out = served.mqadmin("printMsg", "-t", topic)
+    assert out.count("MSGID:") == 3 and "minOffset=0, maxOffset=2" in out, out
+    out = served.mqadmin(
+        "printMsgByQueue", "-t", topic, "-a", BROKER_NAME, "-i", "0", "-p", "true", "-d", "true"
+    )
+    assert out.count("MSGID:") == 2, out
+    out = served.mqadmin("queryCq", "-t", topic, "-q", "0", "-i", "0", "-c", "5", "-b", served.broker)
+    assert "max: 2, min: 0" in out and out.count("ConsumeQueueData{") == 2, out
+    assert f"physicOffset={results[1].physical_offset}," in out, out
+
+
+def test_send_consume_and_send_rt_commands_go_through_the_store(served: Served) -> None:
+    topic, _ = names()
+    Admin(served.store).create_topic(topic, 2)
+    out = served.mqadmin("sendMessage", "-t", topic, "-p", "from-mqadmin", "-i", "1")
+    assert re.search(rf"{BROKER_NAME}\s+1\s+SEND_OK", out), out
+    out = served.mqadmin("checkMsgSendRT", "-t", topic, "-a", "3", "-s", "16")
+    assert out.count(" true ") == 3 and "Avg RT" in out, out
+    wait_dispatched(served.store, topic, {1: 1})
+    bodies = [
+        m.body for q in range(2) for m in PullConsumer(served.store, "AdmCheck").pull(topic, q, 0).messages
+    ]
+    assert bodies.count(b"from-mqadmin") == 1 and len(bodies) == 4
+    out = served.mqadmin("consumeMessage", "-t", topic, "-i", "1", "-o", "0", "-c", "1")
+    assert "Consume ok" in out and "BODY: from-mqadmin" in out, out
+
+
+def test_topic_commands_read_and_change_the_stored_topic(served: Served) -> None:
+    topic, _ = names()
+    Admin(served.store).create_topic(topic, 2)
+    out = served.mqadmin("updateTopicPerm", "-t", topic, "-p", "4", "-c", CLUSTER_NAME)
+    assert "update topic perm from 6 to 4" in out, out
+    assert served.store.topic_configs(refresh=True)[topic].perm == 4
+    route = served.mqadmin("topicRoute", "-t", topic)
+    assert '"perm":4' in route and '"readQueueNums":2' in route, route
+    assert served.mqadmin("topicClusterList", "-t", topic).split() == [CLUSTER_NAME]
+    out = served.mqadmin("allocateMQ", "-t", topic, "-i", "10.0.0.1,10.0.0.2")
+    assert f'"10.0.0.1":[{{"brokerName":"{BROKER_NAME}","queueId":0' in out, out
+
+
+def test_clone_group_offset_gives_the_other_group_the_same_offsets(
+    served: Served, consumed: tuple[str, str, dict[int, int], Scenario]
+) -> None:
+    topic, group, sent, _ = consumed
+    dest = f"{group}Clone"
+    out = served.mqadmin("cloneGroupOffset", "-s", group, "-d", dest, "-t", topic, "-o", "true")
+    assert "clone group offset success" in out, out
+    assert committed_offsets(served.store, dest, topic) == sent
+
+
+def test_config_and_export_commands(served: Served, tmp_path: Path) -> None:
+    _, group = names()
+    assert "success" in served.mqadmin("updateSubGroup", "-b", served.broker, "-g", group)
+    out = served.mqadmin("getConsumerConfig", "-g", group)
+    assert re.search(rf"groupName\s+=\s+{group}", out), out
+    assert re.search(rf"retryMaxTimes\s+=\s+{served.store.config.max_reconsume_times}", out), out
+    port = served.namesrv.rsplit(":", 1)[1]
+    assert re.search(rf"listenPort\s+=\s+{port}", served.mqadmin("getNamesrvConfig"))
+    for kind in ("Metadata", "Configs", "Metrics"):
+        out = served.mqadmin(f"export{kind}", "-c", CLUSTER_NAME, "-f", str(tmp_path))
+        assert "success" in out, out
+    metadata = json.loads((tmp_path / "metadata.json").read_text())
+    assert group in metadata["subscriptionGroupTable"]
+    configs = json.loads((tmp_path / "configs.json").read_text())
+    assert configs["brokerConfigs"][BROKER_NAME]["maxMessageSize"] == str(4 * 1024 * 1024)
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["evaluateReport"][BROKER_NAME]["runtimeVersion"]["rocketmqVersion"] == "V4_9_8"
+
+
+REFUSED = [
+    (("updateNamesrvConfig", "-k", "a", "-v", "b"), "request type 318"),
+    (("updateKvConfig", "-s", "ns", "-k", "k", "-v", "v"), "request type 100"),
+    (("deleteKvConfig", "-s", "ns", "-k", "k"), "request type 102"),
+    (("updateOrderConf", "-t", "AdmOrder", "-m", "put", "-v", f"{BROKER_NAME}:4"), "request type 100"),
+    (("wipeWritePerm", "-b", BROKER_NAME), "request type 205"),
+    (("addWritePerm", "-b", BROKER_NAME), "request type 327"),
+    (("cleanExpiredCQ", "-c", CLUSTER_NAME), "request type 306"),
+    (("deleteExpiredCommitLog", "-c", CLUSTER_NAME), "request type 329"),
+    (("cleanUnusedTopic", "-c", CLUSTER_NAME), "request type 316"),
+    (("updateAclConfig", "-c", CLUSTER_NAME, "-a", "ak", "-s", "sk12345678"), "request type 50"),
+    (("deleteAclConfig", "-c", CLUSTER_NAME, "-a", "ak"), "request type 51"),
+    (("clusterAclConfigVersion", "-c", CLUSTER_NAME), "request type 52"),
+    (("updateGlobalWhiteAddr", "-c", CLUSTER_NAME, "-g", "10.*"), "request type 53"),
+]
+
+
+@pytest.mark.parametrize(("args", "remark"), REFUSED, ids=[a[0] for a, _ in REFUSED])
+def test_refused_commands_say_why_and_write_nothing(
+    served: Served, args: tuple[str, ...], remark: str
+) -> None:
+    before = {name: served.store.version(name) for name in ("topics", "consumer_offset", "groups")}
+    out = served.mqadmin(*args)
+    assert remark in out and "CODE: 3" in out, out
+    assert {name: served.store.version(name) for name in before} == before

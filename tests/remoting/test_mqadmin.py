@@ -240,7 +240,8 @@ def test_consumer_status_reports_the_clients_running_info(
     found = re.search(r"1\s+(\d+\.\d+\.\d+\.\d+@\S+)\s+V4_9_8", out)
     assert found, out
     detail = served.mqadmin("consumerStatus", "-g", group, "-i", found.group(1))
-    assert re.search(rf"{topic}\s+\*", detail) and "CONSUME_PASSIVELY" in detail, detail
+    assert re.search(rf"Topic: {topic}\s+ClassFilter: false\s+SubExpression: \*", detail), detail
+    assert "PROP_CONSUME_TYPE                       : CONSUME_PASSIVELY" in detail, detail
     assert "Same subscription in the same group of consumer" in out and "Rebalance OK" in out, out
     unknown = served.mqadmin("consumerStatus", "-g", group, "-i", "10.9.9.9@nobody")
     assert f"The Consumer <{group}> <10.9.9.9@nobody> not online" in unknown, unknown
@@ -386,7 +387,7 @@ def test_message_look_ups_print_the_stored_messages(served: Served) -> None:
 def test_send_consume_and_send_rt_commands_go_through_the_store(served: Served) -> None:
     topic, _ = names()
     Admin(served.store).create_topic(topic, 2)
-    out = served.mqadmin("sendMessage", "-t", topic, "-p", "from-mqadmin", "-i", "1")
+    out = served.mqadmin("sendMessage", "-t", topic, "-p", "from-mqadmin", "-b", BROKER_NAME, "-i", "1")
     assert re.search(rf"{BROKER_NAME}\s+1\s+SEND_OK", out), out
     out = served.mqadmin("checkMsgSendRT", "-t", topic, "-a", "3", "-s", "16")
     assert out.count(" true ") == 3 and "Avg RT" in out, out
@@ -395,7 +396,7 @@ def test_send_consume_and_send_rt_commands_go_through_the_store(served: Served) 
         m.body for q in range(2) for m in PullConsumer(served.store, "AdmCheck").pull(topic, q, 0).messages
     ]
     assert bodies.count(b"from-mqadmin") == 1 and len(bodies) == 4
-    out = served.mqadmin("consumeMessage", "-t", topic, "-i", "1", "-o", "0", "-c", "1")
+    out = served.mqadmin("consumeMessage", "-t", topic, "-b", BROKER_NAME, "-i", "1", "-o", "0", "-c", "1")
     assert "Consume ok" in out and "BODY: from-mqadmin" in out, out
 
 

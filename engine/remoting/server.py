@@ -32,6 +32,8 @@ from engine.remoting.frames import DEFAULT_MAX_FRAME_BYTES, RemotingCommand, che
 from engine.remoting.handlers import (
     admin,
     admin_clients,
+    admin_config,
+    admin_groups,
     admin_stats,
     clients,
     namesrv,
@@ -55,11 +57,17 @@ BROKER_HANDLERS: dict[int, Handler] = {
     **queries.HANDLERS,
     **transactions.HANDLERS,
     **admin.HANDLERS,
+    **admin_groups.HANDLERS,
+    **admin_config.HANDLERS,
     **admin_stats.HANDLERS,
     # Last: its HEART_BEAT records client details for the connection lists, then calls clients'.
     **admin_clients.HANDLERS,
 }
-NAMESRV_HANDLERS: dict[int, Handler] = {**namesrv.HANDLERS, **admin.NAMESRV_HANDLERS}
+NAMESRV_HANDLERS: dict[int, Handler] = {
+    **namesrv.HANDLERS,
+    **admin.NAMESRV_HANDLERS,
+    **admin_config.NAMESRV_HANDLERS,
+}
 
 
 def error_response(cmd: RemotingCommand, exc: Exception) -> RemotingCommand:

@@ -15,6 +15,7 @@ from engine.remoting.codes import RPC_RESPONSE, RequestCode, ResponseCode
 from engine.remoting.frames import RemotingCommand, encode_command
 from engine.remoting.handlers.admin import Keyed, fastjson, message_queue
 from engine.remoting.handlers.admin_stats import _human
+from engine.store.consumer_offset import OffsetStore
 from tests.remoting.helpers import versions
 from tests.remoting.wire_client import WireClient
 
@@ -192,3 +193,23 @@ def test_namesrv_deletes_a_topic_and_answers_its_config(store: Store, namesrv: W
     assert re.search(r"^listenPort=\d+$", config, re.MULTILINE)
     kv = namesrv.call(RequestCode.GET_KV_CONFIG, {"namespace": "ORDER_TOPIC_CONFIG", "key": "T"})
     assert kv.code == ResponseCode.QUERY_NOT_FOUND
+
+
+def test_consume_time_span_is_read_from_the_queue_and_the_groups_offsets(
+    store: Store, broker: WireClient
+) -> None:
+    _send_known(store, {0: 3})
+    OffsetStore(store, "AdmSpan").commit([("T", 0, 1)])
+    response = broker.call(RequestCode.QUERY_CONSUME_TIME_SPAN, {"topic": "T", "group": "AdmSpan"})
+    spans = {s["messageQueue"]["queueId"]: s for s in json.loads(response.body)["consumeTimeSpanSet"]}
+    times = [
+        int(r["store_ts_ms"])
+        for r in store.read("consume_queue", columns=["store_ts_ms", "queue_offset"])
+        .sort_by("queue_offset")
+        .to_pylist()
+    ]
+    assert spans[0]["minTimeStamp"] == times[0] and spans[0]["maxTimeStamp"] == times[2]
+    assert spans[0]["consumeTimeStamp"] == times[0] and spans[0]["delayTime"] > 0
+    assert spans[1]["maxTimeStamp"] == 0 and spans[1]["delayTime"] == 0
+    missing = broker.call(RequestCode.QUERY_CONSUME_TIME_SPAN, {"topic": "Nope", "group": "AdmSpan"})
+    assert missing.code == ResponseCode.TOPIC_NOT_EXIST

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from engine.client.membership import live_subscriptions
 from engine.client.queries import view_message
+from engine.errors import RemotingProtocolError
 from engine.protocol.message_ids import make_msg_id
 from engine.protocol.names import validate_group_name
 from engine.protocol.tags import java_string_hashcode
@@ -65,7 +66,7 @@ def record_heartbeat(conn: Connection, cmd: RemotingCommand) -> None:
     """Remember a heartbeat's client details (a body that is not a heartbeat is left to its handler)."""
     try:
         body = json_body(cmd.body, "heartbeat")
-    except Exception:
+    except RemotingProtocolError:
         return
     if not isinstance(body, dict):
         return

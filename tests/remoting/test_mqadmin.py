@@ -61,8 +61,10 @@ class Served:
 
     def mqadmin(self, *args: str, timeout_s: float = 120) -> str:
         """Run one mqadmin command against the server; what it printed (stdout and stderr)."""
+        self.home.mkdir(parents=True, exist_ok=True)
         done = subprocess.run(
             mqadmin_command(self.tools, self.home, *args, "-n", self.namesrv),
+            cwd=self.home,  # consumerStatus writes each client's running info under the working directory
             capture_output=True,
             text=True,
             timeout=timeout_s,

@@ -154,19 +154,6 @@ def test_delete_of_a_system_topic_is_refused_and_writes_nothing(served: Served) 
 
 
 # ----------------------------------------------------------------- groups
-def _consume(served: Served, tmp: Path, topic: str, group: str, expect: int, **opts: object) -> Scenario:
-    return start_scenario(
-        served.harness,
-        tmp / "java",
-        "push",
-        namesrv=served.namesrv,
-        topic=topic,
-        group=group,
-        expect=expect,
-        **opts,
-    )
-
-
 @pytest.fixture
 def consumed(served: Served, tmp_path: Path) -> Iterator[tuple[str, str, dict[int, int], Scenario]]:
     """A topic with known sends, and a Java push consumer of a group that consumed them all and stays
@@ -176,9 +163,10 @@ def consumed(served: Served, tmp_path: Path) -> Iterator[tuple[str, str, dict[in
     sent = {0: 2, 1: 3, 2: 1, 3: 4}
     send(served.store, topic, sent)
     wait_dispatched(served.store, topic, sent)
-    consumer = _consume(
-        served, tmp_path, topic, group, sum(sent.values()), linger_ms=600_000, timeout_ms=600_000
-    )
+    consumer = start_scenario(
+        served.harness, tmp_path / "java", "push", namesrv=served.namesrv, topic=topic, group=group,
+        expect=sum(sent.values()), linger_ms=600_000, timeout_ms=600_000,
+    )  # fmt: skip
     consumer.wait_for("started", 120)
     deadline = time.monotonic() + 120
     while committed_offsets(served.store, group, topic) != sent and time.monotonic() < deadline:

@@ -26,7 +26,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 JAVA_DIR = ROOT / "tests" / "java"
 HARNESS_DIR = JAVA_DIR / "harness"
+MQADMIN_DIR = JAVA_DIR / "mqadmin"  # rocketmq-tools only: the unmodified mqadmin
 MAIN_CLASS = "lakemq.harness.Main"
+MQADMIN_CLASS = "org.apache.rocketmq.tools.command.MQAdminStartup"
 CACHE_ROOT = Path(os.environ.get("LAKEMQ_HARNESS_CACHE", str(Path.home() / ".m2" / "lakemq-harness")))
 MAVEN_TIMEOUT_S = 1200
 
@@ -86,8 +88,9 @@ def _locked(path: Path) -> Iterator[None]:
 
 
 def fetch_dependencies(project: Path) -> None:
-    """``mvn dependency:go-offline`` (online; a no-op when everything is in ~/.m2 already)."""
-    run_maven(project, "dependency:go-offline")
+    """``mvn dependency:go-offline dependency:resolve`` (online; a no-op when everything is in ~/.m2
+    already). go-offline alone leaves some of rocketmq-tools' transitive jars (slf4j-api 1.7.32) out."""
+    run_maven(project, "dependency:go-offline", "dependency:resolve")
 
 
 def classpath_of(project: Path, name: str) -> str:
@@ -123,6 +126,30 @@ def harness_classpath() -> str:
             shutil.copyfile(built, target / "harness.tmp")
             (target / "harness.tmp").replace(jar)
     return f"{jar}{os.pathsep}{deps}"
+
+
+def mqadmin_classpath() -> str:
+    """The class path of unmodified ``mqadmin`` (rocketmq-tools and its dependencies), resolved once."""
+    return classpath_of(MQADMIN_DIR, "mqadmin")
+
+
+def mqadmin_command(classpath: str, home: Path, *args: str) -> list[str]:
+    """The ``java`` command line of one ``mqadmin`` command (``-n host:port`` among ``args``); its
+    logs and ``~`` in ``home``."""
+    return [
+        java(),
+        "-Xmx128m",
+        "-XX:+UseSerialGC",
+        "-XX:TieredStopAtLevel=1",
+        f"-Duser.home={home}",
+        f"-Drocketmq.home.dir={MQADMIN_DIR}",  # its conf/logback_tools.xml
+        f"-Drocketmq.client.logRoot={home / 'logs'}",
+        "-Drocketmq.client.logLevel=WARN",
+        "-cp",
+        classpath,
+        MQADMIN_CLASS,
+        *args,
+    ]
 
 
 @dataclass(frozen=True)
@@ -248,8 +275,10 @@ def main() -> int:
 
     began = time.monotonic()
     harness = harness_classpath()
+    tools = mqadmin_classpath()
     peer = peer_classpath()
     print(f"harness: {harness.split(os.pathsep)[0]} (+{harness.count(os.pathsep)} jars)")
+    print(f"mqadmin: {tools.count(os.pathsep) + 1} jars")
     print(f"RocketMQ peer: {peer.count(os.pathsep) + 1} jars; ready in {time.monotonic() - began:.0f} s")
     return 0
 

@@ -29,7 +29,20 @@ from engine.errors import (
 from engine.remoting.codes import ResponseCode
 from engine.remoting.context import BrokerContext, Connection, Handler
 from engine.remoting.frames import DEFAULT_MAX_FRAME_BYTES, RemotingCommand, check_frame_length, decode_frame
-from engine.remoting.handlers import clients, namesrv, offsets, pull, queries, send, transactions
+from engine.remoting.handlers import (
+    admin,
+    admin_clients,
+    admin_config,
+    admin_groups,
+    admin_stats,
+    clients,
+    namesrv,
+    offsets,
+    pull,
+    queries,
+    send,
+    transactions,
+)
 from engine.remoting.handlers.transactions import CheckBack, check_back_loop
 from engine.store.store import Store
 
@@ -43,8 +56,18 @@ BROKER_HANDLERS: dict[int, Handler] = {
     **clients.HANDLERS,
     **queries.HANDLERS,
     **transactions.HANDLERS,
+    **admin.HANDLERS,
+    **admin_groups.HANDLERS,
+    **admin_config.HANDLERS,
+    **admin_stats.HANDLERS,
+    # Last: its HEART_BEAT records client details for the connection lists, then calls clients'.
+    **admin_clients.HANDLERS,
 }
-NAMESRV_HANDLERS: dict[int, Handler] = dict(namesrv.HANDLERS)
+NAMESRV_HANDLERS: dict[int, Handler] = {
+    **namesrv.HANDLERS,
+    **admin.NAMESRV_HANDLERS,
+    **admin_config.NAMESRV_HANDLERS,
+}
 
 
 def error_response(cmd: RemotingCommand, exc: Exception) -> RemotingCommand:
@@ -279,7 +302,10 @@ class RemotingServer:
                     _log.warning("closing %s: unreadable frame: %r", peer, exc)
                     break
                 if cmd.is_response:
-                    continue  # the endpoint's own requests are all one-way
+                    # The answer to a request forwarded to this client; the endpoint's other
+                    # requests are one-way.
+                    admin_clients.deliver_response(self.ctx, conn, cmd)
+                    continue
                 task = asyncio.create_task(self._handle(conn, cmd, handlers))
                 # A one-way request (sendOneway, the offset commit a client sends as it shuts down)
                 # is carried out even when its client hangs up right after it, as RocketMQ's broker

@@ -8,7 +8,7 @@ import json
 import re
 from concurrent.futures import ThreadPoolExecutor
 
-from engine import Message, Producer, Store
+from engine import Admin, Message, Producer, Store
 from engine.broker.dispatch import dispatch_pending
 from engine.remoting import RemotingServer
 from engine.remoting.codes import RPC_RESPONSE, RequestCode, ResponseCode
@@ -213,3 +213,12 @@ def test_consume_time_span_is_read_from_the_queue_and_the_groups_offsets(
     assert spans[1]["maxTimeStamp"] == 0 and spans[1]["delayTime"] == 0
     missing = broker.call(RequestCode.QUERY_CONSUME_TIME_SPAN, {"topic": "Nope", "group": "AdmSpan"})
     assert missing.code == ResponseCode.TOPIC_NOT_EXIST
+
+
+def test_the_topic_list_names_a_topic_another_process_created_at_once(
+    server: RemotingServer, namesrv: WireClient
+) -> None:
+    assert "T" in json.loads(namesrv.call(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER).body)["topicList"]
+    Admin(Store.open(server.store.root)).create_topic("MadeElsewhere", 2)  # another Store: another process
+    listed = json.loads(namesrv.call(RequestCode.GET_ALL_TOPIC_LIST_FROM_NAMESERVER).body)["topicList"]
+    assert "MadeElsewhere" in listed

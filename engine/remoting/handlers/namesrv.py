@@ -66,7 +66,8 @@ async def get_cluster_info(ctx: BrokerContext, conn: Connection, cmd: RemotingCo
 
 async def get_topic_list(ctx: BrokerContext, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
     """GET_ALL_TOPIC_LIST_FROM_NAMESERVER: every topic's name."""
-    configs = await ctx.run(ctx.store.topic_configs)
+    # As read now: a topic another process (the CLI, a Python producer) created is listed at once.
+    configs = await ctx.run(lambda: ctx.store.topic_configs(refresh=True))
     return cmd.response(ResponseCode.SUCCESS, body=json_bytes({"topicList": sorted(configs)}))
 
 

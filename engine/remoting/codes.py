@@ -35,6 +35,12 @@ class RequestCode(enum.IntEnum):
     GET_ALL_TOPIC_LIST_FROM_NAMESERVER = 206
     SEND_MESSAGE_V2 = 310
     SEND_BATCH_MESSAGE = 320
+    # Resets pushed to clients, request-reply (helper wire-clients).
+    RESET_CONSUMER_CLIENT_OFFSET = 220
+    INVOKE_BROKER_TO_RESET_OFFSET = 222
+    SEND_REPLY_MESSAGE = 324
+    SEND_REPLY_MESSAGE_V2 = 325
+    PUSH_REPLY_MESSAGE_TO_CLIENT = 326
 
 
 class ResponseCode(enum.IntEnum):

@@ -537,3 +537,27 @@ def test_a_group_reset_reaches_the_running_java_consumer_which_consumes_again(
     assert run.done()["reached"], run.stderr[-2000:]
     assert keys(run.of("received")) == Counter({f"r-{i}": 2 for i in range(20)})
     assert committed_offsets(store, topic, group, dict(placed)) == dict(placed)
+
+
+def test_a_producer_with_message_trace_on_stores_its_trace_records(
+    classpath: str, broker: Broker, names: tuple[str, str], tmp_path: Path
+) -> None:
+    """``new DefaultMQProducer(group, true)``: the client sends a trace record of each send to
+    ``RMQ_SYS_TRACE_TOPIC``, whose route the server makes and whose sends it accepts."""
+    if broker.store is None:
+        pytest.skip("the trace records are read through lakemq's Python door")
+    topic, _ = names
+    broker.create_topic(topic)
+    sent = produce(classpath, broker, tmp_path, topic, "sync", 3, trace="true", prefix="traced").of("sent")
+    wanted = {e["key"] for e in sent}
+    assert len(wanted) == 3
+    reader = PullConsumer(broker.store, "TraceReader")
+    deadline = time.monotonic() + 60
+    found: set[str] = set()
+    while not wanted <= found and time.monotonic() < deadline:
+        result = reader.pull("RMQ_SYS_TRACE_TOPIC", 0, 0, max_nums=32)
+        messages = result.messages if result.status is PullStatus.FOUND else []
+        bodies = b"".join(m.body for m in messages)
+        found = {key for key in wanted if key.encode() in bodies}
+        time.sleep(0.2)
+    assert found == wanted

@@ -257,3 +257,15 @@ def test_responses_claim_the_version_of_rocketmq_4_9_8(broker: WireClient) -> No
     response = broker.call(RequestCode.GET_MAX_OFFSET, {"topic": "T", "queueId": 0})
     # MQVersion.Version.V4_9_8.ordinal(): what the server says it is (4.9.3 is 399).
     assert response.version == SERVER_VERSION == 409
+
+
+def test_the_trace_topic_is_routed_and_sendable_but_other_system_topics_are_not(
+    store: Store, server: RemotingServer, namesrv: WireClient, broker: WireClient
+) -> None:
+    route = namesrv.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "RMQ_SYS_TRACE_TOPIC"})
+    assert route.code == ResponseCode.SUCCESS
+    assert broker.send("RMQ_SYS_TRACE_TOPIC", b"Pub\x01trace").code == ResponseCode.SUCCESS
+    assert broker.send("SCHEDULE_TOPIC_XXXX", b"x").code == ResponseCode.MESSAGE_ILLEGAL
+    dispatch_pending(store)
+    [record] = PullConsumer(store, "TraceReader").pull("RMQ_SYS_TRACE_TOPIC", 0, 0).messages
+    assert record.body == b"Pub\x01trace"

@@ -145,6 +145,19 @@ final class Consumers {
         return 0;
     }
 
+    /** The ids of the topic's queues a consumer holds now (its rebalance's process queues), sorted. */
+    static List<Integer> queuesOf(DefaultMQPushConsumer consumer, String topic) {
+        List<Integer> ids = new ArrayList<>();
+        for (MessageQueue mq : consumer.getDefaultMQPushConsumerImpl().getRebalanceImpl()
+            .getProcessQueueTable().keySet()) {
+            if (mq.getTopic().equals(topic)) {
+                ids.add(mq.getQueueId());
+            }
+        }
+        java.util.Collections.sort(ids);
+        return ids;
+    }
+
     /** Emits an "owned" event (instance, queue ids, time) whenever a consumer's queues of the topic
      * change, checked every periodMs on a daemon thread. */
     static void reportOwned(List<DefaultMQPushConsumer> consumers, String topic, long periodMs) {
@@ -152,14 +165,7 @@ final class Consumers {
             Map<String, List<Integer>> last = new java.util.HashMap<>();
             while (true) {
                 for (DefaultMQPushConsumer consumer : consumers) {
-                    List<Integer> ids = new ArrayList<>();
-                    for (MessageQueue mq : consumer.getDefaultMQPushConsumerImpl().getRebalanceImpl()
-                        .getProcessQueueTable().keySet()) {
-                        if (mq.getTopic().equals(topic)) {
-                            ids.add(mq.getQueueId());
-                        }
-                    }
-                    java.util.Collections.sort(ids);
+                    List<Integer> ids = queuesOf(consumer, topic);
                     if (!ids.equals(last.get(consumer.getInstanceName()))) {
                         last.put(consumer.getInstanceName(), ids);
                         Out.emit("event", "owned", "instance", consumer.getInstanceName(), "queues", ids,
@@ -196,15 +202,8 @@ final class Consumers {
             int total = 0;
             boolean everyoneHasSome = true;
             for (DefaultMQPushConsumer consumer : consumers) {
-                List<Integer> ids = new ArrayList<>();
-                for (MessageQueue mq : consumer.getDefaultMQPushConsumerImpl().getRebalanceImpl()
-                    .getProcessQueueTable().keySet()) {
-                    if (mq.getTopic().equals(topic)) {
-                        ids.add(mq.getQueueId());
-                        distinct.add(mq.getQueueId());
-                    }
-                }
-                java.util.Collections.sort(ids);
+                List<Integer> ids = queuesOf(consumer, topic);
+                distinct.addAll(ids);
                 total += ids.size();
                 everyoneHasSome &= !ids.isEmpty() || consumers.size() > queues;
                 owned.put(consumer.getInstanceName(), ids);

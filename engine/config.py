@@ -77,6 +77,8 @@ class EngineConfig:
     max_transfer_bytes: int = 256 * 1024
     long_poll_interval_ms: int = 20
     long_poll_max_ms: int = 20_000
+    # The wire doors create a topic a client asks the route of (RocketMQ's autoCreateTopicEnable).
+    auto_create_topics: bool = True
     dispatch_trigger_ms: int = 200
     checkpoint_dir: str = ""
     file_reserved_hours: int = 72
@@ -121,6 +123,8 @@ class EngineConfig:
             value = getattr(self, f.name)
             if f.type in ("int", int) and (not isinstance(value, int) or isinstance(value, bool)):
                 raise ConfigError(f"config {f.name} must be an integer, got {value!r}", key=f.name)
+            if f.type in ("bool", bool) and not isinstance(value, bool):
+                raise ConfigError(f"config {f.name} must be true or false, got {value!r}", key=f.name)
             if f.type in ("str", str) and not isinstance(value, str):
                 raise ConfigError(f"config {f.name} must be a string, got {value!r}", key=f.name)
         if self.log_level.upper() not in LOG_LEVELS:
@@ -222,6 +226,12 @@ def export_storage_options(items: Sequence[str] | None) -> dict[str, str]:
 
 
 def _coerce(name: str, raw: Any, kind: Any) -> Any:
+    if kind in ("bool", bool) and isinstance(raw, str):
+        if raw.strip().lower() in ("true", "1", "yes", "on"):
+            return True
+        if raw.strip().lower() in ("false", "0", "no", "off"):
+            return False
+        raise ConfigError(f"{name} must be true or false, got {raw!r}", key=name)
     if kind in ("int", int) and isinstance(raw, str):
         try:
             return int(raw)

@@ -446,3 +446,118 @@ def test_readme_java_example_produces_and_consumes_through_the_server(
         assert sorted((m.keys[0], m.body) for m in pulled) == [
             (f"order-{i}", f"hello {i}".encode()) for i in range(3)
         ]
+
+
+def wait_events(scenario: Any, ready: Any, timeout_s: float = 60) -> list[dict[str, Any]]:
+    """The scenario's events once ``ready(events)`` holds; fails after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        events = list(scenario.events)
+        if ready(events):
+            return events
+        assert time.monotonic() < deadline, f"gave up waiting; last events {events[-5:]}"
+        assert scenario.proc.poll() is None, f"the scenario ended: {events[-5:]}"
+        time.sleep(0.1)
+
+
+def owned_now(events: list[dict[str, Any]]) -> dict[str, list[int]]:
+    """Each consumer's queues, as its latest "owned" event says."""
+    out: dict[str, list[int]] = {}
+    for event in events:
+        if event.get("event") == "owned":
+            out[event["instance"]] = event["queues"]
+    return out
+
+
+def test_a_killed_consumers_queues_are_taken_by_the_other_without_waiting_for_a_rebalance_round(
+    classpath: str, broker: Broker, names: tuple[str, str], tmp_path: Path
+) -> None:
+    """Two JVMs of one group whose own rebalance timer is 2 minutes: when one is SIGKILLed, the
+    broker's NOTIFY_CONSUMER_IDS_CHANGED (RocketMQ's doChannelCloseEvent) makes the other take
+    every queue at once."""
+    topic, group = names
+    broker.create_topic(topic)
+    common: dict[str, Any] = dict(
+        namesrv=broker.namesrv, topic=topic, group=group, expect=10**6, timeout_ms=300_000,
+        report_ms=100, rebalance_interval_ms=120_000,
+    )  # fmt: skip
+    first = start_scenario(classpath, tmp_path / "a", "push", settle_ms=20_000, **common)
+    second = None
+    try:
+        assert first.wait_for("started")["settled"]
+        second = start_scenario(classpath, tmp_path / "b", "push", settle_ms=1, **common)
+        second.wait_for("started")
+        shared = wait_events(first, lambda ev: [len(q) for q in owned_now(ev).values()] == [2])
+        [mine] = owned_now(shared).values()
+        wait_events(
+            second,
+            lambda ev: list(owned_now(ev).values()) == [sorted(set(range(QUEUES)) - set(mine))],
+        )
+
+        second.proc.kill()  # SIGKILL: no unregister, only the connection drops
+        killed_at = time.monotonic()
+        wait_events(first, lambda ev: list(owned_now(ev).values()) == [list(range(QUEUES))], timeout_s=60)
+        taken_s = time.monotonic() - killed_at
+    finally:
+        for scenario in (first, second):
+            if scenario is not None:
+                scenario.proc.kill()
+                scenario.finish()
+    # The client's own rebalance would come after 120 s: seconds mean the broker told it.
+    assert taken_s < 30, taken_s
+
+
+def test_a_group_reset_reaches_the_running_java_consumer_which_consumes_again(
+    classpath: str, broker: Broker, names: tuple[str, str], tmp_path: Path
+) -> None:
+    """``mq group reset`` (Admin.reset_offset_by_time) on the store a running ``mq serve`` serves:
+    the server pushes RESET_CONSUMER_CLIENT_OFFSET, the Java push consumer consumes everything
+    again, and its offset reports from before the reset do not overwrite it."""
+    if broker.store is None:
+        pytest.skip("the reset is made through lakemq's Python door")
+    store = broker.store
+    topic, group = names
+    broker.create_topic(topic)
+    with Producer(store, "PyWireProducer") as producer:
+        placed = Counter(
+            producer.send(Message(topic, f"body-{i}".encode(), keys=[f"r-{i}"])).queue_id for i in range(20)
+        )
+    consumer = start_scenario(
+        classpath, tmp_path / "java", "push", namesrv=broker.namesrv, topic=topic, group=group, expect=40,
+        timeout_ms=120_000, linger_ms=2000,
+    )  # fmt: skip
+    try:
+        wait_events(consumer, lambda ev: len([e for e in ev if e.get("event") == "received"]) >= 20)
+        # Its progress reached the store (a report every 5 s), so the reset really moves it back.
+        assert committed_offsets(store, topic, group, dict(placed)) == dict(placed)
+        Admin(store).reset_offset_by_time(group, topic, 0)
+        run = consumer.finish(timeout_s=180)
+    finally:
+        consumer.proc.kill()
+    assert run.done()["reached"], run.stderr[-2000:]
+    assert keys(run.of("received")) == Counter({f"r-{i}": 2 for i in range(20)})
+    assert committed_offsets(store, topic, group, dict(placed)) == dict(placed)
+
+
+def test_a_producer_with_message_trace_on_stores_its_trace_records(
+    classpath: str, broker: Broker, names: tuple[str, str], tmp_path: Path
+) -> None:
+    """``new DefaultMQProducer(group, true)``: the client sends a trace record of each send to
+    ``RMQ_SYS_TRACE_TOPIC``, whose route the server makes and whose sends it accepts."""
+    if broker.store is None:
+        pytest.skip("the trace records are read through lakemq's Python door")
+    topic, _ = names
+    broker.create_topic(topic)
+    sent = produce(classpath, broker, tmp_path, topic, "sync", 3, trace="true", prefix="traced").of("sent")
+    wanted = {e["key"] for e in sent}
+    assert len(wanted) == 3
+    reader = PullConsumer(broker.store, "TraceReader")
+    deadline = time.monotonic() + 60
+    found: set[str] = set()
+    while not wanted <= found and time.monotonic() < deadline:
+        result = reader.pull("RMQ_SYS_TRACE_TOPIC", 0, 0, max_nums=32)
+        messages = result.messages if result.status is PullStatus.FOUND else []
+        bodies = b"".join(m.body for m in messages)
+        found = {key for key in wanted if key.encode() in bodies}
+        time.sleep(0.2)
+    assert found == wanted

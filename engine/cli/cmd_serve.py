@@ -63,8 +63,10 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
     )
     serve.add_argument(
         "--auto-create-topics",
-        action="store_true",
-        help="create a topic a client asks a route for (default: TOPIC_NOT_EXIST)",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="create a topic a client asks a route for, as RocketMQ's autoCreateTopicEnable "
+        "(default: engine.toml's auto_create_topics, true); --no-auto-create-topics: TOPIC_NOT_EXIST",
     )
     serve.add_argument(
         "--no-broker-jobs",

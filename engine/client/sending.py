@@ -14,7 +14,7 @@ from typing import NamedTuple
 from engine.errors import InvalidMessageError
 from engine.model import Message, SendResult, SendStatus, TopicConfig
 from engine.protocol.messages import MAX_BODY_BYTES
-from engine.protocol.names import is_system_topic, is_valid_topic_name
+from engine.protocol.names import is_send_refused_topic, is_valid_topic_name
 from engine.protocol.permissions import is_writeable
 from engine.protocol.rebalance import MessageQueue
 from engine.protocol.schedule import TIMER_PROPERTIES
@@ -123,10 +123,11 @@ def writeable_topic(store: Store, name: str) -> TopicConfig:
     """The configuration of a topic producers may send to.
 
     Raises:
-        InvalidMessageError: a system topic, or one without write permission.
+        InvalidMessageError: a system topic (but the message-trace topic), or one without write
+            permission.
         TopicNotFoundError: no such topic.
     """
-    if is_system_topic(name):
+    if is_send_refused_topic(name):
         raise InvalidMessageError(
             f"topic {name!r} is a system topic; producers cannot send to it", topic=name
         )

@@ -17,6 +17,9 @@ TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
 TRANS_OP_HALF_TOPIC = "RMQ_SYS_TRANS_OP_HALF_TOPIC"
 # Where a half message goes once its check-backs are used up (RocketMQ keeps it there for inspection).
 TRANS_CHECK_MAX_TIME_TOPIC = "TRANS_CHECK_MAX_TIME_TOPIC"
+# Where RocketMQ clients with message trace on send their trace records: a system topic producers
+# may send to (RocketMQ's TopicValidator does not refuse sends to it).
+TRACE_TOPIC = "RMQ_SYS_TRACE_TOPIC"
 RETRY_PREFIX = "%RETRY%"
 DLQ_PREFIX = "%DLQ%"
 SYSTEM_TOPICS = frozenset(
@@ -28,7 +31,7 @@ SYSTEM_TOPICS = frozenset(
         "TBW102",
         "BenchmarkTest",
         "OFFSET_MOVED_EVENT",
-        "RMQ_SYS_TRACE_TOPIC",
+        TRACE_TOPIC,
         "SELF_TEST_TOPIC",
     }
 )
@@ -155,6 +158,11 @@ def is_system_topic(name: str) -> bool:
         or name.startswith(RETRY_PREFIX)
         or name.startswith(DLQ_PREFIX)
     )
+
+
+def is_send_refused_topic(name: str) -> bool:
+    """True for the system topics a producer may not send to: every one but the trace topic."""
+    return is_system_topic(name) and name != TRACE_TOPIC
 
 
 def retry_topic(group: str) -> str:

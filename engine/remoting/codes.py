@@ -73,6 +73,12 @@ class RequestCode(enum.IntEnum):
     UPDATE_NAMESRV_CONFIG = 318
     ADD_WRITE_PERM_OF_BROKER = 327
     DELETE_EXPIRED_COMMITLOG = 329
+    # Resets pushed to clients, request-reply (helper wire-clients).
+    RESET_CONSUMER_CLIENT_OFFSET = 220
+    INVOKE_BROKER_TO_RESET_OFFSET = 222
+    SEND_REPLY_MESSAGE = 324
+    SEND_REPLY_MESSAGE_V2 = 325
+    PUSH_REPLY_MESSAGE_TO_CLIENT = 326
 
 
 class ResponseCode(enum.IntEnum):

@@ -18,6 +18,7 @@ from engine.protocol.rebalance import MessageModel
 from engine.protocol.topics import system_topic_config
 from engine.remoting.frames import RemotingCommand, encode_command
 from engine.remoting.offsets_batch import OffsetBatcher
+from engine.remoting.reset_push import ResetTracker
 from engine.remoting.wire_producer import WireProducer
 from engine.store.action_log import ActionLogWriter
 from engine.store.consume_queue import QueueIndex
@@ -55,12 +56,13 @@ class BrokerContext:
     Args:
         store: the store served.
         host, port: the broker address clients are told (route data, message ids).
-        auto_create_topics: create a topic a client asks a route for (else TOPIC_NOT_EXIST).
+        auto_create_topics: create a topic a client asks a route for (else TOPIC_NOT_EXIST), as
+            RocketMQ's ``autoCreateTopicEnable`` (on by default there and here).
         workers: threads for ordinary requests; suspended pulls have a pool of their own.
     """
 
     def __init__(
-        self, store: Store, host: str, port: int, *, auto_create_topics: bool = False, workers: int = 8
+        self, store: Store, host: str, port: int, *, auto_create_topics: bool = True, workers: int = 8
     ) -> None:
         self.store = store
         self.host = host
@@ -73,6 +75,7 @@ class BrokerContext:
         self.producer = WireProducer(store, "LAKEMQ_WIRE", linger_ms=0)
         self.index = QueueIndex(store)
         self.offsets = OffsetBatcher(store)
+        self.resets = ResetTracker(store)
         self.connections: set[Connection] = set()
         self.subscriptions: dict[str, dict[str, tuple[str, str]]] = {}  # group -> topic -> (expr, type)
         self._lock = threading.Lock()
@@ -137,6 +140,18 @@ class BrokerContext:
         ):
             self.store.put_topic(system_topic_config(name, now_ms()))
         self._ensured.add(name)
+
+    def report_offset(self, group: str, topic: str, queue_id: int, offset: int) -> bool:
+        """A client's consumer offset, kept for the next flush unless a reset guards its queue
+        (see :mod:`engine.remoting.reset_push`); False when it was not kept.
+
+        Raises:
+            TopicNotFoundError: no such topic.
+            InvalidArgumentError: a bad group, queue id or offset.
+        """
+        if not self.resets.admits(group, topic, queue_id, offset):
+            return False
+        return self.offsets.put(group, topic, queue_id, offset)
 
     def producers_of(self, group: str) -> list[Connection]:
         """Connections over which a producer of ``group`` registered."""

@@ -17,7 +17,7 @@ from engine.errors import RemotingProtocolError
 from engine.remoting.codes import RPC_ONEWAY, RPC_RESPONSE, LanguageCode, SerializeType
 
 DEFAULT_MAX_FRAME_BYTES = 16 * 1024 * 1024  # RocketMQ's default frame limit (16 MiB)
-SERVER_VERSION = 399  # MQVersion.Version.V4_9_8 ordinal: what the broker reports
+SERVER_VERSION = 409  # MQVersion.Version.V4_9_8 ordinal (V4_9_3 is 399): what the broker reports
 _LEN = struct.Struct(">i")
 _RMQ_FIXED = struct.Struct(">hbhii")  # code, language, version, opaque, flag
 

@@ -96,7 +96,9 @@ class RemotingServer:
         host: the address both servers bind (127.0.0.1 unless told otherwise).
         namesrv_port, broker_port: ports (0: any free port; see :attr:`namesrv_port` after start).
         advertised_host: the broker address clients are told (default ``host``).
-        auto_create_topics: a route asked for a missing topic creates it (else TOPIC_NOT_EXIST).
+        auto_create_topics: a route asked for a missing topic creates it (else TOPIC_NOT_EXIST);
+            default: the store's config ``auto_create_topics`` (on, as RocketMQ's
+            ``autoCreateTopicEnable``).
         run_broker_jobs: run the broker's pass plan (dispatch, index, schedule, retry, pull log,
             transaction check, maintenance) in-process (:class:`~engine.broker.loop.BrokerLoop`);
             off when the Spark jobs run.
@@ -121,7 +123,7 @@ class RemotingServer:
         namesrv_port: int = 9876,
         broker_port: int = 10911,
         advertised_host: str | None = None,
-        auto_create_topics: bool = False,
+        auto_create_topics: bool | None = None,
         run_broker_jobs: bool = True,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         idle_timeout_s: float = 120.0,
@@ -153,7 +155,12 @@ class RemotingServer:
         self.idle_timeout_s = idle_timeout_s
         self.frame_timeout_s = frame_timeout_s
         self.ctx = BrokerContext(
-            store, advertised_host or host, broker_port, auto_create_topics=auto_create_topics
+            store,
+            advertised_host or host,
+            broker_port,
+            auto_create_topics=store.config.auto_create_topics
+            if auto_create_topics is None
+            else auto_create_topics,
         )
         self.checks = CheckBack()
         self.ctx.check_back = self.checks  # type: ignore[attr-defined]
@@ -248,11 +255,13 @@ class RemotingServer:
         self.ctx.port = self.broker_port
         checker = asyncio.create_task(check_back_loop(self.ctx, self.checks))
         flusher = asyncio.create_task(self._flush_offsets())
+        resetter = asyncio.create_task(self._push_resets())
         self._ready.set()
         async with broker, namesrv_server:
             await self._stopped.wait()
             checker.cancel()
             flusher.cancel()
+            resetter.cancel()
             broker.close()
             namesrv_server.close()
             for conn in list(self.ctx.connections):
@@ -260,7 +269,7 @@ class RemotingServer:
             # Closed transports end each connection's read loop; its handlers finish or are cancelled.
             if self._conn_tasks:
                 await asyncio.wait(list(self._conn_tasks), timeout=10)
-        for task in (checker, flusher):
+        for task in (checker, flusher, resetter):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 
@@ -272,6 +281,15 @@ class RemotingServer:
                 await self.ctx.run(self.ctx.offsets.flush)
             except Exception as exc:
                 _log.warning("offset flush failed (kept for the next one): %s", exc)
+
+    async def _push_resets(self, interval_s: float = 0.5) -> None:
+        """Push resets made in the store (``mq group reset`` from anywhere) to the wire consumers."""
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await offsets.push_resets(self.ctx)
+            except Exception as exc:
+                _log.warning("pushing offset resets failed (tried again): %s", exc)
 
     async def _serve(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, handlers: Mapping[int, Handler]
@@ -331,6 +349,8 @@ class RemotingServer:
                 await self.ctx.run(clients.leave_sync, self.ctx, group, client_id)
             except Exception as exc:
                 _log.warning("leave of %s in %s failed: %s", client_id, group, exc)
+            # RocketMQ's doChannelCloseEvent: the others rebalance now, not at their next round.
+            await clients.notify_ids_changed(self.ctx, group)
 
     async def _handle(self, conn: Connection, cmd: RemotingCommand, handlers: Mapping[int, Handler]) -> None:
         handler = handlers.get(cmd.code)

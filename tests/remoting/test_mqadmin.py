@@ -413,6 +413,33 @@ def test_clone_group_offset_gives_the_other_group_the_same_offsets(
     assert committed_offsets(served.store, dest, topic) == sent
 
 
+def test_reset_offset_by_time_moves_the_running_consumers_group_back(
+    served: Served, consumed: tuple[str, str, dict[int, int], Scenario]
+) -> None:
+    topic, group, sent, _ = consumed
+    out = served.mqadmin("resetOffsetByTime", "-g", group, "-t", topic, "-s", "0")
+    assert {int(r[1]): int(r[2]) for r in rows(out, BROKER_NAME)} == dict.fromkeys(sent, 0), out
+    # the running Java consumer was told (RESET_CONSUMER_CLIENT_OFFSET): it consumes again and commits
+    deadline = time.monotonic() + 120
+    while committed_offsets(served.store, group, topic) != sent and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert committed_offsets(served.store, group, topic) == sent
+
+
+def test_skip_accumulated_messages_moves_the_group_to_the_end(
+    served: Served, consumed: tuple[str, str, dict[int, int], Scenario]
+) -> None:
+    topic, group, sent, consumer = consumed
+    consumer.proc.terminate()
+    consumer.finish(30)
+    more = {1: 2, 2: 5}
+    send(served.store, topic, more)
+    ends = {q: sent[q] + more.get(q, 0) for q in sent}
+    out = served.mqadmin("skipAccumulatedMessage", "-g", group, "-t", topic)
+    assert {int(r[1]): int(r[2]) for r in rows(out, BROKER_NAME)} == ends, out
+    assert committed_offsets(served.store, group, topic) == ends
+
+
 def test_config_and_export_commands(served: Served, tmp_path: Path) -> None:
     _, group = names()
     assert "success" in served.mqadmin("updateSubGroup", "-b", served.broker, "-g", group)

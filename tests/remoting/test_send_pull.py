@@ -36,30 +36,26 @@ def test_route_names_this_broker_and_the_topics_queues(server: RemotingServer, n
     assert route["brokerDatas"][0]["brokerAddrs"] == {"0": server.broker_address}
 
 
-def test_route_of_a_missing_topic_is_topic_not_exist_and_writes_nothing(
-    store: Store, namesrv: WireClient
+def test_with_auto_create_off_the_route_of_a_missing_topic_is_topic_not_exist_and_writes_nothing(
+    tmp_path: Path,
 ) -> None:
-    before = versions(store)
-    response = namesrv.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "Nope"})
-    assert response.code == ResponseCode.TOPIC_NOT_EXIST
-    assert versions(store) == before
-
-
-def test_auto_create_topics_creates_a_topic_on_its_first_route(tmp_path: Path) -> None:
-    store = Store.open(tmp_path / "auto")
+    store = Store.open(tmp_path / "manual")
     with RemotingServer(
-        store, namesrv_port=0, broker_port=0, run_broker_jobs=False, auto_create_topics=True
+        store, namesrv_port=0, broker_port=0, run_broker_jobs=False, auto_create_topics=False
     ) as srv:
-        client = WireClient(srv.namesrv_address)
-        assert (
-            client.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "Fresh"}).code == ResponseCode.SUCCESS
-        )
-        assert (
-            client.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "TBW102"}).code
-            == ResponseCode.TOPIC_NOT_EXIST
-        )
-        client.close()
-    assert store.topic("Fresh").queues == store.config.default_queues
+        namesrv = WireClient(srv.namesrv_address)
+        before = versions(store)
+        response = namesrv.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "Nope"})
+        assert response.code == ResponseCode.TOPIC_NOT_EXIST
+        assert versions(store) == before
+        namesrv.close()
+
+
+def test_auto_create_never_creates_the_template_topic(namesrv: WireClient) -> None:
+    assert (
+        namesrv.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "TBW102"}).code
+        == ResponseCode.TOPIC_NOT_EXIST
+    )
 
 
 def test_cluster_info_lists_the_one_broker(server: RemotingServer, namesrv: WireClient) -> None:

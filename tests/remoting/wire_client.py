@@ -15,7 +15,7 @@ import struct
 import threading
 from collections.abc import Mapping
 
-from engine.remoting.codes import RPC_ONEWAY, RequestCode
+from engine.remoting.codes import RPC_ONEWAY, PullSysFlag, RequestCode
 from engine.remoting.frames import RemotingCommand, decode_frame, encode_command
 from engine.remoting.message_layout import (
     BatchItem,
@@ -166,11 +166,15 @@ class WireClient:
         sys_flag: int = 0,
         suspend_ms: int = 0,
         commit_offset: int = 0,
-        subscription: str = "*",
+        subscription: str | None = "*",
         expression_type: str = "TAG",
         timeout: float | None = None,
     ) -> tuple[RemotingCommand, list[WireMessage]]:
-        """PULL_MESSAGE; the response and the messages its body holds."""
+        """PULL_MESSAGE; the response and the messages its body holds. The pull carries its
+        ``subscription`` (the SUBSCRIPTION sysFlag bit, as a lite-pull consumer sends it); None
+        leaves it to the one the group's heartbeat named, as a push consumer does."""
+        if subscription is not None:
+            sys_flag |= PullSysFlag.SUBSCRIPTION
         fields = {
             "consumerGroup": group,
             "topic": topic,
@@ -180,7 +184,7 @@ class WireClient:
             "sysFlag": sys_flag,
             "commitOffset": commit_offset,
             "suspendTimeoutMillis": suspend_ms,
-            "subscription": subscription,
+            "subscription": subscription or "",
             "subVersion": 0,
             "expressionType": expression_type,
         }

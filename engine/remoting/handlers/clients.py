@@ -52,6 +52,7 @@ def _heartbeat_sync(
         member.heartbeat({topic: expr for topic, (expr, _) in subs.items()})
         if model is MessageModel.CLUSTERING:
             ctx.ensure_retry_topic(group)
+        ctx.resets.watch(group)
     return joined
 
 
@@ -66,10 +67,17 @@ async def heartbeat(ctx: BrokerContext, conn: Connection, cmd: RemotingCommand) 
         if isinstance(data, dict) and data.get("groupName") and data["groupName"] != INNER_PRODUCER_GROUP:
             conn.producer_groups.add(str(data["groupName"]))
     consumers = _consumers(body)
+    changed = set()
     for group, _, subs in consumers:
+        known = ctx.subscriptions.get(group)
+        if known is not None and known != subs:
+            changed.add(group)
         ctx.subscriptions[group] = subs
         conn.consumer_groups[group] = client_id
     joined = await ctx.run(_heartbeat_sync, ctx, client_id, consumers)
+    # RocketMQ's ConsumerManager notifies the group when a channel joins or a subscription changes.
+    for group in sorted(changed - set(joined)):
+        await notify_ids_changed(ctx, group)
     for group in joined:
         await notify_ids_changed(ctx, group, exclude=conn)
     return cmd.response(ResponseCode.SUCCESS)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from engine.client.admin import Admin
 from engine.errors import TopicExistsError, TopicNotFoundError
 from engine.model import TopicConfig
+from engine.protocol.names import TRACE_TOPIC
 from engine.remoting.codes import RequestCode, ResponseCode
 from engine.remoting.context import BROKER_NAME, CLUSTER_NAME, BrokerContext, Connection, Handler
 from engine.remoting.frames import RemotingCommand
@@ -38,6 +39,8 @@ def find_topic(ctx: BrokerContext, name: str) -> TopicConfig | None:
     except TopicNotFoundError:
         if not ctx.auto_create_topics or name == DEFAULT_TOPIC:
             return None
+    if name == TRACE_TOPIC:  # a client with message trace on: RocketMQ's broker has it ready
+        return Admin(ctx.store).ensure_system_topic(name)
     try:
         return Admin(ctx.store).create_topic(name, queues=ctx.store.config.default_queues)
     except TopicExistsError:

@@ -1,12 +1,27 @@
-"""Offset requests: consumer offsets (query, update) and queue offsets (min, max, by time)."""
+"""Offset requests: consumer offsets (query, update), queue offsets (min, max, by time) and offset
+resets (INVOKE_BROKER_TO_RESET_OFFSET in, RESET_CONSUMER_CLIENT_OFFSET out to the group's clients)."""
 
 from __future__ import annotations
 
+import logging
+
+from engine.client.admin_offsets import (
+    committed_offsets,
+    offsets_for_time,
+    reset_offset,
+    reset_offset_by_time,
+)
 from engine.client.offsets import is_young, offset_by_time
+from engine.protocol.names import validate_group_name
 from engine.remoting.codes import RequestCode, ResponseCode
-from engine.remoting.context import BrokerContext, Connection, Handler
+from engine.remoting.context import BROKER_NAME, BrokerContext, Connection, Handler
 from engine.remoting.frames import RemotingCommand
 from engine.remoting.headers import Header
+from engine.remoting.reset_push import reset_offset_body, reset_request
+
+_log = logging.getLogger(__name__)
+# A time past every stored message: RocketMQ's timestamp -1 ("reset to the max offset").
+_END_OF_TIME_MS = 2**62
 
 
 def query_offset_sync(ctx: BrokerContext, group: str, topic: str, queue_id: int) -> int | None:
@@ -44,7 +59,7 @@ async def update_consumer_offset(
     header = Header(cmd.ext_fields)
     group, topic, queue_id = header.text("consumerGroup"), header.text("topic"), header.int32("queueId")
     offset = header.int64("commitOffset")
-    await ctx.run(ctx.offsets.put, group, topic, queue_id, offset)
+    await ctx.run(ctx.report_offset, group, topic, queue_id, offset)
     return cmd.response(ResponseCode.SUCCESS)
 
 
@@ -93,7 +108,76 @@ async def earliest_store_time(ctx: BrokerContext, conn: Connection, cmd: Remotin
     return cmd.response(ResponseCode.SUCCESS, ext_fields={"timestamp": ts})
 
 
+def reset_by_time_sync(
+    ctx: BrokerContext, group: str, topic: str, timestamp_ms: int, force: bool
+) -> dict[int, int]:
+    """Reset ``group``'s offsets of ``topic`` in the store to the first message stored at or after
+    ``timestamp_ms`` (-1: the max offset), with the engine's admin reset (what ``mq group reset``
+    runs); without ``force`` a queue only moves back, as RocketMQ's broker decides. Returns every
+    queue's offset after the reset.
+
+    Raises:
+        TopicNotFoundError: no such topic.
+        InvalidArgumentError: a bad group or time.
+    """
+    group = validate_group_name(group)
+    when = _END_OF_TIME_MS if timestamp_ms == -1 else timestamp_ms
+    if force:
+        return reset_offset_by_time(ctx.store, group, topic, when)
+    current = committed_offsets(ctx.store, group, topic)
+    targets = offsets_for_time(ctx.store, topic, when)
+    out = {}
+    for queue_id, target in targets.items():
+        now = current.get(queue_id)
+        if now is None or target < now:
+            reset_offset(ctx.store, group, topic, queue_id, target)
+            now = target
+        out[queue_id] = now
+    return out
+
+
+async def push_resets(ctx: BrokerContext) -> int:
+    """Push the resets made in the store since the last call to every connected client of each
+    reset group (one-way RESET_CONSUMER_CLIENT_OFFSET), and report the reset offsets so they win
+    over offsets reported before the clients followed. Returns how many pushes were written."""
+    pushed = 0
+    for reset in await ctx.run(ctx.resets.poll):
+        for queue_id, offset in reset.offsets.items():
+            try:
+                await ctx.run(ctx.offsets.put, reset.group, reset.topic, queue_id, offset)
+            except Exception as exc:  # a topic deleted since: nothing to hold
+                _log.debug("reset of %s %s:%s not re-reported: %s", reset.group, reset.topic, queue_id, exc)
+        request = reset_request(BROKER_NAME, reset)
+        for conn in list(ctx.connections):
+            if reset.group not in conn.consumer_groups:
+                continue
+            try:
+                await conn.send(request)
+                pushed += 1
+            except (ConnectionError, OSError, RuntimeError) as exc:
+                _log.debug("reset push to %s lost: %s", conn.peer, exc)
+    return pushed
+
+
+async def invoke_reset(ctx: BrokerContext, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
+    """INVOKE_BROKER_TO_RESET_OFFSET (``mqadmin resetOffsetByTime``): reset the group's offsets in
+    the store and push the reset to its connected clients; answers the new offsets.
+
+    Unlike RocketMQ's broker, which answers CONSUMER_NOT_ONLINE and changes nothing when no
+    consumer of the group is connected, the reset is made in the store either way (a consumer
+    started later begins there), and answered SUCCESS.
+    """
+    header = Header(cmd.ext_fields)
+    topic, group = header.text("topic"), header.text("group")
+    timestamp = header.int64("timestamp")
+    force = header.flag("isForce", True)
+    offsets = await ctx.run(reset_by_time_sync, ctx, group, topic, timestamp, force)
+    await push_resets(ctx)
+    return cmd.response(ResponseCode.SUCCESS, body=reset_offset_body(BROKER_NAME, topic, offsets))
+
+
 HANDLERS: dict[int, Handler] = {
+    RequestCode.INVOKE_BROKER_TO_RESET_OFFSET: invoke_reset,
     RequestCode.QUERY_CONSUMER_OFFSET: query_consumer_offset,
     RequestCode.UPDATE_CONSUMER_OFFSET: update_consumer_offset,
     RequestCode.GET_MAX_OFFSET: get_max_offset,

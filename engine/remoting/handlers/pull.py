@@ -58,7 +58,12 @@ def pull_response(ctx: BrokerContext, cmd: RemotingCommand, result: PullResult) 
 
 
 async def pull_message(ctx: BrokerContext, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-    """PULL_MESSAGE, with suspension and the piggybacked offset commit."""
+    """PULL_MESSAGE, with suspension and the piggybacked offset commit.
+
+    A pull that does not carry its subscription (the push consumer's) is filtered by the one its
+    group's latest heartbeat named; before any heartbeat named it (after a server restart) the
+    answer is SUBSCRIPTION_NOT_EXIST, as RocketMQ's PullMessageProcessor answers, never an
+    unfiltered pull. The client retries after its next heartbeat."""
     header = Header(cmd.ext_fields)
     group = header.text("consumerGroup")
     topic = header.text("topic")
@@ -70,14 +75,20 @@ async def pull_message(ctx: BrokerContext, conn: Connection, cmd: RemotingComman
     suspend_ms = header.int64("suspendTimeoutMillis", 0) if PullSysFlag.SUSPEND in flags else 0
     if PullSysFlag.SUBSCRIPTION in flags:
         selector = selector_of(header.optional("subscription"), header.optional("expressionType"))
-    else:  # the subscription of the group's latest heartbeat
-        expression, kind = ctx.subscriptions.get(group, {}).get(topic, ("*", "TAG"))
-        selector = selector_of(expression, kind)
+    else:  # the subscription of the group's latest heartbeat; none known yet: the client must say
+        subs = ctx.subscriptions.get(group)
+        if subs is None:
+            return cmd.response(ResponseCode.SUBSCRIPTION_NOT_EXIST, "the consumer's group info not exist")
+        if topic not in subs:
+            return cmd.response(ResponseCode.SUBSCRIPTION_NOT_EXIST, "the consumer's subscription not exist")
+        selector = selector_of(*subs[topic])
     puller = ctx.puller(group)
+    if PullSysFlag.COMMIT_OFFSET in flags and commit_offset >= 0:
+        # Kept before the long poll, as RocketMQ's broker does: a connection dropped while the
+        # pull is parked must not lose the consumer's progress.
+        await ctx.run(ctx.report_offset, puller.group, topic, queue_id, commit_offset)
     suspend = int(max(0, min(suspend_ms, ctx.store.config.long_poll_max_ms)))
     result = await ctx.run(puller.pull, topic, queue_id, offset, max_nums, selector, suspend, pull=True)
-    if PullSysFlag.COMMIT_OFFSET in flags and commit_offset >= 0:
-        await ctx.run(ctx.offsets.put, puller.group, topic, queue_id, commit_offset)
     return pull_response(ctx, cmd, result)
 
 

@@ -78,6 +78,12 @@ final class Consumers {
      * --retry-delay-level as delayLevelWhenNextConsume; --max-reconsume sets maxReconsumeTimes.
      */
     static int push(Args args) throws Exception {
+        String rebalanceMs = args.str("rebalance-interval-ms", "");
+        if (!rebalanceMs.isEmpty()) {
+            // Read once when RebalanceService loads: a long interval shows that a rebalance came from
+            // the broker's NOTIFY_CONSUMER_IDS_CHANGED, not from the client's own timer.
+            System.setProperty("rocketmq.client.rebalance.waitInterval", rebalanceMs);
+        }
         int instances = args.integer("instances", 1);
         String listener = args.str("listener", "concurrent");
         int failUntil = args.integer("fail-until", 0);
@@ -128,12 +134,53 @@ final class Consumers {
             consumer.start();
         }
         Out.emit(assignments(consumers, args.str("topic"), args.integer("settle-ms", 20_000)));
+        if (args.integer("report-ms", 0) > 0) {
+            reportOwned(consumers, args.str("topic"), args.integer("report-ms", 100));
+        }
         boolean reached = tally.await(args.integer("linger-ms", 2000), args.integer("timeout-ms", 60_000));
         for (DefaultMQPushConsumer consumer : consumers) {
             consumer.shutdown(); // persists the consumed offsets
         }
         Out.emit("event", "done", "received", tally.received.get(), "reached", reached);
         return 0;
+    }
+
+    /** The ids of the topic's queues a consumer holds now (its rebalance's process queues), sorted. */
+    static List<Integer> queuesOf(DefaultMQPushConsumer consumer, String topic) {
+        List<Integer> ids = new ArrayList<>();
+        for (MessageQueue mq : consumer.getDefaultMQPushConsumerImpl().getRebalanceImpl()
+            .getProcessQueueTable().keySet()) {
+            if (mq.getTopic().equals(topic)) {
+                ids.add(mq.getQueueId());
+            }
+        }
+        java.util.Collections.sort(ids);
+        return ids;
+    }
+
+    /** Emits an "owned" event (instance, queue ids, time) whenever a consumer's queues of the topic
+     * change, checked every periodMs on a daemon thread. */
+    static void reportOwned(List<DefaultMQPushConsumer> consumers, String topic, long periodMs) {
+        Thread reporter = new Thread(() -> {
+            Map<String, List<Integer>> last = new java.util.HashMap<>();
+            while (true) {
+                for (DefaultMQPushConsumer consumer : consumers) {
+                    List<Integer> ids = queuesOf(consumer, topic);
+                    if (!ids.equals(last.get(consumer.getInstanceName()))) {
+                        last.put(consumer.getInstanceName(), ids);
+                        Out.emit("event", "owned", "instance", consumer.getInstanceName(), "queues", ids,
+                            "atMs", System.currentTimeMillis());
+                    }
+                }
+                try {
+                    Thread.sleep(periodMs);
+                } catch (InterruptedException e) {
+                    return;
+                }
+            }
+        }, "owned-reporter");
+        reporter.setDaemon(true);
+        reporter.start();
     }
 
     /**
@@ -155,15 +202,8 @@ final class Consumers {
             int total = 0;
             boolean everyoneHasSome = true;
             for (DefaultMQPushConsumer consumer : consumers) {
-                List<Integer> ids = new ArrayList<>();
-                for (MessageQueue mq : consumer.getDefaultMQPushConsumerImpl().getRebalanceImpl()
-                    .getProcessQueueTable().keySet()) {
-                    if (mq.getTopic().equals(topic)) {
-                        ids.add(mq.getQueueId());
-                        distinct.add(mq.getQueueId());
-                    }
-                }
-                java.util.Collections.sort(ids);
+                List<Integer> ids = queuesOf(consumer, topic);
+                distinct.addAll(ids);
                 total += ids.size();
                 everyoneHasSome &= !ids.isEmpty() || consumers.size() > queues;
                 owned.put(consumer.getInstanceName(), ids);

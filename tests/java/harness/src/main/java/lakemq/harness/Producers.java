@@ -106,7 +106,9 @@ final class Producers {
     static int produce(Args args) throws Exception {
         String mode = args.str("mode", "sync");
         int count = args.integer("count", 10);
-        DefaultMQProducer producer = new DefaultMQProducer(args.str("group", "HarnessProducer"));
+        // --trace true: the client's own message trace (records sent to RMQ_SYS_TRACE_TOPIC).
+        boolean trace = "true".equals(args.str("trace", "false"));
+        DefaultMQProducer producer = new DefaultMQProducer(args.str("group", "HarnessProducer"), trace);
         configure(producer, args);
         producer.start();
         try {

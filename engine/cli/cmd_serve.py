@@ -65,7 +65,7 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
         "--auto-create-topics",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help="create a topic a client asks a route for, as RocketMQ's autoCreateTopicEnable "
+        help="create a topic on its first send, as RocketMQ's autoCreateTopicEnable "
         "(default: engine.toml's auto_create_topics, true); --no-auto-create-topics: TOPIC_NOT_EXIST",
     )
     serve.add_argument(

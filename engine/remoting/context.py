@@ -56,8 +56,8 @@ class BrokerContext:
     Args:
         store: the store served.
         host, port: the broker address clients are told (route data, message ids).
-        auto_create_topics: create a topic a client asks a route for (else TOPIC_NOT_EXIST), as
-            RocketMQ's ``autoCreateTopicEnable`` (on by default there and here).
+        auto_create_topics: a send to a missing topic creates it (through the template topic's
+            route), as RocketMQ's ``autoCreateTopicEnable`` (on by default there and here).
         workers: threads for ordinary requests; suspended pulls have a pool of their own.
     """
 

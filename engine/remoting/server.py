@@ -96,7 +96,7 @@ class RemotingServer:
         host: the address both servers bind (127.0.0.1 unless told otherwise).
         namesrv_port, broker_port: ports (0: any free port; see :attr:`namesrv_port` after start).
         advertised_host: the broker address clients are told (default ``host``).
-        auto_create_topics: a route asked for a missing topic creates it (else TOPIC_NOT_EXIST);
+        auto_create_topics: a send to a missing topic creates it (else TOPIC_NOT_EXIST);
             default: the store's config ``auto_create_topics`` (on, as RocketMQ's
             ``autoCreateTopicEnable``).
         run_broker_jobs: run the broker's pass plan (dispatch, index, schedule, retry, pull log,

@@ -51,11 +51,18 @@ def test_with_auto_create_off_the_route_of_a_missing_topic_is_topic_not_exist_an
         namesrv.close()
 
 
-def test_auto_create_never_creates_the_template_topic(namesrv: WireClient) -> None:
-    assert (
-        namesrv.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "TBW102"}).code
-        == ResponseCode.TOPIC_NOT_EXIST
-    )
+def test_the_template_topic_has_a_route_and_is_never_stored(
+    store: Store, server: RemotingServer, namesrv: WireClient
+) -> None:
+    import json
+
+    before = versions(store)
+    response = namesrv.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "TBW102"})
+    assert response.code == ResponseCode.SUCCESS
+    [queue] = json.loads(response.body)["queueDatas"]
+    # read, write and inherit: a topic made from it on a send takes its queues
+    assert (queue["perm"], queue["writeQueueNums"]) == (7, store.config.default_queues)
+    assert versions(store) == before
 
 
 def test_cluster_info_lists_the_one_broker(server: RemotingServer, namesrv: WireClient) -> None:

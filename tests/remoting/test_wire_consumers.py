@@ -232,16 +232,24 @@ def test_the_offset_piggybacked_on_a_parked_pull_is_kept_before_the_pull_returns
     other.close()
 
 
-def test_topics_are_created_on_their_first_route_by_default(tmp_path: Path) -> None:
+def test_topics_are_created_by_their_first_send_by_default_and_never_by_a_route(tmp_path: Path) -> None:
     store = Store.open(tmp_path / "auto")
     assert store.config.auto_create_topics is True
     with RemotingServer(store, namesrv_port=0, broker_port=0, run_broker_jobs=False) as srv:
-        client = WireClient(srv.namesrv_address)
-        assert (
-            client.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "Fresh"}).code == ResponseCode.SUCCESS
-        )
-        client.close()
-    assert store.topic("Fresh").queues == store.config.default_queues
+        namesrv, broker = WireClient(srv.namesrv_address), WireClient(srv.broker_address)
+        # a consumer or a tool asking for a topic that does not exist learns so, and creates nothing
+        route = namesrv.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "Fresh"})
+        assert route.code == ResponseCode.TOPIC_NOT_EXIST
+        assert "Fresh" not in store.topic_configs(refresh=True)
+        # a producer sends through the template's route: the send creates it (4 queues asked, at most
+        # the template's), as RocketMQ's createTopicInSendMessageMethod
+        assert broker.send("Fresh", b"first", queue_id=1).code == ResponseCode.SUCCESS
+        assert store.topic("Fresh").queues == min(4, store.config.default_queues)
+        route = namesrv.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "Fresh"})
+        assert route.code == ResponseCode.SUCCESS
+        namesrv.close()
+        broker.close()
+    assert [m.body for m in PullConsumer(store, "g").pull("Fresh", 1, 0).messages] == [b"first"]
 
 
 def test_auto_create_topics_is_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+
 from engine.client.admin import Admin
-from engine.errors import TopicExistsError, TopicNotFoundError
+from engine.errors import InvalidArgumentError, InvalidTopicError, TopicExistsError, TopicNotFoundError
 from engine.model import TopicConfig
 from engine.protocol.names import TRACE_TOPIC
+from engine.protocol.permissions import Perm
 from engine.remoting.codes import RequestCode, ResponseCode
 from engine.remoting.context import BROKER_NAME, CLUSTER_NAME, BrokerContext, Connection, Handler
 from engine.remoting.frames import RemotingCommand
@@ -31,20 +34,43 @@ def route_data(ctx: BrokerContext, topic: TopicConfig) -> dict[str, object]:
     return {"queueDatas": [queue], "brokerDatas": [broker_data(ctx)], "filterServerTable": {}}
 
 
+# The template's permission as RocketMQ's broker registers it: read, write and inherit (a topic made
+# from it on a send takes its queues).
+TEMPLATE_PERM = int(Perm.READ | Perm.WRITE | Perm.INHERIT)
+
+
 def find_topic(ctx: BrokerContext, name: str) -> TopicConfig | None:
-    """A topic's config; with auto-creation on, a missing valid topic is created with the store's
-    default queue count (the template topic TBW102 never is: clients then ask for the real one)."""
+    """A topic's config, or None. With auto-creation on, as RocketMQ's broker with
+    ``autoCreateTopicEnable``: the template topic TBW102 has a route (never stored), with the store's
+    default queue count; a producer whose topic has no route sends through it, and the broker
+    creates the topic on that first send (:func:`ensure_sent_topic`). Any other missing topic has
+    no route: a consumer or a tool asking for one learns it does not exist, and creates nothing."""
     try:
         return ctx.store.topic(name)
     except TopicNotFoundError:
-        if not ctx.auto_create_topics or name == DEFAULT_TOPIC:
+        if not ctx.auto_create_topics:
             return None
+    if name == DEFAULT_TOPIC:
+        return TopicConfig(DEFAULT_TOPIC, ctx.store.config.default_queues, TEMPLATE_PERM)
     if name == TRACE_TOPIC:  # a client with message trace on: RocketMQ's broker has it ready
         return Admin(ctx.store).ensure_system_topic(name)
+    return None
+
+
+def ensure_sent_topic(ctx: BrokerContext, name: str, client_queues: int) -> None:
+    """Before a send: with auto-creation on, create a missing topic with the queues the client asked
+    for (its ``defaultTopicQueueNums``, 4 by default), at most the template's, as RocketMQ's
+    ``createTopicInSendMessageMethod``. A name no topic may have is left to the send to refuse."""
+    if not ctx.auto_create_topics:
+        return
     try:
-        return Admin(ctx.store).create_topic(name, queues=ctx.store.config.default_queues)
-    except TopicExistsError:
-        return ctx.store.topic(name)
+        ctx.store.topic(name)
+        return
+    except TopicNotFoundError:
+        pass
+    queues = max(1, min(client_queues, ctx.store.config.default_queues))
+    with contextlib.suppress(TopicExistsError, InvalidTopicError, InvalidArgumentError):
+        Admin(ctx.store).create_topic(name, queues=queues)
 
 
 async def get_route(ctx: BrokerContext, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:

@@ -16,6 +16,7 @@ from engine.protocol.names import validate_group_name
 from engine.remoting.codes import TRANSACTION_MASK, MessageSysFlag, RequestCode, ResponseCode
 from engine.remoting.context import BrokerContext, Connection, Handler
 from engine.remoting.frames import RemotingCommand
+from engine.remoting.handlers.namesrv import ensure_sent_topic
 from engine.remoting.headers import Header
 from engine.remoting.message_layout import decode_batch, decode_properties, offset_msg_id
 from engine.remoting.retry_sends import is_retry_send, send_retry
@@ -74,6 +75,8 @@ async def send_message(ctx: BrokerContext, conn: Connection, cmd: RemotingComman
             f"message body is {len(cmd.body)} bytes; at most {MAX_BODY_BYTES} are allowed"
         )
     conn.producer_groups.add(group)
+    if not is_retry_send(topic):
+        await ctx.run(ensure_sent_topic, ctx, topic, header.int32("defaultTopicQueueNums", 4))
     if batch:
         items = [incoming(topic, _checked(i.body), i.properties) for i in decode_batch(cmd.body)]
         if not items:

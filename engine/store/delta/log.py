@@ -11,8 +11,10 @@ import contextlib
 import json
 import os
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 from urllib.parse import unquote
@@ -32,11 +34,19 @@ COMMIT_FILE = re.compile(r"^(\d{20})\.json$")  # a commit file's name in _delta_
 
 @dataclass(frozen=True)
 class VersionFiles:
-    """What one commit added: data files and its commitInfo."""
+    """What one commit added: data files, its commitInfo, and the app transactions it records.
+
+    Attributes:
+        version: the commit's version.
+        files: the data files it added with ``dataChange = true``.
+        commit_info: its commitInfo (empty when it has none).
+        transactions: ``{app id: (version, lastUpdated or None)}`` of its ``txn`` actions.
+    """
 
     version: int
     files: tuple[str, ...]
     commit_info: Mapping[str, Any]
+    transactions: Mapping[str, tuple[int, int | None]] = field(default_factory=dict)
 
 
 class _BytesOut:
@@ -215,13 +225,42 @@ def earliest_version(uri: str, storage_options: Mapping[str, str] | None = None)
     return min(versions, default=0)
 
 
+# Commit files read from an object store, by (table URI, version). A commit file never changes once
+# written, and on an object store each read costs round trips (a HEAD and a GET): the broker jobs
+# read every new commit-log version for its rows, and again for the app transactions it records
+# (Snapshot.app_version), so each is fetched once. Local reads are not kept (a local table may be
+# removed and made again under the same path; a read costs no round trip).
+COMMIT_CACHE_SIZE = 1024
+_commits: OrderedDict[tuple[str, int], VersionFiles] = OrderedDict()
+_commits_lock = threading.Lock()
+
+
 def read_version(uri: str, version: int, storage_options: Mapping[str, str] | None = None) -> VersionFiles:
-    """Parse one commit file of a table's log.
+    """Parse one commit file of a table's log (on an object store, once per process: see
+    :data:`COMMIT_CACHE_SIZE`).
 
     Raises:
         StoreError: the commit file is gone (the reader fell behind log retention) or unreadable.
         CommitTruncatedError: the commit file was cut short at a line break.
     """
+    remote = local_path(uri) is None
+    key = (uri.rstrip("/"), version)
+    if remote:
+        with _commits_lock:
+            cached = _commits.get(key)
+            if cached is not None:
+                _commits.move_to_end(key)
+                return cached
+    parsed = _read_version(uri, version, storage_options)
+    if remote:
+        with _commits_lock:
+            _commits[key] = parsed
+            while len(_commits) > COMMIT_CACHE_SIZE:
+                _commits.popitem(last=False)
+    return parsed
+
+
+def _read_version(uri: str, version: int, storage_options: Mapping[str, str] | None) -> VersionFiles:
     try:
         data = get_object(uri, _log_path(version), storage_options)
         text = None if data is None else data.decode()
@@ -238,12 +277,17 @@ def read_version(uri: str, version: int, storage_options: Mapping[str, str] | No
         )
     files: list[str] = []
     info: Mapping[str, Any] = {}
+    txns: dict[str, tuple[int, int | None]] = {}
     for action in parse_commit(text, f"{uri}/{_log_path(version)}", version):
         if "add" in action and action["add"].get("dataChange", True):
             files.append(unquote(action["add"]["path"]))
         elif "commitInfo" in action:
             info = action["commitInfo"]
-    return VersionFiles(version, tuple(files), info)
+        elif "txn" in action:
+            txn = action["txn"]
+            updated = txn.get("lastUpdated")
+            txns[str(txn["appId"])] = (int(txn["version"]), None if updated is None else int(updated))
+    return VersionFiles(version, tuple(files), info, txns)
 
 
 def read_files(

@@ -1,0 +1,109 @@
+"""Reading a table's log on an object store costs requests in proportion to what is new, not to the
+log's length: app versions move on by the new commits only, a refresh that finds nothing new is one
+HEAD, and a commit file is fetched once per process. Counted by the proxy (deterministic), never
+timed.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from deltalake import CommitProperties, Transaction, write_deltalake
+
+from bench.s3proxy import S3Proxy
+from engine.store.commit_markers import EXPIRING_APP_PREFIX
+from engine.store.delta import open_snapshot, read_version
+
+pytestmark = pytest.mark.s3
+
+ROW = pa.table({"a": pa.array([1], pa.int64())})
+
+
+@pytest.fixture
+def options(s3_proxy: S3Proxy, s3_server: Any) -> dict[str, str]:
+    return dict(s3_server.storage_options(endpoint=s3_proxy.endpoint))
+
+
+@pytest.fixture
+def uri(s3_root: str) -> str:
+    return f"{s3_root}/t-{uuid.uuid4().hex[:6]}"
+
+
+def append(uri: str, options: dict[str, str], **txns: int) -> None:
+    props = CommitProperties(app_transactions=[Transaction(k, v) for k, v in txns.items()]) if txns else None
+    write_deltalake(uri, ROW, mode="append", storage_options=options, commit_properties=props)
+
+
+def counted(proxy: S3Proxy, action: Any) -> tuple[Any, list[str]]:
+    proxy.record()
+    got = action()
+    return got, proxy.record(False)
+
+
+def test_app_versions_move_on_by_the_new_commits_only(
+    uri: str, options: dict[str, str], s3_proxy: S3Proxy
+) -> None:
+    write_deltalake(uri, ROW, storage_options=options)
+    for i in range(20):  # a log 20 commits past its start, no checkpoint
+        append(uri, options, **{"app.a": i})
+    snap = open_snapshot(uri, options)
+    assert snap.app_version("app.a") == 19
+    apps = [f"app.{k}" for k in "bcdefghijk"]
+    for app in apps:
+        snap.app_version(app)  # learnt once (delta-rs replays the log for each)
+    append(uri, options, **{"app.a": 20, "app.b": 7})
+    snap.refresh()
+    answers, seen = counted(s3_proxy, lambda: [snap.app_version(a) for a in ["app.a", *apps]])
+    assert answers == [20, 7, *([-1] * 9)]
+    # one new commit: read once (HEAD + GET) for all eleven ids, not 22 commit files per id
+    assert len(seen) <= 2, seen
+    assert all("00000000000000000021.json" in r for r in seen), seen
+
+
+def test_an_app_version_asked_of_an_older_snapshot_is_answered_as_of_it(
+    uri: str, options: dict[str, str]
+) -> None:
+    write_deltalake(uri, ROW, storage_options=options)
+    append(uri, options, **{"app.a": 1})
+    old = open_snapshot(uri, options)
+    append(uri, options, **{"app.a": 2})
+    new = open_snapshot(uri, options)
+    assert new.app_version("app.a") == 2  # known as of version 2 now
+    assert old.app_version("app.a") == 1
+
+
+def test_expiring_app_ids_are_always_asked_of_delta_rs(
+    uri: str, options: dict[str, str], s3_proxy: S3Proxy
+) -> None:
+    write_deltalake(uri, ROW, storage_options=options)
+    app = f"{EXPIRING_APP_PREFIX}guard"
+    append(uri, options, **{app: 3})
+    snap = open_snapshot(uri, options)
+    assert snap.app_version(app) == 3
+    _, seen = counted(s3_proxy, lambda: snap.app_version(app))
+    assert any(r.endswith("00000000000000000001.json") for r in seen), seen  # replayed, not kept
+
+
+def test_a_refresh_that_finds_nothing_new_is_one_head(
+    uri: str, options: dict[str, str], s3_proxy: S3Proxy
+) -> None:
+    write_deltalake(uri, ROW, storage_options=options)
+    snap = open_snapshot(uri, options)
+    _, seen = counted(s3_proxy, snap.refresh)
+    assert [r.split(" ")[0] for r in seen] == ["HEAD"], seen
+    append(uri, options)
+    assert snap.refresh().version() == 1  # and one that does, moves on
+
+
+def test_a_commit_file_is_fetched_once_per_process(
+    uri: str, options: dict[str, str], s3_proxy: S3Proxy
+) -> None:
+    write_deltalake(uri, ROW, storage_options=options)
+    append(uri, options, **{"app.a": 4})
+    first, seen = counted(s3_proxy, lambda: read_version(uri, 1, options))
+    assert seen and first.transactions == {"app.a": (4, None)}
+    again, seen = counted(s3_proxy, lambda: read_version(uri, 1, options))
+    assert again == first and seen == []

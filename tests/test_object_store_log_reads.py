@@ -15,7 +15,8 @@ from deltalake import CommitProperties, Transaction, write_deltalake
 
 from bench.s3proxy import S3Proxy
 from engine.store.commit_markers import EXPIRING_APP_PREFIX
-from engine.store.delta import open_snapshot, read_version
+from engine.errors import StoreError
+from engine.store.delta import VERSION_COLUMN, open_snapshot, read_version, read_versions
 
 pytestmark = pytest.mark.s3
 
@@ -107,3 +108,34 @@ def test_a_commit_file_is_fetched_once_per_process(
     assert seen and first.transactions == {"app.a": (4, None)}
     again, seen = counted(s3_proxy, lambda: read_version(uri, 1, options))
     assert again == first and seen == []
+
+
+def test_versions_are_read_with_two_requests_per_file_in_commit_order(
+    uri: str, options: dict[str, str], s3_proxy: S3Proxy
+) -> None:
+    write_deltalake(uri, pa.table({"a": pa.array([0], pa.int64()), "b": ["x"]}), storage_options=options)
+    for i in range(1, 7):
+        write_deltalake(
+            uri,
+            pa.table({"a": pa.array([i], pa.int64()), "b": ["y"]}),
+            mode="append",
+            storage_options=options,
+        )
+    schema = pa.schema([pa.field("a", pa.int64())])
+    rows, seen = counted(s3_proxy, lambda: read_versions(uri, 2, 6, schema, options))
+    assert rows.column_names == ["a", VERSION_COLUMN]
+    assert rows["a"].to_pylist() == [2, 3, 4, 5, 6]
+    assert rows[VERSION_COLUMN].to_pylist() == [2, 3, 4, 5, 6]
+    # each commit file and each data file: a HEAD and a GET (no listing, no ranged footer reads)
+    assert len(seen) == 4 * 5, seen
+    assert not any("list-type" in r for r in seen), seen
+
+
+def test_a_vacuumed_data_file_is_a_typed_error(uri: str, options: dict[str, str], s3_server: Any) -> None:
+    write_deltalake(uri, ROW, storage_options=options)
+    append(uri, options)
+    path = read_version(uri, 1, options).files[0]
+    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
+    s3_server.client().delete_object(Bucket=bucket, Key=f"{prefix}/{path}")
+    with pytest.raises(StoreError, match="gone"):
+        read_versions(uri, 0, 1, ROW.schema, options)

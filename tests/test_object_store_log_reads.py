@@ -14,9 +14,17 @@ import pytest
 from deltalake import CommitProperties, Transaction, write_deltalake
 
 from bench.s3proxy import S3Proxy
-from engine.store.commit_markers import EXPIRING_APP_PREFIX
+from engine import Admin, Message, Producer, PullConsumer, Store
+from engine.broker.dispatch import dispatch_pending
 from engine.errors import StoreError
-from engine.store.delta import VERSION_COLUMN, open_snapshot, read_version, read_versions
+from engine.store.commit_markers import EXPIRING_APP_PREFIX
+from engine.store.delta import (
+    VERSION_COLUMN,
+    open_snapshot,
+    probe_latest_version,
+    read_version,
+    read_versions,
+)
 
 pytestmark = pytest.mark.s3
 
@@ -139,3 +147,38 @@ def test_a_vacuumed_data_file_is_a_typed_error(uri: str, options: dict[str, str]
     s3_server.client().delete_object(Bucket=bucket, Key=f"{prefix}/{path}")
     with pytest.raises(StoreError, match="gone"):
         read_versions(uri, 0, 1, ROW.schema, options)
+
+
+def test_the_latest_version_is_found_by_reading_the_new_commits_once(
+    uri: str, options: dict[str, str], s3_proxy: S3Proxy
+) -> None:
+    write_deltalake(uri, ROW, storage_options=options)
+    for _ in range(5):
+        append(uri, options)
+    latest, seen = counted(s3_proxy, lambda: probe_latest_version(uri, 0, options, remote=True))
+    assert latest == 5
+    assert not any("list-type" in r for r in seen), seen  # no listing of the log
+    assert sum(r.endswith("00000000000000000006.json") for r in seen) == 1  # one look past the end
+    _, again = counted(s3_proxy, lambda: [read_version(uri, v, options) for v in range(1, 6)])
+    assert again == []  # the commits it found are read already
+    assert probe_latest_version(uri, 0, options) is None  # without ``remote``: list the log then
+
+
+def test_dispatch_moves_its_consume_queue_snapshot_on_rather_than_opening_one(
+    s3_proxy: S3Proxy, s3_server: Any, s3_root: str
+) -> None:
+    store = Store.open(s3_root, storage_options=dict(s3_server.storage_options(endpoint=s3_proxy.endpoint)))
+    Admin(store).create_topic("T", 1)
+    with Producer(store, "P") as producer:
+        for _ in range(4):
+            producer.send(Message("T", b"x"), queue_id=0)
+            assert dispatch_pending(store) == 1
+        producer.send(Message("T", b"y"), queue_id=0)
+        added, seen = counted(s3_proxy, lambda: dispatch_pending(store))
+    assert added == 1
+    cq = [r for r in seen if "consume_queue" in r and r.startswith("GET ")]
+    # no load of the consume queue from its start: no checkpoint hint, none of its older commits
+    assert not any("_last_checkpoint" in r for r in cq), cq
+    old = [f"/consume_queue/_delta_log/{v:020d}.json" for v in range(4)]
+    assert not any(r.endswith(o) for r in cq for o in old), cq
+    assert PullConsumer(store, "G").pull("T", 0, 4).messages[0].body == b"y"

@@ -185,10 +185,15 @@ def last_checkpoint_version(table_dir: str) -> int | None:
         return None
 
 
-def probe_latest_version(uri: str, at_least: int = -1) -> int | None:
+def probe_latest_version(
+    uri: str, at_least: int = -1, storage_options: Mapping[str, str] | None = None, *, remote: bool = False
+) -> int | None:
     """The newest version of a local table, found by looking for its commit files one by one from
     ``at_least`` (or the newest checkpoint, if later) on; None for an object store, or when the
     version to start from has no commit file (cleaned up, or no table): list the log then.
+
+    With ``remote``, an object store is probed too, from ``at_least`` (a version known to exist;
+    None without one) by reading the commit files after it (:func:`latest_commit`).
 
     Why not list: a directory listing is no snapshot. A commit file linked in while the directory is
     read may be missed while a later one is seen, and delta-rs then refuses the log ("Expected
@@ -199,7 +204,7 @@ def probe_latest_version(uri: str, at_least: int = -1) -> int | None:
     """
     path = local_path(uri)
     if path is None:
-        return None
+        return latest_commit(uri, at_least, storage_options) if remote and at_least >= 0 else None
     log = os.path.join(path, "_delta_log")
     start = at_least
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
@@ -244,6 +249,21 @@ def read_version(uri: str, version: int, storage_options: Mapping[str, str] | No
         StoreError: the commit file is gone (the reader fell behind log retention) or unreadable.
         CommitTruncatedError: the commit file was cut short at a line break.
     """
+    parsed = _version_if_there(uri, version, storage_options)
+    if parsed is None:
+        raise StoreError(
+            f"commit {version} of {uri} is gone; a reader that fell behind the log retention must be "
+            "restarted from a newer version",
+            table=uri,
+            version=version,
+        )
+    return parsed
+
+
+def _version_if_there(
+    uri: str, version: int, storage_options: Mapping[str, str] | None
+) -> VersionFiles | None:
+    """:func:`read_version`, or None when the commit file is not there (not kept: it may come)."""
     remote = local_path(uri) is None
     key = (uri.rstrip("/"), version)
     if remote:
@@ -253,7 +273,7 @@ def read_version(uri: str, version: int, storage_options: Mapping[str, str] | No
                 _commits.move_to_end(key)
                 return cached
     parsed = _read_version(uri, version, storage_options)
-    if remote:
+    if remote and parsed is not None:
         with _commits_lock:
             _commits[key] = parsed
             while len(_commits) > COMMIT_CACHE_SIZE:
@@ -261,7 +281,7 @@ def read_version(uri: str, version: int, storage_options: Mapping[str, str] | No
     return parsed
 
 
-def _read_version(uri: str, version: int, storage_options: Mapping[str, str] | None) -> VersionFiles:
+def _read_version(uri: str, version: int, storage_options: Mapping[str, str] | None) -> VersionFiles | None:
     try:
         data = get_object(uri, _log_path(version), storage_options)
         text = None if data is None else data.decode()
@@ -270,12 +290,7 @@ def _read_version(uri: str, version: int, storage_options: Mapping[str, str] | N
             f"commit {version} of {uri} cannot be read: {exc}", table=uri, version=version, cause=exc
         ) from exc
     if text is None:
-        raise StoreError(
-            f"commit {version} of {uri} is gone; a reader that fell behind the log retention must be "
-            "restarted from a newer version",
-            table=uri,
-            version=version,
-        )
+        return None
     files: list[str] = []
     info: Mapping[str, Any] = {}
     txns: dict[str, tuple[int, int | None]] = {}
@@ -315,6 +330,34 @@ def _read_remote_file(
     if data is None:
         raise _gone(uri, path, "not found")
     return pq.read_table(pa.BufferReader(data), schema=schema)
+
+
+def latest_commit(uri: str, known: int, storage_options: Mapping[str, str] | None = None) -> int:
+    """The newest version of a table on an object store, found by reading its commit files on from
+    ``known`` (an existing version): the next one, the one after, then two at once, four, ...
+    until one is missing. Each commit file found is kept, so reading the new versions
+    (:func:`read_versions`) costs no request more; finding nothing new costs one HEAD.
+
+    Why not list the log: an object store's reads are consistent, so a commit file read is a
+    commit made; and a listing of the log (delta-rs's refresh) is a request whatever it finds, with
+    two more per new version. Use on object stores only: a local directory has
+    :func:`probe_latest_version`.
+
+    Raises:
+        StoreError: the store cannot be reached.
+    """
+    windows = 0
+    while True:
+        # 1, 1, 2, 4, ...: a follower at the head finds one new commit most of the time, and a look
+        # past it costs a request; a reader behind by many finds them several at once.
+        window = min(1 << max(windows - 1, 0), PARALLEL_FETCHES)
+        ahead = range(known + 1, known + 1 + window)
+        found = list(_FETCHES.map(lambda v: _version_if_there(uri, v, storage_options), ahead))
+        for v, there in zip(ahead, found, strict=True):
+            if there is None:
+                return known
+            known = v
+        windows += 1
 
 
 def read_files(

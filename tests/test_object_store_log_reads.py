@@ -6,6 +6,7 @@ timed.
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -182,3 +183,24 @@ def test_dispatch_moves_its_consume_queue_snapshot_on_rather_than_opening_one(
     old = [f"/consume_queue/_delta_log/{v:020d}.json" for v in range(4)]
     assert not any(r.endswith(o) for r in cq for o in old), cq
     assert PullConsumer(store, "G").pull("T", 0, 4).messages[0].body == b"y"
+
+
+def test_the_deltalog_stream_finds_new_versions_by_heads_of_the_next_commit_files(
+    uri: str, options: dict[str, str], s3_proxy: S3Proxy
+) -> None:
+    from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+    from engine.spark.deltalog import DeltaLogStreamReader, LogOptions, spark_schema, table_schema
+
+    write_deltalake(uri, ROW, storage_options=options)
+    opts = LogOptions.parse({"path": uri, "storageOptions": json.dumps(options)})
+    reader = DeltaLogStreamReader(opts, spark_schema(table_schema(opts)), table_schema(opts))
+    start = reader.initialOffset()
+    assert reader.latestOffset(start, ReadAllAvailable()) == {"version": 0}
+    offset, seen = counted(s3_proxy, lambda: reader.latestOffset(start, ReadAllAvailable()))
+    assert offset == {"version": 0} and [r.split(" ")[0] for r in seen] == ["HEAD"], seen
+    append(uri, options)
+    append(uri, options)
+    offset, seen = counted(s3_proxy, lambda: reader.latestOffset(start, ReadAllAvailable()))
+    assert offset == {"version": 2}
+    assert [r.split(" ")[0] for r in seen] == ["HEAD"] * 3, seen  # versions 1, 2 and the missing 3

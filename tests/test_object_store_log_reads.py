@@ -204,3 +204,22 @@ def test_the_deltalog_stream_finds_new_versions_by_heads_of_the_next_commit_file
     offset, seen = counted(s3_proxy, lambda: reader.latestOffset(start, ReadAllAvailable()))
     assert offset == {"version": 2}
     assert [r.split(" ")[0] for r in seen] == ["HEAD"] * 3, seen  # versions 1, 2 and the missing 3
+
+
+def test_a_pull_that_finds_a_new_consume_queue_version_looks_for_it_once(
+    s3_proxy: S3Proxy, s3_server: Any, s3_root: str
+) -> None:
+    store = Store.open(s3_root, storage_options=dict(s3_server.storage_options(endpoint=s3_proxy.endpoint)))
+    Admin(store).create_topic("T", 1)
+    consumer = PullConsumer(store, "G")
+    with Producer(store, "P") as producer:
+        producer.send(Message("T", b"a"), queue_id=0)
+        dispatch_pending(store)
+        assert len(consumer.pull("T", 0, 0).messages) == 1
+        producer.send(Message("T", b"b"), queue_id=0)
+        dispatch_pending(store)
+    version = store.version("consume_queue")
+    result, seen = counted(s3_proxy, lambda: consumer.pull("T", 0, 1))
+    assert [m.body for m in result.messages] == [b"b"]
+    new_commit = f"/consume_queue/_delta_log/{version:020d}.json"
+    assert sum(r.startswith("HEAD ") and r.endswith(new_commit) for r in seen) == 1, seen

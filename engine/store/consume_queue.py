@@ -158,7 +158,7 @@ class QueueIndex:
             else:
                 if self._store.latest_version_hint(schemas.CONSUME_QUEUE, self._version) <= self._version:
                     return False
-                self._cq.refresh()
+                self._cq.refresh(newer=self._cq.version() == self._version)
             version = self._cq.version()
             if version == self._version:
                 return False

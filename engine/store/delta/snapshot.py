@@ -232,14 +232,18 @@ class Snapshot:
         moved = self.moved_since_open
         return moved >= RENEW_HANDLE_COMMITS or moved >= checkpoint_interval(self)
 
-    def refresh(self) -> Snapshot:
+    def refresh(self, *, newer: bool = False) -> Snapshot:
         """Move on to the latest version; returns itself.
+
+        Args:
+            newer: the caller has just seen a commit after this version (saves the look for one).
 
         Raises:
             StoreError: the log cannot be read.
         """
         if (
             self._remote
+            and not newer
             and time.monotonic() - self._listed_at < PROBE_TRUSTED_S
             and not self._next_commit_exists()
         ):

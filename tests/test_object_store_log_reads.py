@@ -223,3 +223,24 @@ def test_a_pull_that_finds_a_new_consume_queue_version_looks_for_it_once(
     assert [m.body for m in result.messages] == [b"b"]
     new_commit = f"/consume_queue/_delta_log/{version:020d}.json"
     assert sum(r.startswith("HEAD ") and r.endswith(new_commit) for r in seen) == 1, seen
+
+
+def test_a_pull_of_new_messages_moves_its_commit_log_files_on_from_the_new_commits(
+    s3_proxy: S3Proxy, s3_server: Any, s3_root: str
+) -> None:
+    store = Store.open(s3_root, storage_options=dict(s3_server.storage_options(endpoint=s3_proxy.endpoint)))
+    Admin(store).create_topic("T", 1)
+    consumer = PullConsumer(store, "G")
+    with Producer(store, "P") as producer:
+        producer.send(Message("T", b"a"), queue_id=0)
+        dispatch_pending(store)
+        assert len(consumer.pull("T", 0, 0).messages) == 1
+        for body in (b"b", b"c", b"d"):
+            producer.send(Message("T", body), queue_id=0)
+        dispatch_pending(store)
+    result, seen = counted(s3_proxy, lambda: consumer.pull("T", 0, 1))
+    assert [m.body for m in result.messages] == [b"b", b"c", b"d"]
+    assert [m.queue_offset for m in result.messages] == [1, 2, 3]
+    log = [r for r in seen if "commit_log" in r and ("_delta_log" in r or "list-type" in r)]
+    assert not any("list-type" in r or "_last_checkpoint" in r for r in log), log
+    assert len(log) <= 2 * 3 + 1, log  # each new commit file once (HEAD + GET), one look past them

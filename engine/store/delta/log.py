@@ -42,12 +42,16 @@ class VersionFiles:
         files: the data files it added with ``dataChange = true``.
         commit_info: its commitInfo (empty when it has none).
         transactions: ``{app id: (version, lastUpdated or None)}`` of its ``txn`` actions.
+        stats: the statistics (Delta's JSON) of each file of ``files``, None where it has none.
+        rearranged: it removed files or added some without new data (compaction, retention).
     """
 
     version: int
     files: tuple[str, ...]
     commit_info: Mapping[str, Any]
     transactions: Mapping[str, tuple[int, int | None]] = field(default_factory=dict)
+    stats: tuple[str | None, ...] = ()
+    rearranged: bool = False
 
 
 class _BytesOut:
@@ -292,18 +296,23 @@ def _read_version(uri: str, version: int, storage_options: Mapping[str, str] | N
     if text is None:
         return None
     files: list[str] = []
+    stats: list[str | None] = []
+    rearranged = False
     info: Mapping[str, Any] = {}
     txns: dict[str, tuple[int, int | None]] = {}
     for action in parse_commit(text, f"{uri}/{_log_path(version)}", version):
         if "add" in action and action["add"].get("dataChange", True):
             files.append(unquote(action["add"]["path"]))
+            stats.append(action["add"].get("stats"))
+        elif "add" in action or "remove" in action:
+            rearranged = True
         elif "commitInfo" in action:
             info = action["commitInfo"]
         elif "txn" in action:
             txn = action["txn"]
             updated = txn.get("lastUpdated")
             txns[str(txn["appId"])] = (int(txn["version"]), None if updated is None else int(updated))
-    return VersionFiles(version, tuple(files), info, txns)
+    return VersionFiles(version, tuple(files), info, txns, tuple(stats), rearranged)
 
 
 # Files fetched at once from an object store by one read of versions (each fetch is a HEAD and a GET

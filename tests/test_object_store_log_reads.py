@@ -206,18 +206,28 @@ def test_the_deltalog_stream_finds_new_versions_by_heads_of_the_next_commit_file
     assert [r.split(" ")[0] for r in seen] == ["HEAD"] * 3, seen  # versions 1, 2 and the missing 3
 
 
-def test_a_pull_that_finds_a_new_consume_queue_version_looks_for_it_once(
-    s3_proxy: S3Proxy, s3_server: Any, s3_root: str
-) -> None:
-    store = Store.open(s3_root, storage_options=dict(s3_server.storage_options(endpoint=s3_proxy.endpoint)))
+def pulled_once_then_sent(
+    proxy: S3Proxy, server: Any, root: str, bodies: list[bytes]
+) -> tuple[Store, PullConsumer]:
+    """A store through the proxy whose queue T:0 a consumer pulled once (offset 0), then ``bodies``
+    sent and dispatched after it (offsets 1, 2, ...)."""
+    store = Store.open(root, storage_options=dict(server.storage_options(endpoint=proxy.endpoint)))
     Admin(store).create_topic("T", 1)
     consumer = PullConsumer(store, "G")
     with Producer(store, "P") as producer:
         producer.send(Message("T", b"a"), queue_id=0)
         dispatch_pending(store)
         assert len(consumer.pull("T", 0, 0).messages) == 1
-        producer.send(Message("T", b"b"), queue_id=0)
+        for body in bodies:
+            producer.send(Message("T", body), queue_id=0)
         dispatch_pending(store)
+    return store, consumer
+
+
+def test_a_pull_that_finds_a_new_consume_queue_version_looks_for_it_once(
+    s3_proxy: S3Proxy, s3_server: Any, s3_root: str
+) -> None:
+    store, consumer = pulled_once_then_sent(s3_proxy, s3_server, s3_root, [b"b"])
     version = store.version("consume_queue")
     result, seen = counted(s3_proxy, lambda: consumer.pull("T", 0, 1))
     assert [m.body for m in result.messages] == [b"b"]
@@ -228,16 +238,7 @@ def test_a_pull_that_finds_a_new_consume_queue_version_looks_for_it_once(
 def test_a_pull_of_new_messages_moves_its_commit_log_files_on_from_the_new_commits(
     s3_proxy: S3Proxy, s3_server: Any, s3_root: str
 ) -> None:
-    store = Store.open(s3_root, storage_options=dict(s3_server.storage_options(endpoint=s3_proxy.endpoint)))
-    Admin(store).create_topic("T", 1)
-    consumer = PullConsumer(store, "G")
-    with Producer(store, "P") as producer:
-        producer.send(Message("T", b"a"), queue_id=0)
-        dispatch_pending(store)
-        assert len(consumer.pull("T", 0, 0).messages) == 1
-        for body in (b"b", b"c", b"d"):
-            producer.send(Message("T", body), queue_id=0)
-        dispatch_pending(store)
+    _, consumer = pulled_once_then_sent(s3_proxy, s3_server, s3_root, [b"b", b"c", b"d"])
     result, seen = counted(s3_proxy, lambda: consumer.pull("T", 0, 1))
     assert [m.body for m in result.messages] == [b"b", b"c", b"d"]
     assert [m.queue_offset for m in result.messages] == [1, 2, 3]

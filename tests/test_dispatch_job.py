@@ -117,7 +117,7 @@ def test_replaying_the_whole_log_adds_nothing(
     from engine.spark.jobs import dispatch as job
 
     monkeypatch.setattr(job, "dispatched_version", lambda s, shard=0: -1)  # where the stream starts
-    monkeypatch.setattr(decisions, "dispatched_version", lambda s, shard=0: -1)  # what each batch reads
+    monkeypatch.setattr(decisions, "_dispatched", lambda s, shard: -1)  # what each batch reads
     run_dispatch(spark, store, once=True, checkpoint=str(tmp_path / "replay"))
     monkeypatch.undo()
     assert _consume_queue(store) == before

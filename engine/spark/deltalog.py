@@ -48,7 +48,15 @@ from pyspark.sql.types import StructType
 
 from engine.errors import InvalidArgumentError, StoreError, TableMissingError
 from engine.spark.mq_options import storage_options_option
-from engine.store.delta import VERSION_COLUMN, Snapshot, open_snapshot, read_files, read_versions
+from engine.store.delta import (
+    VERSION_COLUMN,
+    Snapshot,
+    local_path,
+    object_exists,
+    open_snapshot,
+    read_files,
+    read_versions,
+)
 
 SHORT_NAME = "deltalog"
 SNAPSHOT_VERSION = -1
@@ -248,6 +256,7 @@ class DeltaLogStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvai
     def __init__(self, options: LogOptions, schema: StructType, file_schema: pa.Schema) -> None:
         super().__init__(options, schema, file_schema)
         self._dt: Snapshot | None = None
+        self._known = -1  # the newest version seen (the handle's, or probed past it)
         self._target: int | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -256,20 +265,38 @@ class DeltaLogStreamReader(_Reading, DataSourceStreamReader, SupportsTriggerAvai
         return state
 
     def _latest(self) -> int:
-        """Latest version of the table, refreshed on a cached handle (cheap: reads new commits only)."""
+        """Latest version of the table, refreshed on a cached handle (cheap: reads new commits only).
+
+        On an object store, once the handle has been loaded, the commit files after the version
+        known are looked for (a HEAD each, and one that finds none): a trigger only needs the
+        version, and a refresh of the handle would list the log and read each new commit twice.
+        """
         try:
             if self._dt is None:
                 self._dt = self.options.open()
+                self._known = self._dt.version()
+            elif local_path(self.options.path) is None:
+                self._known = self._probe(self._known)
             else:
                 self._dt.refresh()
+                self._known = self._dt.version()
         except StoreError as exc:
             raise StoreError(
                 f"deltalog: cannot read the log of {self.options.path}: {exc}", cause=exc
             ) from exc
-        latest = self._dt.version()
+        latest = self._known
         if self.options.ending_version is not None:
             latest = min(latest, self.options.ending_version)
         return latest
+
+    def _probe(self, known: int) -> int:
+        """The newest version from ``known`` on, by a HEAD of each next commit file (an object store's
+        reads are consistent: a commit file seen is a commit made)."""
+        while object_exists(
+            self.options.path, f"_delta_log/{known + 1:020d}.json", self.options.storage_options
+        ):
+            known += 1
+        return known
 
     def initialOffset(self) -> dict[str, int]:
         return {"version": (self.options.starting_version or 0) - 1}

@@ -32,7 +32,7 @@ from engine.protocol.selectors import ExpressionType, MessageSelector
 from engine.protocol.shards import SHARD_SHIFT
 from engine.store import schemas
 from engine.store.commit_markers import CQ_KEY, dispatch_app
-from engine.store.delta import FileReader, FileStats, Snapshot
+from engine.store.delta import FileReader, FileStats, Snapshot, read_version
 from engine.store.queue_entries import QueueTail
 from engine.store.store import Store
 
@@ -186,7 +186,7 @@ class QueueIndex:
         elif self._store.latest_version_hint(schemas.CONSUME_QUEUE, self._version) <= self._version:
             return False
         else:
-            self._cq.refresh()
+            self._cq.refresh(newer=self._cq.version() == self._version)
         version = self._cq.version()
         if version == self._version:
             return False
@@ -341,6 +341,17 @@ class QueueIndex:
         return table.take(pa.array(position[wanted])), stop
 
 
+def _offset_bounds(stats: str | None) -> tuple[int, int] | None:
+    """(min, max) ``physical_offset`` of a commit-log file by its Delta statistics; None without."""
+    if stats is None:
+        return None
+    try:
+        parsed = json.loads(stats)
+        return int(parsed["minValues"]["physical_offset"]), int(parsed["maxValues"]["physical_offset"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 # Reads of a shard's rows before giving up on files that keep vanishing: the first after a refresh,
 # the last on a snapshot loaded anew (compaction and vacuum may both run between a refresh and a read).
 _READ_ATTEMPTS = 3
@@ -365,6 +376,46 @@ class _ShardLog:
             self._files = FileStats.of(self._log, ["physical_offset"])
             self._reader.forget(set(self._files.paths))
 
+    def _moved_on(self) -> bool:
+        """On an object store: move the file statistics on by the commit files after them, which
+        finding the latest version has read already (:meth:`Store.latest_version_hint`), rather than
+        refresh the snapshot (a listing, and each new commit read twice, in turn). False where that
+        cannot be done: a local store, nothing loaded yet, a commit that removed or rewrote files, a
+        file without the statistics; the snapshot is refreshed then."""
+        with self._lock:
+            known = self._files
+            if (
+                self._log is None
+                or known.version < 0
+                or self._store.is_local
+                or not {"min.physical_offset", "max.physical_offset"} <= known.columns.keys()
+            ):
+                return False
+            latest = self._store.latest_version_hint(self._name, known.version)
+            paths, lows, highs = [], [], []
+            for version in range(known.version + 1, latest + 1):
+                added = read_version(self._store.uri(self._name), version, self._store.storage_options)
+                if added.rearranged or len(added.stats) != len(added.files):
+                    return False
+                for path, raw in zip(added.files, added.stats, strict=True):
+                    bounds = _offset_bounds(raw)
+                    if bounds is None:
+                        return False
+                    paths.append(path)
+                    lows.append(bounds[0])
+                    highs.append(bounds[1])
+            if paths:
+                columns = {
+                    "min.physical_offset": np.concatenate(
+                        [known.columns["min.physical_offset"], np.asarray(lows, dtype=np.int64)]
+                    ),
+                    "max.physical_offset": np.concatenate(
+                        [known.columns["max.physical_offset"], np.asarray(highs, dtype=np.int64)]
+                    ),
+                }
+                self._files = FileStats(latest, [*known.paths, *paths], columns)
+            return True
+
     def _max(self) -> int:
         maxs = self._files.columns.get("max.physical_offset")
         return int(maxs.max()) if maxs is not None and len(maxs) else -1
@@ -374,7 +425,8 @@ class _ShardLog:
         schema = schemas.COMMIT_LOG_SCHEMA
         table = schema.empty_table()
         for attempt in range(_READ_ATTEMPTS):
-            if attempt or self._log is None or int(unique[-1]) > self._max():
+            behind = self._log is None or int(unique[-1]) > self._max()
+            if attempt or (behind and not self._moved_on()):
                 self._refresh(reopen=attempt > 1)
             try:
                 paths = self._files.overlapping("physical_offset", int(unique[0]), int(unique[-1]))

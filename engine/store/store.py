@@ -30,7 +30,6 @@ from engine.store.delta import (
     create_table,
     direct_append_enabled,
     log_gone,
-    object_exists,
     open_snapshot,
     probe_latest_version,
     read_versions,
@@ -309,20 +308,14 @@ class Store:
         asks on every poll).
 
         On a local store it looks for the commit files after ``known`` (or after the newest
-        checkpoint); on an object store for the one after ``known`` (one request); when there is
-        one there, or the commit file of that version is gone, it refreshes the shared snapshot.
+        checkpoint); on an object store it reads those after ``known`` (one request when there is
+        none). When the local commit file to start from is gone, or ``known`` is -1, it refreshes
+        the shared snapshot.
         """
-        if self.is_local:
-            latest = probe_latest_version(self.uri(name), known)
-        else:
-            # One HEAD of the next commit file: a listing and the checkpoint hint cost two round
-            # trips, and a poll at the head of the log finds nothing new most of the time.
-            next_commit = f"_delta_log/{known + 1:020d}.json"
-            latest = (
-                known
-                if known >= 0 and not object_exists(self.uri(name), next_commit, self.storage_options)
-                else None
-            )
+        # On an object store the commit files after ``known`` are read (one HEAD when there is none):
+        # a listing and the checkpoint hint cost two round trips, a poll at the head of the log finds
+        # nothing new most of the time, and a reader of the new versions finds them read already.
+        latest = probe_latest_version(self.uri(name), known, self.storage_options, remote=True)
         return self.shared(name).version() if latest is None else latest
 
     @property

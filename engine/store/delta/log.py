@@ -11,8 +11,11 @@ import contextlib
 import json
 import os
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 from urllib.parse import unquote
@@ -32,11 +35,23 @@ COMMIT_FILE = re.compile(r"^(\d{20})\.json$")  # a commit file's name in _delta_
 
 @dataclass(frozen=True)
 class VersionFiles:
-    """What one commit added: data files and its commitInfo."""
+    """What one commit added: data files, its commitInfo, and the app transactions it records.
+
+    Attributes:
+        version: the commit's version.
+        files: the data files it added with ``dataChange = true``.
+        commit_info: its commitInfo (empty when it has none).
+        transactions: ``{app id: (version, lastUpdated or None)}`` of its ``txn`` actions.
+        stats: the statistics (Delta's JSON) of each file of ``files``, None where it has none.
+        rearranged: it removed files or added some without new data (compaction, retention).
+    """
 
     version: int
     files: tuple[str, ...]
     commit_info: Mapping[str, Any]
+    transactions: Mapping[str, tuple[int, int | None]] = field(default_factory=dict)
+    stats: tuple[str | None, ...] = ()
+    rearranged: bool = False
 
 
 class _BytesOut:
@@ -174,10 +189,15 @@ def last_checkpoint_version(table_dir: str) -> int | None:
         return None
 
 
-def probe_latest_version(uri: str, at_least: int = -1) -> int | None:
+def probe_latest_version(
+    uri: str, at_least: int = -1, storage_options: Mapping[str, str] | None = None, *, remote: bool = False
+) -> int | None:
     """The newest version of a local table, found by looking for its commit files one by one from
     ``at_least`` (or the newest checkpoint, if later) on; None for an object store, or when the
     version to start from has no commit file (cleaned up, or no table): list the log then.
+
+    With ``remote``, an object store is probed too, from ``at_least`` (a version known to exist;
+    None without one) by reading the commit files after it (:func:`latest_commit`).
 
     Why not list: a directory listing is no snapshot. A commit file linked in while the directory is
     read may be missed while a later one is seen, and delta-rs then refuses the log ("Expected
@@ -188,7 +208,7 @@ def probe_latest_version(uri: str, at_least: int = -1) -> int | None:
     """
     path = local_path(uri)
     if path is None:
-        return None
+        return latest_commit(uri, at_least, storage_options) if remote and at_least >= 0 else None
     log = os.path.join(path, "_delta_log")
     start = at_least
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
@@ -215,13 +235,57 @@ def earliest_version(uri: str, storage_options: Mapping[str, str] | None = None)
     return min(versions, default=0)
 
 
+# Commit files read from an object store, by (table URI, version). A commit file never changes once
+# written, and on an object store each read costs round trips (a HEAD and a GET): the broker jobs
+# read every new commit-log version for its rows, and again for the app transactions it records
+# (Snapshot.app_version), so each is fetched once. Local reads are not kept (a local table may be
+# removed and made again under the same path; a read costs no round trip).
+COMMIT_CACHE_SIZE = 1024
+_commits: OrderedDict[tuple[str, int], VersionFiles] = OrderedDict()
+_commits_lock = threading.Lock()
+
+
 def read_version(uri: str, version: int, storage_options: Mapping[str, str] | None = None) -> VersionFiles:
-    """Parse one commit file of a table's log.
+    """Parse one commit file of a table's log (on an object store, once per process: see
+    :data:`COMMIT_CACHE_SIZE`).
 
     Raises:
         StoreError: the commit file is gone (the reader fell behind log retention) or unreadable.
         CommitTruncatedError: the commit file was cut short at a line break.
     """
+    parsed = _version_if_there(uri, version, storage_options)
+    if parsed is None:
+        raise StoreError(
+            f"commit {version} of {uri} is gone; a reader that fell behind the log retention must be "
+            "restarted from a newer version",
+            table=uri,
+            version=version,
+        )
+    return parsed
+
+
+def _version_if_there(
+    uri: str, version: int, storage_options: Mapping[str, str] | None
+) -> VersionFiles | None:
+    """:func:`read_version`, or None when the commit file is not there (not kept: it may come)."""
+    remote = local_path(uri) is None
+    key = (uri.rstrip("/"), version)
+    if remote:
+        with _commits_lock:
+            cached = _commits.get(key)
+            if cached is not None:
+                _commits.move_to_end(key)
+                return cached
+    parsed = _read_version(uri, version, storage_options)
+    if remote and parsed is not None:
+        with _commits_lock:
+            _commits[key] = parsed
+            while len(_commits) > COMMIT_CACHE_SIZE:
+                _commits.popitem(last=False)
+    return parsed
+
+
+def _read_version(uri: str, version: int, storage_options: Mapping[str, str] | None) -> VersionFiles | None:
     try:
         data = get_object(uri, _log_path(version), storage_options)
         text = None if data is None else data.decode()
@@ -230,20 +294,79 @@ def read_version(uri: str, version: int, storage_options: Mapping[str, str] | No
             f"commit {version} of {uri} cannot be read: {exc}", table=uri, version=version, cause=exc
         ) from exc
     if text is None:
-        raise StoreError(
-            f"commit {version} of {uri} is gone; a reader that fell behind the log retention must be "
-            "restarted from a newer version",
-            table=uri,
-            version=version,
-        )
+        return None
     files: list[str] = []
+    stats: list[str | None] = []
+    rearranged = False
     info: Mapping[str, Any] = {}
+    txns: dict[str, tuple[int, int | None]] = {}
     for action in parse_commit(text, f"{uri}/{_log_path(version)}", version):
         if "add" in action and action["add"].get("dataChange", True):
             files.append(unquote(action["add"]["path"]))
+            stats.append(action["add"].get("stats"))
+        elif "add" in action or "remove" in action:
+            rearranged = True
         elif "commitInfo" in action:
             info = action["commitInfo"]
-    return VersionFiles(version, tuple(files), info)
+        elif "txn" in action:
+            txn = action["txn"]
+            updated = txn.get("lastUpdated")
+            txns[str(txn["appId"])] = (int(txn["version"]), None if updated is None else int(updated))
+    return VersionFiles(version, tuple(files), info, txns, tuple(stats), rearranged)
+
+
+# Files fetched at once from an object store by one read of versions (each fetch is a HEAD and a GET
+# of a round trip each; a dispatch batch reads one commit file and one data file per version).
+PARALLEL_FETCHES = 8
+_FETCHES = ThreadPoolExecutor(PARALLEL_FETCHES, thread_name_prefix="mq-log-reads")
+
+
+def _gone(uri: str, path: str, exc: BaseException | str) -> StoreError:
+    return StoreError(
+        f"data file {path} of {uri} is gone ({exc}); it was vacuumed before this reader got to it",
+        table=uri,
+        cause=exc if isinstance(exc, BaseException) else None,
+    )
+
+
+def _read_remote_file(
+    uri: str, path: str, schema: pa.Schema, storage_options: Mapping[str, str] | None
+) -> pa.Table:
+    """One data file on an object store, fetched whole (a HEAD and a GET) and parsed in memory:
+    pyarrow's reader over the storage handler would also list the path as a folder and fetch the
+    footer and the columns apart (five requests for a one-message file)."""
+    data = get_object(uri, path, storage_options)
+    if data is None:
+        raise _gone(uri, path, "not found")
+    return pq.read_table(pa.BufferReader(data), schema=schema)
+
+
+def latest_commit(uri: str, known: int, storage_options: Mapping[str, str] | None = None) -> int:
+    """The newest version of a table on an object store, found by reading its commit files on from
+    ``known`` (an existing version): the next one, the one after, then two at once, four, ...
+    until one is missing. Each commit file found is kept, so reading the new versions
+    (:func:`read_versions`) costs no request more; finding nothing new costs one HEAD.
+
+    Why not list the log: an object store's reads are consistent, so a commit file read is a
+    commit made; and a listing of the log (delta-rs's refresh) is a request whatever it finds, with
+    two more per new version. Use on object stores only: a local directory has
+    :func:`probe_latest_version`.
+
+    Raises:
+        StoreError: the store cannot be reached.
+    """
+    windows = 0
+    while True:
+        # 1, 1, 2, 4, ...: a follower at the head finds one new commit most of the time, and a look
+        # past it costs a request; a reader behind by many finds them several at once.
+        window = min(1 << max(windows - 1, 0), PARALLEL_FETCHES)
+        ahead = range(known + 1, known + 1 + window)
+        found = list(_FETCHES.map(lambda v: _version_if_there(uri, v, storage_options), ahead))
+        for v, there in zip(ahead, found, strict=True):
+            if there is None:
+                return known
+            known = v
+        windows += 1
 
 
 def read_files(
@@ -253,18 +376,23 @@ def read_files(
     storage_options: Mapping[str, str] | None = None,
     version: int | None = None,
 ) -> pa.Table:
-    """Read data files of a table, cast to ``schema``; adds ``_version`` when ``version`` is given."""
-    fs = table_filesystem(uri, storage_options)
-    parts = []
-    for path in files:
-        try:
-            parts.append(pq.read_table(path, filesystem=fs, schema=schema))
-        except (FileNotFoundError, OSError) as exc:
-            raise StoreError(
-                f"data file {path} of {uri} is gone ({exc}); it was vacuumed before this reader got to it",
-                table=uri,
-                cause=exc,
-            ) from exc
+    """Read data files of a table, cast to ``schema``; adds ``_version`` when ``version`` is given.
+
+    On an object store the files are fetched whole, several at once.
+
+    Raises:
+        StoreError: a file is gone (vacuumed) or cannot be read.
+    """
+    if local_path(uri) is None:
+        parts = list(_FETCHES.map(lambda p: _read_remote_file(uri, p, schema, storage_options), files))
+    else:
+        fs = table_filesystem(uri, storage_options)
+        parts = []
+        for path in files:
+            try:
+                parts.append(pq.read_table(path, filesystem=fs, schema=schema))
+            except (FileNotFoundError, OSError) as exc:
+                raise _gone(uri, path, exc) from exc
     table = pa.concat_tables(parts) if parts else schema.empty_table()
     if version is not None:
         table = table.append_column(VERSION_COLUMN, pa.array([version] * table.num_rows, pa.int64()))
@@ -278,10 +406,27 @@ def read_versions(
     schema: pa.Schema,
     storage_options: Mapping[str, str] | None = None,
 ) -> pa.Table:
-    """Rows added by versions ``first..last`` (inclusive), in commit order, with ``_version``."""
+    """Rows added by versions ``first..last`` (inclusive), in commit order, with ``_version``.
+
+    On an object store the commit files, then the data files, are fetched several at once (a
+    dispatch batch behind by a few versions would otherwise wait a round trip per request in turn).
+
+    Raises:
+        StoreError: a commit or data file is gone or unreadable.
+    """
     out_schema = schema.append(pa.field(VERSION_COLUMN, pa.int64()))
+    versions = range(first, last + 1)
+    if local_path(uri) is None and len(versions) > 1:
+        commits = list(_FETCHES.map(lambda v: read_version(uri, v, storage_options), versions))
+        wanted = [(vf.version, path) for vf in commits for path in vf.files]
+        tables = list(_FETCHES.map(lambda vp: _read_remote_file(uri, vp[1], schema, storage_options), wanted))
+        parts = [
+            t.append_column(VERSION_COLUMN, pa.array([v] * t.num_rows, pa.int64()))
+            for (v, _), t in zip(wanted, tables, strict=True)
+        ]
+        return pa.concat_tables(parts) if parts else out_schema.empty_table()
     parts = []
-    for v in range(first, last + 1):
+    for v in versions:
         vf = read_version(uri, v, storage_options)
         if vf.files:
             parts.append(read_files(uri, vf.files, schema, storage_options, version=v))

@@ -11,6 +11,7 @@ or fails, and maps delta-rs's errors onto the engine's. No delta-rs object leave
 from __future__ import annotations
 
 import random
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -32,8 +33,9 @@ from engine.errors import (
     StoreError,
     TableMissingError,
 )
+from engine.store.commit_markers import EXPIRING_APP_PREFIX
 from engine.store.delta.log import probe_latest_version, read_version, table_filesystem
-from engine.store.delta.objects import storage_failure
+from engine.store.delta.objects import local_path, object_exists, storage_failure
 
 # A DeltaTable handle gets slower with every version it moves on by: delta-rs keeps the file list of
 # each new version as one more Arrow batch and every later commit goes over all of them, and a
@@ -55,6 +57,23 @@ def listing_pause(attempt: int) -> None:
     """The jittered pause before listing the log again (at most about 60 ms, 0.4 s in all)."""
     time.sleep(random.uniform(0.5, 1.0) * min(0.06, 0.005 * (attempt + 1)))
 
+
+# App versions on an object store, by (table URI, app id): (the version they are known as of, the
+# value). delta-rs's ``transaction_version`` replays every commit since the newest checkpoint on each
+# call (a GET per commit file: 6 GETs for 6 commits, each time), and the broker asks for about twenty
+# app ids per pass (the schedule's state) on a commit log that may be 100 commits past its
+# checkpoint: 234 requests per message sent, measured. Moving a known value on reads only the new
+# commit files, each once per process (engine.store.delta.log.read_version keeps them).
+_APP_VERSIONS: dict[tuple[str, str], tuple[int, int]] = {}
+_APP_VERSIONS_LOCK = threading.Lock()
+# Most commits an app version is moved on by from what is known; further back, delta-rs replays.
+APP_VERSION_CATCH_UP = 256
+
+# How long a refresh on an object store trusts a HEAD of the next commit file alone. Missing, it
+# means "nothing new" unless log retention cleaned that file up, which takes a handle left unrefreshed
+# for longer than the retention while commits landed; past this long, delta-rs reads the log again
+# (it starts from the newest checkpoint when the commits the handle needs are gone).
+PROBE_TRUSTED_S = 30.0
 
 DEFAULT_CHECKPOINT_INTERVAL = 100  # delta-rs's default delta.checkpointInterval (Delta on Spark: 10)
 
@@ -187,6 +206,9 @@ class Snapshot:
         self.name = name
         self.storage_options: dict[str, str] | None = dict(storage_options) if storage_options else None
         self._opened_at = int(dt.version())
+        self._key = self.uri.rstrip("/")
+        self._remote = local_path(self._key) is None
+        self._listed_at = time.monotonic()  # when delta-rs last read the log for this handle
 
     # ------------------------------------------------------------------ where and when
     @property
@@ -210,18 +232,40 @@ class Snapshot:
         moved = self.moved_since_open
         return moved >= RENEW_HANDLE_COMMITS or moved >= checkpoint_interval(self)
 
-    def refresh(self) -> Snapshot:
+    def refresh(self, *, newer: bool = False) -> Snapshot:
         """Move on to the latest version; returns itself.
+
+        Args:
+            newer: the caller has just seen a commit after this version (saves the look for one).
 
         Raises:
             StoreError: the log cannot be read.
         """
+        if (
+            self._remote
+            and not newer
+            and time.monotonic() - self._listed_at < PROBE_TRUSTED_S
+            and not self._next_commit_exists()
+        ):
+            return self
+        self._listed_at = time.monotonic()
         latest = probe_latest_version(self.uri, self.version())
         if latest is None:
             self._reloading(lambda: self._dt.update_incremental(), "refreshed")
         elif latest > self.version():  # a load of exactly that version lists no half-made log
             self._reloading(lambda: self._load_up_to(latest), "refreshed")
         return self
+
+    def _next_commit_exists(self) -> bool:
+        """Whether the commit file after this version is there (one HEAD): on an object store a
+        refresh that finds nothing new then costs one request, not delta-rs's listing and checkpoint
+        hint (two). An object store's reads are consistent: a commit that landed is seen."""
+        try:
+            return object_exists(
+                self._key, f"_delta_log/{self.version() + 1:020d}.json", self.storage_options
+            )
+        except StoreError:
+            return True  # let delta-rs's refresh say what is wrong
 
     def _load_up_to(self, version: int) -> None:
         if self.version() < version:  # a reload may have gone further already
@@ -274,8 +318,48 @@ class Snapshot:
         A snapshot whose commit files were cleaned up behind it (older than the log retention) cannot
         be read as of its version any more: it moves to the latest version and answers as of that.
         """
+        remote = self._remote and not app_id.startswith(EXPIRING_APP_PREFIX)
+        if remote:
+            known = self._app_version_known(app_id)
+            if known is not None:
+                return known
         value = self._reloading(lambda: self._dt.transaction_version(app_id), "read")
-        return -1 if value is None else int(value)
+        answer = -1 if value is None else int(value)
+        if remote:
+            with _APP_VERSIONS_LOCK:
+                at = _APP_VERSIONS.get((self._key, app_id), (-1, -1))[0]
+                if self.version() >= at:
+                    _APP_VERSIONS[(self._key, app_id)] = (self.version(), answer)
+        return answer
+
+    def _app_version_known(self, app_id: str) -> int | None:
+        """``app_id``'s version as of this snapshot from the value known for the table (moved on by
+        the app transactions of the commit files after it); None when it must be asked of delta-rs:
+        nothing known, known only as of a later version, too far behind, a commit file gone, or a
+        transaction that carries ``lastUpdated`` (it may expire: delta-rs applies the retention).
+
+        Ids of :data:`EXPIRING_APP_PREFIX` are never kept (they expire after the table's retention).
+        """
+        with _APP_VERSIONS_LOCK:
+            known = _APP_VERSIONS.get((self._key, app_id))
+        version = self.version()
+        if known is None or known[0] > version or version - known[0] > APP_VERSION_CATCH_UP:
+            return None
+        at, value = known
+        try:
+            for v in range(at + 1, version + 1):
+                found = read_version(self.uri, v, self.storage_options).transactions.get(app_id)
+                if found is not None:
+                    if found[1] is not None:
+                        return None
+                    value = found[0]
+        except StoreError:
+            return None  # cleaned up after a checkpoint: delta-rs reads the checkpoint
+        if version > at:
+            with _APP_VERSIONS_LOCK:
+                if _APP_VERSIONS.get((self._key, app_id), (-1, -1))[0] < version:
+                    _APP_VERSIONS[(self._key, app_id)] = (version, value)
+        return value
 
     def configuration(self) -> Mapping[str, str | None]:
         """The table's properties (``delta.*`` and others)."""

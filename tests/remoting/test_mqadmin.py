@@ -440,6 +440,13 @@ def test_skip_accumulated_messages_moves_the_group_to_the_end(
     assert committed_offsets(served.store, group, topic) == ends
 
 
+def test_send_msg_status_sends_to_the_topic_named_after_the_broker(served: Served) -> None:
+    out = served.mqadmin("sendMsgStatus", "-b", BROKER_NAME, "-s", "128", "-c", "2")
+    assert out.count("sendStatus=SEND_OK") == 2, out
+    # the topic was created by its first send (auto-creation through the template topic's route)
+    assert served.store.topic_configs(refresh=True)[BROKER_NAME].queues >= 1
+
+
 def test_config_and_export_commands(served: Served, tmp_path: Path) -> None:
     _, group = names()
     assert "success" in served.mqadmin("updateSubGroup", "-b", served.broker, "-g", group)

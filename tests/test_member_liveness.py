@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from engine import Admin, Message, Producer, PushConsumer, Store
+from engine import Admin, ConsumeResult, Message, Producer, PushConsumer, Store
 from engine.broker.dispatch import dispatch_pending
 from engine.client.membership import GroupMembership, default_consumer_id, known_dead, live_members
 
@@ -33,7 +33,13 @@ def _push(root: str, ready: Any, seen: Any) -> None:
     store = Store.open(root)
     consumer = PushConsumer(store, "PG", member_timeout_ms=120_000, heartbeat_interval_ms=1_000)
     consumer.subscribe("T")
-    consumer.register_listener(lambda messages: [seen.put((os.getpid(), m.queue_id)) for m in messages])
+
+    def listener(messages: list[Any]) -> ConsumeResult:
+        for m in messages:
+            seen.put((os.getpid(), m.queue_id))
+        return ConsumeResult.SUCCESS
+
+    consumer.register_listener(listener)
     consumer.start()
     ready.put(consumer.instance_id)
     time.sleep(3600)

@@ -25,7 +25,7 @@ from typing import Any
 from bench.stats import Measure, unavailable
 from bench.workloads import OURS, Context
 from bench.workloads.produce import open_store
-from engine import Admin, Message, Producer, PushConsumer
+from engine import Admin, ConsumeResult, Message, Producer, PushConsumer
 from engine.broker.dispatch import dispatch_pending
 
 TOPIC = "FailoverBench"
@@ -43,10 +43,12 @@ def _consumer(root: str, worker: int, events: Any) -> None:
     consumer = PushConsumer(store, GROUP)
     consumer.subscribe(TOPIC)
 
-    def listener(messages: list[Any]) -> None:
+    def listener(messages: list[Any]) -> ConsumeResult:
         now = time.time()
         for m in messages:
-            events.put((worker, m.queue_id, now))
+            if m.topic == TOPIC:  # not the group's retries (their queue ids are another topic's)
+                events.put((worker, m.queue_id, now))
+        return ConsumeResult.SUCCESS
 
     consumer.register_listener(listener)
     consumer.start()

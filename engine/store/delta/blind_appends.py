@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from engine.errors import CommitConflictError, StoreError
 from engine.store.commit_markers import BATCH_KEY
-from engine.store.delta.commits import backoff, checkpoint_if_due, landed
+from engine.store.delta.commits import backoff, checkpoint_at_interval, landed
 from engine.store.delta.direct_append import DirectAppender, direct_appender
 from engine.store.delta.log import probe_latest_version
 from engine.store.delta.snapshot import Snapshot, checkpoint_interval
@@ -91,7 +91,7 @@ class BlindAppends:
                 if not (exc.context.get("linked") and landed(appender, latest + 1, batch_id, self.name)):
                     raise
             self._checked = latest + 1
-            self._checkpoint_if_due(latest + 1)
+            checkpoint_at_interval(self._open, latest + 1, self._interval)
             return latest + 1
         raise CommitConflictError(
             f"append to {self.name} lost its race {MAX_ATTEMPTS} times",
@@ -128,14 +128,3 @@ class BlindAppends:
 
     def _disable(self, why: str) -> None:
         self._appender, self.disabled = None, why
-
-    def _checkpoint_if_due(self, version: int) -> None:
-        """Write the checkpoint delta-rs's post-commit hook would have written after ``version``;
-        best effort (:func:`checkpoint_if_due`)."""
-        if version % self._interval:
-            return
-        try:
-            snapshot = self._open(version)
-        except StoreError:
-            return
-        checkpoint_if_due(snapshot, version)

@@ -73,6 +73,19 @@ def checkpoint_if_due(snapshot: Snapshot, version: int, write: Callable[[bool], 
             write(cleanup)
 
 
+def checkpoint_at_interval(open_snapshot: Callable[[int], Snapshot], version: int, interval: int) -> None:
+    """After a commit made without delta-rs at ``version``: the checkpoint its post-commit hook would
+    have written, when ``version`` is a multiple of the table's ``interval``, on a snapshot
+    ``open_snapshot(version)`` opens; best effort (:func:`checkpoint_if_due`)."""
+    if version % interval:
+        return
+    try:
+        snapshot = open_snapshot(version)
+    except StoreError:
+        return
+    checkpoint_if_due(snapshot, version)
+
+
 def commit_next(
     snapshot: Snapshot,
     *,

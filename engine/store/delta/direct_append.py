@@ -249,6 +249,36 @@ class DirectAppender:
         """Whether version ``version`` has been committed (its commit file is there)."""
         return os.path.exists(self.commit_path(version))
 
+    def _text(self, version: int) -> str | None:
+        """The commit file of ``version`` (None: there is none)."""
+        try:
+            with open(self.commit_path(version), encoding="utf-8") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StoreError(
+                f"commit {version} of {self.name} cannot be read: {exc}", table=self.name, cause=exc
+            ) from exc
+
+    def _parsed(self, text: str, version: int) -> list[dict[str, Any]]:
+        try:
+            return parse_commit(text, self.commit_path(version), version)
+        except ValueError as exc:
+            raise StoreError(
+                f"commit {version} of {self.name} is not JSON: {exc}", table=self.name, cause=exc
+            ) from exc
+
+    def read_actions(self, version: int) -> list[dict[str, Any]] | None:
+        """Every action of the commit at ``version``, or None when there is none (yet, or any more).
+
+        Raises:
+            CommitTruncatedError: the commit file was cut short at a line break.
+            StoreError: it cannot be read or parsed.
+        """
+        text = self._text(version)
+        return None if text is None else self._parsed(text, version)
+
     def read_commit(self, version: int) -> LogCommit | None:
         """The commit at ``version``, or None when there is none (yet, or any more).
 
@@ -256,25 +286,13 @@ class DirectAppender:
             CommitTruncatedError: the commit file was cut short at a line break.
             StoreError: it cannot be read or parsed.
         """
-        path = self.commit_path(version)
-        try:
-            with open(path, encoding="utf-8") as f:
-                text = f.read()
-        except FileNotFoundError:
+        text = self._text(version)
+        if text is None:
             return None
-        except OSError as exc:
-            raise StoreError(
-                f"commit {version} of {self.name} cannot be read: {exc}", table=self.name, cause=exc
-            ) from exc
         line = plain_info_line(text)
         if line is not None:
             return LogCommit(version, None, False, info_line=line)
-        try:
-            actions = parse_commit(text, path, version)
-        except ValueError as exc:
-            raise StoreError(
-                f"commit {version} of {self.name} is not JSON: {exc}", table=self.name, cause=exc
-            ) from exc
+        actions = self._parsed(text, version)
         info: Mapping[str, Any] = {}
         changes = False
         for action in actions:

@@ -27,9 +27,9 @@ import pyarrow as pa
 
 from engine.errors import CommitConflictError, StoreError
 from engine.store.commit_markers import BATCH_KEY
-from engine.store.delta.commits import backoff, checkpoint_if_due, landed
+from engine.store.delta.commits import backoff, checkpoint_at_interval, landed
 from engine.store.delta.direct_append import DirectAppender, direct_appender
-from engine.store.delta.log import parse_commit, probe_latest_version
+from engine.store.delta.log import probe_latest_version
 from engine.store.delta.snapshot import Snapshot, checkpoint_interval
 
 
@@ -73,22 +73,9 @@ class FollowedLog:
             return None
         seen: set[str] = set()
         for version in range(self.version + 1, latest + 1):
-            path = self._appender.commit_path(version)
-            try:
-                with open(path, encoding="utf-8") as f:
-                    text = f.read()
-            except FileNotFoundError:
+            actions = self._appender.read_actions(version)
+            if actions is None:
                 return None
-            except OSError as exc:
-                raise StoreError(
-                    f"commit {version} of {self.name} cannot be read: {exc}", table=self.name, cause=exc
-                ) from exc
-            try:
-                actions = parse_commit(text, path, version)
-            except ValueError as exc:
-                raise StoreError(
-                    f"commit {version} of {self.name} is not JSON: {exc}", table=self.name, cause=exc
-                ) from exc
             for action in actions:
                 txn = action.get("txn")
                 if txn is not None:
@@ -150,22 +137,11 @@ class FollowedLog:
                     raise
             self.version = target
             self._apps[app_id] = app_version
-            self._checkpoint_if_due(target)
+            checkpoint_at_interval(self._open, target, self._interval)
             return target
         raise CommitConflictError(
             f"commit to {self.name} lost its race {attempts} times", table=self.name, attempts=attempts
         )
-
-    def _checkpoint_if_due(self, version: int) -> None:
-        """The checkpoint delta-rs's post-commit hook would have written after ``version``; best
-        effort (:func:`~engine.store.delta.commits.checkpoint_if_due`)."""
-        if version % self._interval:
-            return
-        try:
-            snapshot = self._open(version)
-        except StoreError:
-            return
-        checkpoint_if_due(snapshot, version)
 
 
 def follow_log(

@@ -4,7 +4,6 @@ bad settings, a taken port, more requests than it takes at once."""
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 
 import pytest
 
@@ -44,18 +43,6 @@ def test_bad_sends_get_rocketmq_errors_and_write_nothing(
     before = versions(store)
     assert broker.send(topic, b"body", queue_id=queue_id, properties=props).code == code
     assert versions(store) == before
-
-
-def test_with_auto_create_off_a_send_to_a_missing_topic_is_topic_not_exist(tmp_path: Path) -> None:
-    store = Store.open(tmp_path / "manual")
-    with RemotingServer(
-        store, namesrv_port=0, broker_port=0, run_broker_jobs=False, auto_create_topics=False
-    ) as srv:
-        broker = WireClient(srv.broker_address)
-        before = versions(store)
-        assert broker.send("Nope", b"body").code == ResponseCode.TOPIC_NOT_EXIST
-        assert versions(store) == before
-        broker.close()
 
 
 def test_a_missing_header_field_is_a_system_error(broker: WireClient) -> None:

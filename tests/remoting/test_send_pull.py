@@ -36,19 +36,24 @@ def test_route_names_this_broker_and_the_topics_queues(server: RemotingServer, n
     assert route["brokerDatas"][0]["brokerAddrs"] == {"0": server.broker_address}
 
 
-def test_with_auto_create_off_the_route_of_a_missing_topic_is_topic_not_exist_and_writes_nothing(
+def test_with_auto_create_off_a_missing_topic_has_no_route_nor_takes_a_send_and_nothing_is_written(
     tmp_path: Path,
 ) -> None:
     store = Store.open(tmp_path / "manual")
     with RemotingServer(
         store, namesrv_port=0, broker_port=0, run_broker_jobs=False, auto_create_topics=False
     ) as srv:
-        namesrv = WireClient(srv.namesrv_address)
+        namesrv, broker = WireClient(srv.namesrv_address), WireClient(srv.broker_address)
         before = versions(store)
         response = namesrv.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "Nope"})
         assert response.code == ResponseCode.TOPIC_NOT_EXIST
+        assert broker.send("Nope", b"body").code == ResponseCode.TOPIC_NOT_EXIST
+        assert namesrv.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "TBW102"}).code == (
+            ResponseCode.TOPIC_NOT_EXIST
+        )  # no template either
         assert versions(store) == before
         namesrv.close()
+        broker.close()
 
 
 def test_the_template_topic_has_a_route_and_is_never_stored(

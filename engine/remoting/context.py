@@ -18,6 +18,7 @@ from engine.protocol.rebalance import MessageModel
 from engine.protocol.topics import system_topic_config
 from engine.remoting.frames import RemotingCommand, encode_command
 from engine.remoting.offsets_batch import OffsetBatcher
+from engine.remoting.pull_hold import PullHold
 from engine.remoting.reset_push import ResetTracker
 from engine.remoting.wire_producer import WireProducer
 from engine.store.action_log import ActionLogWriter
@@ -58,7 +59,7 @@ class BrokerContext:
         host, port: the broker address clients are told (route data, message ids).
         auto_create_topics: a send to a missing topic creates it (through the template topic's
             route), as RocketMQ's ``autoCreateTopicEnable`` (on by default there and here).
-        workers: threads for ordinary requests; suspended pulls have a pool of their own.
+        workers: threads for ordinary requests, and as many for pulls.
     """
 
     def __init__(
@@ -69,11 +70,14 @@ class BrokerContext:
         self.port = port
         self.auto_create_topics = auto_create_topics
         self.executor = ThreadPoolExecutor(workers, thread_name_prefix="mq-remoting")
-        self.pull_executor = ThreadPoolExecutor(128, thread_name_prefix="mq-remoting-pull")
+        # Pulls read on threads of their own, so a slow read never holds up sends; a parked pull
+        # holds no thread (:class:`~engine.remoting.pull_hold.PullHold`).
+        self.pull_executor = ThreadPoolExecutor(workers, thread_name_prefix="mq-remoting-pull")
         # No linger: a send waits only for the commit in progress; the sends that arrive meanwhile
         # make up the next commit (a group commit), so one client alone is not slowed down.
         self.producer = WireProducer(store, "LAKEMQ_WIRE", linger_ms=0)
         self.index = QueueIndex(store)
+        self.hold = PullHold(self.index, self.run, store.config.long_poll_interval_ms / 1000)
         self.offsets = OffsetBatcher(store)
         self.resets = ResetTracker(store)
         self.connections: set[Connection] = set()

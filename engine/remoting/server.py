@@ -256,12 +256,14 @@ class RemotingServer:
         checker = asyncio.create_task(check_back_loop(self.ctx, self.checks))
         flusher = asyncio.create_task(self._flush_offsets())
         resetter = asyncio.create_task(self._push_resets())
+        watcher = asyncio.create_task(self.ctx.hold.watch())
         self._ready.set()
         async with broker, namesrv_server:
             await self._stopped.wait()
             checker.cancel()
             flusher.cancel()
             resetter.cancel()
+            watcher.cancel()
             broker.close()
             namesrv_server.close()
             for conn in list(self.ctx.connections):
@@ -269,7 +271,7 @@ class RemotingServer:
             # Closed transports end each connection's read loop; its handlers finish or are cancelled.
             if self._conn_tasks:
                 await asyncio.wait(list(self._conn_tasks), timeout=10)
-        for task in (checker, flusher, resetter):
+        for task in (checker, flusher, resetter, watcher):
             with contextlib.suppress(asyncio.CancelledError):
                 await task
 

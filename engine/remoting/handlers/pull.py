@@ -7,6 +7,8 @@ PULL_OFFSET_MOVED; the offset corrections travel in nextBeginOffset / minOffset 
 
 from __future__ import annotations
 
+import time
+
 from engine.errors import InvalidSelectorError
 from engine.model import PullResult, PullStatus
 from engine.protocol.pull import MAX_PULL_NUMS
@@ -58,7 +60,8 @@ def pull_response(ctx: BrokerContext, cmd: RemotingCommand, result: PullResult) 
 
 
 async def pull_message(ctx: BrokerContext, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
-    """PULL_MESSAGE, with suspension and the piggybacked offset commit.
+    """PULL_MESSAGE, with suspension (:mod:`engine.remoting.pull_hold`) and the piggybacked offset
+    commit.
 
     A pull that does not carry its subscription (the push consumer's) is filtered by the one its
     group's latest heartbeat named; before any heartbeat named it (after a server restart) the
@@ -87,8 +90,18 @@ async def pull_message(ctx: BrokerContext, conn: Connection, cmd: RemotingComman
         # Kept before the long poll, as RocketMQ's broker does: a connection dropped while the
         # pull is parked must not lose the consumer's progress.
         await ctx.run(ctx.report_offset, puller.group, topic, queue_id, commit_offset)
-    suspend = int(max(0, min(suspend_ms, ctx.store.config.long_poll_max_ms)))
-    result = await ctx.run(puller.pull, topic, queue_id, offset, max_nums, selector, suspend, pull=True)
+    suspend_s = max(0, min(suspend_ms, ctx.store.config.long_poll_max_ms)) / 1000
+    deadline = time.monotonic() + suspend_s
+    args = (topic, queue_id, offset, max_nums, selector, 0)
+    result = await ctx.run(puller.pull, *args, pull=True)
+    check = True
+    # Long polling: parked on the event loop (not a thread) until this queue grows or time is up.
+    while result.status is PullStatus.NO_NEW_MSG and await ctx.hold.wait(
+        topic, queue_id, result.max_offset, deadline - time.monotonic(), check=check
+    ):
+        seen = result.max_offset
+        result = await ctx.run(puller.pull, *args, pull=True)
+        check = result.max_offset != seen
     return pull_response(ctx, cmd, result)
 
 

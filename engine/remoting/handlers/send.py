@@ -82,6 +82,7 @@ async def send_message(ctx: BrokerContext, conn: Connection, cmd: RemotingComman
         if not items:
             raise InvalidMessageError("a batch holds at least one message", topic=topic)
         results = await ctx.run(ctx.producer.send_wire_batch, items, queue_id)
+        ctx.hold.arrived(topic, results[-1].queue_id, results[-1].queue_offset + 1)
         fields = _result_fields(ctx, results[0])
         fields["msgId"] = ",".join(offset_msg_id(ctx.host, ctx.port, r.physical_offset) for r in results)
         return cmd.response(ResponseCode.SUCCESS, ext_fields=fields)
@@ -109,6 +110,8 @@ async def send_message(ctx: BrokerContext, conn: Connection, cmd: RemotingComman
         return cmd.response(ResponseCode.SUCCESS, ext_fields=fields)
     queued = await ctx.run(ctx.producer.send_wire_grouped, item, queue_id)
     result = await asyncio.wrap_future(queued)
+    # (a delayed message's wakes a pull for nothing: it reads, finds nothing yet, and parks again)
+    ctx.hold.arrived(topic, result.queue_id, result.queue_offset + 1)
     return cmd.response(ResponseCode.SUCCESS, ext_fields=_result_fields(ctx, result))
 
 

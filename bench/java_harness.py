@@ -27,6 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 JAVA_DIR = ROOT / "tests" / "java"
 HARNESS_DIR = JAVA_DIR / "harness"
 MQADMIN_DIR = JAVA_DIR / "mqadmin"  # rocketmq-tools only: the unmodified mqadmin
+QMQ_DIR = JAVA_DIR / "qmq"  # the QMQ client harness: unmodified com.qunar.qmq:qmq code
+QMQ_MAIN_CLASS = "lakemq.qmq.Main"
 MAIN_CLASS = "lakemq.harness.Main"
 MQADMIN_CLASS = "org.apache.rocketmq.tools.command.MQAdminStartup"
 CACHE_ROOT = Path(os.environ.get("LAKEMQ_HARNESS_CACHE", str(Path.home() / ".m2" / "lakemq-harness")))
@@ -126,6 +128,41 @@ def harness_classpath() -> str:
             shutil.copyfile(built, target / "harness.tmp")
             (target / "harness.tmp").replace(jar)
     return f"{jar}{os.pathsep}{deps}"
+
+
+def qmq_classpath() -> str:
+    """The QMQ harness's full class path (its jar, then the QMQ client's jars), building when needed."""
+    key = sources_hash(QMQ_DIR)
+    target = CACHE_ROOT / f"qmq-{key}"
+    jar = target / "qmq-harness.jar"
+    deps = classpath_of(QMQ_DIR, "qmq")
+    with _locked(CACHE_ROOT / "qmq-build.lock"):
+        if not jar.exists():
+            run_maven(QMQ_DIR, "package", offline=True)
+            target.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(QMQ_DIR / "target" / "qmq-harness-1.0.jar", target / "qmq-harness.tmp")
+            (target / "qmq-harness.tmp").replace(jar)
+    return f"{jar}{os.pathsep}{deps}"
+
+
+def qmq_command(classpath: str, log_dir: Path, *args: str, heap_mb: int = 256) -> list[str]:
+    """The ``java`` command line of a QMQ harness scenario (its ``~`` in ``log_dir``)."""
+    return [
+        java(),
+        f"-Xmx{heap_mb}m",
+        "-XX:+UseSerialGC",
+        f"-Duser.home={log_dir}",
+        "-cp",
+        classpath,
+        QMQ_MAIN_CLASS,
+        *args,
+    ]
+
+
+def start_qmq_scenario(classpath: str, log_dir: Path, scenario: str, **opts: object) -> Scenario:
+    """Start a QMQ harness scenario in the background (``produce``, ``consume``)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    return Scenario(qmq_command(classpath, log_dir, scenario, *options(opts)))
 
 
 def mqadmin_classpath() -> str:
@@ -277,8 +314,10 @@ def main() -> int:
     harness = harness_classpath()
     tools = mqadmin_classpath()
     peer = peer_classpath()
+    qmq = qmq_classpath()
     print(f"harness: {harness.split(os.pathsep)[0]} (+{harness.count(os.pathsep)} jars)")
     print(f"mqadmin: {tools.count(os.pathsep) + 1} jars")
+    print(f"QMQ harness: {qmq.split(os.pathsep)[0]} (+{qmq.count(os.pathsep)} jars)")
     print(f"RocketMQ peer: {peer.count(os.pathsep) + 1} jars; ready in {time.monotonic() - began:.0f} s")
     return 0
 

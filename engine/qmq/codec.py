@@ -177,20 +177,20 @@ class Reader:
         value: int = struct.unpack(fmt, self.take(size))[0]
         return value
 
-    def byte(self) -> int:
+    def int8(self) -> int:
         return self._unpack(">b")
 
-    def short(self) -> int:
+    def int16(self) -> int:
         return self._unpack(">h")
 
-    def int(self) -> int:
+    def int32(self) -> int:
         return self._unpack(">i")
 
-    def long(self) -> int:
+    def int64(self) -> int:
         return self._unpack(">q")
 
     def string(self) -> str:
-        raw = self.take(self.short())
+        raw = self.take(self.int16())
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError:
@@ -214,7 +214,7 @@ def read_string_map(data: bytes) -> dict[str, str]:
         RemotingProtocolError: truncated or not UTF-8.
     """
     reader = Reader(data, "string map")
-    return {reader.string(): reader.string() for _ in range(max(reader.short(), 0))}
+    return {reader.string(): reader.string() for _ in range(max(reader.int16(), 0))}
 
 
 def write_string_map(values: Mapping[str, str]) -> bytes:
@@ -266,16 +266,16 @@ def encode_attrs(values: Mapping[str, str]) -> bytes:
 
 
 def _read_message_header(reader: Reader) -> QmqMessage:
-    flag = reader.byte()
-    created = reader.long()
-    expire = reader.long()
+    flag = reader.int8()
+    created = reader.int64()
+    expire = reader.int64()
     subject = reader.string()
     message_id = reader.string()
     tags: tuple[str, ...] = ()
     if flag & MESSAGE_FLAG_TAGS:
-        count = reader.byte()
+        count = reader.int8()
         tags = tuple(reader.string() for _ in range(max(count, 0)))
-    attrs = reader.take(reader.int())
+    attrs = reader.take(reader.int32())
     return QmqMessage(subject, message_id, created, expire, flag, tags, attrs)
 
 
@@ -307,7 +307,7 @@ def decode_send_messages(body: bytes) -> list[QmqMessage]:
     reader = Reader(body, "SEND_MESSAGE body")
     out = []
     while reader.remaining():
-        reader.long()  # the client's CRC32 of the message, not checked (as QMQ's broker)
+        reader.int64()  # the client's CRC32 of the message, not checked (as QMQ's broker)
         out.append(_read_message_header(reader))
     return out
 
@@ -328,7 +328,7 @@ def decode_send_results(body: bytes) -> list[tuple[str, int, str]]:
     reader = Reader(body, "send results")
     out = []
     while reader.remaining():
-        out.append((reader.string(), reader.int(), reader.string()))
+        out.append((reader.string(), reader.int32(), reader.string()))
     return out
 
 
@@ -340,8 +340,8 @@ def encode_pulled(first_pull_sequence: int, messages: Sequence[QmqMessage]) -> b
 
 def decode_pulled(body: bytes) -> tuple[int, list[QmqMessage]]:
     reader = Reader(body, "pulled messages")
-    first = reader.long()
-    reader.long()
+    first = reader.int64()
+    reader.int64()
     out = []
     while reader.remaining():
         out.append(_read_message_header(reader))
@@ -372,11 +372,11 @@ class PullRequest:
 
 
 def _read_tag_filter(reader: Reader) -> TagFilter | None:
-    kind = reader.short()
-    count = reader.byte()
+    kind = reader.int16()
+    count = reader.int8()
     tags = []
     for _ in range(max(count, 0)):
-        tags.append(reader.take(reader.short()).decode("utf-8", "replace"))
+        tags.append(reader.take(reader.int16()).decode("utf-8", "replace"))
     return None if kind == TAG_NONE else TagFilter(kind, tuple(tags))
 
 
@@ -388,13 +388,13 @@ def decode_pull_request(body: bytes, version: int) -> PullRequest:
     """
     reader = Reader(body, "PULL_MESSAGE body")
     subject, group, consumer_id = reader.string(), reader.string(), reader.string()
-    request_num, offset = reader.int(), reader.long()
-    begin, last, timeout = reader.long(), reader.long(), reader.long()
-    broadcast = reader.byte() != 0
+    request_num, offset = reader.int32(), reader.int64()
+    begin, last, timeout = reader.int64(), reader.int64(), reader.int64()
+    broadcast = reader.int8() != 0
     filters: list[TagFilter] = []
     if version >= VERSION_9:
-        for _ in range(max(reader.int(), 0)):
-            kind = reader.short()
+        for _ in range(max(reader.int32(), 0)):
+            kind = reader.int16()
             if kind == TAG_FILTER:
                 found = _read_tag_filter(reader)
                 if found is not None:
@@ -452,8 +452,8 @@ def decode_ack_request(body: bytes) -> AckRequest:
     """
     reader = Reader(body, "ACK_REQUEST body")
     subject, group, consumer_id = reader.string(), reader.string(), reader.string()
-    begin, last = reader.long(), reader.long()
-    broadcast = reader.byte() if reader.remaining() else -1
+    begin, last = reader.int64(), reader.int64()
+    broadcast = reader.int8() if reader.remaining() else -1
     return AckRequest(subject, group, consumer_id, begin, last, broadcast)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import Any
 
 from engine.client.offsets import ConsumeFrom, start_offset
 from engine.errors import CommitConflictError, TopicNotFoundError
@@ -44,7 +45,7 @@ class Pulled:
     deadline_ms: int
 
 
-def pulled_offsets(rows: list[dict[str, object]], consumer_id: str) -> list[tuple[str, int, int, int]]:
+def pulled_offsets(rows: list[dict[str, Any]], consumer_id: str) -> list[tuple[str, int, int, int]]:
     """(topic, queue id, offset, deadline) of every offset a consumer was handed, in pull-sequence
     order, from its group's ``PULL`` rows ordered by sequence (as :func:`read_actions` returns
     them). Pure."""
@@ -52,11 +53,11 @@ def pulled_offsets(rows: list[dict[str, object]], consumer_id: str) -> list[tupl
     for row in rows:
         if row["consumer_id"] != consumer_id or row["action"] != PULL:
             continue
-        start = int(row["queue_offset"])  # type: ignore[call-overload]
+        start = int(row["queue_offset"])
         end = row.get("end_offset")
-        stop = start + 1 if end is None else int(end)  # type: ignore[call-overload]
-        deadline = int(row.get("deadline_ms") or 0)  # type: ignore[call-overload]
-        out.extend((str(row["topic"]), int(row["queue_id"]), o, deadline) for o in range(start, stop))  # type: ignore[call-overload]
+        stop = start + 1 if end is None else int(end)
+        deadline = int(row.get("deadline_ms") or 0)
+        out.extend((str(row["topic"]), int(row["queue_id"]), o, deadline) for o in range(start, stop))
     return out
 
 

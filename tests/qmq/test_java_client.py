@@ -1,0 +1,94 @@
+"""The unmodified QMQ Java client (``com.qunar.qmq:qmq`` 1.1.43 from Maven Central) against the QMQ
+door: a producer's synchronous sends reach a consumer whose listener acks on success, every
+message accounted for on both sides and in the action log; and what a QMQ producer sent is read by
+the Python API.
+
+The client runs in the harness ``tests/java/qmq`` (built once by :mod:`bench.java_harness`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.java_harness import HarnessError, qmq_classpath, start_qmq_scenario
+from engine import Admin, PullConsumer, Store
+from engine.protocol.actions import ACK, PULL
+from engine.qmq import QmqServer
+from engine.qmq.messages import attributes
+from engine.store.action_log import read_actions
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def classpath() -> str:
+    try:
+        return qmq_classpath()
+    except HarnessError as exc:
+        pytest.skip(f"the QMQ harness cannot be built here: {exc}")
+
+
+def offsets(rows: list[dict[str, object]], consumer_suffix: str) -> set[tuple[int, int]]:
+    out: set[tuple[int, int]] = set()
+    for r in rows:
+        if not str(r["consumer_id"]).endswith(consumer_suffix):
+            continue
+        start = int(r["queue_offset"])  # type: ignore[call-overload]
+        end = r["end_offset"]
+        out |= {(int(r["queue_id"]), o) for o in range(start, start + 1 if end is None else int(end))}  # type: ignore[call-overload]
+    return out
+
+
+def test_a_java_producer_and_consumer_account_for_every_message(
+    store: Store, classpath: str, tmp_path: Path
+) -> None:
+    Admin(store).create_topic("qmq_orders", 4)
+    count = 20
+    with QmqServer(store, http_port=0, meta_port=0, broker_port=0) as server:
+        meta = server.meta_server_url
+        consumer = start_qmq_scenario(
+            classpath,
+            tmp_path / "consumer",
+            "consume",
+            meta=meta,
+            subject="qmq_orders",
+            group="billing",
+            count=count,
+            timeout_ms=120_000,
+        )
+        consumer.wait_for("ready")
+        produced = start_qmq_scenario(
+            classpath, tmp_path / "producer", "produce", meta=meta, subject="qmq_orders", count=count
+        ).finish(300)
+        consumed = consumer.finish(300)
+    assert produced.done() == {"event": "done", "sent": count, "failed": 0}
+    sent = {e["id"]: e["payload"] for e in produced.of("sent")}
+    assert len(sent) == count
+    done = consumed.done()
+    assert done["complete"] and done["received"] == count
+    assert {e["id"]: e["payload"] for e in consumed.of("received")} == sent
+    assert {e["subject"] for e in consumed.of("received")} == {"qmq_orders"}
+    # Every message handed out was acked, through the pull-log sequences the client acked by.
+    pulled = offsets(read_actions(store, "billing", PULL), "@qmq_orders")
+    assert len(pulled) == count
+    assert offsets(read_actions(store, "billing", ACK), "@qmq_orders") == pulled
+
+
+def test_a_qmq_sent_message_is_read_by_the_python_api(store: Store, classpath: str, tmp_path: Path) -> None:
+    Admin(store).create_topic("qmq_cross", 1)
+    with QmqServer(store, http_port=0, meta_port=0, broker_port=0) as server:
+        produced = start_qmq_scenario(
+            classpath,
+            tmp_path / "producer",
+            "produce",
+            meta=server.meta_server_url,
+            subject="qmq_cross",
+            count=3,
+            prefix="cross",
+        ).finish(300)
+    sent = {e["id"]: e["payload"] for e in produced.of("sent")}
+    assert produced.done()["sent"] == 3
+    messages = PullConsumer(store, "python-reader").pull("qmq_cross", 0, 0).messages
+    assert {m.keys[0]: attributes(m)["payload"] for m in messages} == sent
+    assert {attributes(m)["index"] for m in messages} == {"0", "1", "2"}

@@ -5,7 +5,13 @@ get an error answer; nothing breaks the server or writes a table."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pyarrow.compute as pc
 import pytest
@@ -175,3 +181,28 @@ def test_a_bad_frame_closes_its_connection_and_the_server_serves_on(
         assert wire.closed()
     with QmqWire(server.broker_address) as wire:
         assert wire.request(codec.Code.HEARTBEAT).code == codec.Code.SUCCESS
+
+
+def test_mq_serve_with_qmq_answers_the_locator_and_stops_on_sigterm(tmp_path: Path) -> None:
+    root = tmp_path / "served"
+    Admin(Store.open(root)).create_topic("orders", 1)
+    cmd = [sys.executable, "-m", "engine.cli", "--store", str(root), "--json", "serve", "--qmq"]
+    ports = ["--namesrv-port", "0", "--broker-port", "0", "--qmq-http-port", "0"]
+    ports += ["--qmq-meta-port", "0", "--qmq-broker-port", "0"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [*cmd, *ports], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert proc.stdout is not None
+        ready = json.loads(proc.stdout.readline())
+        assert ready["qmq_meta_server"].startswith("http://127.0.0.1:")
+        assert locate(ready["qmq_meta_server"]) == ready["qmq_meta"]
+        with QmqWire(ready["qmq_broker"]) as wire:
+            body = codec.encode_send_messages([qmq_message("orders", 0)])
+            answer = wire.request(codec.Code.SEND_MESSAGE, body)
+        assert codec.decode_send_results(answer.body) == [("id-0", codec.ProducerCode.SUCCESS, "")]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)
+    assert code == 0

@@ -34,6 +34,7 @@ from engine.qmq import codec
 from engine.qmq.codec import Code, Frame, ProducerCode
 from engine.qmq.messages import from_store, to_store
 from engine.qmq.pull_sequences import QmqConsumer
+from engine.remoting.framing import read_frames
 from engine.store.consume_queue import QueueIndex
 from engine.store.store import Store, now_ms
 
@@ -280,20 +281,16 @@ class QmqServer:
         peer = str(writer.get_extra_info("peername"))
         lock = asyncio.Lock()
         tasks: set[asyncio.Task[Any]] = set()
+        frames = read_frames(
+            reader,
+            functools.partial(codec.check_length, max_frame_bytes=self.max_frame_bytes),
+            codec.decode_frame,
+            idle_timeout_s=self.idle_timeout_s,
+            frame_timeout_s=self.frame_timeout_s,
+            peer=peer,
+        )
         try:
-            while True:
-                try:
-                    head = await asyncio.wait_for(reader.readexactly(4), self.idle_timeout_s)
-                    length = codec.check_length(
-                        int.from_bytes(head, "big", signed=True), self.max_frame_bytes
-                    )
-                    payload = await asyncio.wait_for(reader.readexactly(length), self.frame_timeout_s)
-                    frame = codec.decode_frame(payload)
-                except (asyncio.IncompleteReadError, TimeoutError, ConnectionError):
-                    break
-                except RemotingProtocolError as exc:
-                    _log.info("closing QMQ connection %s: %s", peer, exc)
-                    break
+            async for frame in frames:
                 if frame.is_response:
                     continue
                 task = asyncio.create_task(self._handle(frame, handlers, writer, lock))

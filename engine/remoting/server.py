@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 from collections.abc import Mapping
@@ -29,6 +30,7 @@ from engine.errors import (
 from engine.remoting.codes import ResponseCode
 from engine.remoting.context import BrokerContext, Connection, Handler
 from engine.remoting.frames import DEFAULT_MAX_FRAME_BYTES, RemotingCommand, check_frame_length, decode_frame
+from engine.remoting.framing import read_frames
 from engine.remoting.handlers import (
     admin,
     admin_clients,
@@ -302,23 +304,16 @@ class RemotingServer:
         conn = Connection(peer, writer)
         self.ctx.connections.add(conn)
         tasks: set[asyncio.Task[Any]] = set()
+        frames = read_frames(
+            reader,
+            functools.partial(check_frame_length, max_frame_bytes=self.max_frame_bytes),
+            decode_frame,
+            idle_timeout_s=self.idle_timeout_s,
+            frame_timeout_s=self.frame_timeout_s,
+            peer=peer,
+        )
         try:
-            while True:
-                try:
-                    head = await asyncio.wait_for(reader.readexactly(4), self.idle_timeout_s)
-                    length = check_frame_length(
-                        int.from_bytes(head, "big", signed=True), self.max_frame_bytes
-                    )
-                    payload = await asyncio.wait_for(reader.readexactly(length), self.frame_timeout_s)
-                    cmd = decode_frame(payload)
-                except (asyncio.IncompleteReadError, TimeoutError, ConnectionError):
-                    break
-                except RemotingProtocolError as exc:
-                    _log.info("closing %s: %s", peer, exc)
-                    break
-                except Exception as exc:  # an undecodable frame of a kind not foreseen: drop the client
-                    _log.warning("closing %s: unreadable frame: %r", peer, exc)
-                    break
+            async for cmd in frames:
                 if cmd.is_response:
                     # The answer to a request forwarded to this client; the endpoint's other
                     # requests are one-way.

@@ -114,35 +114,30 @@ def _pom_hash(project: Path) -> str:
     return hashlib.sha256((project / "pom.xml").read_bytes()).hexdigest()[:16]
 
 
+def built_classpath(project: Path, name: str, artifact: str) -> str:
+    """A Maven project's full class path: its jar (``target/<artifact>``, built and cached by the hash
+    of its sources), then its dependencies' jars."""
+    key = sources_hash(project)
+    target = CACHE_ROOT / f"{name}-{key}"
+    jar = target / f"{name}.jar"
+    deps = classpath_of(project, name)
+    with _locked(CACHE_ROOT / f"{name}-build.lock"):
+        if not jar.exists():
+            run_maven(project, "package", offline=True)
+            target.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(project / "target" / artifact, target / f"{name}.tmp")
+            (target / f"{name}.tmp").replace(jar)
+    return f"{jar}{os.pathsep}{deps}"
+
+
 def harness_classpath() -> str:
     """The harness's full class path (its jar, then the RocketMQ client's jars), building when needed."""
-    key = sources_hash(HARNESS_DIR)
-    target = CACHE_ROOT / f"harness-{key}"
-    jar = target / "harness.jar"
-    deps = classpath_of(HARNESS_DIR, "harness")
-    with _locked(CACHE_ROOT / "harness-build.lock"):
-        if not jar.exists():
-            run_maven(HARNESS_DIR, "package", offline=True)
-            built = HARNESS_DIR / "target" / "rocketmq-harness-1.0.jar"
-            target.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(built, target / "harness.tmp")
-            (target / "harness.tmp").replace(jar)
-    return f"{jar}{os.pathsep}{deps}"
+    return built_classpath(HARNESS_DIR, "harness", "rocketmq-harness-1.0.jar")
 
 
 def qmq_classpath() -> str:
     """The QMQ harness's full class path (its jar, then the QMQ client's jars), building when needed."""
-    key = sources_hash(QMQ_DIR)
-    target = CACHE_ROOT / f"qmq-{key}"
-    jar = target / "qmq-harness.jar"
-    deps = classpath_of(QMQ_DIR, "qmq")
-    with _locked(CACHE_ROOT / "qmq-build.lock"):
-        if not jar.exists():
-            run_maven(QMQ_DIR, "package", offline=True)
-            target.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(QMQ_DIR / "target" / "qmq-harness-1.0.jar", target / "qmq-harness.tmp")
-            (target / "qmq-harness.tmp").replace(jar)
-    return f"{jar}{os.pathsep}{deps}"
+    return built_classpath(QMQ_DIR, "qmq", "qmq-harness-1.0.jar")
 
 
 def qmq_command(classpath: str, log_dir: Path, *args: str, heap_mb: int = 256) -> list[str]:

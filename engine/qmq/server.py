@@ -34,7 +34,7 @@ from engine.qmq import codec
 from engine.qmq.codec import Code, Frame, ProducerCode
 from engine.qmq.messages import from_store, to_store
 from engine.qmq.pull_sequences import QmqConsumer
-from engine.remoting.framing import read_frames
+from engine.remoting.framing import LoopThread, read_frames
 from engine.store.consume_queue import QueueIndex
 from engine.store.store import Store, now_ms
 
@@ -114,11 +114,7 @@ class QmqServer:
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(8, thread_name_prefix="mq-qmq")
         self._pull_executor = ThreadPoolExecutor(64, thread_name_prefix="mq-qmq-pull")
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
-        self._stopped: asyncio.Event | None = None
-        self._error: BaseException | None = None
+        self._serving = LoopThread("mq-qmq", self._main)
         self._sent: asyncio.Event | None = None
         self._conn_tasks: set[asyncio.Task[Any]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
@@ -140,21 +136,16 @@ class QmqServer:
         Raises:
             OSError: a port could not be bound.
         """
-        self._thread = threading.Thread(target=self._run, name="mq-qmq", daemon=True)
-        self._thread.start()
-        self._ready.wait()
-        if self._error is not None:
+        try:
+            self._serving.start()
+        except BaseException:
             self._close_engine()
-            raise self._error
+            raise
         return self
 
     def stop(self, timeout: float = 30) -> None:
         """Close every connection and the servers, then flush what the consumers buffered."""
-        if self._loop is not None and self._stopped is not None:
-            with contextlib.suppress(RuntimeError):
-                self._loop.call_soon_threadsafe(self._stopped.set)
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self._serving.stop(timeout)
         self._close_engine()
 
     def _close_engine(self) -> None:
@@ -202,38 +193,34 @@ class QmqServer:
         )
 
     # ----------------------------------------------------------------- serving
-    def _run(self) -> None:
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        try:
-            loop.run_until_complete(self._main())
-        except BaseException as exc:
-            self._error = exc
-        finally:
-            self._ready.set()
-            loop.close()
-
     async def _main(self) -> None:
-        self._stopped = asyncio.Event()
+        stopped = self._serving.stopped
+        assert stopped is not None
         self._sent = asyncio.Event()
+        bound: list[asyncio.Server] = []
         try:
-            http = await asyncio.start_server(self._serve_http, self.host, self.http_port)
-            meta = await asyncio.start_server(
-                lambda r, w: self._serve(r, w, self.meta_handlers), self.host, self.meta_port
+            bound.append(await asyncio.start_server(self._serve_http, self.host, self.http_port))
+            bound.append(
+                await asyncio.start_server(
+                    lambda r, w: self._serve(r, w, self.meta_handlers), self.host, self.meta_port
+                )
             )
-            broker = await asyncio.start_server(
-                lambda r, w: self._serve(r, w, self.broker_handlers), self.host, self.broker_port
+            bound.append(
+                await asyncio.start_server(
+                    lambda r, w: self._serve(r, w, self.broker_handlers), self.host, self.broker_port
+                )
             )
-        except BaseException as exc:
-            self._error = exc
-            self._ready.set()
-            return
+        except BaseException:
+            for server in bound:
+                server.close()
+            raise
+        http, meta, broker = bound
         self.http_port = http.sockets[0].getsockname()[1]
         self.meta_port = meta.sockets[0].getsockname()[1]
         self.broker_port = broker.sockets[0].getsockname()[1]
-        self._ready.set()
+        self._serving.ready()
         async with http, meta, broker:
-            await self._stopped.wait()
+            await stopped.wait()
             for server in (http, meta, broker):
                 server.close()
             for writer in list(self._writers):

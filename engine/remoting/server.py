@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,7 +29,7 @@ from engine.errors import (
 from engine.remoting.codes import ResponseCode
 from engine.remoting.context import BrokerContext, Connection, Handler
 from engine.remoting.frames import DEFAULT_MAX_FRAME_BYTES, RemotingCommand, check_frame_length, decode_frame
-from engine.remoting.framing import read_frames
+from engine.remoting.framing import LoopThread, read_frames
 from engine.remoting.handlers import (
     admin,
     admin_clients,
@@ -169,11 +168,7 @@ class RemotingServer:
         self.loop_jobs = BrokerLoop(store) if run_broker_jobs else None
         self.namesrv_port = namesrv_port
         self.broker_port = broker_port
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
-        self._stopped: asyncio.Event | None = None
-        self._error: BaseException | None = None
+        self._serving = LoopThread("mq-remoting", self._main)
         self._conn_tasks: set[asyncio.Task[Any]] = set()
         self.max_in_flight = max_in_flight
         self.in_flight = 0
@@ -185,31 +180,25 @@ class RemotingServer:
         Raises:
             OSError: a port could not be bound.
         """
-        self._thread = threading.Thread(target=self._run, name="mq-remoting", daemon=True)
-        self._thread.start()
-        self._ready.wait()
-        if self._error is not None:
+        try:
+            self._serving.start()
+        except BaseException:
             self.ctx.close()
-            raise self._error
+            raise
         if self.loop_jobs is not None:
             self.loop_jobs.start()
         return self
 
     def stop(self, timeout: float = 30) -> None:
         """Close every connection and both servers, stop the broker loop and flush."""
-        if self._loop is not None and self._stopped is not None:
-            with contextlib.suppress(RuntimeError):
-                self._loop.call_soon_threadsafe(self._stopped.set)
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self._serving.stop(timeout)
         if self.loop_jobs is not None:
             self.loop_jobs.stop(timeout)
         self.ctx.close()
 
     def wait(self) -> None:
         """Block until the server stops."""
-        if self._thread is not None:
-            self._thread.join()
+        self._serving.join()
 
     def __enter__(self) -> RemotingServer:
         return self.start()
@@ -228,39 +217,28 @@ class RemotingServer:
         return self.ctx.address
 
     # ----------------------------------------------------------------- serving
-    def _run(self) -> None:
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        try:
-            loop.run_until_complete(self._main())
-        except BaseException as exc:
-            self._error = exc
-        finally:
-            self._ready.set()
-            loop.close()
-
     async def _main(self) -> None:
-        self._stopped = asyncio.Event()
+        stopped = self._serving.stopped
+        assert stopped is not None
+        broker = await asyncio.start_server(
+            lambda r, w: self._serve(r, w, BROKER_HANDLERS), self.host, self._ports[1]
+        )
         try:
-            broker = await asyncio.start_server(
-                lambda r, w: self._serve(r, w, BROKER_HANDLERS), self.host, self._ports[1]
-            )
             namesrv_server = await asyncio.start_server(
                 lambda r, w: self._serve(r, w, NAMESRV_HANDLERS), self.host, self._ports[0]
             )
-        except BaseException as exc:
-            self._error = exc
-            self._ready.set()
-            return
+        except BaseException:
+            broker.close()
+            raise
         self.broker_port = broker.sockets[0].getsockname()[1]
         self.namesrv_port = namesrv_server.sockets[0].getsockname()[1]
         self.ctx.port = self.broker_port
         checker = asyncio.create_task(check_back_loop(self.ctx, self.checks))
         flusher = asyncio.create_task(self._flush_offsets())
         resetter = asyncio.create_task(self._push_resets())
-        self._ready.set()
+        self._serving.ready()
         async with broker, namesrv_server:
-            await self._stopped.wait()
+            await stopped.wait()
             checker.cancel()
             flusher.cancel()
             resetter.cancel()

@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from engine.errors import RemotingProtocolError
-from engine.remoting.framing import read_frames
+from engine.remoting.framing import LoopThread, read_frames
 
 
 def check(length: int) -> int:
@@ -55,3 +55,28 @@ def test_a_frame_refused_by_the_door_ends_the_connection_without_raising(bad: by
 
 def test_a_silent_peer_is_dropped_after_the_idle_timeout() -> None:
     assert frames_of(frame(b"ok"), eof=False, idle_timeout_s=0.01) == [b"ok"]
+
+
+def test_a_loop_thread_starts_once_ready_and_ends_when_stopped() -> None:
+    seen: list[str] = []
+
+    async def main() -> None:
+        seen.append("bound")
+        serving.ready()
+        assert serving.stopped is not None
+        await serving.stopped.wait()
+        seen.append("stopped")
+
+    serving = LoopThread("test-loop", main)
+    serving.start()
+    assert seen == ["bound"]
+    serving.stop(30)
+    assert seen == ["bound", "stopped"]
+
+
+def test_a_loop_thread_that_fails_before_ready_raises_from_start() -> None:
+    async def main() -> None:
+        raise OSError("address in use")
+
+    with pytest.raises(OSError, match="address in use"):
+        LoopThread("test-loop", main).start()

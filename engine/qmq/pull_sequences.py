@@ -80,9 +80,17 @@ class QmqConsumer:
         if self._handed is None:
             rows = read_actions(self.store, self.group, PULL)
             found = pulled_offsets(rows, self.consumer_id)
+            acked = {
+                (topic, qid, off)
+                for topic, qid, off, _ in pulled_offsets(
+                    [{**r, "action": PULL} for r in read_actions(self.store, self.group, ACK)],
+                    self.consumer_id,
+                )
+            }
             self._handed = {
                 seq: Pulled(seq, topic, qid, off, deadline)
                 for seq, (topic, qid, off, deadline) in enumerate(found)
+                if (topic, qid, off) not in acked
             }
             self.next_sequence = len(found)
             mine = [r for r in rows if r["consumer_id"] == self.consumer_id]
@@ -90,16 +98,25 @@ class QmqConsumer:
                 self.writer.known_sequence(max(int(r["sequence"]) for r in mine))
         return self._handed
 
-    def pull(self, topic: str, max_messages: int) -> tuple[int, list[tuple[Pulled, MessageExt]]]:
-        """Lease and hand out up to ``max_messages`` of ``topic`` (one queue per call, the queues in
-        turn): the first pull sequence and the messages, numbered from it. Nothing when the topic is
-        missing or has nothing new.
+    def pull(
+        self, topic: str, max_messages: int, consumer_last: int = -1
+    ) -> tuple[int, list[tuple[Pulled, MessageExt]]]:
+        """Hand out up to ``max_messages`` of ``topic``: the first pull sequence and the messages,
+        numbered from it. Nothing when the topic is missing or has nothing new.
+
+        As QMQ's broker (``findUnAckMessages``): when this consumer was handed sequences past
+        ``consumer_last`` (the highest the client knows of: -1 for a client that restarted) that
+        it has not acked, those come again first, under the same sequences. Otherwise new messages
+        are leased (one queue per call, the queues in turn) under the next sequences.
 
         Raises:
             StoreError: the store failed.
         """
         with self.lock:
             handed = self._load()
+            again = self._unacked_after(handed, consumer_last, max(1, max_messages))
+            if again:
+                return again[0][0].sequence, again
             config = self.store.topic_configs().get(topic) or self.store.topic_configs(refresh=True).get(
                 topic
             )
@@ -115,6 +132,34 @@ class QmqConsumer:
                         handed[pulled.sequence] = pulled
                     return got[0][0].sequence, got
             return self.next_sequence, []
+
+    def _unacked_after(
+        self, handed: dict[int, Pulled], consumer_last: int, limit: int
+    ) -> list[tuple[Pulled, MessageExt]]:
+        """The first run of consecutive unacked sequences past ``consumer_last`` whose messages the
+        store still holds, at most ``limit`` (the client numbers a batch from its first)."""
+        later = sorted(seq for seq in handed if seq > consumer_last)
+        out: list[tuple[Pulled, MessageExt]] = []
+        for seq in later:
+            if len(out) >= limit or (out and seq != out[-1][0].sequence + 1):
+                break
+            pulled = handed[seq]
+            message = self._message_at(pulled.topic, pulled.queue_id, pulled.queue_offset)
+            if message is None:
+                if out:
+                    break
+                continue
+            out.append((pulled, message))
+        return out
+
+    def _message_at(self, topic: str, queue_id: int, offset: int) -> MessageExt | None:
+        self.index.refresh()
+        entries = self.index.entries(topic, queue_id, offset, offset + 1)
+        if entries.num_rows == 0:
+            return None
+        found, _ = self.index.select(entries, MessageSelector.by_tag("*"))
+        rows = found.to_pylist()
+        return MessageExt.from_row(rows[0]) if rows else None
 
     def _first_offset(self, topic: str, queue_id: int) -> int:
         committed = OffsetStore(self.store, self.group).read().get((topic, queue_id))

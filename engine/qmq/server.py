@@ -406,7 +406,9 @@ class QmqServer:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_ms / 1000
         while True:
-            first, got = await self._call(consumer.pull, request.subject, request.request_num, pull=True)
+            first, got = await self._call(
+                consumer.pull, request.subject, request.request_num, request.pull_offset_last, pull=True
+            )
             if got:
                 body = codec.encode_pulled(first, [from_store(m, request.subject) for _, m in got])
                 return frame.response(Code.SUCCESS, body)

@@ -47,8 +47,10 @@ def send(server: QmqServer, messages: list[QmqMessage]) -> list[tuple[str, int, 
     return codec.decode_send_results(answer.body)
 
 
-def pull(wire: QmqWire, subject: str, group: str, consumer: str, n: int, timeout_ms: int = 0) -> codec.Frame:
-    request = PullRequest(subject, group, consumer, n, -1, -1, -1, timeout_ms, False)
+def pull(
+    wire: QmqWire, subject: str, group: str, consumer: str, n: int, timeout_ms: int = 0, last: int = -1
+) -> codec.Frame:
+    request = PullRequest(subject, group, consumer, n, -1, -1, last, timeout_ms, False)
     return wire.request(codec.Code.PULL_MESSAGE, codec.encode_pull_request(request))
 
 
@@ -91,12 +93,12 @@ def test_pulls_are_numbered_as_the_pull_log_and_acks_map_back_to_queue_offsets(
     handed: dict[int, str] = {}
     with QmqWire(server.broker_address) as wire:
         for _ in range(4):
-            answer = pull(wire, "orders", "g1", "c1", 2)
+            answer = pull(wire, "orders", "g1", "c1", 2, last=max(handed, default=-1))
             if answer.code == codec.Code.NO_MESSAGE:
                 continue
             first, messages = codec.decode_pulled(answer.body)
             handed.update({first + i: m.message_id for i, m in enumerate(messages)})
-        assert pull(wire, "orders", "g1", "c1", 2).code == codec.Code.NO_MESSAGE
+        assert pull(wire, "orders", "g1", "c1", 2, last=5).code == codec.Code.NO_MESSAGE
         assert sorted(handed) == list(range(6))
         assert sorted(handed.values()) == [f"id-{i}" for i in range(6)]
         ack = AckRequest("orders", "g1", "c1", 0, 3, 0)
@@ -129,7 +131,8 @@ def test_a_restarted_door_continues_a_consumers_sequences(store: Store) -> None:
         with QmqServer(store, http_port=0, meta_port=0, broker_port=0) as server:
             send(server, [qmq_message("orders", 10 * round_ + i) for i in range(2)])
             with QmqWire(server.broker_address) as wire:
-                first, messages = codec.decode_pulled(pull(wire, "orders", "g1", "c1", 5).body)
+                answer = pull(wire, "orders", "g1", "c1", 5, last=2 * round_ - 1)
+                first, messages = codec.decode_pulled(answer.body)
             assert (first, len(messages)) == (2 * round_, 2)
     rows = read_actions(store, "g1", PULL)
     assert len(pulled_offsets(rows, pull_log_consumer_id("orders", "c1"))) == 4
@@ -206,3 +209,41 @@ def test_mq_serve_with_qmq_answers_the_locator_and_stops_on_sigterm(tmp_path: Pa
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(60)
     assert code == 0
+
+
+def pull_after(wire: QmqWire, consumer: str, last: int, n: int = 10) -> tuple[int, list[str]]:
+    request = PullRequest("orders", "g1", consumer, n, -1, -1, last, 0, False)
+    answer = wire.request(codec.Code.PULL_MESSAGE, codec.encode_pull_request(request))
+    if answer.code == codec.Code.NO_MESSAGE:
+        return -1, []
+    first, messages = codec.decode_pulled(answer.body)
+    return first, [m.message_id for m in messages]
+
+
+def test_a_consumer_that_restarts_gets_its_unacked_messages_again_under_the_same_sequences(
+    store: Store,
+) -> None:
+    Admin(store).create_topic("orders", 1)
+    with QmqServer(store, http_port=0, meta_port=0, broker_port=0) as server:
+        send(server, [qmq_message("orders", i) for i in range(4)])
+        with QmqWire(server.broker_address) as wire:
+            assert pull_after(wire, "c1", -1) == (0, ["id-0", "id-1", "id-2", "id-3"])
+            # The client knows of sequence 3: nothing comes again, nothing is new.
+            assert pull_after(wire, "c1", 3) == (-1, [])
+            ack = AckRequest("orders", "g1", "c1", 0, 1, 0)
+            wire.request(codec.Code.ACK_REQUEST, codec.encode_ack_request(ack))
+            # Restarted (it knows of nothing): what it did not ack comes again at once.
+            assert pull_after(wire, "c1", -1) == (2, ["id-2", "id-3"])
+            # Another consumer of the group does not get them (they are c1's until acked).
+            assert pull_after(wire, "c2", -1) == (-1, [])
+    # A restarted door knows the same from the action log.
+    with (
+        QmqServer(store, http_port=0, meta_port=0, broker_port=0) as server,
+        QmqWire(server.broker_address) as wire,
+    ):
+        assert pull_after(wire, "c1", -1) == (2, ["id-2", "id-3"])
+        ack = AckRequest("orders", "g1", "c1", 2, 3, 0)
+        wire.request(codec.Code.ACK_REQUEST, codec.encode_ack_request(ack))
+        assert pull_after(wire, "c1", -1) == (-1, [])
+    rows = read_actions(store, "g1", PULL)
+    assert len(pulled_offsets(rows, pull_log_consumer_id("orders", "c1"))) == 4  # never leased twice

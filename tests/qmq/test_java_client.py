@@ -92,3 +92,34 @@ def test_a_qmq_sent_message_is_read_by_the_python_api(store: Store, classpath: s
     messages = PullConsumer(store, "python-reader").pull("qmq_cross", 0, 0).messages
     assert {m.keys[0]: attributes(m)["payload"] for m in messages} == sent
     assert {attributes(m)["index"] for m in messages} == {"0", "1", "2"}
+
+
+def test_a_consumer_restarted_with_its_id_gets_its_unacked_messages_at_once(
+    store: Store, classpath: str, tmp_path: Path
+) -> None:
+    Admin(store).create_topic("qmq_restart", 1)
+    count = 5
+    with QmqServer(store, http_port=0, meta_port=0, broker_port=0) as server:
+        meta = server.meta_server_url
+        produced = start_qmq_scenario(
+            classpath, tmp_path / "producer", "produce", meta=meta, subject="qmq_restart", count=count
+        ).finish(300)
+        assert produced.done()["sent"] == count
+        common = {"meta": meta, "subject": "qmq_restart", "group": "billing", "client_id": "worker-1"}
+        # The first run dies in its listener: what it was handed stays unacked, leased to worker-1.
+        crashed = start_qmq_scenario(
+            classpath, tmp_path / "first", "consume", count=count, halt_on_first="true", **common
+        ).finish(300)
+        assert crashed.returncode == 3 and len(crashed.of("received")) == 1
+        handed = offsets(read_actions(store, "billing", PULL), "@qmq_restart")
+        assert handed and not offsets(read_actions(store, "billing", ACK), "@qmq_restart")
+        # The restarted worker-1 gets them again (not after a lease expiry) and acks everything.
+        again = start_qmq_scenario(
+            classpath, tmp_path / "second", "consume", count=count, timeout_ms=120_000, **common
+        ).finish(300)
+    done = again.done()
+    assert done["complete"] and done["received"] == count
+    assert {e["id"] for e in again.of("received")} == {e["id"] for e in produced.of("sent")}
+    pulled = offsets(read_actions(store, "billing", PULL), "@qmq_restart")
+    assert len(pulled) == count  # handed out again under the same sequences, never leased twice
+    assert offsets(read_actions(store, "billing", ACK), "@qmq_restart") == pulled

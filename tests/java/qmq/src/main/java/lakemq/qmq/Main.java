@@ -20,7 +20,8 @@ import qunar.tc.qmq.producer.MessageProducerProvider;
  * line starting with '{' on standard output is one JSON event; the last one is "done".
  *
  *   produce --meta URL --subject S --count N [--prefix P]
- *   consume --meta URL --subject S --group G --count N [--timeout-ms T]
+ *   consume --meta URL --subject S --group G --count N [--timeout-ms T] [--client-id ID]
+ *           [--halt-on-first true]   (the process dies in its listener's first call: nothing acked)
  */
 public final class Main {
     private Main() {}
@@ -109,17 +110,25 @@ public final class Main {
         consumer.setAppCode("lakemq-harness");
         consumer.setMetaServer(o.get("meta"));
         consumer.setDestroyWaitInSeconds(5);
+        String clientId = o.get("client-id");
+        if (clientId != null) {
+            consumer.setClientIdProvider(() -> clientId);
+        }
+        boolean haltOnFirst = Boolean.parseBoolean(o.getOrDefault("halt-on-first", "false"));
         consumer.init();
         int count = Integer.parseInt(o.get("count"));
         long timeoutMs = Long.parseLong(o.getOrDefault("timeout-ms", "60000"));
         Set<String> seen = ConcurrentHashMap.newKeySet();
         AtomicInteger deliveries = new AtomicInteger();
         CountDownLatch all = new CountDownLatch(count);
-        ExecutorService executor = Executors.newFixedThreadPool(2);
+        ExecutorService executor = Executors.newFixedThreadPool(haltOnFirst ? 1 : 2);
         consumer.addListener(o.get("subject"), o.get("group"), msg -> {
             deliveries.incrementAndGet();
             String payload = msg.getStringProperty("payload");
             emit("received", "id", msg.getMessageId(), "payload", payload, "subject", msg.getSubject());
+            if (haltOnFirst) {
+                Runtime.getRuntime().halt(3);
+            }
             if (seen.add(msg.getMessageId())) {
                 all.countDown();
             }

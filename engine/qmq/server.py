@@ -28,13 +28,17 @@ from typing import Any, TypeVar
 
 from engine.client.admin import Admin
 from engine.client.producer import Producer
+from engine.client.sending import PreparedSend
 from engine.errors import InvalidArgumentError, MQError, RemotingProtocolError, TopicNotFoundError
-from engine.protocol.names import is_valid_topic_name
+from engine.protocol.message_ids import UniqKeyGenerator
+from engine.protocol.names import is_system_topic, is_valid_topic_name
+from engine.protocol.topics import system_topic_config
 from engine.qmq import codec
 from engine.qmq.codec import Code, Frame, ProducerCode
 from engine.qmq.messages import from_store, to_store
 from engine.qmq.pull_sequences import QmqConsumer
 from engine.remoting.framing import LoopThread, read_frames
+from engine.store.commit_log import PendingMessage
 from engine.store.consume_queue import QueueIndex
 from engine.store.store import Store, now_ms
 
@@ -109,6 +113,7 @@ class QmqServer:
         self.frame_timeout_s = frame_timeout_s
         self.clients: dict[tuple[int, str, str, str], ClientState] = {}
         self.producer = Producer(store, "QMQ_WIRE", linger_ms=0)
+        self._ids = UniqKeyGenerator()
         self.index = QueueIndex(store)
         self._consumers: dict[tuple[str, str, str], QmqConsumer] = {}
         self._lock = threading.Lock()
@@ -372,8 +377,26 @@ class QmqServer:
         Admin(self.store).create_topic(topic)
 
     def _store_one(self, message: codec.QmqMessage) -> None:
-        self._ensure_topic(message.subject)
-        self.producer.append(self.producer.prepare(to_store(message)))
+        if not is_system_topic(message.subject):
+            self._ensure_topic(message.subject)
+            self.producer.append(self.producer.prepare(to_store(message)))
+            return
+        # A consumer's send-back to its retry subject (``%RETRY%<subject>%<group>``): a broker-owned
+        # topic, which producers may not write; stored as the retry job stores its re-puts.
+        if self.store.topic_configs(refresh=True).get(message.subject) is None:
+            self.store.put_topic(system_topic_config(message.subject, now_ms()))
+        plain = to_store(message)
+        pending = PendingMessage(
+            topic=message.subject,
+            queue_id=0,
+            body=plain.body,
+            uniq_key=self._ids.next(),
+            keys=tuple(plain.keys),
+            properties=dict(plain.properties),
+            born_ts_ms=message.created_ms,
+            deliver_at_ms=plain.deliver_at_ms,
+        )
+        self.producer.append(PreparedSend(pending))
 
     async def _send(self, frame: Frame) -> Frame:
         try:

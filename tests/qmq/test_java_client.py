@@ -123,3 +123,40 @@ def test_a_consumer_restarted_with_its_id_gets_its_unacked_messages_at_once(
     pulled = offsets(read_actions(store, "billing", PULL), "@qmq_restart")
     assert len(pulled) == count  # handed out again under the same sequences, never leased twice
     assert offsets(read_actions(store, "billing", ACK), "@qmq_restart") == pulled
+
+
+def test_a_listener_that_throws_gets_the_message_again_through_the_retry_subject(
+    store: Store, classpath: str, tmp_path: Path
+) -> None:
+    Admin(store).create_topic("qmq_retry", 2)
+    count = 4
+    with QmqServer(store, http_port=0, meta_port=0, broker_port=0) as server:
+        meta = server.meta_server_url
+        produced = start_qmq_scenario(
+            classpath, tmp_path / "producer", "produce", meta=meta, subject="qmq_retry", count=count
+        ).finish(300)
+        consumed = start_qmq_scenario(
+            classpath,
+            tmp_path / "consumer",
+            "consume",
+            meta=meta,
+            subject="qmq_retry",
+            group="billing",
+            count=count,
+            fail_times=1,
+            timeout_ms=120_000,
+        ).finish(300)
+    assert produced.done()["sent"] == count
+    received = consumed.of("received")
+    sent_ids = {e["id"] for e in produced.of("sent")}
+    # Every message: a first delivery that failed, then one through %RETRY%qmq_retry%billing.
+    assert sorted((e["id"], e["attempt"]) for e in received) == sorted(
+        (i, a) for i in sent_ids for a in (1, 2)
+    )
+    assert {e["times"] for e in received if e["attempt"] == 2} == {2}
+    retry = "%RETRY%qmq_retry%billing"
+    stored = PullConsumer(store, "python-reader").pull(retry, 0, 0).messages
+    assert sorted(m.keys[0] for m in stored) == sorted(sent_ids)
+    for pulled_from in ("@qmq_retry", "@" + retry):
+        pulled = offsets(read_actions(store, "billing", PULL), pulled_from)
+        assert len(pulled) == count and offsets(read_actions(store, "billing", ACK), pulled_from) == pulled

@@ -22,6 +22,7 @@ import qunar.tc.qmq.producer.MessageProducerProvider;
  *   produce --meta URL --subject S --count N [--prefix P]
  *   consume --meta URL --subject S --group G --count N [--timeout-ms T] [--client-id ID]
  *           [--halt-on-first true]   (the process dies in its listener's first call: nothing acked)
+ *           [--fail-times K]         (the listener throws on a message's first K deliveries: a nack)
  */
 public final class Main {
     private Main() {}
@@ -115,6 +116,8 @@ public final class Main {
             consumer.setClientIdProvider(() -> clientId);
         }
         boolean haltOnFirst = Boolean.parseBoolean(o.getOrDefault("halt-on-first", "false"));
+        int failTimes = Integer.parseInt(o.getOrDefault("fail-times", "0"));
+        Map<String, AtomicInteger> attempts = new ConcurrentHashMap<>();
         consumer.init();
         int count = Integer.parseInt(o.get("count"));
         long timeoutMs = Long.parseLong(o.getOrDefault("timeout-ms", "60000"));
@@ -125,9 +128,14 @@ public final class Main {
         consumer.addListener(o.get("subject"), o.get("group"), msg -> {
             deliveries.incrementAndGet();
             String payload = msg.getStringProperty("payload");
-            emit("received", "id", msg.getMessageId(), "payload", payload, "subject", msg.getSubject());
+            int attempt = attempts.computeIfAbsent(msg.getMessageId(), k -> new AtomicInteger()).incrementAndGet();
+            emit("received", "id", msg.getMessageId(), "payload", payload, "subject", msg.getSubject(),
+                    "times", msg.times(), "attempt", attempt);
             if (haltOnFirst) {
                 Runtime.getRuntime().halt(3);
+            }
+            if (attempt <= failTimes) {
+                throw new RuntimeException("failing attempt " + attempt + " on purpose");
             }
             if (seen.add(msg.getMessageId())) {
                 all.countDown();

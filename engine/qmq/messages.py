@@ -46,7 +46,7 @@ def from_store(message: MessageExt, subject: str | None = None) -> QmqMessage:
     props = message.properties
     qmq_id = props.get(P_MSG_ID)
     if qmq_id is not None:
-        tags = tuple(t for t in props.get(P_TAGS, "").split(TAG_SEPARATOR) if t)
+        tags = message_tags(message)
         return QmqMessage(
             subject=subject or message.topic,
             message_id=qmq_id,
@@ -67,6 +67,14 @@ def from_store(message: MessageExt, subject: str | None = None) -> QmqMessage:
         tags=(message.tags,) if message.tags else (),
         attrs=encode_attrs(attrs),
     )
+
+
+def message_tags(message: MessageExt) -> tuple[str, ...]:
+    """A stored message's QMQ tags (its store tag for a message of another door)."""
+    tags = message.properties.get(P_TAGS)
+    if tags is not None:
+        return tuple(t for t in tags.split(TAG_SEPARATOR) if t)
+    return (message.tags,) if message.tags else ()
 
 
 def attributes(message: MessageExt) -> dict[str, str]:

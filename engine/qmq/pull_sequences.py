@@ -16,6 +16,7 @@ the same numbering and are acked as the lease book's ``ACK`` rows.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,7 @@ from engine.store.store import Store, now_ms
 # A handed-out message stays this QMQ consumer's until acked or this long: QMQ takes a consumer
 # offline after 3 minutes without a heartbeat.
 LEASE_MS = 180_000
+LEASE_ATTEMPTS = 8  # lease commits of one queue per pull (lost races, batches the filter took all of)
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,11 @@ class QmqConsumer:
         return self._handed
 
     def pull(
-        self, topic: str, max_messages: int, consumer_last: int = -1
+        self,
+        topic: str,
+        max_messages: int,
+        consumer_last: int = -1,
+        keep: Callable[[MessageExt], bool] | None = None,
     ) -> tuple[int, list[tuple[Pulled, MessageExt]]]:
         """Hand out up to ``max_messages`` of ``topic``: the first pull sequence and the messages,
         numbered from it. Nothing when the topic is missing or has nothing new.
@@ -107,7 +113,8 @@ class QmqConsumer:
         As QMQ's broker (``findUnAckMessages``): when this consumer was handed sequences past
         ``consumer_last`` (the highest the client knows of: -1 for a client that restarted) that
         it has not acked, those come again first, under the same sequences. Otherwise new messages
-        are leased (one queue per call, the queues in turn) under the next sequences.
+        are leased (one queue per call, the queues in turn) under the next sequences; those that
+        ``keep`` refuses (a tag filter) are acked in the same commit and get no sequence.
 
         Raises:
             StoreError: the store failed.
@@ -126,7 +133,7 @@ class QmqConsumer:
             queues = list(range(config.queues))
             self._turn += 1
             for queue_id in queues[self._turn % len(queues) :] + queues[: self._turn % len(queues)]:
-                got = self._lease(topic, queue_id, max(1, max_messages))
+                got = self._lease(topic, queue_id, max(1, max_messages), keep)
                 if got:
                     for pulled, _ in got:
                         handed[pulled.sequence] = pulled
@@ -169,9 +176,11 @@ class QmqConsumer:
             self.index, topic, queue_id, ConsumeFrom.FIRST, timestamp_ms=0, store=self.store, pop=True
         )
 
-    def _lease(self, topic: str, queue_id: int, size: int) -> list[tuple[Pulled, MessageExt]]:
+    def _lease(
+        self, topic: str, queue_id: int, size: int, keep: Callable[[MessageExt], bool] | None
+    ) -> list[tuple[Pulled, MessageExt]]:
         writer = self.writer
-        for _ in range(8):
+        for _ in range(LEASE_ATTEMPTS):
             frontier = writer.frontier(topic, queue_id, refresh=True)
             low, high = self.index.bounds(topic, queue_id)
             ts = now_ms()
@@ -198,6 +207,9 @@ class QmqConsumer:
                 message = messages.get(int(physical))
                 if message is None:
                     continue
+                if keep is not None and not keep(message):
+                    rows.append(writer.row(ACK, topic, queue_id, offset, physical_offset=physical, ts=ts))
+                    continue
                 rows.append(
                     writer.row(
                         PULL, topic, queue_id, offset, physical_offset=physical, deadline_ms=deadline, ts=ts
@@ -210,8 +222,9 @@ class QmqConsumer:
             except CommitConflictError:
                 continue
             self.next_sequence = sequence
-            return out
-        return []
+            if out:
+                return out
+        return []  # nothing new, lost races, or only filtered messages (acked) so far
 
     def ack(self, begin: int, last: int) -> int:
         """Ack the messages handed out as pull sequences ``begin..last``; returns how many were

@@ -21,7 +21,7 @@ import contextlib
 import functools
 import logging
 import threading
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -30,12 +30,14 @@ from engine.client.admin import Admin
 from engine.client.producer import Producer
 from engine.client.sending import PreparedSend
 from engine.errors import InvalidArgumentError, MQError, RemotingProtocolError, TopicNotFoundError
+from engine.model import MessageExt
 from engine.protocol.message_ids import UniqKeyGenerator
 from engine.protocol.names import is_system_topic, is_valid_topic_name
+from engine.protocol.qmq import qmq_tags_match
 from engine.protocol.topics import system_topic_config
 from engine.qmq import codec
 from engine.qmq.codec import Code, Frame, ProducerCode
-from engine.qmq.messages import from_store, to_store
+from engine.qmq.messages import from_store, message_tags, to_store
 from engine.qmq.pull_sequences import QmqConsumer
 from engine.remoting.framing import LoopThread, read_frames
 from engine.store.commit_log import PendingMessage
@@ -65,6 +67,18 @@ def pull_log_consumer_id(subject: str, consumer_id: str) -> str:
     """The action-log consumer id of a QMQ consumer's pulls of ``subject``: QMQ numbers pulls per
     (subject, group, consumer), the pull log per (group, consumer)."""
     return f"{consumer_id}@{subject}"
+
+
+def tag_filter(filters: Sequence[codec.TagFilter]) -> Callable[[MessageExt], bool] | None:
+    """What a pull's tag filters keep (all of them must pass), None without filters."""
+    if not filters:
+        return None
+
+    def keep(message: MessageExt) -> bool:
+        tags = message_tags(message)
+        return all(qmq_tags_match(f.kind, f.tags, tags) for f in filters)
+
+    return keep
 
 
 class QmqServer:
@@ -425,12 +439,13 @@ class QmqServer:
         if not request.consumer_id or not request.group or not is_valid_topic_name(request.subject):
             return frame.response(Code.NO_MESSAGE)
         consumer = self.consumer(request.subject, request.group, request.consumer_id)
+        keep = tag_filter(request.filters)
         wait_ms = min(max(request.timeout_ms, 0), MAX_PULL_WAIT_MS)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_ms / 1000
         while True:
             first, got = await self._call(
-                consumer.pull, request.subject, request.request_num, request.pull_offset_last, pull=True
+                consumer.pull, request.subject, request.request_num, request.pull_offset_last, keep, pull=True
             )
             if got:
                 body = codec.encode_pulled(first, [from_store(m, request.subject) for _, m in got])

@@ -14,6 +14,7 @@ import pytest
 from bench.java_harness import HarnessError, qmq_classpath, start_qmq_scenario
 from engine import Admin, PullConsumer, Store
 from engine.protocol.actions import ACK, PULL
+from engine.protocol.qmq import qmq_retry_subject
 from engine.qmq import QmqServer
 from engine.qmq.messages import attributes
 from engine.store.action_log import read_actions
@@ -154,7 +155,7 @@ def test_a_listener_that_throws_gets_the_message_again_through_the_retry_subject
         (i, a) for i in sent_ids for a in (1, 2)
     )
     assert {e["times"] for e in received if e["attempt"] == 2} == {2}
-    retry = "%RETRY%qmq_retry%billing"
+    retry = qmq_retry_subject("qmq_retry", "billing")
     stored = PullConsumer(store, "python-reader").pull(retry, 0, 0).messages
     assert sorted(m.keys[0] for m in stored) == sorted(sent_ids)
     for pulled_from in ("@qmq_retry", "@" + retry):

@@ -20,7 +20,7 @@ from engine import Admin, PullConsumer, Store
 from engine.broker.pull_log import build_pull_log
 from engine.protocol.actions import ACK, PULL
 from engine.qmq import QmqServer, codec
-from engine.qmq.codec import AckRequest, PullRequest, QmqMessage, Reader
+from engine.qmq.codec import AckRequest, PullRequest, QmqMessage, Reader, TagFilter
 from engine.qmq.messages import attributes
 from engine.qmq.pull_sequences import pulled_offsets
 from engine.qmq.server import pull_log_consumer_id
@@ -247,3 +247,42 @@ def test_a_consumer_that_restarts_gets_its_unacked_messages_again_under_the_same
         assert pull_after(wire, "c1", -1) == (-1, [])
     rows = read_actions(store, "g1", PULL)
     assert len(pulled_offsets(rows, pull_log_consumer_id("orders", "c1"))) == 4  # never leased twice
+
+
+def test_tag_filters_hand_out_only_matching_messages_and_ack_the_rest_without_a_sequence(
+    server: QmqServer, store: Store
+) -> None:
+    Admin(store).create_topic("orders", 1)
+    tagged = [("a",), ("a", "b"), (), ("b",), ("a", "b", "c")]
+    send(
+        server,
+        [
+            QmqMessage("orders", f"id-{i}", 1, 2, tags=t, attrs=b"\x00\x01k\x00\x01v")
+            for i, t in enumerate(tagged)
+        ],
+    )
+    both = PullRequest(
+        "orders", "g1", "c1", 10, -1, -1, -1, 0, False, (TagFilter(codec.TAG_AND, ("a", "b")),)
+    )
+    either = PullRequest(
+        "orders", "g2", "c1", 10, -1, -1, -1, 0, False, (TagFilter(codec.TAG_OR, ("b", "c")),)
+    )
+    with QmqWire(server.broker_address) as wire:
+        first, messages = codec.decode_pulled(
+            wire.request(codec.Code.PULL_MESSAGE, codec.encode_pull_request(both)).body
+        )
+        assert (first, [m.message_id for m in messages]) == (0, ["id-1", "id-4"])
+        assert messages[0].tags == ("a", "b")
+        first, messages = codec.decode_pulled(
+            wire.request(codec.Code.PULL_MESSAGE, codec.encode_pull_request(either)).body
+        )
+        assert (first, [m.message_id for m in messages]) == (0, ["id-1", "id-3", "id-4"])
+    build_pull_log(store)
+    log = store.read(schemas.PULL_LOG)
+    mine = log.filter(pc.equal(log["group"], "g1"))
+    assert sorted(zip(mine["pull_sequence"].to_pylist(), mine["queue_offset"].to_pylist(), strict=True)) == [
+        (0, 1),
+        (1, 4),
+    ]
+    acked = {r["queue_offset"] for r in read_actions(store, "g1", ACK)}
+    assert acked == {0, 2, 3}  # what the filter did not keep is consumed, not handed out

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench.java_harness import HarnessError, qmq_classpath, start_qmq_scenario
-from engine import Admin, PullConsumer, Store
+from engine import Admin, Message, Producer, PullConsumer, Store
 from engine.protocol.actions import ACK, PULL
 from engine.protocol.qmq import qmq_retry_subject
 from engine.qmq import QmqServer
@@ -161,3 +161,25 @@ def test_a_listener_that_throws_gets_the_message_again_through_the_retry_subject
     for pulled_from in ("@qmq_retry", "@" + retry):
         pulled = offsets(read_actions(store, "billing", PULL), pulled_from)
         assert len(pulled) == count and offsets(read_actions(store, "billing", ACK), pulled_from) == pulled
+
+
+def test_a_python_sent_message_reaches_a_qmq_consumer_with_its_properties(
+    store: Store, classpath: str, tmp_path: Path
+) -> None:
+    Admin(store).create_topic("qmq_from_python", 1)
+    with Producer(store) as producer:
+        for i in range(3):
+            producer.send(Message("qmq_from_python", f"body-{i}".encode(), properties={"payload": f"py-{i}"}))
+    with QmqServer(store, http_port=0, meta_port=0, broker_port=0) as server:
+        consumed = start_qmq_scenario(
+            classpath,
+            tmp_path / "consumer",
+            "consume",
+            meta=server.meta_server_url,
+            subject="qmq_from_python",
+            group="billing",
+            count=3,
+            timeout_ms=120_000,
+        ).finish(300)
+    assert consumed.done()["complete"]
+    assert sorted(e["payload"] for e in consumed.of("received")) == ["py-0", "py-1", "py-2"]

@@ -159,6 +159,10 @@ class QmqConsumer:
             out.append((pulled, message))
         return out
 
+    def message(self, pulled: Pulled) -> MessageExt | None:
+        """The stored message a handed-out sequence stands for (None: removed by retention)."""
+        return self._message_at(pulled.topic, pulled.queue_id, pulled.queue_offset)
+
     def _message_at(self, topic: str, queue_id: int, offset: int) -> MessageExt | None:
         self.index.refresh()
         entries = self.index.entries(topic, queue_id, offset, offset + 1)

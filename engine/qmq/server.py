@@ -33,7 +33,7 @@ from engine.errors import InvalidArgumentError, MQError, RemotingProtocolError, 
 from engine.model import MessageExt
 from engine.protocol.message_ids import UniqKeyGenerator
 from engine.protocol.names import is_system_topic, is_valid_topic_name
-from engine.protocol.qmq import qmq_tags_match
+from engine.protocol.qmq import qmq_retry_subject, qmq_tags_match
 from engine.protocol.topics import system_topic_config
 from engine.qmq import codec
 from engine.qmq.codec import Code, Frame, ProducerCode
@@ -48,6 +48,9 @@ _log = logging.getLogger(__name__)
 T = TypeVar("T")
 BROKER_GROUP = "lakemq-qmq"
 POLL_INTERVAL_S = 0.05
+OFFLINE_AFTER_MS = 180_000  # QMQ: a consumer silent 3 minutes is offline (its unacked go to retry)
+FORGOTTEN_AFTER_MS = 2 * 24 * 3600 * 1000  # ... and forever offline (forgotten) after 2 days
+SWEEP_INTERVAL_S = 10.0
 MAX_PULL_WAIT_MS = 30_000
 
 
@@ -237,9 +240,11 @@ class QmqServer:
         self.http_port = http.sockets[0].getsockname()[1]
         self.meta_port = meta.sockets[0].getsockname()[1]
         self.broker_port = broker.sockets[0].getsockname()[1]
+        sweeper = asyncio.create_task(self._sweep_loop())
         self._serving.ready()
         async with http, meta, broker:
             await stopped.wait()
+            sweeper.cancel()
             for server in (http, meta, broker):
                 server.close()
             for writer in list(self._writers):
@@ -360,6 +365,7 @@ class QmqServer:
         if state is None:
             state = self.clients[key] = ClientState(client_type, subject, group, client_id, True, now)
         state.last_heartbeat_ms = now
+        state.online = True
         body = codec.encode_meta_response(
             now,
             subject,
@@ -372,6 +378,52 @@ class QmqServer:
 
     async def _heartbeat(self, frame: Frame) -> Frame:
         return frame.response(Code.SUCCESS)
+
+    def sweep(self, now: int | None = None) -> list[ClientState]:
+        """Take consumers silent for :data:`OFFLINE_AFTER_MS` offline, handing what they were given
+        and did not ack to their group's retry subject (acking it where it was), and forget those
+        silent for :data:`FORGOTTEN_AFTER_MS`; returns the consumers taken offline now. Runs every
+        :data:`SWEEP_INTERVAL_S` on the server's loop; a consumer that registers again is online.
+
+        Raises:
+            StoreError: the store failed (what was not handed over stays for the next sweep).
+        """
+        now = now_ms() if now is None else now
+        gone: list[ClientState] = []
+        for key, state in list(self.clients.items()):
+            silent = now - state.last_heartbeat_ms
+            if silent > FORGOTTEN_AFTER_MS:
+                self.clients.pop(key, None)
+            if (
+                state.client_type != codec.ClientType.CONSUMER
+                or not state.online
+                or silent <= OFFLINE_AFTER_MS
+            ):
+                continue
+            with self._lock:
+                consumer = self._consumers.get((state.subject, state.group, state.client_id))
+            if consumer is not None:
+                self._to_retry(consumer, state.subject, state.group)
+            state.online = False
+            gone.append(state)
+        return gone
+
+    def _to_retry(self, consumer: QmqConsumer, subject: str, group: str) -> None:
+        """Copy a consumer's unacked messages to the group's retry subject, then ack them."""
+        retry = subject if is_system_topic(subject) else qmq_retry_subject(subject, group)
+        for pulled in consumer.unacked():
+            message = consumer.message(pulled)
+            if message is not None:
+                self._store_one(from_store(message, retry))
+            consumer.ack(pulled.sequence, pulled.sequence)
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_INTERVAL_S)
+            try:
+                await self._call(self.sweep)
+            except Exception as exc:
+                _log.warning("QMQ consumer sweep failed (tried again): %s", exc)
 
     def consumers_of(self, subject: str, group: str) -> list[ClientState]:
         """The registered consumers of a subject in a group (online or not)."""

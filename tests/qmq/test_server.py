@@ -19,11 +19,12 @@ import pytest
 from engine import Admin, PullConsumer, Store
 from engine.broker.pull_log import build_pull_log
 from engine.protocol.actions import ACK, PULL
+from engine.protocol.qmq import qmq_retry_subject
 from engine.qmq import QmqServer, codec
 from engine.qmq.codec import AckRequest, PullRequest, QmqMessage, Reader, TagFilter
 from engine.qmq.messages import attributes
 from engine.qmq.pull_sequences import pulled_offsets
-from engine.qmq.server import pull_log_consumer_id
+from engine.qmq.server import FORGOTTEN_AFTER_MS, OFFLINE_AFTER_MS, pull_log_consumer_id
 from engine.store import schemas
 from engine.store.action_log import read_actions
 from tests.qmq.qmq_client import QmqWire, locate, register
@@ -286,3 +287,31 @@ def test_tag_filters_hand_out_only_matching_messages_and_ack_the_rest_without_a_
     ]
     acked = {r["queue_offset"] for r in read_actions(store, "g1", ACK)}
     assert acked == {0, 2, 3}  # what the filter did not keep is consumed, not handed out
+
+
+def test_a_consumer_silent_for_3_minutes_goes_offline_and_its_unacked_go_to_retry(
+    server: QmqServer, store: Store
+) -> None:
+    Admin(store).create_topic("orders", 1)
+    send(server, [qmq_message("orders", i) for i in range(3)])
+    register(server.meta_address, codec.ClientType.CONSUMER, "orders", "g1", "c1")
+    with QmqWire(server.broker_address) as wire:
+        assert pull_after(wire, "c1", -1)[1] == ["id-0", "id-1", "id-2"]
+        wire.request(
+            codec.Code.ACK_REQUEST, codec.encode_ack_request(AckRequest("orders", "g1", "c1", 0, 0, 0))
+        )
+    (state,) = server.consumers_of("orders", "g1")
+    assert server.sweep(state.last_heartbeat_ms + OFFLINE_AFTER_MS) == []  # not yet
+    assert server.sweep(state.last_heartbeat_ms + OFFLINE_AFTER_MS + 1) == [state]
+    assert not state.online
+    retry = qmq_retry_subject("orders", "g1")
+    copies = PullConsumer(store, "reader").pull(retry, 0, 0).messages
+    assert sorted(m.keys[0] for m in copies) == ["id-1", "id-2"]
+    assert sorted(attributes(m)["payload"] for m in copies) == ["p-1", "p-2"]
+    with QmqWire(server.broker_address) as wire:
+        assert pull_after(wire, "c1", -1) == (-1, [])  # handed over: nothing comes again
+    # Registering again brings it back online; after 2 days of silence it is forgotten.
+    register(server.meta_address, codec.ClientType.CONSUMER, "orders", "g1", "c1")
+    assert state.online
+    server.sweep(state.last_heartbeat_ms + FORGOTTEN_AFTER_MS + 1)
+    assert server.consumers_of("orders", "g1") == []

@@ -13,10 +13,13 @@ import pytest
 
 from bench.java_harness import HarnessError, qmq_classpath, start_qmq_scenario
 from engine import Admin, Message, Producer, PullConsumer, Store
+from engine.broker.loop import BrokerLoop
 from engine.protocol.actions import ACK, PULL
+from engine.protocol.names import SCHEDULE_TOPIC
 from engine.protocol.qmq import qmq_retry_subject
-from engine.qmq import QmqServer
+from engine.qmq import QmqServer, codec
 from engine.qmq.messages import attributes
+from engine.store import schemas
 from engine.store.action_log import read_actions
 
 pytestmark = pytest.mark.slow
@@ -183,3 +186,45 @@ def test_a_python_sent_message_reaches_a_qmq_consumer_with_its_properties(
         ).finish(300)
     assert consumed.done()["complete"]
     assert sorted(e["payload"] for e in consumed.of("received")) == ["py-0", "py-1", "py-2"]
+
+
+def test_a_delayed_message_waits_in_the_schedule_topic_and_then_reaches_the_consumer(
+    store: Store, classpath: str, tmp_path: Path
+) -> None:
+    Admin(store).create_topic("qmq_delayed", 1)
+    loop = BrokerLoop(store).start()  # the schedule job (``mq serve`` runs it in-process)
+    try:
+        with QmqServer(store, http_port=0, meta_port=0, broker_port=0) as server:
+            meta = server.meta_server_url
+            consumer = start_qmq_scenario(
+                classpath,
+                tmp_path / "consumer",
+                "consume",
+                meta=meta,
+                subject="qmq_delayed",
+                group="billing",
+                count=2,
+                timeout_ms=120_000,
+            )
+            consumer.wait_for("ready")
+            produced = start_qmq_scenario(
+                classpath,
+                tmp_path / "producer",
+                "produce",
+                meta=meta,
+                subject="qmq_delayed",
+                count=2,
+                delay_ms=1500,
+            ).finish(300)
+            consumed = consumer.finish(300)
+            registered = {s.client_type for s in server.clients.values() if s.subject == "qmq_delayed"}
+    finally:
+        loop.stop(30)
+    assert produced.done()["sent"] == 2
+    assert consumed.done()["complete"]
+    assert {e["id"] for e in consumed.of("received")} == {e["id"] for e in produced.of("sent")}
+    assert codec.ClientType.DELAY_PRODUCER in registered
+    # They waited as timers in the schedule topic, then were re-put to the subject's topic.
+    log = store.read(schemas.COMMIT_LOG, columns=["topic", "keys"]).to_pylist()
+    waited = {k for row in log if row["topic"] == SCHEDULE_TOPIC for k in row["keys"]}
+    assert {e["id"] for e in produced.of("sent")} <= waited

@@ -19,7 +19,7 @@ import qunar.tc.qmq.producer.MessageProducerProvider;
  * Scenarios of unmodified QMQ client code (com.qunar.qmq:qmq) against lakemq's QMQ door. Every
  * line starting with '{' on standard output is one JSON event; the last one is "done".
  *
- *   produce --meta URL --subject S --count N [--prefix P]
+ *   produce --meta URL --subject S --count N [--prefix P] [--delay-ms D] (a delayed message: the delay producer)
  *   consume --meta URL --subject S --group G --count N [--timeout-ms T] [--client-id ID]
  *           [--halt-on-first true]   (the process dies in its listener's first call: nothing acked)
  *           [--fail-times K]         (the listener throws on a message's first K deliveries: a nack)
@@ -74,6 +74,7 @@ public final class Main {
         String subject = o.get("subject");
         int count = Integer.parseInt(o.get("count"));
         String prefix = o.getOrDefault("prefix", "m");
+        long delayMs = Long.parseLong(o.getOrDefault("delay-ms", "0"));
         AtomicInteger ok = new AtomicInteger();
         AtomicInteger failed = new AtomicInteger();
         for (int i = 0; i < count; i++) {
@@ -81,6 +82,9 @@ public final class Main {
             String payload = prefix + "-" + i;
             message.setProperty("payload", payload);
             message.setProperty("index", i);
+            if (delayMs > 0) {
+                message.setDelayTime(delayMs, TimeUnit.MILLISECONDS);
+            }
             CountDownLatch done = new CountDownLatch(1);
             producer.sendMessage(message, new MessageSendStateListener() {
                 @Override

@@ -7,11 +7,15 @@ The client runs in the harness ``tests/java/qmq`` (built once by :mod:`bench.jav
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
-from bench.java_harness import HarnessError, qmq_classpath, start_qmq_scenario
+from bench.java_harness import HarnessError, java, qmq_classpath, start_qmq_scenario
 from engine import Admin, Message, Producer, PullConsumer, Store
 from engine.broker.loop import BrokerLoop
 from engine.protocol.actions import ACK, PULL
@@ -228,3 +232,40 @@ def test_a_delayed_message_waits_in_the_schedule_topic_and_then_reaches_the_cons
     log = store.read(schemas.COMMIT_LOG, columns=["topic", "keys"]).to_pylist()
     waited = {k for row in log if row["topic"] == SCHEDULE_TOPIC for k in row["keys"]}
     assert {e["id"] for e in produced.of("sent")} <= waited
+
+
+README = Path(__file__).resolve().parent.parent.parent / "README.md"
+_QMQ_JAVA_BLOCK = re.compile(r"<!-- test: qmq-java -->\s*\n```java\n(?P<code>.*?)\n```", re.DOTALL)
+
+
+def test_the_readme_qmq_example_compiles_and_runs_against_the_door(
+    store: Store, classpath: str, tmp_path: Path
+) -> None:
+    (code,) = [m.group("code") for m in _QMQ_JAVA_BLOCK.finditer(README.read_text())]
+    (tmp_path / "QmqExample.java").write_text(code)
+    javac = shutil.which("javac")
+    assert javac is not None, "javac (a JDK 17) is needed"
+    classes = tmp_path / "classes"
+    subprocess.run(
+        [javac, "-cp", classpath, "-d", str(classes), str(tmp_path / "QmqExample.java")],
+        check=True, capture_output=True, timeout=300,
+    )  # fmt: skip
+    with QmqServer(store, http_port=0, meta_port=0, broker_port=0) as server:
+        done = subprocess.run(
+            [java(), "-Xmx256m", f"-Duser.home={tmp_path}", "-cp", f"{classes}{os.pathsep}{classpath}",
+             "QmqExample", server.meta_server_url],
+            capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    assert sorted(line for line in lines if line.startswith("sent")) == [f"sent order-{i}" for i in range(3)]
+    assert sorted(line for line in lines if line.startswith("received")) == [
+        f"received order-{i}" for i in range(3)
+    ]
+    messages = PullConsumer(store, "python-reader").pull("order_changed", 0, 0).messages
+    messages += [
+        m
+        for q in range(1, 4)
+        for m in PullConsumer(store, "python-reader").pull("order_changed", q, 0).messages
+    ]
+    assert sorted(attributes(m)["orderNo"] for m in messages) == [f"order-{i}" for i in range(3)]

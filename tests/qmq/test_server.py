@@ -18,6 +18,7 @@ import pytest
 
 from engine import Admin, PullConsumer, Store
 from engine.broker.pull_log import build_pull_log
+from engine.client.trace import TraceKind, trace_message
 from engine.protocol.actions import ACK, PULL
 from engine.protocol.qmq import qmq_retry_subject
 from engine.qmq import QmqServer, codec
@@ -315,3 +316,21 @@ def test_a_consumer_silent_for_3_minutes_goes_offline_and_its_unacked_go_to_retr
     assert state.online
     server.sweep(state.last_heartbeat_ms + FORGOTTEN_AFTER_MS + 1)
     assert server.consumers_of("orders", "g1") == []
+
+
+def test_the_message_trace_shows_the_pull_sequence_a_qmq_consumer_was_handed(
+    server: QmqServer, store: Store
+) -> None:
+    Admin(store).create_topic("orders", 1)
+    send(server, [qmq_message("orders", i) for i in range(2)])
+    with QmqWire(server.broker_address) as wire:
+        assert pull_after(wire, "c1", -1)[1] == ["id-0", "id-1"]
+    build_pull_log(store)
+    (stored,) = [
+        m for m in PullConsumer(store, "reader").pull("orders", 0, 0).messages if m.keys == ("id-1",)
+    ]
+    events = trace_message(store, stored.msg_id).events
+    logged = [e for e in events if e.kind is TraceKind.PULL_LOGGED]
+    assert [(e.group, e.consumer_id, e.detail) for e in logged] == [
+        ("g1", pull_log_consumer_id("orders", "c1"), "pull sequence 1")
+    ]

@@ -11,6 +11,8 @@ import os
 import re
 import shutil
 import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -269,3 +271,47 @@ def test_the_readme_qmq_example_compiles_and_runs_against_the_door(
         for m in PullConsumer(store, "python-reader").pull("order_changed", q, 0).messages
     ]
     assert sorted(attributes(m)["orderNo"] for m in messages) == [f"order-{i}" for i in range(3)]
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"gave up waiting for {what}")
+        time.sleep(0.1)
+
+
+def test_two_consumers_of_a_group_share_a_subject_each_message_to_one_of_them(
+    store: Store, classpath: str, tmp_path: Path
+) -> None:
+    Admin(store).create_topic("qmq_shared", 4)
+    count = 40
+    stop = tmp_path / "stop"
+    with QmqServer(store, http_port=0, meta_port=0, broker_port=0) as server:
+        meta = server.meta_server_url
+        consumers = [
+            start_qmq_scenario(
+                classpath, tmp_path / name, "consume", meta=meta, subject="qmq_shared", group="billing",
+                count=count, client_id=name, stop_file=stop, timeout_ms=120_000,
+            )
+            for name in ("worker-1", "worker-2")
+        ]  # fmt: skip
+        for consumer in consumers:
+            consumer.wait_for("ready")
+        produced = start_qmq_scenario(
+            classpath, tmp_path / "producer", "produce", meta=meta, subject="qmq_shared", count=count
+        ).finish(300)
+        sent = {e["id"] for e in produced.of("sent")}
+        wait_until(
+            lambda: {e["id"] for c in consumers for e in list(c.events) if e["event"] == "received"} == sent,
+            "every message received",
+        )
+        stop.touch()
+        runs = [c.finish(300) for c in consumers]
+    assert len(sent) == count
+    received = [e["id"] for run in runs for e in run.of("received")]
+    assert sorted(received) == sorted(sent)  # each message once, to one of the two
+    assert {c.client_id for c in server.consumers_of("qmq_shared", "billing")} == {"worker-1", "worker-2"}
+    for name in ("worker-1", "worker-2"):
+        pulled = offsets(read_actions(store, "billing", PULL), f"{name}@qmq_shared")
+        assert offsets(read_actions(store, "billing", ACK), f"{name}@qmq_shared") == pulled

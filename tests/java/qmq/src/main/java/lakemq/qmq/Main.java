@@ -23,6 +23,7 @@ import qunar.tc.qmq.producer.MessageProducerProvider;
  *   consume --meta URL --subject S --group G --count N [--timeout-ms T] [--client-id ID]
  *           [--halt-on-first true]   (the process dies in its listener's first call: nothing acked)
  *           [--fail-times K]         (the listener throws on a message's first K deliveries: a nack)
+ *           [--stop-file F]          (also stop, acks sent, once the file F exists)
  */
 public final class Main {
     private Main() {}
@@ -146,7 +147,12 @@ public final class Main {
             }
         }, executor);
         emit("ready");
-        boolean complete = all.await(timeoutMs, TimeUnit.MILLISECONDS);
+        java.io.File stopFile = o.containsKey("stop-file") ? new java.io.File(o.get("stop-file")) : null;
+        long deadline = System.currentTimeMillis() + timeoutMs;
+        boolean complete = false;
+        while (!complete && System.currentTimeMillis() < deadline && (stopFile == null || !stopFile.exists())) {
+            complete = all.await(100, TimeUnit.MILLISECONDS);
+        }
         // The acks go out in the client's ack batches: let them leave before the client stops.
         consumer.destroy();
         executor.shutdown();

@@ -22,7 +22,7 @@ from engine import Admin, Message, Producer, PullConsumer, Store
 from engine.broker.loop import BrokerLoop
 from engine.protocol.actions import ACK, PULL
 from engine.protocol.names import SCHEDULE_TOPIC
-from engine.protocol.qmq import qmq_retry_subject
+from engine.protocol.qmq import qmq_dead_subject, qmq_retry_subject
 from engine.qmq import QmqServer, codec
 from engine.qmq.messages import attributes
 from engine.store import schemas
@@ -315,3 +315,34 @@ def test_two_consumers_of_a_group_share_a_subject_each_message_to_one_of_them(
     for name in ("worker-1", "worker-2"):
         pulled = offsets(read_actions(store, "billing", PULL), f"{name}@qmq_shared")
         assert offsets(read_actions(store, "billing", ACK), f"{name}@qmq_shared") == pulled
+
+
+def test_a_message_that_always_fails_is_dead_lettered_after_32_deliveries(
+    store: Store, classpath: str, tmp_path: Path
+) -> None:
+    Admin(store).create_topic("qmq_dead", 1)
+    dead = qmq_dead_subject("qmq_dead", "billing")
+    stop = tmp_path / "stop"
+
+    def dead_letters() -> list[str]:
+        if dead not in store.topic_configs(refresh=True):
+            return []
+        return [m.keys[0] for m in PullConsumer(store, "reader").pull(dead, 0, 0).messages]
+
+    with QmqServer(store, http_port=0, meta_port=0, broker_port=0) as server:
+        meta = server.meta_server_url
+        consumer = start_qmq_scenario(
+            classpath, tmp_path / "consumer", "consume", meta=meta, subject="qmq_dead", group="billing",
+            count=1, fail_times=1000, stop_file=stop, timeout_ms=240_000,
+        )  # fmt: skip
+        consumer.wait_for("ready")
+        produced = start_qmq_scenario(
+            classpath, tmp_path / "producer", "produce", meta=meta, subject="qmq_dead", count=1
+        ).finish(300)
+        wait_until(lambda: bool(dead_letters()), "a dead letter", timeout_s=240)
+        stop.touch()
+        run = consumer.finish(300)
+    (sent,) = [e["id"] for e in produced.of("sent")]
+    assert dead_letters() == [sent]
+    # QMQ's client counts deliveries in ``times``: past maxRetryNum (32) a nack goes to the dead subject.
+    assert [(e["attempt"], e["times"]) for e in run.of("received")] == [(t, t) for t in range(1, 33)]

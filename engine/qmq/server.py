@@ -442,13 +442,19 @@ class QmqServer:
             raise TopicNotFoundError(f"subject {topic!r} has no topic", topic=topic)
         Admin(self.store).create_topic(topic)
 
-    def _store_one(self, message: codec.QmqMessage) -> None:
+    def _prepare(self, message: codec.QmqMessage) -> PreparedSend:
+        """Check a QMQ message and choose its queue (as the Producer does), writing nothing but a
+        missing topic.
+
+        Raises:
+            MQError: a subject the store cannot take (bad name, missing with auto-creation off, ...).
+        """
         if not is_system_topic(message.subject):
             self._ensure_topic(message.subject)
-            self.producer.append(self.producer.prepare(to_store(message)))
-            return
+            return self.producer.prepare(to_store(message))
         # A consumer's send-back to its retry subject (``%RETRY%<subject>%<group>``): a broker-owned
-        # topic, which producers may not write; stored as the retry job stores its re-puts.
+        # topic, which producers may not write; stored as the retry job stores its re-puts, at once
+        # (QMQ retries a nack immediately).
         if self.store.topic_configs(refresh=True).get(message.subject) is None:
             self.store.put_topic(system_topic_config(message.subject, now_ms()))
         plain = to_store(message)
@@ -460,23 +466,48 @@ class QmqServer:
             keys=tuple(plain.keys),
             properties=dict(plain.properties),
             born_ts_ms=message.created_ms,
-            deliver_at_ms=plain.deliver_at_ms,
         )
-        self.producer.append(PreparedSend(pending))
+        return PreparedSend(pending)
+
+    def _store_one(self, message: codec.QmqMessage) -> None:
+        self.producer.append(self._prepare(message))
+
+    def _prepare_all(self, messages: list[codec.QmqMessage]) -> list[PreparedSend | str]:
+        """Each message prepared, or why it cannot be stored."""
+        out: list[PreparedSend | str] = []
+        for message in messages:
+            try:
+                out.append(self._prepare(message))
+            except MQError as exc:
+                out.append(str(exc)[:1000])
+        return out
 
     async def _send(self, frame: Frame) -> Frame:
+        """Store a SEND_MESSAGE's messages: each one queued for the producer's next group commit
+        (shared with the sends of other connections), a result per message once it landed."""
         try:
             messages = codec.decode_send_messages(frame.body)
         except RemotingProtocolError as exc:
             _log.info("unreadable SEND_MESSAGE: %s", exc)
             return frame.response(Code.BROKER_ERROR)
+        storable = [m for m in messages if is_valid_topic_name(m.subject)]
+        prepared = dict(zip(map(id, storable), await self._call(self._prepare_all, storable), strict=True))
+        pending = {
+            id(m): asyncio.wrap_future(self.producer.append_async(p))
+            for m in storable
+            if isinstance(p := prepared[id(m)], PreparedSend)
+        }
         results: list[tuple[str, int, str]] = []
         for message in messages:
-            if not is_valid_topic_name(message.subject):
+            key = id(message)
+            if key not in prepared:
                 results.append((message.message_id, ProducerCode.SUBJECT_NOT_ASSIGNED, "bad subject"))
                 continue
+            if key not in pending:
+                results.append((message.message_id, ProducerCode.STORE_ERROR, str(prepared[key])))
+                continue
             try:
-                await self._call(self._store_one, message)
+                await pending[key]
             except MQError as exc:
                 results.append((message.message_id, ProducerCode.STORE_ERROR, str(exc)[:1000]))
                 continue

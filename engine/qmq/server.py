@@ -394,6 +394,13 @@ class QmqServer:
             silent = now - state.last_heartbeat_ms
             if silent > FORGOTTEN_AFTER_MS:
                 self.clients.pop(key, None)
+                with self._lock:
+                    forgotten = self._consumers.pop((state.subject, state.group, state.client_id), None)
+                if forgotten is not None:
+                    if state.online:
+                        self._to_retry(forgotten, state.subject, state.group)
+                    forgotten.close()
+                continue
             if (
                 state.client_type != codec.ClientType.CONSUMER
                 or not state.online

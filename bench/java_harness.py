@@ -27,6 +27,8 @@ ROOT = Path(__file__).resolve().parent.parent
 JAVA_DIR = ROOT / "tests" / "java"
 HARNESS_DIR = JAVA_DIR / "harness"
 MQADMIN_DIR = JAVA_DIR / "mqadmin"  # rocketmq-tools only: the unmodified mqadmin
+QMQ_DIR = JAVA_DIR / "qmq"  # the QMQ client harness: unmodified com.qunar.qmq:qmq code
+QMQ_MAIN_CLASS = "lakemq.qmq.Main"
 MAIN_CLASS = "lakemq.harness.Main"
 MQADMIN_CLASS = "org.apache.rocketmq.tools.command.MQAdminStartup"
 CACHE_ROOT = Path(os.environ.get("LAKEMQ_HARNESS_CACHE", str(Path.home() / ".m2" / "lakemq-harness")))
@@ -112,20 +114,50 @@ def _pom_hash(project: Path) -> str:
     return hashlib.sha256((project / "pom.xml").read_bytes()).hexdigest()[:16]
 
 
+def built_classpath(project: Path, name: str, artifact: str) -> str:
+    """A Maven project's full class path: its jar (``target/<artifact>``, built and cached by the hash
+    of its sources), then its dependencies' jars."""
+    key = sources_hash(project)
+    target = CACHE_ROOT / f"{name}-{key}"
+    jar = target / f"{name}.jar"
+    deps = classpath_of(project, name)
+    with _locked(CACHE_ROOT / f"{name}-build.lock"):
+        if not jar.exists():
+            run_maven(project, "package", offline=True)
+            target.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(project / "target" / artifact, target / f"{name}.tmp")
+            (target / f"{name}.tmp").replace(jar)
+    return f"{jar}{os.pathsep}{deps}"
+
+
 def harness_classpath() -> str:
     """The harness's full class path (its jar, then the RocketMQ client's jars), building when needed."""
-    key = sources_hash(HARNESS_DIR)
-    target = CACHE_ROOT / f"harness-{key}"
-    jar = target / "harness.jar"
-    deps = classpath_of(HARNESS_DIR, "harness")
-    with _locked(CACHE_ROOT / "harness-build.lock"):
-        if not jar.exists():
-            run_maven(HARNESS_DIR, "package", offline=True)
-            built = HARNESS_DIR / "target" / "rocketmq-harness-1.0.jar"
-            target.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(built, target / "harness.tmp")
-            (target / "harness.tmp").replace(jar)
-    return f"{jar}{os.pathsep}{deps}"
+    return built_classpath(HARNESS_DIR, "harness", "rocketmq-harness-1.0.jar")
+
+
+def qmq_classpath() -> str:
+    """The QMQ harness's full class path (its jar, then the QMQ client's jars), building when needed."""
+    return built_classpath(QMQ_DIR, "qmq", "qmq-harness-1.0.jar")
+
+
+def qmq_command(classpath: str, log_dir: Path, *args: str, heap_mb: int = 256) -> list[str]:
+    """The ``java`` command line of a QMQ harness scenario (its ``~`` in ``log_dir``)."""
+    return [
+        java(),
+        f"-Xmx{heap_mb}m",
+        "-XX:+UseSerialGC",
+        f"-Duser.home={log_dir}",
+        "-cp",
+        classpath,
+        QMQ_MAIN_CLASS,
+        *args,
+    ]
+
+
+def start_qmq_scenario(classpath: str, log_dir: Path, scenario: str, **opts: object) -> Scenario:
+    """Start a QMQ harness scenario in the background (``produce``, ``consume``)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    return Scenario(qmq_command(classpath, log_dir, scenario, *options(opts)))
 
 
 def mqadmin_classpath() -> str:
@@ -277,8 +309,10 @@ def main() -> int:
     harness = harness_classpath()
     tools = mqadmin_classpath()
     peer = peer_classpath()
+    qmq = qmq_classpath()
     print(f"harness: {harness.split(os.pathsep)[0]} (+{harness.count(os.pathsep)} jars)")
     print(f"mqadmin: {tools.count(os.pathsep) + 1} jars")
+    print(f"QMQ harness: {qmq.split(os.pathsep)[0]} (+{qmq.count(os.pathsep)} jars)")
     print(f"RocketMQ peer: {peer.count(os.pathsep) + 1} jars; ready in {time.monotonic() - began:.0f} s")
     return 0
 

@@ -1,5 +1,6 @@
 """``mq serve``: RocketMQ's wire protocol over the store (a name server and a broker endpoint), so
-unmodified RocketMQ clients produce and consume (see :mod:`engine.remoting`)."""
+unmodified RocketMQ clients produce and consume (see :mod:`engine.remoting`); with ``--qmq`` also
+QMQ's (a meta-server locator over HTTP, a meta server and a broker: :mod:`engine.qmq`)."""
 
 from __future__ import annotations
 
@@ -24,16 +25,38 @@ def _serve(args: argparse.Namespace, out: Output) -> int:
         auto_create_topics=args.auto_create_topics,
         run_broker_jobs=not args.no_broker_jobs,
     ).start()
-    out.emit(
-        {
-            "namesrv": server.namesrv_address,
-            "broker": server.broker_address,
-            "store": store.root,
-            "broker_jobs": not args.no_broker_jobs,
-        },
-        f"mq serve: name server {server.namesrv_address}, broker {server.broker_address} "
-        f"(store {store.root}); Ctrl-C stops it",
-    )
+    qmq = None
+    if args.qmq:
+        from engine.qmq import QmqServer
+
+        try:
+            qmq = QmqServer(
+                store,
+                host=args.host,
+                http_port=args.qmq_http_port,
+                meta_port=args.qmq_meta_port,
+                broker_port=args.qmq_broker_port,
+                advertised_host=args.advertised_host,
+                auto_create_topics=args.auto_create_topics,
+            ).start()
+        except BaseException:
+            server.stop()
+            raise
+    ready: dict[str, object] = {
+        "namesrv": server.namesrv_address,
+        "broker": server.broker_address,
+        "store": store.root,
+        "broker_jobs": not args.no_broker_jobs,
+    }
+    text = f"mq serve: name server {server.namesrv_address}, broker {server.broker_address}"
+    if qmq is not None:
+        ready |= {
+            "qmq_meta_server": qmq.meta_server_url,
+            "qmq_meta": qmq.meta_address,
+            "qmq_broker": qmq.broker_address,
+        }
+        text += f"; QMQ meta server {qmq.meta_server_url} ({qmq.meta_address}), broker {qmq.broker_address}"
+    out.emit(ready, f"{text} (store {store.root}); Ctrl-C stops it")
     done = threading.Event()
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda *_: done.set())
@@ -42,6 +65,8 @@ def _serve(args: argparse.Namespace, out: Output) -> int:
     except KeyboardInterrupt:
         pass
     finally:
+        if qmq is not None:
+            qmq.stop()
         server.stop()
     return EXIT_OK
 
@@ -72,5 +97,28 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
         "--no-broker-jobs",
         action="store_true",
         help="do not run the broker's jobs (dispatch, schedule, retry, ...) in-process (the Spark jobs do)",
+    )
+    serve.add_argument(
+        "--qmq",
+        action="store_true",
+        help="also speak QMQ's protocol: a meta-server locator (HTTP /meta/address), meta server, broker",
+    )
+    serve.add_argument(
+        "--qmq-http-port",
+        type=int_at_least(0),
+        default=8080,
+        help="QMQ meta-server locator port, the clients' metaServer URL (default 8080; 0 = any)",
+    )
+    serve.add_argument(
+        "--qmq-meta-port",
+        type=int_at_least(0),
+        default=20880,
+        help="QMQ meta server port (default 20880; 0 = any)",
+    )
+    serve.add_argument(
+        "--qmq-broker-port",
+        type=int_at_least(0),
+        default=20881,
+        help="QMQ broker port (default 20881; 0 = any)",
     )
     serve.set_defaults(func=_serve)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
-import threading
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,6 +29,7 @@ from engine.errors import (
 from engine.remoting.codes import ResponseCode
 from engine.remoting.context import BrokerContext, Connection, Handler
 from engine.remoting.frames import DEFAULT_MAX_FRAME_BYTES, RemotingCommand, check_frame_length, decode_frame
+from engine.remoting.framing import LoopThread, read_frames
 from engine.remoting.handlers import (
     admin,
     admin_clients,
@@ -167,11 +168,7 @@ class RemotingServer:
         self.loop_jobs = BrokerLoop(store) if run_broker_jobs else None
         self.namesrv_port = namesrv_port
         self.broker_port = broker_port
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._ready = threading.Event()
-        self._stopped: asyncio.Event | None = None
-        self._error: BaseException | None = None
+        self._serving = LoopThread("mq-remoting", self._main)
         self._conn_tasks: set[asyncio.Task[Any]] = set()
         self.max_in_flight = max_in_flight
         self.in_flight = 0
@@ -183,31 +180,25 @@ class RemotingServer:
         Raises:
             OSError: a port could not be bound.
         """
-        self._thread = threading.Thread(target=self._run, name="mq-remoting", daemon=True)
-        self._thread.start()
-        self._ready.wait()
-        if self._error is not None:
+        try:
+            self._serving.start()
+        except BaseException:
             self.ctx.close()
-            raise self._error
+            raise
         if self.loop_jobs is not None:
             self.loop_jobs.start()
         return self
 
     def stop(self, timeout: float = 30) -> None:
         """Close every connection and both servers, stop the broker loop and flush."""
-        if self._loop is not None and self._stopped is not None:
-            with contextlib.suppress(RuntimeError):
-                self._loop.call_soon_threadsafe(self._stopped.set)
-        if self._thread is not None:
-            self._thread.join(timeout)
+        self._serving.stop(timeout)
         if self.loop_jobs is not None:
             self.loop_jobs.stop(timeout)
         self.ctx.close()
 
     def wait(self) -> None:
         """Block until the server stops."""
-        if self._thread is not None:
-            self._thread.join()
+        self._serving.join()
 
     def __enter__(self) -> RemotingServer:
         return self.start()
@@ -226,30 +217,19 @@ class RemotingServer:
         return self.ctx.address
 
     # ----------------------------------------------------------------- serving
-    def _run(self) -> None:
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        try:
-            loop.run_until_complete(self._main())
-        except BaseException as exc:
-            self._error = exc
-        finally:
-            self._ready.set()
-            loop.close()
-
     async def _main(self) -> None:
-        self._stopped = asyncio.Event()
+        stopped = self._serving.stopped
+        assert stopped is not None
+        broker = await asyncio.start_server(
+            lambda r, w: self._serve(r, w, BROKER_HANDLERS), self.host, self._ports[1]
+        )
         try:
-            broker = await asyncio.start_server(
-                lambda r, w: self._serve(r, w, BROKER_HANDLERS), self.host, self._ports[1]
-            )
             namesrv_server = await asyncio.start_server(
                 lambda r, w: self._serve(r, w, NAMESRV_HANDLERS), self.host, self._ports[0]
             )
-        except BaseException as exc:
-            self._error = exc
-            self._ready.set()
-            return
+        except BaseException:
+            broker.close()
+            raise
         self.broker_port = broker.sockets[0].getsockname()[1]
         self.namesrv_port = namesrv_server.sockets[0].getsockname()[1]
         self.ctx.port = self.broker_port
@@ -257,9 +237,9 @@ class RemotingServer:
         flusher = asyncio.create_task(self._flush_offsets())
         resetter = asyncio.create_task(self._push_resets())
         watcher = asyncio.create_task(self.ctx.hold.watch())
-        self._ready.set()
+        self._serving.ready()
         async with broker, namesrv_server:
-            await self._stopped.wait()
+            await stopped.wait()
             checker.cancel()
             flusher.cancel()
             resetter.cancel()
@@ -304,23 +284,16 @@ class RemotingServer:
         conn = Connection(peer, writer)
         self.ctx.connections.add(conn)
         tasks: set[asyncio.Task[Any]] = set()
+        frames = read_frames(
+            reader,
+            functools.partial(check_frame_length, max_frame_bytes=self.max_frame_bytes),
+            decode_frame,
+            idle_timeout_s=self.idle_timeout_s,
+            frame_timeout_s=self.frame_timeout_s,
+            peer=peer,
+        )
         try:
-            while True:
-                try:
-                    head = await asyncio.wait_for(reader.readexactly(4), self.idle_timeout_s)
-                    length = check_frame_length(
-                        int.from_bytes(head, "big", signed=True), self.max_frame_bytes
-                    )
-                    payload = await asyncio.wait_for(reader.readexactly(length), self.frame_timeout_s)
-                    cmd = decode_frame(payload)
-                except (asyncio.IncompleteReadError, TimeoutError, ConnectionError):
-                    break
-                except RemotingProtocolError as exc:
-                    _log.info("closing %s: %s", peer, exc)
-                    break
-                except Exception as exc:  # an undecodable frame of a kind not foreseen: drop the client
-                    _log.warning("closing %s: unreadable frame: %r", peer, exc)
-                    break
+            async for cmd in frames:
                 if cmd.is_response:
                     # The answer to a request forwarded to this client; the endpoint's other
                     # requests are one-way.

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import threading
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+import engine.store.commit_log.writer as writer_module
 import engine.store.delta.direct_append as direct_append
 from engine import CommitConflictError, CommitTruncatedError, Store
 from engine.store import schemas
@@ -21,7 +23,7 @@ from engine.store.commit_log import CommitLogWriter
 from engine.store.commit_log import saved_marks as marks_snapshots
 from engine.store.commit_log.hwm import read_hwm
 from engine.store.commit_log.stamping import PendingMessage
-from engine.store.delta import open_snapshot
+from engine.store.delta import background_checkpoints, open_snapshot
 from engine.store.delta.direct_append import (
     MAX_STAT_STRING,
     blocker,
@@ -195,6 +197,7 @@ def test_an_idle_writer_whose_next_commit_was_cleaned_up_does_not_commit_behind_
     idle.append([_pending(topic, 0, b"first")])  # at version 1
     for i in range(104):
         busy.append([_pending(topic, 0, b"%d" % i)])  # checkpoint at 100 (the commit log's interval)
+    assert background_checkpoints.wait(60)  # written off the commit path
     assert (_log(store) / f"{100:020d}.checkpoint.parquet").exists()
     for v in range(2, 100):  # what log cleanup removes once they are past the log retention
         (_log(store) / f"{v:020d}.json").unlink()
@@ -209,11 +212,37 @@ def test_the_writer_checkpoints_at_the_interval_with_the_marks_saved_first(store
     for i in range(100):
         writer.append([_pending(topic, i % 2, b"%d" % i)])
     assert writer.direct
+    assert background_checkpoints.wait(60)
     assert json.loads((_log(store) / "_last_checkpoint").read_text())["version"] == 100
     saved = marks_snapshots.load(store.uri(schemas.COMMIT_LOG), None, 100)
     assert saved is not None and saved[0] == 100
     assert saved[1].to_json() == read_hwm(store.snapshot(schemas.COMMIT_LOG)).to_json()
     assert DeltaTable(store.uri(schemas.COMMIT_LOG)).to_pyarrow_table().num_rows == 100
+
+
+def test_the_commit_that_makes_a_checkpoint_due_does_not_wait_for_it(
+    store: Store, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    release, started = threading.Event(), threading.Event()
+    real = writer_module.checkpoint_commit_log
+
+    def slow_checkpoint(*args: Any, **kwargs: Any) -> None:
+        started.set()
+        assert release.wait(60)
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(writer_module, "checkpoint_commit_log", slow_checkpoint)
+    writer = CommitLogWriter(store)
+    for i in range(100):
+        writer.append([_pending(topic, 0, b"%d" % i)])
+    assert started.wait(60)  # the checkpoint of version 100 is being written ...
+    [later] = writer.append([_pending(topic, 0, b"meanwhile")])  # ... and sends go on
+    assert (later.version, later.queue_offset) == (101, 100)
+    assert not (_log(store) / "_last_checkpoint").exists()
+    release.set()
+    assert background_checkpoints.wait(60)
+    assert json.loads((_log(store) / "_last_checkpoint").read_text())["version"] == 100
+    _assert_dense(store)
 
 
 def test_a_retried_link_that_finds_its_own_commit_is_acknowledged_once(

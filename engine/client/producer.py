@@ -561,7 +561,8 @@ class Producer(Closing):
                 self._pending.all_tasks_done.wait(remaining)
 
     def close(self) -> None:
-        """Flush pending async sends and stop; later sends raise :class:`ProducerClosedError`."""
+        """Flush pending async sends, let the commit-log checkpoint they made due be written, and
+        stop; later sends raise :class:`ProducerClosedError`."""
         if self._closed:
             return
         self.flush()

@@ -26,7 +26,7 @@ from engine.errors import InvalidArgumentError, MQError
 from engine.protocol.shards import shard_of_queue
 from engine.store.commit_log.stamping import NOTHING, PendingBatch, PendingMessage, Stamped, StampedBatch
 from engine.store.commit_log.writer import CommitLogWriter
-from engine.store.delta import LOCK_WAIT_S
+from engine.store.delta import LOCK_WAIT_S, background_checkpoints
 from engine.store.store import Store
 
 
@@ -241,12 +241,15 @@ class CommitLogs:
             messages, shard=shard, app_transactions=app_transactions, custom_metadata=custom_metadata
         ).rows()
 
-    def close(self) -> None:
-        """Stop the threads that commit shards in parallel (the writers stay usable)."""
+    def close(self, checkpoint_wait_s: float = 30) -> None:
+        """Stop the threads that commit shards in parallel (the writers stay usable), once the
+        checkpoints the commits made due are written (at most ``checkpoint_wait_s``; a checkpoint
+        not written then is the next interval's or maintenance's)."""
         with self._lock:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True)
+        background_checkpoints.wait(checkpoint_wait_s)
 
 
 _SHARED: weakref.WeakKeyDictionary[Store, CommitLogs] = weakref.WeakKeyDictionary()

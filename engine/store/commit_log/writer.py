@@ -79,6 +79,7 @@ from engine.store.delta import (
     HostLock,
     LogCommit,
     Snapshot,
+    background_checkpoints,
     checkpoint_if_due,
     checkpoint_interval,
     commit_next,
@@ -361,21 +362,25 @@ class CommitLogWriter:
             self._dt = None
 
     def _checkpoint_if_due(self, version: int) -> None:
-        """Write the checkpoint Delta's post-commit hook would have written at ``version``, with the
-        marks saved first (:func:`checkpoint_commit_log`); best effort (:func:`checkpoint_if_due`).
-        After a direct append the delta-rs handle lags: a handle is opened at ``version`` for the
-        checkpoint and kept, a fresh one."""
+        """Have the checkpoint Delta's post-commit hook would have written at ``version`` written on
+        the checkpoint thread (:data:`background_checkpoints`), with the marks of ``version`` saved
+        first (:func:`checkpoint_commit_log`): the send waits for its commit, not for the
+        checkpoint. Best effort (:func:`checkpoint_if_due`), on a handle opened at ``version``."""
         dt, hwm = self._dt, self._hwm
-        if dt is None or hwm is None or version <= 0:
+        if dt is None or hwm is None or version <= 0 or version % checkpoint_interval(dt):
             return
-        if dt.version() != version:
-            if version % checkpoint_interval(dt):
-                return
+        marks, store, table = hwm.copy(), self._store, self.table
+
+        def write() -> None:
             try:
-                self._dt = dt = self._store.snapshot(self.table, version)
+                snapshot = store.snapshot(table, version)
             except StoreError:
                 return
-        checkpoint_if_due(dt, version, lambda cleanup: checkpoint_commit_log(dt, hwm, cleanup=cleanup))
+            checkpoint_if_due(
+                snapshot, version, lambda cleanup: checkpoint_commit_log(snapshot, marks, cleanup=cleanup)
+            )
+
+        background_checkpoints.submit(store.uri(table), write)
 
     def _forget(self) -> None:
         """Drop the handle and the marks: the next append loads both anew (after a failure that may

@@ -23,6 +23,7 @@ from __future__ import annotations
 from engine.store.delta.blind_appends import BlindAppends
 from engine.store.delta.commits import (
     NO_HOOKS,
+    background_checkpoints,
     backoff,
     checkpoint_if_due,
     commit_next,
@@ -101,6 +102,7 @@ __all__ = [
     "Snapshot",
     "StatsColumns",
     "app_transactions",
+    "background_checkpoints",
     "backoff",
     "checkpoint_if_due",
     "checkpoint_interval",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
 
 from engine.client.sending import (
@@ -135,6 +135,8 @@ class Producer(Closing):
         delay_level: int = 0,
         uniq_key: str | None = None,
         resend: bool = False,
+        born_ts_ms: int | None = None,
+        broker_properties: Mapping[str, str] | None = None,
     ) -> PreparedSend:
         """Check a message and choose its queue, writing nothing: the first half of a send.
 
@@ -147,6 +149,9 @@ class Producer(Closing):
                 ``SendResult.msg_id`` reports); None or empty: a new one.
             resend: a broker-side copy (a dead letter sent back), which may carry the reserved
                 properties :data:`~engine.protocol.names.RESEND_PROPERTIES`.
+            born_ts_ms: when the message was born (a wire client's ``bornTimestamp``); None: now.
+            broker_properties: reserved properties a door stores with the message, added after
+                the message's own were checked (a wire client's born host and flag).
 
         Returns:
             The send, for :meth:`append`, :meth:`append_batch`, :meth:`append_async` or
@@ -180,7 +185,7 @@ class Producer(Closing):
             qid = self._queues.next(topic.name, topic.queues)
         else:
             qid = self._choose_queue(topic.name, topic.queues, queue_id, sharding_key)
-        if plain and not delay_level:
+        if plain and not delay_level and not broker_properties:
             return PreparedSend(
                 PendingMessage(
                     topic.name,
@@ -188,14 +193,17 @@ class Producer(Closing):
                     message.body,
                     uniq_key or self._ids.next(),
                     message.tags,
-                    born_ts_ms=now_ms(),
+                    born_ts_ms=now_ms() if born_ts_ms is None else born_ts_ms,
                 )
             )
         props = dict(message.properties)
+        if broker_properties:
+            props.update(broker_properties)
         keys = tuple(message.keys)
         if keys:
             props[PROPERTY_KEYS] = " ".join(keys)
-        born = now_ms()
+        now = now_ms()
+        born = now if born_ts_ms is None else born_ts_ms
         uniq = uniq_key or self._ids.next()
         deliver_at = None
         if delay_level:  # a delay level wins over a timer (RocketMQ clears the timer properties)
@@ -204,7 +212,7 @@ class Producer(Closing):
             max_delay_ms = self._store.config.timer_max_delay_sec * 1000
             try:
                 deliver_at = timer_deliver_ms(
-                    props, message.deliver_at_ms, now_ms=born, max_delay_ms=max_delay_ms
+                    props, message.deliver_at_ms, now_ms=now, max_delay_ms=max_delay_ms
                 )
             except InvalidMessageError as exc:
                 raise InvalidMessageError(str(exc), topic=topic.name) from None
@@ -214,7 +222,7 @@ class Producer(Closing):
             )
         # Delayed and timer messages wait in the schedule topic; the schedule job re-puts them.
         envelope = schedule_envelope(
-            topic.name, qid, props, sent_ms=born, delay_level=delay_level, deliver_at_ms=deliver_at
+            topic.name, qid, props, sent_ms=now, delay_level=delay_level, deliver_at_ms=deliver_at
         )
         pending = PendingMessage(
             body=bytes(message.body),

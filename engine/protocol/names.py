@@ -51,6 +51,11 @@ PROPERTY_TIMER_DELIVER_MS = "TIMER_DELIVER_MS"
 PROPERTY_TIMER_DELAY_SEC = "TIMER_DELAY_SEC"
 PROPERTY_TIMER_DELAY_MS = "TIMER_DELAY_MS"
 PROPERTY_UNIQ_KEY = "UNIQ_KEY"
+# Where a door keeps what RocketMQ's stored layout holds outside the properties: the producer's
+# address ("ip:port", RocketMQ's own reserved name) and the message's int flag (``Message.flag``,
+# this engine's own name). Broker-owned: a client's values are dropped.
+PROPERTY_BORN_HOST = "__BORNHOST"
+PROPERTY_FLAG = "__FLAG"
 PROPERTY_SHARDING_KEY = "SHARDING_KEY"
 
 # Property names RocketMQ keeps for the system (MessageConst.STRING_HASH_SET): refused on user
@@ -108,7 +113,8 @@ RESERVED_PROPERTIES = frozenset(
         "TIMER_OUT_MS",
         "TIMER_DEL_UNIQKEY",
         "TIMER_DELAY_LEVEL",
-        "__BORNHOST",
+        PROPERTY_BORN_HOST,
+        PROPERTY_FLAG,
         "BORN_TIMESTAMP",
         "DLQ_ORIGIN_TOPIC",
         "DLQ_ORIGIN_MESSAGE_ID",

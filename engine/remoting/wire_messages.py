@@ -8,6 +8,7 @@ put back as the properties the client's decoder reads.
 
 from __future__ import annotations
 
+import ipaddress
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -16,7 +17,9 @@ from engine.errors import InvalidMessageError
 from engine.model import Message, MessageExt
 from engine.protocol.messages import MAX_BODY_BYTES
 from engine.protocol.names import (
+    PROPERTY_BORN_HOST,
     PROPERTY_DELAY,
+    PROPERTY_FLAG,
     PROPERTY_KEYS,
     PROPERTY_TAGS,
     PROPERTY_TRANSACTION_PREPARED,
@@ -40,6 +43,8 @@ class IncomingMessage:
     transactional: bool = False
     producer_group: str | None = None
     extra: Mapping[str, str] = field(default_factory=dict)
+    born_ts_ms: int | None = None  # the client's bornTimestamp (None: unknown, the broker's now)
+    broker_properties: Mapping[str, str] = field(default_factory=dict)  # born host, flag
 
 
 def inflate(body: bytes, sys_flag: int) -> bytes:
@@ -61,11 +66,21 @@ def inflate(body: bytes, sys_flag: int) -> bytes:
     return out
 
 
-def incoming(topic: str, body: bytes, properties: Mapping[str, str]) -> IncomingMessage:
+def incoming(
+    topic: str,
+    body: bytes,
+    properties: Mapping[str, str],
+    *,
+    born_host: tuple[str, int] | None = None,
+    flag: int = 0,
+    born_ts_ms: int = 0,
+) -> IncomingMessage:
     """Split a client's properties into the engine's message fields.
 
     System properties the broker owns are dropped (a client may not set them); a delay level that
-    is not a number is refused.
+    is not a number is refused. What RocketMQ's stored layout keeps outside the properties (the
+    producer's address ``born_host``, the message's ``flag``) is kept as broker-owned properties
+    (:func:`born_properties`), and a positive ``born_ts_ms`` as the message's birth.
 
     Raises:
         InvalidMessageError: a DELAY that is not an integer.
@@ -90,12 +105,52 @@ def incoming(topic: str, body: bytes, properties: Mapping[str, str]) -> Incoming
         transactional=transactional,
         producer_group=group,
         extra=dropped,
+        born_ts_ms=born_ts_ms if born_ts_ms > 0 else None,
+        broker_properties=born_properties(born_host, flag),
     )
 
 
+def _ipv4(host: str) -> bool:
+    try:
+        return isinstance(ipaddress.ip_address(host), ipaddress.IPv4Address)
+    except ValueError:
+        return False
+
+
+def born_properties(born_host: tuple[str, int] | None, flag: int) -> dict[str, str]:
+    """The broker-owned properties that keep a client message's born host (an IPv4 peer: the
+    stored layout has room for no other) and its flag (when not 0)."""
+    out: dict[str, str] = {}
+    if born_host is not None and _ipv4(born_host[0]):
+        out[PROPERTY_BORN_HOST] = f"{born_host[0]}:{born_host[1]}"
+    if flag:
+        out[PROPERTY_FLAG] = str(flag)
+    return out
+
+
+def born_host_of(properties: Mapping[str, str], default: tuple[str, int]) -> tuple[str, int]:
+    """The born host a stored message's properties keep, or ``default`` (a message a door did not
+    send: the Python API's, a broker re-put)."""
+    host, _, port = (properties.get(PROPERTY_BORN_HOST) or "").rpartition(":")
+    if not _ipv4(host) or not port.isdigit():
+        return default
+    return host, int(port)
+
+
+def flag_of(properties: Mapping[str, str]) -> int:
+    """The flag a stored message's properties keep (0: none, or not a 32-bit int)."""
+    text = properties.get(PROPERTY_FLAG, "0")
+    try:
+        value = int(text)
+    except ValueError:
+        return 0
+    return value if -(2**31) <= value < 2**31 else 0
+
+
 def outgoing_properties(m: MessageExt, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The properties a client reads: the stored ones plus TAGS, KEYS and UNIQ_KEY."""
-    props = dict(m.properties)
+    """The properties a client reads: the stored ones plus TAGS, KEYS and UNIQ_KEY (the born host
+    and flag travel in the layout's own fields)."""
+    props = {k: v for k, v in m.properties.items() if k != PROPERTY_BORN_HOST and k != PROPERTY_FLAG}
     if m.tags:
         props[PROPERTY_TAGS] = m.tags
     if m.keys and PROPERTY_KEYS not in props:
@@ -125,9 +180,10 @@ def to_wire(
         physical_offset=m.physical_offset,
         body=m.body,
         properties=outgoing_properties(m, extra),
+        flag=flag_of(m.properties),
         sys_flag=m.sys_flag if sys_flag is None else sys_flag,
         born_ts_ms=m.born_ts_ms,
-        born_host=store_host,
+        born_host=born_host_of(m.properties, store_host),
         store_ts_ms=m.store_ts_ms,
         store_host=store_host,
         reconsume_times=m.reconsume_times,

@@ -44,7 +44,12 @@ class WireProducer(Closing):
 
     def _prepare(self, item: IncomingMessage, queue_id: int, delay_level: int = 0) -> PreparedSend:
         return self._producer.prepare(
-            item.message, queue_id, delay_level=delay_level, uniq_key=item.uniq_key or None
+            item.message,
+            queue_id,
+            delay_level=delay_level,
+            uniq_key=item.uniq_key or None,
+            born_ts_ms=item.born_ts_ms,
+            broker_properties=item.broker_properties,
         )
 
     def send_wire_grouped(self, item: IncomingMessage, queue_id: int) -> Future[SendResult]:

@@ -191,6 +191,35 @@ def test_tag_and_sql92_subscriptions_filter_on_the_server(store: Store, broker: 
     )
 
 
+def test_a_message_keeps_its_flag_born_host_and_born_timestamp_as_the_client_sent_them(
+    store: Store, server: RemotingServer, broker: WireClient
+) -> None:
+    born = 1_700_000_000_123
+    assert broker.send("T", b"single", queue_id=1, flag=7, born_ts_ms=born).code == ResponseCode.SUCCESS
+    batch = [BatchItem(b"b0", {}, flag=-3), BatchItem(b"b1", {})]
+    assert broker.send_batch("T", batch, queue_id=1).code == ResponseCode.SUCCESS
+    response, messages = broker.pull("G", "T", 1, 0)
+    assert response.code == ResponseCode.SUCCESS
+    assert [(m.body, m.flag) for m in messages] == [(b"single", 7), (b"b0", -3), (b"b1", 0)]
+    assert {m.born_host for m in messages} == {broker.address}  # the producer, not the broker
+    assert messages[0].born_ts_ms == born
+    assert all("__BORNHOST" not in m.properties and "__FLAG" not in m.properties for m in messages)
+    # The Python API sees what the door kept, under the broker-owned names.
+    [first, *_] = PullConsumer(store, "py").pull("T", 1, 0).messages
+    assert first.properties["__FLAG"] == "7"
+    assert first.properties["__BORNHOST"] == "%s:%d" % broker.address
+    assert first.born_ts_ms == born
+
+
+def test_a_client_cannot_forge_the_broker_owned_born_host_or_flag(
+    server: RemotingServer, broker: WireClient
+) -> None:
+    forged = {"__BORNHOST": "10.9.8.7:1", "__FLAG": "99"}
+    assert broker.send("T", b"forged", queue_id=3, properties=forged).code == ResponseCode.SUCCESS
+    [message] = broker.pull("G", "T", 3, 0)[1]
+    assert (message.born_host, message.flag) == (broker.address, 0)
+
+
 def test_a_suspended_pull_is_woken_by_a_send(
     store: Store, server: RemotingServer, broker: WireClient
 ) -> None:

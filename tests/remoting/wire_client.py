@@ -112,6 +112,8 @@ class WireClient:
         v2: bool = True,
         group: str = "WireProducers",
         sys_flag: int = 0,
+        flag: int = 0,
+        born_ts_ms: int = 0,
     ) -> RemotingCommand:
         """SEND_MESSAGE_V2 (short field names) or SEND_MESSAGE."""
         fields = {
@@ -121,8 +123,8 @@ class WireClient:
             "defaultTopicQueueNums": 4,
             "queueId": queue_id,
             "sysFlag": sys_flag,
-            "bornTimestamp": 0,
-            "flag": 0,
+            "bornTimestamp": born_ts_ms,
+            "flag": flag,
             "properties": encode_properties(properties or {}),
             "reconsumeTimes": 0,
             "unitMode": "false",
@@ -190,6 +192,12 @@ class WireClient:
         }
         response = self.call(RequestCode.PULL_MESSAGE, fields, timeout=timeout)
         return response, decode_stored(response.body) if response.body else []
+
+    @property
+    def address(self) -> tuple[str, int]:
+        """This client's end of the connection (what the broker sees as the born host)."""
+        host, port = self.sock.getsockname()[:2]
+        return str(host), int(port)
 
     def close(self) -> None:
         """Close the connection."""

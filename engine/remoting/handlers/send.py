@@ -75,10 +75,18 @@ async def send_message(ctx: BrokerContext, conn: Connection, cmd: RemotingComman
             f"message body is {len(cmd.body)} bytes; at most {MAX_BODY_BYTES} are allowed"
         )
     conn.producer_groups.add(group)
+    peer = conn.writer.get_extra_info("peername")
+    born_host = (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) and len(peer) >= 2 else None
+    born_ts = header.int64("bornTimestamp", 0)
     if not is_retry_send(topic):
         await ctx.run(ensure_sent_topic, ctx, topic, header.int32("defaultTopicQueueNums", 4))
     if batch:
-        items = [incoming(topic, _checked(i.body), i.properties) for i in decode_batch(cmd.body)]
+        items = [
+            incoming(
+                topic, _checked(i.body), i.properties, born_host=born_host, flag=i.flag, born_ts_ms=born_ts
+            )
+            for i in decode_batch(cmd.body)
+        ]
         if not items:
             raise InvalidMessageError("a batch holds at least one message", topic=topic)
         results = await ctx.run(ctx.producer.send_wire_batch, items, queue_id)
@@ -88,11 +96,12 @@ async def send_message(ctx: BrokerContext, conn: Connection, cmd: RemotingComman
         return cmd.response(ResponseCode.SUCCESS, ext_fields=fields)
     body = inflate(cmd.body, sys_flag)
     _check_body(body)
-    item = incoming(topic, body, decode_properties(header.text("properties", "")))
+    properties = decode_properties(header.text("properties", ""))
+    flag = header.int32("flag", 0)
+    item = incoming(topic, body, properties, born_host=born_host, flag=flag, born_ts_ms=born_ts)
     if is_retry_send(topic):
         times, limit = header.int32("reconsumeTimes", 0), header.int32("maxReconsumeTimes", -1)
-        born = header.int64("bornTimestamp", 0)
-        args = (ctx.store, ctx.producer, topic, item, times, limit, born)
+        args = (ctx.store, ctx.producer, topic, item, times, limit, born_ts)
         return cmd.response(
             ResponseCode.SUCCESS, ext_fields=_result_fields(ctx, await ctx.run(send_retry, *args))
         )

@@ -30,7 +30,6 @@ T = TypeVar("T")
 # Java clients heartbeat every 30 s; RocketMQ's broker drops a silent channel after 120 s.
 WIRE_MEMBER_TIMEOUT_MS = 120_000
 BROKER_NAME = "lakemq-broker-a"
-CLUSTER_NAME = "lakemq"
 
 
 @dataclass(eq=False)

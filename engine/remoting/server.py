@@ -41,6 +41,7 @@ from engine.remoting.handlers import (
     offsets,
     pull,
     queries,
+    reply,
     send,
     transactions,
 )
@@ -52,6 +53,7 @@ _log = logging.getLogger(__name__)
 
 BROKER_HANDLERS: dict[int, Handler] = {
     **send.HANDLERS,
+    **reply.HANDLERS,
     **pull.HANDLERS,
     **offsets.HANDLERS,
     **clients.HANDLERS,

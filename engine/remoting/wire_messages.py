@@ -31,6 +31,15 @@ from engine.remoting.codes import MessageSysFlag
 from engine.remoting.message_layout import WireMessage
 
 PROPERTY_PRODUCER_GROUP = "PGROUP"
+# The one cluster this endpoint is; RocketMQ's broker stamps every message with its cluster, which a
+# request's responder names its reply topic after (``MessageUtil.createReplyMessage``).
+CLUSTER_NAME = "lakemq"
+PROPERTY_CLUSTER = "CLUSTER"
+REPLY_TOPIC = f"{CLUSTER_NAME}_REPLY_TOPIC"
+PROPERTY_REPLY_TO_CLIENT = "REPLY_TO_CLIENT"
+PROPERTY_PUSH_REPLY_TIME = "PUSH_REPLY_TIME"
+# Reserved names a client sets itself for request-reply (``DefaultMQProducer.request``): kept.
+REQUEST_REPLY_PROPERTIES = frozenset({"CORRELATION_ID", PROPERTY_REPLY_TO_CLIENT, "TTL", "MSG_TYPE"})
 
 
 @dataclass(frozen=True)
@@ -78,9 +87,11 @@ def incoming(
     """Split a client's properties into the engine's message fields.
 
     System properties the broker owns are dropped (a client may not set them); a delay level that
-    is not a number is refused. What RocketMQ's stored layout keeps outside the properties (the
-    producer's address ``born_host``, the message's ``flag``) is kept as broker-owned properties
-    (:func:`born_properties`), and a positive ``born_ts_ms`` as the message's birth.
+    is not a number is refused; those a request carries for its reply
+    (:data:`REQUEST_REPLY_PROPERTIES`) are kept. What RocketMQ's stored layout keeps outside the
+    properties (the producer's address ``born_host``, the message's ``flag``) is kept as
+    broker-owned properties (:func:`born_properties`), and a positive ``born_ts_ms`` as the
+    message's birth.
 
     Raises:
         InvalidMessageError: a DELAY that is not an integer.
@@ -97,7 +108,8 @@ def incoming(
     transactional = (props.pop(PROPERTY_TRANSACTION_PREPARED, "") or "").lower() == "true"
     group = props.pop(PROPERTY_PRODUCER_GROUP, None)
     user = {k: v for k, v in props.items() if k not in RESERVED_PROPERTIES or k in TIMER_REQUEST_PROPERTIES}
-    dropped = {k: v for k, v in props.items() if k not in user}
+    kept = {k: v for k, v in props.items() if k in REQUEST_REPLY_PROPERTIES}
+    dropped = {k: v for k, v in props.items() if k not in user and k not in kept}
     return IncomingMessage(
         Message(topic, body, tags=tags, keys=keys, properties=user),
         uniq_key=uniq,
@@ -106,7 +118,7 @@ def incoming(
         producer_group=group,
         extra=dropped,
         born_ts_ms=born_ts_ms if born_ts_ms > 0 else None,
-        broker_properties=born_properties(born_host, flag),
+        broker_properties={**kept, **born_properties(born_host, flag)},
     )
 
 
@@ -148,9 +160,10 @@ def flag_of(properties: Mapping[str, str]) -> int:
 
 
 def outgoing_properties(m: MessageExt, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The properties a client reads: the stored ones plus TAGS, KEYS and UNIQ_KEY (the born host
-    and flag travel in the layout's own fields)."""
+    """The properties a client reads: the stored ones plus TAGS, KEYS, UNIQ_KEY and CLUSTER (the born
+    host and flag travel in the layout's own fields)."""
     props = {k: v for k, v in m.properties.items() if k != PROPERTY_BORN_HOST and k != PROPERTY_FLAG}
+    props[PROPERTY_CLUSTER] = CLUSTER_NAME
     if m.tags:
         props[PROPERTY_TAGS] = m.tags
     if m.keys and PROPERTY_KEYS not in props:

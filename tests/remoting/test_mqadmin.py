@@ -31,8 +31,9 @@ from bench.lakemq_server import LakemqServer
 from engine import Admin, Message, Producer, PullConsumer, SendResult, Store
 from engine.client.admin_offsets import committed_offsets
 from engine.remoting.codes import RequestCode
-from engine.remoting.context import BROKER_NAME, CLUSTER_NAME
+from engine.remoting.context import BROKER_NAME
 from engine.remoting.message_layout import offset_msg_id
+from engine.remoting.wire_messages import CLUSTER_NAME
 from tests.remoting.wire_client import WireClient
 
 pytestmark = pytest.mark.slow

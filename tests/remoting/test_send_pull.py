@@ -207,7 +207,7 @@ def test_a_message_keeps_its_flag_born_host_and_born_timestamp_as_the_client_sen
     # The Python API sees what the door kept, under the broker-owned names.
     [first, *_] = PullConsumer(store, "py").pull("T", 1, 0).messages
     assert first.properties["__FLAG"] == "7"
-    assert first.properties["__BORNHOST"] == "%s:%d" % broker.address
+    assert first.properties["__BORNHOST"] == "{}:{}".format(*broker.address)
     assert first.born_ts_ms == born
 
 

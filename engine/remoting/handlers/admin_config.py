@@ -12,9 +12,10 @@ from engine.protocol.delays import DELAY_LEVELS_MS
 from engine.protocol.messages import MAX_BODY_BYTES
 from engine.protocol.permissions import DEFAULT_PERM
 from engine.remoting.codes import RequestCode, ResponseCode
-from engine.remoting.context import BROKER_NAME, CLUSTER_NAME, BrokerContext, Connection, Handler
+from engine.remoting.context import BROKER_NAME, BrokerContext, Connection, Handler
 from engine.remoting.frames import RemotingCommand
 from engine.remoting.headers import Header
+from engine.remoting.wire_messages import CLUSTER_NAME
 
 
 def broker_config(ctx: BrokerContext) -> dict[str, str]:

@@ -10,9 +10,10 @@ from engine.model import TopicConfig
 from engine.protocol.names import TRACE_TOPIC
 from engine.protocol.permissions import Perm
 from engine.remoting.codes import RequestCode, ResponseCode
-from engine.remoting.context import BROKER_NAME, CLUSTER_NAME, BrokerContext, Connection, Handler
+from engine.remoting.context import BROKER_NAME, BrokerContext, Connection, Handler
 from engine.remoting.frames import RemotingCommand
 from engine.remoting.headers import Header, json_bytes
+from engine.remoting.wire_messages import CLUSTER_NAME, REPLY_TOPIC
 
 DEFAULT_TOPIC = "TBW102"  # the template topic a producer asks for before its topic exists
 
@@ -54,7 +55,17 @@ def find_topic(ctx: BrokerContext, name: str) -> TopicConfig | None:
         return TopicConfig(DEFAULT_TOPIC, ctx.store.config.default_queues, TEMPLATE_PERM)
     if name == TRACE_TOPIC:  # a client with message trace on: RocketMQ's broker has it ready
         return Admin(ctx.store).ensure_system_topic(name)
+    if name == REPLY_TOPIC:
+        return ensure_reply_topic(ctx)
     return None
+
+
+def ensure_reply_topic(ctx: BrokerContext) -> TopicConfig:
+    """The topic a request's responder replies to (one queue), created if missing: RocketMQ's broker
+    has it ready, whatever its auto-creation setting."""
+    with contextlib.suppress(TopicExistsError):
+        Admin(ctx.store).create_topic(REPLY_TOPIC, queues=1)
+    return ctx.store.topic(REPLY_TOPIC)
 
 
 def ensure_sent_topic(ctx: BrokerContext, name: str, client_queues: int) -> None:

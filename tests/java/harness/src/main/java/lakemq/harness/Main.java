@@ -19,7 +19,7 @@ public final class Main {
 
     public static void main(String[] argv) throws Exception {
         if (argv.length == 0) {
-            System.err.println("usage: Main produce|transaction|push|lite|bench --option value ...");
+            System.err.println("usage: Main produce|transaction|push|lite|bench|reply --option value ...");
             System.exit(2);
         }
         int code;
@@ -31,6 +31,7 @@ public final class Main {
                 case "push" -> Consumers.push(args);
                 case "lite" -> Consumers.lite(args);
                 case "bench" -> Bench.run(args);
+                case "reply" -> Replies.run(args);
                 default -> throw new IllegalArgumentException("unknown scenario " + argv[0]);
             };
         } catch (IllegalArgumentException e) {

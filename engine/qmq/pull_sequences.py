@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from engine.client.offsets import ConsumeFrom, start_offset
+from engine.client.offsets import ConsumeFrom, offset_by_time, start_offset
 from engine.errors import CommitConflictError, TopicNotFoundError
 from engine.model import MessageExt
 from engine.protocol.actions import ACK, PULL, RESET
@@ -67,8 +67,14 @@ class QmqConsumer:
     """One QMQ consumer (group, consumer id): its action-log writer, its next pull sequence, and
     what each sequence it handed out stands for. Thread-safe (one pull or ack at a time)."""
 
-    def __init__(self, store: Store, group: str, consumer_id: str, index: QueueIndex) -> None:
+    def __init__(
+        self, store: Store, group: str, consumer_id: str, index: QueueIndex, since_ms: int | None = None
+    ) -> None:
         self.store = store
+        # QMQ's rule for a group new to a subject: it starts at the latest message. A queue the
+        # group never leased from starts at the first message stored at or after ``since_ms`` (when
+        # the door first saw the group on the subject); None: at the first message (retry subjects).
+        self.since_ms = since_ms
         self.group = group
         self.consumer_id = consumer_id
         self.writer = ActionLogWriter(store, group, consumer_id)
@@ -176,9 +182,39 @@ class QmqConsumer:
         committed = OffsetStore(self.store, self.group).read().get((topic, queue_id))
         if committed is not None:
             return committed
-        return start_offset(
-            self.index, topic, queue_id, ConsumeFrom.FIRST, timestamp_ms=0, store=self.store, pop=True
-        )
+        if self.since_ms is None:
+            return start_offset(
+                self.index, topic, queue_id, ConsumeFrom.FIRST, timestamp_ms=0, store=self.store, pop=True
+            )
+        return offset_by_time(self.index, topic, queue_id, self.since_ms)
+
+    def fix_start(self, topic: str) -> int:
+        """Record where the group starts in every queue of ``topic`` it never leased from (a
+        ``RESET`` row and its lease frontier; see ``since_ms``), so that the start survives a
+        restart of the door. Returns the number of queues fixed (0: a missing topic).
+
+        Raises:
+            StoreError: the store failed.
+        """
+        config = self.store.topic_configs(refresh=True).get(topic)
+        if config is None:
+            return 0
+        fixed = 0
+        with self.lock:
+            self.index.refresh()
+            for queue_id in range(config.queues):
+                for _ in range(LEASE_ATTEMPTS):
+                    if self.writer.frontier(topic, queue_id, refresh=True) >= 0:
+                        break
+                    start = max(self._first_offset(topic, queue_id), self.index.bounds(topic, queue_id)[0])
+                    row = self.writer.row(RESET, topic, queue_id, start, ts=now_ms())
+                    try:
+                        self.writer.commit_lease([row], topic, queue_id, start)
+                    except CommitConflictError:
+                        continue
+                    fixed += 1
+                    break
+        return fixed
 
     def _lease(
         self, topic: str, queue_id: int, size: int, keep: Callable[[MessageExt], bool] | None

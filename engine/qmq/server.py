@@ -133,6 +133,7 @@ class QmqServer:
         self._ids = UniqKeyGenerator()
         self.index = QueueIndex(store)
         self._consumers: dict[tuple[str, str, str], QmqConsumer] = {}
+        self._group_since: dict[tuple[str, str], int] = {}  # when the door first saw a group on a subject
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(8, thread_name_prefix="mq-qmq")
         self._pull_executor = ThreadPoolExecutor(64, thread_name_prefix="mq-qmq-pull")
@@ -198,15 +199,34 @@ class QmqServer:
         return f"http://{self.advertised_host}:{self.http_port}/meta/address"
 
     def consumer(self, subject: str, group: str, consumer_id: str) -> QmqConsumer:
-        """The door's state of one QMQ consumer of ``subject`` (made on first use)."""
+        """The door's state of one QMQ consumer of ``subject`` (made on first use).
+
+        A group new to a subject starts at the latest message, as QMQ's broker starts it
+        (``ConsumeQueueManager.getOrCreate``): it gets what is stored from the door's first sight
+        of the group on the subject (its first registration or pull) on, in the queues it never
+        leased from. A retry subject is read from its first message."""
         key = (subject, group, consumer_id)
         with self._lock:
             found = self._consumers.get(key)
             if found is None:
+                since = (
+                    None
+                    if is_system_topic(subject)
+                    else self._group_since.setdefault((subject, group), now_ms())
+                )
                 found = self._consumers[key] = QmqConsumer(
-                    self.store, group, pull_log_consumer_id(subject, consumer_id), self.index
+                    self.store, group, pull_log_consumer_id(subject, consumer_id), self.index, since
                 )
             return found
+
+    def subscribe(self, subject: str, group: str, consumer_id: str) -> int:
+        """A consumer's registration: the group's start in each queue of ``subject`` it never read
+        is fixed now (see :meth:`consumer`); returns the number of queues fixed.
+
+        Raises:
+            StoreError: the store failed.
+        """
+        return self.consumer(subject, group, consumer_id).fix_start(subject)
 
     async def _call(self, fn: Callable[..., T], *args: object, pull: bool = False) -> T:
         loop = asyncio.get_running_loop()
@@ -360,12 +380,23 @@ class QmqServer:
         except ValueError:
             client_type = codec.ClientType.OTHER
         now = now_ms()
+        subscribing = (
+            client_type == codec.ClientType.CONSUMER
+            and bool(group and client_id)
+            and is_valid_topic_name(subject)
+            and not is_system_topic(subject)
+        )
+        if subscribing:  # the group's start (before the client can learn it is registered)
+            with self._lock:
+                self._group_since.setdefault((subject, group), now)
         key = (client_type, subject, group, client_id)
         state = self.clients.get(key)
         if state is None:
             state = self.clients[key] = ClientState(client_type, subject, group, client_id, True, now)
         state.last_heartbeat_ms = now
         state.online = True
+        if subscribing:
+            await self._call(self.subscribe, subject, group, client_id)
         body = codec.encode_meta_response(
             now,
             subject,

@@ -688,7 +688,7 @@ ADMIN_CASES = [
         "create-topic-too-long", lambda e: e.admin.create_topic(LONG_NAME), InvalidTopicError, "at most 127"
     ),
     Case(
-        "create-topic-illegal", lambda e: e.admin.create_topic("a.b"), InvalidTopicError, "characters outside"
+        "create-topic-illegal", lambda e: e.admin.create_topic("a/b"), InvalidTopicError, "characters outside"
     ),
     Case("create-topic-int", lambda e: e.admin.create_topic(5), InvalidTopicError, "non-empty string"),
     Case(

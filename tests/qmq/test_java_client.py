@@ -50,6 +50,11 @@ def offsets(rows: list[dict[str, object]], consumer_suffix: str) -> set[tuple[in
     return out
 
 
+def wait_subscribed(server: QmqServer, subject: str, group: str) -> None:
+    """Wait until a consumer of the group registered (a new group starts at the latest message)."""
+    wait_until(lambda: bool(server.consumers_of(subject, group)), f"a consumer of {group} registered")
+
+
 def test_a_java_producer_and_consumer_account_for_every_message(
     store: Store, classpath: str, tmp_path: Path
 ) -> None:
@@ -68,6 +73,7 @@ def test_a_java_producer_and_consumer_account_for_every_message(
             timeout_ms=120_000,
         )
         consumer.wait_for("ready")
+        wait_subscribed(server, "qmq_orders", "billing")
         produced = start_qmq_scenario(
             classpath, tmp_path / "producer", "produce", meta=meta, subject="qmq_orders", count=count
         ).finish(300)
@@ -111,6 +117,7 @@ def test_a_consumer_restarted_with_its_id_gets_its_unacked_messages_at_once(
     count = 5
     with QmqServer(store, http_port=0, meta_port=0, broker_port=0) as server:
         meta = server.meta_server_url
+        server.subscribe("qmq_restart", "billing", "worker-1")  # as worker-1's registration does
         produced = start_qmq_scenario(
             classpath, tmp_path / "producer", "produce", meta=meta, subject="qmq_restart", count=count
         ).finish(300)
@@ -142,6 +149,7 @@ def test_a_listener_that_throws_gets_the_message_again_through_the_retry_subject
     count = 4
     with QmqServer(store, http_port=0, meta_port=0, broker_port=0) as server:
         meta = server.meta_server_url
+        server.subscribe("qmq_retry", "billing", "worker-1")  # as worker-1's registration does
         produced = start_qmq_scenario(
             classpath, tmp_path / "producer", "produce", meta=meta, subject="qmq_retry", count=count
         ).finish(300)
@@ -153,6 +161,7 @@ def test_a_listener_that_throws_gets_the_message_again_through_the_retry_subject
             subject="qmq_retry",
             group="billing",
             count=count,
+            client_id="worker-1",
             fail_times=1,
             timeout_ms=120_000,
         ).finish(300)
@@ -176,10 +185,13 @@ def test_a_python_sent_message_reaches_a_qmq_consumer_with_its_properties(
     store: Store, classpath: str, tmp_path: Path
 ) -> None:
     Admin(store).create_topic("qmq_from_python", 1)
-    with Producer(store) as producer:
-        for i in range(3):
-            producer.send(Message("qmq_from_python", f"body-{i}".encode(), properties={"payload": f"py-{i}"}))
     with QmqServer(store, http_port=0, meta_port=0, broker_port=0) as server:
+        server.subscribe("qmq_from_python", "billing", "worker-1")  # as worker-1's registration does
+        with Producer(store) as producer:
+            for i in range(3):
+                producer.send(
+                    Message("qmq_from_python", f"body-{i}".encode(), properties={"payload": f"py-{i}"})
+                )
         consumed = start_qmq_scenario(
             classpath,
             tmp_path / "consumer",
@@ -187,6 +199,7 @@ def test_a_python_sent_message_reaches_a_qmq_consumer_with_its_properties(
             meta=server.meta_server_url,
             subject="qmq_from_python",
             group="billing",
+            client_id="worker-1",
             count=3,
             timeout_ms=120_000,
         ).finish(300)
@@ -213,6 +226,7 @@ def test_a_delayed_message_waits_in_the_schedule_topic_and_then_reaches_the_cons
                 timeout_ms=120_000,
             )
             consumer.wait_for("ready")
+            wait_subscribed(server, "qmq_delayed", "billing")
             produced = start_qmq_scenario(
                 classpath,
                 tmp_path / "producer",
@@ -268,11 +282,11 @@ def test_the_readme_qmq_example_compiles_and_runs_against_the_door(
     assert sorted(line for line in lines if line.startswith("received")) == [
         f"received order-{i}" for i in range(3)
     ]
-    messages = PullConsumer(store, "python-reader").pull("order_changed", 0, 0).messages
+    messages = PullConsumer(store, "python-reader").pull("order.changed", 0, 0).messages
     messages += [
         m
         for q in range(1, 4)
-        for m in PullConsumer(store, "python-reader").pull("order_changed", q, 0).messages
+        for m in PullConsumer(store, "python-reader").pull("order.changed", q, 0).messages
     ]
     assert sorted(attributes(m)["orderNo"] for m in messages) == [f"order-{i}" for i in range(3)]
 
@@ -302,6 +316,7 @@ def test_two_consumers_of_a_group_share_a_subject_each_message_to_one_of_them(
         ]  # fmt: skip
         for consumer in consumers:
             consumer.wait_for("ready")
+        wait_subscribed(server, "qmq_shared", "billing")
         produced = start_qmq_scenario(
             classpath, tmp_path / "producer", "produce", meta=meta, subject="qmq_shared", count=count
         ).finish(300)
@@ -340,6 +355,7 @@ def test_a_message_that_always_fails_is_dead_lettered_after_32_deliveries(
             count=1, fail_times=1000, stop_file=stop, timeout_ms=240_000,
         )  # fmt: skip
         consumer.wait_for("ready")
+        wait_subscribed(server, "qmq_dead", "billing")
         produced = start_qmq_scenario(
             classpath, tmp_path / "producer", "produce", meta=meta, subject="qmq_dead", count=1
         ).finish(300)
@@ -350,3 +366,29 @@ def test_a_message_that_always_fails_is_dead_lettered_after_32_deliveries(
     assert dead_letters() == [sent]
     # QMQ's client counts deliveries in ``times``: past maxRetryNum (32) a nack goes to the dead subject.
     assert [(e["attempt"], e["times"]) for e in run.of("received")] == [(t, t) for t in range(1, 33)]
+
+
+def test_a_subject_and_a_group_with_dots_work_end_to_end(
+    store: Store, classpath: str, tmp_path: Path
+) -> None:
+    count = 5
+    with QmqServer(store, http_port=0, meta_port=0, broker_port=0) as server:
+        meta = server.meta_server_url
+        consumer = start_qmq_scenario(
+            classpath, tmp_path / "consumer", "consume", meta=meta, subject="order.changed",
+            group="billing.v2", count=count, timeout_ms=120_000,
+        )  # fmt: skip
+        consumer.wait_for("ready")
+        wait_subscribed(server, "order.changed", "billing.v2")
+        produced = start_qmq_scenario(
+            classpath, tmp_path / "producer", "produce", meta=meta, subject="order.changed", count=count
+        ).finish(300)
+        consumed = consumer.finish(300)
+    assert produced.done()["sent"] == count
+    assert consumed.done()["complete"]
+    assert {e["id"] for e in consumed.of("received")} == {e["id"] for e in produced.of("sent")}
+    assert {e["subject"] for e in consumed.of("received")} == {"order.changed"}
+    pulled = offsets(read_actions(store, "billing.v2", PULL), "@order.changed")
+    assert (
+        len(pulled) == count and offsets(read_actions(store, "billing.v2", ACK), "@order.changed") == pulled
+    )

@@ -91,6 +91,7 @@ def test_pulls_are_numbered_as_the_pull_log_and_acks_map_back_to_queue_offsets(
     server: QmqServer, store: Store
 ) -> None:
     Admin(store).create_topic("orders", 2)
+    register(server.meta_address, codec.ClientType.CONSUMER, "orders", "g1", "c1")
     send(server, [qmq_message("orders", i) for i in range(6)])
     handed: dict[int, str] = {}
     with QmqWire(server.broker_address) as wire:
@@ -131,6 +132,7 @@ def test_a_restarted_door_continues_a_consumers_sequences(store: Store) -> None:
     Admin(store).create_topic("orders", 1)
     for round_ in range(2):
         with QmqServer(store, http_port=0, meta_port=0, broker_port=0) as server:
+            register(server.meta_address, codec.ClientType.CONSUMER, "orders", "g1", "c1")
             send(server, [qmq_message("orders", 10 * round_ + i) for i in range(2)])
             with QmqWire(server.broker_address) as wire:
                 answer = pull(wire, "orders", "g1", "c1", 5, last=2 * round_ - 1)
@@ -142,6 +144,7 @@ def test_a_restarted_door_continues_a_consumers_sequences(store: Store) -> None:
 
 def test_a_long_poll_answers_when_a_message_arrives(server: QmqServer, store: Store) -> None:
     Admin(store).create_topic("orders", 1)
+    register(server.meta_address, codec.ClientType.CONSUMER, "orders", "g1", "c1")
     with QmqWire(server.broker_address) as waiting:
         request = PullRequest("orders", "g1", "c1", 5, -1, -1, -1, 20_000, False)
         waiting.send_raw(
@@ -227,6 +230,7 @@ def test_a_consumer_that_restarts_gets_its_unacked_messages_again_under_the_same
 ) -> None:
     Admin(store).create_topic("orders", 1)
     with QmqServer(store, http_port=0, meta_port=0, broker_port=0) as server:
+        register(server.meta_address, codec.ClientType.CONSUMER, "orders", "g1", "c1")
         send(server, [qmq_message("orders", i) for i in range(4)])
         with QmqWire(server.broker_address) as wire:
             assert pull_after(wire, "c1", -1) == (0, ["id-0", "id-1", "id-2", "id-3"])
@@ -256,6 +260,8 @@ def test_tag_filters_hand_out_only_matching_messages_and_ack_the_rest_without_a_
 ) -> None:
     Admin(store).create_topic("orders", 1)
     tagged = [("a",), ("a", "b"), (), ("b",), ("a", "b", "c")]
+    for group in ("g1", "g2"):
+        register(server.meta_address, codec.ClientType.CONSUMER, "orders", group, "c1")
     send(
         server,
         [
@@ -294,8 +300,8 @@ def test_a_consumer_silent_for_3_minutes_goes_offline_and_its_unacked_go_to_retr
     server: QmqServer, store: Store
 ) -> None:
     Admin(store).create_topic("orders", 1)
-    send(server, [qmq_message("orders", i) for i in range(3)])
     register(server.meta_address, codec.ClientType.CONSUMER, "orders", "g1", "c1")
+    send(server, [qmq_message("orders", i) for i in range(3)])
     with QmqWire(server.broker_address) as wire:
         assert pull_after(wire, "c1", -1)[1] == ["id-0", "id-1", "id-2"]
         wire.request(
@@ -322,6 +328,7 @@ def test_the_message_trace_shows_the_pull_sequence_a_qmq_consumer_was_handed(
     server: QmqServer, store: Store
 ) -> None:
     Admin(store).create_topic("orders", 1)
+    register(server.meta_address, codec.ClientType.CONSUMER, "orders", "g1", "c1")
     send(server, [qmq_message("orders", i) for i in range(2)])
     with QmqWire(server.broker_address) as wire:
         assert pull_after(wire, "c1", -1)[1] == ["id-0", "id-1"]
@@ -334,3 +341,54 @@ def test_the_message_trace_shows_the_pull_sequence_a_qmq_consumer_was_handed(
     assert [(e.group, e.consumer_id, e.detail) for e in logged] == [
         ("g1", pull_log_consumer_id("orders", "c1"), "pull sequence 1")
     ]
+
+
+def pulled_ids(wire: QmqWire, subject: str, group: str, consumer: str, rounds: int = 4) -> list[str]:
+    """Every message id a consumer is handed in ``rounds`` pulls (the queues are leased in turn)."""
+    ids: list[str] = []
+    last = -1
+    for _ in range(rounds):
+        answer = pull(wire, subject, group, consumer, 10, last=last)
+        if answer.code == codec.Code.SUCCESS:
+            first, messages = codec.decode_pulled(answer.body)
+            ids += [m.message_id for m in messages]
+            last = first + len(messages) - 1
+    return sorted(ids)
+
+
+def test_a_new_group_starts_at_the_latest_message_from_its_registration_or_first_pull(
+    server: QmqServer, store: Store
+) -> None:
+    Admin(store).create_topic("orders", 2)
+    send(server, [qmq_message("orders", i) for i in range(4)])  # before any group
+    register(server.meta_address, codec.ClientType.CONSUMER, "orders", "registered", "c1")
+    with QmqWire(server.broker_address) as wire:
+        assert pulled_ids(wire, "orders", "pulled-first", "c1") == []  # its first pull: nothing yet
+        send(server, [qmq_message("orders", i) for i in range(4, 7)])
+        assert pulled_ids(wire, "orders", "registered", "c1") == ["id-4", "id-5", "id-6"]
+        assert pulled_ids(wire, "orders", "pulled-first", "c1") == ["id-4", "id-5", "id-6"]
+        # A group first seen now gets nothing of what was stored before.
+        assert pulled_ids(wire, "orders", "late", "c1") == []
+
+
+def test_a_registered_groups_start_survives_a_restart_of_the_door(store: Store) -> None:
+    Admin(store).create_topic("orders", 2)
+    with QmqServer(store, http_port=0, meta_port=0, broker_port=0) as server:
+        send(server, [qmq_message("orders", 0)])
+        register(server.meta_address, codec.ClientType.CONSUMER, "orders", "g1", "c1")
+    with QmqServer(store, http_port=0, meta_port=0, broker_port=0) as server:
+        send(server, [qmq_message("orders", 1)])  # stored while the group's consumer was away
+        with QmqWire(server.broker_address) as wire:
+            assert pulled_ids(wire, "orders", "g1", "c1") == ["id-1"]
+
+
+def test_subjects_and_groups_with_dots_are_sent_pulled_and_acked(server: QmqServer, store: Store) -> None:
+    register(server.meta_address, codec.ClientType.CONSUMER, "order.changed", "billing.v2", "c1")
+    assert send(server, [qmq_message("order.changed", 0)]) == [("id-0", codec.ProducerCode.SUCCESS, "")]
+    with QmqWire(server.broker_address) as wire:
+        answer = pull(wire, "order.changed", "billing.v2", "c1", 5)
+        first, messages = codec.decode_pulled(answer.body)
+        assert (first, [(m.subject, m.message_id) for m in messages]) == (0, [("order.changed", "id-0")])
+        ack = AckRequest("order.changed", "billing.v2", "c1", 0, 0, 0)
+        assert wire.request(codec.Code.ACK_REQUEST, codec.encode_ack_request(ack)).code == codec.Code.SUCCESS
+    assert [r["queue_offset"] for r in read_actions(store, "billing.v2", ACK)] == [0]

@@ -33,12 +33,21 @@ from engine.errors import InvalidArgumentError, MQError, RemotingProtocolError, 
 from engine.model import MessageExt
 from engine.protocol.message_ids import UniqKeyGenerator
 from engine.protocol.names import is_system_topic, is_valid_topic_name
-from engine.protocol.qmq import qmq_retry_subject, qmq_tags_match
+from engine.protocol.qmq import (
+    QMQ_GROUP_ATTRIBUTE,
+    QMQ_RETRY_DELAY_MS,
+    qmq_delayed_retry_subject,
+    qmq_retry_due_ms,
+    qmq_retry_subject,
+    qmq_tags_match,
+)
+from engine.protocol.rebalance import MessageQueue
+from engine.protocol.schedule import schedule_envelope
 from engine.protocol.topics import system_topic_config
 from engine.qmq import codec
 from engine.qmq.codec import Code, Frame, ProducerCode
 from engine.qmq.messages import from_store, message_tags, to_store
-from engine.qmq.pull_sequences import QmqConsumer
+from engine.qmq.pull_sequences import LEASE_MS, QmqConsumer
 from engine.remoting.framing import LoopThread, read_frames
 from engine.store.commit_log import PendingMessage
 from engine.store.consume_queue import QueueIndex
@@ -96,6 +105,9 @@ class QmqServer:
             config ``auto_create_topics``).
         max_frame_bytes: frames longer than this close the connection.
         idle_timeout_s: a connection silent this long is closed.
+        retry_delay_ms: a nack (a send to a retry subject) reaches its consumers this long after it
+            was sent, through the schedule topic (QMQ's broker: 5 s); 0: at once.
+        lease_ms: a message handed out and not acked is handed on after this long (QMQ: 180 s).
 
     Raises:
         InvalidArgumentError: a port outside 0..65535.
@@ -114,6 +126,8 @@ class QmqServer:
         max_frame_bytes: int = codec.DEFAULT_MAX_FRAME_BYTES,
         idle_timeout_s: float = 120.0,
         frame_timeout_s: float = 30.0,
+        retry_delay_ms: int = QMQ_RETRY_DELAY_MS,
+        lease_ms: int = LEASE_MS,
     ) -> None:
         for name, port in (("http_port", http_port), ("meta_port", meta_port), ("broker_port", broker_port)):
             if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
@@ -128,6 +142,8 @@ class QmqServer:
         self.max_frame_bytes = max_frame_bytes
         self.idle_timeout_s = idle_timeout_s
         self.frame_timeout_s = frame_timeout_s
+        self.retry_delay_ms = retry_delay_ms
+        self.lease_ms = lease_ms
         self.clients: dict[tuple[int, str, str, str], ClientState] = {}
         self.producer = Producer(store, "QMQ_WIRE", linger_ms=0)
         self._ids = UniqKeyGenerator()
@@ -487,17 +503,23 @@ class QmqServer:
         Raises:
             MQError: a subject the store cannot take (bad name, missing with auto-creation off, ...).
         """
-        if not is_system_topic(message.subject):
+        group = message.attributes().get(QMQ_GROUP_ATTRIBUTE) if message.is_delay else None
+        retry = qmq_delayed_retry_subject(message.subject, message.is_delay, group)
+        if retry is not None and not is_valid_topic_name(retry):
+            retry = None  # a group the store cannot name: stored where it was sent
+        if retry is None and not is_system_topic(message.subject):
             self._ensure_topic(message.subject)
             return self.producer.prepare(to_store(message))
-        # A consumer's send-back to its retry subject (``%RETRY%<subject>%<group>``): a broker-owned
-        # topic, which producers may not write; stored as the retry job stores its re-puts, at once
-        # (QMQ retries a nack immediately).
-        if self.store.topic_configs(refresh=True).get(message.subject) is None:
-            self.store.put_topic(system_topic_config(message.subject, now_ms()))
+        # A consumer's send-back to its retry subject (``%RETRY%<subject>%<group>``; a nack, or a
+        # delayed retry: see qmq_delayed_retry_subject) or dead subject: a broker-owned topic, which
+        # producers may not write; stored as the retry job stores its re-puts. A delayed retry waits
+        # in the schedule topic until its time, a nack for ``retry_delay_ms``.
+        subject = retry or message.subject
+        now = now_ms()
+        due = message.expire_ms if retry is not None else qmq_retry_due_ms(subject, now, self.retry_delay_ms)
         plain = to_store(message)
         pending = PendingMessage(
-            topic=message.subject,
+            topic=subject,
             queue_id=0,
             body=plain.body,
             uniq_key=self._ids.next(),
@@ -505,7 +527,15 @@ class QmqServer:
             properties=dict(plain.properties),
             born_ts_ms=message.created_ms,
         )
-        return PreparedSend(pending)
+        destination = None
+        if due is not None and due > now:
+            envelope = schedule_envelope(subject, 0, pending.properties, sent_ms=now, deliver_at_ms=due)
+            pending = pending._replace(**envelope._asdict())
+            destination = MessageQueue(subject, 0)
+        known = self.store.topic_configs(refresh=True)
+        for name in sorted({subject, pending.topic} - set(known)):
+            self.store.put_topic(system_topic_config(name, now_ms()))
+        return PreparedSend(pending, destination)
 
     def _store_one(self, message: codec.QmqMessage) -> None:
         self.producer.append(self._prepare(message))

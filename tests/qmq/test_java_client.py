@@ -147,7 +147,7 @@ def test_a_listener_that_throws_gets_the_message_again_through_the_retry_subject
 ) -> None:
     Admin(store).create_topic("qmq_retry", 2)
     count = 4
-    with QmqServer(store, http_port=0, meta_port=0, broker_port=0) as server:
+    with QmqServer(store, http_port=0, meta_port=0, broker_port=0, retry_delay_ms=0) as server:
         meta = server.meta_server_url
         server.subscribe("qmq_retry", "billing", "worker-1")  # as worker-1's registration does
         produced = start_qmq_scenario(
@@ -348,7 +348,7 @@ def test_a_message_that_always_fails_is_dead_lettered_after_32_deliveries(
             return []
         return [m.keys[0] for m in PullConsumer(store, "reader").pull(dead, 0, 0).messages]
 
-    with QmqServer(store, http_port=0, meta_port=0, broker_port=0) as server:
+    with QmqServer(store, http_port=0, meta_port=0, broker_port=0, retry_delay_ms=0) as server:
         meta = server.meta_server_url
         consumer = start_qmq_scenario(
             classpath, tmp_path / "consumer", "consume", meta=meta, subject="qmq_dead", group="billing",
@@ -392,3 +392,59 @@ def test_a_subject_and_a_group_with_dots_work_end_to_end(
     assert (
         len(pulled) == count and offsets(read_actions(store, "billing.v2", ACK), "@order.changed") == pulled
     )
+
+
+def retried_through_the_schedule(
+    store: Store, classpath: str, tmp_path: Path, subject: str, **opts: object
+) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
+    """One message, whose first delivery fails as ``opts`` say, consumed by group billing with the
+    schedule job running: (the consumer's received events, the commit-log rows of the message)."""
+    Admin(store).create_topic(subject, 1)
+    loop = BrokerLoop(store).start()  # the schedule job (``mq serve`` runs it in-process)
+    try:
+        with QmqServer(store, http_port=0, meta_port=0, broker_port=0, retry_delay_ms=1000) as server:
+            meta = server.meta_server_url
+            consumer = start_qmq_scenario(
+                classpath, tmp_path / "consumer", "consume", meta=meta, subject=subject, group="billing",
+                count=1, fail_times=1, timeout_ms=120_000, **opts,
+            )  # fmt: skip
+            consumer.wait_for("ready")
+            wait_subscribed(server, subject, "billing")
+            produced = start_qmq_scenario(
+                classpath, tmp_path / "producer", "produce", meta=meta, subject=subject, count=1
+            ).finish(300)
+            consumed = consumer.finish(300)
+    finally:
+        loop.stop(30)
+    assert produced.done()["sent"] == 1 and consumed.done()["complete"]
+    (sent,) = [e["id"] for e in produced.of("sent")]
+    log = store.read(schemas.COMMIT_LOG, columns=["topic", "keys", "properties", "store_ts_ms"]).to_pylist()
+    return consumed.of("received"), [row for row in log if sent in row["keys"]]
+
+
+def test_a_listeners_need_retry_exception_waits_its_delay_then_comes_through_the_retry_subject(
+    store: Store, classpath: str, tmp_path: Path
+) -> None:
+    received, rows = retried_through_the_schedule(
+        store, classpath, tmp_path, "qmq_later", retry_after_ms=3000
+    )
+    first, second = received
+    assert (first["attempt"], second["attempt"], second["times"]) == (1, 2, 2)
+    assert int(second["at"]) >= int(first["at"]) + 3000  # type: ignore[call-overload]
+    retry = qmq_retry_subject("qmq_later", "billing")
+    # The client's delayed send-back waited in the schedule topic, then landed in the retry subject.
+    assert sorted(row["topic"] for row in rows) == sorted(["qmq_later", SCHEDULE_TOPIC, retry])
+    (waiting,) = [row for row in rows if row["topic"] == SCHEDULE_TOPIC]
+    assert dict(waiting["properties"])["REAL_TOPIC"] == retry
+
+
+def test_a_nack_waits_the_retry_delay_in_the_schedule_before_the_retry_subject(
+    store: Store, classpath: str, tmp_path: Path
+) -> None:
+    received, rows = retried_through_the_schedule(store, classpath, tmp_path, "qmq_nack")
+    assert [e["attempt"] for e in received] == [1, 2]
+    retry = qmq_retry_subject("qmq_nack", "billing")
+    assert sorted(row["topic"] for row in rows) == sorted(["qmq_nack", SCHEDULE_TOPIC, retry])
+    (landed,) = [row for row in rows if row["topic"] == retry]
+    (waiting,) = [row for row in rows if row["topic"] == SCHEDULE_TOPIC]
+    assert landed["store_ts_ms"] >= int(dict(waiting["properties"])["TIMER_DELIVER_MS"])

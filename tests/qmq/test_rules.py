@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import pytest
 
-from engine.protocol.qmq import TAG_AND, TAG_OR, qmq_dead_subject, qmq_retry_subject, qmq_tags_match
+from engine.protocol.qmq import (
+    TAG_AND,
+    TAG_OR,
+    qmq_dead_subject,
+    qmq_delayed_retry_subject,
+    qmq_retry_due_ms,
+    qmq_retry_subject,
+    qmq_tags_match,
+)
 
 
 def test_retry_and_dead_subjects_are_named_as_qmq_names_them() -> None:
@@ -28,3 +36,27 @@ def test_tag_filters_keep_what_or_and_and_ask_for(
     kind: int, wanted: set[str], tags: set[str], passes: bool
 ) -> None:
     assert qmq_tags_match(kind, wanted, tags) is passes
+
+
+@pytest.mark.parametrize(
+    ("subject", "delayed", "group", "goes_to"),
+    [
+        ("orders", True, "g1", "%RETRY%orders%g1"),  # a listener's NeedRetryException(next)
+        ("orders", True, None, None),  # a producer's delayed message
+        ("orders", True, "", None),
+        ("orders", False, "g1", None),  # not delayed: stored where it was sent
+        ("%RETRY%orders%g1", True, "g1", None),
+        ("%DEAD_RETRY%orders%g1", True, "g1", None),
+    ],
+)
+def test_a_delayed_message_carrying_its_group_is_that_groups_delayed_retry(
+    subject: str, delayed: bool, group: str | None, goes_to: str | None
+) -> None:
+    assert qmq_delayed_retry_subject(subject, delayed, group) == goes_to
+
+
+def test_a_nack_is_due_the_retry_delay_after_it_was_stored_anything_else_at_once() -> None:
+    assert qmq_retry_due_ms("%RETRY%orders%g1", 1_000, 5_000) == 6_000
+    assert qmq_retry_due_ms("%RETRY%orders%g1", 1_000, 0) is None
+    assert qmq_retry_due_ms("orders", 1_000, 5_000) is None
+    assert qmq_retry_due_ms("%DEAD_RETRY%orders%g1", 1_000, 5_000) is None

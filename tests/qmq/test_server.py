@@ -20,7 +20,8 @@ from engine import Admin, PullConsumer, Store
 from engine.broker.pull_log import build_pull_log
 from engine.client.trace import TraceKind, trace_message
 from engine.protocol.actions import ACK, PULL
-from engine.protocol.qmq import qmq_retry_subject
+from engine.protocol.names import PROPERTY_REAL_TOPIC, PROPERTY_TIMER_DELIVER_MS, SCHEDULE_TOPIC
+from engine.protocol.qmq import QMQ_GROUP_ATTRIBUTE, qmq_retry_subject
 from engine.qmq import QmqServer, codec
 from engine.qmq.codec import AckRequest, PullRequest, QmqMessage, Reader, TagFilter
 from engine.qmq.messages import attributes
@@ -300,6 +301,7 @@ def test_a_consumer_silent_for_3_minutes_goes_offline_and_its_unacked_go_to_retr
     server: QmqServer, store: Store
 ) -> None:
     Admin(store).create_topic("orders", 1)
+    server.retry_delay_ms = 0  # the copies reach the retry subject at once
     register(server.meta_address, codec.ClientType.CONSUMER, "orders", "g1", "c1")
     send(server, [qmq_message("orders", i) for i in range(3)])
     with QmqWire(server.broker_address) as wire:
@@ -392,3 +394,42 @@ def test_subjects_and_groups_with_dots_are_sent_pulled_and_acked(server: QmqServ
         ack = AckRequest("order.changed", "billing.v2", "c1", 0, 0, 0)
         assert wire.request(codec.Code.ACK_REQUEST, codec.encode_ack_request(ack)).code == codec.Code.SUCCESS
     assert [r["queue_offset"] for r in read_actions(store, "billing.v2", ACK)] == [0]
+
+
+def stored_rows(store: Store, key: str) -> list[dict[str, object]]:
+    log = store.read(schemas.COMMIT_LOG, columns=["topic", "queue_id", "keys", "properties"]).to_pylist()
+    return [dict(row, properties=dict(row["properties"])) for row in log if key in row["keys"]]
+
+
+def test_a_consumers_delayed_retry_waits_in_the_schedule_bound_for_its_groups_retry_subject(
+    server: QmqServer, store: Store
+) -> None:
+    Admin(store).create_topic("orders", 1)
+    # What QMQ's client sends for a listener's NeedRetryException(next): the message on its real
+    # subject, delayed to ``next``, carrying the group that pulled it.
+    attrs = codec.encode_attrs({"payload": "p", QMQ_GROUP_ATTRIBUTE: "g1", "qmq_times": "2"})
+    due = 4_000_000_000_000
+    again = QmqMessage("orders", "id-9", 1, due, flag=codec.MESSAGE_FLAG_DELAY, attrs=attrs)
+    assert send(server, [again]) == [("id-9", codec.ProducerCode.SUCCESS, "")]
+    (row,) = stored_rows(store, "id-9")
+    assert row["topic"] == SCHEDULE_TOPIC
+    props = row["properties"]
+    assert isinstance(props, dict)
+    assert props[PROPERTY_REAL_TOPIC] == qmq_retry_subject("orders", "g1")
+    assert props[PROPERTY_TIMER_DELIVER_MS] == str(due)
+    assert PullConsumer(store, "reader").pull("orders", 0, 0).messages == []  # not on the subject
+
+
+def test_a_nack_reaches_the_retry_subject_after_the_retry_delay_through_the_schedule(
+    server: QmqServer, store: Store
+) -> None:
+    retry = qmq_retry_subject("orders", "g1")
+    assert send(server, [qmq_message(retry, 1)]) == [("id-1", codec.ProducerCode.SUCCESS, "")]
+    (row,) = stored_rows(store, "id-1")
+    props = row["properties"]
+    assert isinstance(props, dict)
+    assert (row["topic"], props[PROPERTY_REAL_TOPIC]) == (SCHEDULE_TOPIC, retry)
+    assert int(props[PROPERTY_TIMER_DELIVER_MS]) >= 5_000  # QMQ's broker: 5 s after it was stored
+    server.retry_delay_ms = 0
+    send(server, [qmq_message(retry, 2)])
+    assert [r["topic"] for r in stored_rows(store, "id-2")] == [retry]  # at once

@@ -68,9 +68,19 @@ class QmqConsumer:
     what each sequence it handed out stands for. Thread-safe (one pull or ack at a time)."""
 
     def __init__(
-        self, store: Store, group: str, consumer_id: str, index: QueueIndex, since_ms: int | None = None
+        self,
+        store: Store,
+        group: str,
+        consumer_id: str,
+        index: QueueIndex,
+        since_ms: int | None = None,
+        lease_ms: int = LEASE_MS,
     ) -> None:
         self.store = store
+        self.lease_ms = lease_ms
+        # When it last pulled or acked: QMQ's broker renews a subscriber on both
+        # (``SubscriberStatusChecker.heartbeat``) and hands on what it holds once it is silent.
+        self.last_active_ms = now_ms()
         # QMQ's rule for a group new to a subject: it starts at the latest message. A queue the
         # group never leased from starts at the first message stored at or after ``since_ms`` (when
         # the door first saw the group on the subject); None: at the first message (retry subjects).
@@ -126,6 +136,7 @@ class QmqConsumer:
             StoreError: the store failed.
         """
         with self.lock:
+            self.last_active_ms = max(self.last_active_ms, now_ms())
             handed = self._load()
             again = self._unacked_after(handed, consumer_last, max(1, max_messages))
             if again:
@@ -238,7 +249,7 @@ class QmqConsumer:
             end = int(entries["queue_offset"][-1].as_py()) + 1
             found, _ = self.index.select(entries, MessageSelector.by_tag("*"))
             messages = {int(r["physical_offset"]): MessageExt.from_row(r) for r in found.to_pylist()}
-            deadline = ts + LEASE_MS
+            deadline = ts + self.lease_ms
             out: list[tuple[Pulled, MessageExt]] = []
             sequence = self.next_sequence
             for offset, physical in zip(
@@ -279,6 +290,7 @@ class QmqConsumer:
         with self.lock:
             handed = self._load()
             ts = now_ms()
+            self.last_active_ms = max(self.last_active_ms, ts)
             acked = 0
             for seq in range(begin, last + 1):
                 pulled = handed.pop(seq, None)

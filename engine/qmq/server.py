@@ -231,7 +231,12 @@ class QmqServer:
                     else self._group_since.setdefault((subject, group), now_ms())
                 )
                 found = self._consumers[key] = QmqConsumer(
-                    self.store, group, pull_log_consumer_id(subject, consumer_id), self.index, since
+                    self.store,
+                    group,
+                    pull_log_consumer_id(subject, consumer_id),
+                    self.index,
+                    since,
+                    lease_ms=self.lease_ms,
                 )
             return found
 
@@ -460,7 +465,30 @@ class QmqServer:
                 self._to_retry(consumer, state.subject, state.group)
             state.online = False
             gone.append(state)
+        self.hand_on(now)
         return gone
+
+    def hand_on(self, now: int | None = None) -> list[tuple[str, str, str]]:
+        """Hand on what consumers hold unacked once they have neither pulled nor acked for
+        ``lease_ms``, registered or not: each such message goes to the group's retry subject and is
+        acked where it was, as QMQ's broker does for a subscriber silent 3 minutes (its
+        ``RetryTask``). A consumer that keeps pulling keeps what it holds (QMQ's broker never takes
+        it from an online subscriber; a restarted client gets it again through ``pullOffsetLast``).
+        Returns the (subject, group, consumer id) handed on from now. Runs in :meth:`sweep`.
+
+        Raises:
+            StoreError: the store failed (what was not handed over stays for the next sweep).
+        """
+        now = now_ms() if now is None else now
+        with self._lock:
+            consumers = list(self._consumers.items())
+        handed: list[tuple[str, str, str]] = []
+        for (subject, group, consumer_id), consumer in consumers:
+            if now - consumer.last_active_ms <= self.lease_ms or not consumer.unacked():
+                continue
+            self._to_retry(consumer, subject, group)
+            handed.append((subject, group, consumer_id))
+        return handed
 
     def _to_retry(self, consumer: QmqConsumer, subject: str, group: str) -> None:
         """Copy a consumer's unacked messages to the group's retry subject, then ack them."""

@@ -433,3 +433,42 @@ def test_a_nack_reaches_the_retry_subject_after_the_retry_delay_through_the_sche
     server.retry_delay_ms = 0
     send(server, [qmq_message(retry, 2)])
     assert [r["topic"] for r in stored_rows(store, "id-2")] == [retry]  # at once
+
+
+def test_what_a_consumer_holds_is_handed_on_once_it_neither_pulls_nor_acks_for_its_lease(
+    store: Store,
+) -> None:
+    Admin(store).create_topic("orders", 1)
+    lease = 60_000  # QMQ's is 180 s; the test names its own and passes the clock to hand_on
+    with (
+        QmqServer(store, http_port=0, meta_port=0, broker_port=0, lease_ms=lease, retry_delay_ms=0) as server,
+        QmqWire(server.broker_address) as wire,
+    ):
+        register(server.meta_address, codec.ClientType.CONSUMER, "orders", "g1", "c1")
+        send(server, [qmq_message("orders", i) for i in range(3)])
+        assert pull_after(wire, "c1", -1) == (0, ["id-0", "id-1", "id-2"])
+        wire.request(
+            codec.Code.ACK_REQUEST, codec.encode_ack_request(AckRequest("orders", "g1", "c1", 0, 0, 0))
+        )
+        consumer = server.consumer("orders", "g1", "c1")
+        active = consumer.last_active_ms
+        assert server.hand_on(active + lease) == []  # within its lease: still c1's
+        assert pull_after(wire, "c1", 2) == (-1, [])  # it pulls on: its lease runs from this pull
+        assert consumer.last_active_ms >= active
+        active = consumer.last_active_ms
+        assert server.hand_on(active + lease) == []
+        assert server.hand_on(active + lease + 1) == [("orders", "g1", "c1")]
+        retry = qmq_retry_subject("orders", "g1")
+        assert sorted(m.keys[0] for m in PullConsumer(store, "reader").pull(retry, 0, 0).messages) == [
+            "id-1",
+            "id-2",
+        ]
+        (state,) = server.consumers_of("orders", "g1")
+        assert state.online  # handed on though still registered
+        assert pull_after(wire, "c1", -1) == (-1, [])  # nothing comes again, even after a restart
+        assert server.hand_on(active + 2 * lease) == []  # handed on once
+    # The PULL rows' deadlines are the lease too.
+    rows = [
+        r for r in read_actions(store, "g1", PULL) if r["consumer_id"] == pull_log_consumer_id("orders", "c1")
+    ]
+    assert {r["deadline_ms"] - r["ts_ms"] for r in rows} == {lease}

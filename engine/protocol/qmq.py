@@ -3,7 +3,11 @@ delayed retry goes, tag filters."""
 
 from __future__ import annotations
 
+import re
+import zlib
 from collections.abc import Collection
+
+from engine.protocol.names import MAX_GROUP_LENGTH
 
 QMQ_RETRY_PREFIX = "%RETRY%"
 QMQ_DEAD_PREFIX = "%DEAD_RETRY%"
@@ -56,3 +60,17 @@ def qmq_retry_due_ms(subject: str, stored_ms: int, retry_delay_ms: int) -> int |
     if retry_delay_ms <= 0 or not subject.startswith(QMQ_RETRY_PREFIX):
         return None
     return stored_ms + retry_delay_ms
+
+
+_NOT_IN_NAMES = re.compile(r"[^%|a-zA-Z0-9_.-]")
+
+
+def qmq_store_group(group: str) -> str:
+    """The store's name of a QMQ consumer group: the group itself when the store can name it; else
+    (a broadcast consumer's group is its client id, ``<hostname>@@<md5>`` by default:
+    ``MessageConsumerProvider.addListener``) each character the store does not allow as ``_``,
+    then ``-`` and the CRC-32 of the group in hex, so that two such groups stay two. Pure."""
+    if not group or (len(group) <= MAX_GROUP_LENGTH and not _NOT_IN_NAMES.search(group)):
+        return group
+    tail = f"-{zlib.crc32(group.encode()):08x}"
+    return _NOT_IN_NAMES.sub("_", group)[: MAX_GROUP_LENGTH - len(tail)] + tail

@@ -78,6 +78,10 @@ class QmqConsumer:
     ) -> None:
         self.store = store
         self.lease_ms = lease_ms
+        # A broadcast consumer (QMQ's ``isBroadcast``; its group is its own): what it is handed is
+        # acked in the same commit, as QMQ's broker ignores a broadcast consumer's acks and never
+        # hands its messages on.
+        self.broadcast = False
         # When it last pulled or acked: QMQ's broker renews a subscriber on both
         # (``SubscriberStatusChecker.heartbeat``) and hands on what it holds once it is silent.
         self.last_active_ms = now_ms()
@@ -153,7 +157,8 @@ class QmqConsumer:
                 got = self._lease(topic, queue_id, max(1, max_messages), keep)
                 if got:
                     for pulled, _ in got:
-                        handed[pulled.sequence] = pulled
+                        if not self.broadcast:
+                            handed[pulled.sequence] = pulled
                     return got[0][0].sequence, got
             return self.next_sequence, []
 
@@ -266,6 +271,8 @@ class QmqConsumer:
                         PULL, topic, queue_id, offset, physical_offset=physical, deadline_ms=deadline, ts=ts
                     )
                 )
+                if self.broadcast:
+                    rows.append(writer.row(ACK, topic, queue_id, offset, physical_offset=physical, ts=ts))
                 out.append((Pulled(sequence, topic, queue_id, offset, deadline), message))
                 sequence += 1
             try:

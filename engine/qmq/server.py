@@ -39,6 +39,7 @@ from engine.protocol.qmq import (
     qmq_delayed_retry_subject,
     qmq_retry_due_ms,
     qmq_retry_subject,
+    qmq_store_group,
     qmq_tags_match,
 )
 from engine.protocol.rebalance import MessageQueue
@@ -394,7 +395,7 @@ class QmqServer:
     async def _client_register(self, frame: Frame) -> Frame:
         attrs = codec.read_string_map(frame.body)
         subject = attrs.get("subject", "")
-        group = attrs.get("consumerGroup", "")
+        group = qmq_store_group(attrs.get("consumerGroup", ""))
         client_id = attrs.get("clientId", "")
         try:
             client_type = int(attrs.get("clientTypeCode", codec.ClientType.OTHER))
@@ -617,7 +618,9 @@ class QmqServer:
         request = codec.decode_pull_request(frame.body, frame.version)
         if not request.consumer_id or not request.group or not is_valid_topic_name(request.subject):
             return frame.response(Code.NO_MESSAGE)
-        consumer = self.consumer(request.subject, request.group, request.consumer_id)
+        # A broadcast consumer's group is its client id: every one gets every message.
+        consumer = self.consumer(request.subject, qmq_store_group(request.group), request.consumer_id)
+        consumer.broadcast = request.broadcast
         keep = tag_filter(request.filters)
         wait_ms = min(max(request.timeout_ms, 0), MAX_PULL_WAIT_MS)
         loop = asyncio.get_running_loop()
@@ -643,6 +646,8 @@ class QmqServer:
         request = codec.decode_ack_request(frame.body)
         if request.pull_offset_begin < 0 or not request.consumer_id or not request.group:
             return frame.response(Code.SUCCESS)  # the client's empty ack (a keep-alive)
-        consumer = self.consumer(request.subject, request.group, request.consumer_id)
+        if request.broadcast == 1:
+            return frame.response(Code.SUCCESS)  # acked when handed out (QMQ ignores these acks)
+        consumer = self.consumer(request.subject, qmq_store_group(request.group), request.consumer_id)
         await self._call(consumer.ack, request.pull_offset_begin, request.pull_offset_last)
         return frame.response(Code.SUCCESS)

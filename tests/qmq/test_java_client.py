@@ -22,7 +22,7 @@ from engine import Admin, Message, Producer, PullConsumer, Store
 from engine.broker.loop import BrokerLoop
 from engine.protocol.actions import ACK, PULL
 from engine.protocol.names import SCHEDULE_TOPIC
-from engine.protocol.qmq import qmq_dead_subject, qmq_retry_subject
+from engine.protocol.qmq import qmq_dead_subject, qmq_retry_subject, qmq_store_group
 from engine.qmq import QmqServer, codec
 from engine.qmq.messages import P_EXPIRE, attributes
 from engine.store import schemas
@@ -448,3 +448,34 @@ def test_a_nack_waits_the_retry_delay_in_the_schedule_before_the_retry_subject(
     (landed,) = [row for row in rows if row["topic"] == retry]
     (waiting,) = [row for row in rows if row["topic"] == SCHEDULE_TOPIC]
     assert landed["store_ts_ms"] >= int(dict(waiting["properties"])["TIMER_DELIVER_MS"])
+
+
+def test_broadcast_consumers_each_receive_every_message(store: Store, classpath: str, tmp_path: Path) -> None:
+    Admin(store).create_topic("qmq_broadcast", 2)
+    count = 10
+    names = ("box-1@@a1", "box-2@@a1")  # a broadcast consumer's group is its client id
+    with QmqServer(store, http_port=0, meta_port=0, broker_port=0) as server:
+        meta = server.meta_server_url
+        consumers = [
+            start_qmq_scenario(
+                classpath, tmp_path / f"consumer-{i}", "consume", meta=meta, subject="qmq_broadcast",
+                group="billing", broadcast="true", client_id=name, count=count, timeout_ms=120_000,
+            )
+            for i, name in enumerate(names)
+        ]  # fmt: skip
+        for consumer, name in zip(consumers, names, strict=True):
+            consumer.wait_for("ready")
+            wait_subscribed(server, "qmq_broadcast", qmq_store_group(name))
+        produced = start_qmq_scenario(
+            classpath, tmp_path / "producer", "produce", meta=meta, subject="qmq_broadcast", count=count
+        ).finish(300)
+        runs = [c.finish(300) for c in consumers]
+    sent = {e["id"] for e in produced.of("sent")}
+    assert len(sent) == count
+    for run in runs:
+        assert run.done()["complete"]
+        assert {e["id"] for e in run.of("received")} == sent  # every message, to each of them
+    for name in names:
+        group = qmq_store_group(name)
+        pulled = offsets(read_actions(store, group, PULL), "@qmq_broadcast")
+        assert len(pulled) == count and offsets(read_actions(store, group, ACK), "@qmq_broadcast") == pulled

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from engine.protocol.names import validate_group_name
 from engine.protocol.qmq import (
     TAG_AND,
     TAG_OR,
@@ -11,6 +12,7 @@ from engine.protocol.qmq import (
     qmq_delayed_retry_subject,
     qmq_retry_due_ms,
     qmq_retry_subject,
+    qmq_store_group,
     qmq_tags_match,
 )
 
@@ -60,3 +62,19 @@ def test_a_nack_is_due_the_retry_delay_after_it_was_stored_anything_else_at_once
     assert qmq_retry_due_ms("%RETRY%orders%g1", 1_000, 0) is None
     assert qmq_retry_due_ms("orders", 1_000, 5_000) is None
     assert qmq_retry_due_ms("%DEAD_RETRY%orders%g1", 1_000, 5_000) is None
+
+
+def test_a_group_the_store_can_name_is_its_own_store_group() -> None:
+    assert qmq_store_group("billing.v2") == "billing.v2"
+    assert qmq_store_group("") == ""
+
+
+def test_a_broadcast_consumers_client_id_gets_a_storable_group_of_its_own() -> None:
+    one, other = qmq_store_group("host-1@@0a1b"), qmq_store_group("host-1@@0a1c")
+    assert one.startswith("host-1__0a1b-") and other.startswith("host-1__0a1c-")
+    assert qmq_store_group("host-1__0a1b") != one  # the CRC keeps a replaced name apart
+    assert qmq_store_group("a@b") != qmq_store_group("a:b")
+    long_id = "h" * 300 + "@@x"
+    for group in (one, other, qmq_store_group(long_id)):
+        assert validate_group_name(group) == group
+    assert qmq_store_group("host-1@@0a1b") == one  # the same every time

@@ -21,7 +21,7 @@ from engine.broker.pull_log import build_pull_log
 from engine.client.trace import TraceKind, trace_message
 from engine.protocol.actions import ACK, PULL
 from engine.protocol.names import PROPERTY_REAL_TOPIC, PROPERTY_TIMER_DELIVER_MS, SCHEDULE_TOPIC
-from engine.protocol.qmq import QMQ_GROUP_ATTRIBUTE, qmq_retry_subject
+from engine.protocol.qmq import QMQ_GROUP_ATTRIBUTE, qmq_retry_subject, qmq_store_group
 from engine.qmq import QmqServer, codec
 from engine.qmq.codec import AckRequest, PullRequest, QmqMessage, Reader, TagFilter
 from engine.qmq.messages import attributes
@@ -29,6 +29,7 @@ from engine.qmq.pull_sequences import pulled_offsets
 from engine.qmq.server import FORGOTTEN_AFTER_MS, OFFLINE_AFTER_MS, pull_log_consumer_id
 from engine.store import schemas
 from engine.store.action_log import read_actions
+from engine.store.store import now_ms
 from tests.qmq.qmq_client import QmqWire, locate, register
 
 
@@ -472,3 +473,41 @@ def test_what_a_consumer_holds_is_handed_on_once_it_neither_pulls_nor_acks_for_i
         r for r in read_actions(store, "g1", PULL) if r["consumer_id"] == pull_log_consumer_id("orders", "c1")
     ]
     assert {r["deadline_ms"] - r["ts_ms"] for r in rows} == {lease}
+
+
+def test_broadcast_consumers_each_get_every_message_once_acked_as_handed_out(
+    server: QmqServer, store: Store
+) -> None:
+    Admin(store).create_topic("orders", 1)
+    ids = ["box-1@@9f0e", "box-2@@9f0e"]  # a broadcast consumer's group is its client id
+    for client_id in ids:
+        register(server.meta_address, codec.ClientType.CONSUMER, "orders", client_id, client_id)
+    send(server, [qmq_message("orders", i) for i in range(3)])
+
+    def broadcast_pull(wire: QmqWire, client_id: str, last: int) -> tuple[int, list[str]]:
+        request = PullRequest("orders", client_id, client_id, 10, -1, -1, last, 0, True)
+        answer = wire.request(codec.Code.PULL_MESSAGE, codec.encode_pull_request(request))
+        if answer.code == codec.Code.NO_MESSAGE:
+            return -1, []
+        first, messages = codec.decode_pulled(answer.body)
+        return first, [m.message_id for m in messages]
+
+    with QmqWire(server.broker_address) as wire:
+        for client_id in ids:
+            assert broadcast_pull(wire, client_id, -1) == (0, ["id-0", "id-1", "id-2"])
+            # Its acks are not needed (QMQ's broker ignores them), and nothing comes again: not
+            # on its next pull, not after a restart.
+            ack = AckRequest("orders", client_id, client_id, 0, 2, 1)
+            assert (
+                wire.request(codec.Code.ACK_REQUEST, codec.encode_ack_request(ack)).code == codec.Code.SUCCESS
+            )
+            assert broadcast_pull(wire, client_id, 2) == (-1, [])
+            assert broadcast_pull(wire, client_id, -1) == (-1, [])
+    for client_id in ids:
+        group = qmq_store_group(client_id)
+        consumer = pull_log_consumer_id("orders", client_id)
+        handed = pulled_offsets(read_actions(store, group, PULL), consumer)
+        acked = pulled_offsets([{**r, "action": PULL} for r in read_actions(store, group, ACK)], consumer)
+        assert [o for _, _, o, _ in handed] == [0, 1, 2]
+        assert sorted(o for _, _, o, _ in acked) == [0, 1, 2]
+    assert server.hand_on(now_ms() + OFFLINE_AFTER_MS + 1) == []  # nothing held, nothing handed on

@@ -74,3 +74,14 @@ def qmq_store_group(group: str) -> str:
         return group
     tail = f"-{zlib.crc32(group.encode()):08x}"
     return _NOT_IN_NAMES.sub("_", group)[: MAX_GROUP_LENGTH - len(tail)] + tail
+
+
+def qmq_store_subject(subject: str) -> str:
+    """The store's name of a QMQ subject: a retry or dead subject's group part under its
+    :func:`qmq_store_group` name (a broadcast consumer's retry subject ends in its client id), any
+    other subject as it is. Pure."""
+    for prefix in (QMQ_RETRY_PREFIX, QMQ_DEAD_PREFIX):
+        if subject.startswith(prefix) and "%" in subject[len(prefix) :]:
+            real, group = subject[len(prefix) :].rsplit("%", 1)
+            return f"{prefix}{real}%{qmq_store_group(group)}"
+    return subject

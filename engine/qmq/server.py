@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import threading
@@ -40,6 +41,7 @@ from engine.protocol.qmq import (
     qmq_retry_due_ms,
     qmq_retry_subject,
     qmq_store_group,
+    qmq_store_subject,
     qmq_tags_match,
 )
 from engine.protocol.rebalance import MessageQueue
@@ -533,7 +535,7 @@ class QmqServer:
             MQError: a subject the store cannot take (bad name, missing with auto-creation off, ...).
         """
         group = message.attributes().get(QMQ_GROUP_ATTRIBUTE) if message.is_delay else None
-        retry = qmq_delayed_retry_subject(message.subject, message.is_delay, group)
+        retry = qmq_delayed_retry_subject(message.subject, message.is_delay, qmq_store_group(group or ""))
         if retry is not None and not is_valid_topic_name(retry):
             retry = None  # a group the store cannot name: stored where it was sent
         if retry is None and not is_system_topic(message.subject):
@@ -587,6 +589,9 @@ class QmqServer:
         except RemotingProtocolError as exc:
             _log.info("unreadable SEND_MESSAGE: %s", exc)
             return frame.response(Code.BROKER_ERROR)
+        # A send-back to a broadcast consumer's retry subject names its client id: stored under the
+        # store's name for it (qmq_store_subject), as its pulls of that subject read it.
+        messages = [dataclasses.replace(m, subject=qmq_store_subject(m.subject)) for m in messages]
         storable = [m for m in messages if is_valid_topic_name(m.subject)]
         prepared = dict(zip(map(id, storable), await self._call(self._prepare_all, storable), strict=True))
         pending = {
@@ -616,10 +621,11 @@ class QmqServer:
 
     async def _pull(self, frame: Frame) -> Frame:
         request = codec.decode_pull_request(frame.body, frame.version)
-        if not request.consumer_id or not request.group or not is_valid_topic_name(request.subject):
+        subject = qmq_store_subject(request.subject)
+        if not request.consumer_id or not request.group or not is_valid_topic_name(subject):
             return frame.response(Code.NO_MESSAGE)
         # A broadcast consumer's group is its client id: every one gets every message.
-        consumer = self.consumer(request.subject, qmq_store_group(request.group), request.consumer_id)
+        consumer = self.consumer(subject, qmq_store_group(request.group), request.consumer_id)
         consumer.broadcast = request.broadcast
         keep = tag_filter(request.filters)
         wait_ms = min(max(request.timeout_ms, 0), MAX_PULL_WAIT_MS)
@@ -627,7 +633,7 @@ class QmqServer:
         deadline = loop.time() + wait_ms / 1000
         while True:
             first, got = await self._call(
-                consumer.pull, request.subject, request.request_num, request.pull_offset_last, keep, pull=True
+                consumer.pull, subject, request.request_num, request.pull_offset_last, keep, pull=True
             )
             if got:
                 body = codec.encode_pulled(first, [from_store(m, request.subject) for _, m in got])
@@ -648,6 +654,8 @@ class QmqServer:
             return frame.response(Code.SUCCESS)  # the client's empty ack (a keep-alive)
         if request.broadcast == 1:
             return frame.response(Code.SUCCESS)  # acked when handed out (QMQ ignores these acks)
-        consumer = self.consumer(request.subject, qmq_store_group(request.group), request.consumer_id)
+        consumer = self.consumer(
+            qmq_store_subject(request.subject), qmq_store_group(request.group), request.consumer_id
+        )
         await self._call(consumer.ack, request.pull_offset_begin, request.pull_offset_last)
         return frame.response(Code.SUCCESS)

@@ -479,3 +479,29 @@ def test_broadcast_consumers_each_receive_every_message(store: Store, classpath:
         group = qmq_store_group(name)
         pulled = offsets(read_actions(store, group, PULL), "@qmq_broadcast")
         assert len(pulled) == count and offsets(read_actions(store, group, ACK), "@qmq_broadcast") == pulled
+
+
+def test_a_broadcast_consumers_failed_message_comes_again_through_its_own_retry_subject(
+    store: Store, classpath: str, tmp_path: Path
+) -> None:
+    Admin(store).create_topic("qmq_broadcast_retry", 1)
+    name = "box-1@@a1"
+    with QmqServer(store, http_port=0, meta_port=0, broker_port=0, retry_delay_ms=0) as server:
+        meta = server.meta_server_url
+        consumer = start_qmq_scenario(
+            classpath, tmp_path / "consumer", "consume", meta=meta, subject="qmq_broadcast_retry",
+            group="billing", broadcast="true", client_id=name, count=2, fail_times=1, timeout_ms=120_000,
+        )  # fmt: skip
+        consumer.wait_for("ready")
+        wait_subscribed(server, "qmq_broadcast_retry", qmq_store_group(name))
+        produced = start_qmq_scenario(
+            classpath, tmp_path / "producer", "produce", meta=meta, subject="qmq_broadcast_retry", count=2
+        ).finish(300)
+        run = consumer.finish(300)
+    sent = {e["id"] for e in produced.of("sent")}
+    assert run.done()["complete"]
+    assert sorted((e["id"], e["attempt"]) for e in run.of("received")) == sorted(
+        (i, a) for i in sent for a in (1, 2)
+    )
+    retry = qmq_retry_subject("qmq_broadcast_retry", qmq_store_group(name))
+    assert sorted(m.keys[0] for m in PullConsumer(store, "reader").pull(retry, 0, 0).messages) == sorted(sent)

@@ -13,6 +13,7 @@ from engine.protocol.qmq import (
     qmq_retry_due_ms,
     qmq_retry_subject,
     qmq_store_group,
+    qmq_store_subject,
     qmq_tags_match,
 )
 
@@ -78,3 +79,11 @@ def test_a_broadcast_consumers_client_id_gets_a_storable_group_of_its_own() -> N
     for group in (one, other, qmq_store_group(long_id)):
         assert validate_group_name(group) == group
     assert qmq_store_group("host-1@@0a1b") == one  # the same every time
+
+
+def test_a_retry_subjects_group_part_is_stored_under_its_store_group_name() -> None:
+    group = qmq_store_group("box@@a1")
+    assert qmq_store_subject("%RETRY%order.changed%box@@a1") == f"%RETRY%order.changed%{group}"
+    assert qmq_store_subject("%DEAD_RETRY%orders%box@@a1") == f"%DEAD_RETRY%orders%{group}"
+    for subject in ("%RETRY%orders%billing", "orders", "a@b", "%RETRY%nogroup"):
+        assert qmq_store_subject(subject) == subject

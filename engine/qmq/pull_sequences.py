@@ -82,6 +82,7 @@ class QmqConsumer:
         # acked in the same commit, as QMQ's broker ignores a broadcast consumer's acks and never
         # hands its messages on.
         self.broadcast = False
+        self._started: set[str] = set()  # topics whose every queue has the group's start fixed
         # When it last pulled or acked: QMQ's broker renews a subscriber on both
         # (``SubscriberStatusChecker.heartbeat``) and hands on what it holds once it is silent.
         self.last_active_ms = now_ms()
@@ -207,20 +208,25 @@ class QmqConsumer:
     def fix_start(self, topic: str) -> int:
         """Record where the group starts in every queue of ``topic`` it never leased from (a
         ``RESET`` row and its lease frontier; see ``since_ms``), so that the start survives a
-        restart of the door. Returns the number of queues fixed (0: a missing topic).
+        restart of the door. Returns the number of queues fixed (0: a missing topic, or every queue
+        had its start already; a topic found so is not read again by this consumer).
 
         Raises:
             StoreError: the store failed.
         """
+        if topic in self._started:
+            return 0
         config = self.store.topic_configs(refresh=True).get(topic)
         if config is None:
             return 0
         fixed = 0
         with self.lock:
+            started = 0
             self.index.refresh()
             for queue_id in range(config.queues):
                 for _ in range(LEASE_ATTEMPTS):
                     if self.writer.frontier(topic, queue_id, refresh=True) >= 0:
+                        started += 1
                         break
                     start = max(self._first_offset(topic, queue_id), self.index.bounds(topic, queue_id)[0])
                     row = self.writer.row(RESET, topic, queue_id, start, ts=now_ms())
@@ -229,7 +235,10 @@ class QmqConsumer:
                     except CommitConflictError:
                         continue
                     fixed += 1
+                    started += 1
                     break
+            if started == config.queues:
+                self._started.add(topic)
         return fixed
 
     def _lease(

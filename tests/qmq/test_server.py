@@ -379,6 +379,11 @@ def test_a_registered_groups_start_survives_a_restart_of_the_door(store: Store) 
     with QmqServer(store, http_port=0, meta_port=0, broker_port=0) as server:
         send(server, [qmq_message("orders", 0)])
         register(server.meta_address, codec.ClientType.CONSUMER, "orders", "g1", "c1")
+        # Registered again (QMQ's clients re-register as their heartbeat): nothing more is written.
+        version = store.version(schemas.ACTION_LOG)
+        register(server.meta_address, codec.ClientType.CONSUMER, "orders", "g1", "c1")
+        assert server.subscribe("orders", "g1", "c2") == 0  # another consumer of the group: started
+        assert store.version(schemas.ACTION_LOG) == version
     with QmqServer(store, http_port=0, meta_port=0, broker_port=0) as server:
         send(server, [qmq_message("orders", 1)])  # stored while the group's consumer was away
         with QmqWire(server.broker_address) as wire:

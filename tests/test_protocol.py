@@ -18,6 +18,7 @@ from engine.protocol import (
     select_queue_by_hash,
     tags_code,
     uniq_key_time_ms,
+    validate_group_name,
     validate_message_fields,
     validate_topic_name,
 )
@@ -41,12 +42,26 @@ def test_tags_code_of_no_tag_is_zero() -> None:
     assert tags_code("TagA") == java_string_hashcode("TagA")
 
 
-@pytest.mark.parametrize("name", ["T", "Topic_1-a", "%RETRY%g", "a|b", "x" * 127])
+@pytest.mark.parametrize(
+    "name",
+    ["T", "Topic_1-a", "%RETRY%g", "a|b", "x" * 127, "order.changed", "%RETRY%order.changed%billing.v2"],
+)
 def test_valid_topic_names(name: str) -> None:
     assert validate_topic_name(name) == name
 
 
-@pytest.mark.parametrize("name", ["", "a b", "topic.name", "x" * 128, "名字", None, 5])
+@pytest.mark.parametrize("name", ["order.changed", "billing.team-1", "%RETRY%a.b"])
+def test_group_names_may_hold_dots_as_qmq_groups_do(name: str) -> None:
+    assert validate_group_name(name) == name
+
+
+@pytest.mark.parametrize("name", ["a b", "a/b", "a:b", "x" * 256, ""])
+def test_invalid_group_names_raise(name: str) -> None:
+    with pytest.raises(InvalidArgumentError):
+        validate_group_name(name)
+
+
+@pytest.mark.parametrize("name", ["", "a b", "topic/name", "topic:name", "x" * 128, "名字", None, 5])
 def test_invalid_topic_names_raise(name: object) -> None:
     with pytest.raises(InvalidTopicError):
         validate_topic_name(name)

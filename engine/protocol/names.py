@@ -10,7 +10,10 @@ from engine.errors import InvalidArgumentError, InvalidTopicError
 MAX_TOPIC_LENGTH = 127
 MAX_GROUP_LENGTH = 255
 MAX_QUEUES = 1024
-TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_-]+$")
+# RocketMQ's topic characters ``[%|a-zA-Z0-9_-]`` and ``.`` (QMQ subjects and groups are dotted:
+# ``order.changed``). No file path, view name or Delta partition is keyed on a topic or group.
+TOPIC_PATTERN = re.compile(r"^[%|a-zA-Z0-9_.-]+$")
+TOPIC_CHARACTERS = "[%|a-zA-Z0-9_.-]"
 
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
 TRANS_HALF_TOPIC = "RMQ_SYS_TRANS_HALF_TOPIC"
@@ -133,11 +136,11 @@ MAX_PROPERTIES_BYTES = 32_767
 
 
 def validate_topic_name(name: object) -> str:
-    """Check a topic name against RocketMQ's rules and return it.
+    """Check a topic name against RocketMQ's rules (widened by ``.`` for QMQ's subjects) and return it.
 
     Raises:
         InvalidTopicError: empty, longer than 127 characters, or with characters outside
-            ``[%|a-zA-Z0-9_-]``.
+            ``[%|a-zA-Z0-9_.-]``.
     """
     if not isinstance(name, str) or not name:
         raise InvalidTopicError("topic name must be a non-empty string", topic=name)
@@ -146,7 +149,7 @@ def validate_topic_name(name: object) -> str:
             f"topic name is {len(name)} characters; at most {MAX_TOPIC_LENGTH} are allowed", topic=name
         )
     if not TOPIC_PATTERN.match(name):
-        raise InvalidTopicError(f"topic name {name!r} has characters outside [%|a-zA-Z0-9_-]", topic=name)
+        raise InvalidTopicError(f"topic name {name!r} has characters outside {TOPIC_CHARACTERS}", topic=name)
     return name
 
 
@@ -187,6 +190,7 @@ def validate_group_name(group: object) -> str:
         raise InvalidArgumentError("group must be a non-empty string", group=group)
     if len(group) > MAX_GROUP_LENGTH or not TOPIC_PATTERN.match(group):
         raise InvalidArgumentError(
-            f"group {group!r} must be at most {MAX_GROUP_LENGTH} characters of [%|a-zA-Z0-9_-]", group=group
+            f"group {group!r} must be at most {MAX_GROUP_LENGTH} characters of {TOPIC_CHARACTERS}",
+            group=group,
         )
     return group

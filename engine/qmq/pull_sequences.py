@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from engine.client.offsets import ConsumeFrom, start_offset
+from engine.client.offsets import ConsumeFrom, offset_by_time, start_offset
 from engine.errors import CommitConflictError, TopicNotFoundError
 from engine.model import MessageExt
 from engine.protocol.actions import ACK, PULL, RESET
@@ -67,8 +67,29 @@ class QmqConsumer:
     """One QMQ consumer (group, consumer id): its action-log writer, its next pull sequence, and
     what each sequence it handed out stands for. Thread-safe (one pull or ack at a time)."""
 
-    def __init__(self, store: Store, group: str, consumer_id: str, index: QueueIndex) -> None:
+    def __init__(
+        self,
+        store: Store,
+        group: str,
+        consumer_id: str,
+        index: QueueIndex,
+        since_ms: int | None = None,
+        lease_ms: int = LEASE_MS,
+    ) -> None:
         self.store = store
+        self.lease_ms = lease_ms
+        # A broadcast consumer (QMQ's ``isBroadcast``; its group is its own): what it is handed is
+        # acked in the same commit, as QMQ's broker ignores a broadcast consumer's acks and never
+        # hands its messages on.
+        self.broadcast = False
+        self._started: set[str] = set()  # topics whose every queue has the group's start fixed
+        # When it last pulled or acked: QMQ's broker renews a subscriber on both
+        # (``SubscriberStatusChecker.heartbeat``) and hands on what it holds once it is silent.
+        self.last_active_ms = now_ms()
+        # QMQ's rule for a group new to a subject: it starts at the latest message. A queue the
+        # group never leased from starts at the first message stored at or after ``since_ms`` (when
+        # the door first saw the group on the subject); None: at the first message (retry subjects).
+        self.since_ms = since_ms
         self.group = group
         self.consumer_id = consumer_id
         self.writer = ActionLogWriter(store, group, consumer_id)
@@ -120,6 +141,7 @@ class QmqConsumer:
             StoreError: the store failed.
         """
         with self.lock:
+            self.last_active_ms = max(self.last_active_ms, now_ms())
             handed = self._load()
             again = self._unacked_after(handed, consumer_last, max(1, max_messages))
             if again:
@@ -136,7 +158,8 @@ class QmqConsumer:
                 got = self._lease(topic, queue_id, max(1, max_messages), keep)
                 if got:
                     for pulled, _ in got:
-                        handed[pulled.sequence] = pulled
+                        if not self.broadcast:
+                            handed[pulled.sequence] = pulled
                     return got[0][0].sequence, got
             return self.next_sequence, []
 
@@ -176,9 +199,47 @@ class QmqConsumer:
         committed = OffsetStore(self.store, self.group).read().get((topic, queue_id))
         if committed is not None:
             return committed
-        return start_offset(
-            self.index, topic, queue_id, ConsumeFrom.FIRST, timestamp_ms=0, store=self.store, pop=True
-        )
+        if self.since_ms is None:
+            return start_offset(
+                self.index, topic, queue_id, ConsumeFrom.FIRST, timestamp_ms=0, store=self.store, pop=True
+            )
+        return offset_by_time(self.index, topic, queue_id, self.since_ms)
+
+    def fix_start(self, topic: str) -> int:
+        """Record where the group starts in every queue of ``topic`` it never leased from (a
+        ``RESET`` row and its lease frontier; see ``since_ms``), so that the start survives a
+        restart of the door. Returns the number of queues fixed (0: a missing topic, or every queue
+        had its start already; a topic found so is not read again by this consumer).
+
+        Raises:
+            StoreError: the store failed.
+        """
+        if topic in self._started:
+            return 0
+        config = self.store.topic_configs(refresh=True).get(topic)
+        if config is None:
+            return 0
+        fixed = 0
+        with self.lock:
+            started = 0
+            self.index.refresh()
+            for queue_id in range(config.queues):
+                for _ in range(LEASE_ATTEMPTS):
+                    if self.writer.frontier(topic, queue_id, refresh=True) >= 0:
+                        started += 1
+                        break
+                    start = max(self._first_offset(topic, queue_id), self.index.bounds(topic, queue_id)[0])
+                    row = self.writer.row(RESET, topic, queue_id, start, ts=now_ms())
+                    try:
+                        self.writer.commit_lease([row], topic, queue_id, start)
+                    except CommitConflictError:
+                        continue
+                    fixed += 1
+                    started += 1
+                    break
+            if started == config.queues:
+                self._started.add(topic)
+        return fixed
 
     def _lease(
         self, topic: str, queue_id: int, size: int, keep: Callable[[MessageExt], bool] | None
@@ -202,7 +263,7 @@ class QmqConsumer:
             end = int(entries["queue_offset"][-1].as_py()) + 1
             found, _ = self.index.select(entries, MessageSelector.by_tag("*"))
             messages = {int(r["physical_offset"]): MessageExt.from_row(r) for r in found.to_pylist()}
-            deadline = ts + LEASE_MS
+            deadline = ts + self.lease_ms
             out: list[tuple[Pulled, MessageExt]] = []
             sequence = self.next_sequence
             for offset, physical in zip(
@@ -219,6 +280,8 @@ class QmqConsumer:
                         PULL, topic, queue_id, offset, physical_offset=physical, deadline_ms=deadline, ts=ts
                     )
                 )
+                if self.broadcast:
+                    rows.append(writer.row(ACK, topic, queue_id, offset, physical_offset=physical, ts=ts))
                 out.append((Pulled(sequence, topic, queue_id, offset, deadline), message))
                 sequence += 1
             try:
@@ -243,6 +306,7 @@ class QmqConsumer:
         with self.lock:
             handed = self._load()
             ts = now_ms()
+            self.last_active_ms = max(self.last_active_ms, ts)
             acked = 0
             for seq in range(begin, last + 1):
                 pulled = handed.pop(seq, None)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import logging
 import threading
@@ -33,12 +34,23 @@ from engine.errors import InvalidArgumentError, MQError, RemotingProtocolError, 
 from engine.model import MessageExt
 from engine.protocol.message_ids import UniqKeyGenerator
 from engine.protocol.names import is_system_topic, is_valid_topic_name
-from engine.protocol.qmq import qmq_retry_subject, qmq_tags_match
+from engine.protocol.qmq import (
+    QMQ_GROUP_ATTRIBUTE,
+    QMQ_RETRY_DELAY_MS,
+    qmq_delayed_retry_subject,
+    qmq_retry_due_ms,
+    qmq_retry_subject,
+    qmq_store_group,
+    qmq_store_subject,
+    qmq_tags_match,
+)
+from engine.protocol.rebalance import MessageQueue
+from engine.protocol.schedule import schedule_envelope
 from engine.protocol.topics import system_topic_config
 from engine.qmq import codec
 from engine.qmq.codec import Code, Frame, ProducerCode
 from engine.qmq.messages import from_store, message_tags, to_store
-from engine.qmq.pull_sequences import QmqConsumer
+from engine.qmq.pull_sequences import LEASE_MS, QmqConsumer
 from engine.remoting.framing import LoopThread, read_frames
 from engine.store.commit_log import PendingMessage
 from engine.store.consume_queue import QueueIndex
@@ -96,6 +108,9 @@ class QmqServer:
             config ``auto_create_topics``).
         max_frame_bytes: frames longer than this close the connection.
         idle_timeout_s: a connection silent this long is closed.
+        retry_delay_ms: a nack (a send to a retry subject) reaches its consumers this long after it
+            was sent, through the schedule topic (QMQ's broker: 5 s); 0: at once.
+        lease_ms: a message handed out and not acked is handed on after this long (QMQ: 180 s).
 
     Raises:
         InvalidArgumentError: a port outside 0..65535.
@@ -114,6 +129,8 @@ class QmqServer:
         max_frame_bytes: int = codec.DEFAULT_MAX_FRAME_BYTES,
         idle_timeout_s: float = 120.0,
         frame_timeout_s: float = 30.0,
+        retry_delay_ms: int = QMQ_RETRY_DELAY_MS,
+        lease_ms: int = LEASE_MS,
     ) -> None:
         for name, port in (("http_port", http_port), ("meta_port", meta_port), ("broker_port", broker_port)):
             if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
@@ -128,11 +145,14 @@ class QmqServer:
         self.max_frame_bytes = max_frame_bytes
         self.idle_timeout_s = idle_timeout_s
         self.frame_timeout_s = frame_timeout_s
+        self.retry_delay_ms = retry_delay_ms
+        self.lease_ms = lease_ms
         self.clients: dict[tuple[int, str, str, str], ClientState] = {}
         self.producer = Producer(store, "QMQ_WIRE", linger_ms=0)
         self._ids = UniqKeyGenerator()
         self.index = QueueIndex(store)
         self._consumers: dict[tuple[str, str, str], QmqConsumer] = {}
+        self._group_since: dict[tuple[str, str], int] = {}  # when the door first saw a group on a subject
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(8, thread_name_prefix="mq-qmq")
         self._pull_executor = ThreadPoolExecutor(64, thread_name_prefix="mq-qmq-pull")
@@ -198,15 +218,39 @@ class QmqServer:
         return f"http://{self.advertised_host}:{self.http_port}/meta/address"
 
     def consumer(self, subject: str, group: str, consumer_id: str) -> QmqConsumer:
-        """The door's state of one QMQ consumer of ``subject`` (made on first use)."""
+        """The door's state of one QMQ consumer of ``subject`` (made on first use).
+
+        A group new to a subject starts at the latest message, as QMQ's broker starts it
+        (``ConsumeQueueManager.getOrCreate``): it gets what is stored from the door's first sight
+        of the group on the subject (its first registration or pull) on, in the queues it never
+        leased from. A retry subject is read from its first message."""
         key = (subject, group, consumer_id)
         with self._lock:
             found = self._consumers.get(key)
             if found is None:
+                since = (
+                    None
+                    if is_system_topic(subject)
+                    else self._group_since.setdefault((subject, group), now_ms())
+                )
                 found = self._consumers[key] = QmqConsumer(
-                    self.store, group, pull_log_consumer_id(subject, consumer_id), self.index
+                    self.store,
+                    group,
+                    pull_log_consumer_id(subject, consumer_id),
+                    self.index,
+                    since,
+                    lease_ms=self.lease_ms,
                 )
             return found
+
+    def subscribe(self, subject: str, group: str, consumer_id: str) -> int:
+        """A consumer's registration: the group's start in each queue of ``subject`` it never read
+        is fixed now (see :meth:`consumer`); returns the number of queues fixed.
+
+        Raises:
+            StoreError: the store failed.
+        """
+        return self.consumer(subject, group, consumer_id).fix_start(subject)
 
     async def _call(self, fn: Callable[..., T], *args: object, pull: bool = False) -> T:
         loop = asyncio.get_running_loop()
@@ -353,19 +397,30 @@ class QmqServer:
     async def _client_register(self, frame: Frame) -> Frame:
         attrs = codec.read_string_map(frame.body)
         subject = attrs.get("subject", "")
-        group = attrs.get("consumerGroup", "")
+        group = qmq_store_group(attrs.get("consumerGroup", ""))
         client_id = attrs.get("clientId", "")
         try:
             client_type = int(attrs.get("clientTypeCode", codec.ClientType.OTHER))
         except ValueError:
             client_type = codec.ClientType.OTHER
         now = now_ms()
+        subscribing = (
+            client_type == codec.ClientType.CONSUMER
+            and bool(group and client_id)
+            and is_valid_topic_name(subject)
+            and not is_system_topic(subject)
+        )
+        if subscribing:  # the group's start (before the client can learn it is registered)
+            with self._lock:
+                self._group_since.setdefault((subject, group), now)
         key = (client_type, subject, group, client_id)
         state = self.clients.get(key)
         if state is None:
             state = self.clients[key] = ClientState(client_type, subject, group, client_id, True, now)
         state.last_heartbeat_ms = now
         state.online = True
+        if subscribing:
+            await self._call(self.subscribe, subject, group, client_id)
         body = codec.encode_meta_response(
             now,
             subject,
@@ -413,7 +468,30 @@ class QmqServer:
                 self._to_retry(consumer, state.subject, state.group)
             state.online = False
             gone.append(state)
+        self.hand_on(now)
         return gone
+
+    def hand_on(self, now: int | None = None) -> list[tuple[str, str, str]]:
+        """Hand on what consumers hold unacked once they have neither pulled nor acked for
+        ``lease_ms``, registered or not: each such message goes to the group's retry subject and is
+        acked where it was, as QMQ's broker does for a subscriber silent 3 minutes (its
+        ``RetryTask``). A consumer that keeps pulling keeps what it holds (QMQ's broker never takes
+        it from an online subscriber; a restarted client gets it again through ``pullOffsetLast``).
+        Returns the (subject, group, consumer id) handed on from now. Runs in :meth:`sweep`.
+
+        Raises:
+            StoreError: the store failed (what was not handed over stays for the next sweep).
+        """
+        now = now_ms() if now is None else now
+        with self._lock:
+            consumers = list(self._consumers.items())
+        handed: list[tuple[str, str, str]] = []
+        for (subject, group, consumer_id), consumer in consumers:
+            if now - consumer.last_active_ms <= self.lease_ms or not consumer.unacked():
+                continue
+            self._to_retry(consumer, subject, group)
+            handed.append((subject, group, consumer_id))
+        return handed
 
     def _to_retry(self, consumer: QmqConsumer, subject: str, group: str) -> None:
         """Copy a consumer's unacked messages to the group's retry subject, then ack them."""
@@ -456,17 +534,23 @@ class QmqServer:
         Raises:
             MQError: a subject the store cannot take (bad name, missing with auto-creation off, ...).
         """
-        if not is_system_topic(message.subject):
+        group = message.attributes().get(QMQ_GROUP_ATTRIBUTE) if message.is_delay else None
+        retry = qmq_delayed_retry_subject(message.subject, message.is_delay, qmq_store_group(group or ""))
+        if retry is not None and not is_valid_topic_name(retry):
+            retry = None  # a group the store cannot name: stored where it was sent
+        if retry is None and not is_system_topic(message.subject):
             self._ensure_topic(message.subject)
             return self.producer.prepare(to_store(message))
-        # A consumer's send-back to its retry subject (``%RETRY%<subject>%<group>``): a broker-owned
-        # topic, which producers may not write; stored as the retry job stores its re-puts, at once
-        # (QMQ retries a nack immediately).
-        if self.store.topic_configs(refresh=True).get(message.subject) is None:
-            self.store.put_topic(system_topic_config(message.subject, now_ms()))
+        # A consumer's send-back to its retry subject (``%RETRY%<subject>%<group>``; a nack, or a
+        # delayed retry: see qmq_delayed_retry_subject) or dead subject: a broker-owned topic, which
+        # producers may not write; stored as the retry job stores its re-puts. A delayed retry waits
+        # in the schedule topic until its time, a nack for ``retry_delay_ms``.
+        subject = retry or message.subject
+        now = now_ms()
+        due = message.expire_ms if retry is not None else qmq_retry_due_ms(subject, now, self.retry_delay_ms)
         plain = to_store(message)
         pending = PendingMessage(
-            topic=message.subject,
+            topic=subject,
             queue_id=0,
             body=plain.body,
             uniq_key=self._ids.next(),
@@ -474,7 +558,15 @@ class QmqServer:
             properties=dict(plain.properties),
             born_ts_ms=message.created_ms,
         )
-        return PreparedSend(pending)
+        destination = None
+        if due is not None and due > now:
+            envelope = schedule_envelope(subject, 0, pending.properties, sent_ms=now, deliver_at_ms=due)
+            pending = pending._replace(**envelope._asdict())
+            destination = MessageQueue(subject, 0)
+        known = self.store.topic_configs(refresh=True)
+        for name in sorted({subject, pending.topic} - set(known)):
+            self.store.put_topic(system_topic_config(name, now_ms()))
+        return PreparedSend(pending, destination)
 
     def _store_one(self, message: codec.QmqMessage) -> None:
         self.producer.append(self._prepare(message))
@@ -497,6 +589,9 @@ class QmqServer:
         except RemotingProtocolError as exc:
             _log.info("unreadable SEND_MESSAGE: %s", exc)
             return frame.response(Code.BROKER_ERROR)
+        # A send-back to a broadcast consumer's retry subject names its client id: stored under the
+        # store's name for it (qmq_store_subject), as its pulls of that subject read it.
+        messages = [dataclasses.replace(m, subject=qmq_store_subject(m.subject)) for m in messages]
         storable = [m for m in messages if is_valid_topic_name(m.subject)]
         prepared = dict(zip(map(id, storable), await self._call(self._prepare_all, storable), strict=True))
         pending = {
@@ -526,16 +621,19 @@ class QmqServer:
 
     async def _pull(self, frame: Frame) -> Frame:
         request = codec.decode_pull_request(frame.body, frame.version)
-        if not request.consumer_id or not request.group or not is_valid_topic_name(request.subject):
+        subject = qmq_store_subject(request.subject)
+        if not request.consumer_id or not request.group or not is_valid_topic_name(subject):
             return frame.response(Code.NO_MESSAGE)
-        consumer = self.consumer(request.subject, request.group, request.consumer_id)
+        # A broadcast consumer's group is its client id: every one gets every message.
+        consumer = self.consumer(subject, qmq_store_group(request.group), request.consumer_id)
+        consumer.broadcast = request.broadcast
         keep = tag_filter(request.filters)
         wait_ms = min(max(request.timeout_ms, 0), MAX_PULL_WAIT_MS)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_ms / 1000
         while True:
             first, got = await self._call(
-                consumer.pull, request.subject, request.request_num, request.pull_offset_last, keep, pull=True
+                consumer.pull, subject, request.request_num, request.pull_offset_last, keep, pull=True
             )
             if got:
                 body = codec.encode_pulled(first, [from_store(m, request.subject) for _, m in got])
@@ -554,6 +652,10 @@ class QmqServer:
         request = codec.decode_ack_request(frame.body)
         if request.pull_offset_begin < 0 or not request.consumer_id or not request.group:
             return frame.response(Code.SUCCESS)  # the client's empty ack (a keep-alive)
-        consumer = self.consumer(request.subject, request.group, request.consumer_id)
+        if request.broadcast == 1:
+            return frame.response(Code.SUCCESS)  # acked when handed out (QMQ ignores these acks)
+        consumer = self.consumer(
+            qmq_store_subject(request.subject), qmq_store_group(request.group), request.consumer_id
+        )
         await self._call(consumer.ack, request.pull_offset_begin, request.pull_offset_last)
         return frame.response(Code.SUCCESS)

@@ -688,7 +688,7 @@ ADMIN_CASES = [
         "create-topic-too-long", lambda e: e.admin.create_topic(LONG_NAME), InvalidTopicError, "at most 127"
     ),
     Case(
-        "create-topic-illegal", lambda e: e.admin.create_topic("a.b"), InvalidTopicError, "characters outside"
+        "create-topic-illegal", lambda e: e.admin.create_topic("a/b"), InvalidTopicError, "characters outside"
     ),
     Case("create-topic-int", lambda e: e.admin.create_topic(5), InvalidTopicError, "non-empty string"),
     Case(
@@ -1160,7 +1160,7 @@ CLI_CASES = [
         "empty tag",
     ),
     ("cli-pull-bad-group", ["pull", TOPIC, "--queue-id", "0", "--offset", "0", "--group", "a b"], "group"),
-    ("cli-topic-create-bad-name", ["topic", "create", "a.b"], "characters outside"),
+    ("cli-topic-create-bad-name", ["topic", "create", "a/b"], "characters outside"),
     ("cli-topic-create-reserved", ["topic", "create", "SCHEDULE_TOPIC_XXXX"], "reserved"),
     ("cli-topic-create-queues-0", ["topic", "create", "N", "--queues", "0"], "--queues"),
     ("cli-topic-create-queues-overflow", ["topic", "create", "N", "--queues", "5000"], "1..1024"),

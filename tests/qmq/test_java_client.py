@@ -22,7 +22,7 @@ from engine import Admin, Message, Producer, PullConsumer, Store
 from engine.broker.loop import BrokerLoop
 from engine.protocol.actions import ACK, PULL
 from engine.protocol.names import SCHEDULE_TOPIC
-from engine.protocol.qmq import qmq_dead_subject, qmq_retry_subject
+from engine.protocol.qmq import qmq_dead_subject, qmq_retry_subject, qmq_store_group
 from engine.qmq import QmqServer, codec
 from engine.qmq.messages import P_EXPIRE, attributes
 from engine.store import schemas
@@ -50,6 +50,11 @@ def offsets(rows: list[dict[str, object]], consumer_suffix: str) -> set[tuple[in
     return out
 
 
+def wait_subscribed(server: QmqServer, subject: str, group: str) -> None:
+    """Wait until a consumer of the group registered (a new group starts at the latest message)."""
+    wait_until(lambda: bool(server.consumers_of(subject, group)), f"a consumer of {group} registered")
+
+
 def test_a_java_producer_and_consumer_account_for_every_message(
     store: Store, classpath: str, tmp_path: Path
 ) -> None:
@@ -68,6 +73,7 @@ def test_a_java_producer_and_consumer_account_for_every_message(
             timeout_ms=120_000,
         )
         consumer.wait_for("ready")
+        wait_subscribed(server, "qmq_orders", "billing")
         produced = start_qmq_scenario(
             classpath, tmp_path / "producer", "produce", meta=meta, subject="qmq_orders", count=count
         ).finish(300)
@@ -111,6 +117,7 @@ def test_a_consumer_restarted_with_its_id_gets_its_unacked_messages_at_once(
     count = 5
     with QmqServer(store, http_port=0, meta_port=0, broker_port=0) as server:
         meta = server.meta_server_url
+        server.subscribe("qmq_restart", "billing", "worker-1")  # as worker-1's registration does
         produced = start_qmq_scenario(
             classpath, tmp_path / "producer", "produce", meta=meta, subject="qmq_restart", count=count
         ).finish(300)
@@ -140,8 +147,9 @@ def test_a_listener_that_throws_gets_the_message_again_through_the_retry_subject
 ) -> None:
     Admin(store).create_topic("qmq_retry", 2)
     count = 4
-    with QmqServer(store, http_port=0, meta_port=0, broker_port=0) as server:
+    with QmqServer(store, http_port=0, meta_port=0, broker_port=0, retry_delay_ms=0) as server:
         meta = server.meta_server_url
+        server.subscribe("qmq_retry", "billing", "worker-1")  # as worker-1's registration does
         produced = start_qmq_scenario(
             classpath, tmp_path / "producer", "produce", meta=meta, subject="qmq_retry", count=count
         ).finish(300)
@@ -153,6 +161,7 @@ def test_a_listener_that_throws_gets_the_message_again_through_the_retry_subject
             subject="qmq_retry",
             group="billing",
             count=count,
+            client_id="worker-1",
             fail_times=1,
             timeout_ms=120_000,
         ).finish(300)
@@ -176,10 +185,13 @@ def test_a_python_sent_message_reaches_a_qmq_consumer_with_its_properties(
     store: Store, classpath: str, tmp_path: Path
 ) -> None:
     Admin(store).create_topic("qmq_from_python", 1)
-    with Producer(store) as producer:
-        for i in range(3):
-            producer.send(Message("qmq_from_python", f"body-{i}".encode(), properties={"payload": f"py-{i}"}))
     with QmqServer(store, http_port=0, meta_port=0, broker_port=0) as server:
+        server.subscribe("qmq_from_python", "billing", "worker-1")  # as worker-1's registration does
+        with Producer(store) as producer:
+            for i in range(3):
+                producer.send(
+                    Message("qmq_from_python", f"body-{i}".encode(), properties={"payload": f"py-{i}"})
+                )
         consumed = start_qmq_scenario(
             classpath,
             tmp_path / "consumer",
@@ -187,6 +199,7 @@ def test_a_python_sent_message_reaches_a_qmq_consumer_with_its_properties(
             meta=server.meta_server_url,
             subject="qmq_from_python",
             group="billing",
+            client_id="worker-1",
             count=3,
             timeout_ms=120_000,
         ).finish(300)
@@ -213,6 +226,7 @@ def test_a_delayed_message_waits_in_the_schedule_topic_and_then_reaches_the_cons
                 timeout_ms=120_000,
             )
             consumer.wait_for("ready")
+            wait_subscribed(server, "qmq_delayed", "billing")
             produced = start_qmq_scenario(
                 classpath,
                 tmp_path / "producer",
@@ -268,11 +282,11 @@ def test_the_readme_qmq_example_compiles_and_runs_against_the_door(
     assert sorted(line for line in lines if line.startswith("received")) == [
         f"received order-{i}" for i in range(3)
     ]
-    messages = PullConsumer(store, "python-reader").pull("order_changed", 0, 0).messages
+    messages = PullConsumer(store, "python-reader").pull("order.changed", 0, 0).messages
     messages += [
         m
         for q in range(1, 4)
-        for m in PullConsumer(store, "python-reader").pull("order_changed", q, 0).messages
+        for m in PullConsumer(store, "python-reader").pull("order.changed", q, 0).messages
     ]
     assert sorted(attributes(m)["orderNo"] for m in messages) == [f"order-{i}" for i in range(3)]
 
@@ -302,6 +316,7 @@ def test_two_consumers_of_a_group_share_a_subject_each_message_to_one_of_them(
         ]  # fmt: skip
         for consumer in consumers:
             consumer.wait_for("ready")
+        wait_subscribed(server, "qmq_shared", "billing")
         produced = start_qmq_scenario(
             classpath, tmp_path / "producer", "produce", meta=meta, subject="qmq_shared", count=count
         ).finish(300)
@@ -333,13 +348,14 @@ def test_a_message_that_always_fails_is_dead_lettered_after_32_deliveries(
             return []
         return [m.keys[0] for m in PullConsumer(store, "reader").pull(dead, 0, 0).messages]
 
-    with QmqServer(store, http_port=0, meta_port=0, broker_port=0) as server:
+    with QmqServer(store, http_port=0, meta_port=0, broker_port=0, retry_delay_ms=0) as server:
         meta = server.meta_server_url
         consumer = start_qmq_scenario(
             classpath, tmp_path / "consumer", "consume", meta=meta, subject="qmq_dead", group="billing",
             count=1, fail_times=1000, stop_file=stop, timeout_ms=240_000,
         )  # fmt: skip
         consumer.wait_for("ready")
+        wait_subscribed(server, "qmq_dead", "billing")
         produced = start_qmq_scenario(
             classpath, tmp_path / "producer", "produce", meta=meta, subject="qmq_dead", count=1
         ).finish(300)
@@ -350,3 +366,142 @@ def test_a_message_that_always_fails_is_dead_lettered_after_32_deliveries(
     assert dead_letters() == [sent]
     # QMQ's client counts deliveries in ``times``: past maxRetryNum (32) a nack goes to the dead subject.
     assert [(e["attempt"], e["times"]) for e in run.of("received")] == [(t, t) for t in range(1, 33)]
+
+
+def test_a_subject_and_a_group_with_dots_work_end_to_end(
+    store: Store, classpath: str, tmp_path: Path
+) -> None:
+    count = 5
+    with QmqServer(store, http_port=0, meta_port=0, broker_port=0) as server:
+        meta = server.meta_server_url
+        consumer = start_qmq_scenario(
+            classpath, tmp_path / "consumer", "consume", meta=meta, subject="order.changed",
+            group="billing.v2", count=count, timeout_ms=120_000,
+        )  # fmt: skip
+        consumer.wait_for("ready")
+        wait_subscribed(server, "order.changed", "billing.v2")
+        produced = start_qmq_scenario(
+            classpath, tmp_path / "producer", "produce", meta=meta, subject="order.changed", count=count
+        ).finish(300)
+        consumed = consumer.finish(300)
+    assert produced.done()["sent"] == count
+    assert consumed.done()["complete"]
+    assert {e["id"] for e in consumed.of("received")} == {e["id"] for e in produced.of("sent")}
+    assert {e["subject"] for e in consumed.of("received")} == {"order.changed"}
+    pulled = offsets(read_actions(store, "billing.v2", PULL), "@order.changed")
+    assert (
+        len(pulled) == count and offsets(read_actions(store, "billing.v2", ACK), "@order.changed") == pulled
+    )
+
+
+def retried_through_the_schedule(
+    store: Store, classpath: str, tmp_path: Path, subject: str, **opts: object
+) -> tuple[list[dict[str, object]], list[dict[str, object]]]:
+    """One message, whose first delivery fails as ``opts`` say, consumed by group billing with the
+    schedule job running: (the consumer's received events, the commit-log rows of the message)."""
+    Admin(store).create_topic(subject, 1)
+    loop = BrokerLoop(store).start()  # the schedule job (``mq serve`` runs it in-process)
+    try:
+        with QmqServer(store, http_port=0, meta_port=0, broker_port=0, retry_delay_ms=1000) as server:
+            meta = server.meta_server_url
+            consumer = start_qmq_scenario(
+                classpath, tmp_path / "consumer", "consume", meta=meta, subject=subject, group="billing",
+                count=1, fail_times=1, timeout_ms=120_000, **opts,
+            )  # fmt: skip
+            consumer.wait_for("ready")
+            wait_subscribed(server, subject, "billing")
+            produced = start_qmq_scenario(
+                classpath, tmp_path / "producer", "produce", meta=meta, subject=subject, count=1
+            ).finish(300)
+            consumed = consumer.finish(300)
+    finally:
+        loop.stop(30)
+    assert produced.done()["sent"] == 1 and consumed.done()["complete"]
+    (sent,) = [e["id"] for e in produced.of("sent")]
+    log = store.read(schemas.COMMIT_LOG, columns=["topic", "keys", "properties", "store_ts_ms"]).to_pylist()
+    return consumed.of("received"), [row for row in log if sent in row["keys"]]
+
+
+def test_a_listeners_need_retry_exception_waits_its_delay_then_comes_through_the_retry_subject(
+    store: Store, classpath: str, tmp_path: Path
+) -> None:
+    received, rows = retried_through_the_schedule(
+        store, classpath, tmp_path, "qmq_later", retry_after_ms=3000
+    )
+    first, second = received
+    assert (first["attempt"], second["attempt"], second["times"]) == (1, 2, 2)
+    assert int(second["at"]) >= int(first["at"]) + 3000  # type: ignore[call-overload]
+    retry = qmq_retry_subject("qmq_later", "billing")
+    # The client's delayed send-back waited in the schedule topic, then landed in the retry subject.
+    assert sorted(row["topic"] for row in rows) == sorted(["qmq_later", SCHEDULE_TOPIC, retry])
+    (waiting,) = [row for row in rows if row["topic"] == SCHEDULE_TOPIC]
+    assert dict(waiting["properties"])["REAL_TOPIC"] == retry
+
+
+def test_a_nack_waits_the_retry_delay_in_the_schedule_before_the_retry_subject(
+    store: Store, classpath: str, tmp_path: Path
+) -> None:
+    received, rows = retried_through_the_schedule(store, classpath, tmp_path, "qmq_nack")
+    assert [e["attempt"] for e in received] == [1, 2]
+    retry = qmq_retry_subject("qmq_nack", "billing")
+    assert sorted(row["topic"] for row in rows) == sorted(["qmq_nack", SCHEDULE_TOPIC, retry])
+    (landed,) = [row for row in rows if row["topic"] == retry]
+    (waiting,) = [row for row in rows if row["topic"] == SCHEDULE_TOPIC]
+    assert landed["store_ts_ms"] >= int(dict(waiting["properties"])["TIMER_DELIVER_MS"])
+
+
+def test_broadcast_consumers_each_receive_every_message(store: Store, classpath: str, tmp_path: Path) -> None:
+    Admin(store).create_topic("qmq_broadcast", 2)
+    count = 10
+    names = ("box-1@@a1", "box-2@@a1")  # a broadcast consumer's group is its client id
+    with QmqServer(store, http_port=0, meta_port=0, broker_port=0) as server:
+        meta = server.meta_server_url
+        consumers = [
+            start_qmq_scenario(
+                classpath, tmp_path / f"consumer-{i}", "consume", meta=meta, subject="qmq_broadcast",
+                group="billing", broadcast="true", client_id=name, count=count, timeout_ms=120_000,
+            )
+            for i, name in enumerate(names)
+        ]  # fmt: skip
+        for consumer, name in zip(consumers, names, strict=True):
+            consumer.wait_for("ready")
+            wait_subscribed(server, "qmq_broadcast", qmq_store_group(name))
+        produced = start_qmq_scenario(
+            classpath, tmp_path / "producer", "produce", meta=meta, subject="qmq_broadcast", count=count
+        ).finish(300)
+        runs = [c.finish(300) for c in consumers]
+    sent = {e["id"] for e in produced.of("sent")}
+    assert len(sent) == count
+    for run in runs:
+        assert run.done()["complete"]
+        assert {e["id"] for e in run.of("received")} == sent  # every message, to each of them
+    for name in names:
+        group = qmq_store_group(name)
+        pulled = offsets(read_actions(store, group, PULL), "@qmq_broadcast")
+        assert len(pulled) == count and offsets(read_actions(store, group, ACK), "@qmq_broadcast") == pulled
+
+
+def test_a_broadcast_consumers_failed_message_comes_again_through_its_own_retry_subject(
+    store: Store, classpath: str, tmp_path: Path
+) -> None:
+    Admin(store).create_topic("qmq_broadcast_retry", 1)
+    name = "box-1@@a1"
+    with QmqServer(store, http_port=0, meta_port=0, broker_port=0, retry_delay_ms=0) as server:
+        meta = server.meta_server_url
+        consumer = start_qmq_scenario(
+            classpath, tmp_path / "consumer", "consume", meta=meta, subject="qmq_broadcast_retry",
+            group="billing", broadcast="true", client_id=name, count=2, fail_times=1, timeout_ms=120_000,
+        )  # fmt: skip
+        consumer.wait_for("ready")
+        wait_subscribed(server, "qmq_broadcast_retry", qmq_store_group(name))
+        produced = start_qmq_scenario(
+            classpath, tmp_path / "producer", "produce", meta=meta, subject="qmq_broadcast_retry", count=2
+        ).finish(300)
+        run = consumer.finish(300)
+    sent = {e["id"] for e in produced.of("sent")}
+    assert run.done()["complete"]
+    assert sorted((e["id"], e["attempt"]) for e in run.of("received")) == sorted(
+        (i, a) for i in sent for a in (1, 2)
+    )
+    retry = qmq_retry_subject("qmq_broadcast_retry", qmq_store_group(name))
+    assert sorted(m.keys[0] for m in PullConsumer(store, "reader").pull(retry, 0, 0).messages) == sorted(sent)

@@ -20,7 +20,8 @@ from engine import Admin, PullConsumer, Store
 from engine.broker.pull_log import build_pull_log
 from engine.client.trace import TraceKind, trace_message
 from engine.protocol.actions import ACK, PULL
-from engine.protocol.qmq import qmq_retry_subject
+from engine.protocol.names import PROPERTY_REAL_TOPIC, PROPERTY_TIMER_DELIVER_MS, SCHEDULE_TOPIC
+from engine.protocol.qmq import QMQ_GROUP_ATTRIBUTE, qmq_retry_subject, qmq_store_group
 from engine.qmq import QmqServer, codec
 from engine.qmq.codec import AckRequest, PullRequest, QmqMessage, Reader, TagFilter
 from engine.qmq.messages import attributes
@@ -28,6 +29,7 @@ from engine.qmq.pull_sequences import pulled_offsets
 from engine.qmq.server import FORGOTTEN_AFTER_MS, OFFLINE_AFTER_MS, pull_log_consumer_id
 from engine.store import schemas
 from engine.store.action_log import read_actions
+from engine.store.store import now_ms
 from tests.qmq.qmq_client import QmqWire, locate, register
 
 
@@ -91,6 +93,7 @@ def test_pulls_are_numbered_as_the_pull_log_and_acks_map_back_to_queue_offsets(
     server: QmqServer, store: Store
 ) -> None:
     Admin(store).create_topic("orders", 2)
+    register(server.meta_address, codec.ClientType.CONSUMER, "orders", "g1", "c1")
     send(server, [qmq_message("orders", i) for i in range(6)])
     handed: dict[int, str] = {}
     with QmqWire(server.broker_address) as wire:
@@ -131,6 +134,7 @@ def test_a_restarted_door_continues_a_consumers_sequences(store: Store) -> None:
     Admin(store).create_topic("orders", 1)
     for round_ in range(2):
         with QmqServer(store, http_port=0, meta_port=0, broker_port=0) as server:
+            register(server.meta_address, codec.ClientType.CONSUMER, "orders", "g1", "c1")
             send(server, [qmq_message("orders", 10 * round_ + i) for i in range(2)])
             with QmqWire(server.broker_address) as wire:
                 answer = pull(wire, "orders", "g1", "c1", 5, last=2 * round_ - 1)
@@ -142,6 +146,7 @@ def test_a_restarted_door_continues_a_consumers_sequences(store: Store) -> None:
 
 def test_a_long_poll_answers_when_a_message_arrives(server: QmqServer, store: Store) -> None:
     Admin(store).create_topic("orders", 1)
+    register(server.meta_address, codec.ClientType.CONSUMER, "orders", "g1", "c1")
     with QmqWire(server.broker_address) as waiting:
         request = PullRequest("orders", "g1", "c1", 5, -1, -1, -1, 20_000, False)
         waiting.send_raw(
@@ -227,6 +232,7 @@ def test_a_consumer_that_restarts_gets_its_unacked_messages_again_under_the_same
 ) -> None:
     Admin(store).create_topic("orders", 1)
     with QmqServer(store, http_port=0, meta_port=0, broker_port=0) as server:
+        register(server.meta_address, codec.ClientType.CONSUMER, "orders", "g1", "c1")
         send(server, [qmq_message("orders", i) for i in range(4)])
         with QmqWire(server.broker_address) as wire:
             assert pull_after(wire, "c1", -1) == (0, ["id-0", "id-1", "id-2", "id-3"])
@@ -256,6 +262,8 @@ def test_tag_filters_hand_out_only_matching_messages_and_ack_the_rest_without_a_
 ) -> None:
     Admin(store).create_topic("orders", 1)
     tagged = [("a",), ("a", "b"), (), ("b",), ("a", "b", "c")]
+    for group in ("g1", "g2"):
+        register(server.meta_address, codec.ClientType.CONSUMER, "orders", group, "c1")
     send(
         server,
         [
@@ -294,8 +302,9 @@ def test_a_consumer_silent_for_3_minutes_goes_offline_and_its_unacked_go_to_retr
     server: QmqServer, store: Store
 ) -> None:
     Admin(store).create_topic("orders", 1)
-    send(server, [qmq_message("orders", i) for i in range(3)])
+    server.retry_delay_ms = 0  # the copies reach the retry subject at once
     register(server.meta_address, codec.ClientType.CONSUMER, "orders", "g1", "c1")
+    send(server, [qmq_message("orders", i) for i in range(3)])
     with QmqWire(server.broker_address) as wire:
         assert pull_after(wire, "c1", -1)[1] == ["id-0", "id-1", "id-2"]
         wire.request(
@@ -322,6 +331,7 @@ def test_the_message_trace_shows_the_pull_sequence_a_qmq_consumer_was_handed(
     server: QmqServer, store: Store
 ) -> None:
     Admin(store).create_topic("orders", 1)
+    register(server.meta_address, codec.ClientType.CONSUMER, "orders", "g1", "c1")
     send(server, [qmq_message("orders", i) for i in range(2)])
     with QmqWire(server.broker_address) as wire:
         assert pull_after(wire, "c1", -1)[1] == ["id-0", "id-1"]
@@ -334,3 +344,175 @@ def test_the_message_trace_shows_the_pull_sequence_a_qmq_consumer_was_handed(
     assert [(e.group, e.consumer_id, e.detail) for e in logged] == [
         ("g1", pull_log_consumer_id("orders", "c1"), "pull sequence 1")
     ]
+
+
+def pulled_ids(wire: QmqWire, subject: str, group: str, consumer: str, rounds: int = 4) -> list[str]:
+    """Every message id a consumer is handed in ``rounds`` pulls (the queues are leased in turn)."""
+    ids: list[str] = []
+    last = -1
+    for _ in range(rounds):
+        answer = pull(wire, subject, group, consumer, 10, last=last)
+        if answer.code == codec.Code.SUCCESS:
+            first, messages = codec.decode_pulled(answer.body)
+            ids += [m.message_id for m in messages]
+            last = first + len(messages) - 1
+    return sorted(ids)
+
+
+def test_a_new_group_starts_at_the_latest_message_from_its_registration_or_first_pull(
+    server: QmqServer, store: Store
+) -> None:
+    Admin(store).create_topic("orders", 2)
+    send(server, [qmq_message("orders", i) for i in range(4)])  # before any group
+    register(server.meta_address, codec.ClientType.CONSUMER, "orders", "registered", "c1")
+    with QmqWire(server.broker_address) as wire:
+        assert pulled_ids(wire, "orders", "pulled-first", "c1") == []  # its first pull: nothing yet
+        send(server, [qmq_message("orders", i) for i in range(4, 7)])
+        assert pulled_ids(wire, "orders", "registered", "c1") == ["id-4", "id-5", "id-6"]
+        assert pulled_ids(wire, "orders", "pulled-first", "c1") == ["id-4", "id-5", "id-6"]
+        # A group first seen now gets nothing of what was stored before.
+        assert pulled_ids(wire, "orders", "late", "c1") == []
+
+
+def test_a_registered_groups_start_survives_a_restart_of_the_door(store: Store) -> None:
+    Admin(store).create_topic("orders", 2)
+    with QmqServer(store, http_port=0, meta_port=0, broker_port=0) as server:
+        send(server, [qmq_message("orders", 0)])
+        register(server.meta_address, codec.ClientType.CONSUMER, "orders", "g1", "c1")
+        # Registered again (QMQ's clients re-register as their heartbeat): nothing more is written.
+        version = store.version(schemas.ACTION_LOG)
+        register(server.meta_address, codec.ClientType.CONSUMER, "orders", "g1", "c1")
+        assert server.subscribe("orders", "g1", "c2") == 0  # another consumer of the group: started
+        assert store.version(schemas.ACTION_LOG) == version
+    with QmqServer(store, http_port=0, meta_port=0, broker_port=0) as server:
+        send(server, [qmq_message("orders", 1)])  # stored while the group's consumer was away
+        with QmqWire(server.broker_address) as wire:
+            assert pulled_ids(wire, "orders", "g1", "c1") == ["id-1"]
+
+
+def test_subjects_and_groups_with_dots_are_sent_pulled_and_acked(server: QmqServer, store: Store) -> None:
+    register(server.meta_address, codec.ClientType.CONSUMER, "order.changed", "billing.v2", "c1")
+    assert send(server, [qmq_message("order.changed", 0)]) == [("id-0", codec.ProducerCode.SUCCESS, "")]
+    with QmqWire(server.broker_address) as wire:
+        answer = pull(wire, "order.changed", "billing.v2", "c1", 5)
+        first, messages = codec.decode_pulled(answer.body)
+        assert (first, [(m.subject, m.message_id) for m in messages]) == (0, [("order.changed", "id-0")])
+        ack = AckRequest("order.changed", "billing.v2", "c1", 0, 0, 0)
+        assert wire.request(codec.Code.ACK_REQUEST, codec.encode_ack_request(ack)).code == codec.Code.SUCCESS
+    assert [r["queue_offset"] for r in read_actions(store, "billing.v2", ACK)] == [0]
+
+
+def stored_rows(store: Store, key: str) -> list[dict[str, object]]:
+    log = store.read(schemas.COMMIT_LOG, columns=["topic", "queue_id", "keys", "properties"]).to_pylist()
+    return [dict(row, properties=dict(row["properties"])) for row in log if key in row["keys"]]
+
+
+def test_a_consumers_delayed_retry_waits_in_the_schedule_bound_for_its_groups_retry_subject(
+    server: QmqServer, store: Store
+) -> None:
+    Admin(store).create_topic("orders", 1)
+    # What QMQ's client sends for a listener's NeedRetryException(next): the message on its real
+    # subject, delayed to ``next``, carrying the group that pulled it.
+    attrs = codec.encode_attrs({"payload": "p", QMQ_GROUP_ATTRIBUTE: "g1", "qmq_times": "2"})
+    due = 4_000_000_000_000
+    again = QmqMessage("orders", "id-9", 1, due, flag=codec.MESSAGE_FLAG_DELAY, attrs=attrs)
+    assert send(server, [again]) == [("id-9", codec.ProducerCode.SUCCESS, "")]
+    (row,) = stored_rows(store, "id-9")
+    assert row["topic"] == SCHEDULE_TOPIC
+    props = row["properties"]
+    assert isinstance(props, dict)
+    assert props[PROPERTY_REAL_TOPIC] == qmq_retry_subject("orders", "g1")
+    assert props[PROPERTY_TIMER_DELIVER_MS] == str(due)
+    assert PullConsumer(store, "reader").pull("orders", 0, 0).messages == []  # not on the subject
+
+
+def test_a_nack_reaches_the_retry_subject_after_the_retry_delay_through_the_schedule(
+    server: QmqServer, store: Store
+) -> None:
+    retry = qmq_retry_subject("orders", "g1")
+    assert send(server, [qmq_message(retry, 1)]) == [("id-1", codec.ProducerCode.SUCCESS, "")]
+    (row,) = stored_rows(store, "id-1")
+    props = row["properties"]
+    assert isinstance(props, dict)
+    assert (row["topic"], props[PROPERTY_REAL_TOPIC]) == (SCHEDULE_TOPIC, retry)
+    assert int(props[PROPERTY_TIMER_DELIVER_MS]) >= 5_000  # QMQ's broker: 5 s after it was stored
+    server.retry_delay_ms = 0
+    send(server, [qmq_message(retry, 2)])
+    assert [r["topic"] for r in stored_rows(store, "id-2")] == [retry]  # at once
+
+
+def test_what_a_consumer_holds_is_handed_on_once_it_neither_pulls_nor_acks_for_its_lease(
+    store: Store,
+) -> None:
+    Admin(store).create_topic("orders", 1)
+    lease = 60_000  # QMQ's is 180 s; the test names its own and passes the clock to hand_on
+    with (
+        QmqServer(store, http_port=0, meta_port=0, broker_port=0, lease_ms=lease, retry_delay_ms=0) as server,
+        QmqWire(server.broker_address) as wire,
+    ):
+        register(server.meta_address, codec.ClientType.CONSUMER, "orders", "g1", "c1")
+        send(server, [qmq_message("orders", i) for i in range(3)])
+        assert pull_after(wire, "c1", -1) == (0, ["id-0", "id-1", "id-2"])
+        wire.request(
+            codec.Code.ACK_REQUEST, codec.encode_ack_request(AckRequest("orders", "g1", "c1", 0, 0, 0))
+        )
+        consumer = server.consumer("orders", "g1", "c1")
+        active = consumer.last_active_ms
+        assert server.hand_on(active + lease) == []  # within its lease: still c1's
+        assert pull_after(wire, "c1", 2) == (-1, [])  # it pulls on: its lease runs from this pull
+        assert consumer.last_active_ms >= active
+        active = consumer.last_active_ms
+        assert server.hand_on(active + lease) == []
+        assert server.hand_on(active + lease + 1) == [("orders", "g1", "c1")]
+        retry = qmq_retry_subject("orders", "g1")
+        assert sorted(m.keys[0] for m in PullConsumer(store, "reader").pull(retry, 0, 0).messages) == [
+            "id-1",
+            "id-2",
+        ]
+        (state,) = server.consumers_of("orders", "g1")
+        assert state.online  # handed on though still registered
+        assert pull_after(wire, "c1", -1) == (-1, [])  # nothing comes again, even after a restart
+        assert server.hand_on(active + 2 * lease) == []  # handed on once
+    # The PULL rows' deadlines are the lease too.
+    rows = [
+        r for r in read_actions(store, "g1", PULL) if r["consumer_id"] == pull_log_consumer_id("orders", "c1")
+    ]
+    assert {r["deadline_ms"] - r["ts_ms"] for r in rows} == {lease}
+
+
+def test_broadcast_consumers_each_get_every_message_once_acked_as_handed_out(
+    server: QmqServer, store: Store
+) -> None:
+    Admin(store).create_topic("orders", 1)
+    ids = ["box-1@@9f0e", "box-2@@9f0e"]  # a broadcast consumer's group is its client id
+    for client_id in ids:
+        register(server.meta_address, codec.ClientType.CONSUMER, "orders", client_id, client_id)
+    send(server, [qmq_message("orders", i) for i in range(3)])
+
+    def broadcast_pull(wire: QmqWire, client_id: str, last: int) -> tuple[int, list[str]]:
+        request = PullRequest("orders", client_id, client_id, 10, -1, -1, last, 0, True)
+        answer = wire.request(codec.Code.PULL_MESSAGE, codec.encode_pull_request(request))
+        if answer.code == codec.Code.NO_MESSAGE:
+            return -1, []
+        first, messages = codec.decode_pulled(answer.body)
+        return first, [m.message_id for m in messages]
+
+    with QmqWire(server.broker_address) as wire:
+        for client_id in ids:
+            assert broadcast_pull(wire, client_id, -1) == (0, ["id-0", "id-1", "id-2"])
+            # Its acks are not needed (QMQ's broker ignores them), and nothing comes again: not
+            # on its next pull, not after a restart.
+            ack = AckRequest("orders", client_id, client_id, 0, 2, 1)
+            assert (
+                wire.request(codec.Code.ACK_REQUEST, codec.encode_ack_request(ack)).code == codec.Code.SUCCESS
+            )
+            assert broadcast_pull(wire, client_id, 2) == (-1, [])
+            assert broadcast_pull(wire, client_id, -1) == (-1, [])
+    for client_id in ids:
+        group = qmq_store_group(client_id)
+        consumer = pull_log_consumer_id("orders", client_id)
+        handed = pulled_offsets(read_actions(store, group, PULL), consumer)
+        acked = pulled_offsets([{**r, "action": PULL} for r in read_actions(store, group, ACK)], consumer)
+        assert [o for _, _, o, _ in handed] == [0, 1, 2]
+        assert sorted(o for _, _, o, _ in acked) == [0, 1, 2]
+    assert server.hand_on(now_ms() + OFFLINE_AFTER_MS + 1) == []  # nothing held, nothing handed on

@@ -12,6 +12,8 @@ import java.util.concurrent.atomic.AtomicInteger;
 
 import qunar.tc.qmq.Message;
 import qunar.tc.qmq.MessageSendStateListener;
+import qunar.tc.qmq.NeedRetryException;
+import qunar.tc.qmq.SubscribeParam;
 import qunar.tc.qmq.consumer.MessageConsumerProvider;
 import qunar.tc.qmq.producer.MessageProducerProvider;
 
@@ -23,6 +25,8 @@ import qunar.tc.qmq.producer.MessageProducerProvider;
  *   consume --meta URL --subject S --group G --count N [--timeout-ms T] [--client-id ID]
  *           [--halt-on-first true]   (the process dies in its listener's first call: nothing acked)
  *           [--fail-times K]         (the listener throws on a message's first K deliveries: a nack)
+ *           [--retry-after-ms D]     (... throwing NeedRetryException(D ms) instead: a delayed retry)
+ *           [--broadcast true]       (a broadcast consumer: SubscribeParam.setBroadcast)
  *           [--stop-file F]          (also stop, acks sent, once the file F exists)
  */
 public final class Main {
@@ -122,6 +126,8 @@ public final class Main {
         }
         boolean haltOnFirst = Boolean.parseBoolean(o.getOrDefault("halt-on-first", "false"));
         int failTimes = Integer.parseInt(o.getOrDefault("fail-times", "0"));
+        int retryAfterMs = Integer.parseInt(o.getOrDefault("retry-after-ms", "0"));
+        boolean broadcast = Boolean.parseBoolean(o.getOrDefault("broadcast", "false"));
         Map<String, AtomicInteger> attempts = new ConcurrentHashMap<>();
         consumer.init();
         int count = Integer.parseInt(o.get("count"));
@@ -135,9 +141,12 @@ public final class Main {
             String payload = msg.getStringProperty("payload");
             int attempt = attempts.computeIfAbsent(msg.getMessageId(), k -> new AtomicInteger()).incrementAndGet();
             emit("received", "id", msg.getMessageId(), "payload", payload, "subject", msg.getSubject(),
-                    "times", msg.times(), "attempt", attempt);
+                    "times", msg.times(), "attempt", attempt, "at", System.currentTimeMillis());
             if (haltOnFirst) {
                 Runtime.getRuntime().halt(3);
+            }
+            if (attempt <= failTimes && retryAfterMs > 0) {
+                throw new NeedRetryException(retryAfterMs, TimeUnit.MILLISECONDS, "retry later, on purpose");
             }
             if (attempt <= failTimes) {
                 throw new RuntimeException("failing attempt " + attempt + " on purpose");
@@ -145,7 +154,7 @@ public final class Main {
             if (seen.add(msg.getMessageId())) {
                 all.countDown();
             }
-        }, executor);
+        }, executor, new SubscribeParam.SubscribeParamBuilder().setBroadcast(broadcast).create());
         emit("ready");
         java.io.File stopFile = o.containsKey("stop-file") ? new java.io.File(o.get("stop-file")) : null;
         long deadline = System.currentTimeMillis() + timeoutMs;

@@ -27,10 +27,12 @@ from engine.qmq.codec import AckRequest, PullRequest, QmqMessage, Reader, TagFil
 from engine.qmq.messages import attributes
 from engine.qmq.pull_sequences import pulled_offsets
 from engine.qmq.server import FORGOTTEN_AFTER_MS, OFFLINE_AFTER_MS, pull_log_consumer_id
+from engine.remoting import RemotingServer
 from engine.store import schemas
 from engine.store.action_log import read_actions
 from engine.store.store import now_ms
 from tests.qmq.qmq_client import QmqWire, locate, register
+from tests.remoting.wire_client import WireClient
 
 
 @pytest.fixture
@@ -516,3 +518,35 @@ def test_broadcast_consumers_each_get_every_message_once_acked_as_handed_out(
         assert [o for _, _, o, _ in handed] == [0, 1, 2]
         assert sorted(o for _, _, o, _ in acked) == [0, 1, 2]
     assert server.hand_on(now_ms() + OFFLINE_AFTER_MS + 1) == []  # nothing held, nothing handed on
+
+
+def test_the_rocketmq_door_and_the_qmq_door_read_each_others_messages(store: Store) -> None:
+    Admin(store).create_topic("orders", 1)
+    with (
+        QmqServer(store, http_port=0, meta_port=0, broker_port=0) as qmq,
+        RemotingServer(store, namesrv_port=0, broker_port=0, run_broker_jobs=False) as rocketmq,
+    ):
+        register(qmq.meta_address, codec.ClientType.CONSUMER, "orders", "qmq-group", "c1")
+        send(qmq, [qmq_message("orders", 0)])
+        rocket = WireClient(rocketmq.broker_address)
+        assert rocket.send("orders", b"from rocketmq", properties={"color": "red"}).code == 0
+        # A RocketMQ consumer pulls both: the QMQ message under its QMQ id, its map as the body.
+        response, messages = rocket.pull("rocket-group", "orders", 0, 0)
+        assert response.code == 0
+        from_qmq, from_rocket = messages
+        assert from_qmq.properties["KEYS"] == "id-0"
+        assert codec.decode_attrs(from_qmq.body)["payload"] == "p-0"
+        assert from_rocket.body == b"from rocketmq"
+        rocket.close()
+        # A QMQ consumer gets both: the RocketMQ message's properties and body as attributes.
+        with QmqWire(qmq.broker_address) as wire:
+            answer = pull(wire, "orders", "qmq-group", "c1", 10)
+            assert answer.code == codec.Code.SUCCESS
+            _, handed = codec.decode_pulled(answer.body)
+        by_body = {decode_attrs_of(m).get("payload") or decode_attrs_of(m).get("body"): m for m in handed}
+        assert set(by_body) == {"p-0", "from rocketmq"}
+        assert decode_attrs_of(by_body["from rocketmq"])["color"] == "red"
+
+
+def decode_attrs_of(message: QmqMessage) -> dict[str, str]:
+    return codec.decode_attrs(message.attrs)

@@ -8,6 +8,7 @@ put back as the properties the client's decoder reads.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import zlib
 from collections.abc import Mapping
@@ -143,10 +144,14 @@ def born_properties(born_host: tuple[str, int] | None, flag: int) -> dict[str, s
 def born_host_of(properties: Mapping[str, str], default: tuple[str, int]) -> tuple[str, int]:
     """The born host a stored message's properties keep, or ``default`` (a message a door did not
     send: the Python API's, a broker re-put)."""
-    host, _, port = (properties.get(PROPERTY_BORN_HOST) or "").rpartition(":")
-    if not _ipv4(host) or not port.isdigit():
-        return default
-    return host, int(port)
+    found = _born_host(properties.get(PROPERTY_BORN_HOST) or "")
+    return default if found is None else found
+
+
+@functools.lru_cache(maxsize=4096)
+def _born_host(text: str) -> tuple[str, int] | None:
+    host, _, port = text.rpartition(":")
+    return (host, int(port)) if _ipv4(host) and port.isdigit() else None
 
 
 def flag_of(properties: Mapping[str, str]) -> int:

@@ -114,6 +114,21 @@ def test_a_lease_commit_carries_the_buffered_acks_first_and_moves_the_frontier(s
     assert lease_frontier(store.shared(schemas.ACTION_LOG), "G", "T", 0) == 4
 
 
+def test_a_lease_starts_at_the_first_offset_of_a_new_queue_with_a_reset_else_at_the_frontier(
+    store: Store,
+) -> None:
+    writer = ActionLogWriter(store, "G", "c1")
+    start, rows = writer.lease_start("T", 0, 0, lambda: 7, ts=1, refresh=True)
+    assert start == 7 and [(r["action"], r["queue_offset"]) for r in rows] == [(RESET, 7)]
+    writer.commit_lease([*rows, writer.row(PULL, "T", 0, 7, end=9, deadline_ms=9_000, ts=1)], "T", 0, 9)
+
+    def never() -> int:
+        raise AssertionError("a queue with a frontier does not ask for its first offset")
+
+    assert writer.lease_start("T", 0, 0, never, ts=2, refresh=True) == (9, [])  # past the frontier
+    assert writer.lease_start("T", 0, 12, lambda: 0, ts=3, refresh=False)[0] == 12  # retention's low
+
+
 def test_of_two_lease_decisions_about_one_queue_only_one_lands(store: Store) -> None:
     a, b = ActionLogWriter(store, "G", "a"), ActionLogWriter(store, "G", "b")
     assert a.frontier("T", 0, refresh=True) == b.frontier("T", 0, refresh=True) == -1

@@ -246,15 +246,11 @@ class QmqConsumer:
     ) -> list[tuple[Pulled, MessageExt]]:
         writer = self.writer
         for _ in range(LEASE_ATTEMPTS):
-            frontier = writer.frontier(topic, queue_id, refresh=True)
             low, high = self.index.bounds(topic, queue_id)
             ts = now_ms()
-            rows = []
-            start = frontier
-            if frontier < 0:
-                start = self._first_offset(topic, queue_id)
-                rows.append(writer.row(RESET, topic, queue_id, start, ts=ts))
-            start = max(start, low)
+            start, rows = writer.lease_start(
+                topic, queue_id, low, lambda: self._first_offset(topic, queue_id), ts=ts, refresh=True
+            )
             if start >= high:
                 return []
             entries = self.index.entries(topic, queue_id, start, min(high, start + size))

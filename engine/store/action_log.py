@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import pyarrow as pa
@@ -422,6 +422,27 @@ class ActionLogWriter(Closing):
             if log is not None:
                 return log.app_version(lease_app(self.group, topic, queue_id))
             return lease_frontier(self._handle(refresh=refresh), self.group, topic, queue_id)
+
+    def lease_start(
+        self,
+        topic: str,
+        queue_id: int,
+        low: int,
+        first_offset: Callable[[], int],
+        *,
+        ts: int,
+        refresh: bool,
+    ) -> tuple[int, list[dict[str, Any]]]:
+        """Where the group's next lease of a queue starts, and the rows that must go with it: past
+        its :meth:`frontier`, or, in a queue it never leased, at ``first_offset()`` with a RESET row
+        recording that start; never below the queue's lowest offset ``low`` (retention)."""
+        frontier = self.frontier(topic, queue_id, refresh=refresh)
+        rows: list[dict[str, Any]] = []
+        start = frontier
+        if frontier < 0:
+            start = first_offset()
+            rows.append(self.row(RESET, topic, queue_id, start, ts=ts))
+        return max(start, low), rows
 
     def commit_lease(
         self, rows: list[dict[str, Any]], topic: str, queue_id: int, frontier: int

@@ -559,15 +559,11 @@ class Leases:
         """One lease commit of a queue's messages past the group's frontier; how many were buffered
         (0: none left), or None when another consumer's commit about the queue landed first."""
         writer = self._writer
-        frontier = writer.frontier(topic, queue_id, refresh=refresh)
         low, high = self._index.bounds(topic, queue_id)
         ts = now_ms()
-        rows = []
-        start = frontier
-        if frontier < 0:
-            start = self._first_offset(topic, queue_id)
-            rows.append(writer.row(RESET, topic, queue_id, start, ts=ts))
-        start = max(start, low)
+        start, rows = writer.lease_start(
+            topic, queue_id, low, lambda: self._first_offset(topic, queue_id), ts=ts, refresh=refresh
+        )
         if start >= high:
             if rows:  # record where the group starts, so that it does not move on
                 try:

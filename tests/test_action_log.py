@@ -5,12 +5,14 @@ from __future__ import annotations
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from engine import CommitConflictError, InvalidArgumentError, Store, StoreError
 from engine.protocol.actions import ACK, NACK, PULL, RELEASE, RESET
 from engine.store import schemas
 from engine.store.action_log import ActionLogWriter, lease_frontier, read_actions
+from engine.store.delta.log import read_files
 
 
 def _rows(store: Store, group: str = "G") -> list[dict[str, Any]]:
@@ -152,3 +154,12 @@ def test_a_lease_commit_of_another_queue_does_not_conflict(store: Store) -> None
     a.commit_lease([a.row(RESET, "T", 0, 0, ts=1)], "T", 0, 0)
     b.commit_lease([b.row(RESET, "T", 1, 0, ts=1)], "T", 1, 0)  # rebased past a's commit
     assert pa.compute.sum(store.read(schemas.ACTION_LOG)["queue_id"]).as_py() == 1
+
+
+def test_a_data_file_of_an_older_schema_reads_with_the_added_column_null(tmp_path: Any) -> None:
+    old = pa.table({"a": pa.array([1, 2], pa.int64())})
+    pq.write_table(old, tmp_path / "old.parquet")
+    new_schema = pa.schema([pa.field("a", pa.int64()), pa.field("end_offset", pa.int64())])
+    pq.write_table(pa.table({"a": [3], "end_offset": [9]}, schema=new_schema), tmp_path / "new.parquet")
+    rows = read_files(str(tmp_path), ["old.parquet", "new.parquet"], new_schema)
+    assert rows.to_pydict() == {"a": [1, 2, 3], "end_offset": [None, None, 9]}

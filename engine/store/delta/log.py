@@ -386,17 +386,30 @@ def read_files(
     if local_path(uri) is None:
         parts = list(_FETCHES.map(lambda p: _read_remote_file(uri, p, schema, storage_options), files))
     else:
-        fs = table_filesystem(uri, storage_options)
+        root = local_path(uri)
+        assert root is not None
         parts = []
         for path in files:
             try:
-                parts.append(pq.read_table(path, filesystem=fs, schema=schema))
+                parts.append(_read_local_file(root, path, schema, uri, storage_options))
             except (FileNotFoundError, OSError) as exc:
                 raise _gone(uri, path, exc) from exc
     table = pa.concat_tables(parts) if parts else schema.empty_table()
     if version is not None:
         table = table.append_column(VERSION_COLUMN, pa.array([version] * table.num_rows, pa.int64()))
     return table
+
+
+def _read_local_file(
+    root: str, path: str, schema: pa.Schema, uri: str, storage_options: Mapping[str, str] | None
+) -> pa.Table:
+    # ParquetFile(...).read() costs about half of read_table's dataset machinery on the small files
+    # of one commit (360 against 630 us), and the followers of a log read one or more per version;
+    # a file of an older schema (a column added since) goes through read_table, which fills it in.
+    table = pq.ParquetFile(os.path.join(root, path)).read()
+    if table.schema.equals(schema, check_metadata=False):
+        return table
+    return pq.read_table(path, filesystem=table_filesystem(uri, storage_options), schema=schema)
 
 
 def read_versions(

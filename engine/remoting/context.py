@@ -86,6 +86,8 @@ class BrokerContext:
         self._members: dict[tuple[str, str], GroupMembership] = {}
         self._actions: dict[str, ActionLogWriter] = {}
         self._ensured: set[str] = set()
+        # Topics a send found or created; only the event loop reads and writes it.
+        self.sent_topics: set[str] = set()
 
     @property
     def address(self) -> str:

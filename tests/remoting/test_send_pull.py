@@ -211,6 +211,15 @@ def test_a_message_keeps_its_flag_born_host_and_born_timestamp_as_the_client_sen
     assert first.born_ts_ms == born
 
 
+def test_a_send_after_its_topic_was_deleted_creates_it_again(
+    store: Store, server: RemotingServer, broker: WireClient
+) -> None:
+    assert broker.send("Fleeting", b"first", queue_id=0).code == ResponseCode.SUCCESS
+    Admin(store).delete_topic("Fleeting", force=True)
+    assert broker.send("Fleeting", b"second", queue_id=0).code == ResponseCode.SUCCESS
+    assert store.topic_configs(refresh=True).get("Fleeting") is not None
+
+
 def test_a_client_cannot_forge_the_broker_owned_born_host_or_flag(
     server: RemotingServer, broker: WireClient
 ) -> None:

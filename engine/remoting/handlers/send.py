@@ -4,9 +4,10 @@ CONSUMER_SEND_MSG_BACK. Each goes through the engine's producer or consumer path
 from __future__ import annotations
 
 import asyncio
+from concurrent.futures import Future
 
 from engine.client.queries import view_message
-from engine.errors import InvalidMessageError
+from engine.errors import InvalidMessageError, TopicNotFoundError
 from engine.model import SendResult
 from engine.protocol.actions import NACK
 from engine.protocol.delays import nack_plan
@@ -20,7 +21,7 @@ from engine.remoting.handlers.namesrv import ensure_sent_topic
 from engine.remoting.headers import Header
 from engine.remoting.message_layout import decode_batch, decode_properties, offset_msg_id
 from engine.remoting.retry_sends import is_retry_send, send_retry
-from engine.remoting.wire_messages import incoming, inflate
+from engine.remoting.wire_messages import IncomingMessage, incoming, inflate
 from engine.store.store import now_ms
 
 # SendMessageRequestHeaderV2's one-letter names for SendMessageRequestHeader's.
@@ -78,8 +79,9 @@ async def send_message(ctx: BrokerContext, conn: Connection, cmd: RemotingComman
     peer = conn.writer.get_extra_info("peername")
     born_host = (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) and len(peer) >= 2 else None
     born_ts = header.int64("bornTimestamp", 0)
-    if not is_retry_send(topic):
+    if not is_retry_send(topic) and topic not in ctx.sent_topics:
         await ctx.run(ensure_sent_topic, ctx, topic, header.int32("defaultTopicQueueNums", 4))
+        ctx.sent_topics.add(topic)
     if batch:
         items = [
             incoming(
@@ -117,11 +119,25 @@ async def send_message(ctx: BrokerContext, conn: Connection, cmd: RemotingComman
             "TRACE_ON": "true",
         }
         return cmd.response(ResponseCode.SUCCESS, ext_fields=fields)
-    queued = await ctx.run(ctx.producer.send_wire_grouped, item, queue_id)
+    try:
+        queued = await _queue(ctx, item, queue_id)
+    except TopicNotFoundError:  # deleted since a send found it: created again, as on a first send
+        ctx.sent_topics.discard(topic)
+        await ctx.run(ensure_sent_topic, ctx, topic, header.int32("defaultTopicQueueNums", 4))
+        queued = await _queue(ctx, item, queue_id)
     result = await asyncio.wrap_future(queued)
     # (a delayed message's wakes a pull for nothing: it reads, finds nothing yet, and parks again)
     ctx.hold.arrived(topic, result.queue_id, result.queue_offset + 1)
     return cmd.response(ResponseCode.SUCCESS, ext_fields=_result_fields(ctx, result))
+
+
+async def _queue(ctx: BrokerContext, item: IncomingMessage, queue_id: int) -> Future[SendResult]:
+    """Queue a send for the next group commit. On a local store it is checked and queued on the
+    event loop (no I/O then: no thread hop each way); elsewhere a topic look-up may ask the object
+    store, so on a worker thread."""
+    if ctx.store.is_local:
+        return ctx.producer.send_wire_grouped(item, queue_id)
+    return await ctx.run(ctx.producer.send_wire_grouped, item, queue_id)
 
 
 def _checked(body: bytes) -> bytes:

@@ -5,6 +5,7 @@ the pause after a lost race).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import logging
@@ -100,6 +101,10 @@ class BackgroundCheckpoints:
         with self._cond:
             self._jobs[table_uri] = job
             if self._thread is None or not self._thread.is_alive():
+                if self._thread is None:
+                    # A daemon thread still inside delta-rs when the interpreter finalizes can crash
+                    # the process on its way out: the checkpoint under way is finished first.
+                    atexit.register(self.wait, 30)
                 self._thread = threading.Thread(target=self._run, name="mq-checkpoints", daemon=True)
                 self._thread.start()
             self._cond.notify_all()

@@ -5,10 +5,10 @@ state, after a warm-up): what DESIGN.md §7's round-trip budgets are made of, as
 - a sync send costs no request beyond a bare delta-rs append of one file (its data file PUT, the
   conditional commit PUT, and what delta-rs itself does around the commit: see
   :func:`test_a_sync_send_costs_no_request_beyond_a_bare_delta_rs_append`);
-- a pull of 32 messages stored in one file: the look for a newer consume-queue version (one HEAD)
+- a pull of 32 messages stored in one file: the look for a newer consume-queue version (one GET that finds none)
   and the data file's row groups (one GET);
 - a pull at the head of a queue: two HEADs, the consume queue's and the commit log's (the messages
-  not dispatched yet are read from it), besides, once a second, the route check (one HEAD); a pull
+  not dispatched yet are read from it), besides, once a second, the route check (one request); a pull
   far from the head does not look at the commit log;
 - a pull whose messages lie in many files reads each once, and (on an object store) all at once.
 """
@@ -54,11 +54,11 @@ def counted(proxy: S3Proxy, action: Any) -> tuple[int, list[str]]:
 
 def routed_requests(proxy: S3Proxy, action: Any) -> tuple[int, list[str]]:
     """Requests of a send or pull, without the route check: every second a client looks for a newer
-    topics version (one HEAD, as RocketMQ's clients refresh routes on a timer), whichever call it
+    topics version (one request, as RocketMQ's clients refresh routes on a timer), whichever call it
     falls on."""
     count, seen = counted(proxy, action)
     routes = [r for r in seen if "/topics/_delta_log/" in r]
-    assert len(routes) <= 1 and all(r.startswith("HEAD ") for r in routes), seen
+    assert len(routes) <= 1 and all(r.startswith(("HEAD ", "GET ")) for r in routes), seen
     return count - len(routes), [r for r in seen if r not in routes]
 
 
@@ -137,8 +137,11 @@ def test_a_pull_at_the_head_of_a_queue_costs_two_requests_and_sees_what_is_not_d
     results = []
     count, seen = routed_requests(proxy, lambda: results.append(consumer.pull(topic, 0, 32, 32)))
     assert results[0].status is PullStatus.NO_NEW_MSG
-    # a newer consume-queue version, and a newer commit-log version (the queue's tail): one HEAD each
-    assert count == 2 and all(r.startswith("HEAD ") for r in seen), "\n".join(seen)
+    # a newer consume-queue version, and a newer commit-log version (the queue's tail): one look
+    # each (a GET of the next commit file, which finds none)
+    assert count == 2 and all(r.startswith(("HEAD ", "GET ")) and "/_delta_log/" in r for r in seen), (
+        "\n".join(seen)
+    )
     with Producer(store, "P") as producer:
         producer.send(Message(topic, b"not dispatched"), queue_id=0)
     assert [m.body for m in consumer.pull(topic, 0, 32, 32).messages] == [b"not dispatched"]

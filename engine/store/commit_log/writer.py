@@ -36,8 +36,9 @@ by reading the commit files it missed: about 2.5 ms per one-message append again
 delta-rs on a local disk, and on S3 two requests (the data file, the commit) against delta-rs's
 listing and reads before its commit. The delta-rs handle is then kept only for what needs it (app
 transactions, checkpoints, other object stores; ``MQ_DIRECT_APPEND=0`` sends everything through it).
-Through delta-rs an append's cost grows with the table's live files and with the versions the handle has moved on by since it was opened, so the writer reopens an aged
-handle (:attr:`~engine.store.delta.Snapshot.aged`).
+Through delta-rs an append's cost grows with the table's live files and with the versions the
+handle has moved on by since it was opened, so the writer reopens an aged handle
+(:attr:`~engine.store.delta.Snapshot.aged`).
 """
 
 from __future__ import annotations

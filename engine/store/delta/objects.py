@@ -28,6 +28,7 @@ import shutil
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -215,8 +216,8 @@ _SECRET_PARTS = ("secret", "token", "password")
 def s3_config(storage_options: Mapping[str, str] | None) -> tuple[dict[str, str], dict[str, str]]:
     """obstore's S3 configuration and HTTP client options for delta-rs ``storage_options``: the same
     keys (``AWS_ACCESS_KEY_ID``, ``aws_endpoint``, ``AWS_ALLOW_HTTP``, ``timeout``, ...), any case,
-    with or without ``aws_``; delta-rs's own keys are left out. Commits are put with
-    ``If-None-Match: *`` (``conditional_put = etag`` unless given)."""
+    with or without ``aws_``; delta-rs's own keys are left out (its retry keys: :func:`s3_retries`).
+    Commits are put with ``If-None-Match: *`` (``conditional_put = etag`` unless given)."""
     config: dict[str, str] = {}
     client: dict[str, str] = {}
     for key, value in (storage_options or {}).items():
@@ -230,10 +231,43 @@ def s3_config(storage_options: Mapping[str, str] | None) -> tuple[dict[str, str]
     return config, client
 
 
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min)?\s*$")
+
+
+def s3_retries(storage_options: Mapping[str, str] | None) -> dict[str, Any]:
+    """obstore's retry settings from delta-rs's ``max_retries`` and ``retry_timeout`` (``"30s"``,
+    ``"500ms"``, ``"2m"``; seconds without a unit); empty: object_store's defaults.
+
+    Raises:
+        StoreError: a value is not a count or a duration.
+    """
+    out: dict[str, Any] = {}
+    for key, value in (storage_options or {}).items():
+        name = key.lower()
+        if name == "max_retries":
+            if not value.strip().isdigit():
+                raise StoreError(f"storage option max_retries must be a count, not {value!r}")
+            out["max_retries"] = int(value)
+        elif name == "retry_timeout":
+            found = _DURATION.match(value)
+            if found is None:
+                raise StoreError(f"storage option retry_timeout must be a duration (30s), not {value!r}")
+            scale = {"ms": 0.001, "m": 60.0, "min": 60.0}.get(found.group(2) or "s", 1.0)
+            out["retry_timeout"] = timedelta(seconds=float(found.group(1)) * scale)
+    return out
+
+
 @lru_cache(maxsize=64)
 def _s3_store(bucket: str, options_key: tuple[tuple[str, str], ...]) -> S3Store:
-    config, client = s3_config(dict(options_key))
-    return S3Store(bucket, config=config, client_options=client)  # type: ignore[arg-type]
+    options = dict(options_key)
+    config, client = s3_config(options)
+    retries = s3_retries(options)
+    return S3Store(
+        bucket,
+        config=config,  # type: ignore[arg-type]
+        client_options=client,  # type: ignore[arg-type]
+        retry_config=retries or None,  # type: ignore[arg-type]
+    )
 
 
 def s3_client(root: str, storage_options: Mapping[str, str] | None) -> tuple[S3Store, str] | None:
@@ -250,6 +284,8 @@ def s3_client(root: str, storage_options: Mapping[str, str] | None) -> tuple[S3S
     prefix = unquote(parts.path).strip("/")
     try:
         store = _s3_store(parts.netloc, tuple(sorted((storage_options or {}).items())))
+    except StoreError:
+        raise
     except Exception as exc:  # obstore's errors: bad options
         raise storage_failure(_secretless(exc, storage_options), f"cannot reach {root}", root) from exc
     return store, f"{prefix}/" if prefix else ""

@@ -21,10 +21,11 @@ from engine import Admin, CommitConflictError, Message, Producer, Store
 from engine.errors import CommitStateUnknownError, StoreAccessDeniedError, StoreError
 from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
+from engine.store.commit_log import writer as writer_module
 from engine.store.commit_log.stamping import PendingMessage
 from engine.store.commit_markers import BATCH_KEY
 from engine.store.delta.direct_append import DirectAppender, S3LogObjects, direct_appender
-from engine.store.delta.objects import put_new_object, s3_client, s3_config, s3_retries
+from engine.store.delta.objects import delete_object, put_new_object, s3_client, s3_config, s3_retries
 
 pytestmark = pytest.mark.s3
 
@@ -244,3 +245,25 @@ def test_delta_rs_reads_what_racing_writers_committed_directly_with_dense_offset
     assert mine == list(range(13))  # the fixture's first message, then 12: dense, none twice
     physical = sorted((r["physical_offset"], r["size"]) for r in rows)
     assert all(a + size == b for (a, size), (b, _) in itertools.pairwise(physical))
+
+
+def test_a_writer_that_has_not_looked_for_long_looks_before_committing_past_a_cleaned_up_log(
+    store: Store, topic: str, s3_options: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def message(body: bytes) -> list[PendingMessage]:
+        return [PendingMessage(topic=topic, queue_id=0, body=body, uniq_key=body.hex())]
+
+    idle = CommitLogWriter(store)
+    idle.append(message(b"before"))
+    known = store.version(schemas.COMMIT_LOG)
+    rival = CommitLogWriter(store)
+    for i in range(3):
+        rival.append(message(f"rival {i}".encode()))
+    latest = store.version(schemas.COMMIT_LOG)
+    # a checkpoint, then the log cleanup of the commit after the idle writer's version
+    store.snapshot(schemas.COMMIT_LOG).checkpoint(cleanup=False)
+    delete_object(store.uri(schemas.COMMIT_LOG), f"_delta_log/{known + 1:020d}.json", s3_options)
+    monkeypatch.setattr(writer_module, "STALE_LOOK_S", 0.0)  # its look is old now
+    stamped = idle.append_batch(message(b"after"))
+    assert stamped.version == latest + 1  # not on the cleaned-up version known + 1
+    assert not idle.append([]) and store.version(schemas.COMMIT_LOG) == latest + 1

@@ -109,6 +109,9 @@ COMMIT_LOG_ROW_GROUP_ROWS = 256
 # them (both cost CPU on every write and buy nothing).
 _PLAIN_COLUMNS = ("body",)
 _WRITER_PROPERTIES = writer_properties(COMMIT_LOG_ROW_GROUP_ROWS, _PLAIN_COLUMNS)
+# On an object store, a direct appender whose last look at the log is older than this looks again
+# before committing (see CommitLogWriter._behind); far below any log retention.
+STALE_LOOK_S = 60.0
 # A writer that fell behind by at most this many versions applies them to its marks one by one;
 # further behind, it rebuilds the marks (a walk back of about as many commit files).
 REPLAY_COMMITS = 256
@@ -162,6 +165,7 @@ class CommitLogWriter:
         self._dt: Snapshot | None = None
         self._direct_allowed = direct_append_enabled() if direct is None else direct
         self._direct: DirectAppender | None = None  # decided on every load of the handle
+        self._looked_at = 0.0  # when the writer last found its version the latest (object stores)
         self._lock = threading.Lock()
         use_lock = host_lock_enabled() if host_lock is None else host_lock
         self._host_lock = (
@@ -190,7 +194,9 @@ class CommitLogWriter:
         """Move the marks to the latest version: by reading the commit files after them when
         appending directly (:meth:`_follow_log`), else (or with ``handle``, for a commit through
         delta-rs) with the delta-rs handle, a new one with ``reopen``."""
+        looked_at = time.monotonic()
         if not (reopen or handle) and self._follow_log():
+            self._looked_at = looked_at
             return
         base = self._version if self._hwm is not None else -1
         dt = self._dt
@@ -221,6 +227,7 @@ class CommitLogWriter:
             if self._direct_allowed
             else None
         )
+        self._looked_at = looked_at
 
     def _follow_log(self) -> bool:
         """Apply the commits after the marks' version by reading their files (a direct appender's
@@ -258,7 +265,13 @@ class CommitLogWriter:
         if self._hwm is None or self._version < 0:
             return True
         if self._log_dir is None:
-            return False  # an object store: find out by committing (a conflict catches up)
+            # An object store: find out by committing (a conflict catches up), without a look first
+            # unless what the writer knows is older than STALE_LOOK_S: the commit file after its
+            # version may then have been cleaned up (log retention, after a checkpoint), and its
+            # conditional put would land on a version the log has passed. A commit file is only
+            # cleaned up once older than the log retention, so one made after the writer's last
+            # look is still there while that look is younger than the retention.
+            return self._direct is not None and time.monotonic() - self._looked_at > STALE_LOOK_S
         if os.path.exists(os.path.join(self._log_dir, f"{self._version + 1:020d}.json")):
             return True
         return self._direct is not None and self._direct.passed_by_checkpoint(self._version)
@@ -431,8 +444,10 @@ class CommitLogWriter:
                     )
             except CommitConflictError as exc:
                 # (a commit on S3 was read back already: a conflict there is someone else's)
-                if direct is None or exc.context.get("read_back") or not landed(
-                    direct, base_version + 1, batch_id, self.table
+                if (
+                    direct is None
+                    or exc.context.get("read_back")
+                    or not landed(direct, base_version + 1, batch_id, self.table)
                 ):
                     self.conflicts += 1
                     # Wait first, then catch up (a catch-up before the pause would be stale after
@@ -461,6 +476,7 @@ class CommitLogWriter:
             hwm.apply(delta)
             if self._hwm is hwm:
                 self._version = version
+                self._looked_at = began  # the version was free when the commit was asked for
             ended = time.monotonic()
             if racing:
                 self._pacer.won(ended - began, ended)

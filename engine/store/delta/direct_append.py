@@ -1,4 +1,4 @@
-"""Blind appends to a local Delta table, committed by the engine itself instead of through delta-rs.
+"""Blind appends to a Delta table, committed by the engine itself instead of through delta-rs.
 
 An append to the commit log is one data file and one commit file. delta-rs takes about 12 ms of CPU
 for it on the bench machine (its writer, its conflict check and the replay of every commit since the
@@ -10,6 +10,17 @@ next version with put-if-absent: written under a temporary name, then hard-linke
 same primitive delta-rs uses on a local file system). Measured on the bench machine: about 2.5 ms
 per one-message append against 12.6 ms through ``write_deltalake``.
 
+The files go through a small seam, :data:`LogObjects`: a data file written, a commit put at its
+version if absent, a commit read, a version looked for, the last checkpoint read. On a local disk
+(:class:`LocalLogObjects`) as above; on S3 (:class:`S3LogObjects`, the reference) through obstore, the
+bindings of the ``object_store`` crate delta-rs itself uses: the data file in one PUT and the commit
+in one conditional PUT (``If-None-Match: *``), so a one-message append costs two round trips where
+delta-rs lists and reads the log before its own conditional PUT. A put whose answer was lost (a 5xx
+that object_store retried into a 412, a timeout) is resolved by reading the commit back and comparing
+it with the text put: the same text is this commit (landed), another is a lost race, none is unknown.
+Only writers that follow the log closely enough to know the next version ask for S3
+(``direct_appender(..., on_s3=True)``: the commit-log writer); the other direct writers stay local.
+
 The commit is what Delta's protocol asks of a writer of version 1/2 tables: a ``commitInfo``
 (operation ``WRITE``, ``isBlindAppend``) and one ``add`` action with ``dataChange`` and its
 statistics (``numRecords``, ``minValues``, ``maxValues``, ``nullCount`` over the table's statistics
@@ -17,7 +28,7 @@ columns). Only tables that ask nothing more qualify (:func:`direct_appender`): r
 writer version at most 2 (appendOnly and invariants; no invariant may be set on a column), not
 partitioned, and of exactly the schema the rows have. A commit may carry app transactions (``txn``
 actions, which version 2 writers write): the action log's lease decisions
-(:mod:`engine.store.delta.followed_log`). Anything else (object stores, newer protocols) goes through
+(:mod:`engine.store.delta.followed_log`). Anything else (other object stores, newer protocols) goes through
 delta-rs, and both kinds of commit interleave on one log: each lands on the next version or not at
 all.
 

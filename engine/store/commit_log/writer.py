@@ -334,8 +334,10 @@ class CommitLogWriter:
                 host_lock = None
             try:
                 racing = host_lock is None
-                if racing:  # a writer that just won a hot race gives the others their turn
-                    time.sleep(self._pacer.hold(time.monotonic()))
+                # a writer that just won a hot race gives the others their turn (no sleep call at
+                # all otherwise: even a sleep of 0 hands the interpreter to other threads)
+                if racing and (pause := self._pacer.hold(time.monotonic())) > 0:
+                    time.sleep(pause)
                 if self._behind():
                     self._catch_up()
                 stamped = self._append_locked(batch, dict(app_transactions or {}), custom_metadata, racing)

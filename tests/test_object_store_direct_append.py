@@ -73,19 +73,15 @@ def test_only_s3_roots_get_an_obstore_client() -> None:
 
 # ----------------------------------------------------------------------------- on the server
 @pytest.fixture
-def proxy(s3_proxy: S3Proxy) -> S3Proxy:
-    return s3_proxy
-
-
-@pytest.fixture
-def store(proxy: S3Proxy, s3_server: Any, s3_root: str) -> Store:
-    return Store.open(s3_root, storage_options=s3_server.storage_options(endpoint=proxy.endpoint))
+def store(s3_proxy: S3Proxy, s3_server: Any, s3_root: str) -> Store:
+    """A store on the S3 server through the proxy, whose topic (:func:`topic`) holds one message."""
+    return Store.open(s3_root, storage_options=s3_server.storage_options(endpoint=s3_proxy.endpoint))
 
 
 @pytest.fixture
 def topic(store: Store) -> str:
     name = f"T{uuid.uuid4().hex[:6]}"
-    Admin(store).create_topic(name, queues=1)
+    Admin(store).create_topic(name, 1)
     with Producer(store, "P") as producer:
         producer.send(Message(name, b"first"), queue_id=0)
     return name
@@ -107,14 +103,14 @@ def batch_at(direct: DirectAppender, version: int) -> str | None:
 
 
 def test_a_commit_log_writer_on_s3_appends_directly_in_two_puts(
-    store: Store, topic: str, proxy: S3Proxy
+    store: Store, topic: str, s3_proxy: S3Proxy
 ) -> None:
     writer = CommitLogWriter(store)
     writer.append([PendingMessage(topic=topic, queue_id=0, body=b"warm", uniq_key="w")])
     assert writer.direct
-    proxy.record()
+    s3_proxy.record()
     writer.append([PendingMessage(topic=topic, queue_id=0, body=b"b", uniq_key="b")])
-    seen = proxy.record(False)
+    seen = s3_proxy.record(False)
     assert [r.split(" ")[0] for r in seen] == ["PUT", "PUT"], seen
     assert seen[0].endswith(".parquet") and seen[1].endswith(f"{store.version(schemas.COMMIT_LOG):020d}.json")
 
@@ -150,11 +146,11 @@ def test_two_writers_racing_for_one_version_one_wins_the_other_conflicts(store: 
     assert not first.exists(version + 1)  # the loser committed nowhere else
 
 
-def test_a_commit_that_landed_but_answered_503_is_landed(store: Store, topic: str, proxy: S3Proxy) -> None:
+def test_a_commit_that_landed_but_answered_503_is_landed(store: Store, topic: str, s3_proxy: S3Proxy) -> None:
     direct = appender(store)
     version = store.version(schemas.COMMIT_LOG) + 1
     add = direct.write_file(one_row(store))
-    rule = proxy.fail(rf"/commit_log/_delta_log/0*{version}\.json", method="PUT", status=503, after=True)
+    rule = s3_proxy.fail(rf"/commit_log/_delta_log/0*{version}\.json", method="PUT", status=503, after=True)
     direct.commit(version, add, {BATCH_KEY: "mine"})  # the retry met 412: read back, it is ours
     assert rule.hits, "the fault did not hit the commit PUT"
     assert batch_at(direct, version) == "mine"
@@ -173,15 +169,15 @@ def test_a_412_on_a_version_another_writer_holds_is_a_lost_race(store: Store, to
 
 
 def test_a_commit_put_that_cannot_be_resolved_is_unknown_not_failed(
-    store: Store, topic: str, proxy: S3Proxy, s3_server: Any
+    store: Store, topic: str, s3_proxy: S3Proxy, s3_server: Any
 ) -> None:
     direct = appender(store)
     version = store.version(schemas.COMMIT_LOG) + 1
     add = direct.write_file(one_row(store))
     # every answer about the commit is lost: the put, its retries and the read back
-    rule = proxy.fail(rf"/commit_log/_delta_log/0*{version}\.json", status=503, times=-1)
+    rule = s3_proxy.fail(rf"/commit_log/_delta_log/0*{version}\.json", status=503, times=-1)
     options = {
-        **s3_server.storage_options(endpoint=proxy.endpoint),
+        **s3_server.storage_options(endpoint=s3_proxy.endpoint),
         "max_retries": "1",
         "retry_timeout": "5s",
     }
@@ -192,7 +188,7 @@ def test_a_commit_put_that_cannot_be_resolved_is_unknown_not_failed(
         with pytest.raises(CommitStateUnknownError):
             quick.commit(version, add, {BATCH_KEY: "mine"})
     finally:
-        proxy.clear()
+        s3_proxy.clear()
     assert rule.hits
     assert not direct.exists(version)  # (a 503 before forwarding: nothing landed here)
 

@@ -285,6 +285,9 @@ def test_readers_listing_while_commits_land_never_see_a_torn_or_forked_table(
             store=s3_root,
             topic=TOPIC,
             group=f"reader{i}-{uuid.uuid4().hex[:6]}",
+            # every second pass: the writers commit directly now and are done within a few reader
+            # passes, and each reader must have run the stats at least once
+            stats_every=2,
         )
         for i in range(2)
     ]

@@ -29,14 +29,16 @@ A lost race rewrites the batch's data file: the offsets are columns of the rows 
 self-describing and compaction-safe), so there is no cheaper re-stamp that keeps files readable by
 any Delta reader.
 
-On a local store a batch without app transactions is committed by the writer itself
+On a local store and on S3 a batch without app transactions is committed by the writer itself
 (:mod:`engine.store.delta.direct_append`: pyarrow writes the file, the commit file is put at the next
-version with put-if-absent), and a writer catches up by reading the commit files it missed: about
-2.5 ms per one-message append against 12 ms through delta-rs, whose handle the writer then keeps
-only for what needs it (app transactions, checkpoints, object stores; ``MQ_DIRECT_APPEND=0`` sends
-everything through it). Through delta-rs an append's cost grows with the table's live files and
-with the versions the handle has moved on by since it was opened, so the writer reopens an aged
-handle (:attr:`~engine.store.delta.Snapshot.aged`).
+version with put-if-absent: a hard link, or a PUT with ``If-None-Match: *``), and a writer catches up
+by reading the commit files it missed: about 2.5 ms per one-message append against 12 ms through
+delta-rs on a local disk, and on S3 two requests (the data file, the commit) against delta-rs's
+listing and reads before its commit. The delta-rs handle is then kept only for what needs it (app
+transactions, checkpoints, other object stores; ``MQ_DIRECT_APPEND=0`` sends everything through it).
+Through delta-rs an append's cost grows with the table's live files and with the versions the
+handle has moved on by since it was opened, so the writer reopens an aged handle
+(:attr:`~engine.store.delta.Snapshot.aged`).
 """
 
 from __future__ import annotations
@@ -108,6 +110,9 @@ COMMIT_LOG_ROW_GROUP_ROWS = 256
 # them (both cost CPU on every write and buy nothing).
 _PLAIN_COLUMNS = ("body",)
 _WRITER_PROPERTIES = writer_properties(COMMIT_LOG_ROW_GROUP_ROWS, _PLAIN_COLUMNS)
+# On an object store, a direct appender whose last look at the log is older than this looks again
+# before committing (see CommitLogWriter._behind); far below any log retention.
+STALE_LOOK_S = 60.0
 # A writer that fell behind by at most this many versions applies them to its marks one by one;
 # further behind, it rebuilds the marks (a walk back of about as many commit files).
 REPLAY_COMMITS = 256
@@ -159,8 +164,9 @@ class CommitLogWriter:
         self._version = -1
         self._hwm: HighWaterMarks | None = None
         self._dt: Snapshot | None = None
-        self._direct_allowed = (direct_append_enabled() if direct is None else direct) and store.is_local
+        self._direct_allowed = direct_append_enabled() if direct is None else direct
         self._direct: DirectAppender | None = None  # decided on every load of the handle
+        self._looked_at = 0.0  # when the writer last found its version the latest (object stores)
         self._lock = threading.Lock()
         use_lock = host_lock_enabled() if host_lock is None else host_lock
         self._host_lock = (
@@ -189,7 +195,9 @@ class CommitLogWriter:
         """Move the marks to the latest version: by reading the commit files after them when
         appending directly (:meth:`_follow_log`), else (or with ``handle``, for a commit through
         delta-rs) with the delta-rs handle, a new one with ``reopen``."""
+        looked_at = time.monotonic()
         if not (reopen or handle) and self._follow_log():
+            self._looked_at = looked_at
             return
         base = self._version if self._hwm is not None else -1
         dt = self._dt
@@ -214,10 +222,13 @@ class CommitLogWriter:
             self._hwm = read_hwm(dt)
         self._version = latest
         self._direct = (
-            direct_appender(dt, schemas.COMMIT_LOG_SCHEMA, _PLAIN_COLUMNS, COMMIT_LOG_ROW_GROUP_ROWS)
+            direct_appender(
+                dt, schemas.COMMIT_LOG_SCHEMA, _PLAIN_COLUMNS, COMMIT_LOG_ROW_GROUP_ROWS, on_s3=True
+            )
             if self._direct_allowed
             else None
         )
+        self._looked_at = looked_at
 
     def _follow_log(self) -> bool:
         """Apply the commits after the marks' version by reading their files (a direct appender's
@@ -255,7 +266,13 @@ class CommitLogWriter:
         if self._hwm is None or self._version < 0:
             return True
         if self._log_dir is None:
-            return False  # an object store: find out by committing (a conflict catches up)
+            # An object store: find out by committing (a conflict catches up), without a look first
+            # unless what the writer knows is older than STALE_LOOK_S: the commit file after its
+            # version may then have been cleaned up (log retention, after a checkpoint), and its
+            # conditional put would land on a version the log has passed. A commit file is only
+            # cleaned up once older than the log retention, so one made after the writer's last
+            # look is still there while that look is younger than the retention.
+            return self._direct is not None and time.monotonic() - self._looked_at > STALE_LOOK_S
         if os.path.exists(os.path.join(self._log_dir, f"{self._version + 1:020d}.json")):
             return True
         return self._direct is not None and self._direct.passed_by_checkpoint(self._version)
@@ -318,8 +335,10 @@ class CommitLogWriter:
                 host_lock = None
             try:
                 racing = host_lock is None
-                if racing:  # a writer that just won a hot race gives the others their turn
-                    time.sleep(self._pacer.hold(time.monotonic()))
+                # a writer that just won a hot race gives the others their turn (no sleep call at
+                # all otherwise: even a sleep of 0 hands the interpreter to other threads)
+                if racing and (pause := self._pacer.hold(time.monotonic())) > 0:
+                    time.sleep(pause)
                 if self._behind():
                     self._catch_up()
                 stamped = self._append_locked(batch, dict(app_transactions or {}), custom_metadata, racing)
@@ -430,8 +449,13 @@ class CommitLogWriter:
                         writer_properties=_WRITER_PROPERTIES,
                         hooks=NO_HOOKS,
                     )
-            except CommitConflictError:
-                if direct is None or not landed(direct, base_version + 1, batch_id, self.table):
+            except CommitConflictError as exc:
+                # (a commit on S3 was read back already: a conflict there is someone else's)
+                if (
+                    direct is None
+                    or exc.context.get("read_back")
+                    or not landed(direct, base_version + 1, batch_id, self.table)
+                ):
                     self.conflicts += 1
                     # Wait first, then catch up (a catch-up before the pause would be stale after
                     # it). Off the host lock the pause spreads the racers; under it a rival of
@@ -459,6 +483,7 @@ class CommitLogWriter:
             hwm.apply(delta)
             if self._hwm is hwm:
                 self._version = version
+                self._looked_at = began  # the version was free when the commit was asked for
             ended = time.monotonic()
             if racing:
                 self._pacer.won(ended - began, ended)

@@ -26,7 +26,6 @@ from engine.errors import CommitConflictError, StoreError
 from engine.store.commit_markers import BATCH_KEY
 from engine.store.delta.commits import backoff, checkpoint_at_interval, landed
 from engine.store.delta.direct_append import DirectAppender, direct_appender
-from engine.store.delta.log import probe_latest_version
 from engine.store.delta.snapshot import Snapshot, checkpoint_interval
 
 # Lost races before giving up, as delta-rs's own default commit retries.
@@ -103,7 +102,7 @@ class BlindAppends:
         """The newest version, after reading every commit since the last one checked; None when the
         writer was made anew (see the module docstring): ``self._appender`` is the new one, or None
         when the table takes delta-rs commits only."""
-        latest = probe_latest_version(appender.table_dir, self._checked)
+        latest = appender.latest(self._checked)
         if latest is None:
             self._renew(None)
             return None

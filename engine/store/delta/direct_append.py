@@ -1,4 +1,4 @@
-"""Blind appends to a local Delta table, committed by the engine itself instead of through delta-rs.
+"""Blind appends to a Delta table, committed by the engine itself instead of through delta-rs.
 
 An append to the commit log is one data file and one commit file. delta-rs takes about 12 ms of CPU
 for it on the bench machine (its writer, its conflict check and the replay of every commit since the
@@ -10,6 +10,17 @@ next version with put-if-absent: written under a temporary name, then hard-linke
 same primitive delta-rs uses on a local file system). Measured on the bench machine: about 2.5 ms
 per one-message append against 12.6 ms through ``write_deltalake``.
 
+The files go through a small seam, :data:`LogObjects`: a data file written, a commit put at its
+version if absent, a commit read, a version looked for, the last checkpoint read. On a local disk
+(:class:`LocalLogObjects`) as above; on S3 (:class:`S3LogObjects`, the reference) through obstore, the
+bindings of the ``object_store`` crate delta-rs itself uses: the data file in one PUT and the commit
+in one conditional PUT (``If-None-Match: *``), so a one-message append costs two round trips where
+delta-rs lists and reads the log before its own conditional PUT. A put whose answer was lost (a 5xx
+that object_store retried into a 412, a timeout) is resolved by reading the commit back and comparing
+it with the text put: the same text is this commit (landed), another is a lost race, none is unknown.
+Only writers that follow the log closely enough to know the next version ask for S3
+(``direct_appender(..., on_s3=True)``: the commit-log writer); the other direct writers stay local.
+
 The commit is what Delta's protocol asks of a writer of version 1/2 tables: a ``commitInfo``
 (operation ``WRITE``, ``isBlindAppend``) and one ``add`` action with ``dataChange`` and its
 statistics (``numRecords``, ``minValues``, ``maxValues``, ``nullCount`` over the table's statistics
@@ -17,7 +28,7 @@ columns). Only tables that ask nothing more qualify (:func:`direct_appender`): r
 writer version at most 2 (appendOnly and invariants; no invariant may be set on a column), not
 partitioned, and of exactly the schema the rows have. A commit may carry app transactions (``txn``
 actions, which version 2 writers write): the action log's lease decisions
-(:mod:`engine.store.delta.followed_log`). Anything else (object stores, newer protocols) goes through
+(:mod:`engine.store.delta.followed_log`). Anything else (other object stores, newer protocols) goes through
 delta-rs, and both kinds of commit interleave on one log: each lands on the next version or not at
 all.
 
@@ -45,10 +56,23 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from engine.errors import CommitConflictError, StoreError
+from engine.errors import (
+    BucketNotFoundError,
+    CommitConflictError,
+    CommitStateUnknownError,
+    StoreAccessDeniedError,
+    StoreError,
+)
 from engine.store.commit_markers import BATCH_KEY, COUNTS_KEY
-from engine.store.delta.log import last_checkpoint_version, parse_commit
-from engine.store.delta.objects import local_path
+from engine.store.delta.log import last_checkpoint_version, parse_commit, probe_latest_version
+from engine.store.delta.objects import (
+    get_object,
+    local_path,
+    object_exists,
+    put_new_object,
+    put_object,
+    s3_client,
+)
 from engine.store.delta.snapshot import Snapshot
 
 DIRECT_ENV = "MQ_DIRECT_APPEND"
@@ -135,10 +159,11 @@ def plain_info_line(text: str) -> str | None:
     return head
 
 
-def blocker(snapshot: Snapshot, schema: pa.Schema) -> str | None:
-    """Why rows of ``schema`` cannot be appended to ``snapshot``'s table directly (None: they can)."""
-    if local_path(snapshot.uri) is None:
-        return "not on a local file system"
+def blocker(snapshot: Snapshot, schema: pa.Schema, *, on_s3: bool = False) -> str | None:
+    """Why rows of ``schema`` cannot be appended to ``snapshot``'s table directly (None: they can);
+    on S3 only with ``on_s3`` (for writers that resolve a lost answer: see :class:`S3LogObjects`)."""
+    if local_path(snapshot.uri) is None and not (on_s3 and s3_client(snapshot.uri, snapshot.storage_options)):
+        return "neither local nor on S3" if on_s3 else "not on a local file system"
     features = snapshot.features()
     if features.min_reader_version > 1 or features.min_writer_version > 2:
         return f"protocol {features.min_reader_version}/{features.min_writer_version} asks more than 1/2"
@@ -158,17 +183,24 @@ def direct_append_enabled() -> bool:
 
 
 def direct_appender(
-    snapshot: Snapshot, schema: pa.Schema, plain_columns: Sequence[str] = (), row_group_rows: int = 1 << 20
+    snapshot: Snapshot,
+    schema: pa.Schema,
+    plain_columns: Sequence[str] = (),
+    row_group_rows: int = 1 << 20,
+    *,
+    on_s3: bool = False,
 ) -> DirectAppender | None:
     """A :class:`DirectAppender` for rows of ``schema`` on ``snapshot``'s table, or None when the
-    table needs more than a blind append of files (:func:`blocker`)."""
-    if blocker(snapshot, schema) is not None:
+    table needs more than a blind append of files (:func:`blocker`); on S3 with ``on_s3``."""
+    if blocker(snapshot, schema, on_s3=on_s3) is not None:
         return None
     path = local_path(snapshot.uri)
-    assert path is not None
+    objects: LogObjects = (
+        LocalLogObjects(path) if path is not None else S3LogObjects(snapshot.uri, snapshot.storage_options)
+    )
     stats = _stats_columns(schema, snapshot.indexed_columns())
     return DirectAppender(
-        path, snapshot.name, schema, stats, plain_columns=plain_columns, row_group_rows=row_group_rows
+        objects, snapshot.name, schema, stats, plain_columns=plain_columns, row_group_rows=row_group_rows
     )
 
 
@@ -205,12 +237,218 @@ def file_stats(rows: pa.Table, columns: Sequence[str]) -> str:
     return json.dumps(stats, separators=(",", ":"))
 
 
+def _commit_name(version: int) -> str:
+    return f"_delta_log/{version:020d}.json"
+
+
+class LocalLogObjects:
+    """The files of a direct appender on a local disk: a data file written in place, a commit file
+    put at its version by hard link (put-if-absent)."""
+
+    def __init__(self, table_dir: str) -> None:
+        self.uri = table_dir
+        self._log_dir = os.path.join(table_dir, "_delta_log")
+
+    def where(self, name: str) -> str:
+        return os.path.join(self.uri, *name.split("/"))
+
+    def write_data(self, name: str, rows: pa.Table, options: Mapping[str, Any]) -> int:
+        """Write ``rows`` as the parquet file ``name`` of the table; its size in bytes.
+
+        Raises:
+            OSError, pyarrow.ArrowException: it could not be written (nothing is left behind).
+        """
+        path = self.where(name)
+        try:
+            pq.write_table(rows, path, **options)
+            return os.stat(path).st_size
+        except (OSError, pa.ArrowException):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            raise
+
+    def put_commit(self, version: int, text: str, table: str) -> None:
+        """Put ``text`` as the commit file of ``version`` if it has none.
+
+        Raises:
+            CommitConflictError: it has one.
+            StoreError: it could not be written (see :meth:`DirectAppender.commit`).
+        """
+        target = self.where(_commit_name(version))
+        temporary = os.path.join(self._log_dir, f"_commit_{uuid.uuid4()}.json.tmp")
+        linking = False
+        try:
+            with open(temporary, "x", encoding="utf-8") as f:
+                f.write(text)
+            linking = True
+            os.link(temporary, target)  # put-if-absent: fails if the version exists
+        except FileExistsError as exc:
+            raise CommitConflictError(
+                f"version {version} of {table} was taken by a concurrent writer", table=table, version=version
+            ) from exc
+        except OSError as exc:
+            raise StoreError(
+                f"commit {version} of {table} could not be written: {exc}",
+                table=table,
+                version=version,
+                cause=exc,
+                # the directory took the temporary file but the file system has no hard links
+                links_unsupported=linking and exc.errno in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP),
+                # the link was asked for: on a network file system it may have happened all the same
+                linked=linking,
+            ) from exc
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+
+    def read_text(self, version: int) -> str | None:
+        """The commit file of ``version`` (None: there is none).
+
+        Raises:
+            OSError: it cannot be read.
+        """
+        try:
+            with open(self.where(_commit_name(version)), encoding="utf-8") as f:
+                return f.read()
+        except FileNotFoundError:
+            return None
+
+    def exists(self, version: int) -> bool:
+        return os.path.exists(self.where(_commit_name(version)))
+
+    def last_checkpoint(self) -> int | None:
+        """The version ``_last_checkpoint`` names (None: none).
+
+        Raises:
+            OSError, ValueError, KeyError, TypeError: it is unreadable or malformed.
+        """
+        return last_checkpoint_version(self.uri)
+
+    def latest(self, at_least: int) -> int | None:
+        """The newest version, probed from ``at_least`` on (:func:`probe_latest_version`)."""
+        return probe_latest_version(self.uri, at_least)
+
+
+class S3LogObjects:
+    """The objects of a direct appender on S3, through obstore (:func:`s3_client`): a data file in
+    one PUT, a commit file in one conditional PUT (``If-None-Match: *``), a commit read in one GET.
+
+    A commit put whose answer was lost is resolved here, by reading the commit back: object_store
+    retries a PUT that answered 5xx, and the retry of one that had landed meets 412, like a lost
+    race; a put that timed out may still land. The commit read back is compared with the text put
+    (which holds the batch id, the marks and a timestamp: no other commit has the same text).
+    """
+
+    def __init__(self, uri: str, storage_options: Mapping[str, str] | None) -> None:
+        self.uri = uri.rstrip("/")
+        self.storage_options = dict(storage_options) if storage_options else None
+
+    def where(self, name: str) -> str:
+        return f"{self.uri}/{name}"
+
+    def write_data(self, name: str, rows: pa.Table, options: Mapping[str, Any]) -> int:
+        """Write ``rows`` as the parquet file ``name`` (made in memory, put in one request).
+
+        Raises:
+            StoreError, pyarrow.ArrowException: it could not be written.
+        """
+        sink = pa.BufferOutputStream()
+        pq.write_table(rows, sink, **options)
+        data = sink.getvalue().to_pybytes()
+        put_object(self.uri, name, data, self.storage_options)
+        return len(data)
+
+    def put_commit(self, version: int, text: str, table: str) -> None:
+        """Put ``text`` as the commit of ``version`` if it has none; returns when it is there.
+
+        Raises:
+            CommitConflictError: another commit holds the version.
+            CommitStateUnknownError: the put failed, and the commit is not there (yet: it may land).
+            StoreError: the put was refused (credentials, bucket): nothing was written.
+        """
+        name = _commit_name(version)
+        try:
+            if put_new_object(self.uri, name, text.encode(), self.storage_options):
+                return
+            failure: StoreError | None = None
+        except (BucketNotFoundError, StoreAccessDeniedError):
+            raise  # refused before anything was written
+        except StoreError as exc:
+            failure = exc
+        try:
+            found = self.read_text(version)
+        except StoreError as exc:
+            raise CommitStateUnknownError(
+                f"commit {version} of {table} failed ({failure or 'version taken'}) and cannot be read "
+                f"back: {exc}",
+                table=table,
+                version=version,
+                cause=exc,
+            ) from exc
+        if found == text:
+            return  # it landed; its answer was lost (and a retry met 412)
+        if found is not None:
+            raise CommitConflictError(
+                f"version {version} of {table} was taken by a concurrent writer",
+                table=table,
+                version=version,
+                read_back=True,
+            ) from failure
+        if failure is None:  # 412, yet nothing there: a commit cleaned up since, never a free version
+            raise CommitConflictError(
+                f"version {version} of {table} was taken and is gone already",
+                table=table,
+                version=version,
+                read_back=True,
+            )
+        raise CommitStateUnknownError(
+            f"commit {version} of {table} failed and may yet land: {failure}",
+            table=table,
+            version=version,
+            cause=failure,
+        ) from failure
+
+    def read_text(self, version: int) -> str | None:
+        """The commit of ``version`` (None: there is none).
+
+        Raises:
+            StoreError: it cannot be read.
+        """
+        data = get_object(self.uri, _commit_name(version), self.storage_options)
+        return None if data is None else data.decode()
+
+    def exists(self, version: int) -> bool:
+        return object_exists(self.uri, _commit_name(version), self.storage_options)
+
+    def last_checkpoint(self) -> int | None:
+        """The version ``_last_checkpoint`` names (None: none).
+
+        Raises:
+            StoreError, ValueError, KeyError, TypeError: it is unreadable or malformed.
+        """
+        data = get_object(self.uri, "_delta_log/_last_checkpoint", self.storage_options)
+        return None if data is None else int(json.loads(data)["version"])
+
+    def latest(self, at_least: int) -> int | None:
+        """The newest version: ``at_least`` (a version known to exist) and every commit found after
+        it, one HEAD each (None: ``at_least`` is below 0)."""
+        if at_least < 0:
+            return None
+        version = at_least
+        while self.exists(version + 1):
+            version += 1
+        return version
+
+
+LogObjects = LocalLogObjects | S3LogObjects
+
+
 class DirectAppender:
-    """Appends files to one local Delta table and commits them at a given version (see the module
+    """Appends files to one Delta table and commits them at a given version (see the module
     docstring). Stateless between calls: the caller knows the version it commits on.
 
     Args:
-        table_dir: the table's directory.
+        objects: where the table's files go (a local directory, or an S3 prefix).
         name: the table's name, for errors.
         schema: the rows' (and the table's) schema.
         stats_columns: the columns that get file statistics.
@@ -221,7 +459,7 @@ class DirectAppender:
 
     def __init__(
         self,
-        table_dir: str,
+        objects: LogObjects,
         name: str,
         schema: pa.Schema,
         stats_columns: Sequence[str],
@@ -229,11 +467,10 @@ class DirectAppender:
         plain_columns: Sequence[str] = (),
         row_group_rows: int = 1 << 20,
     ) -> None:
-        self.table_dir = table_dir
+        self.objects = objects
         self.name = name
         self.schema = schema
         self.stats_columns = tuple(stats_columns)
-        self._log_dir = os.path.join(table_dir, "_delta_log")
         encoded = [n for n in schema.names if n not in plain_columns]
         self._parquet_options: dict[str, Any] = {
             "row_group_size": row_group_rows,
@@ -242,21 +479,34 @@ class DirectAppender:
             "compression": "snappy",
         }
 
+    @property
+    def uri(self) -> str:
+        return self.objects.uri
+
     def commit_path(self, version: int) -> str:
-        return os.path.join(self._log_dir, f"{version:020d}.json")
+        return self.objects.where(_commit_name(version))
 
     def exists(self, version: int) -> bool:
-        """Whether version ``version`` has been committed (its commit file is there)."""
-        return os.path.exists(self.commit_path(version))
+        """Whether version ``version`` has been committed (its commit file is there).
+
+        Raises:
+            StoreError: the object store cannot be asked.
+        """
+        return self.objects.exists(version)
+
+    def latest(self, at_least: int) -> int | None:
+        """The newest version, found from ``at_least`` on without a listing (None: look otherwise)."""
+        return self.objects.latest(at_least)
 
     def _text(self, version: int) -> str | None:
         """The commit file of ``version`` (None: there is none)."""
         try:
-            with open(self.commit_path(version), encoding="utf-8") as f:
-                return f.read()
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
+            return self.objects.read_text(version)
+        except StoreError as exc:
+            raise StoreError(
+                f"commit {version} of {self.name} cannot be read: {exc}", table=self.name, cause=exc
+            ) from exc
+        except (OSError, UnicodeDecodeError) as exc:
             raise StoreError(
                 f"commit {version} of {self.name} cannot be read: {exc}", table=self.name, cause=exc
             ) from exc
@@ -307,8 +557,8 @@ class DirectAppender:
         commit files after it may have been cleaned up, so the absence of ``version + 1`` proves
         nothing."""
         try:
-            checkpoint = last_checkpoint_version(self.table_dir)
-        except (OSError, ValueError, KeyError, TypeError):
+            checkpoint = self.objects.last_checkpoint()
+        except (StoreError, OSError, ValueError, KeyError, TypeError):
             return True  # unreadable: assume the worst, the caller reloads the table
         return checkpoint is not None and checkpoint > version
 
@@ -319,13 +569,9 @@ class DirectAppender:
             StoreError: the file could not be written (nothing is left behind then).
         """
         name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
-        path = os.path.join(self.table_dir, name)
         try:
-            pq.write_table(rows, path, **self._parquet_options)
-            size = os.stat(path).st_size
-        except (OSError, pa.ArrowException) as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(path)
+            size = self.objects.write_data(name, rows, self._parquet_options)
+        except (StoreError, OSError, pa.ArrowException) as exc:
             raise StoreError(
                 f"data file of {self.name} could not be written: {exc}", table=self.name, cause=exc
             ) from exc
@@ -353,6 +599,9 @@ class DirectAppender:
             CommitConflictError: the version exists already: another writer took it (nothing was
                 committed, the data file is left for vacuum, as a lost race of delta-rs leaves it),
                 or, on a network file system, a retried link of this very commit found it made.
+                (On S3 a commit whose answer was lost is read back: it returns when it landed.)
+            CommitStateUnknownError: on S3, the put failed and the commit is not there: it may land
+                yet (a put that timed out).
             StoreError: the commit file could not be written; nothing was committed unless the
                 error came from the link itself (context ``linked``): a network file system may
                 have made it before failing. :meth:`read_commit` tells.
@@ -376,31 +625,4 @@ class DirectAppender:
         text = "\n".join(
             json.dumps(a, separators=(",", ":")) for a in ({"commitInfo": info}, *txns, {"add": add})
         )
-        target = self.commit_path(version)
-        temporary = os.path.join(self._log_dir, f"_commit_{uuid.uuid4()}.json.tmp")
-        linking = False
-        try:
-            with open(temporary, "x", encoding="utf-8") as f:
-                f.write(text)
-            linking = True
-            os.link(temporary, target)  # put-if-absent: fails if the version exists
-        except FileExistsError as exc:
-            raise CommitConflictError(
-                f"version {version} of {self.name} was taken by a concurrent writer",
-                table=self.name,
-                version=version,
-            ) from exc
-        except OSError as exc:
-            raise StoreError(
-                f"commit {version} of {self.name} could not be written: {exc}",
-                table=self.name,
-                version=version,
-                cause=exc,
-                # the directory took the temporary file but the file system has no hard links
-                links_unsupported=linking and exc.errno in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP),
-                # the link was asked for: on a network file system it may have happened all the same
-                linked=linking,
-            ) from exc
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(temporary)
+        self.objects.put_commit(version, text, self.name)

@@ -29,7 +29,6 @@ from engine.errors import CommitConflictError, StoreError
 from engine.store.commit_markers import BATCH_KEY
 from engine.store.delta.commits import backoff, checkpoint_at_interval, landed
 from engine.store.delta.direct_append import DirectAppender, direct_appender
-from engine.store.delta.log import probe_latest_version
 from engine.store.delta.snapshot import Snapshot, checkpoint_interval
 
 
@@ -68,7 +67,7 @@ class FollowedLog:
         Raises:
             StoreError: a commit file cannot be read or parsed.
         """
-        latest = probe_latest_version(self._appender.table_dir, self.version)
+        latest = self._appender.latest(self.version)
         if latest is None:
             return None
         seen: set[str] = set()

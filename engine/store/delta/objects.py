@@ -1,6 +1,13 @@
 """The store's side files (saved marks, job statuses, staged rows, commit files read back): whole
-objects put, got, listed and deleted under a root, on a local disk or through delta-rs's object
-store (the one client of a store, with its one set of storage options).
+objects put, got, listed and deleted under a root, on a local disk or on an object store.
+
+On S3 (``s3://``, ``s3a://``) objects go through obstore (:func:`s3_client`): the Python bindings of
+the Rust ``object_store`` crate delta-rs itself uses, built from the same storage options (one client
+per bucket and set of options). A get is one GET (delta-rs's storage handler asks a HEAD first), a
+put one PUT (the handler uploads through multipart: three requests), and a put can be conditional
+(``If-None-Match: *``), which the handler cannot do: the direct commits of
+:mod:`engine.store.delta.direct_append` stand on it. Other object stores go through delta-rs's
+storage handler.
 
 On a local disk a put writes a temporary file and renames it over the name (readers see the old
 file or the new one, never a part). On an object store a put is one upload, visible whole when it
@@ -21,13 +28,16 @@ import shutil
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import timedelta
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
+import obstore
 import pyarrow.fs as pa_fs
 from deltalake._internal import DeltaFileSystemHandler
+from obstore.store import S3Store
 
 from engine.errors import (
     BucketNotFoundError,
@@ -142,12 +152,187 @@ def storage_failure(exc: BaseException, message: str, uri: str, **context: Any) 
 
 
 def _not_found(exc: BaseException) -> bool:
-    if isinstance(exc, FileNotFoundError):
-        return True
     text = str(exc).lower()
     if "nosuchbucket" in text or "bucket does not exist" in text:
-        return False  # the whole store is missing, not one object: an error
+        return False  # the whole store is missing, not one object: an error (obstore: a 404 too)
+    if isinstance(exc, FileNotFoundError):
+        return True
     return "not found" in text or "notfound" in text or "no such" in text or "does not exist" in text
+
+
+# ----------------------------------------------------------------------------- S3 through obstore
+S3_SCHEMES = ("s3", "s3a")
+# delta-rs's storage options that object_store's HTTP client takes (the rest, minus the S3 keys
+# below, are delta-rs's own: locking providers, unsafe renames; object_store does not know them).
+_CLIENT_KEYS = frozenset(
+    [
+        "allow_http",
+        "allow_invalid_certificates",
+        "connect_timeout",
+        "default_content_type",
+        "pool_idle_timeout",
+        "pool_max_idle_per_host",
+        "proxy_url",
+        "proxy_ca_certificate",
+        "proxy_excludes",
+        "randomize_addresses",
+        "read_timeout",
+        "timeout",
+        "user_agent",
+    ]
+)
+_S3_KEYS = frozenset(
+    [
+        "access_key_id",
+        "checksum_algorithm",
+        "conditional_put",
+        "container_credentials_relative_uri",
+        "container_credentials_full_uri",
+        "copy_if_not_exists",
+        "default_region",
+        "disable_tagging",
+        "endpoint",
+        "metadata_endpoint",
+        "region",
+        "request_payer",
+        "role_arn",
+        "role_session_name",
+        "secret_access_key",
+        "server_side_encryption",
+        "session_token",
+        "skip_signature",
+        "sse_bucket_key_enabled",
+        "sse_kms_key_id",
+        "sts_endpoint",
+        "unsigned_payload",
+        "virtual_hosted_style_request",
+        "web_identity_token_file",
+    ]
+)
+_S3_SYNONYMS = {"endpoint_url": "endpoint", "token": "session_token"}
+_SECRET_PARTS = ("secret", "token", "password")
+
+
+def s3_config(storage_options: Mapping[str, str] | None) -> tuple[dict[str, str], dict[str, str]]:
+    """obstore's S3 configuration and HTTP client options for delta-rs ``storage_options``: the same
+    keys (``AWS_ACCESS_KEY_ID``, ``aws_endpoint``, ``AWS_ALLOW_HTTP``, ``timeout``, ...), any case,
+    with or without ``aws_``; delta-rs's own keys are left out (its retry keys: :func:`s3_retries`).
+    Commits are put with ``If-None-Match: *`` (``conditional_put = etag`` unless given)."""
+    config: dict[str, str] = {}
+    client: dict[str, str] = {}
+    for key, value in (storage_options or {}).items():
+        base = key.lower().removeprefix("aws_")
+        base = _S3_SYNONYMS.get(base, base)
+        if base in _CLIENT_KEYS:
+            client[base] = value
+        elif base in _S3_KEYS:
+            config[base] = value
+    config.setdefault("conditional_put", "etag")
+    return config, client
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|min)?\s*$")
+
+
+def s3_retries(storage_options: Mapping[str, str] | None) -> dict[str, Any]:
+    """obstore's retry settings from delta-rs's ``max_retries`` and ``retry_timeout`` (``"30s"``,
+    ``"500ms"``, ``"2m"``; seconds without a unit); empty: object_store's defaults.
+
+    Raises:
+        StoreError: a value is not a count or a duration.
+    """
+    out: dict[str, Any] = {}
+    for key, value in (storage_options or {}).items():
+        name = key.lower()
+        if name == "max_retries":
+            if not value.strip().isdigit():
+                raise StoreError(f"storage option max_retries must be a count, not {value!r}")
+            out["max_retries"] = int(value)
+        elif name == "retry_timeout":
+            found = _DURATION.match(value)
+            if found is None:
+                raise StoreError(f"storage option retry_timeout must be a duration (30s), not {value!r}")
+            scale = {"ms": 0.001, "m": 60.0, "min": 60.0}.get(found.group(2) or "s", 1.0)
+            out["retry_timeout"] = timedelta(seconds=float(found.group(1)) * scale)
+    return out
+
+
+@lru_cache(maxsize=64)
+def _s3_store(bucket: str, options_key: tuple[tuple[str, str], ...]) -> S3Store:
+    options = dict(options_key)
+    config, client = s3_config(options)
+    retries = s3_retries(options)
+    return S3Store(
+        bucket,
+        config=config,  # type: ignore[arg-type]
+        client_options=client,  # type: ignore[arg-type]
+        retry_config=retries or None,  # type: ignore[arg-type]
+    )
+
+
+def s3_client(root: str, storage_options: Mapping[str, str] | None) -> tuple[S3Store, str] | None:
+    """The obstore client of the bucket of an ``s3://`` or ``s3a://`` ``root`` and the key prefix of
+    the root in it (``""`` or ending with ``/``); None for any other root. One client per bucket and
+    set of options, kept for the process.
+
+    Raises:
+        StoreError: the options are refused.
+    """
+    parts = urlsplit(root)
+    if parts.scheme not in S3_SCHEMES or not parts.netloc:
+        return None
+    prefix = unquote(parts.path).strip("/")
+    try:
+        store = _s3_store(parts.netloc, tuple(sorted((storage_options or {}).items())))
+    except StoreError:
+        raise
+    except Exception as exc:  # obstore's errors: bad options
+        raise storage_failure(_secretless(exc, storage_options), f"cannot reach {root}", root) from exc
+    return store, f"{prefix}/" if prefix else ""
+
+
+def _secretless(exc: BaseException, storage_options: Mapping[str, str] | None) -> BaseException:
+    """``exc``, or an error without its text when that text holds a secret of the options."""
+    text = str(exc)
+    for key, value in (storage_options or {}).items():
+        if value and any(part in key.lower() for part in _SECRET_PARTS) and value in text:
+            return RuntimeError(f"{type(exc).__name__} (its message held a credential and is not shown)")
+    return exc
+
+
+def put_new_object(
+    root: str, path: str, data: bytes, storage_options: Mapping[str, str] | None = None
+) -> bool:
+    """Put ``data`` as the object ``path`` under an S3 ``root`` only if no object has that name (one
+    conditional PUT, ``If-None-Match: *``); False when one has (412: nothing was written).
+
+    A 412 may also answer a retry of this very put whose first answer was lost (object_store retries
+    a PUT that answered 5xx): a caller that must know reads the object back.
+
+    Raises:
+        StoreError: the root is not on S3, or the put failed; the object may have been written all
+            the same when the answer was lost (a timeout, a 5xx after every retry).
+    """
+    _check(path)
+    client = s3_client(root, storage_options)
+    if client is None:
+        raise StoreError(f"conditional puts are made on S3 only, not at {root}", path=path)
+    store, prefix = client
+    try:
+        obstore.put(store, prefix + path, data, mode="create")
+    except FileExistsError:
+        return False
+    except Exception as exc:  # obstore's errors
+        if isinstance(exc, obstore.exceptions.AlreadyExistsError):
+            return False
+        raise _s3_failure(exc, f"cannot write {root}/{path}", root, storage_options, path=path) from exc
+    return True
+
+
+def _s3_failure(
+    exc: BaseException, message: str, root: str, storage_options: Mapping[str, str] | None, **context: Any
+) -> StoreError:
+    return storage_failure(_secretless(exc, storage_options), message, root, **context)
 
 
 def _check(path: str) -> str:
@@ -178,6 +363,14 @@ def put_object(root: str, path: str, data: bytes, storage_options: Mapping[str, 
                 os.unlink(temporary)
             raise storage_failure(exc, f"cannot write {root}/{path}", root, path=path) from exc
         return
+    client = s3_client(root, storage_options)
+    if client is not None:
+        store, prefix = client
+        try:
+            obstore.put(store, prefix + path, bytes(data))
+        except Exception as exc:  # obstore's errors
+            raise _s3_failure(exc, f"cannot write {root}/{path}", root, storage_options, path=path) from exc
+        return
     handler = _remote(root, storage_options)
     try:
         out: Any = handler.open_output_stream(path)  # its stub lacks close()
@@ -201,6 +394,9 @@ def get_object(root: str, path: str, storage_options: Mapping[str, str] | None =
         if local is not None:
             with open(os.path.join(local, *path.split("/")), "rb") as f:
                 return f.read()
+        client = s3_client(root, storage_options)
+        if client is not None:
+            return obstore.get(client[0], client[1] + path).bytes().to_bytes()
         source = _remote(root, storage_options).open_input_file(path)
         return bytes(source.read(source.size()))
     except StoreError:
@@ -208,7 +404,7 @@ def get_object(root: str, path: str, storage_options: Mapping[str, str] | None =
     except Exception as exc:
         if _not_found(exc):
             return None
-        raise storage_failure(exc, f"cannot read {root}/{path}", root, path=path) from exc
+        raise _s3_failure(exc, f"cannot read {root}/{path}", root, storage_options, path=path) from exc
 
 
 def object_exists(root: str, path: str, storage_options: Mapping[str, str] | None = None) -> bool:
@@ -222,13 +418,17 @@ def object_exists(root: str, path: str, storage_options: Mapping[str, str] | Non
     if local is not None:
         return os.path.exists(os.path.join(local, *path.split("/")))
     try:
-        _remote(root, storage_options).open_input_file(path)
+        client = s3_client(root, storage_options)
+        if client is not None:
+            obstore.head(client[0], client[1] + path)
+        else:
+            _remote(root, storage_options).open_input_file(path)
     except StoreError:
         raise
     except Exception as exc:
         if _not_found(exc):
             return False
-        raise storage_failure(exc, f"cannot look for {root}/{path}", root, path=path) from exc
+        raise _s3_failure(exc, f"cannot look for {root}/{path}", root, storage_options, path=path) from exc
     return True
 
 
@@ -253,6 +453,10 @@ def list_objects(
                     with contextlib.suppress(FileNotFoundError):  # removed while listed
                         size = os.stat(os.path.join(folder, name)).st_size
                         out.append(ObjectInfo(f"{rel}/{name}", size))
+        elif (client := s3_client(root, storage_options)) is not None:
+            store, base = client
+            for chunk in obstore.list(store, base + prefix + "/", chunk_size=1000):
+                out += [ObjectInfo(str(o["path"]).removeprefix(base), int(o["size"])) for o in chunk]
         else:
             infos = _remote(root, storage_options).get_file_info_selector(prefix, True, True)
             out = [ObjectInfo(i.path, int(i.size or 0)) for i in infos if i.type == pa_fs.FileType.File]
@@ -261,7 +465,7 @@ def list_objects(
     except Exception as exc:
         if _not_found(exc):
             return []
-        raise storage_failure(exc, f"cannot list {root}/{prefix}", root, path=prefix) from exc
+        raise _s3_failure(exc, f"cannot list {root}/{prefix}", root, storage_options, path=prefix) from exc
     return sorted(out, key=lambda info: info.path)
 
 
@@ -276,6 +480,8 @@ def delete_object(root: str, path: str, storage_options: Mapping[str, str] | Non
     try:
         if local is not None:
             os.unlink(os.path.join(local, *path.split("/")))
+        elif (client := s3_client(root, storage_options)) is not None:
+            obstore.delete(client[0], client[1] + path)
         else:
             _remote(root, storage_options).delete_file(path)
     except StoreError:
@@ -283,7 +489,7 @@ def delete_object(root: str, path: str, storage_options: Mapping[str, str] | Non
     except Exception as exc:
         if _not_found(exc):
             return
-        raise storage_failure(exc, f"cannot delete {root}/{path}", root, path=path) from exc
+        raise _s3_failure(exc, f"cannot delete {root}/{path}", root, storage_options, path=path) from exc
 
 
 def delete_prefix(root: str, prefix: str, storage_options: Mapping[str, str] | None = None) -> None:
@@ -297,6 +503,10 @@ def delete_prefix(root: str, prefix: str, storage_options: Mapping[str, str] | N
     try:
         if local is not None:
             shutil.rmtree(os.path.join(local, *prefix.split("/")))
+        elif (client := s3_client(root, storage_options)) is not None:
+            store, base = client
+            for chunk in obstore.list(store, base + prefix + "/", chunk_size=1000):
+                obstore.delete(store, [str(o["path"]) for o in chunk])
         else:
             _remote(root, storage_options).delete_dir(prefix)
     except StoreError:
@@ -304,4 +514,4 @@ def delete_prefix(root: str, prefix: str, storage_options: Mapping[str, str] | N
     except Exception as exc:
         if _not_found(exc):
             return
-        raise storage_failure(exc, f"cannot delete {root}/{prefix}", root, path=prefix) from exc
+        raise _s3_failure(exc, f"cannot delete {root}/{prefix}", root, storage_options, path=prefix) from exc

@@ -25,6 +25,7 @@ from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, wr
 from bench.s3proxy import S3Proxy
 from engine import Admin, Message, Producer, PullConsumer, PullStatus, Store
 from engine.broker.dispatch import dispatch_pending
+from engine.store.delta import file_reader
 
 pytestmark = pytest.mark.s3
 
@@ -159,8 +160,12 @@ def test_a_pull_far_from_the_head_does_not_look_at_the_commit_log(
     assert not any("/commit_log/_delta_log/" in r for r in seen), seen
 
 
-def test_a_pull_from_many_files_reads_each_once(proxy: S3Proxy, pulled: tuple[str, PullConsumer]) -> None:
+def test_a_pull_from_many_files_reads_each_once(
+    proxy: S3Proxy, pulled: tuple[str, PullConsumer], monkeypatch: pytest.MonkeyPatch
+) -> None:
     topic, consumer = pulled
+    # row groups read by earlier pulls are kept (file_reader.ROW_GROUPS): start with none kept
+    monkeypatch.setattr(file_reader, "ROW_GROUPS", file_reader.RowGroupCache(64 << 20))
     results = []
     count, seen = routed_requests(proxy, lambda: results.append(consumer.pull(topic, 1, 0, 32)))
     assert [m.body for m in results[0].messages] == [f"many {i}".encode() for i in range(32)]

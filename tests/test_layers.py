@@ -4,7 +4,7 @@ Bottom up: ``engine.protocol`` (pure rules: no I/O, no table; it imports nothing
 the error hierarchy), ``engine.store`` (with its Delta kernel ``engine.store.delta``, the only code
 that talks to delta-rs, and the commit-log sequencer ``engine.store.commit_log``), ``engine.client``
 and ``engine.broker`` (siblings that never import each other), ``engine.spark``, then ``engine.cli``
-and the ``jobs/`` entry points; the doors (``engine.remoting``, ``engine.qmq``) above client and broker.
+and the ``jobs/`` entry points; the doors (``engine.remoting``, ``engine.qmq``, ``engine.grpc``) above client and broker.
 
 Each rule is (package, forbidden): no module of ``package`` (the package itself or anything under it)
 may import ``forbidden`` or anything under it, at module level or inside a function, with an
@@ -30,6 +30,7 @@ _NOT_STORE = (
     "engine.dashboard",
     "engine.remoting",
     "engine.qmq",
+    "engine.grpc",
 )
 # Everything of the engine but the protocol and its errors.
 _ENGINE = ("engine.model", "engine.config", "engine.closing", "engine.store", *_NOT_STORE[1:])
@@ -80,12 +81,15 @@ RULES: tuple[tuple[str, str], ...] = (
     # spark: nothing below imports them, and the RocketMQ door does not import QMQ's.
     *(
         (lower, door)
-        for door in ("engine.remoting", "engine.qmq")
+        for door in ("engine.remoting", "engine.qmq", "engine.grpc")
         for lower in ("engine.protocol", "engine.store", "engine.client", "engine.broker", "engine.spark")
     ),
     ("engine.remoting", "engine.cli"),
     ("engine.qmq", "engine.cli"),
+    ("engine.grpc", "engine.cli"),
     ("engine.remoting", "engine.qmq"),
+    ("engine.remoting", "engine.grpc"),
+    ("engine.qmq", "engine.grpc"),
 )
 
 

@@ -1,0 +1,6 @@
+"""RocketMQ 5's door: the gRPC ``MessagingService`` (apache/rocketmq-apis, ``apache.rocketmq.v2``)
+that every 5.x client speaks to a proxy, over the store.
+
+- :mod:`.v2`: the stubs, generated from :file:`engine/grpc/protos` by ``bin/gen-grpc-stubs.sh``
+  (committed; a test checks they match the protos).
+"""

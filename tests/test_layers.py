@@ -4,7 +4,8 @@ Bottom up: ``engine.protocol`` (pure rules: no I/O, no table; it imports nothing
 the error hierarchy), ``engine.store`` (with its Delta kernel ``engine.store.delta``, the only code
 that talks to delta-rs, and the commit-log sequencer ``engine.store.commit_log``), ``engine.client``
 and ``engine.broker`` (siblings that never import each other), ``engine.spark``, then ``engine.cli``
-and the ``jobs/`` entry points; the doors (``engine.remoting``, ``engine.qmq``, ``engine.grpc``) above client and broker.
+and the ``jobs/`` entry points; the doors (``engine.remoting``, ``engine.qmq``, ``engine.grpc``) above
+client and broker.
 
 Each rule is (package, forbidden): no module of ``package`` (the package itself or anything under it)
 may import ``forbidden`` or anything under it, at module level or inside a function, with an

@@ -4,3 +4,9 @@ that every 5.x client speaks to a proxy, over the store.
 - :mod:`.v2`: the stubs, generated from :file:`engine/grpc/protos` by ``bin/gen-grpc-stubs.sh``
   (committed; a test checks they match the protos).
 """
+
+from __future__ import annotations
+
+from engine.grpc.server import DEFAULT_PORT, GrpcServer
+
+__all__ = ["DEFAULT_PORT", "GrpcServer"]

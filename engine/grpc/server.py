@@ -1,0 +1,642 @@
+"""RocketMQ 5's ``MessagingService`` over the store, on ``grpc.aio`` on a thread of its own.
+
+What it answers, as RocketMQ 5's proxy does:
+
+* ``QueryRoute``: every queue of the topic, readable and writable as the topic is, on this one
+  endpoint; ``TOPIC_NOT_FOUND`` for a missing topic. ``QueryAssignment``: the topic as one
+  assignment (queue -1: receives take from every queue, as the proxy's POP mode).
+* ``Telemetry``: the client's settings, answered with the server's (producer: retry policy, largest
+  body; consumer: batch size, long polling, max attempts) — the 5.x clients' start-up waits for it.
+  Other commands (stack traces, verify results) are taken and not answered.
+* ``Heartbeat``; ``NotifyClientTermination`` closes the client's consumer of the group (what it
+  leased and never handed out is given back; what it received becomes visible at its deadline).
+* ``SendMessage``: normal, delay/timer (a delivery timestamp) and FIFO-keyed sends (a message group
+  chooses the queue and is stored with the message) through the engine's producer, one result per
+  message (``MULTIPLE_RESULTS`` when they differ); transactional ones are refused (``NOT_IMPLEMENTED``).
+* ``ReceiveMessage``, ``AckMessage``, ``ChangeInvisibleDuration``: per-message leases of
+  :class:`~engine.client.simple.SimpleConsumer`, one per (group, client id); the long polling and the
+  invisible time are checked and clamped as the proxy does (:mod:`engine.protocol.rocketmq5`).
+  Receipt handles carry group, client, topic, queue, offset and the lease
+  (:class:`~engine.protocol.rocketmq5.ReceiptHandle`); a stale one is ``INVALID_RECEIPT_HANDLE``.
+
+Bad input gets RocketMQ 5's code in the answer's status and writes nothing; nothing a client sends
+stops the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from grpc import aio
+
+from engine.client.offsets import ConsumeFrom
+from engine.client.producer import Producer
+from engine.client.simple import MAX_RECEIVE_NUMS, ReceivedMessage, SimpleConsumer
+from engine.errors import (
+    CommitConflictError,
+    ConsumerError,
+    InvalidArgumentError,
+    InvalidMessageError,
+    InvalidReceiptHandleError,
+    InvalidSelectorError,
+    InvalidTopicError,
+    MQError,
+    TopicNotFoundError,
+)
+from engine.grpc.messages import ACCEPTED_TYPES, from_proto, to_proto
+from engine.grpc.v2 import definition_pb2 as pb
+from engine.grpc.v2 import service_pb2 as spb
+from engine.grpc.v2 import service_pb2_grpc as spb_grpc
+from engine.model import SendResult
+from engine.protocol.names import is_system_topic
+from engine.protocol.permissions import is_readable, is_writeable
+from engine.protocol.rocketmq5 import (
+    MAX_BODY_BYTES,
+    MAX_LONG_POLLING_MS,
+    MIN_INVISIBLE_MS_FOR_RECEIVE,
+    ReceiptHandle,
+    check_group,
+    check_invisible_ms,
+    edge_error,
+    long_polling_ms,
+)
+from engine.protocol.selectors import MessageSelector
+from engine.protocol.topics import TopicConfig
+from engine.remoting.framing import LoopThread
+from engine.store.store import Store, now_ms
+
+_log = logging.getLogger(__name__)
+T = TypeVar("T")
+BROKER_NAME = "lakemq"
+DEFAULT_PORT = 8081  # RocketMQ 5 proxy's gRPC port
+RECEIVE_BATCH_SIZE = 32  # the proxy's grpcClientConsumerLongPollingBatchSize
+AUTO_RENEW_INVISIBLE_MS = 60_000  # the proxy's defaultInvisibleTimeMills
+PRODUCER_MAX_ATTEMPTS = 3
+CLIENT_ID = "x-mq-client-id"
+
+
+def status(code: int, message: str = "") -> pb.Status:
+    return pb.Status(code=code, message=message or pb.Code.Name(code))  # type: ignore[arg-type]
+
+
+def status_of(exc: BaseException) -> pb.Status:
+    """RocketMQ 5's status for an error a call raised."""
+    named = getattr(exc, "status", None)
+    if isinstance(named, str) and named in pb.Code.keys():  # noqa: SIM118 (an enum wrapper)
+        return status(pb.Code.Value(named), str(exc))
+    code: int
+    if isinstance(exc, TopicNotFoundError):
+        code = pb.TOPIC_NOT_FOUND
+    elif isinstance(exc, InvalidTopicError):
+        code = pb.ILLEGAL_TOPIC
+    elif isinstance(exc, InvalidReceiptHandleError):
+        code = pb.INVALID_RECEIPT_HANDLE
+    elif isinstance(exc, InvalidSelectorError):
+        code = pb.ILLEGAL_FILTER_EXPRESSION
+    elif isinstance(exc, InvalidMessageError | InvalidArgumentError | ConsumerError):
+        code = pb.BAD_REQUEST
+    elif isinstance(exc, CommitConflictError):
+        code = pb.TOO_MANY_REQUESTS
+    else:
+        if not isinstance(exc, MQError):
+            _log.exception("gRPC door: unexpected error", exc_info=exc)
+        code = pb.INTERNAL_SERVER_ERROR
+    return status(code, str(exc) or type(exc).__name__)
+
+
+@dataclass
+class _Consumer:
+    """The door's state of one client of one consumer group."""
+
+    consumer: SimpleConsumer
+    held: dict[tuple[str, int, int], ReceivedMessage] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+@dataclass
+class ClientState:
+    """What the door knows of one 5.x client (by its ``x-mq-client-id``)."""
+
+    client_id: str
+    settings: pb.Settings | None = None
+    last_seen_ms: int = 0
+
+
+class GrpcServer:
+    """RocketMQ 5's gRPC ``MessagingService`` over a store.
+
+    Args:
+        store: the store served.
+        host: the address bound (127.0.0.1 unless told otherwise).
+        port: the port (0: any free port; see :attr:`port` after start).
+        advertised_host: the host clients are told in routes (default ``host``).
+        max_workers: threads that run the engine's blocking calls (receives wait on their own pool).
+
+    Raises:
+        InvalidArgumentError: a port outside 0..65535.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        *,
+        host: str = "127.0.0.1",
+        port: int = DEFAULT_PORT,
+        advertised_host: str | None = None,
+        max_workers: int = 8,
+    ) -> None:
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+            raise InvalidArgumentError(f"port {port!r} must be an int in 0..65535", port=port)
+        self.store = store
+        self.host = host
+        self.port = port
+        self.advertised_host = advertised_host or host
+        self.producer = Producer(store, "GRPC_DOOR", linger_ms=0)
+        self.clients: dict[str, ClientState] = {}
+        self._consumers: dict[tuple[str, str], _Consumer] = {}
+        self._lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(max_workers, thread_name_prefix="mq-grpc")
+        self._receive_executor = ThreadPoolExecutor(64, thread_name_prefix="mq-grpc-receive")
+        self._serving = LoopThread("mq-grpc", self._main)
+
+    # ----------------------------------------------------------------- lifecycle
+    def start(self) -> GrpcServer:
+        """Bind the port and serve on a background thread; returns once bound.
+
+        Raises:
+            OSError: the port could not be bound.
+        """
+        try:
+            self._serving.start()
+        except BaseException:
+            self._close_engine()
+            raise
+        return self
+
+    def stop(self, timeout: float = 30) -> None:
+        """Stop serving (calls under way get a second to end), then close the consumers."""
+        self._serving.stop(timeout)
+        self._close_engine()
+
+    def _close_engine(self) -> None:
+        with self._lock:
+            consumers = list(self._consumers.values())
+            self._consumers.clear()
+        for state in consumers:
+            with contextlib.suppress(Exception):  # closing must not fail the shutdown
+                state.consumer.close()
+        self.producer.close()
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        self._receive_executor.shutdown(wait=False, cancel_futures=True)
+
+    def __enter__(self) -> GrpcServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def address(self) -> str:
+        """``host:port`` clients are configured with (their ``endpoints``)."""
+        return f"{self.advertised_host}:{self.port}"
+
+    async def _main(self) -> None:
+        stopped = self._serving.stopped
+        assert stopped is not None
+        server = aio.server()
+        spb_grpc.add_MessagingServiceServicer_to_server(_Service(self), server)
+        bound = server.add_insecure_port(f"{self.host}:{self.port}")
+        if bound == 0:
+            raise OSError(f"could not bind {self.host}:{self.port}")
+        self.port = bound
+        await server.start()
+        self._serving.ready()
+        try:
+            await stopped.wait()
+        finally:
+            await server.stop(grace=1.0)
+
+    # ----------------------------------------------------------------- state
+    async def call(self, fn: Callable[..., T], *args: object, receive: bool = False) -> T:
+        """``fn(*args)`` on the door's threads (the engine's calls block)."""
+        loop = asyncio.get_running_loop()
+        pool = self._receive_executor if receive else self._executor
+        return await loop.run_in_executor(pool, functools.partial(fn, *args))
+
+    def client(self, client_id: str) -> ClientState:
+        with self._lock:
+            state = self.clients.get(client_id)
+            if state is None:
+                state = self.clients[client_id] = ClientState(client_id)
+            state.last_seen_ms = now_ms()
+            return state
+
+    def consumer(self, group: str, client_id: str) -> _Consumer:
+        """The door's consumer of ``group`` for one client (made on first use; a client that comes
+        back with its id gets back what it held)."""
+        key = (group, client_id)
+        with self._lock:
+            found = self._consumers.get(key)
+            if found is None:
+                consumer = SimpleConsumer(
+                    self.store, group, f"grpc:{client_id}", consume_from=ConsumeFrom.LAST
+                )
+                found = self._consumers[key] = _Consumer(consumer)
+            return found
+
+    def forget_consumer(self, group: str, client_id: str) -> bool:
+        """Close one client's consumer of ``group`` (its termination); True if there was one."""
+        with self._lock:
+            state = self._consumers.pop((group, client_id), None)
+        if state is None:
+            return False
+        state.consumer.close()
+        return True
+
+    def topic(self, name: str) -> TopicConfig:
+        """A topic clients may use.
+
+        Raises:
+            InvalidTopicError: a system topic or a bad name (``ILLEGAL_TOPIC``).
+            TopicNotFoundError: no such topic.
+        """
+        if not name:
+            raise InvalidTopicError("topic name is empty")
+        if is_system_topic(name) or name.lower().startswith("rmq_sys_"):
+            raise InvalidTopicError(f"cannot access system topic {name!r}", topic=name)
+        return self.store.topic(name)
+
+    def settings_for(self, settings: pb.Settings) -> pb.Settings:
+        """The server's answer to a client's settings (the proxy's merge)."""
+        out = pb.Settings()
+        out.CopyFrom(settings)
+        if settings.client_type == pb.PRODUCER or settings.HasField("publishing"):
+            policy = out.backoff_policy
+            policy.max_attempts = PRODUCER_MAX_ATTEMPTS
+            policy.exponential_backoff.initial.FromMilliseconds(10)
+            policy.exponential_backoff.max.FromMilliseconds(1000)
+            policy.exponential_backoff.multiplier = 2.0
+            out.publishing.max_body_size = MAX_BODY_BYTES
+            out.publishing.validate_message_type = True
+        if settings.HasField("subscription"):
+            out.subscription.receive_batch_size = RECEIVE_BATCH_SIZE
+            out.subscription.long_polling_timeout.FromMilliseconds(MAX_LONG_POLLING_MS)
+            out.subscription.fifo = False
+            policy = out.backoff_policy
+            policy.max_attempts = self.store.config.max_reconsume_times + 1
+            policy.exponential_backoff.initial.FromMilliseconds(1000)
+            policy.exponential_backoff.max.FromMilliseconds(2 * 3600 * 1000)
+            policy.exponential_backoff.multiplier = 2.0
+        out.metric.on = False
+        return out
+
+    def route_queues(self, config: TopicConfig) -> list[pb.MessageQueue]:
+        permission = (
+            pb.READ_WRITE
+            if is_readable(config.perm) and is_writeable(config.perm)
+            else pb.READ
+            if is_readable(config.perm)
+            else pb.WRITE
+            if is_writeable(config.perm)
+            else pb.NONE
+        )
+        queues = []
+        for queue_id in range(config.queues):
+            queue = pb.MessageQueue(id=queue_id, permission=permission)
+            queue.topic.name = config.name
+            self._broker(queue.broker)
+            queue.accept_message_types.extend(ACCEPTED_TYPES.get(config.type, (pb.NORMAL,)))
+            queues.append(queue)
+        return queues
+
+    def _broker(self, broker: pb.Broker) -> None:
+        broker.name = BROKER_NAME
+        broker.id = 0
+        broker.endpoints.scheme = pb.IPv4
+        broker.endpoints.addresses.add(host=self.advertised_host, port=self.port)
+
+    # ----------------------------------------------------------------- engine calls
+    def send(self, request: spb.SendMessageRequest) -> list[SendResult | BaseException]:
+        """Check and queue each message for the producer's group commit; what each became."""
+        pending: list[Any] = []
+        for message in request.messages:
+            try:
+                incoming = from_proto(message)
+                if incoming.message_type == pb.TRANSACTION:
+                    raise edge_error(
+                        "NOT_IMPLEMENTED", "transactional messages are not served by this door yet"
+                    )
+                self.topic(incoming.message.topic)
+                prepared = self.producer.prepare(
+                    incoming.message,
+                    None,
+                    incoming.message_group,
+                    uniq_key=incoming.uniq_key,
+                    born_ts_ms=incoming.born_ts_ms,
+                    broker_properties=incoming.broker_properties or None,
+                )
+                pending.append(self.producer.append_async(prepared))
+            except Exception as exc:
+                pending.append(exc)
+        out: list[SendResult | BaseException] = []
+        for item in pending:
+            if isinstance(item, BaseException):
+                out.append(item)
+                continue
+            try:
+                out.append(item.result())
+            except Exception as exc:
+                out.append(exc)
+        return out
+
+    def receive(
+        self,
+        group: str,
+        client_id: str,
+        topic: str,
+        selector: MessageSelector,
+        batch: int,
+        invisible_ms: int,
+        wait_ms: int,
+    ) -> list[ReceivedMessage]:
+        state = self.consumer(group, client_id)
+        consumer = state.consumer
+        if str(selector) != consumer.subscriptions.get(topic):
+            consumer.subscribe(topic, selector)
+        # As the proxy's POP, a receive takes from every queue (and here every topic the client
+        # receives from in this group: each message names its topic).
+        got = consumer.receive(batch, invisible_ms, wait_ms=min(wait_ms, self.store.config.long_poll_max_ms))
+        with state.lock:
+            if len(state.held) > 4 * MAX_RECEIVE_NUMS:  # drop what expired
+                ts = now_ms()
+                for key in [k for k, m in state.held.items() if m.invisible_until_ms <= ts]:
+                    del state.held[key]
+            for message in got:
+                state.held[(message.topic, message.queue_id, message.queue_offset)] = message
+        return got
+
+    def held(self, group: str, client_id: str, handle: str) -> tuple[_Consumer, ReceivedMessage]:
+        """The message a receipt handle names, with the engine's handle it carries.
+
+        Raises:
+            InvalidReceiptHandleError: not a handle of this group and client, or not held.
+        """
+        parsed = ReceiptHandle.decode(handle)
+        if parsed.group != group:
+            raise InvalidReceiptHandleError(
+                f"receipt handle is of group {parsed.group!r}, not {group!r}", status="INVALID_RECEIPT_HANDLE"
+            )
+        with self._lock:
+            state = self._consumers.get((group, parsed.client_id))
+        key = (parsed.topic, parsed.queue_id, parsed.offset)
+        message = None if state is None else state.held.get(key)
+        if state is None or message is None:
+            raise InvalidReceiptHandleError(
+                f"receipt handle of {parsed.topic}:{parsed.queue_id}@{parsed.offset} is not held here: "
+                "already acked, expired, or never received",
+                status="INVALID_RECEIPT_HANDLE",
+            )
+        if message.receipt_handle != parsed.lease:
+            message = _with_handle(message, parsed.lease)
+        return state, message
+
+    def ack(self, group: str, client_id: str, handle: str) -> None:
+        state, message = self.held(group, client_id, handle)
+        state.consumer.ack(message)
+        with state.lock:
+            state.held.pop((message.topic, message.queue_id, message.queue_offset), None)
+
+    def change_invisible(self, group: str, client_id: str, handle: str, invisible_ms: int) -> str:
+        state, message = self.held(group, client_id, handle)
+        changed = state.consumer.change_invisible_time(message, invisible_ms)
+        with state.lock:
+            state.held[(changed.topic, changed.queue_id, changed.queue_offset)] = changed
+        return self.handle_of(group, client_id, changed)
+
+    @staticmethod
+    def handle_of(group: str, client_id: str, message: ReceivedMessage) -> str:
+        return ReceiptHandle(
+            group, client_id, message.topic, message.queue_id, message.queue_offset, message.receipt_handle
+        ).encode()
+
+
+def _with_handle(message: ReceivedMessage, lease: str) -> ReceivedMessage:
+    out = object.__new__(ReceivedMessage)
+    out.__dict__.update(message.__dict__)
+    out.__dict__["receipt_handle"] = lease
+    return out
+
+
+def _client_id(context: aio.ServicerContext) -> str:
+    for key, value in context.invocation_metadata() or ():
+        if key == CLIENT_ID and isinstance(value, str) and value:
+            return value
+    raise edge_error("CLIENT_ID_REQUIRED", f"the request carries no {CLIENT_ID} header")
+
+
+def _duration_ms(duration: Any) -> int:
+    return int(duration.seconds) * 1000 + int(duration.nanos) // 1_000_000
+
+
+def _selector(expression: pb.FilterExpression) -> MessageSelector:
+    if expression.type == pb.SQL:
+        return MessageSelector.by_sql(expression.expression)
+    return MessageSelector.by_tag(expression.expression or "*")
+
+
+class _Service(spb_grpc.MessagingServiceServicer):
+    """The calls; each answers a status, never raises to grpc (an error is a status)."""
+
+    def __init__(self, door: GrpcServer) -> None:
+        self.door = door
+
+    async def QueryRoute(self, request: Any, context: Any) -> Any:
+        try:
+            _client_id(context)
+            config = await self.door.call(self.door.topic, request.topic.name)
+        except Exception as exc:
+            return spb.QueryRouteResponse(status=status_of(exc))
+        return spb.QueryRouteResponse(status=status(pb.OK), message_queues=self.door.route_queues(config))
+
+    async def Heartbeat(self, request: Any, context: Any) -> Any:
+        try:
+            self.door.client(_client_id(context))
+            if request.HasField("group"):
+                check_group(request.group.name)
+        except Exception as exc:
+            return spb.HeartbeatResponse(status=status_of(exc))
+        return spb.HeartbeatResponse(status=status(pb.OK))
+
+    async def QueryAssignment(self, request: Any, context: Any) -> Any:
+        try:
+            _client_id(context)
+            check_group(request.group.name)
+            config = await self.door.call(self.door.topic, request.topic.name)
+        except Exception as exc:
+            return spb.QueryAssignmentResponse(status=status_of(exc))
+        queue = pb.MessageQueue(id=-1, permission=pb.READ_WRITE)
+        queue.topic.name = config.name
+        self.door._broker(queue.broker)
+        queue.accept_message_types.extend(ACCEPTED_TYPES.get(config.type, (pb.NORMAL,)))
+        return spb.QueryAssignmentResponse(
+            status=status(pb.OK), assignments=[pb.Assignment(message_queue=queue)]
+        )
+
+    async def SendMessage(self, request: Any, context: Any) -> Any:
+        try:
+            _client_id(context)
+            if not request.messages:
+                raise edge_error("BAD_REQUEST", "no message to send")
+            results = await self.door.call(self.door.send, request)
+        except Exception as exc:
+            return spb.SendMessageResponse(status=status_of(exc))
+        entries = []
+        for result in results:
+            if isinstance(result, BaseException):
+                entries.append(spb.SendResultEntry(status=status_of(result)))
+            else:
+                entries.append(
+                    spb.SendResultEntry(
+                        status=status(pb.OK), message_id=result.msg_id, offset=result.queue_offset
+                    )
+                )
+        codes = {entry.status.code for entry in entries}
+        overall = entries[0].status if len(codes) == 1 else status(pb.MULTIPLE_RESULTS)
+        return spb.SendMessageResponse(status=overall, entries=entries)
+
+    async def ReceiveMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
+        try:
+            client_id = _client_id(context)
+            group = check_group(request.group.name)
+            topic = request.message_queue.topic.name
+            await self.door.call(self.door.topic, topic)
+            settings = self.door.client(client_id).settings
+            timeout_ms = _duration_ms(settings.request_timeout) if settings is not None else 3000
+            remaining = context.time_remaining()
+            wait_ms = long_polling_ms(
+                _duration_ms(request.long_polling_timeout)
+                if request.HasField("long_polling_timeout")
+                else None,
+                None if remaining is None else int(remaining * 1000),
+                timeout_ms,
+            )
+            if request.auto_renew and not request.HasField("invisible_duration"):
+                invisible_ms = AUTO_RENEW_INVISIBLE_MS
+            else:
+                invisible_ms = check_invisible_ms(
+                    _duration_ms(request.invisible_duration), MIN_INVISIBLE_MS_FOR_RECEIVE
+                )
+            selector = _selector(request.filter_expression)
+            batch = min(max(request.batch_size, 1), MAX_RECEIVE_NUMS)
+            got = await self.door.call(
+                self.door.receive,
+                group,
+                client_id,
+                topic,
+                selector,
+                batch,
+                invisible_ms,
+                wait_ms,
+                receive=True,
+            )
+        except Exception as exc:
+            yield spb.ReceiveMessageResponse(status=status_of(exc))
+            return
+        if not got:
+            yield spb.ReceiveMessageResponse(status=status(pb.MESSAGE_NOT_FOUND, "no new message"))
+            return
+        yield spb.ReceiveMessageResponse(status=status(pb.OK))
+        for message in got:
+            handle = self.door.handle_of(group, client_id, message)
+            yield spb.ReceiveMessageResponse(
+                message=to_proto(message, handle, message.reconsume_times + 1, invisible_ms)
+            )
+
+    async def AckMessage(self, request: Any, context: Any) -> Any:
+        try:
+            client_id = _client_id(context)
+            group = check_group(request.group.name)
+        except Exception as exc:
+            return spb.AckMessageResponse(status=status_of(exc))
+        entries = []
+        for entry in request.entries:
+            try:
+                await self.door.call(self.door.ack, group, client_id, entry.receipt_handle)
+                result = status(pb.OK)
+            except Exception as exc:
+                result = status_of(exc)
+            entries.append(
+                spb.AckMessageResultEntry(
+                    message_id=entry.message_id, receipt_handle=entry.receipt_handle, status=result
+                )
+            )
+        if not entries:
+            return spb.AckMessageResponse(status=status(pb.BAD_REQUEST, "no entry to ack"))
+        codes = {e.status.code for e in entries}
+        overall = entries[0].status if len(codes) == 1 else status(pb.MULTIPLE_RESULTS)
+        return spb.AckMessageResponse(status=overall, entries=entries)
+
+    async def ChangeInvisibleDuration(self, request: Any, context: Any) -> Any:
+        try:
+            client_id = _client_id(context)
+            group = check_group(request.group.name)
+            invisible_ms = check_invisible_ms(_duration_ms(request.invisible_duration), 0)
+            handle = await self.door.call(
+                self.door.change_invisible, group, client_id, request.receipt_handle, invisible_ms
+            )
+        except Exception as exc:
+            return spb.ChangeInvisibleDurationResponse(status=status_of(exc))
+        return spb.ChangeInvisibleDurationResponse(status=status(pb.OK), receipt_handle=handle)
+
+    async def NotifyClientTermination(self, request: Any, context: Any) -> Any:
+        try:
+            client_id = _client_id(context)
+            if request.HasField("group") and request.group.name:
+                await self.door.call(self.door.forget_consumer, request.group.name, client_id)
+            with self.door._lock:
+                self.door.clients.pop(client_id, None)
+        except Exception as exc:
+            return spb.NotifyClientTerminationResponse(status=status_of(exc))
+        return spb.NotifyClientTerminationResponse(status=status(pb.OK))
+
+    async def EndTransaction(self, request: Any, context: Any) -> Any:
+        return spb.EndTransactionResponse(
+            status=status(pb.NOT_IMPLEMENTED, "transactions are not served by this door yet")
+        )
+
+    async def ForwardMessageToDeadLetterQueue(self, request: Any, context: Any) -> Any:
+        return spb.ForwardMessageToDeadLetterQueueResponse(
+            status=status(pb.NOT_IMPLEMENTED, "dead-lettering by the client is not served by this door yet")
+        )
+
+    async def Telemetry(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
+        try:
+            client_id = _client_id(context)
+        except Exception as exc:
+            yield pb_telemetry(status_of(exc))
+            return
+        async for command in request_iterator:
+            if command.HasField("settings"):
+                state = self.door.client(client_id)
+                state.settings = command.settings
+                reply = pb_telemetry(status(pb.OK))
+                reply.settings.CopyFrom(self.door.settings_for(command.settings))
+                yield reply
+            # Thread stack traces and verify results answer commands this door never sends.
+
+
+def pb_telemetry(result: pb.Status) -> spb.TelemetryCommand:
+    command = spb.TelemetryCommand()
+    command.status.CopyFrom(result)
+    return command
+
+
+__all__ = ["DEFAULT_PORT", "GrpcServer"]

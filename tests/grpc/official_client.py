@@ -1,0 +1,140 @@
+"""Scenarios run by the official RocketMQ 5 Python client (``rocketmq-python-client``, unmodified)
+against a gRPC door, in a process of its own (its generated protos and ours define the same protobuf
+names, which one process's descriptor pool refuses; its threads stay out of the test process too).
+
+Run as ``python -m tests.grpc.official_client SCENARIO ENDPOINT TOPIC [GROUP] [N]``; prints one JSON
+line with what happened.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+
+def _config(endpoint: str) -> Any:
+    from rocketmq import ClientConfiguration, Credentials
+
+    return ClientConfiguration(endpoint, Credentials(), request_timeout=10)
+
+
+def send(endpoint: str, topic: str, n: int) -> dict[str, Any]:
+    from rocketmq import Message, Producer
+
+    producer = Producer(_config(endpoint), (topic,))
+    producer.startup()
+    try:
+        ids = []
+        for i in range(n):
+            message = Message()
+            message.topic = topic
+            message.body = f"body-{i}".encode()
+            message.tag = "TagA"
+            message.keys = f"key-{i}"
+            message.add_property("index", str(i))
+            receipt = producer.send(message)
+            ids.append(receipt.message_id)
+        return {"ids": ids}
+    finally:
+        producer.shutdown()
+
+
+def _consumer(endpoint: str, topic: str, group: str) -> Any:
+    from rocketmq import FilterExpression, SimpleConsumer
+
+    consumer = SimpleConsumer(_config(endpoint), group, {topic: FilterExpression()}, await_duration=5)
+    consumer.startup()
+    return consumer
+
+
+def _describe(message: Any) -> dict[str, Any]:
+    return {
+        "id": message.message_id,
+        "body": message.body.decode(),
+        "tag": message.tag,
+        "keys": sorted(message.keys),
+        "properties": dict(message.properties),
+        "attempt": message.delivery_attempt,
+        "topic": message.topic,
+    }
+
+
+def _receive(consumer: Any, want: int, invisible_s: int, rounds: int = 8) -> list[Any]:
+    got: list[Any] = []
+    for _ in range(rounds):
+        got += consumer.receive(min(32, want - len(got)), invisible_s) or []
+        if len(got) >= want:
+            break
+    return got
+
+
+def receive_ack(endpoint: str, topic: str, group: str, n: int) -> dict[str, Any]:
+    consumer = _consumer(endpoint, topic, group)
+    try:
+        got = _receive(consumer, n, 30)
+        for message in got:
+            consumer.ack(message)
+        return {"received": [_describe(m) for m in got]}
+    finally:
+        consumer.shutdown()
+
+
+def change_invisible(endpoint: str, topic: str, group: str, n: int) -> dict[str, Any]:
+    """Receive one message for 10 s, extend it to 60 s, wait past the first 10 s (it must not come
+    again meanwhile) and ack it with the new handle; a stale (acked) handle is refused after."""
+    from rocketmq.v5.exception import BadRequestException
+
+    consumer = _consumer(endpoint, topic, group)
+    try:
+        [message] = _receive(consumer, 1, 10)
+        old_handle = message.receipt_handle
+        consumer.change_invisible_duration(message, 60)
+        changed = message.receipt_handle != old_handle
+        deadline = time.monotonic() + 12
+        again: list[Any] = []
+        while time.monotonic() < deadline:
+            again += consumer.receive(1, 10) or []
+        consumer.ack(message)
+        refused = None
+        try:
+            consumer.ack(message)
+        except BadRequestException as exc:
+            refused = exc.code
+        return {"handle_changed": changed, "again": len(again), "stale_ack_code": refused}
+    finally:
+        consumer.shutdown()
+
+
+def redelivery(endpoint: str, topic: str, group: str, n: int) -> dict[str, Any]:
+    """Receive one message for 10 s without acking it; it comes again after that, attempt 2."""
+    consumer = _consumer(endpoint, topic, group)
+    try:
+        [first] = _receive(consumer, 1, 10)
+        again: list[Any] = []
+        for _ in range(10):
+            again = consumer.receive(1, 10) or []
+            if again:
+                break
+        for message in again:
+            consumer.ack(message)
+        return {"first": _describe(first), "again": [_describe(m) for m in again]}
+    finally:
+        consumer.shutdown()
+
+
+SCENARIOS = {"receive_ack": receive_ack, "change_invisible": change_invisible, "redelivery": redelivery}
+
+
+def main(argv: list[str]) -> None:
+    scenario, endpoint, topic = argv[:3]
+    if scenario == "send":
+        out = send(endpoint, topic, int(argv[3]))
+    else:
+        out = SCENARIOS[scenario](endpoint, topic, argv[3], int(argv[4]) if len(argv) > 4 else 1)
+    print(json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

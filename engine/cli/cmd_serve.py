@@ -1,6 +1,7 @@
 """``mq serve``: RocketMQ's wire protocol over the store (a name server and a broker endpoint), so
 unmodified RocketMQ clients produce and consume (see :mod:`engine.remoting`); with ``--qmq`` also
-QMQ's (a meta-server locator over HTTP, a meta server and a broker: :mod:`engine.qmq`)."""
+QMQ's (a meta-server locator over HTTP, a meta server and a broker: :mod:`engine.qmq`); with
+``--grpc`` also RocketMQ 5's gRPC ``MessagingService`` (the 5.x clients: :mod:`engine.grpc`)."""
 
 from __future__ import annotations
 
@@ -42,6 +43,19 @@ def _serve(args: argparse.Namespace, out: Output) -> int:
         except BaseException:
             server.stop()
             raise
+    grpc_door = None
+    if args.grpc:
+        from engine.grpc import GrpcServer
+
+        try:
+            grpc_door = GrpcServer(
+                store, host=args.host, port=args.grpc_port, advertised_host=args.advertised_host
+            ).start()
+        except BaseException:
+            if qmq is not None:
+                qmq.stop()
+            server.stop()
+            raise
     ready: dict[str, object] = {
         "namesrv": server.namesrv_address,
         "broker": server.broker_address,
@@ -56,6 +70,9 @@ def _serve(args: argparse.Namespace, out: Output) -> int:
             "qmq_broker": qmq.broker_address,
         }
         text += f"; QMQ meta server {qmq.meta_server_url} ({qmq.meta_address}), broker {qmq.broker_address}"
+    if grpc_door is not None:
+        ready["grpc"] = grpc_door.address
+        text += f"; RocketMQ 5 gRPC {grpc_door.address}"
     out.emit(ready, f"{text} (store {store.root}); Ctrl-C stops it")
     done = threading.Event()
     if threading.current_thread() is threading.main_thread():
@@ -65,6 +82,8 @@ def _serve(args: argparse.Namespace, out: Output) -> int:
     except KeyboardInterrupt:
         pass
     finally:
+        if grpc_door is not None:
+            grpc_door.stop()
         if qmq is not None:
             qmq.stop()
         server.stop()
@@ -120,5 +139,16 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
         type=int_at_least(0),
         default=20881,
         help="QMQ broker port (default 20881; 0 = any)",
+    )
+    serve.add_argument(
+        "--grpc",
+        action="store_true",
+        help="also speak RocketMQ 5's gRPC MessagingService (the 5.x clients' proxy protocol)",
+    )
+    serve.add_argument(
+        "--grpc-port",
+        type=int_at_least(0),
+        default=8081,
+        help="RocketMQ 5 gRPC port, the 5.x clients' endpoints (default 8081 as the proxy's; 0 = any)",
     )
     serve.set_defaults(func=_serve)

@@ -1,0 +1,111 @@
+"""The official RocketMQ 5 Python client (``rocketmq-python-client``, unmodified) against the gRPC
+door: its producer sends, its SimpleConsumer receives, acks, changes invisible durations and gets a
+message it did not ack again after its invisible time; what it sends is what the Python API pulls.
+
+The client runs in a process of its own (tests/grpc/official_client.py says why)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine import Admin, PullConsumer, Store
+from engine.broker.dispatch import dispatch_pending
+from engine.grpc import GrpcServer
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def door(store: Store) -> Iterator[GrpcServer]:
+    Admin(store).create_topic("orders", 2)
+    with GrpcServer(store, port=0) as running:
+        yield running
+
+
+def client(*args: object) -> Any:
+    """Run one scenario of the official client; what it printed."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.grpc.official_client", *map(str, args)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_official_producer_sends_and_its_simple_consumer_receives_and_acks(door: GrpcServer) -> None:
+    sent = client("send", door.address, "orders", 3)["ids"]
+    received = client("receive_ack", door.address, "orders", "g1", 3)["received"]
+    assert sorted(m["id"] for m in received) == sorted(sent)
+    by_body = {m["body"]: m for m in received}
+    assert sorted(by_body) == ["body-0", "body-1", "body-2"]
+    first = by_body["body-0"]
+    assert (first["tag"], first["keys"], first["properties"], first["attempt"]) == (
+        "TagA",
+        ["key-0"],
+        {"index": "0"},
+        1,
+    )
+    assert {m["topic"] for m in received} == {"orders"}
+
+
+def test_a_changed_invisible_duration_keeps_the_message_away_and_gives_a_new_handle(
+    door: GrpcServer,
+) -> None:
+    client("send", door.address, "orders", 1)
+    out = client("change_invisible", door.address, "orders", "g1")
+    # Extended from 10 s to 60 s: not delivered again 12 s later; acked with the new handle; the
+    # acked handle is then refused as RocketMQ 5 refuses it (INVALID_RECEIPT_HANDLE).
+    assert out == {"handle_changed": True, "again": 0, "stale_ack_code": 40013}
+
+
+def test_a_message_not_acked_comes_again_after_its_invisible_time(door: GrpcServer) -> None:
+    client("send", door.address, "orders", 1)
+    out = client("redelivery", door.address, "orders", "g1")
+    [again] = out["again"]
+    assert again["id"] == out["first"]["id"] and again["body"] == "body-0"
+    assert (out["first"]["attempt"], again["attempt"]) == (1, 2)
+
+
+def test_what_the_official_client_sends_the_python_api_pulls(door: GrpcServer, store: Store) -> None:
+    sent = client("send", door.address, "orders", 4)["ids"]
+    dispatch_pending(store)
+    consumer = PullConsumer(store, "pull-group")
+    pulled = [m for queue_id in range(2) for m in consumer.pull("orders", queue_id, 0).messages]
+    assert sorted(m.msg_id for m in pulled) == sorted(sent)
+    by_body = {m.body: m for m in pulled}
+    assert sorted(by_body) == [f"body-{i}".encode() for i in range(4)]
+    message = by_body[b"body-2"]
+    assert (message.tags, tuple(message.keys), message.properties["index"]) == ("TagA", ("key-2",), "2")
+
+
+def test_mq_serve_with_grpc_serves_the_official_client_and_stops_on_sigterm(tmp_path: Path) -> None:
+    root = tmp_path / "served"
+    Admin(Store.open(root)).create_topic("orders", 1)
+    cmd = [sys.executable, "-m", "engine.cli", "--store", str(root), "--json", "serve", "--grpc"]
+    ports = ["--namesrv-port", "0", "--broker-port", "0", "--grpc-port", "0", "--no-broker-jobs"]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [*cmd, *ports], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert proc.stdout is not None
+        ready = json.loads(proc.stdout.readline())
+        assert ready["grpc"].startswith("127.0.0.1:")
+        assert len(client("send", ready["grpc"], "orders", 1)["ids"]) == 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)
+    assert code == 0

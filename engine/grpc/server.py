@@ -81,6 +81,7 @@ RECEIVE_BATCH_SIZE = 32  # the proxy's grpcClientConsumerLongPollingBatchSize
 AUTO_RENEW_INVISIBLE_MS = 60_000  # the proxy's defaultInvisibleTimeMills
 PRODUCER_MAX_ATTEMPTS = 3
 CLIENT_ID = "x-mq-client-id"
+MAX_INBOUND_BYTES = 130 * 1024 * 1024
 
 
 def status(code: int, message: str = "") -> pb.Status:
@@ -211,8 +212,15 @@ class GrpcServer:
     async def _main(self) -> None:
         stopped = self._serving.stopped
         assert stopped is not None
-        server = aio.server()
-        spb_grpc.add_MessagingServiceServicer_to_server(_Service(self), server)
+        # As the proxy (grpcMaxInboundMessageSize): a batch of large bodies fits, and a body too
+        # large is answered MESSAGE_BODY_TOO_LARGE rather than cut off by the transport.
+        server = aio.server(
+            options=[
+                ("grpc.max_receive_message_length", MAX_INBOUND_BYTES),
+                ("grpc.max_send_message_length", MAX_INBOUND_BYTES),
+            ]
+        )
+        spb_grpc.add_MessagingServiceServicer_to_server(_Service(self), server)  # type: ignore[no-untyped-call]
         bound = server.add_insecure_port(f"{self.host}:{self.port}")
         if bound == 0:
             raise OSError(f"could not bind {self.host}:{self.port}")

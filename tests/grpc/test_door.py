@@ -1,0 +1,216 @@
+"""The gRPC door's answers to what a client may send wrong, called through the door's own stubs:
+RocketMQ 5's status codes, nothing written on bad input, the Telemetry settings reply the 5.x
+clients' start-up waits for, and the edge rules of :mod:`engine.protocol.rocketmq5`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import grpc
+import pytest
+
+from engine import Admin, Store
+from engine.errors import InvalidArgumentError, InvalidReceiptHandleError
+from engine.grpc import GrpcServer
+from engine.grpc.v2 import definition_pb2 as pb
+from engine.grpc.v2 import service_pb2 as spb
+from engine.grpc.v2 import service_pb2_grpc as spb_grpc
+from engine.protocol.rocketmq5 import (
+    MAX_INVISIBLE_MS,
+    ReceiptHandle,
+    check_group,
+    check_invisible_ms,
+    check_tag,
+    check_user_properties,
+    long_polling_ms,
+)
+from engine.store import schemas
+
+META = (("x-mq-client-id", "test-client"),)
+
+
+@pytest.fixture
+def door(store: Store) -> Iterator[GrpcServer]:
+    Admin(store).create_topic("orders", 2)
+    with GrpcServer(store, port=0) as running:
+        yield running
+
+
+@pytest.fixture
+def stub(door: GrpcServer) -> Iterator[spb_grpc.MessagingServiceStub]:
+    with grpc.insecure_channel(door.address) as channel:
+        yield spb_grpc.MessagingServiceStub(channel)
+
+
+def message(topic: str = "orders", body: bytes = b"hello", tag: str | None = None) -> pb.Message:
+    out = pb.Message(body=body)
+    out.topic.name = topic
+    out.system_properties.message_id = "01ABC"
+    out.system_properties.message_type = pb.NORMAL
+    if tag is not None:
+        out.system_properties.tag = tag
+    return out
+
+
+def test_a_route_names_every_queue_of_the_topic_on_this_endpoint(
+    stub: spb_grpc.MessagingServiceStub, door: GrpcServer
+) -> None:
+    request = spb.QueryRouteRequest()
+    request.topic.name = "orders"
+    answer = stub.QueryRoute(request, metadata=META)
+    assert answer.status.code == pb.OK
+    assert [q.id for q in answer.message_queues] == [0, 1]
+    queue = answer.message_queues[0]
+    assert queue.permission == pb.READ_WRITE and queue.broker.id == 0
+    [address] = queue.broker.endpoints.addresses
+    assert f"{address.host}:{address.port}" == door.address
+
+
+def test_a_missing_topic_is_topic_not_found_and_a_missing_client_id_is_refused(
+    stub: spb_grpc.MessagingServiceStub,
+) -> None:
+    request = spb.QueryRouteRequest()
+    request.topic.name = "nothing"
+    assert stub.QueryRoute(request, metadata=META).status.code == pb.TOPIC_NOT_FOUND
+    request.topic.name = "orders"
+    assert stub.QueryRoute(request).status.code == pb.CLIENT_ID_REQUIRED
+
+
+def test_telemetry_answers_a_producers_settings_with_the_servers(stub: spb_grpc.MessagingServiceStub) -> None:
+    command = spb.TelemetryCommand()
+    command.settings.client_type = pb.PRODUCER
+    command.settings.publishing.topics.add(name="orders")
+    replies = stub.Telemetry(iter([command]), metadata=META)
+    reply = next(replies)
+    replies.cancel()
+    assert reply.status.code == pb.OK
+    assert reply.settings.publishing.max_body_size == 4 * 1024 * 1024
+    assert reply.settings.backoff_policy.max_attempts == 3
+    assert [t.name for t in reply.settings.publishing.topics] == ["orders"]
+
+
+def test_telemetry_answers_a_consumers_settings_with_the_long_polling_and_attempts(
+    stub: spb_grpc.MessagingServiceStub, store: Store
+) -> None:
+    command = spb.TelemetryCommand()
+    command.settings.client_type = pb.SIMPLE_CONSUMER
+    command.settings.subscription.group.name = "g1"
+    replies = stub.Telemetry(iter([command]), metadata=META)
+    reply = next(replies)
+    replies.cancel()
+    assert reply.settings.subscription.long_polling_timeout.seconds == 20
+    assert reply.settings.backoff_policy.max_attempts == store.config.max_reconsume_times + 1
+
+
+def test_bad_sends_get_rocketmq_5s_codes_and_write_nothing(
+    stub: spb_grpc.MessagingServiceStub, store: Store
+) -> None:
+    before = store.version(schemas.COMMIT_LOG)
+    cases = [
+        (message(tag="a|b"), pb.ILLEGAL_MESSAGE_TAG),
+        (message(body=b""), pb.MESSAGE_BODY_EMPTY),
+        (message(body=b"x" * (4 * 1024 * 1024 + 1)), pb.MESSAGE_BODY_TOO_LARGE),
+        (message(topic="nothing"), pb.TOPIC_NOT_FOUND),
+    ]
+    for bad, code in cases:
+        answer = stub.SendMessage(spb.SendMessageRequest(messages=[bad]), metadata=META)
+        assert (answer.status.code, answer.entries[0].status.code) == (code, code), bad.topic.name
+    too_many = message()
+    for i in range(129):
+        too_many.user_properties[f"k{i}"] = "v"
+    answer = stub.SendMessage(spb.SendMessageRequest(messages=[too_many]), metadata=META)
+    assert answer.status.code == pb.MESSAGE_PROPERTIES_TOO_LARGE
+    assert store.version(schemas.COMMIT_LOG) == before
+
+
+def test_a_send_of_good_and_bad_messages_answers_multiple_results(
+    stub: spb_grpc.MessagingServiceStub,
+) -> None:
+    answer = stub.SendMessage(spb.SendMessageRequest(messages=[message(), message(tag="a|b")]), metadata=META)
+    assert answer.status.code == pb.MULTIPLE_RESULTS
+    assert [e.status.code for e in answer.entries] == [pb.OK, pb.ILLEGAL_MESSAGE_TAG]
+    assert answer.entries[0].message_id == "01ABC"
+
+
+def test_receive_ack_and_change_refuse_bad_times_and_handles(stub: spb_grpc.MessagingServiceStub) -> None:
+    receive = spb.ReceiveMessageRequest(batch_size=1)
+    receive.group.name = "g1"
+    receive.message_queue.topic.name = "orders"
+    receive.invisible_duration.seconds = 1  # below the proxy's 10 s
+    receive.long_polling_timeout.seconds = 5
+    [answer] = list(stub.ReceiveMessage(receive, metadata=META, timeout=30))
+    assert answer.status.code == pb.ILLEGAL_INVISIBLE_TIME
+
+    ack = spb.AckMessageRequest()
+    ack.group.name = "g1"
+    ack.topic.name = "orders"
+    ack.entries.add(message_id="01ABC", receipt_handle="not-a-handle")
+    answer = stub.AckMessage(ack, metadata=META)
+    assert answer.status.code == pb.INVALID_RECEIPT_HANDLE
+
+    change = spb.ChangeInvisibleDurationRequest(receipt_handle="not-a-handle")
+    change.group.name = "g1"
+    change.topic.name = "orders"
+    change.invisible_duration.seconds = 13 * 3600  # above 12 h
+    assert stub.ChangeInvisibleDuration(change, metadata=META).status.code == pb.ILLEGAL_INVISIBLE_TIME
+    change.invisible_duration.seconds = 30
+    assert stub.ChangeInvisibleDuration(change, metadata=META).status.code == pb.INVALID_RECEIPT_HANDLE
+
+
+def test_a_receive_with_too_little_time_left_is_illegal_polling_time(
+    stub: spb_grpc.MessagingServiceStub,
+) -> None:
+    receive = spb.ReceiveMessageRequest(batch_size=1)
+    receive.group.name = "g1"
+    receive.message_queue.topic.name = "orders"
+    receive.invisible_duration.seconds = 30
+    [answer] = list(stub.ReceiveMessage(receive, metadata=META, timeout=3))
+    assert answer.status.code == pb.ILLEGAL_POLLING_TIME
+
+
+def test_a_receipt_handle_round_trips_and_garbage_is_refused() -> None:
+    handle = ReceiptHandle("g1", "client-1", "orders", 3, 42, "grpc:client-1#17")
+    assert ReceiptHandle.decode(handle.encode()) == handle
+    for garbage in ("", "not-a-handle", "@@@", ReceiptHandle("g", "c", "t", 0, 0, "x").encode()[:-3]):
+        with pytest.raises(InvalidReceiptHandleError) as caught:
+            ReceiptHandle.decode(garbage)
+        assert caught.value.status == "INVALID_RECEIPT_HANDLE"
+
+
+def test_long_polling_is_clamped_to_5_to_20_seconds_and_the_calls_deadline() -> None:
+    assert long_polling_ms(1_000, 60_000, 3_000) == 5_000
+    assert long_polling_ms(60_000, 60_000, 3_000) == 20_000
+    assert long_polling_ms(15_000, 12_000, 3_000) == 12_000
+    assert long_polling_ms(None, 30_000, 4_000) == 20_000
+    assert long_polling_ms(None, 9_000, 4_000) == 7_000
+    with pytest.raises(InvalidArgumentError) as caught:
+        long_polling_ms(10_000, 4_000, 3_000)
+    assert caught.value.status == "ILLEGAL_POLLING_TIME"
+
+
+@pytest.mark.parametrize(
+    ("check", "value", "status"),
+    [
+        (lambda v: check_invisible_ms(v, 10_000), 9_999, "ILLEGAL_INVISIBLE_TIME"),
+        (lambda v: check_invisible_ms(v, 0), MAX_INVISIBLE_MS + 1, "ILLEGAL_INVISIBLE_TIME"),
+        (check_tag, "a|b", "ILLEGAL_MESSAGE_TAG"),
+        (check_tag, "  ", "ILLEGAL_MESSAGE_TAG"),
+        (check_tag, "a\x01", "ILLEGAL_MESSAGE_TAG"),
+        (check_group, "g" * 121, "ILLEGAL_CONSUMER_GROUP"),
+        (check_group, "bad group", "ILLEGAL_CONSUMER_GROUP"),
+        (check_user_properties, {"k": "v" * 16_384}, "MESSAGE_PROPERTIES_TOO_LARGE"),
+        (check_user_properties, {" ": "v"}, "ILLEGAL_MESSAGE_PROPERTY_KEY"),
+    ],
+)
+def test_edge_rules_name_rocketmq_5s_code(check: object, value: object, status: str) -> None:
+    with pytest.raises(InvalidArgumentError) as caught:
+        check(value)  # type: ignore[operator]
+    assert caught.value.status == status
+
+
+def test_edge_rules_let_good_values_through() -> None:
+    assert check_invisible_ms(10_000, 10_000) == 10_000
+    assert check_invisible_ms(MAX_INVISIBLE_MS, 0) == MAX_INVISIBLE_MS
+    assert check_group("g" * 120) == "g" * 120
+    check_tag("TagA")
+    check_user_properties({f"k{i}": "v" for i in range(128)})

@@ -260,6 +260,11 @@ class GrpcServer:
                 found = self._consumers[key] = _Consumer(consumer)
             return found
 
+    def consumer_keys(self) -> list[tuple[str, str]]:
+        """(group, client id) of the consumers the door holds now."""
+        with self._lock:
+            return sorted(self._consumers)
+
     def forget_consumer(self, group: str, client_id: str) -> bool:
         """Close one client's consumer of ``group`` (its termination); True if there was one."""
         with self._lock:

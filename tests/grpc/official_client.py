@@ -41,6 +41,24 @@ def send(endpoint: str, topic: str, n: int) -> dict[str, Any]:
         producer.shutdown()
 
 
+def send_kinds(endpoint: str, topic: str, deliver_at_s: int) -> dict[str, Any]:
+    """A delay message due at ``deliver_at_s`` (epoch seconds) and a FIFO one of group ``order-7``."""
+    from rocketmq import Message, Producer
+
+    producer = Producer(_config(endpoint), (topic,))
+    producer.startup()
+    try:
+        delayed = Message()
+        delayed.topic, delayed.body = topic, b"later"
+        delayed.delivery_timestamp = deliver_at_s
+        fifo = Message()
+        fifo.topic, fifo.body = topic, b"in-order"
+        fifo.message_group = "order-7"
+        return {"delayed": producer.send(delayed).message_id, "fifo": producer.send(fifo).message_id}
+    finally:
+        producer.shutdown()
+
+
 def _consumer(endpoint: str, topic: str, group: str) -> Any:
     from rocketmq import FilterExpression, SimpleConsumer
 
@@ -58,6 +76,7 @@ def _describe(message: Any) -> dict[str, Any]:
         "properties": dict(message.properties),
         "attempt": message.delivery_attempt,
         "topic": message.topic,
+        "group": message.message_group,
     }
 
 
@@ -131,6 +150,8 @@ def main(argv: list[str]) -> None:
     scenario, endpoint, topic = argv[:3]
     if scenario == "send":
         out = send(endpoint, topic, int(argv[3]))
+    elif scenario == "send_kinds":
+        out = send_kinds(endpoint, topic, int(argv[3]))
     else:
         out = SCENARIOS[scenario](endpoint, topic, argv[3], int(argv[4]) if len(argv) > 4 else 1)
     print(json.dumps(out), flush=True)

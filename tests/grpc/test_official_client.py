@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,8 @@ import pytest
 from engine import Admin, PullConsumer, Store
 from engine.broker.dispatch import dispatch_pending
 from engine.grpc import GrpcServer
+from engine.protocol.names import PROPERTY_REAL_TOPIC, PROPERTY_TIMER_DELIVER_MS, SCHEDULE_TOPIC
+from engine.store import schemas
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -89,6 +92,29 @@ def test_what_the_official_client_sends_the_python_api_pulls(door: GrpcServer, s
     assert sorted(by_body) == [f"body-{i}".encode() for i in range(4)]
     message = by_body[b"body-2"]
     assert (message.tags, tuple(message.keys), message.properties["index"]) == ("TagA", ("key-2",), "2")
+
+
+def test_delay_and_fifo_sends_keep_their_time_and_message_group(door: GrpcServer, store: Store) -> None:
+    due_s = int(time.time()) + 3600
+    ids = client("send_kinds", door.address, "orders", due_s)
+    [received] = client("receive_ack", door.address, "orders", "g1", 1)["received"]
+    # The FIFO message comes with its group; the delayed one waits in the schedule topic.
+    assert (received["id"], received["body"], received["group"]) == (ids["fifo"], "in-order", "order-7")
+    log = store.read(schemas.COMMIT_LOG, columns=["topic", "uniq_key", "properties"]).to_pylist()
+    [waiting] = [row for row in log if row["uniq_key"] == ids["delayed"]]
+    props = dict(waiting["properties"])
+    assert (waiting["topic"], props[PROPERTY_REAL_TOPIC]) == (SCHEDULE_TOPIC, "orders")
+    assert int(props[PROPERTY_TIMER_DELIVER_MS]) == due_s * 1000
+    dispatch_pending(store)
+    consumer = PullConsumer(store, "pull-group")
+    in_orders = [m.msg_id for q in range(2) for m in consumer.pull("orders", q, 0).messages]
+    assert ids["delayed"] not in in_orders and ids["fifo"] in in_orders
+
+
+def test_a_client_that_shuts_down_leaves_no_consumer_behind(door: GrpcServer) -> None:
+    client("send", door.address, "orders", 1)
+    client("receive_ack", door.address, "orders", "g1", 1)
+    assert door.consumer_keys() == []  # NotifyClientTermination closed it
 
 
 def test_mq_serve_with_grpc_serves_the_official_client_and_stops_on_sigterm(tmp_path: Path) -> None:

@@ -31,7 +31,7 @@ import functools
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -82,6 +82,7 @@ AUTO_RENEW_INVISIBLE_MS = 60_000  # the proxy's defaultInvisibleTimeMills
 PRODUCER_MAX_ATTEMPTS = 3
 CLIENT_ID = "x-mq-client-id"
 MAX_INBOUND_BYTES = 130 * 1024 * 1024
+NACK_INVISIBLE_MS = 1000  # the proxy's NACK_INVISIBLE_TIME for messages a client never got
 
 
 def status(code: int, message: str = "") -> pb.Status:
@@ -233,11 +234,11 @@ class GrpcServer:
             await server.stop(grace=1.0)
 
     # ----------------------------------------------------------------- state
-    async def call(self, fn: Callable[..., T], *args: object, receive: bool = False) -> T:
-        """``fn(*args)`` on the door's threads (the engine's calls block)."""
+    async def call(self, fn: Callable[..., T], *args: object) -> T:
+        """``fn(*args)`` on the door's threads (the engine's calls block; receives, which wait,
+        have threads of their own: :meth:`submit_receive`)."""
         loop = asyncio.get_running_loop()
-        pool = self._receive_executor if receive else self._executor
-        return await loop.run_in_executor(pool, functools.partial(fn, *args))
+        return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
 
     def client(self, client_id: str) -> ClientState:
         with self._lock:
@@ -396,6 +397,53 @@ class GrpcServer:
                 state.held[(message.topic, message.queue_id, message.queue_offset)] = message
         return got
 
+    def submit_receive(
+        self,
+        group: str,
+        client_id: str,
+        topic: str,
+        selector: MessageSelector,
+        batch: int,
+        invisible_ms: int,
+        wait_ms: int,
+    ) -> Future[list[ReceivedMessage]]:
+        """:meth:`receive` on the receiving threads."""
+        return self._receive_executor.submit(
+            self.receive, group, client_id, topic, selector, batch, invisible_ms, wait_ms
+        )
+
+    def hand_back(self, group: str, client_id: str, messages: list[ReceivedMessage]) -> int:
+        """Make messages received for a client that never got them visible again in
+        ``NACK_INVISIBLE_MS`` (the proxy's answer to a failed write); returns how many.
+
+        Best effort: a message that cannot be changed becomes visible at its own deadline."""
+        with self._lock:
+            state = self._consumers.get((group, client_id))
+        if state is None:
+            return 0
+        done = 0
+        for message in messages:
+            try:
+                changed = state.consumer.change_invisible_time(message, NACK_INVISIBLE_MS)
+            except MQError:
+                continue
+            with state.lock:
+                state.held[(changed.topic, changed.queue_id, changed.queue_offset)] = changed
+            done += 1
+        return done
+
+    def hand_back_soon(self, group: str, client_id: str, messages: list[ReceivedMessage]) -> None:
+        """:meth:`hand_back` on the door's threads (not waited for)."""
+        with contextlib.suppress(RuntimeError):  # the door is shutting down: deadlines do it
+            self._executor.submit(self.hand_back, group, client_id, messages)
+
+    def hand_back_later(self, group: str, client_id: str, receive: Future[list[ReceivedMessage]]) -> None:
+        """What a receive the client left found, once it ends: handed back."""
+        if not receive.cancelled() and receive.exception() is None:
+            got = receive.result()
+            if got:
+                self.hand_back_soon(group, client_id, got)
+
     def held(self, group: str, client_id: str, handle: str) -> tuple[_Consumer, ReceivedMessage]:
         """The message a receipt handle names, with the engine's handle it carries.
 
@@ -549,29 +597,32 @@ class _Service(spb_grpc.MessagingServiceServicer):
                 )
             selector = _selector(request.filter_expression)
             batch = min(max(request.batch_size, 1), MAX_RECEIVE_NUMS)
-            got = await self.door.call(
-                self.door.receive,
-                group,
-                client_id,
-                topic,
-                selector,
-                batch,
-                invisible_ms,
-                wait_ms,
-                receive=True,
+            pending = self.door.submit_receive(
+                group, client_id, topic, selector, batch, invisible_ms, wait_ms
             )
+            try:
+                got = await asyncio.wrap_future(pending)
+            except asyncio.CancelledError:  # the client left during the wait
+                pending.add_done_callback(functools.partial(self.door.hand_back_later, group, client_id))
+                raise
         except Exception as exc:
             yield spb.ReceiveMessageResponse(status=status_of(exc))
             return
         if not got:
             yield spb.ReceiveMessageResponse(status=status(pb.MESSAGE_NOT_FOUND, "no new message"))
             return
-        yield spb.ReceiveMessageResponse(status=status(pb.OK))
-        for message in got:
-            handle = self.door.handle_of(group, client_id, message)
-            yield spb.ReceiveMessageResponse(
-                message=to_proto(message, handle, message.reconsume_times + 1, invisible_ms)
-            )
+        written = 0
+        try:
+            yield spb.ReceiveMessageResponse(status=status(pb.OK))
+            for message in got:
+                handle = self.door.handle_of(group, client_id, message)
+                yield spb.ReceiveMessageResponse(
+                    message=to_proto(message, handle, message.reconsume_times + 1, invisible_ms)
+                )
+                written += 1
+        finally:
+            if written < len(got):  # the client never got these: visible again soon, as the proxy
+                self.door.hand_back_soon(group, client_id, got[written:])
 
     async def AckMessage(self, request: Any, context: Any) -> Any:
         try:

@@ -214,3 +214,18 @@ def test_edge_rules_let_good_values_through() -> None:
     assert check_group("g" * 120) == "g" * 120
     check_tag("TagA")
     check_user_properties({f"k{i}": "v" for i in range(128)})
+
+
+def test_messages_a_client_never_got_are_handed_back_visible_soon(door: GrpcServer, store: Store) -> None:
+    from engine import Message, Producer
+    from engine.protocol.selectors import MessageSelector
+
+    with Producer(store, "p") as producer:
+        producer.send(Message("orders", b"lost on the way"))
+    everything = MessageSelector.by_tag("*")
+    [got] = door.receive("g1", "gone", "orders", everything, 1, 60_000, 5_000)
+    assert door.hand_back("g1", "gone", [got]) == 1
+    # Visible again in a second (not the 60 s it was received for), to any client of the group.
+    [again] = door.receive("g1", "other", "orders", everything, 1, 60_000, 20_000)
+    assert (again.msg_id, again.reconsume_times) == (got.msg_id, 1)
+    assert door.hand_back("g1", "nobody", [again]) == 0

@@ -4,10 +4,10 @@
 # venv's grpcio-tools (pinned in pyproject.toml's dev extra). The generated files are committed;
 # tests/grpc/test_stubs.py regenerates them into a temporary folder and checks they match.
 #
-# Usage: bin/gen-grpc-stubs.sh [OUT_DIR]   (default engine/grpc/v2)
+# Usage: bin/gen-grpc-stubs.sh [OUT_DIR]   (default engine/grpc/v2; PYTHON=... to pick the interpreter)
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PY="${MQ_VENV:-$ROOT/.venv}/bin/python"
+PY="${PYTHON:-${MQ_VENV:-$ROOT/.venv}/bin/python}"
 OUT="${1:-$ROOT/engine/grpc/v2}"
 TMP="$(mktemp -d)"
 trap 'rm -rf "$TMP"' EXIT

@@ -82,6 +82,8 @@ AUTO_RENEW_INVISIBLE_MS = 60_000  # the proxy's defaultInvisibleTimeMills
 PRODUCER_MAX_ATTEMPTS = 3
 CLIENT_ID = "x-mq-client-id"
 MAX_INBOUND_BYTES = 130 * 1024 * 1024
+SWEEP_INTERVAL_S = 30.0
+CLIENT_IDLE_MS = 120_000  # a client silent this long (12 heartbeats missed) is gone
 NACK_INVISIBLE_MS = 1000  # the proxy's NACK_INVISIBLE_TIME for messages a client never got
 
 
@@ -228,10 +230,18 @@ class GrpcServer:
         self.port = bound
         await server.start()
         self._serving.ready()
+        sweeper = asyncio.create_task(self._sweep_loop())
         try:
             await stopped.wait()
         finally:
+            sweeper.cancel()
             await server.stop(grace=1.0)
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(SWEEP_INTERVAL_S)
+            with contextlib.suppress(Exception):  # the next round tries again
+                await self.call(self.sweep, now_ms())
 
     # ----------------------------------------------------------------- state
     async def call(self, fn: Callable[..., T], *args: object) -> T:
@@ -260,6 +270,16 @@ class GrpcServer:
                 )
                 found = self._consumers[key] = _Consumer(consumer)
             return found
+
+    def sweep(self, now: int) -> int:
+        """Forget clients silent for ``CLIENT_IDLE_MS`` (the 5.x clients heartbeat every 10 s) and
+        close their consumers, as if they had said goodbye; returns the consumers closed."""
+        with self._lock:
+            gone = {c for c, state in self.clients.items() if now - state.last_seen_ms >= CLIENT_IDLE_MS}
+            for client_id in gone:
+                del self.clients[client_id]
+            keys = [k for k in self._consumers if k[1] in gone or k[1] not in self.clients]
+        return sum(self.forget_consumer(group, client_id) for group, client_id in keys)
 
     def consumer_keys(self) -> list[tuple[str, str]]:
         """(group, client id) of the consumers the door holds now."""
@@ -519,9 +539,17 @@ class _Service(spb_grpc.MessagingServiceServicer):
     def __init__(self, door: GrpcServer) -> None:
         self.door = door
 
+    def _client(self, context: Any) -> ClientState:
+        """The calling client (seen now).
+
+        Raises:
+            InvalidArgumentError: no client id (``CLIENT_ID_REQUIRED``).
+        """
+        return self.door.client(_client_id(context))
+
     async def QueryRoute(self, request: Any, context: Any) -> Any:
         try:
-            _client_id(context)
+            self._client(context)
             config = await self.door.call(self.door.topic, request.topic.name)
         except Exception as exc:
             return spb.QueryRouteResponse(status=status_of(exc))
@@ -529,7 +557,7 @@ class _Service(spb_grpc.MessagingServiceServicer):
 
     async def Heartbeat(self, request: Any, context: Any) -> Any:
         try:
-            self.door.client(_client_id(context))
+            self._client(context)
             if request.HasField("group"):
                 check_group(request.group.name)
         except Exception as exc:
@@ -538,7 +566,7 @@ class _Service(spb_grpc.MessagingServiceServicer):
 
     async def QueryAssignment(self, request: Any, context: Any) -> Any:
         try:
-            _client_id(context)
+            self._client(context)
             check_group(request.group.name)
             config = await self.door.call(self.door.topic, request.topic.name)
         except Exception as exc:
@@ -553,7 +581,7 @@ class _Service(spb_grpc.MessagingServiceServicer):
 
     async def SendMessage(self, request: Any, context: Any) -> Any:
         try:
-            _client_id(context)
+            self._client(context)
             if not request.messages:
                 raise edge_error("BAD_REQUEST", "no message to send")
             results = await self.door.call(self.door.send, request)
@@ -575,7 +603,7 @@ class _Service(spb_grpc.MessagingServiceServicer):
 
     async def ReceiveMessage(self, request: Any, context: Any) -> AsyncIterator[Any]:
         try:
-            client_id = _client_id(context)
+            client_id = self._client(context).client_id
             group = check_group(request.group.name)
             topic = request.message_queue.topic.name
             await self.door.call(self.door.topic, topic)
@@ -626,7 +654,7 @@ class _Service(spb_grpc.MessagingServiceServicer):
 
     async def AckMessage(self, request: Any, context: Any) -> Any:
         try:
-            client_id = _client_id(context)
+            client_id = self._client(context).client_id
             group = check_group(request.group.name)
         except Exception as exc:
             return spb.AckMessageResponse(status=status_of(exc))
@@ -650,7 +678,7 @@ class _Service(spb_grpc.MessagingServiceServicer):
 
     async def ChangeInvisibleDuration(self, request: Any, context: Any) -> Any:
         try:
-            client_id = _client_id(context)
+            client_id = self._client(context).client_id
             group = check_group(request.group.name)
             invisible_ms = check_invisible_ms(_duration_ms(request.invisible_duration), 0)
             handle = await self.door.call(
@@ -662,7 +690,7 @@ class _Service(spb_grpc.MessagingServiceServicer):
 
     async def NotifyClientTermination(self, request: Any, context: Any) -> Any:
         try:
-            client_id = _client_id(context)
+            client_id = self._client(context).client_id
             if request.HasField("group") and request.group.name:
                 await self.door.call(self.door.forget_consumer, request.group.name, client_id)
             with self.door._lock:
@@ -683,7 +711,7 @@ class _Service(spb_grpc.MessagingServiceServicer):
 
     async def Telemetry(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
         try:
-            client_id = _client_id(context)
+            client_id = self._client(context).client_id
         except Exception as exc:
             yield pb_telemetry(status_of(exc))
             return

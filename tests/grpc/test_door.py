@@ -229,3 +229,18 @@ def test_messages_a_client_never_got_are_handed_back_visible_soon(door: GrpcServ
     [again] = door.receive("g1", "other", "orders", everything, 1, 60_000, 20_000)
     assert (again.msg_id, again.reconsume_times) == (got.msg_id, 1)
     assert door.hand_back("g1", "nobody", [again]) == 0
+
+
+def test_a_client_silent_past_the_idle_time_is_forgotten_with_its_consumer(
+    door: GrpcServer, stub: spb_grpc.MessagingServiceStub
+) -> None:
+    from engine.grpc.server import CLIENT_IDLE_MS
+    from engine.store.store import now_ms
+
+    heartbeat = spb.HeartbeatRequest(client_type=pb.SIMPLE_CONSUMER)
+    heartbeat.group.name = "g1"
+    assert stub.Heartbeat(heartbeat, metadata=META).status.code == pb.OK
+    door.consumer("g1", "test-client")
+    assert door.sweep(now_ms()) == 0 and door.consumer_keys() == [("g1", "test-client")]
+    assert door.sweep(now_ms() + CLIENT_IDLE_MS) == 1
+    assert door.consumer_keys() == [] and "test-client" not in door.clients

@@ -106,8 +106,8 @@ def test_the_java_clients_request_gets_the_reply_its_responder_sent(store: Store
     assert run.returncode == 0, run.stderr[-3000:]
     assert not run.of("request_failed") and not run.of("reply_failed"), run.events
     assert sorted(e["body"] for e in run.of("reply")) == ["re:ask-0", "re:ask-1", "re:ask-2"]
-    requests = run.of("request")
-    assert sorted(e["flag"] for e in requests) == [40, 41, 42]  # Message.flag kept
+    requests = run.of("request")  # at least once: a rebalance may hand a request over twice
+    assert {e["flag"] for e in requests} == {40, 41, 42}  # Message.flag kept
     assert all(e["cluster"] == CLUSTER_NAME for e in requests)
     # born at the requester's end of its connection, not at the broker
     broker_port = server.broker_address.rsplit(":", 1)[1]

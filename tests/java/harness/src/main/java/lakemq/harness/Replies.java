@@ -30,7 +30,7 @@ final class Replies {
         responder.setNamesrvAddr(args.str("namesrv"));
         responder.setInstanceName(Producers.instance(args, "responder"));
         responder.setVipChannelEnabled(false);
-        responder.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET);
+        responder.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET); // requests sent before its first rebalance too
         responder.subscribe(topic, "*");
         responder.registerMessageListener((MessageListenerConcurrently) (messages, context) -> {
             for (MessageExt request : messages) {

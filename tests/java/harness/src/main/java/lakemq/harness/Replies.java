@@ -1,6 +1,7 @@
 package lakemq.harness;
 
 import java.nio.charset.StandardCharsets;
+import java.util.concurrent.atomic.AtomicBoolean;
 import org.apache.rocketmq.client.consumer.DefaultMQPushConsumer;
 import org.apache.rocketmq.client.consumer.listener.ConsumeConcurrentlyStatus;
 import org.apache.rocketmq.client.consumer.listener.MessageListenerConcurrently;
@@ -32,6 +33,7 @@ final class Replies {
         responder.setVipChannelEnabled(false);
         responder.setConsumeFromWhere(ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET); // requests sent before its first rebalance too
         responder.subscribe(topic, "*");
+        AtomicBoolean closing = new AtomicBoolean();
         responder.registerMessageListener((MessageListenerConcurrently) (messages, context) -> {
             for (MessageExt request : messages) {
                 Out.emit(
@@ -43,7 +45,9 @@ final class Replies {
                         .getBytes(StandardCharsets.UTF_8);
                     replier.send(MessageUtil.createReplyMessage(request, answer));
                 } catch (Exception e) {
-                    Out.emit("event", "reply_failed", "error", String.valueOf(e));
+                    if (!closing.get()) { // a reply cut off by the shutdown below is not a failure
+                        Out.emit("event", "reply_failed", "error", String.valueOf(e));
+                    }
                 }
             }
             return ConsumeConcurrentlyStatus.CONSUME_SUCCESS;
@@ -68,6 +72,7 @@ final class Replies {
                 Out.emit("event", "request_failed", "error", String.valueOf(e));
             }
         }
+        closing.set(true);
         requester.shutdown();
         responder.shutdown();
         replier.shutdown();

@@ -43,6 +43,12 @@ class Connection:
     consumer_groups: dict[str, str] = field(default_factory=dict)  # group -> client id
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
+    @functools.cached_property
+    def address(self) -> tuple[str, int] | None:
+        """The client's end of the connection, (ip, port); None on a socket with no such address."""
+        peer = self.writer.get_extra_info("peername")
+        return (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) and len(peer) >= 2 else None
+
     async def send(self, cmd: RemotingCommand) -> None:
         """Write one frame (frames of concurrent handlers never interleave)."""
         async with self.lock:

@@ -98,10 +98,8 @@ async def heartbeat(ctx: BrokerContext, conn: Connection, cmd: RemotingCommand) 
 
 def client_addr(conn: Connection) -> str:
     """``ip:port`` of a connection's peer, as RocketMQ's ``parseChannelRemoteAddr`` prints it."""
-    peer = conn.writer.get_extra_info("peername")
-    if isinstance(peer, tuple) and len(peer) >= 2:
-        return f"{peer[0]}:{peer[1]}"
-    return conn.peer
+    address = conn.address
+    return conn.peer if address is None else f"{address[0]}:{address[1]}"
 
 
 def find_consumer(ctx: BrokerContext, group: str, client_id: str) -> Connection | None:

@@ -68,8 +68,7 @@ async def send_reply(ctx: BrokerContext, conn: Connection, cmd: RemotingCommand)
     if not cmd.body or len(cmd.body) > MAX_BODY_BYTES:
         raise InvalidMessageError(f"reply body is {len(cmd.body)} bytes; 1..{MAX_BODY_BYTES} are allowed")
     properties = decode_properties(header.text("properties", ""))
-    peer = conn.writer.get_extra_info("peername")
-    born_host = (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) and len(peer) >= 2 else None
+    born_host = conn.address
     pushed, why = await _push(ctx, header, cmd.body, properties, born_host)
     stored: SendResult | None = None
     try:  # stored whether or not the push went through, as RocketMQ's broker does

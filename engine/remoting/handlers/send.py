@@ -76,8 +76,7 @@ async def send_message(ctx: BrokerContext, conn: Connection, cmd: RemotingComman
             f"message body is {len(cmd.body)} bytes; at most {MAX_BODY_BYTES} are allowed"
         )
     conn.producer_groups.add(group)
-    peer = conn.writer.get_extra_info("peername")
-    born_host = (str(peer[0]), int(peer[1])) if isinstance(peer, tuple) and len(peer) >= 2 else None
+    born_host = conn.address
     born_ts = header.int64("bornTimestamp", 0)
     if not is_retry_send(topic) and topic not in ctx.sent_topics:
         await ctx.run(ensure_sent_topic, ctx, topic, header.int32("defaultTopicQueueNums", 4))

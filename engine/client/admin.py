@@ -47,6 +47,7 @@ from engine.protocol.permissions import DEFAULT_PERM
 from engine.protocol.schedule import SCHEDULE_PROPERTIES
 from engine.protocol.topics import system_topic_queues, validate_topic_settings
 from engine.store.consume_queue import QueueIndex
+from engine.store.group_configs import GroupConfig, group_config, record_group_config
 from engine.store.store import Store, now_ms
 
 
@@ -495,6 +496,25 @@ class Admin:
     def groups(self) -> list[GroupSummary]:
         """Every consumer group the logs know of (RocketMQ's ``consumerConnection`` overview)."""
         return list_groups(self._store)
+
+    def group_config(self, group: str) -> GroupConfig:
+        """A consumer group's settings (the defaults for a group never configured).
+
+        Raises:
+            InvalidArgumentError: a bad group name.
+        """
+        return group_config(self._store, validate_group_name(group))
+
+    def update_group(self, group: str, *, fifo: bool) -> GroupConfig:
+        """Set a consumer group's settings: ``fifo`` makes it a FIFO group (RocketMQ's
+        ``consumeMessageOrderly``, RocketMQ 5's FIFO consume type): its ``SimpleConsumer`` receives
+        each queue in order, the next messages only after the previous are acked or dead-lettered.
+        Consumers started after this take it.
+
+        Raises:
+            InvalidArgumentError: a bad group name or setting.
+        """
+        return record_group_config(self._store, group, fifo=fifo)
 
     def group_progress(self, group: str, topic: str | None = None) -> list[QueueProgress]:
         """Per queue: min/max offset, committed offset, lag and the store time of the last consumed

@@ -25,11 +25,13 @@ from engine.protocol.delays import clamp_delay_level
 from engine.protocol.message_ids import UniqKeyGenerator
 from engine.protocol.messages import (
     batch_bytes,
+    message_group_queue,
     select_queue_by_hash,
     validate_message_fields,
 )
 from engine.protocol.names import (
     PROPERTY_KEYS,
+    PROPERTY_SHARDING_KEY,
     RESEND_PROPERTIES,
     TIMER_REQUEST_PROPERTIES,
     validate_group_name,
@@ -137,6 +139,7 @@ class Producer(Closing):
         resend: bool = False,
         born_ts_ms: int | None = None,
         broker_properties: Mapping[str, str] | None = None,
+        message_group: str | None = None,
     ) -> PreparedSend:
         """Check a message and choose its queue, writing nothing: the first half of a send.
 
@@ -152,6 +155,7 @@ class Producer(Closing):
             born_ts_ms: when the message was born (a wire client's ``bornTimestamp``); None: now.
             broker_properties: reserved properties a door stores with the message, added after
                 the message's own were checked (a wire client's born host and flag).
+            message_group: as :meth:`send`.
 
         Returns:
             The send, for :meth:`append`, :meth:`append_batch`, :meth:`append_async` or
@@ -181,7 +185,15 @@ class Producer(Closing):
         topic = writeable_topic(self._store, message.topic)
         if type(delay_level) is not int or delay_level:  # the usual 0 needs no check (hot path)
             delay_level = clamp_delay_level(delay_level)  # above 18: 18, as RocketMQ's broker
-        if queue_id is None and sharding_key is None:  # the usual round robin, one call less
+        if message_group is not None:
+            if queue_id is not None or sharding_key is not None:
+                raise InvalidArgumentError(
+                    "message_group chooses the queue: give no queue_id or sharding_key with it",
+                    topic=topic.name,
+                )
+            qid = message_group_queue(message_group, topic.queues)
+            broker_properties = {**(broker_properties or {}), PROPERTY_SHARDING_KEY: message_group}
+        elif queue_id is None and sharding_key is None:  # the usual round robin, one call less
             qid = self._queues.next(topic.name, topic.queues)
         else:
             qid = self._choose_queue(topic.name, topic.queues, queue_id, sharding_key)
@@ -246,6 +258,7 @@ class Producer(Closing):
         sharding_key: str | None = None,
         *,
         delay_level: int = 0,
+        message_group: str | None = None,
     ) -> SendResult:
         """Send one message synchronously: it is stored in one Delta commit when this returns.
 
@@ -254,6 +267,10 @@ class Producer(Closing):
             queue_id: an explicit queue; default round robin over the topic's queues.
             sharding_key: choose the queue by a stable hash of this key (ordered messages), as
                 Java's ``SelectMessageQueueByHash``.
+            message_group: a FIFO message group (RocketMQ 5): every message of the group goes to
+                one queue (:func:`~engine.protocol.messages.message_group_queue`, as RocketMQ 5's
+                Python client chooses) and carries its group, which a ``SimpleConsumer`` of a FIFO
+                group receives in order. Not with ``queue_id`` or ``sharding_key``.
             delay_level: 1..18, RocketMQ's delay levels (higher: clamped to 18); 0 sends at once,
                 or as a timer when ``message.deliver_at_ms`` or a ``TIMER_DELAY_SEC`` /
                 ``TIMER_DELAY_MS`` / ``TIMER_DELIVER_MS`` property says so (at most
@@ -269,7 +286,11 @@ class Producer(Closing):
                 input; nothing is written.
             CommitConflictError, StoreError, CommitStateUnknownError: the store refused the write.
         """
-        return self.append(self.prepare(message, queue_id, sharding_key, delay_level=delay_level))
+        return self.append(
+            self.prepare(
+                message, queue_id, sharding_key, delay_level=delay_level, message_group=message_group
+            )
+        )
 
     def append(self, prepared: PreparedSend) -> SendResult:
         """Commit one prepared send synchronously: the second half of :meth:`send`.
@@ -447,14 +468,20 @@ class Producer(Closing):
         return send_results(self._writer.append_batch(batch))
 
     def send_async(
-        self, message: Message, queue_id: int | None = None, sharding_key: str | None = None
+        self,
+        message: Message,
+        queue_id: int | None = None,
+        sharding_key: str | None = None,
+        *,
+        message_group: str | None = None,
     ) -> Future[SendResult]:
         """Queue a message for a micro-batch; the future resolves once its commit lands.
 
         Messages are grouped by ``linger_ms`` and ``batch_size`` into one commit each. Validation
         errors raise here, before anything is queued; store errors resolve the future.
+        ``message_group`` as :meth:`send`.
         """
-        return self._enqueue(self.prepare(message, queue_id, sharding_key))
+        return self._enqueue(self.prepare(message, queue_id, sharding_key, message_group=message_group))
 
     def _enqueue(self, prepared: PreparedSend) -> Future[SendResult]:
         """Hand a checked message to the async worker; the future resolves once its commit lands."""

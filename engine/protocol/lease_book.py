@@ -18,6 +18,19 @@ ranges of a queue through the action log; the protocol as a whole is described i
 * ``ACK`` finishes the offsets of its range; ``NACK`` from the current holder and ``EXPIRED`` finish
   one offset (the retry job re-puts or dead-letters it).
 
+FIFO groups (RocketMQ 5's orderly POP, ``consumeMessageOrderly`` / the 5.x ``fifo`` subscription; the
+rule is :meth:`QueueBook.fifo_next`, the consumer side :mod:`engine.client.simple.leases`):
+
+* a queue holds at most one outstanding lease range: its next range is not leased while any offset
+  below the group's frontier is unfinished, and a held one blocks the whole queue;
+* when every unfinished offset below the frontier is free again (its lease ended, was released or
+  made visible at once by a FIFO ``nack``), those same offsets are leased again first, in queue
+  order, to whoever receives next, each delivery counted (``reconsume_times`` + 1); past the most
+  deliveries an ``EXPIRED`` row finishes the head (the retry job dead-letters it) and the queue moves on;
+* so a queue's messages are handed out in queue order, the next range only after every message of
+  the one before is acked or dead-lettered. The guarantee is per queue, hence per message group:
+  a producer sends a group's messages to one queue (:func:`engine.protocol.messages.message_group_queue`).
+
 An ack is written only before its lease's deadline (the consumer refuses later ones), so the
 offsets finished do not depend on whether an ack or a later lease of the same offset is applied
 first: rows may be applied in commit order (new versions) or, from a snapshot, in time order.
@@ -35,6 +48,11 @@ from engine.protocol.actions import ACK, CHANGE_INVISIBLE, EXPIRED, NACK, OFFLIN
 _RANK = {RESET: 0, PULL: 1, CHANGE_INVISIBLE: 2, RELEASE: 3, OFFLINE: 4, NACK: 5, EXPIRED: 6, ACK: 7}
 
 Key = tuple[str, int, int]  # topic, queue_id, queue_offset
+
+# What a FIFO group may lease of a queue now (QueueBook.fifo_next).
+FIFO_HELD = "HELD"  # an unfinished offset is under a live lease: nothing
+FIFO_AGAIN = "AGAIN"  # the unfinished offsets below the frontier, all free: lease them again first
+FIFO_FRESH = "FRESH"  # nothing outstanding: the next range from the frontier
 
 
 @dataclass
@@ -71,6 +89,23 @@ class QueueBook:
     def expired(self, now: int) -> list[int]:
         """Leased offsets, not finished, whose lease ended at or before ``now``, ascending."""
         return sorted(o for o, c in self.leases.items() if c.deadline_ms <= now and not self.is_done(o))
+
+    def fifo_next(self, now: int) -> tuple[str, list[int]]:
+        """What a FIFO group may lease of this queue at ``now`` (module docstring): ``(FIFO_HELD,
+        [])`` while an unfinished offset below the frontier is under a lease that has not ended;
+        ``(FIFO_AGAIN, offsets)`` the unfinished offsets below the frontier, ascending, when all
+        of them are free; ``(FIFO_FRESH, [])`` when none is unfinished."""
+        outstanding: list[int] = []
+        done = self.done
+        leases = self.leases
+        for offset in range(self.floor, self.frontier):
+            if offset in done:
+                continue
+            lease = leases.get(offset)
+            if lease is not None and now < lease.deadline_ms:
+                return FIFO_HELD, []
+            outstanding.append(offset)
+        return (FIFO_AGAIN, outstanding) if outstanding else (FIFO_FRESH, [])
 
     def held_by(self, consumer_id: str, now: int) -> list[tuple[int, OffsetLease]]:
         """Offsets ``consumer_id`` holds an unexpired lease on at ``now``, ascending."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping, Sequence
 
 from engine.errors import InvalidArgumentError, InvalidMessageError
@@ -132,3 +133,20 @@ def select_queue_by_hash(sharding_key: str, queues: int) -> int:
     if queues <= 0:
         raise InvalidArgumentError("a topic needs at least one queue", queues=queues)
     return abs(java_string_hashcode(sharding_key)) % queues
+
+
+def message_group_queue(message_group: str, queues: int) -> int:
+    """The queue of a topic with ``queues`` queues that every message of ``message_group`` goes
+    to (FIFO message groups): the rule of RocketMQ 5's Python client (SHA-256 of the UTF-8 group,
+    big-endian, modulo the queues), so that a group sent by that client and by lakemq's producer or
+    gRPC door lands in one queue. (RocketMQ 5's Java client uses SipHash-2-4 instead.)
+
+    Raises:
+        InvalidArgumentError: a blank group or no queue.
+    """
+    if not isinstance(message_group, str) or not message_group.strip():
+        raise InvalidArgumentError("a message group must be a non-blank string", message_group=message_group)
+    if queues <= 0:
+        raise InvalidArgumentError("a topic needs at least one queue", queues=queues)
+    digest = hashlib.sha256(message_group.encode("utf-8")).digest()
+    return int.from_bytes(digest, "big") % queues

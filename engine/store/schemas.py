@@ -18,6 +18,7 @@ TOPICS = "topics"
 GROUPS = "groups"
 TRANSACTIONS = "transactions"
 OFFSET_RESETS = "offset_resets"
+GROUP_CONFIGS = "group_configs"
 # Table property of shard 0's commit log: how many commit logs the store keeps (absent: 1).
 SHARDS_PROPERTY = "lakemq.commitLogShards"
 
@@ -176,6 +177,17 @@ OFFSET_RESETS_SCHEMA = pa.schema(
     ]
 )
 
+# Settings of consumer groups (Admin.update_group, mq group set), append-only: the newest row of a
+# group is its setting; a group with no row has the defaults.
+GROUP_CONFIGS_SCHEMA = pa.schema(
+    [
+        pa.field("group", _str, nullable=False),
+        # RocketMQ's consumeMessageOrderly, RocketMQ 5's FIFO consume type (the 5.x "fifo" flag).
+        pa.field("fifo", pa.bool_(), nullable=False),
+        pa.field("ts_ms", _i64, nullable=False),
+    ]
+)
+
 SCHEMAS: dict[str, pa.Schema] = {
     COMMIT_LOG: COMMIT_LOG_SCHEMA,
     CONSUME_QUEUE: CONSUME_QUEUE_SCHEMA,
@@ -187,6 +199,7 @@ SCHEMAS: dict[str, pa.Schema] = {
     GROUPS: GROUPS_SCHEMA,
     TRANSACTIONS: TRANSACTIONS_SCHEMA,
     OFFSET_RESETS: OFFSET_RESETS_SCHEMA,
+    GROUP_CONFIGS: GROUP_CONFIGS_SCHEMA,
 }
 
 

@@ -13,6 +13,13 @@ micro-batches; a consumer back with its id gets what it held at once; offset res
 consumers. Receipt handles: an ack, nack or change after the deadline, or of a superseded delivery,
 is refused (:class:`~engine.errors.ReceiptHandleExpiredError`), as RocketMQ 5 refuses a stale one.
 Timing assumes the clocks of the group's consumers agree to well within an invisible time.
+
+FIFO groups (RocketMQ 5's FIFO consume type; ``Admin.update_group(group, fifo=True)`` or
+``fifo=True`` here): each queue is received in queue order, the next messages of a queue only after
+every one received before is acked or dead-lettered; ``nack`` gives a message back in place (the next
+receive gets it again); acks are appended before ``ack`` returns. Producers keep a message group's
+messages in one queue (``Producer.send(message_group=...)``), so the order holds per message group.
+The rule is described in :mod:`engine.client.simple.leases`.
 """
 
 from __future__ import annotations
@@ -41,6 +48,7 @@ from engine.protocol.names import SYSTEM_TOPICS, validate_group_name
 from engine.protocol.permissions import is_readable
 from engine.protocol.selectors import MessageSelector
 from engine.store.consumer_offset import OffsetStore
+from engine.store.group_configs import group_config
 from engine.store.store import Store, now_ms
 
 MAX_RECEIVE_NUMS = 1024
@@ -90,6 +98,8 @@ class SimpleConsumer(Closing):
         max_reconsume_times: deliveries after the first before a message is dead-lettered; -1 (or
             None) is the store's setting (RocketMQ's 16). A message's ``MAX_RECONSUME_TIMES``
             property wins.
+        fifo: receive as a FIFO group (module docstring); None (default): the group's setting
+            (``Admin.update_group``).
 
     Thread-safe. Use :meth:`close` (or a ``with`` block) to flush buffered acks and give back at
     once what was leased ahead and never handed out; a consumer left open does that when its
@@ -111,8 +121,11 @@ class SimpleConsumer(Closing):
         consume_from_timestamp_ms: int | None = None,
         max_unacked: int = 4096,
         max_reconsume_times: int | None = None,
+        fifo: bool | None = None,
     ) -> None:
         self.group = validate_group_name(group)
+        if fifo is not None and not isinstance(fifo, bool):
+            raise InvalidArgumentError(f"fifo must be a bool or None, got {fifo!r}", fifo=fifo)
         if consumer_id is None:
             consumer_id = default_consumer_id()
         if not isinstance(consumer_id, str) or not consumer_id:
@@ -139,7 +152,10 @@ class SimpleConsumer(Closing):
         # The limit as a function of its own (not a method): the leases, which the exit hook
         # keeps, must not keep the consumer alive.
         limit_of = functools.partial(_reconsume_limit, self.group, self._max_reconsume)
-        self._leases = Leases(store, self.group, consumer_id, start, timestamp, limit_of)
+        if fifo is None:
+            fifo = group_config(store, self.group).fifo
+        self.fifo = fifo
+        self._leases = Leases(store, self.group, consumer_id, start, timestamp, limit_of, fifo=fifo)
         self._subscriptions: dict[str, MessageSelector] = {}
         self._lock = threading.RLock()
         self._wake = threading.Event()
@@ -268,6 +284,10 @@ class SimpleConsumer(Closing):
                     and leases.lease(self._sources(), wanted, invisible_ms, deadline=deadline) > 0
                 ):
                     out += leases.take(room - len(out), invisible_ms, leased_since=since)
+                if self.fifo and leases.buffered_acks:
+                    # Messages the selector filtered out finish the queue's range: now, not later.
+                    with contextlib.suppress(MQError):
+                        leases.flush()
             self._nudge_flusher()
         return out
 
@@ -292,10 +312,17 @@ class SimpleConsumer(Closing):
         with self._lock:
             self._leases.ack(message, self._store.config.max_commit_attempts)
             self._nudge_flusher()
+        if self.fifo:
+            # The queue's next messages wait for this ack: append it now (if that fails, the
+            # flusher appends it later).
+            with contextlib.suppress(MQError):
+                self.flush()
 
     def nack(self, message: ReceivedMessage) -> None:
         """Give a received message back for a later retry: records a ``NACK`` that the retry job
-        routes to ``%RETRY%<group>`` (or, past the maximum reconsume times, ``%DLQ%<group>``).
+        routes to ``%RETRY%<group>`` (or, past the maximum reconsume times, ``%DLQ%<group>``). In a
+        FIFO group the message is made visible again at once, in place: the next receive of its
+        queue gets it again (``reconsume_times`` + 1; past the most, it is dead-lettered).
 
         Committed before this returns.
 
@@ -303,6 +330,11 @@ class SimpleConsumer(Closing):
             InvalidReceiptHandleError: not a message this consumer holds.
             ReceiptHandleExpiredError: its invisible time ended (another consumer may hold it).
         """
+        if self.fifo:
+            self._holder_action(CHANGE_INVISIBLE, message, 0)
+            with self._lock:
+                self._leases.forget(message)
+            return
         self._holder_action(NACK, message, None)
 
     def change_invisible_time(self, message: ReceivedMessage, invisible_ms: int) -> ReceivedMessage:

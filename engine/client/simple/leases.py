@@ -36,6 +36,20 @@ Lease protocol (QMQ's pull / ack / action log, with Delta as the broker; no lock
   refused), so they are buffered briefly and appended blindly, or ride along with the consumer's
   next lease commit.
 
+FIFO groups (``fifo=True``; RocketMQ 5's orderly POP; the rule is the lease book's,
+:meth:`~engine.protocol.lease_book.QueueBook.fifo_next`): a queue holds at most one outstanding lease range; the next range is not
+leased until every message of the outstanding one is acked or dead-lettered; an ended lease gives the
+SAME messages again, in queue order, to whoever receives next (``reconsume_times`` + 1); past the
+most deliveries the head is dead-lettered (``EXPIRED``) and the queue moves on. A FIFO lease takes
+exactly what the receive asks (no lease ahead into the buffer), so a consumer's next receive of a
+queue gets nothing of it until the previous receive's messages are finished; acks of a FIFO group
+are appended before ``ack`` returns, and a FIFO ``nack`` makes the message visible again at once in
+place (no retry topic: the next receive gets it again). Every FIFO decision about a queue is made on
+the lease book read up to the version the commit is based on, and carries the queue's lease app id,
+so two consumers never hold one queue at once (the loser of a race reads again and decides again).
+Across a restart: a consumer back with its id gets what it held at once (the head first); any other
+consumer gets the head when the holder's invisible time ends.
+
 Leased messages wait in a buffer until :meth:`Leases.take` hands them out; the lease size grows
 while the buffer drains quickly (up to the fair share) and shrinks when leased messages wait too
 long. :class:`Leases`
@@ -67,7 +81,7 @@ from engine.errors import (
 from engine.model import MessageExt
 from engine.protocol import retry_topic
 from engine.protocol.actions import ACK, EXPIRED, OFFLINE, PULL, RELEASE, RESET
-from engine.protocol.lease_book import LeaseBook, ranges
+from engine.protocol.lease_book import FIFO_AGAIN, FIFO_HELD, LeaseBook, ranges
 from engine.protocol.selectors import MessageSelector
 from engine.store import schemas
 from engine.store.action_log import ActionLogWriter
@@ -183,6 +197,7 @@ class Leases:
         consume_from: where the group starts a queue it has no position in.
         consume_from_timestamp_ms: the time for ``ConsumeFrom.TIMESTAMP``.
         max_reconsume: deliveries allowed for a message (its properties) before it is dead-lettered.
+        fifo: the group is a FIFO group (module docstring).
     """
 
     def __init__(
@@ -193,8 +208,14 @@ class Leases:
         consume_from: ConsumeFrom,
         consume_from_timestamp_ms: int,
         max_reconsume: Callable[[MessageExt], int],
+        *,
+        fifo: bool = False,
     ) -> None:
         self.group = group
+        self.fifo = fifo
+        # A commit landed past other commits the book has not read: the writer's handle is ahead
+        # of the book, so a FIFO decision reads the log again first.
+        self._stale = False
         self.consumer_id = consumer_id
         self._store = store
         self._writer = ActionLogWriter(store, group, consumer_id)
@@ -243,7 +264,9 @@ class Leases:
             self._book.bootstrap(snapshot.to_pylist())
             self._version = version
             self._writer.known_sequence(self._book.sequences.get(self.consumer_id, -1))
+            self._stale = False
             return
+        self._stale = False
         if version <= self._version:
             return
         try:
@@ -283,6 +306,8 @@ class Leases:
         if version == self._version + 1:
             self._book.apply(committed)
             self._version = version
+        else:
+            self._stale = True
         return version
 
     def floors(self) -> dict[tuple[str, int], int]:
@@ -426,6 +451,8 @@ class Leases:
         """
         if not sources:
             return 0
+        if self.fifo:
+            return self._lease_fifo(sources, n, invisible_ms, deadline)
         filters = {(t, q): f for t, q, f in sources}
         expired = [k for k in self._expired if k in filters]
         routes = [(t, q) for t, q, _ in sources]
@@ -481,6 +508,55 @@ class Leases:
         if dry and total == 0:
             self._dry = routes
         return total
+
+    def _lease_fifo(self, sources: list[Source], n: int, invisible_ms: int, deadline: float | None) -> int:
+        """:meth:`lease` for a FIFO group: per queue, the outstanding range again when it is free,
+        else a fresh range when nothing is outstanding, else nothing (module docstring); exactly
+        ``n`` messages at most. Queues lost to a race are tried again on a fresh read of the log."""
+        self._index.refresh()
+        self._sync()
+        turn = self._rotation
+        self._rotation += 1
+        tasks = _rotated(sources, turn)
+        total = 0
+        until = time.monotonic() + CONTENTION_WAIT_MS / 1000
+        if deadline is not None:
+            until = max(until, deadline)
+        for attempt in range(LEASE_ATTEMPTS):
+            lost: list[Source] = []
+            for topic, queue_id, selector in tasks:
+                if self._stale:
+                    self._sync()
+                got = self._lease_fifo_queue(topic, queue_id, selector, n - total, invisible_ms)
+                if got is None:
+                    lost.append((topic, queue_id, selector))
+                    continue
+                total += got
+                if total >= n:
+                    return total
+            if not lost or total > 0:
+                break
+            tasks = lost
+            left = until - time.monotonic()
+            if left <= 0 and attempt > 0:
+                break
+            time.sleep(max(0.0, min(left, random.uniform(0, 0.001 * 2 ** min(attempt + 1, 5)))))
+            self._sync()
+        return total
+
+    def _lease_fifo_queue(
+        self, topic: str, queue_id: int, selector: MessageSelector, size: int, invisible_ms: int
+    ) -> int | None:
+        """One FIFO lease decision about a queue, on the book as of the version the commit is
+        based on; how many were buffered, or None when another commit about the queue landed first."""
+        book = self._book.queues.get((topic, queue_id))
+        if book is not None:
+            state, again = book.fifo_next(now_ms())
+            if state == FIFO_HELD:
+                return 0
+            if state == FIFO_AGAIN:
+                return self._redeliver(topic, queue_id, selector, size, invisible_ms, size, again)
+        return self._lease_fresh(topic, queue_id, selector, size, invisible_ms, size, False)
 
     @staticmethod
     def _deadline(ts: int, invisible_ms: int, size: int, needed: int) -> int:
@@ -592,19 +668,33 @@ class Leases:
         return self._buffer_leased(topic, queue_id, passing, selector, sequence, deadline, version)
 
     def _redeliver(
-        self, topic: str, queue_id: int, selector: MessageSelector, size: int, invisible_ms: int, needed: int
+        self,
+        topic: str,
+        queue_id: int,
+        selector: MessageSelector,
+        size: int,
+        invisible_ms: int,
+        needed: int,
+        fifo_offsets: list[int] | None = None,
     ) -> int | None:
-        """One lease commit of a queue's expired leases noted by the last scan; how many were
-        buffered (0: none left), or None when another consumer's commit about the queue landed
-        first. Those not taken this time stay noted for the next receive."""
+        """One lease commit of a queue's expired leases noted by the last scan (a FIFO group:
+        ``fifo_offsets``, the queue's outstanding range as the book had it, checked again here);
+        how many were buffered (0: none left), or None when another consumer's commit about the
+        queue landed first. Those not taken this time stay noted for the next receive."""
         writer = self._writer
         key = (topic, queue_id)
         # Decide from the state as of the snapshot the commit is based on: a lease of these
         # offsets committed by anyone after it makes the commit conflict (same queue app id).
-        self._sync()
+        if fifo_offsets is None or self._stale:
+            self._sync()
         book = self._book.queue(topic, queue_id)
         now = now_ms()
-        free = [o for o in self._expired.get(key, []) if book.available(o, now) and o in book.leases]
+        if fifo_offsets is not None:
+            state, free = book.fifo_next(now)
+            if state != FIFO_AGAIN:
+                return 0
+        else:
+            free = [o for o in self._expired.get(key, []) if book.available(o, now) and o in book.leases]
         offsets = free[:size]
         if not offsets:
             self._expired.pop(key, None)
@@ -663,7 +753,7 @@ class Leases:
                     )
                 )
         rest = free[len(offsets) :]
-        if rest:
+        if rest and fifo_offsets is None:  # a FIFO queue's range is read from the book each time
             self._expired[key] = rest
         else:
             self._expired.pop(key, None)
@@ -757,6 +847,10 @@ class Leases:
             return
         del self._held[key]
         self._writer.buffer_ack(ACK, key[0], key[1], key[2], held.deadline_ms, now_ms())
+
+    def forget(self, message: ReceivedMessage) -> None:
+        """Stop holding a received message (a FIFO nack made it visible again)."""
+        self._held.pop((message.topic, message.queue_id, message.queue_offset), None)
 
     def decide(
         self, action: str, message: ReceivedMessage, invisible_ms: int | None, attempts: int

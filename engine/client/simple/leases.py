@@ -37,9 +37,9 @@ Lease protocol (QMQ's pull / ack / action log, with Delta as the broker; no lock
   next lease commit.
 
 FIFO groups (``fifo=True``; RocketMQ 5's orderly POP; the rule is the lease book's,
-:meth:`~engine.protocol.lease_book.QueueBook.fifo_next`): a queue holds at most one outstanding lease range; the next range is not
-leased until every message of the outstanding one is acked or dead-lettered; an ended lease gives the
-SAME messages again, in queue order, to whoever receives next (``reconsume_times`` + 1); past the
+:meth:`~engine.protocol.lease_book.QueueBook.fifo_next`): a queue holds at most one outstanding lease
+range; the next range is not leased until every message of the outstanding one is acked or
+dead-lettered; an ended lease gives the SAME messages again, in queue order, to whoever receives next (``reconsume_times`` + 1); past the
 most deliveries the head is dead-lettered (``EXPIRED``) and the queue moves on. A FIFO lease takes
 exactly what the receive asks (no lease ahead into the buffer), so a consumer's next receive of a
 queue gets nothing of it until the previous receive's messages are finished; acks of a FIFO group

@@ -37,18 +37,19 @@ Lease protocol (QMQ's pull / ack / action log, with Delta as the broker; no lock
   next lease commit.
 
 FIFO groups (``fifo=True``; RocketMQ 5's orderly POP; the rule is the lease book's,
-:meth:`~engine.protocol.lease_book.QueueBook.fifo_next`): a queue holds at most one outstanding lease
-range; the next range is not leased until every message of the outstanding one is acked or
-dead-lettered; an ended lease gives the SAME messages again, in queue order, to whoever receives next (``reconsume_times`` + 1); past the
-most deliveries the head is dead-lettered (``EXPIRED``) and the queue moves on. A FIFO lease takes
-exactly what the receive asks (no lease ahead into the buffer), so a consumer's next receive of a
-queue gets nothing of it until the previous receive's messages are finished; acks of a FIFO group
-are appended before ``ack`` returns, and a FIFO ``nack`` makes the message visible again at once in
-place (no retry topic: the next receive gets it again). Every FIFO decision about a queue is made on
-the lease book read up to the version the commit is based on, and carries the queue's lease app id,
-so two consumers never hold one queue at once (the loser of a race reads again and decides again).
-Across a restart: a consumer back with its id gets what it held at once (the head first); any other
-consumer gets the head when the holder's invisible time ends.
+:meth:`~engine.protocol.lease_book.QueueBook.fifo_next`): a queue holds at most one outstanding
+lease range; the next range is not leased until every message of the outstanding one is acked or
+dead-lettered; an ended lease gives the SAME messages again, in queue order, to whoever receives
+next (``reconsume_times`` + 1); past the most deliveries the head is dead-lettered (``EXPIRED``) and
+the queue moves on. A FIFO lease takes exactly what the receive asks (no lease ahead into the
+buffer), so a consumer's next receive of a queue gets nothing of it until the previous receive's
+messages are finished; acks of a FIFO group are appended before ``ack`` returns, and a FIFO ``nack``
+makes the message visible again at once in place (no retry topic: the next receive gets it again).
+Every FIFO decision about a queue is made on the lease book read up to the version the commit is
+based on, and carries the queue's lease app id, so two consumers never hold one queue at once (the
+loser of a race reads again and decides again). Across a restart: a consumer back with its id gets
+what it held at once (the head first); any other consumer gets the head when the holder's invisible
+time ends.
 
 Leased messages wait in a buffer until :meth:`Leases.take` hands them out; the lease size grows
 while the buffer drains quickly (up to the fair share) and shrinks when leased messages wait too

@@ -11,11 +11,15 @@ What it answers, as RocketMQ 5's proxy does:
 * ``Heartbeat``; ``NotifyClientTermination`` closes the client's consumer of the group (what it
   leased and never handed out is given back; what it received becomes visible at its deadline).
 * ``SendMessage``: normal, delay/timer (a delivery timestamp) and FIFO-keyed sends (a message group
-  chooses the queue and is stored with the message) through the engine's producer, one result per
-  message (``MULTIPLE_RESULTS`` when they differ); transactional ones are refused (``NOT_IMPLEMENTED``).
+  chooses the queue, as RocketMQ 5's Python client does, and is stored with the message) through
+  the engine's producer, one result per message (``MULTIPLE_RESULTS`` when they differ);
+  transactional ones are refused (``NOT_IMPLEMENTED``).
 * ``ReceiveMessage``, ``AckMessage``, ``ChangeInvisibleDuration``: per-message leases of
   :class:`~engine.client.simple.SimpleConsumer`, one per (group, client id); the long polling and the
   invisible time are checked and clamped as the proxy does (:mod:`engine.protocol.rocketmq5`).
+  A FIFO group (``Admin.update_group(group, fifo=True)``) is told ``subscription.fifo`` in its
+  settings and receives each queue in order, the next only after the previous is acked or
+  dead-lettered; messages carry their ``message_group`` back.
   Receipt handles carry group, client, topic, queue, offset and the lease
   (:class:`~engine.protocol.rocketmq5.ReceiptHandle`); a stale one is ``INVALID_RECEIPT_HANDLE``.
 
@@ -71,6 +75,7 @@ from engine.protocol.rocketmq5 import (
 from engine.protocol.selectors import MessageSelector
 from engine.protocol.topics import TopicConfig
 from engine.remoting.framing import LoopThread
+from engine.store.group_configs import group_config
 from engine.store.store import Store, now_ms
 
 _log = logging.getLogger(__name__)
@@ -323,7 +328,10 @@ class GrpcServer:
         if settings.HasField("subscription"):
             out.subscription.receive_batch_size = RECEIVE_BATCH_SIZE
             out.subscription.long_polling_timeout.FromMilliseconds(MAX_LONG_POLLING_MS)
-            out.subscription.fifo = False
+            # A FIFO group (Admin.update_group(group, fifo=True)): its receives follow the FIFO
+            # rule (engine.client.simple.leases), which the consumer of the group reads itself.
+            group = settings.subscription.group.name if settings.subscription.HasField("group") else ""
+            out.subscription.fifo = bool(group) and group_config(self.store, group).fifo
             policy = out.backoff_policy
             policy.max_attempts = self.store.config.max_reconsume_times + 1
             policy.exponential_backoff.initial.FromMilliseconds(1000)
@@ -371,9 +379,8 @@ class GrpcServer:
                 self.topic(incoming.message.topic)
                 prepared = self.producer.prepare(
                     incoming.message,
-                    None,
-                    incoming.message_group,
                     uniq_key=incoming.uniq_key,
+                    message_group=incoming.message_group,
                     born_ts_ms=incoming.born_ts_ms,
                     broker_properties=incoming.broker_properties or None,
                 )
@@ -720,7 +727,12 @@ class _Service(spb_grpc.MessagingServiceServicer):
                 state = self.door.client(client_id)
                 state.settings = command.settings
                 reply = pb_telemetry(status(pb.OK))
-                reply.settings.CopyFrom(self.door.settings_for(command.settings))
+                try:
+                    answer = await self.door.call(self.door.settings_for, command.settings)
+                except Exception as exc:
+                    yield pb_telemetry(status_of(exc))
+                    continue
+                reply.settings.CopyFrom(answer)
                 yield reply
             # Thread stack traces and verify results answer commands this door never sends.
 

@@ -143,7 +143,65 @@ def redelivery(endpoint: str, topic: str, group: str, n: int) -> dict[str, Any]:
         consumer.shutdown()
 
 
-SCENARIOS = {"receive_ack": receive_ack, "change_invisible": change_invisible, "redelivery": redelivery}
+def _queue_id(queue: Any) -> int:
+    """The queue id the client chose (its MessageQueue keeps it in a private attribute)."""
+    return int(next(v for k, v in vars(queue).items() if k.endswith("__queue_id")))
+
+
+def fifo(endpoint: str, topic: str, group: str, n: int) -> dict[str, Any]:
+    """Send ``n`` messages of each of two message groups, interleaved (the client hashes each group
+    to a queue); then receive as the FIFO consumer group ``group``: one message per receive, and
+    once, before acking, a second receive that must find nothing of the first's queue."""
+    from rocketmq import Message, Producer
+
+    producer = Producer(_config(endpoint), (topic,))
+    producer.startup()
+    queues: dict[str, set[int]] = {}
+    try:
+        for i in range(n):
+            for name in ("order-0", "order-1"):
+                message = Message()
+                message.topic, message.body = topic, f"{name}:{i}".encode()
+                message.message_group = name
+                receipt = producer.send(message)
+                queues.setdefault(name, set()).add(_queue_id(receipt.message_queue))
+    finally:
+        producer.shutdown()
+    consumer = _consumer(endpoint, topic, group)
+    try:
+        received: list[dict[str, Any]] = []
+        held_probe: list[Any] | None = None
+        for _ in range(20 * n):
+            got = consumer.receive(1, 30) or []
+            if got and held_probe is None:
+                # Not acked yet: its queue is held, the other group's queue is not.
+                held_probe = consumer.receive(2 * n, 30) or []
+                probe_groups = [m.message_group for m in held_probe]
+                received += [_describe(m) for m in got + held_probe]
+                for m in got + held_probe:
+                    consumer.ack(m)
+                continue
+            for m in got:
+                received.append(_describe(m))
+                consumer.ack(m)
+            if len(received) >= 2 * n:
+                break
+        return {
+            "queues": {k: sorted(v) for k, v in queues.items()},
+            "received": received,
+            "first_group": received[0]["group"] if received else None,
+            "probe_groups": probe_groups if held_probe is not None else None,
+        }
+    finally:
+        consumer.shutdown()
+
+
+SCENARIOS = {
+    "fifo": fifo,
+    "receive_ack": receive_ack,
+    "change_invisible": change_invisible,
+    "redelivery": redelivery,
+}
 
 
 def main(argv: list[str]) -> None:

@@ -102,6 +102,23 @@ def test_telemetry_answers_a_consumers_settings_with_the_long_polling_and_attemp
     assert reply.settings.backoff_policy.max_attempts == store.config.max_reconsume_times + 1
 
 
+def test_telemetry_tells_a_fifo_groups_consumer_fifo(
+    stub: spb_grpc.MessagingServiceStub, store: Store
+) -> None:
+    Admin(store).update_group("fifo-g", fifo=True)
+
+    def fifo_of(group: str) -> bool:
+        command = spb.TelemetryCommand()
+        command.settings.client_type = pb.SIMPLE_CONSUMER
+        command.settings.subscription.group.name = group
+        replies = stub.Telemetry(iter([command]), metadata=META)
+        reply = next(replies)
+        replies.cancel()
+        return bool(reply.settings.subscription.fifo)
+
+    assert (fifo_of("fifo-g"), fifo_of("g1")) == (True, False)
+
+
 def test_bad_sends_get_rocketmq_5s_codes_and_write_nothing(
     stub: spb_grpc.MessagingServiceStub, store: Store
 ) -> None:

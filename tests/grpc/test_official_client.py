@@ -21,6 +21,7 @@ import pytest
 from engine import Admin, PullConsumer, Store
 from engine.broker.dispatch import dispatch_pending
 from engine.grpc import GrpcServer
+from engine.protocol.messages import message_group_queue
 from engine.protocol.names import PROPERTY_REAL_TOPIC, PROPERTY_TIMER_DELIVER_MS, SCHEDULE_TOPIC
 from engine.store import schemas
 
@@ -109,6 +110,29 @@ def test_delay_and_fifo_sends_keep_their_time_and_message_group(door: GrpcServer
     consumer = PullConsumer(store, "pull-group")
     in_orders = [m.msg_id for q in range(2) for m in consumer.pull("orders", q, 0).messages]
     assert ids["delayed"] not in in_orders and ids["fifo"] in in_orders
+
+
+def test_a_fifo_group_receives_each_message_group_in_order_the_next_after_the_ack(
+    door: GrpcServer, store: Store
+) -> None:
+    Admin(store).update_group("fifo-group", fifo=True)
+    out = client("fifo", door.address, "orders", "fifo-group", 4)
+    # Each group went to one queue, the one RocketMQ 5's Python client chose (the door agrees).
+    assert out["queues"] == {g: [message_group_queue(g, 2)] for g in ("order-0", "order-1")}
+    dispatch_pending(store)
+    stored = store.read(schemas.COMMIT_LOG, columns=["queue_id", "body"]).to_pylist()
+    assert {(r["body"].decode().split(":")[0], r["queue_id"]) for r in stored} == {
+        (g, message_group_queue(g, 2)) for g in ("order-0", "order-1")
+    }
+    received = out["received"]
+    for group in ("order-0", "order-1"):
+        bodies = [m["body"] for m in received if m["group"] == group]
+        assert bodies == [f"{group}:{i}" for i in range(4)]
+    assert all(m["attempt"] == 1 for m in received)
+    # While the first message was not acked, a receive found nothing more of its queue, only the
+    # other group's (the two groups are in different queues).
+    assert out["queues"]["order-0"] != out["queues"]["order-1"]
+    assert out["probe_groups"] and out["first_group"] not in out["probe_groups"]
 
 
 def test_a_client_that_shuts_down_leaves_no_consumer_behind(door: GrpcServer) -> None:

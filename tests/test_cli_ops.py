@@ -57,7 +57,7 @@ def dead_lettered(root: str) -> Store:
 # ----------------------------------------------------------------------------- --json everywhere
 COMMANDS = [
     *(f"topic {a}" for a in ("create", "list", "stats", "update", "delete")),
-    *(f"group {a}" for a in ("list", "progress", "reset")),
+    *(f"group {a}" for a in ("list", "progress", "reset", "config")),
     *(f"message {a}" for a in ("view", "query", "trace")),
     *(f"dlq {a}" for a in ("list", "resend")),
     *("send", "pull", "lag", "sql", "dispatch", "broker", "maintenance", "status", "dashboard", "serve"),
@@ -163,6 +163,15 @@ def test_group_reset_by_offset_and_by_time(capsys: pytest.CaptureFixture[str], r
     assert doc["offsets"] == {"0": 0, "1": 0}
     doc = mq_json(capsys, "group", "reset", "g", "T", "--timestamp", "now", "--store", root)
     assert doc["offsets"] == {"0": 4, "1": 0}
+
+
+def test_group_config_sets_and_shows_fifo(capsys: pytest.CaptureFixture[str], root: str) -> None:
+    Store.open(root)
+    assert mq_json(capsys, "group", "config", "g", "--store", root)["fifo"] is False
+    assert mq_json(capsys, "group", "config", "g", "--fifo", "--store", root)["fifo"] is True
+    assert mq_json(capsys, "group", "config", "g", "--store", root)["fifo"] is True
+    assert Admin(Store.open(root)).group_config("g").fifo is True
+    assert mq_json(capsys, "group", "config", "g", "--no-fifo", "--store", root)["fifo"] is False
 
 
 @pytest.mark.parametrize(

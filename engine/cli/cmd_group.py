@@ -1,5 +1,5 @@
-"""``mq group list|progress|reset`` and ``mq lag``: consumer groups (mqadmin's consumerProgress,
-resetOffsetByTime)."""
+"""``mq group list|progress|reset|config`` and ``mq lag``: consumer groups (mqadmin's consumerProgress,
+resetOffsetByTime, updateSubGroup's consumeMessageOrderly as ``config --fifo``)."""
 
 from __future__ import annotations
 
@@ -57,6 +57,17 @@ def _reset(args: argparse.Namespace, out: Output) -> int:
     return EXIT_OK
 
 
+def _config(args: argparse.Namespace, out: Output) -> int:
+    admin = Admin(open_store(args))
+    if args.fifo is None:
+        config = admin.group_config(args.group)
+    else:
+        config = admin.update_group(args.group, fifo=args.fifo)
+    title = f"{config.group}: {'FIFO' if config.fifo else 'not FIFO'}"
+    out.emit(config, render.rows_table(["group", "fifo"], [(config.group, config.fifo)], title=title))
+    return EXIT_OK
+
+
 def _lag(args: argparse.Namespace, out: Output) -> int:
     rows = Admin(open_store(args)).consumer_lag(args.group)
     if not rows:
@@ -70,8 +81,8 @@ def _lag(args: argparse.Namespace, out: Output) -> int:
 
 
 def register(commands: Any, common: argparse.ArgumentParser) -> None:
-    """Add ``group`` (list, progress, reset) and ``lag`` to ``commands``."""
-    group = commands.add_parser("group", help="consumer groups: list, progress, reset offsets")
+    """Add ``group`` (list, progress, reset, config) and ``lag`` to ``commands``."""
+    group = commands.add_parser("group", help="consumer groups: list, progress, reset offsets, config")
     actions = group.add_subparsers(dest="group_command", required=True, metavar="ACTION", parser_class=Parser)
     listing = actions.add_parser("list", parents=[common], help="every group the logs know of")
     listing.set_defaults(func=_list)
@@ -90,6 +101,18 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
     reset.add_argument("--queue-id", type=int_at_least(0), default=None)
     reset.add_argument("--offset", type=int_at_least(0), default=None)
     reset.set_defaults(func=_reset)
+
+    config = actions.add_parser(
+        "config", parents=[common], help="show or set a group's settings (--fifo: a FIFO group)"
+    )
+    config.add_argument("group")
+    config.add_argument(
+        "--fifo",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="receive each queue in order, the next only after the previous is acked (RocketMQ 5 FIFO)",
+    )
+    config.set_defaults(func=_config)
 
     lag = commands.add_parser("lag", parents=[common], help="how far consumer groups are behind, per queue")
     lag.add_argument("--group", default=None, help="only this consumer group")

@@ -151,6 +151,22 @@ def test_subscription_group_created_listed_and_deleted(store: Store, broker: Wir
     assert "AdmSub" not in listed["subscriptionGroupTable"]
 
 
+def test_consume_message_orderly_sets_the_groups_fifo(store: Store, broker: WireClient) -> None:
+    body = b'{"groupName":"Ordered","consumeMessageOrderly":true}'
+    assert (
+        broker.call(RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, body=body).code == ResponseCode.SUCCESS
+    )
+    assert Admin(store).group_config("Ordered").fifo is True
+    listed = json.loads(broker.call(RequestCode.GET_ALL_SUBSCRIPTIONGROUP_CONFIG).body)
+    assert listed["subscriptionGroupTable"]["Ordered"]["consumeMessageOrderly"] is True
+    bad = b'{"groupName":"Ordered","consumeMessageOrderly":"yes"}'
+    assert (
+        broker.call(RequestCode.UPDATE_AND_CREATE_SUBSCRIPTIONGROUP, body=bad).code
+        == ResponseCode.NO_PERMISSION
+    )
+    assert Admin(store).group_config("Ordered").fifo is True
+
+
 def test_bad_admin_requests_get_rocketmq_errors_and_write_nothing(store: Store, broker: WireClient) -> None:
     before = versions(store)
     stats = broker.call(RequestCode.VIEW_BROKER_STATS_DATA, {"statsName": "NOPE", "statsKey": "T"})

@@ -23,13 +23,17 @@ from engine.remoting.context import WIRE_MEMBER_TIMEOUT_MS, BrokerContext, Conne
 from engine.remoting.frames import RemotingCommand
 from engine.remoting.headers import Header, json_body, json_bytes
 from engine.store.consumer_offset import OffsetStore
+from engine.store.group_configs import group_config as stored_group_config
+from engine.store.group_configs import group_configs, record_group_config
 from engine.store.store import now_ms
 
 
-def group_config(ctx: BrokerContext, group: str) -> dict[str, object]:
+def group_config(ctx: BrokerContext, group: str, fifo: bool = False) -> dict[str, object]:
     """The ``SubscriptionGroupConfig`` a group has here: RocketMQ's defaults, which are what the
-    engine does (retries as the store's ``max_reconsume_times``, one retry queue)."""
+    engine does (retries as the store's ``max_reconsume_times``, one retry queue), and whether it is
+    a FIFO group (``consumeMessageOrderly``, RocketMQ 5's field; the store's group setting)."""
     return {
+        "consumeMessageOrderly": fifo,
         "groupName": group,
         "consumeEnable": True,
         "consumeFromMinEnable": True,
@@ -52,6 +56,7 @@ _IGNORED_SETTINGS = frozenset(
         "consumeBroadcastEnable",
         "brokerId",
         "whichBrokerWhenConsumeSlowly",
+        "consumeMessageOrderly",  # stored as the group's FIFO setting (create_group_sync)
     }
 )
 
@@ -86,9 +91,14 @@ def create_group_sync(ctx: BrokerContext, config: Mapping[str, Any]) -> str | No
             f"lakemq cannot honour {', '.join(refused)} for group {group}: retries follow the store's "
             "max_reconsume_times (engine.toml), a group always consumes and is always notified"
         )
+    orderly = config.get("consumeMessageOrderly")
+    if orderly is not None and not isinstance(orderly, bool):
+        return f"consumeMessageOrderly={orderly!r} must be true or false"
     name = retry_topic(group)
     if ctx.store.topic_configs(refresh=True).get(name) is None:
         ctx.store.put_topic(system_topic_config(name, now_ms()))
+    if orderly is not None and orderly != stored_group_config(ctx.store, group).fifo:
+        record_group_config(ctx.store, group, fifo=orderly)
     return None
 
 
@@ -108,8 +118,10 @@ async def update_subscription_group(
 def all_groups_sync(ctx: BrokerContext) -> dict[str, object]:
     """RocketMQ's ``SubscriptionGroupWrapper`` of every subscription group."""
     groups = subscription_groups_sync(ctx)
+    settings = group_configs(ctx.store)
+    fifo = {g: c.fifo for g, c in settings.items()}
     return {
-        "subscriptionGroupTable": {g: group_config(ctx, g) for g in groups},
+        "subscriptionGroupTable": {g: group_config(ctx, g, fifo.get(g, False)) for g in groups},
         "dataVersion": {"counter": len(groups), "timestamp": now_ms()},
     }
 

@@ -219,6 +219,21 @@ def test_past_the_most_deliveries_the_head_is_dead_lettered_and_the_queue_moves_
     assert dead["body"] == b"m0"
 
 
+def test_a_consumer_back_with_its_id_gets_its_head_at_once(
+    store: Store, admin: Admin, consumers: Any
+) -> None:
+    admin.create_topic("F", 1)
+    produce(store, "F", 2)
+    first = SimpleConsumer(store, GROUP, "same", fifo=True)
+    first.subscribe("F")
+    assert bodies_of(eventually(lambda: first.receive(1, invisible_ms=60_000))) == [b"m0"]
+    first.close()  # what it received stays leased to its id until the invisible time ends
+    again = consumers("same")
+    [m0] = again.receive(1)
+    assert m0.body == b"m0" and m0.reconsume_times == 0
+    assert consumers("other").receive(1) == []  # still held, by "same"
+
+
 def test_a_consumer_dropped_without_close_leaves_its_head_to_another(
     store: Store, admin: Admin, consumers: Any
 ) -> None:

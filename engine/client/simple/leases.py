@@ -170,6 +170,24 @@ def _rotated(items: list[Any], turn: int) -> list[Any]:
     return items[start:] + items[:start]
 
 
+def _contention_until(deadline: float | None) -> float:
+    """How long (monotonic) a lease keeps trying queues lost to races: :data:`CONTENTION_WAIT_MS`
+    from now, or the receive's own ``deadline`` when that is later."""
+    until = time.monotonic() + CONTENTION_WAIT_MS / 1000
+    return until if deadline is None else max(until, deadline)
+
+
+def _pause_after_lost(until: float, attempt: int) -> bool:
+    """After a pass whose lease commits all lost their races: False when the time is up (answer
+    with what there is; the caller's next receive tries again), else True after a jittered, growing
+    pause (so that the racers do not meet again in step)."""
+    left = until - time.monotonic()
+    if left <= 0 and attempt > 0:
+        return False
+    time.sleep(max(0.0, min(left, random.uniform(0, 0.001 * 2 ** min(attempt + 1, 5)))))
+    return True
+
+
 def receive_sources(store: Store, group: str, subscriptions: dict[str, MessageSelector]) -> list[Source]:
     """Every (topic, queue, filter) to receive from: the subscriptions and the group's retry topic."""
     configs = store.topic_configs(refresh=True)
@@ -477,9 +495,7 @@ class Leases:
             tasks += [(False, s, turn + j) for j, s in enumerate(_rotated(sources, turn))]
         total = 0
         dry = self._dry is None
-        until = time.monotonic() + CONTENTION_WAIT_MS / 1000
-        if deadline is not None:
-            until = max(until, deadline)
+        until = _contention_until(deadline)
         for attempt in range(LEASE_ATTEMPTS):
             lost: list[tuple[bool, Source, int]] = []
             for i, (again, (topic, queue_id, selector), position) in enumerate(tasks):
@@ -502,10 +518,8 @@ class Leases:
             if not lost or total > 0:
                 break
             tasks = lost
-            left = until - time.monotonic()
-            if left <= 0 and attempt > 0:
-                break  # answer with what there is; the caller's next receive tries again
-            time.sleep(max(0.0, min(left, random.uniform(0, 0.001 * 2 ** min(attempt + 1, 5)))))
+            if not _pause_after_lost(until, attempt):
+                break
         if dry and total == 0:
             self._dry = routes
         return total
@@ -520,9 +534,7 @@ class Leases:
         self._rotation += 1
         tasks = _rotated(sources, turn)
         total = 0
-        until = time.monotonic() + CONTENTION_WAIT_MS / 1000
-        if deadline is not None:
-            until = max(until, deadline)
+        until = _contention_until(deadline)
         for attempt in range(LEASE_ATTEMPTS):
             lost: list[Source] = []
             for topic, queue_id, selector in tasks:
@@ -538,10 +550,8 @@ class Leases:
             if not lost or total > 0:
                 break
             tasks = lost
-            left = until - time.monotonic()
-            if left <= 0 and attempt > 0:
+            if not _pause_after_lost(until, attempt):
                 break
-            time.sleep(max(0.0, min(left, random.uniform(0, 0.001 * 2 ** min(attempt + 1, 5)))))
             self._sync()
         return total
 

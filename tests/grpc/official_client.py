@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 from typing import Any
 
@@ -143,6 +144,43 @@ def redelivery(endpoint: str, topic: str, group: str, n: int) -> dict[str, Any]:
         consumer.shutdown()
 
 
+def transactions(endpoint: str, topic: str) -> None:
+    """Three transactional sends: one committed, one rolled back, one left undecided. Prints the ids
+    (``commit``, ``rollback``, ``unknown``), then waits for the server's check-back of the undecided
+    one (its checker commits it), prints the ids it was asked about, and stays until stdin closes
+    (so the checker's EndTransaction is not cut off by a shutdown)."""
+    from rocketmq import Message, Producer, TransactionChecker, TransactionResolution
+
+    asked: list[str] = []
+    checked = threading.Event()
+
+    class Checker(TransactionChecker):  # type: ignore[misc]
+        def check(self, message: Any) -> Any:
+            asked.append(message.message_id)
+            checked.set()
+            return TransactionResolution.COMMIT
+
+    producer = Producer(_config(endpoint), (topic,), Checker())
+    producer.startup()
+    try:
+        ids = {}
+        for name in ("commit", "rollback", "unknown"):
+            message = Message()
+            message.topic, message.body = topic, name.encode()
+            transaction = producer.begin_transaction()
+            ids[name] = producer.send(message, transaction).message_id
+            if name == "commit":
+                transaction.commit()
+            elif name == "rollback":
+                transaction.rollback()
+        print(json.dumps(ids), flush=True)
+        checked.wait(120)
+        print(json.dumps({"asked": asked}), flush=True)
+        sys.stdin.read()
+    finally:
+        producer.shutdown()
+
+
 SCENARIOS = {"receive_ack": receive_ack, "change_invisible": change_invisible, "redelivery": redelivery}
 
 
@@ -150,6 +188,9 @@ def main(argv: list[str]) -> None:
     scenario, endpoint, topic = argv[:3]
     if scenario == "send":
         out = send(endpoint, topic, int(argv[3]))
+    elif scenario == "transactions":
+        transactions(endpoint, topic)
+        return
     elif scenario == "send_kinds":
         out = send_kinds(endpoint, topic, int(argv[3]))
     else:

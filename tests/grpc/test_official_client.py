@@ -20,6 +20,7 @@ import pytest
 
 from engine import Admin, PullConsumer, Store
 from engine.broker.dispatch import dispatch_pending
+from engine.broker.transactions import check_transactions, undecided_halves
 from engine.grpc import GrpcServer
 from engine.protocol.names import PROPERTY_REAL_TOPIC, PROPERTY_TIMER_DELIVER_MS, SCHEDULE_TOPIC
 from engine.store import schemas
@@ -135,3 +136,41 @@ def test_mq_serve_with_grpc_serves_the_official_client_and_stops_on_sigterm(tmp_
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(60)
     assert code == 0
+
+
+def test_transactions_commit_roll_back_and_an_undecided_one_is_checked_back_and_committed(
+    door: GrpcServer, store: Store
+) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.grpc.official_client", "transactions", door.address, "orders"],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        ids = json.loads(proc.stdout.readline() or "null")
+        assert ids is not None, proc.stderr.read() if proc.stderr else ""
+        # The engine's check job finds the undecided half; the door asks the producer's checker.
+        assert check_transactions(store, timeout_ms=0) == 1
+        asked = json.loads(proc.stdout.readline())["asked"]
+        assert asked == [ids["unknown"]]
+        # Its EndTransaction (source SERVER_CHECK) decides it; waited for, then every half is decided.
+        deadline = time.monotonic() + 60
+        while undecided_halves(store)[0] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert undecided_halves(store)[0] == []
+    finally:
+        if proc.stdin is not None:
+            proc.stdin.close()
+        proc.wait(60)
+    received = client("receive_ack", door.address, "orders", "g1", 2)["received"]
+    assert sorted(m["body"] for m in received) == ["commit", "unknown"]
+    assert sorted(m["id"] for m in received) == sorted([ids["commit"], ids["unknown"]])
+    dispatch_pending(store)
+    consumer = PullConsumer(store, "pull-group")
+    bodies = sorted(m.body for q in range(2) for m in consumer.pull("orders", q, 0).messages)
+    assert bodies == [b"commit", b"unknown"]  # the rolled-back one never reached its queue

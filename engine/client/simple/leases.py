@@ -759,7 +759,13 @@ class Leases:
         self._writer.buffer_ack(ACK, key[0], key[1], key[2], held.deadline_ms, now_ms())
 
     def decide(
-        self, action: str, message: ReceivedMessage, invisible_ms: int | None, attempts: int
+        self,
+        action: str,
+        message: ReceivedMessage,
+        invisible_ms: int | None,
+        attempts: int,
+        *,
+        reconsume_times: int | None = None,
     ) -> ReceivedMessage | None:
         """Commit the holder's ``action`` about a held message (``ACK``, ``NACK``, or
         ``CHANGE_INVISIBLE`` to ``invisible_ms`` from now) under the queue's lease lock.
@@ -772,6 +778,9 @@ class Leases:
             InvalidReceiptHandleError, ReceiptHandleExpiredError: see :meth:`held`; also when the
                 lease ended meanwhile.
             CommitConflictError: lost ``attempts`` races for the action log in a row.
+
+        ``reconsume_times`` replaces the delivery count the row records (a count past the group's
+        most deliveries makes the retry job dead-letter a ``NACK`` at once).
         """
         key, held = self.held(message)
         topic, queue_id, offset = key
@@ -804,7 +813,7 @@ class Leases:
                 offset,
                 physical_offset=held.physical_offset,
                 msg_id=held.msg_id,
-                reconsume_times=held.reconsume_times,
+                reconsume_times=held.reconsume_times if reconsume_times is None else reconsume_times,
                 deadline_ms=deadline,
                 ts=ts,
                 sequence=sequence,

@@ -181,7 +181,30 @@ def transactions(endpoint: str, topic: str) -> None:
         producer.shutdown()
 
 
-SCENARIOS = {"receive_ack": receive_ack, "change_invisible": change_invisible, "redelivery": redelivery}
+def exhaust(endpoint: str, topic: str, group: str, n: int) -> dict[str, Any]:
+    """Receive one message ``n`` times (each time made visible again in 1 s and never acked), then
+    receive twice more: with ``n`` the group's most attempts, nothing more comes."""
+    consumer = _consumer(endpoint, topic, group)
+    try:
+        attempts: list[int] = []
+        for _ in range(10 * n):
+            for message in consumer.receive(1, 10) or []:
+                attempts.append(message.delivery_attempt)
+                consumer.change_invisible_duration(message, 1)
+            if len(attempts) >= n:
+                break
+        after = [m.delivery_attempt for _ in range(2) for m in consumer.receive(1, 10) or []]
+        return {"attempts": attempts, "after": after}
+    finally:
+        consumer.shutdown()
+
+
+SCENARIOS = {
+    "exhaust": exhaust,
+    "receive_ack": receive_ack,
+    "change_invisible": change_invisible,
+    "redelivery": redelivery,
+}
 
 
 def main(argv: list[str]) -> None:

@@ -20,9 +20,12 @@ import pytest
 
 from engine import Admin, PullConsumer, Store
 from engine.broker.dispatch import dispatch_pending
+from engine.broker.retry import route_retries
 from engine.broker.transactions import check_transactions, undecided_halves
+from engine.config import load_config
 from engine.grpc import GrpcServer
-from engine.protocol.names import PROPERTY_REAL_TOPIC, PROPERTY_TIMER_DELIVER_MS, SCHEDULE_TOPIC
+from engine.grpc.v2 import definition_pb2 as pb
+from engine.protocol.names import PROPERTY_REAL_TOPIC, PROPERTY_TIMER_DELIVER_MS, SCHEDULE_TOPIC, dlq_topic
 from engine.store import schemas
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -174,3 +177,23 @@ def test_transactions_commit_roll_back_and_an_undecided_one_is_checked_back_and_
     consumer = PullConsumer(store, "pull-group")
     bodies = sorted(m.body for q in range(2) for m in consumer.pull("orders", q, 0).messages)
     assert bodies == [b"commit", b"unknown"]  # the rolled-back one never reached its queue
+
+
+def test_a_message_never_acked_is_dead_lettered_after_the_max_attempts_the_settings_report(
+    tmp_path: Path,
+) -> None:
+    store = Store.open(tmp_path / "mq", config=load_config(max_reconsume_times=2))
+    Admin(store).create_topic("orders", 1)
+    with GrpcServer(store, port=0) as door:
+        settings = pb.Settings()
+        settings.subscription.group.name = "g1"
+        max_attempts = door.settings_for(settings).backoff_policy.max_attempts
+        assert max_attempts == 3
+        client("send", door.address, "orders", 1)
+        out = client("exhaust", door.address, "orders", "g1", max_attempts)
+    assert out == {"attempts": [1, 2, 3], "after": []}
+    # The consumer that found the last lease ended recorded it; the retry job dead-letters it.
+    assert route_retries(store) == 1
+    dispatch_pending(store)
+    [dead] = PullConsumer(store, "inspect").pull(dlq_topic("g1"), 0, 0).messages
+    assert (dead.body, dead.reconsume_times) == (b"body-0", 3)

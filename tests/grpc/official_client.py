@@ -199,7 +199,18 @@ def exhaust(endpoint: str, topic: str, group: str, n: int) -> dict[str, Any]:
         consumer.shutdown()
 
 
+def receive_hold(endpoint: str, topic: str, group: str, n: int) -> dict[str, Any]:
+    """Receive ``n`` messages for 10 s without acking them, print their ids, then wait in receive
+    after receive (a client killed in the middle of a receive)."""
+    consumer = _consumer(endpoint, topic, group)
+    got = _receive(consumer, n, 10)
+    print(json.dumps({"held": [m.message_id for m in got]}), flush=True)
+    while True:
+        consumer.receive(1, 10)
+
+
 SCENARIOS = {
+    "receive_hold": receive_hold,
     "exhaust": exhaust,
     "receive_ack": receive_ack,
     "change_invisible": change_invisible,

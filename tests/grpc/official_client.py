@@ -1,6 +1,6 @@
 """Scenarios run by the official RocketMQ 5 Python client (``rocketmq-python-client``, unmodified)
-against a gRPC door, in a process of its own (its generated protos and ours define the same protobuf
-names, which one process's descriptor pool refuses; its threads stay out of the test process too).
+against a gRPC door, in a process of its own: its threads stay out of the test process, and a test
+can kill it (the two import into one process too: tests/grpc/test_stubs.py).
 
 Run as ``python -m tests.grpc.official_client SCENARIO ENDPOINT TOPIC [GROUP] [N]``; prints one JSON
 line with what happened.

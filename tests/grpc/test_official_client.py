@@ -2,10 +2,13 @@
 door: its producer sends, its SimpleConsumer receives, acks, changes invisible durations and gets a
 message it did not ack again after its invisible time; what it sends is what the Python API pulls.
 
-The client runs in a process of its own (tests/grpc/official_client.py says why)."""
+The client runs in a process of its own (tests/grpc/official_client.py says why). Also: its
+transactions (commit, rollback, check-back), dead letters after the most attempts, and the README's
+RocketMQ 5 example against ``mq serve --grpc``."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -121,9 +124,10 @@ def test_a_client_that_shuts_down_leaves_no_consumer_behind(door: GrpcServer) ->
     assert door.consumer_keys() == []  # NotifyClientTermination closed it
 
 
-def test_mq_serve_with_grpc_serves_the_official_client_and_stops_on_sigterm(tmp_path: Path) -> None:
-    root = tmp_path / "served"
-    Admin(Store.open(root)).create_topic("orders", 1)
+@contextlib.contextmanager
+def mq_serve_grpc(root: Path) -> Iterator[str]:
+    """``mq serve --grpc`` on free ports over the store at ``root``; its gRPC address. Stopped with
+    SIGTERM after, and it must exit 0."""
     cmd = [sys.executable, "-m", "engine.cli", "--store", str(root), "--json", "serve", "--grpc"]
     ports = ["--namesrv-port", "0", "--broker-port", "0", "--grpc-port", "0", "--no-broker-jobs"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -133,12 +137,35 @@ def test_mq_serve_with_grpc_serves_the_official_client_and_stops_on_sigterm(tmp_
     try:
         assert proc.stdout is not None
         ready = json.loads(proc.stdout.readline())
-        assert ready["grpc"].startswith("127.0.0.1:")
-        assert len(client("send", ready["grpc"], "orders", 1)["ids"]) == 1
+        yield ready["grpc"]
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(60)
     assert code == 0
+
+
+def test_mq_serve_with_grpc_serves_the_official_client_and_stops_on_sigterm(tmp_path: Path) -> None:
+    root = tmp_path / "served"
+    Admin(Store.open(root)).create_topic("orders", 1)
+    with mq_serve_grpc(root) as address:
+        assert address.startswith("127.0.0.1:")
+        assert len(client("send", address, "orders", 1)["ids"]) == 1
+
+
+def test_the_readmes_rocketmq_5_example_runs_against_mq_serve_grpc(tmp_path: Path) -> None:
+    from tests.test_readme import blocks
+
+    [code] = blocks("grpc")
+    root = tmp_path / "mqdata"
+    Admin(Store.open(root)).create_topic("Orders", 2)  # mq topic create Orders --queues 2
+    example = tmp_path / "example.py"
+    example.write_text(code)
+    with mq_serve_grpc(root) as address:
+        done = subprocess.run(
+            [sys.executable, str(example), address], cwd=tmp_path, capture_output=True, text=True, timeout=180
+        )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.strip().splitlines() == ["order 1 True"]
 
 
 def test_transactions_commit_roll_back_and_an_undecided_one_is_checked_back_and_committed(

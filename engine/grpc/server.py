@@ -47,6 +47,7 @@ from grpc import aio
 
 from engine.client.offsets import ConsumeFrom
 from engine.client.producer import Producer
+from engine.client.sending import PreparedSend
 from engine.client.simple import MAX_RECEIVE_NUMS, ReceivedMessage, SimpleConsumer
 from engine.errors import (
     CommitConflictError,
@@ -59,7 +60,7 @@ from engine.errors import (
     MQError,
     TopicNotFoundError,
 )
-from engine.grpc.messages import ACCEPTED_TYPES, from_proto, to_proto
+from engine.grpc.messages import ACCEPTED_TYPES, IncomingMessage, from_proto, to_proto
 from engine.grpc.telemetry import ANSWERS, Stream, Streams
 from engine.grpc.transactions import Transactions, transaction_id
 from engine.grpc.v2 import definition_pb2 as pb
@@ -394,6 +395,22 @@ class GrpcServer:
         broker.endpoints.addresses.add(host=self.advertised_host, port=self.port)
 
     # ----------------------------------------------------------------- engine calls
+    def prepare(self, incoming: IncomingMessage) -> PreparedSend:
+        """A client's checked message as the engine's producer sends it (its queue chosen, by its
+        message group when it has one).
+
+        Raises:
+            InvalidMessageError, TopicNotFoundError, InvalidArgumentError: bad input.
+        """
+        return self.producer.prepare(
+            incoming.message,
+            None,
+            incoming.message_group,
+            uniq_key=incoming.uniq_key,
+            born_ts_ms=incoming.born_ts_ms,
+            broker_properties=incoming.broker_properties or None,
+        )
+
     def send(self, request: spb.SendMessageRequest) -> list[SendResult | HalfMessage | BaseException]:
         """Check and queue each message for the producer's group commit (a transactional one is
         stored as a half message at once); what each became."""
@@ -405,15 +422,7 @@ class GrpcServer:
                 if incoming.message_type == pb.TRANSACTION:
                     pending.append(self.transactions.send_half(incoming))
                     continue
-                prepared = self.producer.prepare(
-                    incoming.message,
-                    None,
-                    incoming.message_group,
-                    uniq_key=incoming.uniq_key,
-                    born_ts_ms=incoming.born_ts_ms,
-                    broker_properties=incoming.broker_properties or None,
-                )
-                pending.append(self.producer.append_async(prepared))
+                pending.append(self.producer.append_async(self.prepare(incoming)))
             except Exception as exc:
                 pending.append(exc)
         out: list[SendResult | HalfMessage | BaseException] = []

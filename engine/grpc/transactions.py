@@ -66,16 +66,7 @@ class Transactions:
             InvalidMessageError: a delayed or timer message (transactions are not delayed).
             TopicNotFoundError, InvalidTopicError, InvalidArgumentError: bad input; nothing written.
         """
-        producer = self.door.producer
-        prepared = producer.prepare(
-            incoming.message,
-            None,
-            incoming.message_group,
-            uniq_key=incoming.uniq_key,
-            born_ts_ms=incoming.born_ts_ms,
-            broker_properties=incoming.broker_properties or None,
-        )
-        return producer.append_half(prepared, incoming.message.topic)
+        return self.door.producer.append_half(self.door.prepare(incoming), incoming.message.topic)
 
     def end(self, request: spb.EndTransactionRequest) -> None:
         """Decide the half a client's ``EndTransaction`` names (nothing for ``UNSPECIFIED``).

@@ -6,14 +6,9 @@ invisible time; the door keeps serving throughout. Each scenario records a row i
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
-import subprocess
-import sys
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import grpc
 import pytest
@@ -26,10 +21,11 @@ from engine.grpc.v2 import service_pb2 as spb
 from engine.grpc.v2 import service_pb2_grpc as spb_grpc
 from engine.store import schemas
 from tests.fault.history import Figures, History, check, record
+from tests.grpc.official_client import run as official
+from tests.grpc.official_client import start
 
 pytestmark = pytest.mark.fault
 
-ROOT = Path(__file__).resolve().parents[2]
 META = (("x-mq-client-id", "fault-client"),)
 SERVICE = "/apache.rocketmq.v2.MessagingService/"
 
@@ -54,19 +50,6 @@ def _closed_by_server(sock: socket.socket) -> bool:
     except ConnectionResetError:
         pass
     return True
-
-
-def _official(*args: object) -> Any:
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.grpc.official_client", *map(str, args)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def _still_serves(door: GrpcServer) -> str:
@@ -167,26 +150,10 @@ def test_a_client_killed_mid_receive_leaves_its_messages_to_another_consumer(
     store: Store, door: GrpcServer
 ) -> None:
     history = History()
-    sent = _official("send", door.address, "orders", 4)["ids"]
+    sent = official("send", door.address, "orders", 4)["ids"]
     history.add("sent", sent)
     history.add("acknowledged", sent)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "tests.grpc.official_client",
-            "receive_hold",
-            door.address,
-            "orders",
-            "g1",
-            "4",
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    proc = start("receive_hold", door.address, "orders", "g1", 4)
     try:
         assert proc.stdout is not None
         held = json.loads(proc.stdout.readline() or "null")
@@ -196,7 +163,7 @@ def test_a_client_killed_mid_receive_leaves_its_messages_to_another_consumer(
         proc.send_signal(signal.SIGKILL)  # in the middle of its next receive's long polling
         proc.wait(60)
     # Another client of the group gets them once their 10 s invisible time is over (attempt 2).
-    again = _official("receive_ack", door.address, "orders", "g1", 4)["received"]
+    again = official("receive_ack", door.address, "orders", "g1", 4)["received"]
     history.add("received", [m["id"] for m in again])
     history.add("acked", [m["id"] for m in again])
     after = _still_serves(door)

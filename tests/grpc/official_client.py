@@ -9,10 +9,43 @@ line with what happened.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(*args: object) -> Any:
+    """Run one scenario in a process of its own (from a test); what it printed last. Also:
+    :func:`start` for a scenario a test talks to while it runs."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.grpc.official_client", *map(str, args)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def start(*args: object) -> subprocess.Popen[str]:
+    """Start one scenario in a process of its own; its stdin and stdout are pipes (text)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.grpc.official_client", *map(str, args)],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
 
 
 def _config(endpoint: str) -> Any:

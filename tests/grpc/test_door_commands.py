@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
 
 import grpc
 import pytest
 
-from engine import Admin, PullConsumer, Store
+from engine import PullConsumer, Store
 from engine.broker.dispatch import dispatch_pending
 from engine.broker.retry import route_retries
 from engine.broker.transactions import check_transactions, undecided_halves
@@ -26,19 +25,6 @@ from engine.protocol.rocketmq5 import TransactionId
 from engine.store import schemas
 
 META = (("x-mq-client-id", "test-client"),)
-
-
-@pytest.fixture
-def door(store: Store) -> Iterator[GrpcServer]:
-    Admin(store).create_topic("orders", 2)
-    with GrpcServer(store, port=0) as running:
-        yield running
-
-
-@pytest.fixture
-def stub(door: GrpcServer) -> Iterator[spb_grpc.MessagingServiceStub]:
-    with grpc.insecure_channel(door.address) as channel:
-        yield spb_grpc.MessagingServiceStub(channel)
 
 
 def message(body: bytes, kind: int = pb.NORMAL, message_id: str = "01ABC") -> pb.Message:

@@ -17,9 +17,6 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
-
-import pytest
 
 from engine import Admin, PullConsumer, Store
 from engine.broker.dispatch import dispatch_pending
@@ -30,29 +27,8 @@ from engine.grpc import GrpcServer
 from engine.grpc.v2 import definition_pb2 as pb
 from engine.protocol.names import PROPERTY_REAL_TOPIC, PROPERTY_TIMER_DELIVER_MS, SCHEDULE_TOPIC, dlq_topic
 from engine.store import schemas
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def door(store: Store) -> Iterator[GrpcServer]:
-    Admin(store).create_topic("orders", 2)
-    with GrpcServer(store, port=0) as running:
-        yield running
-
-
-def client(*args: object) -> Any:
-    """Run one scenario of the official client; what it printed."""
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.grpc.official_client", *map(str, args)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+from tests.grpc.official_client import run as client
+from tests.grpc.official_client import start
 
 
 def test_the_official_producer_sends_and_its_simple_consumer_receives_and_acks(door: GrpcServer) -> None:
@@ -171,15 +147,7 @@ def test_the_readmes_rocketmq_5_example_runs_against_mq_serve_grpc(tmp_path: Pat
 def test_transactions_commit_roll_back_and_an_undecided_one_is_checked_back_and_committed(
     door: GrpcServer, store: Store
 ) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.grpc.official_client", "transactions", door.address, "orders"],
-        cwd=ROOT,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
+    proc = start("transactions", door.address, "orders")
     try:
         assert proc.stdout is not None and proc.stdin is not None
         ids = json.loads(proc.stdout.readline() or "null")

@@ -338,6 +338,24 @@ def test_too_many_deliveries_are_dead_lettered_with_the_right_count(tmp_path: An
         consumer.close()
 
 
+def test_dead_letter_sends_a_received_message_to_the_dlq_at_its_first_delivery(
+    store: Store, one_queue: str, consumers: Any
+) -> None:
+    from engine.broker.retry import route_retries
+
+    produce(store, one_queue, 1)
+    [consumer] = subscribed(consumers, one_queue, "a")
+    [message] = consumer.receive()
+    consumer.dead_letter(message)
+    [row] = actions(store, NACK)
+    assert row["reconsume_times"] == store.config.max_reconsume_times  # counted as the last delivery
+    with pytest.raises(InvalidReceiptHandleError):
+        consumer.ack(message)  # no longer held
+    assert route_retries(store) == 1
+    [dead] = [r for r in store.read("commit_log").to_pylist() if r["topic"] == "%DLQ%G"]
+    assert dead["body"] == message.body and dead["uniq_key"] == message.msg_id
+
+
 # ----------------------------------------------------------------------------- state from the log
 def test_a_new_consumer_rebuilds_the_leases_from_the_action_log(
     store: Store, one_queue: str, consumers: Any

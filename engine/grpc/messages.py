@@ -15,6 +15,7 @@ from engine.protocol.names import (
     RESERVED_PROPERTIES,
 )
 from engine.protocol.rocketmq5 import check_body, check_tag, check_user_properties, edge_error
+from engine.protocol.transactions import PROPERTY_CHECK_IMMUNITY_TIME
 
 # Message types a topic of each lakemq type accepts; an untyped (NORMAL) topic takes every kind, as
 # lakemq's other doors do.
@@ -88,6 +89,10 @@ def from_proto(message: pb.Message) -> IncomingMessage:
     broker_properties: dict[str, str] = {}
     if group is not None:
         broker_properties[PROPERTY_SHARDING_KEY] = group
+    if system.message_type == pb.TRANSACTION and system.HasField("orphaned_transaction_recovery_duration"):
+        # The first check-back waits this long, as the proxy's CHECK_IMMUNITY_TIME_IN_SECONDS.
+        recovery = system.orphaned_transaction_recovery_duration
+        broker_properties[PROPERTY_CHECK_IMMUNITY_TIME] = str(max(int(recovery.seconds), 0))
     if system.born_host:
         broker_properties[PROPERTY_BORN_HOST] = system.born_host
     born = _ms(system.born_timestamp) if system.HasField("born_timestamp") else None

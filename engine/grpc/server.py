@@ -6,14 +6,17 @@ What it answers, as RocketMQ 5's proxy does:
   endpoint; ``TOPIC_NOT_FOUND`` for a missing topic. ``QueryAssignment``: the topic as one
   assignment (queue -1: receives take from every queue, as the proxy's POP mode).
 * ``Telemetry``: the client's settings, answered with the server's (producer: retry policy, largest
-  body; consumer: batch size, long polling, max attempts) — the 5.x clients' start-up waits for it.
-  Other commands (stack traces, verify results) are taken and not answered.
+  body; consumer: batch size, long polling, max attempts) — the 5.x clients' start-up waits for it;
+  settings with neither publishing nor subscription end the stream ``INVALID_ARGUMENT``, as the
+  proxy's. The stream stays open for what the server sends (:mod:`engine.grpc.telemetry`):
+  transaction check-backs, and thread-stack and verify commands (:meth:`GrpcServer.ask`) whose
+  answers come back on it.
 * ``Heartbeat``; ``NotifyClientTermination`` closes the client's consumer of the group (what it
   leased and never handed out is given back; what it received becomes visible at its deadline).
 * ``SendMessage``: normal, delay/timer (a delivery timestamp) and FIFO-keyed sends (a message group
   chooses the queue, as RocketMQ 5's Python client does, and is stored with the message) through
-  the engine's producer, one result per message (``MULTIPLE_RESULTS`` when they differ);
-  transactional ones are refused (``NOT_IMPLEMENTED``).
+  the engine's producer, one result per message (``MULTIPLE_RESULTS`` when they differ).
+  Transactional ones, ``EndTransaction`` and the check-back: :mod:`engine.grpc.transactions`.
 * ``ReceiveMessage``, ``AckMessage``, ``ChangeInvisibleDuration``: per-message leases of
   :class:`~engine.client.simple.SimpleConsumer`, one per (group, client id); the long polling and the
   invisible time are checked and clamped as the proxy does (:mod:`engine.protocol.rocketmq5`).
@@ -22,6 +25,8 @@ What it answers, as RocketMQ 5's proxy does:
   dead-lettered; messages carry their ``message_group`` back.
   Receipt handles carry group, client, topic, queue, offset and the lease
   (:class:`~engine.protocol.rocketmq5.ReceiptHandle`); a stale one is ``INVALID_RECEIPT_HANDLE``.
+  ``ForwardMessageToDeadLetterQueue`` gives a received message up at once: the engine's retry job
+  puts it in ``%DLQ%<group>`` as it does one not acked after the settings' ``max_attempts``.
 
 Bad input gets RocketMQ 5's code in the answer's status and writes nothing; nothing a client sends
 stops the server.
@@ -32,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import inspect
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
@@ -39,10 +45,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import grpc
 from grpc import aio
 
 from engine.client.offsets import ConsumeFrom
 from engine.client.producer import Producer
+from engine.client.sending import PreparedSend
 from engine.client.simple import MAX_RECEIVE_NUMS, ReceivedMessage, SimpleConsumer
 from engine.errors import (
     CommitConflictError,
@@ -55,7 +63,9 @@ from engine.errors import (
     MQError,
     TopicNotFoundError,
 )
-from engine.grpc.messages import ACCEPTED_TYPES, from_proto, to_proto
+from engine.grpc.messages import ACCEPTED_TYPES, IncomingMessage, from_proto, to_proto
+from engine.grpc.telemetry import ANSWERS, Stream, Streams
+from engine.grpc.transactions import Transactions, transaction_id
 from engine.grpc.v2 import definition_pb2 as pb
 from engine.grpc.v2 import service_pb2 as spb
 from engine.grpc.v2 import service_pb2_grpc as spb_grpc
@@ -74,6 +84,7 @@ from engine.protocol.rocketmq5 import (
 )
 from engine.protocol.selectors import MessageSelector
 from engine.protocol.topics import TopicConfig
+from engine.protocol.transactions import HalfMessage
 from engine.remoting.framing import LoopThread
 from engine.store.group_configs import group_config
 from engine.store.store import Store, now_ms
@@ -174,6 +185,9 @@ class GrpcServer:
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers, thread_name_prefix="mq-grpc")
         self._receive_executor = ThreadPoolExecutor(64, thread_name_prefix="mq-grpc-receive")
+        self.streams = Streams()
+        self.transactions = Transactions(self)
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._serving = LoopThread("mq-grpc", self._main)
 
     # ----------------------------------------------------------------- lifecycle
@@ -228,18 +242,23 @@ class GrpcServer:
                 ("grpc.max_send_message_length", MAX_INBOUND_BYTES),
             ]
         )
-        spb_grpc.add_MessagingServiceServicer_to_server(_Service(self), server)  # type: ignore[no-untyped-call]
+        spb_grpc.add_MessagingServiceServicer_to_server(_Service(self), _Guarded(server))  # type: ignore[no-untyped-call]
         bound = server.add_insecure_port(f"{self.host}:{self.port}")
         if bound == 0:
             raise OSError(f"could not bind {self.host}:{self.port}")
         self.port = bound
         await server.start()
+        self._loop = asyncio.get_running_loop()
         self._serving.ready()
-        sweeper = asyncio.create_task(self._sweep_loop())
+        tasks = [
+            asyncio.create_task(self._sweep_loop()),
+            asyncio.create_task(self.transactions.check_back_loop()),
+        ]
         try:
             await stopped.wait()
         finally:
-            sweeper.cancel()
+            for task in tasks:
+                task.cancel()
             await server.stop(grace=1.0)
 
     async def _sweep_loop(self) -> None:
@@ -254,6 +273,23 @@ class GrpcServer:
         have threads of their own: :meth:`submit_receive`)."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
+
+    def ask(
+        self, client_id: str, command: spb.TelemetryCommand, timeout_s: float = 10.0
+    ) -> spb.TelemetryCommand:
+        """Send a client a thread-stack or verify command on its Telemetry stream and wait for its
+        answer (from any thread but the door's), as RocketMQ's admin asks through the proxy.
+
+        Raises:
+            InvalidArgumentError: no open stream of that client (``NOT_FOUND``), no answer in
+                ``timeout_s`` (``PROXY_TIMEOUT``), not such a command (``BAD_REQUEST``), or the
+                door is not serving.
+        """
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            raise InvalidArgumentError("the gRPC door is not serving", status="NOT_FOUND")
+        future = asyncio.run_coroutine_threadsafe(self.streams.ask(client_id, command, timeout_s), loop)
+        return future.result(timeout_s + 5)
 
     def client(self, client_id: str) -> ClientState:
         with self._lock:
@@ -366,30 +402,38 @@ class GrpcServer:
         broker.endpoints.addresses.add(host=self.advertised_host, port=self.port)
 
     # ----------------------------------------------------------------- engine calls
-    def send(self, request: spb.SendMessageRequest) -> list[SendResult | BaseException]:
-        """Check and queue each message for the producer's group commit; what each became."""
+    def prepare(self, incoming: IncomingMessage) -> PreparedSend:
+        """A client's checked message as the engine's producer sends it (its queue chosen, by its
+        message group when it has one).
+
+        Raises:
+            InvalidMessageError, TopicNotFoundError, InvalidArgumentError: bad input.
+        """
+        return self.producer.prepare(
+            incoming.message,
+            message_group=incoming.message_group,
+            uniq_key=incoming.uniq_key,
+            born_ts_ms=incoming.born_ts_ms,
+            broker_properties=incoming.broker_properties or None,
+        )
+
+    def send(self, request: spb.SendMessageRequest) -> list[SendResult | HalfMessage | BaseException]:
+        """Check and queue each message for the producer's group commit (a transactional one is
+        stored as a half message at once); what each became."""
         pending: list[Any] = []
         for message in request.messages:
             try:
                 incoming = from_proto(message)
-                if incoming.message_type == pb.TRANSACTION:
-                    raise edge_error(
-                        "NOT_IMPLEMENTED", "transactional messages are not served by this door yet"
-                    )
                 self.topic(incoming.message.topic)
-                prepared = self.producer.prepare(
-                    incoming.message,
-                    uniq_key=incoming.uniq_key,
-                    message_group=incoming.message_group,
-                    born_ts_ms=incoming.born_ts_ms,
-                    broker_properties=incoming.broker_properties or None,
-                )
-                pending.append(self.producer.append_async(prepared))
+                if incoming.message_type == pb.TRANSACTION:
+                    pending.append(self.transactions.send_half(incoming))
+                    continue
+                pending.append(self.producer.append_async(self.prepare(incoming)))
             except Exception as exc:
                 pending.append(exc)
-        out: list[SendResult | BaseException] = []
+        out: list[SendResult | HalfMessage | BaseException] = []
         for item in pending:
-            if isinstance(item, BaseException):
+            if isinstance(item, BaseException | HalfMessage):
                 out.append(item)
                 continue
             try:
@@ -502,6 +546,13 @@ class GrpcServer:
         with state.lock:
             state.held.pop((message.topic, message.queue_id, message.queue_offset), None)
 
+    def dead_letter(self, group: str, client_id: str, handle: str) -> None:
+        """Give a received message up to the group's dead letters (the retry job moves it)."""
+        state, message = self.held(group, client_id, handle)
+        state.consumer.dead_letter(message)
+        with state.lock:
+            state.held.pop((message.topic, message.queue_id, message.queue_offset), None)
+
     def change_invisible(self, group: str, client_id: str, handle: str, invisible_ms: int) -> str:
         state, message = self.held(group, client_id, handle)
         changed = state.consumer.change_invisible_time(message, invisible_ms)
@@ -514,6 +565,66 @@ class GrpcServer:
         return ReceiptHandle(
             group, client_id, message.topic, message.queue_id, message.queue_offset, message.receipt_handle
         ).encode()
+
+
+class _Unparsable:
+    """A request whose bytes are not its protobuf message."""
+
+
+UNPARSABLE = _Unparsable()
+BAD_PROTOBUF = "Invalid protobuf byte sequence"  # grpc-java's words (the proxy's answer), INTERNAL
+
+
+def _parse_or_mark(parse: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+    def parse_request(data: bytes) -> Any:
+        try:
+            return parse(data)
+        except Exception:  # DecodeError, or anything a corrupt message makes protobuf raise
+            return UNPARSABLE
+
+    return parse_request
+
+
+def _guarded(handler: Any) -> Any:
+    """A generated method handler whose unparsable requests are answered ``INTERNAL`` as the
+    proxy's (grpc.aio would answer ``UNKNOWN`` and log a traceback); a stream's unparsable command
+    reaches the method as :data:`UNPARSABLE`."""
+    parse = _parse_or_mark(handler.request_deserializer)
+    if handler.unary_unary is not None and inspect.iscoroutinefunction(handler.unary_unary):
+        call = handler.unary_unary
+
+        async def unary(request: Any, context: Any) -> Any:
+            if request is UNPARSABLE:
+                await context.abort(grpc.StatusCode.INTERNAL, BAD_PROTOBUF)
+            return await call(request, context)
+
+        return handler._replace(request_deserializer=parse, unary_unary=unary)
+    if handler.unary_stream is not None and inspect.isasyncgenfunction(handler.unary_stream):
+        stream = handler.unary_stream
+
+        async def unary_stream(request: Any, context: Any) -> AsyncIterator[Any]:
+            if request is UNPARSABLE:
+                await context.abort(grpc.StatusCode.INTERNAL, BAD_PROTOBUF)
+            async for answer in stream(request, context):
+                yield answer
+
+        return handler._replace(request_deserializer=parse, unary_stream=unary_stream)
+    return handler._replace(request_deserializer=parse)
+
+
+class _Guarded:
+    """Takes the generated code's method handlers for a server, :func:`_guarded`."""
+
+    def __init__(self, server: aio.Server) -> None:
+        self.server = server
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        pass  # the same handlers come to add_registered_method_handlers
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+        guarded = {name: _guarded(handler) for name, handler in handlers.items()}
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, guarded),))
+        self.server.add_registered_method_handlers(service, guarded)
 
 
 def _with_handle(message: ReceivedMessage, lease: str) -> ReceivedMessage:
@@ -598,6 +709,14 @@ class _Service(spb_grpc.MessagingServiceServicer):
         for result in results:
             if isinstance(result, BaseException):
                 entries.append(spb.SendResultEntry(status=status_of(result)))
+            elif isinstance(result, HalfMessage):
+                entries.append(
+                    spb.SendResultEntry(
+                        status=status(pb.OK),
+                        message_id=result.uniq_key,
+                        transaction_id=transaction_id(result),
+                    )
+                )
             else:
                 entries.append(
                     spb.SendResultEntry(
@@ -707,14 +826,23 @@ class _Service(spb_grpc.MessagingServiceServicer):
         return spb.NotifyClientTerminationResponse(status=status(pb.OK))
 
     async def EndTransaction(self, request: Any, context: Any) -> Any:
-        return spb.EndTransactionResponse(
-            status=status(pb.NOT_IMPLEMENTED, "transactions are not served by this door yet")
-        )
+        try:
+            self._client(context)
+            await self.door.call(self.door.topic, request.topic.name)
+            await self.door.call(self.door.transactions.end, request)
+        except Exception as exc:
+            return spb.EndTransactionResponse(status=status_of(exc))
+        return spb.EndTransactionResponse(status=status(pb.OK))
 
     async def ForwardMessageToDeadLetterQueue(self, request: Any, context: Any) -> Any:
-        return spb.ForwardMessageToDeadLetterQueueResponse(
-            status=status(pb.NOT_IMPLEMENTED, "dead-lettering by the client is not served by this door yet")
-        )
+        try:
+            client_id = self._client(context).client_id
+            group = check_group(request.group.name)
+            await self.door.call(self.door.topic, request.topic.name)
+            await self.door.call(self.door.dead_letter, group, client_id, request.receipt_handle)
+        except Exception as exc:
+            return spb.ForwardMessageToDeadLetterQueueResponse(status=status_of(exc))
+        return spb.ForwardMessageToDeadLetterQueueResponse(status=status(pb.OK))
 
     async def Telemetry(self, request_iterator: Any, context: Any) -> AsyncIterator[Any]:
         try:
@@ -722,19 +850,47 @@ class _Service(spb_grpc.MessagingServiceServicer):
         except Exception as exc:
             yield pb_telemetry(status_of(exc))
             return
-        async for command in request_iterator:
-            if command.HasField("settings"):
-                state = self.door.client(client_id)
-                state.settings = command.settings
-                reply = pb_telemetry(status(pb.OK))
-                try:
-                    answer = await self.door.call(self.door.settings_for, command.settings)
-                except Exception as exc:
-                    yield pb_telemetry(status_of(exc))
-                    continue
-                reply.settings.CopyFrom(answer)
-                yield reply
-            # Thread stack traces and verify results answer commands this door never sends.
+        stream = self.door.streams.open(client_id)
+        reader = asyncio.create_task(self._read_telemetry(request_iterator, stream))
+        try:
+            while (command := await stream.outbox.get()) is not None:
+                yield command
+            if stream.refused:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, stream.refused)
+        finally:
+            reader.cancel()
+            self.door.streams.close(stream)
+
+    async def _read_telemetry(self, request_iterator: Any, stream: Stream) -> None:
+        """What a client sends on its stream: settings (answered with the server's), answers to the
+        server's commands (matched by nonce); commands only a server sends are ignored, as the
+        proxy ignores them. Ends the stream (None in its outbox) when the client ends its side."""
+        try:
+            async for command in request_iterator:
+                if command is UNPARSABLE:
+                    stream.refused = BAD_PROTOBUF
+                    break
+                kind = command.WhichOneof("command")
+                if kind == "settings":
+                    if command.settings.WhichOneof("pub_sub") is None:
+                        stream.refused = "there is no publishing or subscription data in settings"
+                        break
+                    state = self.door.client(stream.client_id)
+                    state.settings = stream.settings = command.settings
+                    try:
+                        answer = await self.door.call(self.door.settings_for, command.settings)
+                    except Exception as exc:
+                        stream.send(pb_telemetry(status_of(exc)))
+                        continue
+                    reply = pb_telemetry(status(pb.OK))
+                    reply.settings.CopyFrom(answer)
+                    stream.send(reply)
+                elif kind in ANSWERS:
+                    self.door.streams.take_answer(command)
+        except (aio.AioRpcError, aio.UsageError, ConnectionError):  # the client went away
+            pass
+        finally:
+            stream.outbox.put_nowait(None)
 
 
 def pb_telemetry(result: pb.Status) -> spb.TelemetryCommand:

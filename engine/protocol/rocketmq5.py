@@ -191,3 +191,38 @@ class ReceiptHandle:
                 status="INVALID_RECEIPT_HANDLE",
             )
         return parsed
+
+
+@dataclass(frozen=True)
+class TransactionId:
+    """A transactional send's id as the door hands it out (``SendResultEntry.transaction_id``) and
+    takes it back (``EndTransaction``): the half message's physical offset and its message id."""
+
+    half_offset: int
+    message_id: str
+
+    def encode(self) -> str:
+        """The id as the client sees it (URL-safe base64, no padding)."""
+        text = f"{self.half_offset}\n{self.message_id}"
+        return base64.urlsafe_b64encode(text.encode()).decode().rstrip("=")
+
+    @classmethod
+    def decode(cls, text: str) -> TransactionId:
+        """An id a client sent back.
+
+        Raises:
+            InvalidArgumentError: not an id this door made (``status`` ``INVALID_TRANSACTION_ID``).
+        """
+        try:
+            raw = base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)).decode()
+            offset, message_id = raw.split("\n")
+            parsed = cls(int(offset), message_id)
+        except (binascii.Error, UnicodeDecodeError, ValueError):
+            raise edge_error(
+                "INVALID_TRANSACTION_ID", f"transaction id {text[:64]!r} is not one this server made"
+            ) from None
+        if parsed.half_offset < 0 or not parsed.message_id:
+            raise edge_error(
+                "INVALID_TRANSACTION_ID", f"transaction id {text[:64]!r} is not one this server made"
+            )
+        return parsed

@@ -45,8 +45,9 @@ from engine.remoting.handlers import (
     send,
     transactions,
 )
-from engine.remoting.handlers.transactions import CheckBack, check_back_loop
+from engine.remoting.handlers.transactions import check_back_loop
 from engine.store.store import Store
+from engine.store.transactions import CheckBack
 
 _log = logging.getLogger(__name__)
 

@@ -367,3 +367,32 @@ def check_requests(store: Store, *, producer_group: str | None = None, floor: in
         predicate += f" AND producer_group = {sql_literal(producer_group)}"
         row_filter &= ds.field("producer_group") == producer_group
     return store.read(schemas.TRANSACTIONS, predicate=predicate, filter=row_filter)
+
+
+class CheckBack:
+    """Which check requests a door sent to its producers (a request is sent once per check number):
+    the remoting door's CHECK_TRANSACTION_STATE and the gRPC door's RecoverOrphanedTransactionCommand."""
+
+    def __init__(self) -> None:
+        self.sent: dict[int, int] = {}  # half physical offset -> check number last sent
+        self.seen_version = -1
+
+    def pending(self, store: Store, groups: set[str]) -> list[tuple[str, HalfMessage, int]]:
+        """(group, half, check number) of every undecided check request not sent yet."""
+        latest = store.latest_version_hint(schemas.TRANSACTIONS, self.seen_version)
+        if latest <= self.seen_version or not groups:
+            return []
+        floor = check_floor(store)
+        out = []
+        requests = check_requests(store, floor=floor).to_pylist()
+        for row in requests:
+            group, po, n = row["producer_group"], int(row["half_physical_offset"]), int(row["check_times"])
+            if group not in groups or self.sent.get(po, -1) >= n:
+                continue
+            half = load_half(store, po)
+            if half is not None and not is_decided(store, po, half=half):
+                out.append((group, half, n))
+            self.sent[po] = n
+        self.sent = {po: n for po, n in self.sent.items() if po >= floor}
+        self.seen_version = latest
+        return out

@@ -1,6 +1,6 @@
 """Scenarios run by the official RocketMQ 5 Python client (``rocketmq-python-client``, unmodified)
-against a gRPC door, in a process of its own (its generated protos and ours define the same protobuf
-names, which one process's descriptor pool refuses; its threads stay out of the test process too).
+against a gRPC door, in a process of its own: its threads stay out of the test process, and a test
+can kill it (the two import into one process too: tests/grpc/test_stubs.py).
 
 Run as ``python -m tests.grpc.official_client SCENARIO ENDPOINT TOPIC [GROUP] [N]``; prints one JSON
 line with what happened.
@@ -9,9 +9,43 @@ line with what happened.
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run(*args: object) -> Any:
+    """Run one scenario in a process of its own (from a test); what it printed last. Also:
+    :func:`start` for a scenario a test talks to while it runs."""
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.grpc.official_client", *map(str, args)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def start(*args: object) -> subprocess.Popen[str]:
+    """Start one scenario in a process of its own; its stdin and stdout are pipes (text)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.grpc.official_client", *map(str, args)],
+        cwd=ROOT,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
 
 
 def _config(endpoint: str) -> Any:
@@ -196,8 +230,75 @@ def fifo(endpoint: str, topic: str, group: str, n: int) -> dict[str, Any]:
         consumer.shutdown()
 
 
+def transactions(endpoint: str, topic: str) -> None:
+    """Three transactional sends: one committed, one rolled back, one left undecided. Prints the ids
+    (``commit``, ``rollback``, ``unknown``), then waits for the server's check-back of the undecided
+    one (its checker commits it), prints the ids it was asked about, and stays until stdin closes
+    (so the checker's EndTransaction is not cut off by a shutdown)."""
+    from rocketmq import Message, Producer, TransactionChecker, TransactionResolution
+
+    asked: list[str] = []
+    checked = threading.Event()
+
+    class Checker(TransactionChecker):  # type: ignore[misc]
+        def check(self, message: Any) -> Any:
+            asked.append(message.message_id)
+            checked.set()
+            return TransactionResolution.COMMIT
+
+    producer = Producer(_config(endpoint), (topic,), Checker())
+    producer.startup()
+    try:
+        ids = {}
+        for name in ("commit", "rollback", "unknown"):
+            message = Message()
+            message.topic, message.body = topic, name.encode()
+            transaction = producer.begin_transaction()
+            ids[name] = producer.send(message, transaction).message_id
+            if name == "commit":
+                transaction.commit()
+            elif name == "rollback":
+                transaction.rollback()
+        print(json.dumps(ids), flush=True)
+        checked.wait(120)
+        print(json.dumps({"asked": asked}), flush=True)
+        sys.stdin.read()
+    finally:
+        producer.shutdown()
+
+
+def exhaust(endpoint: str, topic: str, group: str, n: int) -> dict[str, Any]:
+    """Receive one message ``n`` times (each time made visible again in 1 s and never acked), then
+    receive twice more: with ``n`` the group's most attempts, nothing more comes."""
+    consumer = _consumer(endpoint, topic, group)
+    try:
+        attempts: list[int] = []
+        for _ in range(10 * n):
+            for message in consumer.receive(1, 10) or []:
+                attempts.append(message.delivery_attempt)
+                consumer.change_invisible_duration(message, 1)
+            if len(attempts) >= n:
+                break
+        after = [m.delivery_attempt for _ in range(2) for m in consumer.receive(1, 10) or []]
+        return {"attempts": attempts, "after": after}
+    finally:
+        consumer.shutdown()
+
+
+def receive_hold(endpoint: str, topic: str, group: str, n: int) -> dict[str, Any]:
+    """Receive ``n`` messages for 10 s without acking them, print their ids, then wait in receive
+    after receive (a client killed in the middle of a receive)."""
+    consumer = _consumer(endpoint, topic, group)
+    got = _receive(consumer, n, 10)
+    print(json.dumps({"held": [m.message_id for m in got]}), flush=True)
+    while True:
+        consumer.receive(1, 10)
+
+
 SCENARIOS = {
     "fifo": fifo,
+    "receive_hold": receive_hold,
+    "exhaust": exhaust,
     "receive_ack": receive_ack,
     "change_invisible": change_invisible,
     "redelivery": redelivery,
@@ -208,6 +309,9 @@ def main(argv: list[str]) -> None:
     scenario, endpoint, topic = argv[:3]
     if scenario == "send":
         out = send(endpoint, topic, int(argv[3]))
+    elif scenario == "transactions":
+        transactions(endpoint, topic)
+        return
     elif scenario == "send_kinds":
         out = send_kinds(endpoint, topic, int(argv[3]))
     else:

@@ -4,9 +4,6 @@ clients' start-up waits for, and the edge rules of :mod:`engine.protocol.rocketm
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import grpc
 import pytest
 
 from engine import Admin, Store
@@ -27,19 +24,6 @@ from engine.protocol.rocketmq5 import (
 from engine.store import schemas
 
 META = (("x-mq-client-id", "test-client"),)
-
-
-@pytest.fixture
-def door(store: Store) -> Iterator[GrpcServer]:
-    Admin(store).create_topic("orders", 2)
-    with GrpcServer(store, port=0) as running:
-        yield running
-
-
-@pytest.fixture
-def stub(door: GrpcServer) -> Iterator[spb_grpc.MessagingServiceStub]:
-    with grpc.insecure_channel(door.address) as channel:
-        yield spb_grpc.MessagingServiceStub(channel)
 
 
 def message(topic: str = "orders", body: bytes = b"hello", tag: str | None = None) -> pb.Message:

@@ -2,10 +2,13 @@
 door: its producer sends, its SimpleConsumer receives, acks, changes invisible durations and gets a
 message it did not ack again after its invisible time; what it sends is what the Python API pulls.
 
-The client runs in a process of its own (tests/grpc/official_client.py says why)."""
+The client runs in a process of its own (tests/grpc/official_client.py says why). Also: its
+transactions (commit, rollback, check-back), dead letters after the most attempts, and the README's
+RocketMQ 5 example against ``mq serve --grpc``."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -14,39 +17,19 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
-
-import pytest
 
 from engine import Admin, PullConsumer, Store
 from engine.broker.dispatch import dispatch_pending
+from engine.broker.retry import route_retries
+from engine.broker.transactions import check_transactions, undecided_halves
+from engine.config import load_config
 from engine.grpc import GrpcServer
+from engine.grpc.v2 import definition_pb2 as pb
 from engine.protocol.messages import message_group_queue
-from engine.protocol.names import PROPERTY_REAL_TOPIC, PROPERTY_TIMER_DELIVER_MS, SCHEDULE_TOPIC
+from engine.protocol.names import PROPERTY_REAL_TOPIC, PROPERTY_TIMER_DELIVER_MS, SCHEDULE_TOPIC, dlq_topic
 from engine.store import schemas
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def door(store: Store) -> Iterator[GrpcServer]:
-    Admin(store).create_topic("orders", 2)
-    with GrpcServer(store, port=0) as running:
-        yield running
-
-
-def client(*args: object) -> Any:
-    """Run one scenario of the official client; what it printed."""
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.grpc.official_client", *map(str, args)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    return json.loads(done.stdout.strip().splitlines()[-1])
+from tests.grpc.official_client import run as client
+from tests.grpc.official_client import start
 
 
 def test_the_official_producer_sends_and_its_simple_consumer_receives_and_acks(door: GrpcServer) -> None:
@@ -141,9 +124,10 @@ def test_a_client_that_shuts_down_leaves_no_consumer_behind(door: GrpcServer) ->
     assert door.consumer_keys() == []  # NotifyClientTermination closed it
 
 
-def test_mq_serve_with_grpc_serves_the_official_client_and_stops_on_sigterm(tmp_path: Path) -> None:
-    root = tmp_path / "served"
-    Admin(Store.open(root)).create_topic("orders", 1)
+@contextlib.contextmanager
+def mq_serve_grpc(root: Path) -> Iterator[str]:
+    """``mq serve --grpc`` on free ports over the store at ``root``; its gRPC address. Stopped with
+    SIGTERM after, and it must exit 0."""
     cmd = [sys.executable, "-m", "engine.cli", "--store", str(root), "--json", "serve", "--grpc"]
     ports = ["--namesrv-port", "0", "--broker-port", "0", "--grpc-port", "0", "--no-broker-jobs"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -153,9 +137,82 @@ def test_mq_serve_with_grpc_serves_the_official_client_and_stops_on_sigterm(tmp_
     try:
         assert proc.stdout is not None
         ready = json.loads(proc.stdout.readline())
-        assert ready["grpc"].startswith("127.0.0.1:")
-        assert len(client("send", ready["grpc"], "orders", 1)["ids"]) == 1
+        yield ready["grpc"]
     finally:
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(60)
     assert code == 0
+
+
+def test_mq_serve_with_grpc_serves_the_official_client_and_stops_on_sigterm(tmp_path: Path) -> None:
+    root = tmp_path / "served"
+    Admin(Store.open(root)).create_topic("orders", 1)
+    with mq_serve_grpc(root) as address:
+        assert address.startswith("127.0.0.1:")
+        assert len(client("send", address, "orders", 1)["ids"]) == 1
+
+
+def test_the_readmes_rocketmq_5_example_runs_against_mq_serve_grpc(tmp_path: Path) -> None:
+    from tests.test_readme import blocks
+
+    [code] = blocks("grpc")
+    root = tmp_path / "mqdata"
+    Admin(Store.open(root)).create_topic("Orders", 2)  # mq topic create Orders --queues 2
+    example = tmp_path / "example.py"
+    example.write_text(code)
+    with mq_serve_grpc(root) as address:
+        done = subprocess.run(
+            [sys.executable, str(example), address], cwd=tmp_path, capture_output=True, text=True, timeout=180
+        )
+    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.stdout.strip().splitlines() == ["order 1 True"]
+
+
+def test_transactions_commit_roll_back_and_an_undecided_one_is_checked_back_and_committed(
+    door: GrpcServer, store: Store
+) -> None:
+    proc = start("transactions", door.address, "orders")
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        ids = json.loads(proc.stdout.readline() or "null")
+        assert ids is not None, proc.stderr.read() if proc.stderr else ""
+        # The engine's check job finds the undecided half; the door asks the producer's checker.
+        assert check_transactions(store, timeout_ms=0) == 1
+        asked = json.loads(proc.stdout.readline())["asked"]
+        assert asked == [ids["unknown"]]
+        # Its EndTransaction (source SERVER_CHECK) decides it; waited for, then every half is decided.
+        deadline = time.monotonic() + 60
+        while undecided_halves(store)[0] and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert undecided_halves(store)[0] == []
+    finally:
+        if proc.stdin is not None:
+            proc.stdin.close()
+        proc.wait(60)
+    received = client("receive_ack", door.address, "orders", "g1", 2)["received"]
+    assert sorted(m["body"] for m in received) == ["commit", "unknown"]
+    assert sorted(m["id"] for m in received) == sorted([ids["commit"], ids["unknown"]])
+    dispatch_pending(store)
+    consumer = PullConsumer(store, "pull-group")
+    bodies = sorted(m.body for q in range(2) for m in consumer.pull("orders", q, 0).messages)
+    assert bodies == [b"commit", b"unknown"]  # the rolled-back one never reached its queue
+
+
+def test_a_message_never_acked_is_dead_lettered_after_the_max_attempts_the_settings_report(
+    tmp_path: Path,
+) -> None:
+    store = Store.open(tmp_path / "mq", config=load_config(max_reconsume_times=2))
+    Admin(store).create_topic("orders", 1)
+    with GrpcServer(store, port=0) as door:
+        settings = pb.Settings()
+        settings.subscription.group.name = "g1"
+        max_attempts = door.settings_for(settings).backoff_policy.max_attempts
+        assert max_attempts == 3
+        client("send", door.address, "orders", 1)
+        out = client("exhaust", door.address, "orders", "g1", max_attempts)
+    assert out == {"attempts": [1, 2, 3], "after": []}
+    # The consumer that found the last lease ended recorded it; the retry job dead-letters it.
+    assert route_retries(store) == 1
+    dispatch_pending(store)
+    [dead] = PullConsumer(store, "inspect").pull(dlq_topic("g1"), 0, 0).messages
+    assert (dead.body, dead.reconsume_times) == (b"body-0", 3)

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 STUBS = ROOT / "engine/grpc/v2"
 
@@ -42,3 +44,32 @@ def test_the_stubs_name_every_call_of_rocketmq_5s_messaging_service() -> None:
         "EndTransaction",
         "ForwardMessageToDeadLetterQueue",
     } <= methods
+
+
+BOTH = """
+import {first}, {second}
+from engine.grpc import GrpcServer
+from engine.grpc.v2 import definition_pb2 as ours
+from rocketmq import Message, Producer
+from rocketmq.grpc_protocol import definition_pb2 as theirs
+
+message = ours.Message(body=b"x")
+message.system_properties.born_timestamp.FromMilliseconds(1234)
+read = theirs.Message.FromString(message.SerializeToString())
+assert (read.body, read.system_properties.born_timestamp.ToMilliseconds()) == (b"x", 1234)
+assert ours.Message.DESCRIPTOR.file.pool is not theirs.Message.DESCRIPTOR.file.pool
+print("ok")
+"""
+
+
+@pytest.mark.parametrize(("first", "second"), [("engine.grpc", "rocketmq"), ("rocketmq", "engine.grpc")])
+def test_the_door_and_the_official_client_import_in_one_process(first: str, second: str) -> None:
+    # A fresh interpreter each: whichever comes first, neither registers in the other's pool.
+    done = subprocess.run(
+        [sys.executable, "-c", BOTH.format(first=first, second=second)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert (done.returncode, done.stdout.strip()) == (0, "ok"), done.stderr[-3000:]

@@ -337,6 +337,28 @@ class SimpleConsumer(Closing):
             return
         self._holder_action(NACK, message, None)
 
+    def dead_letter(self, message: ReceivedMessage) -> None:
+        """Give a received message up for good: records a ``NACK`` counted as its last delivery
+        allowed, which the retry job puts in ``%DLQ%<group>`` (RocketMQ 5's
+        ``ForwardMessageToDeadLetterQueue``), as one never acked after the most deliveries.
+
+        Committed before this returns.
+
+        Raises:
+            InvalidReceiptHandleError: not a message this consumer holds.
+            ReceiptHandleExpiredError: its invisible time ended (another consumer may hold it).
+        """
+        self._check_open()
+        limit = _reconsume_limit(self.group, self._max_reconsume, message)
+        with self._lock:
+            self._leases.decide(
+                NACK,
+                message,
+                None,
+                self._store.config.max_commit_attempts,
+                reconsume_times=max(limit, message.reconsume_times),
+            )
+
     def change_invisible_time(self, message: ReceivedMessage, invisible_ms: int) -> ReceivedMessage:
         """Keep a received message invisible for ``invisible_ms`` more, counted from now.
 

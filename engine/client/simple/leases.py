@@ -864,7 +864,13 @@ class Leases:
         self._held.pop((message.topic, message.queue_id, message.queue_offset), None)
 
     def decide(
-        self, action: str, message: ReceivedMessage, invisible_ms: int | None, attempts: int
+        self,
+        action: str,
+        message: ReceivedMessage,
+        invisible_ms: int | None,
+        attempts: int,
+        *,
+        reconsume_times: int | None = None,
     ) -> ReceivedMessage | None:
         """Commit the holder's ``action`` about a held message (``ACK``, ``NACK``, or
         ``CHANGE_INVISIBLE`` to ``invisible_ms`` from now) under the queue's lease lock.
@@ -877,6 +883,9 @@ class Leases:
             InvalidReceiptHandleError, ReceiptHandleExpiredError: see :meth:`held`; also when the
                 lease ended meanwhile.
             CommitConflictError: lost ``attempts`` races for the action log in a row.
+
+        ``reconsume_times`` replaces the delivery count the row records (a count past the group's
+        most deliveries makes the retry job dead-letter a ``NACK`` at once).
         """
         key, held = self.held(message)
         topic, queue_id, offset = key
@@ -909,7 +918,7 @@ class Leases:
                 offset,
                 physical_offset=held.physical_offset,
                 msg_id=held.msg_id,
-                reconsume_times=held.reconsume_times,
+                reconsume_times=held.reconsume_times if reconsume_times is None else reconsume_times,
                 deadline_ms=deadline,
                 ts=ts,
                 sequence=sequence,

@@ -15,42 +15,13 @@ from engine.remoting.frames import RemotingCommand
 from engine.remoting.headers import Header
 from engine.remoting.message_layout import encode_stored, offset_msg_id
 from engine.remoting.wire_messages import to_wire
-from engine.store import schemas
-from engine.store.transactions import check_floor, check_requests, is_decided, load_half
+from engine.store.transactions import CheckBack, load_half
 
 _log = logging.getLogger(__name__)
 _STATES = {
     int(MessageSysFlag.TRANSACTION_COMMIT): LocalTransactionState.COMMIT,
     int(MessageSysFlag.TRANSACTION_ROLLBACK): LocalTransactionState.ROLLBACK,
 }
-
-
-class CheckBack:
-    """Which check requests were sent to wire producers (a request is sent once per check number)."""
-
-    def __init__(self) -> None:
-        self.sent: dict[int, int] = {}  # half physical offset -> check number last sent
-        self.seen_version = -1
-
-    def pending(self, ctx: BrokerContext, groups: set[str]) -> list[tuple[str, HalfMessage, int]]:
-        """(group, half, check number) of every undecided check request not sent yet."""
-        latest = ctx.store.latest_version_hint(schemas.TRANSACTIONS, self.seen_version)
-        if latest <= self.seen_version or not groups:
-            return []
-        floor = check_floor(ctx.store)
-        out = []
-        requests = check_requests(ctx.store, floor=floor).to_pylist()
-        for row in requests:
-            group, po, n = row["producer_group"], int(row["half_physical_offset"]), int(row["check_times"])
-            if group not in groups or self.sent.get(po, -1) >= n:
-                continue
-            half = load_half(ctx.store, po)
-            if half is not None and not is_decided(ctx.store, po, half=half):
-                out.append((group, half, n))
-            self.sent[po] = n
-        self.sent = {po: n for po, n in self.sent.items() if po >= floor}
-        self.seen_version = latest
-        return out
 
 
 def check_request(ctx: BrokerContext, half: HalfMessage) -> RemotingCommand:
@@ -80,7 +51,7 @@ async def check_back_loop(ctx: BrokerContext, checks: CheckBack, interval_s: flo
         await asyncio.sleep(interval_s)
         groups = {g for c in ctx.connections for g in c.producer_groups}
         try:
-            pending = await ctx.run(checks.pending, ctx, groups)
+            pending = await ctx.run(checks.pending, ctx.store, groups)
         except Exception as exc:
             _log.warning("transaction check-back scan failed: %s", exc)
             continue

@@ -28,6 +28,7 @@ from bench.java_harness import (
 )
 from engine import Admin, Message, Producer, PullConsumer, PullStatus, Store
 from engine.broker.dispatch import dispatch_pending
+from engine.config import load_config
 from engine.grpc import GrpcServer
 from engine.protocol.names import PROPERTY_REAL_TOPIC, PROPERTY_TIMER_DELIVER_MS, SCHEDULE_TOPIC
 from engine.remoting import RemotingServer
@@ -36,6 +37,9 @@ from engine.store import schemas
 pytestmark = pytest.mark.slow
 
 QUEUES = 2
+# A receive waits at most this long here (20 s by default, as the proxy): a PushConsumer's close waits
+# out its receive in flight, so each push scenario would end 20 s after its last message.
+LONG_POLL_MAX_MS = 2000
 _names = itertools.count()
 
 
@@ -62,7 +66,8 @@ def classpath() -> str:
 
 @pytest.fixture(scope="module")
 def doors(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Doors]:
-    store = Store.open(tmp_path_factory.mktemp("grpc-java") / "store")
+    root = tmp_path_factory.mktemp("grpc-java") / "store"
+    store = Store.open(root, config=load_config(long_poll_max_ms=LONG_POLL_MAX_MS))
     with (
         GrpcServer(store, port=0) as grpc,
         RemotingServer(store, namesrv_port=0, broker_port=0) as remoting,

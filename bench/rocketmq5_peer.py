@@ -37,6 +37,10 @@ class RocketMQ5Peer(RocketMQPeer):
     def classpath(self) -> str:
         return peer5_classpath()
 
+    def __enter__(self) -> RocketMQ5Peer:
+        super().__enter__()
+        return self
+
     def _start_broker(self, classpath: str, conf: Path, settings: dict[str, str]) -> None:
         (conf / "broker.conf").write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
         grpc_port = free_port()

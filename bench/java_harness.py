@@ -29,6 +29,8 @@ HARNESS_DIR = JAVA_DIR / "harness"
 MQADMIN_DIR = JAVA_DIR / "mqadmin"  # rocketmq-tools only: the unmodified mqadmin
 QMQ_DIR = JAVA_DIR / "qmq"  # the QMQ client harness: unmodified com.qunar.qmq:qmq code
 QMQ_MAIN_CLASS = "lakemq.qmq.Main"
+ROCKETMQ5_DIR = JAVA_DIR / "rocketmq5"  # the RocketMQ 5 client harness: unmodified rocketmq-client-java
+ROCKETMQ5_MAIN_CLASS = "lakemq.rmq5.Main"
 MAIN_CLASS = "lakemq.harness.Main"
 MQADMIN_CLASS = "org.apache.rocketmq.tools.command.MQAdminStartup"
 CACHE_ROOT = Path(os.environ.get("LAKEMQ_HARNESS_CACHE", str(Path.home() / ".m2" / "lakemq-harness")))
@@ -138,6 +140,34 @@ def harness_classpath() -> str:
 def qmq_classpath() -> str:
     """The QMQ harness's full class path (its jar, then the QMQ client's jars), building when needed."""
     return built_classpath(QMQ_DIR, "qmq", "qmq-harness-1.0.jar")
+
+
+def rocketmq5_classpath() -> str:
+    """The RocketMQ 5 harness's full class path (its jar, then rocketmq-client-java), building when needed."""
+    return built_classpath(ROCKETMQ5_DIR, "rocketmq5", "rocketmq5-harness-1.0.jar")
+
+
+def rocketmq5_command(classpath: str, log_dir: Path, *args: str, heap_mb: int = 256) -> list[str]:
+    """The ``java`` command line of a RocketMQ 5 harness scenario (its ``~``, where the client logs,
+    in ``log_dir``)."""
+    return [
+        java(),
+        f"-Xmx{heap_mb}m",
+        "-XX:+UseSerialGC",
+        f"-Duser.home={log_dir}",
+        "-Drocketmq.log.level=INFO",
+        "-cp",
+        classpath,
+        ROCKETMQ5_MAIN_CLASS,
+        *args,
+    ]
+
+
+def start_rocketmq5_scenario(classpath: str, log_dir: Path, scenario: str, **opts: object) -> Scenario:
+    """Start a RocketMQ 5 harness scenario in the background (``produce``, ``transaction``, ``simple``,
+    ``push``: ``tests/java/rocketmq5``'s Main says what each does)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    return Scenario(rocketmq5_command(classpath, log_dir, scenario, *options(opts)))
 
 
 def qmq_command(classpath: str, log_dir: Path, *args: str, heap_mb: int = 256) -> list[str]:
@@ -310,9 +340,11 @@ def main() -> int:
     tools = mqadmin_classpath()
     peer = peer_classpath()
     qmq = qmq_classpath()
+    rocketmq5 = rocketmq5_classpath()
     print(f"harness: {harness.split(os.pathsep)[0]} (+{harness.count(os.pathsep)} jars)")
     print(f"mqadmin: {tools.count(os.pathsep) + 1} jars")
     print(f"QMQ harness: {qmq.split(os.pathsep)[0]} (+{qmq.count(os.pathsep)} jars)")
+    print(f"RocketMQ 5 harness: {rocketmq5.split(os.pathsep)[0]} (+{rocketmq5.count(os.pathsep)} jars)")
     print(f"RocketMQ peer: {peer.count(os.pathsep) + 1} jars; ready in {time.monotonic() - began:.0f} s")
     return 0
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.stats import is_available, ratio
-from bench.workloads import BARE, OURS, REDIS, ROCKETMQ, SYSTEMS
+from bench.workloads import BARE, OURS, PYTHON_API, REDIS, ROCKETMQ, ROCKETMQ5, SYSTEMS
 from bench.workloads.object_store import INJECTED, INJECTED_RTT_MS, SHARDS
 
 _OPS: dict[str, Callable[[float, float], bool]] = {">=": operator.ge, "<=": operator.le}
@@ -461,6 +461,43 @@ def rocketmq_section(results: Mapping[str, Any]) -> list[str]:
     return [*out, ""]
 
 
+GRPC_WORKLOADS = ("grpc_send", "grpc_send_rate", "grpc_receive_ack")
+
+
+def grpc_section(results: Mapping[str, Any]) -> list[str]:
+    """Issue 29's target: the official RocketMQ 5 Python client's send and receive + ack through
+    lakemq's gRPC door beside the real RocketMQ 5 proxy (or, when it could not run, lakemq's Python
+    API), the ratios stated (no threshold); empty when the run had none of these workloads."""
+    by_id = {w["id"]: w for w in results["workloads"]}
+    measured = [by_id[i] for i in GRPC_WORKLOADS if i in by_id]
+    if not measured:
+        return []
+    peer = next((p for p in (ROCKETMQ5, PYTHON_API) if p in measured[0]["systems"]), ROCKETMQ5)
+    proxy = results.get("extra", {}).get("rocketmq5_proxy", "")
+    against = (
+        f"the real RocketMQ 5 proxy {proxy} (LOCAL mode, with its broker; fetched from Maven, started and "
+        "stopped by the run)"
+        if peer == ROCKETMQ5
+        else f"lakemq's own Python API in process (RocketMQ 5 could not run here: {proxy})"
+    )
+    stated = [w for w in measured if _ratio_cell(w, peer) != "—"]
+    out = [
+        "## RocketMQ 5's gRPC door: the official Python client (issue 29)",
+        "",
+        f"The official RocketMQ 5 Python client (`rocketmq-python-client`, unmodified) against lakemq's "
+        f"`mq serve --grpc` and against {against}. Target (issue 29): the ratios stated — "
+        f"**{'stated' if len(stated) == len(measured) else 'not measured'}** "
+        f"({len(stated)} of {len(measured)}).",
+        "",
+        f"| workload | lakemq (mq serve --grpc) | {peer} | lakemq vs {peer} |",
+        "|---|---:|---:|---:|",
+    ]
+    for workload in measured:
+        ours, theirs = _measured_cell(workload, OURS), _measured_cell(workload, peer)
+        out.append(f"| {workload['title']} | {ours} | {theirs} | {_ratio_cell(workload, peer)} |")
+    return [*out, ""]
+
+
 def _how_ratios_read() -> str:
     return (
         "Ratios: for a throughput, lakemq's msg/s as a share of the peer's (100 % = as fast); for a latency, "
@@ -528,7 +565,8 @@ def render(results: Mapping[str, Any]) -> str:
             target, measured, ok = next(verdicts)
             head = f"{row.workload} | {row.target}" if i == 0 else " | "
             out.append(f"| {head} | {target.label} | {measured} | **{verdict(ok)}** |")
-    out += ["", _how_ratios_read(), "", *rocketmq_section(results), *object_storage_section(results)]
+    out += ["", _how_ratios_read(), "", *rocketmq_section(results), *grpc_section(results)]
+    out += object_storage_section(results)
     out += ["## Workloads", ""]
     for workload in results["workloads"]:
         if "profile" in workload:  # an object-storage workload: in its own section

@@ -72,6 +72,10 @@ class RocketMQPeer:
         self.version = ""
         self._procs: list[subprocess.Popen[bytes]] = []
 
+    def classpath(self) -> str:
+        """The class path of the servers and of ``mqadmin`` (rocketmq-tools comes with the broker)."""
+        return peer_classpath()
+
     def _start(
         self, classpath: str, main: str, args: list[str], log: str, heap_mb: int
     ) -> subprocess.Popen[bytes]:
@@ -117,7 +121,7 @@ class RocketMQPeer:
 
     def __enter__(self) -> RocketMQPeer:
         try:
-            classpath = peer_classpath()
+            classpath = self.classpath()
             self.version = next(
                 (
                     p.split("rocketmq-broker-")[1].removesuffix(".jar")
@@ -142,48 +146,55 @@ class RocketMQPeer:
                 256,
             )
             self._wait_for(namesrv, "namesrv.out", "boot success")
-            store = self.workdir / "store"
-            settings = {
-                "brokerClusterName": "BenchCluster",
-                "brokerName": "broker-a",
-                "brokerId": "0",
-                "listenPort": str(broker_port()),
-                "brokerIP1": "127.0.0.1",
-                "namesrvAddr": f"127.0.0.1:{ns_port}",
-                "storePathRootDir": str(store),
-                "storePathCommitLog": str(store / "commitlog"),
-                "autoCreateTopicEnable": "true",
-                "autoCreateSubscriptionGroup": "true",
-                "flushDiskType": "ASYNC_FLUSH",
-                "brokerRole": "ASYNC_MASTER",
-                "mappedFileSizeCommitLog": str(128 * 1024 * 1024),
-                "diskMaxUsedSpaceRatio": "95",
-                "transactionTimeOut": "1000",
-                "transactionCheckInterval": "1000",
-                # a send waiting longer than this in the broker's queue is refused (flow control,
-                # SYSTEM_BUSY); the default 200 ms trips on a shared 2-core machine
-                "waitTimeMillsInSendQueue": "1000",
-            }
-            (conf / "broker.conf").write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
-            broker = self._start(
-                classpath,
-                "org.apache.rocketmq.broker.BrokerStartup",
-                ["-c", str(conf / "broker.conf")],
-                "broker.out",
-                self.heap_mb,
-            )
-            self._wait_for(broker, "broker.out", "boot success")
+            self._start_broker(classpath, conf, self._broker_settings(ns_port))
             self.namesrv = f"127.0.0.1:{ns_port}"
         except (HarnessError, OSError, subprocess.SubprocessError) as exc:
             self.why = str(exc)
             self.stop()
         return self
 
+    def _broker_settings(self, ns_port: int) -> dict[str, str]:
+        """The broker's configuration (broker.conf)."""
+        store = self.workdir / "store"
+        return {
+            "brokerClusterName": "BenchCluster",
+            "brokerName": "broker-a",
+            "brokerId": "0",
+            "listenPort": str(broker_port()),
+            "brokerIP1": "127.0.0.1",
+            "namesrvAddr": f"127.0.0.1:{ns_port}",
+            "storePathRootDir": str(store),
+            "storePathCommitLog": str(store / "commitlog"),
+            "autoCreateTopicEnable": "true",
+            "autoCreateSubscriptionGroup": "true",
+            "flushDiskType": "ASYNC_FLUSH",
+            "brokerRole": "ASYNC_MASTER",
+            "mappedFileSizeCommitLog": str(128 * 1024 * 1024),
+            "diskMaxUsedSpaceRatio": "95",
+            "transactionTimeOut": "1000",
+            "transactionCheckInterval": "1000",
+            # a send waiting longer than this in the broker's queue is refused (flow control,
+            # SYSTEM_BUSY); the default 200 ms trips on a shared 2-core machine
+            "waitTimeMillsInSendQueue": "1000",
+        }
+
+    def _start_broker(self, classpath: str, conf: Path, settings: dict[str, str]) -> None:
+        """Start the broker with ``settings`` and wait for its "boot success"."""
+        (conf / "broker.conf").write_text("".join(f"{k}={v}\n" for k, v in settings.items()))
+        broker = self._start(
+            classpath,
+            "org.apache.rocketmq.broker.BrokerStartup",
+            ["-c", str(conf / "broker.conf")],
+            "broker.out",
+            self.heap_mb,
+        )
+        self._wait_for(broker, "broker.out", "boot success")
+
     def create_topic(self, topic: str, queues: int) -> None:
         """Create a topic with ``queues`` read and write queues (RocketMQ's ``mqadmin updateTopic``)."""
         cmd = [
             java(), "-Xmx128m", "-XX:+UseSerialGC", f"-Duser.home={self.workdir}",
-            f"-Drocketmq.home.dir={self.workdir}", "-cp", peer_classpath(),
+            f"-Drocketmq.home.dir={self.workdir}", "-cp", self.classpath(),
             "org.apache.rocketmq.tools.command.MQAdminStartup", "updateTopic",
             "-n", self.namesrv, "-c", "BenchCluster", "-t", topic, "-r", str(queues), "-w", str(queues),
         ]  # fmt: skip

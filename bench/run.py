@@ -6,7 +6,8 @@
 Works unattended (no stdin). Everything it creates lives in one temporary directory that is removed
 at the end, and the Redis server, the broker process, the real RocketMQ name server and broker and
 `mq serve` it starts are stopped, also on an error, Ctrl-C or SIGTERM (the wire step, ``--only
-wire``, needs Maven and Java 17: see bench/workloads/wire.py; the object-storage step, ``--only s3``,
+wire``, needs Maven and Java 17: see bench/workloads/wire.py, as ``--only grpc`` does: see
+bench/workloads/grpc.py; the object-storage step, ``--only s3``,
 SeaweedFS built by bin/seaweedfs-build.sh: see bench/workloads/object_store.py). Results:
 BENCHMARKS.md at the repository root and bench/results/latest.json.
 """
@@ -46,6 +47,7 @@ from bench.workloads import (  # noqa: E402
     contention,
     failover,
     flow,
+    grpc,
     object_store,
     produce,
     pull,
@@ -69,6 +71,7 @@ STEPS: tuple[tuple[str, Step, bool], ...] = (
     ("flush", topics.sync_flush, False),
     ("contention", contention.contention, False),
     ("wire", wire.wire, False),
+    ("grpc", grpc.grpc, False),
     ("s3", object_store.object_store, False),
 )
 DESCRIPTIONS = {
@@ -84,6 +87,7 @@ DESCRIPTIONS = {
     "flush": "synchronous sends with SYNC_FLUSH vs ASYNC_FLUSH",
     "contention": "8 writer processes racing for the commit log, with and without the host lock",
     "wire": "RocketMQ's Java client: mq serve vs the real RocketMQ broker",
+    "grpc": "RocketMQ 5's official Python client: mq serve --grpc vs the real RocketMQ 5 proxy",
     "s3": "object storage (SeaweedFS on loopback, with and without 20 ms injected per request)",
 }
 

@@ -18,7 +18,9 @@ OURS = "lakemq"
 BARE = "bare delta-rs"
 REDIS = "Redis Streams"
 ROCKETMQ = "RocketMQ"  # the real Apache RocketMQ broker, through the same Java client as lakemq's mq serve
-SYSTEMS = (OURS, BARE, REDIS, ROCKETMQ)
+ROCKETMQ5 = "RocketMQ 5 proxy"  # the real RocketMQ 5 proxy + broker, through the official Python client
+PYTHON_API = "lakemq Python API"  # the gRPC benchmark's fallback peer when RocketMQ 5 cannot run here
+SYSTEMS = (OURS, BARE, REDIS, ROCKETMQ, ROCKETMQ5, PYTHON_API)
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,8 @@ class Sizes:
     wire_threads: int = 4
     wire_sync_messages: int = 4_000
     wire_batch_messages: int = 100_000
+    # the official RocketMQ 5 Python client through lakemq's gRPC door and the RocketMQ 5 proxy
+    grpc_messages: int = 2_000
     # writer processes racing for one commit log (bench/workloads/contention.py)
     contention_writers: int = 8
     contention_sends: int = 100  # synchronous sends per writer
@@ -78,6 +82,7 @@ class Sizes:
             topic_creates=20,
             wire_sync_messages=1_000,
             wire_batch_messages=10_000,
+            grpc_messages=300,
             contention_sends=20,
             s3_sync_sends=30,
             s3_batches=3,

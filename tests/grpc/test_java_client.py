@@ -239,10 +239,6 @@ def test_what_the_4_x_client_and_the_python_api_send_the_java_5_client_consumes(
     assert got["py-key-0"]["body"] == "py-0" and got["py-key-0"]["tag"] == "TagB"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the door refuses transactional sends (NOT_IMPLEMENTED) until the grpc-txn branch lands",
-)
 def test_transactions_commit_roll_back_and_resolve_an_open_one_by_check_back(
     classpath: str, doors: Doors, topic: str, tmp_path: Path
 ) -> None:
@@ -259,13 +255,9 @@ def test_transactions_commit_roll_back_and_resolve_an_open_one_by_check_back(
 
 def make_fifo_group(store: Store, group: str) -> None:
     """Declare ``group`` a FIFO consumer group (RocketMQ's ``consumeMessageOrderly``)."""
-    Admin(store).set_group_fifo(group, True)  # type: ignore[attr-defined]  # the fifo branch's call
+    Admin(store).update_group(group, fifo=True)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="FIFO consumer groups come with the fifo branch (then make_fifo_group calls its Admin API)",
-)
 def test_a_fifo_groups_push_consumer_takes_each_message_group_in_order_retrying_its_head(
     classpath: str, doors: Doors, topic: str, tmp_path: Path
 ) -> None:

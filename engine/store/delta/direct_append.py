@@ -237,6 +237,17 @@ def file_stats(rows: pa.Table, columns: Sequence[str]) -> str:
     return json.dumps(stats, separators=(",", ":"))
 
 
+def _parquet_bytes(rows: pa.Table, options: Mapping[str, Any]) -> pa.Buffer:
+    """``rows`` as the bytes of a parquet file written with ``options``.
+
+    Raises:
+        pyarrow.ArrowException: they cannot be written so.
+    """
+    sink = pa.BufferOutputStream()
+    pq.write_table(rows, sink, **options)
+    return sink.getvalue()
+
+
 def _commit_name(version: int) -> str:
     return f"_delta_log/{version:020d}.json"
 
@@ -259,13 +270,17 @@ class LocalLogObjects:
             OSError, pyarrow.ArrowException: it could not be written (nothing is left behind).
         """
         path = self.where(name)
+        # Made in memory and written in one call: pyarrow's own file output costs as much again
+        # as the encoding for the small files of single sends.
+        data = _parquet_bytes(rows, options)
         try:
-            pq.write_table(rows, path, **options)
-            return os.stat(path).st_size
-        except (OSError, pa.ArrowException):
+            with open(path, "xb") as f:
+                f.write(data)
+        except OSError:
             with contextlib.suppress(OSError):
                 os.unlink(path)
             raise
+        return len(data)
 
     def put_commit(self, version: int, text: str, table: str) -> None:
         """Put ``text`` as the commit file of ``version`` if it has none.
@@ -352,9 +367,7 @@ class S3LogObjects:
         Raises:
             StoreError, pyarrow.ArrowException: it could not be written.
         """
-        sink = pa.BufferOutputStream()
-        pq.write_table(rows, sink, **options)
-        data = sink.getvalue().to_pybytes()
+        data = _parquet_bytes(rows, options).to_pybytes()
         put_object(self.uri, name, data, self.storage_options)
         return len(data)
 

@@ -23,7 +23,9 @@ from engine import (
     Store,
     TopicNotFoundError,
 )
+from engine.errors import StoreError
 from engine.protocol import SCHEDULE_TOPIC, TRANS_HALF_TOPIC, parse_msg_id, record_size, select_queue_by_hash
+from engine.store.commit_log.writer import CommitLogWriter
 from engine.store.delta.log import read_versions
 from engine.store.schemas import COMMIT_LOG, COMMIT_LOG_SCHEMA
 from tests.helpers import commit_log_rows, versions
@@ -331,6 +333,51 @@ def test_append_async_resolves_once_committed(store: Store, topic: str) -> None:
     assert (row["topic"], row["msg_id"]) == (SCHEDULE_TOPIC, result.offset_msg_id)
 
 
+def test_append_batch_async_keeps_a_batch_whole_and_shares_the_commit_with_other_sends(
+    store: Store, topic: str
+) -> None:
+    before = store.version(COMMIT_LOG)
+    with Producer(store, linger_ms=500, batch_size=100) as p:
+        single = p.append_async(p.prepare(Message(topic, b"single"), queue_id=0))
+        batch = [p.prepare(Message(topic, f"b{i}".encode()), queue_id=1) for i in range(3)]
+        grouped = p.append_batch_async(batch)
+        other = p.append_batch_async([p.prepare(Message(topic, b"c"), queue_id=1)])
+        results = grouped.result(30)
+        assert [r.msg_id for r in results] == [s.pending.uniq_key for s in batch]
+        assert [(r.queue_id, r.queue_offset) for r in results] == [(1, 0), (1, 1), (1, 2)]
+        assert (single.result(30).queue_id, single.result(30).queue_offset) == (0, 0)
+        [after] = other.result(30)
+        assert (after.queue_id, after.queue_offset) == (1, 3)
+    assert store.version(COMMIT_LOG) == before + 1  # one group commit held all three
+    rows = sorted(commit_log_rows(store), key=lambda r: r["physical_offset"])
+    assert [bytes(r["body"]) for r in rows] == [b"single", b"b0", b"b1", b"b2", b"c"]
+
+
+def test_append_batch_async_is_never_split_by_the_group_commit_size(store: Store, topic: str) -> None:
+    before = store.version(COMMIT_LOG)
+    with Producer(store, linger_ms=0, batch_size=2) as p:
+        batch = [p.prepare(Message(topic, f"{i}".encode()), queue_id=0) for i in range(5)]
+        results = p.append_batch_async(batch).result(30)
+    assert [r.queue_offset for r in results] == [0, 1, 2, 3, 4]
+    assert store.version(COMMIT_LOG) == before + 1
+
+
+def test_append_batch_async_reports_a_failed_commit_on_its_future(
+    store: Store, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with Producer(store, linger_ms=0) as p:
+        batch = [p.prepare(Message(topic, b"x"), queue_id=0)]
+
+        def refuse(*args: Any, **kwargs: Any) -> Any:
+            raise StoreError("disk full")
+
+        monkeypatch.setattr(CommitLogWriter, "append_batch", refuse)
+        future = p.append_batch_async(batch)
+        with pytest.raises(StoreError, match="disk full"):
+            future.result(30)
+    assert commit_log_rows(store) == []
+
+
 def test_prepare_refuses_a_uniq_key_that_is_not_a_string(store: Store, topic: str) -> None:
     with Producer(store) as p, pytest.raises(InvalidArgumentError, match="uniq_key"):
         p.prepare(Message(topic, b"x"), uniq_key=7)  # type: ignore[arg-type]
@@ -379,6 +426,7 @@ def test_a_closed_producer_refuses_every_step_of_the_seam(store: Store, topic: s
         lambda: p.append(prepared),
         lambda: p.append_batch([prepared]),
         lambda: p.append_async(prepared),
+        lambda: p.append_batch_async([prepared]),
         lambda: p.append_half(prepared, "TxGroup"),
     ):
         with pytest.raises(ProducerClosedError):
@@ -394,6 +442,8 @@ def test_a_closed_producer_refuses_every_step_of_the_seam(store: Store, topic: s
         "append_batch-str",
         "append_batch-messages",
         "append_async-tuple",
+        "append_batch_async-empty",
+        "append_batch_async-messages",
         "append_half-message",
         "append_half-bad-group",
     ],
@@ -410,6 +460,8 @@ def test_the_seam_refuses_what_prepare_did_not_make_and_writes_nothing(
             "append_batch-str": lambda: p.append_batch("xy"),  # type: ignore[arg-type]
             "append_batch-messages": lambda: p.append_batch([prepared, message]),  # type: ignore[list-item]
             "append_async-tuple": lambda: p.append_async((message, None)),  # type: ignore[arg-type]
+            "append_batch_async-empty": lambda: p.append_batch_async([]),
+            "append_batch_async-messages": lambda: p.append_batch_async([prepared, message]),  # type: ignore[list-item]
             "append_half-message": lambda: p.append_half(message, "TxGroup"),  # type: ignore[arg-type]
             "append_half-bad-group": lambda: p.append_half(prepared, "bad group!"),
         }

@@ -7,6 +7,8 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
 
 from engine.client.sending import (
     PreparedSend,
@@ -47,6 +49,19 @@ from engine.store.transactions import Decision, end_transaction, half_message, h
 
 # What a resent broker-side copy (a dead letter sent back) may carry besides a user's properties.
 _RESEND_ALLOWED = RESEND_PROPERTIES | TIMER_REQUEST_PROPERTIES
+
+
+@dataclass(frozen=True)
+class _Queued:
+    """What the async worker commits: one send (``single``: its future is the send's result) or a
+    batch that goes into one commit whole (its future is the list of results)."""
+
+    sends: tuple[PreparedSend, ...]
+    future: Future[Any]
+    single: bool
+
+    def body_bytes(self) -> int:
+        return sum(len(p.pending.body) for p in self.sends)
 
 
 def _checked(prepared: object) -> PreparedSend:
@@ -103,7 +118,7 @@ class Producer(Closing):
         self._queues = QueueChooser(self._writer.shards, self._writer.shard_of, self._writer.lost_races)
         self._worker_lock = threading.Lock()
         self._closed = False
-        self._pending: queue.Queue[tuple[PreparedSend, Future[SendResult]] | None] = queue.Queue()
+        self._pending: queue.Queue[_Queued | None] = queue.Queue()
         self._worker: threading.Thread | None = None
 
     @property
@@ -487,7 +502,26 @@ class Producer(Closing):
         """Hand a checked message to the async worker; the future resolves once its commit lands."""
         future: Future[SendResult] = Future()
         self._ensure_worker()
-        self._pending.put((prepared, future))
+        self._pending.put(_Queued((prepared,), future, True))
+        return future
+
+    def append_batch_async(self, prepared: Sequence[PreparedSend]) -> Future[list[SendResult]]:
+        """Queue prepared sends to be committed together, in the async worker's next group commit:
+        never split across commits (one commit per commit-log shard, as :meth:`append_batch`), but
+        sharing that commit with other queued sends. The future resolves to the results in input
+        order once the commit lands, or to the error of a failed commit.
+
+        Raises:
+            ProducerClosedError: the producer is closed.
+            InvalidArgumentError: not a non-empty sequence of prepared sends; nothing is queued.
+        """
+        self._check_open()
+        if isinstance(prepared, (str, bytes)) or not isinstance(prepared, Sequence) or not prepared:
+            raise InvalidArgumentError("append_batch_async takes a non-empty sequence of prepared sends")
+        sends = tuple(_checked(p) for p in prepared)
+        future: Future[list[SendResult]] = Future()
+        self._ensure_worker()
+        self._pending.put(_Queued(sends, future, False))
         return future
 
     def _ensure_worker(self) -> None:
@@ -499,7 +533,7 @@ class Producer(Closing):
 
     def _run_async(self) -> None:
         limit = self._store.config.max_batch_bytes
-        carry: tuple[PreparedSend, Future[SendResult]] | None = None
+        carry: _Queued | None = None
         stop = False
         while not stop:
             item = carry if carry is not None else self._pending.get()
@@ -508,9 +542,9 @@ class Producer(Closing):
                 self._pending.task_done()
                 break
             batch = [item]
-            size = len(item[0].pending.body)
+            count, size = len(item.sends), item.body_bytes()
             deadline = time.monotonic() + self.linger_ms / 1000
-            while len(batch) < self.batch_size:
+            while count < self.batch_size:
                 timeout = deadline - time.monotonic()
                 try:
                     nxt = (
@@ -524,40 +558,58 @@ class Producer(Closing):
                     self._pending.task_done()
                     stop = True
                     break
-                size += len(nxt[0].pending.body)
+                size += nxt.body_bytes()
                 if size > limit:  # as send_batch: at most max_batch_bytes of bodies per commit
                     carry = nxt
                     break
                 batch.append(nxt)
+                count += len(nxt.sends)
             self._commit_async(batch)
 
-    def _commit_async(self, batch: list[tuple[PreparedSend, Future[SendResult]]]) -> None:
-        """Commit a group of sends, one commit per commit-log shard its queues live in: each
-        shard's commit resolves its own futures (stored, or failed and in no commit)."""
-        messages = [p.pending for p, _ in batch]
+    def _commit_async(self, batch: list[_Queued]) -> None:
+        """Commit a group of queued sends, one commit per commit-log shard their queues live in:
+        each shard's commit resolves the futures of its sends (stored, or failed and in no commit);
+        a queued batch spread over shards fails with the first failed shard's error."""
+        owner = [i for i, item in enumerate(batch) for _ in item.sends]
+        messages = [p.pending for item in batch for p in item.sends]
+        results: list[SendResult | None] = [None] * len(messages)
         try:
             if self._writer.shards == 1:  # one commit, whose error fails the whole group
-                parts = [ShardPart(0, list(range(len(batch))), self._writer.append_batch(messages), None)]
+                stamped = self._writer.append_batch(messages)
+                parts = [ShardPart(0, list(range(len(messages))), stamped, None)]
             else:
                 parts = self._writer.commit_parts(messages)
+            failed: dict[int, MQError] = {}
             for part in parts:
                 if part.error is not None:
                     for i in part.positions:
-                        batch[i][1].set_exception(part.error)
+                        failed.setdefault(owner[i], part.error)
                     continue
                 assert part.stamped is not None
                 for i, result in zip(part.positions, send_results(part.stamped), strict=True):
-                    prepared, fut = batch[i]
-                    fut.set_result(sent_result(result, prepared.destination))
+                    results[i] = result
+            start = 0
+            for k, item in enumerate(batch):
+                end = start + len(item.sends)
+                if k in failed:
+                    item.future.set_exception(failed[k])
+                else:
+                    mine = [
+                        sent_result(r, p.destination)
+                        for r, p in zip(results[start:end], item.sends, strict=True)
+                        if r is not None
+                    ]
+                    item.future.set_result(mine[0] if item.single else mine)
+                start = end
         except MQError as exc:
-            for _, fut in batch:
-                if not fut.done():
-                    fut.set_exception(exc)
+            for item in batch:
+                if not item.future.done():
+                    item.future.set_exception(exc)
         except Exception as exc:  # keep the worker alive; surface as a store error
             err = StoreError(f"async send failed: {exc}", cause=exc)
-            for _, fut in batch:
-                if not fut.done():
-                    fut.set_exception(err)
+            for item in batch:
+                if not item.future.done():
+                    item.future.set_exception(err)
         self._tasks_done(len(batch))
 
     def _tasks_done(self, n: int) -> None:

@@ -88,15 +88,20 @@ class WireProducer(Closing):
         """Decide a half message as its producer said (commit re-puts it, rollback records it)."""
         return self._producer.end_transaction(half, state, reason=REASON_WIRE, check_times=check_times)
 
-    def send_wire_batch(self, items: Sequence[IncomingMessage], queue_id: int) -> list[SendResult]:
-        """Send a client's batch to one queue in one commit, as :meth:`Producer.send_batch` does.
+    def send_wire_batch(self, items: Sequence[IncomingMessage], queue_id: int) -> Future[list[SendResult]]:
+        """Queue a client's batch for the next group commit: stored whole in one commit (one queue),
+        as :meth:`Producer.send_batch` stores it, beside the other clients' sends and batches waiting
+        then. The future resolves to the results in order once the commit lands. Checks run here,
+        before anything is queued.
 
         Raises:
-            InvalidMessageError: a delayed or timer message, or more than ``max_batch_bytes``; nothing
-                is written.
+            InvalidMessageError: no message, a delayed or timer message, or more than
+                ``max_batch_bytes``; nothing is queued.
+            TopicNotFoundError, InvalidArgumentError: bad input; nothing is queued.
+            ProducerClosedError: the producer is closed.
         """
         if not items:
-            return []
+            raise InvalidMessageError("a batch holds at least one message")
         if any(
             i.delay_level or i.message.deliver_at_ms is not None or has_timer(i.message.properties)
             for i in items
@@ -113,7 +118,7 @@ class WireProducer(Closing):
                 f"batch takes {total} bytes (bodies and properties, tags and keys included); "
                 f"at most {limit} are allowed"
             )
-        return self._producer.append_batch([self._prepare(i, queue_id) for i in items])
+        return self._producer.append_batch_async([self._prepare(i, queue_id) for i in items])
 
     def close(self) -> None:
         """Flush queued sends and stop, as :meth:`Producer.close`."""

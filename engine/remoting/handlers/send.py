@@ -90,7 +90,7 @@ async def send_message(ctx: BrokerContext, conn: Connection, cmd: RemotingComman
         ]
         if not items:
             raise InvalidMessageError("a batch holds at least one message", topic=topic)
-        results = await ctx.run(ctx.producer.send_wire_batch, items, queue_id)
+        results = await asyncio.wrap_future(await _queue_batch(ctx, items, queue_id))
         ctx.hold.arrived(topic, results[-1].queue_id, results[-1].queue_offset + 1)
         fields = _result_fields(ctx, results[0])
         fields["msgId"] = ",".join(offset_msg_id(ctx.host, ctx.port, r.physical_offset) for r in results)
@@ -137,6 +137,15 @@ async def _queue(ctx: BrokerContext, item: IncomingMessage, queue_id: int) -> Fu
     if ctx.store.is_local:
         return ctx.producer.send_wire_grouped(item, queue_id)
     return await ctx.run(ctx.producer.send_wire_grouped, item, queue_id)
+
+
+async def _queue_batch(
+    ctx: BrokerContext, items: list[IncomingMessage], queue_id: int
+) -> Future[list[SendResult]]:
+    """Queue a batch for the next group commit, as :func:`_queue` a single send."""
+    if ctx.store.is_local:
+        return ctx.producer.send_wire_batch(items, queue_id)
+    return await ctx.run(ctx.producer.send_wire_batch, items, queue_id)
 
 
 def _checked(body: bytes) -> bytes:

@@ -3,19 +3,24 @@ broker app's ``--once`` and by the in-process loop of ``mq serve``."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from engine import Message, Producer, PullConsumer, PullStatus, Store
-from engine.broker.loop import BrokerLoop
+from engine.broker.loop import BrokerLoop, BrokerProcess
 from engine.broker.plan import PLAN, Pass, Step, plan_jobs
 from engine.protocol.actions import NACK
 from engine.spark.jobs import broker_app
 from engine.spark.jobs.registry import JOB_ORDER, JOBS, Job, job_named
 from engine.store.action_log import ActionLogWriter
+from engine.store.schemas import CONSUME_QUEUE
+from tests.helpers import eventually
 
 JOBS_OF_PLAN = [step.job for step in PLAN]
 
@@ -124,3 +129,54 @@ def test_a_dead_letter_routed_in_a_round_is_pullable_when_the_round_ends(store: 
     assert result.status == PullStatus.FOUND
     assert [m.uniq_key for m in result.messages] == [message.uniq_key]
     assert loop.errors == 0
+
+
+def test_the_loop_in_a_process_of_its_own_dispatches_and_stops(store: Store, topic: str) -> None:
+    with Producer(store) as producer:
+        producer.send(Message(topic, b"a"), queue_id=0)
+    loop = BrokerProcess(store, dispatch_ms=10).start()
+    try:
+        eventually(lambda: store.read(CONSUME_QUEUE).num_rows == 1)
+        with Producer(store) as producer:
+            producer.send(Message(topic, b"b"), queue_id=0)
+        eventually(lambda: store.read(CONSUME_QUEUE).num_rows == 2)
+        assert loop.alive
+    finally:
+        loop.stop()
+    assert not loop.alive
+
+
+ROOT = Path(__file__).resolve().parent.parent
+_ORPHAN = """
+import sys, time
+from engine import Store
+from engine.broker.loop import BrokerProcess
+loop = BrokerProcess(Store.open(sys.argv[1])).start()
+print(loop.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_loops_process_leaves_when_the_server_that_started_it_dies(store: Store) -> None:
+    parent = subprocess.Popen(
+        [sys.executable, "-c", _ORPHAN, store.root], stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    try:
+        assert parent.stdout is not None
+        child = int(parent.stdout.readline())
+        assert _running(child)
+        parent.kill()
+        parent.wait(30)
+        eventually(lambda: not _running(child), timeout_s=30)
+    finally:
+        parent.kill()
+        parent.wait(30)
+
+
+def _running(pid: int) -> bool:
+    """Whether ``pid`` is a live process (a zombie awaiting its reaper counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False

@@ -11,12 +11,16 @@ little.
 from __future__ import annotations
 
 import logging
+import multiprocessing
+import signal
 import threading
 import time
 from collections.abc import Sequence
+from typing import Any
 
 from engine.broker.maintenance import DEFAULT_INTERVAL_S
 from engine.broker.plan import PLAN, Cadence, Pass, Step
+from engine.config import EngineConfig
 from engine.store.store import Store
 
 _log = logging.getLogger(__name__)
@@ -132,3 +136,68 @@ class BrokerLoop:
     def _run_slow(self) -> None:
         while not self._stop.wait(self.maintenance_ms / 1000):
             self.run_slow()
+
+
+class BrokerProcess:
+    """A :class:`BrokerLoop` in a process of its own (``spawn``), with :class:`BrokerLoop`'s
+    ``start``/``stop``: the broker's passes (dispatch, index, schedule …) then take no time from the
+    serving process's interpreter lock, so requests and passes do not wait for each other. The child
+    opens the same store (root, storage options, config).
+
+    Its life is the server's: it ignores SIGINT and SIGTERM (a Ctrl-C or a stop of the process
+    group reaches the server, which stops it after the passes under way) and leaves on its own when
+    the server's end of their pipe closes (the server died).
+
+    Args:
+        store: the store (its root, storage options and config go to the child).
+        dispatch_ms: as :class:`BrokerLoop`.
+    """
+
+    def __init__(self, store: Store, *, dispatch_ms: int = 20) -> None:
+        context = multiprocessing.get_context("spawn")  # delta-rs does not survive fork()
+        self._until, self._stopper = context.Pipe(duplex=False)
+        self._process = context.Process(
+            target=_serve_loop,
+            args=(store.root, store.storage_options, store.config, dispatch_ms, self._until),
+            name="mq-serve-broker-loop",
+            daemon=True,
+        )
+
+    def start(self) -> BrokerProcess:
+        """Start the process."""
+        self._process.start()
+        self._until.close()  # the child's end: its EOF is ours to give
+        return self
+
+    @property
+    def alive(self) -> bool:
+        return self._process.is_alive()
+
+    @property
+    def pid(self) -> int | None:
+        """The process's id once started."""
+        return self._process.pid
+
+    def stop(self, timeout: float = 30) -> None:
+        """Stop after the passes under way (killed if it does not end within ``timeout``)."""
+        if self._process.pid is None:
+            return
+        self._stopper.close()
+        self._process.join(timeout)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join(5)
+
+
+def _serve_loop(
+    root: str, storage_options: dict[str, str] | None, config: EngineConfig, dispatch_ms: int, until: Any
+) -> None:
+    """The child of :class:`BrokerProcess`: the loop until the server's end of ``until`` closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    store = Store.open(root, storage_options=storage_options, config=config)
+    loop = BrokerLoop(store, dispatch_ms=dispatch_ms).start()
+    try:
+        until.poll(None)  # returns at EOF: stopped, or the server is gone
+    finally:
+        loop.stop()

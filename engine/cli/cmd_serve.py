@@ -25,6 +25,7 @@ def _serve(args: argparse.Namespace, out: Output) -> int:
         advertised_host=args.advertised_host,
         auto_create_topics=args.auto_create_topics,
         run_broker_jobs=not args.no_broker_jobs,
+        broker_jobs_process=not args.broker_jobs_in_thread,
     ).start()
     qmq = None
     if args.qmq:
@@ -116,6 +117,11 @@ def register(commands: Any, common: argparse.ArgumentParser) -> None:
         "--no-broker-jobs",
         action="store_true",
         help="do not run the broker's jobs (dispatch, schedule, retry, ...) in-process (the Spark jobs do)",
+    )
+    serve.add_argument(
+        "--broker-jobs-in-thread",
+        action="store_true",
+        help="run the broker's jobs on a thread of the server's process, not in a process of their own",
     )
     serve.add_argument(
         "--qmq",

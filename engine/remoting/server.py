@@ -15,7 +15,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from engine.broker.loop import BrokerLoop
+from engine.broker.loop import BrokerLoop, BrokerProcess
 from engine.errors import (
     CommitConflictError,
     InvalidArgumentError,
@@ -106,6 +106,9 @@ class RemotingServer:
         run_broker_jobs: run the broker's pass plan (dispatch, index, schedule, retry, pull log,
             transaction check, maintenance) in-process (:class:`~engine.broker.loop.BrokerLoop`);
             off when the Spark jobs run.
+        broker_jobs_process: run them in a process of their own
+            (:class:`~engine.broker.loop.BrokerProcess`, as ``mq serve`` does) rather than on a
+            thread of this one: the passes then take no time from the requests' interpreter lock.
         max_frame_bytes: frames longer than this close the connection.
         idle_timeout_s: a connection silent this long is closed (clients heartbeat every 30 s).
         frame_timeout_s: a frame must arrive whole within this long once its length was read.
@@ -129,6 +132,7 @@ class RemotingServer:
         advertised_host: str | None = None,
         auto_create_topics: bool | None = None,
         run_broker_jobs: bool = True,
+        broker_jobs_process: bool = False,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         idle_timeout_s: float = 120.0,
         frame_timeout_s: float = 30.0,
@@ -168,7 +172,9 @@ class RemotingServer:
         )
         self.checks = CheckBack()
         self.ctx.check_back = self.checks  # type: ignore[attr-defined]
-        self.loop_jobs = BrokerLoop(store) if run_broker_jobs else None
+        self.loop_jobs: BrokerLoop | BrokerProcess | None = None
+        if run_broker_jobs:
+            self.loop_jobs = BrokerProcess(store) if broker_jobs_process else BrokerLoop(store)
         self.namesrv_port = namesrv_port
         self.broker_port = broker_port
         self._serving = LoopThread("mq-remoting", self._main)

@@ -101,6 +101,12 @@ MAX_INBOUND_BYTES = 130 * 1024 * 1024
 SWEEP_INTERVAL_S = 30.0
 CLIENT_IDLE_MS = 120_000  # a client silent this long (12 heartbeats missed) is gone
 NACK_INVISIBLE_MS = 1000  # the proxy's NACK_INVISIBLE_TIME for messages a client never got
+# RocketMQ's lite topics (LitePushConsumer / LiteSimpleConsumer) are not served: their settings
+# say a quota of 0 lite subscriptions (the client refuses subscribe_lite itself), their heartbeats
+# and receives are answered UNRECOGNIZED_CLIENT_TYPE as RocketMQ 5.3's proxy answers a client type
+# it does not know, and SyncLiteSubscription is UNIMPLEMENTED (a method the proxy lacks).
+LITE_CLIENTS = frozenset({pb.LITE_PUSH_CONSUMER, pb.LITE_SIMPLE_CONSUMER})
+MAX_LITE_TOPIC_SIZE = 64  # the client's default
 
 
 def status(code: int, message: str = "") -> pb.Status:
@@ -373,6 +379,9 @@ class GrpcServer:
             policy.exponential_backoff.initial.FromMilliseconds(1000)
             policy.exponential_backoff.max.FromMilliseconds(2 * 3600 * 1000)
             policy.exponential_backoff.multiplier = 2.0
+            if settings.client_type in LITE_CLIENTS:
+                out.subscription.lite_subscription_quota = 0
+                out.subscription.max_lite_topic_size = MAX_LITE_TOPIC_SIZE
         out.metric.on = False
         return out
 
@@ -641,6 +650,11 @@ def _client_id(context: aio.ServicerContext) -> str:
     raise edge_error("CLIENT_ID_REQUIRED", f"the request carries no {CLIENT_ID} header")
 
 
+def _unrecognized(client_type: int) -> InvalidArgumentError:
+    name = pb.ClientType.Name(client_type)  # type: ignore[arg-type]
+    return edge_error("UNRECOGNIZED_CLIENT_TYPE", f"{name}: lite topics are not served here")
+
+
 def _duration_ms(duration: Any) -> int:
     return int(duration.seconds) * 1000 + int(duration.nanos) // 1_000_000
 
@@ -676,6 +690,8 @@ class _Service(spb_grpc.MessagingServiceServicer):
     async def Heartbeat(self, request: Any, context: Any) -> Any:
         try:
             self._client(context)
+            if request.client_type in LITE_CLIENTS:
+                raise _unrecognized(request.client_type)
             if request.HasField("group"):
                 check_group(request.group.name)
         except Exception as exc:
@@ -734,6 +750,8 @@ class _Service(spb_grpc.MessagingServiceServicer):
             topic = request.message_queue.topic.name
             await self.door.call(self.door.topic, topic)
             settings = self.door.client(client_id).settings
+            if settings is not None and settings.client_type in LITE_CLIENTS:
+                raise _unrecognized(settings.client_type)
             timeout_ms = _duration_ms(settings.request_timeout) if settings is not None else 3000
             remaining = context.time_remaining()
             wait_ms = long_polling_ms(
@@ -768,6 +786,11 @@ class _Service(spb_grpc.MessagingServiceServicer):
         written = 0
         try:
             yield spb.ReceiveMessageResponse(status=status(pb.OK))
+            # When delivery starts (the proto's delivery_timestamp): the official Python client's
+            # PushConsumer computes its receive latency from it and drops a batch without it.
+            delivered = spb.ReceiveMessageResponse()
+            delivered.delivery_timestamp.FromMilliseconds(now_ms())
+            yield delivered
             for message in got:
                 handle = self.door.handle_of(group, client_id, message)
                 yield spb.ReceiveMessageResponse(

@@ -4,6 +4,7 @@ clients' start-up waits for, and the edge rules of :mod:`engine.protocol.rocketm
 
 from __future__ import annotations
 
+import grpc
 import pytest
 
 from engine import Admin, Store
@@ -245,3 +246,22 @@ def test_a_client_silent_past_the_idle_time_is_forgotten_with_its_consumer(
     assert door.sweep(now_ms()) == 0 and door.consumer_keys() == [("g1", "test-client")]
     assert door.sweep(now_ms() + CLIENT_IDLE_MS) == 1
     assert door.consumer_keys() == [] and "test-client" not in door.clients
+
+
+def test_lite_consumers_are_told_no_lite_subscription_and_refused_as_the_proxy_refuses_them(
+    stub: spb_grpc.MessagingServiceStub, door: GrpcServer
+) -> None:
+    settings = pb.Settings(client_type=pb.LITE_SIMPLE_CONSUMER)
+    settings.subscription.group.name = "lite-group"
+    answer = door.settings_for(settings).subscription
+    assert (answer.lite_subscription_quota, answer.max_lite_topic_size) == (0, 64)
+    heartbeat = spb.HeartbeatRequest(client_type=pb.LITE_PUSH_CONSUMER)
+    heartbeat.group.name = "lite-group"
+    assert stub.Heartbeat(heartbeat, metadata=META).status.code == pb.UNRECOGNIZED_CLIENT_TYPE
+    heartbeat.client_type = pb.SIMPLE_CONSUMER
+    assert stub.Heartbeat(heartbeat, metadata=META).status.code == pb.OK
+    sync = spb.SyncLiteSubscriptionRequest(lite_topic_set=["lite-1"])
+    sync.topic.name, sync.group.name = "orders", "lite-group"
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.SyncLiteSubscription(sync, metadata=META)
+    assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED

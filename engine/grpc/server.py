@@ -79,6 +79,7 @@ from engine.protocol.rocketmq5 import (
     ReceiptHandle,
     check_group,
     check_invisible_ms,
+    client_queue,
     edge_error,
     long_polling_ms,
 )
@@ -97,6 +98,7 @@ RECEIVE_BATCH_SIZE = 32  # the proxy's grpcClientConsumerLongPollingBatchSize
 AUTO_RENEW_INVISIBLE_MS = 60_000  # the proxy's defaultInvisibleTimeMills
 PRODUCER_MAX_ATTEMPTS = 3
 CLIENT_ID = "x-mq-client-id"
+LANGUAGE = "x-mq-language"
 MAX_INBOUND_BYTES = 130 * 1024 * 1024
 SWEEP_INTERVAL_S = 30.0
 CLIENT_IDLE_MS = 120_000  # a client silent this long (12 heartbeats missed) is gone
@@ -411,13 +413,22 @@ class GrpcServer:
         broker.endpoints.addresses.add(host=self.advertised_host, port=self.port)
 
     # ----------------------------------------------------------------- engine calls
-    def prepare(self, incoming: IncomingMessage) -> PreparedSend:
-        """A client's checked message as the engine's producer sends it (its queue chosen, by its
-        message group when it has one).
+    def prepare(self, incoming: IncomingMessage, queue_id: int | None = None) -> PreparedSend:
+        """A client's checked message as the engine's producer sends it: to ``queue_id``, the
+        queue the client chose (:func:`~engine.protocol.rocketmq5.client_queue`), else to the
+        queue of its message group when it has one, else round robin.
 
         Raises:
             InvalidMessageError, TopicNotFoundError, InvalidArgumentError: bad input.
         """
+        if queue_id is not None:  # the message group stays with it (incoming.broker_properties)
+            return self.producer.prepare(
+                incoming.message,
+                queue_id,
+                uniq_key=incoming.uniq_key,
+                born_ts_ms=incoming.born_ts_ms,
+                broker_properties=incoming.broker_properties or None,
+            )
         return self.producer.prepare(
             incoming.message,
             message_group=incoming.message_group,
@@ -426,18 +437,22 @@ class GrpcServer:
             broker_properties=incoming.broker_properties or None,
         )
 
-    def send(self, request: spb.SendMessageRequest) -> list[SendResult | HalfMessage | BaseException]:
+    def send(
+        self, request: spb.SendMessageRequest, language: str | None = None
+    ) -> list[SendResult | HalfMessage | BaseException]:
         """Check and queue each message for the producer's group commit (a transactional one is
-        stored as a half message at once); what each became."""
+        stored as a half message at once); what each became. ``language``: the client's
+        ``x-mq-language`` (whether its messages name their queue)."""
         pending: list[Any] = []
         for message in request.messages:
             try:
                 incoming = from_proto(message)
-                self.topic(incoming.message.topic)
+                config = self.topic(incoming.message.topic)
+                queue_id = client_queue(language, incoming.queue_id, config.queues)
                 if incoming.message_type == pb.TRANSACTION:
-                    pending.append(self.transactions.send_half(incoming))
+                    pending.append(self.transactions.send_half(incoming, queue_id))
                     continue
-                pending.append(self.producer.append_async(self.prepare(incoming)))
+                pending.append(self.producer.append_async(self.prepare(incoming, queue_id)))
             except Exception as exc:
                 pending.append(exc)
         out: list[SendResult | HalfMessage | BaseException] = []
@@ -650,6 +665,14 @@ def _client_id(context: aio.ServicerContext) -> str:
     raise edge_error("CLIENT_ID_REQUIRED", f"the request carries no {CLIENT_ID} header")
 
 
+def _language(context: aio.ServicerContext) -> str | None:
+    """The client's ``x-mq-language`` header (JAVA, PYTHON, ...), if it sent one."""
+    for key, value in context.invocation_metadata() or ():
+        if key == LANGUAGE and isinstance(value, str) and value:
+            return value
+    return None
+
+
 def _unrecognized(client_type: int) -> InvalidArgumentError:
     name = pb.ClientType.Name(client_type)  # type: ignore[arg-type]
     return edge_error("UNRECOGNIZED_CLIENT_TYPE", f"{name}: lite topics are not served here")
@@ -718,7 +741,7 @@ class _Service(spb_grpc.MessagingServiceServicer):
             self._client(context)
             if not request.messages:
                 raise edge_error("BAD_REQUEST", "no message to send")
-            results = await self.door.call(self.door.send, request)
+            results = await self.door.call(self.door.send, request, _language(context))
         except Exception as exc:
             return spb.SendMessageResponse(status=status_of(exc))
         entries = []

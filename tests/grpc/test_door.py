@@ -13,6 +13,7 @@ from engine.grpc import GrpcServer
 from engine.grpc.v2 import definition_pb2 as pb
 from engine.grpc.v2 import service_pb2 as spb
 from engine.grpc.v2 import service_pb2_grpc as spb_grpc
+from engine.protocol.messages import message_group_queue
 from engine.protocol.rocketmq5 import (
     MAX_INVISIBLE_MS,
     ReceiptHandle,
@@ -20,6 +21,7 @@ from engine.protocol.rocketmq5 import (
     check_invisible_ms,
     check_tag,
     check_user_properties,
+    client_queue,
     long_polling_ms,
 )
 from engine.store import schemas
@@ -265,3 +267,41 @@ def test_lite_consumers_are_told_no_lite_subscription_and_refused_as_the_proxy_r
     with pytest.raises(grpc.RpcError) as refused:
         stub.SyncLiteSubscription(sync, metadata=META)
     assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_a_send_goes_to_the_queue_the_client_chose_when_its_client_names_one(
+    stub: spb_grpc.MessagingServiceStub, store: Store
+) -> None:
+    def send(language: str, queue_id: int, uniq: str, group: str | None = None) -> int:
+        sent = message()
+        sent.system_properties.message_id = uniq
+        sent.system_properties.queue_id = queue_id
+        if group is not None:
+            sent.system_properties.message_group = group
+        metadata = (*META, ("x-mq-language", language))
+        return stub.SendMessage(spb.SendMessageRequest(messages=[sent]), metadata=metadata).status.code
+
+    group = next(g for g in (f"g{i}" for i in range(99)) if message_group_queue(g, 2) == 0)
+    # A Java client names its queue (for a message group, by its own hash): the door keeps it.
+    assert send("JAVA", 1, "java-1", group) == pb.OK
+    assert send("JAVA", 1, "java-2") == pb.OK
+    # The Python client names none (queue_id 0 unset): the door chooses, by the message group.
+    other = next(g for g in (f"h{i}" for i in range(99)) if message_group_queue(g, 2) == 1)
+    assert send("PYTHON", 0, "python-1", other) == pb.OK
+    before = store.version(schemas.COMMIT_LOG)
+    assert send("JAVA", 2, "java-bad") == pb.BAD_REQUEST  # not a queue of the topic
+    assert store.version(schemas.COMMIT_LOG) == before
+    stored = {r["uniq_key"]: r["queue_id"] for r in store.read(schemas.COMMIT_LOG).to_pylist()}
+    assert stored == {"java-1": 1, "java-2": 1, "python-1": 1}
+
+
+def test_client_queue_is_the_named_queue_of_clients_that_name_one() -> None:
+    assert client_queue("JAVA", 3, 4) == 3
+    assert client_queue("CPP", 0, 4) == 0
+    assert client_queue("PYTHON", 3, 4) is None
+    assert client_queue("GOLANG", 0, 4) is None
+    assert client_queue(None, 2, 4) is None
+    for bad in (-1, 4):
+        with pytest.raises(InvalidArgumentError) as refused:
+            client_queue("JAVA", bad, 4)
+        assert refused.value.context["status"] == "BAD_REQUEST"

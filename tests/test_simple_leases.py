@@ -345,3 +345,21 @@ def test_sql92_selector_filters_what_a_simple_consumer_receives(
     assert [m.body for m in got] == [b"m2", b"m3", b"m4"]
     assert consumer.subscriptions == {"Q1": "SQL92: amount BETWEEN 20 AND 40 AND TAGS = 'A'"}
     assert consumer.receive(max_nums=10) == []  # the others were consumed by filtering
+
+
+def test_a_second_instance_with_the_same_id_adopts_a_live_handle_and_acks_it(
+    store: Store, one_queue: str, consumers: Any
+) -> None:
+    produce(store, 2)
+    first = consumers("same-id")
+    got = first.receive(2, 30_000)
+    assert len(got) == 2
+    second = consumers("same-id")  # another process with the id (a client on another door)
+    adopted = second.adopt(got[0].topic, got[0].queue_id, got[0].queue_offset, got[0].receipt_handle)
+    assert (adopted.body, adopted.receipt_handle) == (got[0].body, got[0].receipt_handle)
+    second.ack(adopted)
+    with pytest.raises(InvalidReceiptHandleError):  # acked: not a live lease any more
+        second.adopt(got[0].topic, got[0].queue_id, got[0].queue_offset, got[0].receipt_handle)
+    other = consumers("other-id")
+    with pytest.raises(InvalidReceiptHandleError):  # not a handle of its id
+        other.adopt(got[1].topic, got[1].queue_id, got[1].queue_offset, got[1].receipt_handle)

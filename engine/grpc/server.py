@@ -25,6 +25,8 @@ What it answers, as RocketMQ 5's proxy does:
   dead-lettered; messages carry their ``message_group`` back.
   Receipt handles carry group, client, topic, queue, offset and the lease
   (:class:`~engine.protocol.rocketmq5.ReceiptHandle`); a stale one is ``INVALID_RECEIPT_HANDLE``.
+  A handle works on every door over the store: one another door gave out is adopted from the
+  action log while it is its client's live lease (:meth:`SimpleConsumer.adopt`).
   ``ForwardMessageToDeadLetterQueue`` gives a received message up at once: the engine's retry job
   puts it in ``%DLQ%<group>`` as it does one not acked after the settings' ``max_attempts``.
 
@@ -543,23 +545,27 @@ class GrpcServer:
         """The message a receipt handle names, with the engine's handle it carries.
 
         Raises:
-            InvalidReceiptHandleError: not a handle of this group and client, or not held.
+            InvalidReceiptHandleError: not a handle of this group, or not a live lease of its client.
         """
         parsed = ReceiptHandle.decode(handle)
         if parsed.group != group:
             raise InvalidReceiptHandleError(
                 f"receipt handle is of group {parsed.group!r}, not {group!r}", status="INVALID_RECEIPT_HANDLE"
             )
-        with self._lock:
-            state = self._consumers.get((group, parsed.client_id))
+        state = self.consumer(group, parsed.client_id)
         key = (parsed.topic, parsed.queue_id, parsed.offset)
-        message = None if state is None else state.held.get(key)
-        if state is None or message is None:
-            raise InvalidReceiptHandleError(
-                f"receipt handle of {parsed.topic}:{parsed.queue_id}@{parsed.offset} is not held here: "
-                "already acked, expired, or never received",
-                status="INVALID_RECEIPT_HANDLE",
-            )
+        message = state.held.get(key)
+        if message is None or message.receipt_handle != parsed.lease:
+            # Received or changed through another door on this store (the client reconnected
+            # here with its id, or this door restarted): held here if it is that id's live lease.
+            try:
+                adopted = state.consumer.adopt(parsed.topic, parsed.queue_id, parsed.offset, parsed.lease)
+            except InvalidReceiptHandleError as exc:
+                if message is None:  # else an earlier handle of this door's: the consumer decides
+                    raise InvalidReceiptHandleError(str(exc), status="INVALID_RECEIPT_HANDLE") from None
+            else:
+                with state.lock:
+                    state.held[key] = message = adopted
         if message.receipt_handle != parsed.lease:
             message = _with_handle(message, parsed.lease)
         return state, message

@@ -294,6 +294,21 @@ class SimpleConsumer(Closing):
     def _sources(self) -> list[Source]:
         return receive_sources(self._store, self.group, self._subscriptions)
 
+    def adopt(self, topic: str, queue_id: int, offset: int, receipt_handle: str) -> ReceivedMessage:
+        """Hold a message received through another process with this consumer id (a client that
+        reconnected elsewhere): the message at ``topic:queue_id@offset``, as :meth:`receive`
+        returned it there under ``receipt_handle``, to :meth:`ack`, :meth:`nack` or change here.
+
+        Raises:
+            InvalidReceiptHandleError: ``receipt_handle`` is not this id's live lease of the message
+                (its invisible time ended, it was delivered again or changed since, or it is acked).
+            StoreError: reading the action log failed.
+            ConsumerClosedError: the consumer is closed.
+        """
+        self._check_open()
+        with self._lock:
+            return self._leases.adopt(topic, queue_id, offset, receipt_handle)
+
     # ----------------------------------------------------------------- acknowledging
     def ack(self, message: ReceivedMessage) -> None:
         """Acknowledge a received message: it is never delivered to the group again.

@@ -843,6 +843,67 @@ class Leases:
             )
         return key, held
 
+    def adopt(self, topic: str, queue_id: int, offset: int, handle: str) -> ReceivedMessage:
+        """Hold a delivery this consumer id got through another process with the same id (a client
+        that reconnected elsewhere): the message at ``offset`` as of the action log, held under
+        ``handle`` when that is the live lease of this id on it.
+
+        Raises:
+            InvalidReceiptHandleError: not a handle of this id, or its lease ended, was superseded
+                (delivered again, or changed under a newer handle) or the message is finished.
+        """
+        key = (topic, queue_id, offset)
+        where = f"{topic}:{queue_id}@{offset}"
+        owner, _, number = handle.rpartition("#")
+        if owner != self.consumer_id or not number.isdigit():
+            raise InvalidReceiptHandleError(
+                f"receipt handle {handle!r} is not one of consumer {self.consumer_id}",
+                topic=topic,
+                queue_id=queue_id,
+                offset=offset,
+            )
+        sequence = int(number)
+        self.start()
+        if self._writer.buffered_acks:  # an ack of it buffered here finishes it
+            self.flush()
+        self._sync()
+        lease = self._book.lease(key)
+        now = now_ms()
+        if (
+            lease is None
+            or lease.consumer_id != self.consumer_id
+            or lease.sequence != sequence
+            or now >= lease.deadline_ms
+            or self._book.is_done(key)
+        ):
+            raise InvalidReceiptHandleError(
+                f"receipt handle {handle!r} of message {where} is not the live lease of consumer "
+                f"{self.consumer_id}: its invisible time ended, it was delivered again or changed, "
+                "or the message was acked",
+                topic=topic,
+                queue_id=queue_id,
+                offset=offset,
+            )
+        self._index.refresh()
+        messages, _ = self._read(topic, queue_id, [offset], MATCH_ALL)
+        if not messages:
+            raise InvalidReceiptHandleError(f"message {where} is gone", topic=topic, queue_id=queue_id)
+        message = messages[0][1]
+        reconsume = message.reconsume_times + lease.deliveries - 1
+        held = self._held.get(key)
+        if held is None or held.sequence != sequence:
+            held = self._held[key] = Held(
+                sequence,
+                lease.deadline_ms,
+                reconsume,
+                message.msg_id,
+                message.physical_offset,
+                self._version,
+                set(),
+            )
+        held.handles.add(handle)
+        return received_message(message, held.reconsume_times, handle, held.deadline_ms)
+
     def ack(self, message: ReceivedMessage, attempts: int) -> None:
         """Acknowledge a held message: buffered, or committed at once less than a second before its
         deadline (under the queue's lease lock, so an ack never lands after another consumer's lease

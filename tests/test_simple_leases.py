@@ -15,7 +15,7 @@ from engine import Admin, Message, MessageSelector, Producer, SimpleConsumer, St
 from engine.broker.dispatch import dispatch_pending
 from engine.broker.pull_log import pull_rows
 from engine.config import load_config
-from engine.errors import InvalidReceiptHandleError, ReceiptHandleExpiredError
+from engine.errors import ConsumerError, InvalidReceiptHandleError, ReceiptHandleExpiredError
 from engine.protocol.actions import ACK, EXPIRED, OFFLINE, PULL, RELEASE, RESET
 from engine.protocol.lease_book import LeaseBook
 from engine.store import schemas
@@ -363,3 +363,19 @@ def test_a_second_instance_with_the_same_id_adopts_a_live_handle_and_acks_it(
     other = consumers("other-id")
     with pytest.raises(InvalidReceiptHandleError):  # not a handle of its id
         other.adopt(got[1].topic, got[1].queue_id, got[1].queue_offset, got[1].receipt_handle)
+
+
+def test_a_receive_naming_a_topic_gets_only_that_topics_messages(
+    store: Store, admin: Admin, one_queue: str, consumers: Any
+) -> None:
+    admin.create_topic("Q2", 1)
+    produce(store, 3)
+    produce(store, 3, topic="Q2")
+    consumer = consumers("c")
+    consumer.subscribe("Q2")
+    first = consumer.receive(1, 30_000, topic="Q1")
+    assert [m.topic for m in first] == ["Q1"]
+    assert sorted(m.body for m in consumer.receive(16, 30_000, topic="Q2")) == [b"m0", b"m1", b"m2"]
+    assert {m.topic for m in consumer.receive(16, 30_000, topic="Q1")} == {"Q1"}
+    with pytest.raises(ConsumerError):
+        consumer.receive(1, 30_000, topic="Q3")

@@ -482,9 +482,11 @@ class GrpcServer:
         consumer = state.consumer
         if str(selector) != consumer.subscriptions.get(topic):
             consumer.subscribe(topic, selector)
-        # As the proxy's POP, a receive takes from every queue (and here every topic the client
-        # receives from in this group: each message names its topic).
-        got = consumer.receive(batch, invisible_ms, wait_ms=min(wait_ms, self.store.config.long_poll_max_ms))
+        # As the proxy's POP, a receive takes from every queue of the topic it names (and the
+        # group's retry topic's messages first sent to it), never another topic's.
+        got = consumer.receive(
+            batch, invisible_ms, wait_ms=min(wait_ms, self.store.config.long_poll_max_ms), topic=topic
+        )
         with state.lock:
             if len(state.held) > 4 * MAX_RECEIVE_NUMS:  # drop what expired
                 ts = now_ms()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from engine import Admin, Store
+from engine import Admin, Message, Producer, Store
 from engine.errors import InvalidArgumentError, InvalidReceiptHandleError
 from engine.grpc import GrpcServer
 from engine.grpc.v2 import definition_pb2 as pb
@@ -305,3 +305,38 @@ def test_client_queue_is_the_named_queue_of_clients_that_name_one() -> None:
         with pytest.raises(InvalidArgumentError) as refused:
             client_queue("JAVA", bad, 4)
         assert refused.value.context["status"] == "BAD_REQUEST"
+
+
+def test_a_receive_hands_out_only_the_topic_it_names(
+    stub: spb_grpc.MessagingServiceStub, store: Store
+) -> None:
+    Admin(store).create_topic("other", 1)
+    with Producer(store, "p") as producer:
+        for topic in ("orders", "other"):
+            for i in range(3):
+                producer.send(Message(topic, f"{topic}-{i}".encode()))
+
+    def receive(topic: str, n: int) -> list[str]:
+        request = spb.ReceiveMessageRequest(batch_size=n)
+        request.group.name = "g1"
+        request.message_queue.topic.name = topic
+        request.invisible_duration.FromSeconds(30)
+        request.long_polling_timeout.FromSeconds(5)
+        answers = stub.ReceiveMessage(request, metadata=META)
+        return [r.message.topic.name for r in answers if r.HasField("message")]
+
+    # The same client of the group receives from both topics; what it leased of one topic is never
+    # handed out to a receive of the other.
+    assert receive("orders", 1) == ["orders"]
+    got_other: list[str] = []
+    for _ in range(5):
+        got_other += receive("other", 16)
+        if len(got_other) >= 3:
+            break
+    assert got_other == ["other"] * 3
+    got_orders: list[str] = []
+    for _ in range(5):
+        got_orders += receive("orders", 16)
+        if len(got_orders) >= 2:
+            break
+    assert got_orders == ["orders"] * 2

@@ -83,6 +83,7 @@ from engine.model import MessageExt
 from engine.protocol import retry_topic
 from engine.protocol.actions import ACK, EXPIRED, OFFLINE, PULL, RELEASE, RESET
 from engine.protocol.lease_book import FIFO_AGAIN, FIFO_HELD, LeaseBook, ranges
+from engine.protocol.names import PROPERTY_RETRY_TOPIC, RETRY_PREFIX
 from engine.protocol.selectors import MessageSelector
 from engine.store import schemas
 from engine.store.action_log import ActionLogWriter
@@ -186,6 +187,14 @@ def _pause_after_lost(until: float, attempt: int) -> bool:
         return False
     time.sleep(max(0.0, min(left, random.uniform(0, 0.001 * 2 ** min(attempt + 1, 5)))))
     return True
+
+
+def topic_of(message: MessageExt) -> str:
+    """The topic a received message is of: its own, or for a message of a group's retry topic the
+    topic it was first sent to."""
+    if message.topic.startswith(RETRY_PREFIX):
+        return message.properties.get(PROPERTY_RETRY_TOPIC) or message.topic
+    return message.topic
 
 
 def receive_sources(store: Store, group: str, subscriptions: dict[str, MessageSelector]) -> list[Source]:
@@ -398,18 +407,31 @@ class Leases:
                 self._expired[(topic, queue_id)] = expired[:MAX_PREFETCH]
 
     # ----------------------------------------------------------------- handing out
-    def take(self, n: int, invisible_ms: int, *, leased_since: float | None = None) -> list[ReceivedMessage]:
+    def take(
+        self, n: int, invisible_ms: int, *, leased_since: float | None = None, topic: str | None = None
+    ) -> list[ReceivedMessage]:
         """Up to ``n`` buffered messages with about ``invisible_ms`` of their lease left (less at
         most LEASE_HOLD_MS or half of it; a recovered one: any time left), now held; the others are
         released to the group. Messages leased at or after ``leased_since`` (monotonic) were leased
-        for this very request and go out with any time left."""
+        for this very request and go out with any time left. With ``topic``, only messages of that
+        topic (:func:`topic_of`) go out; the others stay buffered for a receive of theirs (those
+        waiting longer than LEASE_HOLD_MS are released)."""
         now = now_ms()
         out: list[ReceivedMessage] = []
         held = self._held
         enough = invisible_ms - min(LEASE_HOLD_MS, invisible_ms // 2)
+        others: list[Leased] = []
         while self._buffer and len(out) < n:
             item = self._buffer.popleft()
             m = item.message
+            if topic is not None and topic_of(m) != topic:
+                if item.recovered or time.monotonic() - item.leased_at < LEASE_HOLD_MS / 1000:
+                    others.append(item)
+                elif item.deadline_ms > now:
+                    self._writer.buffer_ack(
+                        RELEASE, m.topic, m.queue_id, m.queue_offset, item.deadline_ms, now
+                    )
+                continue
             key = (m.topic, m.queue_id, m.queue_offset)
             if key in held and held[key].sequence == item.sequence:
                 continue  # recovered, and handed out already
@@ -433,6 +455,7 @@ class Leases:
                 {handle},
             )
             out.append(received_message(m, item.reconsume_times, handle, item.deadline_ms))
+        self._buffer.extendleft(reversed(others))
         if not self._buffer and self._drained_since is not None:
             if time.monotonic() - self._drained_since < LEASE_HOLD_MS / 2000:
                 # From what the last lease took (a receive's worth at first, not the prefetch of

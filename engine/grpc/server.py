@@ -25,6 +25,9 @@ What it answers, as RocketMQ 5's proxy does:
   dead-lettered; messages carry their ``message_group`` back.
   Receipt handles carry group, client, topic, queue, offset and the lease
   (:class:`~engine.protocol.rocketmq5.ReceiptHandle`); a stale one is ``INVALID_RECEIPT_HANDLE``.
+  A group new to a queue starts where RocketMQ 5's POP starts it (the proxy's init mode MAX): at
+  the queue's last message, or at its first while the queue is young (RocketMQ's "offset 0 still
+  in memory", :func:`~engine.client.offsets.is_young`); a retry topic from its first message.
   A handle works on every door over the store: one another door gave out is adopted from the
   action log while it is its client's live lease (:meth:`SimpleConsumer.adopt`).
   ``ForwardMessageToDeadLetterQueue`` gives a received message up at once: the engine's retry job

@@ -4,10 +4,13 @@ clients' start-up waits for, and the edge rules of :mod:`engine.protocol.rocketm
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import grpc
 import pytest
 
 from engine import Admin, Message, Producer, Store
+from engine.config import load_config
 from engine.errors import InvalidArgumentError, InvalidReceiptHandleError
 from engine.grpc import GrpcServer
 from engine.grpc.v2 import definition_pb2 as pb
@@ -340,3 +343,36 @@ def test_a_receive_hands_out_only_the_topic_it_names(
         if len(got_orders) >= 2:
             break
     assert got_orders == ["orders"] * 2
+
+
+@pytest.mark.parametrize(
+    ("in_memory_max_bytes", "first"),
+    [
+        (0, ["old-2"]),  # an old queue (its first message out of "memory"): the last message
+        (4 * 1024**3, ["old-0", "old-1", "old-2"]),  # a young queue: from its first message
+    ],
+)
+def test_a_new_group_starts_where_rocketmq_5s_pop_starts_it(
+    tmp_path: Path, in_memory_max_bytes: int, first: list[str]
+) -> None:
+    store = Store.open(tmp_path / "mq", config=load_config(in_memory_max_bytes=in_memory_max_bytes))
+    Admin(store).create_topic("orders", 1)
+    with Producer(store, "p") as producer:
+        for i in range(3):
+            producer.send(Message("orders", f"old-{i}".encode()))
+    with GrpcServer(store, port=0) as door, grpc.insecure_channel(door.address) as channel:
+        messaging = spb_grpc.MessagingServiceStub(channel)
+
+        def receive() -> list[str]:
+            request = spb.ReceiveMessageRequest(batch_size=16)
+            request.group.name = "brand-new"
+            request.message_queue.topic.name = "orders"
+            request.invisible_duration.FromSeconds(30)
+            request.long_polling_timeout.FromSeconds(5)
+            answers = messaging.ReceiveMessage(request, metadata=META)
+            return [r.message.body.decode() for r in answers if r.HasField("message")]
+
+        assert receive() == first
+        with Producer(store, "p") as producer:
+            producer.send(Message("orders", b"new"))
+        assert receive() == ["new"]  # the group's start was recorded with its first receive

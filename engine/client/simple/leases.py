@@ -267,6 +267,10 @@ class Leases:
         # The routes every queue of which was found leased to its end (until the consume queue
         # moves or the next scan): receives do not try them again meanwhile.
         self._dry: list[tuple[str, int]] | None = None
+        # A FIFO group's: the routes whose every queue had nothing to lease, and this consumer's
+        # writes then (its own ack or lease frees a queue at once, not at the next scan).
+        self._fifo_dry: tuple[list[tuple[str, int]], int] | None = None
+        self._writes = 0  # commits of this consumer's rows (leases, decisions, acks)
         self.conflicts = 0  # lease commits that lost a race with another consumer of the same queue
 
     @property
@@ -331,6 +335,7 @@ class Leases:
             StoreError: the write failed; nothing was committed.
         """
         version, committed = self._writer.commit_lease(rows, topic, queue_id, frontier)
+        self._writes += 1
         if version == self._version + 1:
             self._book.apply(committed)
             self._version = version
@@ -383,6 +388,7 @@ class Leases:
         reset, self._resets = self._resets, {}
         self._scanned_at = time.monotonic()
         self._dry = None
+        self._fifo_dry = None
         now = now_ms()
         held = self._held
         for key in [k for k, h in held.items() if h.deadline_ms <= now]:
@@ -550,8 +556,18 @@ class Leases:
     def _lease_fifo(self, sources: list[Source], n: int, invisible_ms: int, deadline: float | None) -> int:
         """:meth:`lease` for a FIFO group: per queue, the outstanding range again when it is free,
         else a fresh range when nothing is outstanding, else nothing (module docstring); exactly
-        ``n`` messages at most. Queues lost to a race are tried again on a fresh read of the log."""
-        self._index.refresh()
+        ``n`` messages at most. Queues lost to a race are tried again on a fresh read of the log.
+
+        As :meth:`lease`'s "nothing new" shortcut: when the last pass found nothing to lease in
+        any queue, and neither the consume queue nor this consumer's own writes moved since, the
+        action log is not read again until the next scan (:data:`SCAN_INTERVAL_MS`): an idle FIFO
+        consumer's long poll costs a look at the consume queue, not one at the log every pass. A
+        queue another consumer's ack frees is seen by that scan."""
+        routes = [(t, q) for t, q, _ in sources]
+        moved = self._index.refresh()
+        if not moved and self._fifo_dry == (routes, self._writes):
+            return 0
+        self._fifo_dry = None
         self._sync()
         turn = self._rotation
         self._rotation += 1
@@ -570,6 +586,8 @@ class Leases:
                 total += got
                 if total >= n:
                     return total
+            if not lost and total == 0:
+                self._fifo_dry = (routes, self._writes)
             if not lost or total > 0:
                 break
             tasks = lost
@@ -1065,4 +1083,7 @@ class Leases:
             if self._version < 0:
                 self._sync()  # this id's last sequence
             extra = [self._writer.row(OFFLINE, "", 0, 0, ts=now_ms())]
-        return self._writer.flush(extra)
+        done = self._writer.flush(extra)
+        if done or extra:
+            self._writes += 1
+        return done

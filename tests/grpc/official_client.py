@@ -186,21 +186,7 @@ def fifo(endpoint: str, topic: str, group: str, n: int) -> dict[str, Any]:
     """Send ``n`` messages of each of two message groups, interleaved (the client hashes each group
     to a queue); then receive as the FIFO consumer group ``group``: one message per receive, and
     once, before acking, a second receive that must find nothing of the first's queue."""
-    from rocketmq import Message, Producer
-
-    producer = Producer(_config(endpoint), (topic,))
-    producer.startup()
-    queues: dict[str, set[int]] = {}
-    try:
-        for i in range(n):
-            for name in ("order-0", "order-1"):
-                message = Message()
-                message.topic, message.body = topic, f"{name}:{i}".encode()
-                message.message_group = name
-                receipt = producer.send(message)
-                queues.setdefault(name, set()).add(_queue_id(receipt.message_queue))
-    finally:
-        producer.shutdown()
+    queues = _send_groups(endpoint, topic, n)
     consumer = _consumer(endpoint, topic, group)
     try:
         received: list[dict[str, Any]] = []

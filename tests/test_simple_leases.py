@@ -14,10 +14,13 @@ from deltalake import write_deltalake
 from engine import Admin, Message, MessageSelector, Producer, SimpleConsumer, Store
 from engine.broker.dispatch import dispatch_pending
 from engine.broker.pull_log import pull_rows
+from engine.client.simple.leases import topic_of
 from engine.config import load_config
 from engine.errors import ConsumerError, InvalidReceiptHandleError, ReceiptHandleExpiredError
+from engine.model import MessageExt
 from engine.protocol.actions import ACK, EXPIRED, OFFLINE, PULL, RELEASE, RESET
 from engine.protocol.lease_book import LeaseBook
+from engine.protocol.names import PROPERTY_RETRY_TOPIC
 from engine.store import schemas
 from engine.store.action_log import read_actions
 from engine.store.consumer_offset import OffsetStore
@@ -379,3 +382,12 @@ def test_a_receive_naming_a_topic_gets_only_that_topics_messages(
     assert {m.topic for m in consumer.receive(16, 30_000, topic="Q1")} == {"Q1"}
     with pytest.raises(ConsumerError):
         consumer.receive(1, 30_000, topic="Q3")
+
+
+def test_a_retry_topics_message_is_of_the_topic_it_was_first_sent_to() -> None:
+    def message(topic: str, properties: dict[str, str]) -> MessageExt:
+        return MessageExt(topic, 0, 0, 0, "id", "oid", b"", None, (), properties, 0, 0, 0)
+
+    assert topic_of(message("Q1", {})) == "Q1"
+    assert topic_of(message("%RETRY%G", {PROPERTY_RETRY_TOPIC: "Q1"})) == "Q1"
+    assert topic_of(message("%RETRY%G", {})) == "%RETRY%G"

@@ -23,7 +23,7 @@ import pytest
 from deltalake import CommitProperties, DeltaTable, PostCommitHookProperties, write_deltalake
 
 from bench.s3proxy import S3Proxy
-from engine import Admin, Message, Producer, PullConsumer, PullStatus, Store
+from engine import Admin, Message, Producer, PullConsumer, PullStatus, SimpleConsumer, Store
 from engine.broker.dispatch import dispatch_pending
 from engine.store.delta import file_reader
 
@@ -171,3 +171,29 @@ def test_a_pull_from_many_files_reads_each_once(
     assert [m.body for m in results[0].messages] == [f"many {i}".encode() for i in range(32)]
     gets = [r for r in seen if r.startswith("GET ") and r.split("?")[0].endswith(".parquet")]
     assert len(gets) == len(set(gets)) == 32 and count <= 33, seen
+
+
+@pytest.mark.parametrize("fifo", [False, True])
+def test_an_idle_simple_consumers_long_poll_reads_the_action_log_once_a_scan_not_every_pass(
+    proxy: S3Proxy, store: Store, fifo: bool
+) -> None:
+    """A receive that waits 3 s for nothing looks at the consume queue every pass (50 ms) but at the
+    action log only at each scan (once a second): the "nothing new" shortcut, for a FIFO group too."""
+    Admin(store).create_topic("idle", 1)
+    with Producer(store, "P") as producer:
+        producer.send(Message("idle", b"first"), message_group="g")
+    with SimpleConsumer(store, "G", "c1", fifo=fifo) as consumer:
+        consumer.subscribe("idle")
+        [first] = consumer.receive(1, 30_000, wait_ms=2000)
+        consumer.ack(first)
+        consumer.flush()
+        got: list[Any] = []
+        _, seen = counted(proxy, lambda: got.extend(consumer.receive(1, 30_000, wait_ms=3000)))
+        assert got == []
+        log_reads = [r for r in seen if "/action_log/" in r]
+        # 3 s: 3 or 4 scans of a few requests each (measured: 12 for a normal group, 10 for a FIFO
+        # one; a FIFO group without the shortcut made 50), not a look every 50 ms pass.
+        assert len(log_reads) <= 24, "\n".join(log_reads)
+        with Producer(store, "P") as producer:
+            producer.send(Message("idle", b"next"), message_group="g")
+        assert [m.body for m in consumer.receive(1, 30_000, wait_ms=3000)] == [b"next"]

@@ -14,10 +14,13 @@ from deltalake import write_deltalake
 from engine import Admin, Message, MessageSelector, Producer, SimpleConsumer, Store
 from engine.broker.dispatch import dispatch_pending
 from engine.broker.pull_log import pull_rows
+from engine.client.simple.leases import topic_of
 from engine.config import load_config
-from engine.errors import InvalidReceiptHandleError, ReceiptHandleExpiredError
+from engine.errors import ConsumerError, InvalidReceiptHandleError, ReceiptHandleExpiredError
+from engine.model import MessageExt
 from engine.protocol.actions import ACK, EXPIRED, OFFLINE, PULL, RELEASE, RESET
 from engine.protocol.lease_book import LeaseBook
+from engine.protocol.names import PROPERTY_RETRY_TOPIC
 from engine.store import schemas
 from engine.store.action_log import read_actions
 from engine.store.consumer_offset import OffsetStore
@@ -345,3 +348,46 @@ def test_sql92_selector_filters_what_a_simple_consumer_receives(
     assert [m.body for m in got] == [b"m2", b"m3", b"m4"]
     assert consumer.subscriptions == {"Q1": "SQL92: amount BETWEEN 20 AND 40 AND TAGS = 'A'"}
     assert consumer.receive(max_nums=10) == []  # the others were consumed by filtering
+
+
+def test_a_second_instance_with_the_same_id_adopts_a_live_handle_and_acks_it(
+    store: Store, one_queue: str, consumers: Any
+) -> None:
+    produce(store, 2)
+    first = consumers("same-id")
+    got = first.receive(2, 30_000)
+    assert len(got) == 2
+    second = consumers("same-id")  # another process with the id (a client on another door)
+    adopted = second.adopt(got[0].topic, got[0].queue_id, got[0].queue_offset, got[0].receipt_handle)
+    assert (adopted.body, adopted.receipt_handle) == (got[0].body, got[0].receipt_handle)
+    second.ack(adopted)
+    with pytest.raises(InvalidReceiptHandleError):  # acked: not a live lease any more
+        second.adopt(got[0].topic, got[0].queue_id, got[0].queue_offset, got[0].receipt_handle)
+    other = consumers("other-id")
+    with pytest.raises(InvalidReceiptHandleError):  # not a handle of its id
+        other.adopt(got[1].topic, got[1].queue_id, got[1].queue_offset, got[1].receipt_handle)
+
+
+def test_a_receive_naming_a_topic_gets_only_that_topics_messages(
+    store: Store, admin: Admin, one_queue: str, consumers: Any
+) -> None:
+    admin.create_topic("Q2", 1)
+    produce(store, 3)
+    produce(store, 3, topic="Q2")
+    consumer = consumers("c")
+    consumer.subscribe("Q2")
+    first = consumer.receive(1, 30_000, topic="Q1")
+    assert [m.topic for m in first] == ["Q1"]
+    assert sorted(m.body for m in consumer.receive(16, 30_000, topic="Q2")) == [b"m0", b"m1", b"m2"]
+    assert {m.topic for m in consumer.receive(16, 30_000, topic="Q1")} == {"Q1"}
+    with pytest.raises(ConsumerError):
+        consumer.receive(1, 30_000, topic="Q3")
+
+
+def test_a_retry_topics_message_is_of_the_topic_it_was_first_sent_to() -> None:
+    def message(topic: str, properties: dict[str, str]) -> MessageExt:
+        return MessageExt(topic, 0, 0, 0, "id", "oid", b"", None, (), properties, 0, 0, 0)
+
+    assert topic_of(message("Q1", {})) == "Q1"
+    assert topic_of(message("%RETRY%G", {PROPERTY_RETRY_TOPIC: "Q1"})) == "Q1"
+    assert topic_of(message("%RETRY%G", {})) == "%RETRY%G"

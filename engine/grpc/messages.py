@@ -37,6 +37,7 @@ class IncomingMessage:
     message_group: str | None
     message_type: int
     broker_properties: dict[str, str]
+    queue_id: int = 0  # the queue the client chose from the route (system_properties.queue_id)
 
 
 def _ms(ts: object) -> int:
@@ -103,6 +104,7 @@ def from_proto(message: pb.Message) -> IncomingMessage:
         group,
         system.message_type,
         broker_properties,
+        system.queue_id,
     )
 
 

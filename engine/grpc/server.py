@@ -25,6 +25,11 @@ What it answers, as RocketMQ 5's proxy does:
   dead-lettered; messages carry their ``message_group`` back.
   Receipt handles carry group, client, topic, queue, offset and the lease
   (:class:`~engine.protocol.rocketmq5.ReceiptHandle`); a stale one is ``INVALID_RECEIPT_HANDLE``.
+  A group new to a queue starts where RocketMQ 5's POP starts it (the proxy's init mode MAX): at
+  the queue's last message, or at its first while the queue is young (RocketMQ's "offset 0 still
+  in memory", :func:`~engine.client.offsets.is_young`); a retry topic from its first message.
+  A handle works on every door over the store: one another door gave out is adopted from the
+  action log while it is its client's live lease (:meth:`SimpleConsumer.adopt`).
   ``ForwardMessageToDeadLetterQueue`` gives a received message up at once: the engine's retry job
   puts it in ``%DLQ%<group>`` as it does one not acked after the settings' ``max_attempts``.
 
@@ -79,6 +84,7 @@ from engine.protocol.rocketmq5 import (
     ReceiptHandle,
     check_group,
     check_invisible_ms,
+    client_queue,
     edge_error,
     long_polling_ms,
 )
@@ -97,10 +103,17 @@ RECEIVE_BATCH_SIZE = 32  # the proxy's grpcClientConsumerLongPollingBatchSize
 AUTO_RENEW_INVISIBLE_MS = 60_000  # the proxy's defaultInvisibleTimeMills
 PRODUCER_MAX_ATTEMPTS = 3
 CLIENT_ID = "x-mq-client-id"
+LANGUAGE = "x-mq-language"
 MAX_INBOUND_BYTES = 130 * 1024 * 1024
 SWEEP_INTERVAL_S = 30.0
 CLIENT_IDLE_MS = 120_000  # a client silent this long (12 heartbeats missed) is gone
 NACK_INVISIBLE_MS = 1000  # the proxy's NACK_INVISIBLE_TIME for messages a client never got
+# RocketMQ's lite topics (LitePushConsumer / LiteSimpleConsumer) are not served: their settings
+# say a quota of 0 lite subscriptions (the client refuses subscribe_lite itself), their heartbeats
+# and receives are answered UNRECOGNIZED_CLIENT_TYPE as RocketMQ 5.3's proxy answers a client type
+# it does not know, and SyncLiteSubscription is UNIMPLEMENTED (a method the proxy lacks).
+LITE_CLIENTS = frozenset({pb.LITE_PUSH_CONSUMER, pb.LITE_SIMPLE_CONSUMER})
+MAX_LITE_TOPIC_SIZE = 64  # the client's default
 
 
 def status(code: int, message: str = "") -> pb.Status:
@@ -373,6 +386,9 @@ class GrpcServer:
             policy.exponential_backoff.initial.FromMilliseconds(1000)
             policy.exponential_backoff.max.FromMilliseconds(2 * 3600 * 1000)
             policy.exponential_backoff.multiplier = 2.0
+            if settings.client_type in LITE_CLIENTS:
+                out.subscription.lite_subscription_quota = 0
+                out.subscription.max_lite_topic_size = MAX_LITE_TOPIC_SIZE
         out.metric.on = False
         return out
 
@@ -402,13 +418,22 @@ class GrpcServer:
         broker.endpoints.addresses.add(host=self.advertised_host, port=self.port)
 
     # ----------------------------------------------------------------- engine calls
-    def prepare(self, incoming: IncomingMessage) -> PreparedSend:
-        """A client's checked message as the engine's producer sends it (its queue chosen, by its
-        message group when it has one).
+    def prepare(self, incoming: IncomingMessage, queue_id: int | None = None) -> PreparedSend:
+        """A client's checked message as the engine's producer sends it: to ``queue_id``, the
+        queue the client chose (:func:`~engine.protocol.rocketmq5.client_queue`), else to the
+        queue of its message group when it has one, else round robin.
 
         Raises:
             InvalidMessageError, TopicNotFoundError, InvalidArgumentError: bad input.
         """
+        if queue_id is not None:  # the message group stays with it (incoming.broker_properties)
+            return self.producer.prepare(
+                incoming.message,
+                queue_id,
+                uniq_key=incoming.uniq_key,
+                born_ts_ms=incoming.born_ts_ms,
+                broker_properties=incoming.broker_properties or None,
+            )
         return self.producer.prepare(
             incoming.message,
             message_group=incoming.message_group,
@@ -417,18 +442,22 @@ class GrpcServer:
             broker_properties=incoming.broker_properties or None,
         )
 
-    def send(self, request: spb.SendMessageRequest) -> list[SendResult | HalfMessage | BaseException]:
+    def send(
+        self, request: spb.SendMessageRequest, language: str | None = None
+    ) -> list[SendResult | HalfMessage | BaseException]:
         """Check and queue each message for the producer's group commit (a transactional one is
-        stored as a half message at once); what each became."""
+        stored as a half message at once); what each became. ``language``: the client's
+        ``x-mq-language`` (whether its messages name their queue)."""
         pending: list[Any] = []
         for message in request.messages:
             try:
                 incoming = from_proto(message)
-                self.topic(incoming.message.topic)
+                config = self.topic(incoming.message.topic)
+                queue_id = client_queue(language, incoming.queue_id, config.queues)
                 if incoming.message_type == pb.TRANSACTION:
-                    pending.append(self.transactions.send_half(incoming))
+                    pending.append(self.transactions.send_half(incoming, queue_id))
                     continue
-                pending.append(self.producer.append_async(self.prepare(incoming)))
+                pending.append(self.producer.append_async(self.prepare(incoming, queue_id)))
             except Exception as exc:
                 pending.append(exc)
         out: list[SendResult | HalfMessage | BaseException] = []
@@ -456,9 +485,11 @@ class GrpcServer:
         consumer = state.consumer
         if str(selector) != consumer.subscriptions.get(topic):
             consumer.subscribe(topic, selector)
-        # As the proxy's POP, a receive takes from every queue (and here every topic the client
-        # receives from in this group: each message names its topic).
-        got = consumer.receive(batch, invisible_ms, wait_ms=min(wait_ms, self.store.config.long_poll_max_ms))
+        # As the proxy's POP, a receive takes from every queue of the topic it names (and the
+        # group's retry topic's messages first sent to it), never another topic's.
+        got = consumer.receive(
+            batch, invisible_ms, wait_ms=min(wait_ms, self.store.config.long_poll_max_ms), topic=topic
+        )
         with state.lock:
             if len(state.held) > 4 * MAX_RECEIVE_NUMS:  # drop what expired
                 ts = now_ms()
@@ -519,23 +550,27 @@ class GrpcServer:
         """The message a receipt handle names, with the engine's handle it carries.
 
         Raises:
-            InvalidReceiptHandleError: not a handle of this group and client, or not held.
+            InvalidReceiptHandleError: not a handle of this group, or not a live lease of its client.
         """
         parsed = ReceiptHandle.decode(handle)
         if parsed.group != group:
             raise InvalidReceiptHandleError(
                 f"receipt handle is of group {parsed.group!r}, not {group!r}", status="INVALID_RECEIPT_HANDLE"
             )
-        with self._lock:
-            state = self._consumers.get((group, parsed.client_id))
+        state = self.consumer(group, parsed.client_id)
         key = (parsed.topic, parsed.queue_id, parsed.offset)
-        message = None if state is None else state.held.get(key)
-        if state is None or message is None:
-            raise InvalidReceiptHandleError(
-                f"receipt handle of {parsed.topic}:{parsed.queue_id}@{parsed.offset} is not held here: "
-                "already acked, expired, or never received",
-                status="INVALID_RECEIPT_HANDLE",
-            )
+        message = state.held.get(key)
+        if message is None or message.receipt_handle != parsed.lease:
+            # Received or changed through another door on this store (the client reconnected
+            # here with its id, or this door restarted): held here if it is that id's live lease.
+            try:
+                adopted = state.consumer.adopt(parsed.topic, parsed.queue_id, parsed.offset, parsed.lease)
+            except InvalidReceiptHandleError as exc:
+                if message is None:  # else an earlier handle of this door's: the consumer decides
+                    raise InvalidReceiptHandleError(str(exc), status="INVALID_RECEIPT_HANDLE") from None
+            else:
+                with state.lock:
+                    state.held[key] = message = adopted
         if message.receipt_handle != parsed.lease:
             message = _with_handle(message, parsed.lease)
         return state, message
@@ -641,6 +676,19 @@ def _client_id(context: aio.ServicerContext) -> str:
     raise edge_error("CLIENT_ID_REQUIRED", f"the request carries no {CLIENT_ID} header")
 
 
+def _language(context: aio.ServicerContext) -> str | None:
+    """The client's ``x-mq-language`` header (JAVA, PYTHON, ...), if it sent one."""
+    for key, value in context.invocation_metadata() or ():
+        if key == LANGUAGE and isinstance(value, str) and value:
+            return value
+    return None
+
+
+def _unrecognized(client_type: int) -> InvalidArgumentError:
+    name = pb.ClientType.Name(client_type)  # type: ignore[arg-type]
+    return edge_error("UNRECOGNIZED_CLIENT_TYPE", f"{name}: lite topics are not served here")
+
+
 def _duration_ms(duration: Any) -> int:
     return int(duration.seconds) * 1000 + int(duration.nanos) // 1_000_000
 
@@ -676,6 +724,8 @@ class _Service(spb_grpc.MessagingServiceServicer):
     async def Heartbeat(self, request: Any, context: Any) -> Any:
         try:
             self._client(context)
+            if request.client_type in LITE_CLIENTS:
+                raise _unrecognized(request.client_type)
             if request.HasField("group"):
                 check_group(request.group.name)
         except Exception as exc:
@@ -702,7 +752,7 @@ class _Service(spb_grpc.MessagingServiceServicer):
             self._client(context)
             if not request.messages:
                 raise edge_error("BAD_REQUEST", "no message to send")
-            results = await self.door.call(self.door.send, request)
+            results = await self.door.call(self.door.send, request, _language(context))
         except Exception as exc:
             return spb.SendMessageResponse(status=status_of(exc))
         entries = []
@@ -734,6 +784,8 @@ class _Service(spb_grpc.MessagingServiceServicer):
             topic = request.message_queue.topic.name
             await self.door.call(self.door.topic, topic)
             settings = self.door.client(client_id).settings
+            if settings is not None and settings.client_type in LITE_CLIENTS:
+                raise _unrecognized(settings.client_type)
             timeout_ms = _duration_ms(settings.request_timeout) if settings is not None else 3000
             remaining = context.time_remaining()
             wait_ms = long_polling_ms(
@@ -768,6 +820,11 @@ class _Service(spb_grpc.MessagingServiceServicer):
         written = 0
         try:
             yield spb.ReceiveMessageResponse(status=status(pb.OK))
+            # When delivery starts (the proto's delivery_timestamp): the official Python client's
+            # PushConsumer computes its receive latency from it and drops a batch without it.
+            delivered = spb.ReceiveMessageResponse()
+            delivered.delivery_timestamp.FromMilliseconds(now_ms())
+            yield delivered
             for message in got:
                 handle = self.door.handle_of(group, client_id, message)
                 yield spb.ReceiveMessageResponse(

@@ -59,14 +59,15 @@ class Transactions:
         self.door = door
         self.checks = CheckBack()
 
-    def send_half(self, incoming: IncomingMessage) -> HalfMessage:
-        """Store a client's transactional message as a half message of its topic's producer group.
+    def send_half(self, incoming: IncomingMessage, queue_id: int | None = None) -> HalfMessage:
+        """Store a client's transactional message as a half message of its topic's producer group
+        (for ``queue_id``, the queue the client chose; None: the door chooses).
 
         Raises:
             InvalidMessageError: a delayed or timer message (transactions are not delayed).
             TopicNotFoundError, InvalidTopicError, InvalidArgumentError: bad input; nothing written.
         """
-        return self.door.producer.append_half(self.door.prepare(incoming), incoming.message.topic)
+        return self.door.producer.append_half(self.door.prepare(incoming, queue_id), incoming.message.topic)
 
     def end(self, request: spb.EndTransactionRequest) -> None:
         """Decide the half a client's ``EndTransaction`` names (nothing for ``UNSPECIFIED``).

@@ -24,6 +24,10 @@ MAX_BODY_BYTES = 4 * 1024 * 1024
 MAX_USER_PROPERTIES_BYTES = 16 * 1024
 MAX_USER_PROPERTIES = 128
 MAX_GROUP_LENGTH = 120
+# The 5.x clients that send no queue in a message (their x-mq-language): RocketMQ's Python and Go
+# clients leave ``system_properties.queue_id`` unset (0); Java, C++, C#, Rust and Node.js name the
+# queue they chose from the route.
+QUEUE_BLIND_LANGUAGES = frozenset({"PYTHON", "GOLANG"})
 
 
 def edge_error(status: str, message: str, **context: object) -> InvalidArgumentError:
@@ -226,3 +230,20 @@ class TransactionId:
                 "INVALID_TRANSACTION_ID", f"transaction id {text[:64]!r} is not one this server made"
             )
         return parsed
+
+
+def client_queue(language: str | None, queue_id: int, queues: int) -> int | None:
+    """The queue a 5.x client chose for a message (``system_properties.queue_id``), or None when
+    its client names none (a language of :data:`QUEUE_BLIND_LANGUAGES`, or no ``x-mq-language``
+    header): the door then chooses (by the message group, else round robin).
+
+    Raises:
+        InvalidArgumentError: a queue outside the topic's ``0..queues-1`` (``BAD_REQUEST``).
+    """
+    if language is None or language.upper() in QUEUE_BLIND_LANGUAGES:
+        return None
+    if not 0 <= queue_id < queues:
+        raise edge_error(
+            "BAD_REQUEST", f"queue {queue_id} is not a queue of the topic (0..{queues - 1})", queue=queue_id
+        )
+    return queue_id

@@ -186,21 +186,7 @@ def fifo(endpoint: str, topic: str, group: str, n: int) -> dict[str, Any]:
     """Send ``n`` messages of each of two message groups, interleaved (the client hashes each group
     to a queue); then receive as the FIFO consumer group ``group``: one message per receive, and
     once, before acking, a second receive that must find nothing of the first's queue."""
-    from rocketmq import Message, Producer
-
-    producer = Producer(_config(endpoint), (topic,))
-    producer.startup()
-    queues: dict[str, set[int]] = {}
-    try:
-        for i in range(n):
-            for name in ("order-0", "order-1"):
-                message = Message()
-                message.topic, message.body = topic, f"{name}:{i}".encode()
-                message.message_group = name
-                receipt = producer.send(message)
-                queues.setdefault(name, set()).add(_queue_id(receipt.message_queue))
-    finally:
-        producer.shutdown()
+    queues = _send_groups(endpoint, topic, n)
     consumer = _consumer(endpoint, topic, group)
     try:
         received: list[dict[str, Any]] = []
@@ -295,7 +281,102 @@ def receive_hold(endpoint: str, topic: str, group: str, n: int) -> dict[str, Any
         consumer.receive(1, 10)
 
 
+def _send_groups(endpoint: str, topic: str, n: int) -> dict[str, set[int]]:
+    """``n`` messages of each of two message groups, interleaved; the queues the client chose."""
+    from rocketmq import Message, Producer
+
+    producer = Producer(_config(endpoint), (topic,))
+    producer.startup()
+    queues: dict[str, set[int]] = {}
+    try:
+        for i in range(n):
+            for name in ("order-0", "order-1"):
+                message = Message()
+                message.topic, message.body = topic, f"{name}:{i}".encode()
+                message.message_group = name
+                receipt = producer.send(message)
+                queues.setdefault(name, set()).add(_queue_id(receipt.message_queue))
+    finally:
+        producer.shutdown()
+    return queues
+
+
+def _push(endpoint: str, topic: str, group: str, want: int, fail_once: set[str]) -> list[dict[str, Any]]:
+    """A ``PushConsumer`` of ``group`` on ``topic`` until ``want`` messages were consumed with
+    ``SUCCESS`` (at most 90 s); its listener answers ``FAILURE`` the first time it sees a body of
+    ``fail_once``. What the listener saw, in the order it saw it (``result`` added)."""
+    from rocketmq import ConsumeResult, FilterExpression, MessageListener, PushConsumer
+
+    seen: list[dict[str, Any]] = []
+    failed: set[str] = set()
+    lock = threading.Lock()
+    done = threading.Event()
+
+    class Listener(MessageListener):  # type: ignore[misc]
+        def consume(self, message: Any) -> Any:
+            body = message.body.decode()
+            with lock:
+                result = "FAILURE" if body in fail_once and body not in failed else "SUCCESS"
+                failed.add(body)
+                seen.append({**_describe(message), "result": result})
+                if sum(1 for s in seen if s["result"] == "SUCCESS") >= want:
+                    done.set()
+            return ConsumeResult.FAILURE if result == "FAILURE" else ConsumeResult.SUCCESS
+
+    consumer = PushConsumer(_config(endpoint), group, Listener(), {topic: FilterExpression()})
+    consumer.startup()
+    try:
+        done.wait(float(os.environ.get("PUSH_WAIT_S", "90")))
+        time.sleep(1)  # the last acks go out before the shutdown
+    finally:
+        consumer.shutdown()
+    with lock:
+        return list(seen)
+
+
+def push(endpoint: str, topic: str, group: str, n: int) -> dict[str, Any]:
+    """A push consumer of the ``n`` messages ``send`` sent; it fails ``body-1`` once."""
+    return {"seen": _push(endpoint, topic, group, n, {"body-1"})}
+
+
+def push_fifo(endpoint: str, topic: str, group: str, n: int) -> dict[str, Any]:
+    """``n`` messages of each of two message groups, then a push consumer of the FIFO group
+    ``group`` that fails ``order-0:1`` once."""
+    queues = _send_groups(endpoint, topic, n)
+    seen = _push(endpoint, topic, group, 2 * n, {"order-0:1"})
+    return {"queues": {k: sorted(v) for k, v in queues.items()}, "seen": seen}
+
+
+def lite(endpoint: str, topic: str, group: str, n: int) -> dict[str, Any]:
+    """A ``LiteSimpleConsumer`` and a ``LitePushConsumer`` bound to ``topic``: each starts, and its
+    ``subscribe_lite`` is refused (what it raised, by class name)."""
+    from rocketmq import ConsumeResult, LitePushConsumer, LiteSimpleConsumer, MessageListener
+
+    class Listener(MessageListener):  # type: ignore[misc]
+        def consume(self, message: Any) -> Any:
+            return ConsumeResult.SUCCESS
+
+    out: dict[str, Any] = {}
+    for name, make in (
+        ("simple", lambda: LiteSimpleConsumer(topic, _config(endpoint), group, await_duration=5)),
+        ("push", lambda: LitePushConsumer(_config(endpoint), group, topic, Listener())),
+    ):
+        consumer = make()
+        consumer.startup()
+        try:
+            consumer.subscribe_lite("lite-1")
+            out[name] = None
+        except Exception as exc:
+            out[name] = type(exc).__name__
+        finally:
+            consumer.shutdown()
+    return out
+
+
 SCENARIOS = {
+    "lite": lite,
+    "push": push,
+    "push_fifo": push_fifo,
     "fifo": fifo,
     "receive_hold": receive_hold,
     "exhaust": exhaust,

@@ -4,14 +4,19 @@ clients' start-up waits for, and the edge rules of :mod:`engine.protocol.rocketm
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import grpc
 import pytest
 
-from engine import Admin, Store
+from engine import Admin, Message, Producer, Store
+from engine.config import load_config
 from engine.errors import InvalidArgumentError, InvalidReceiptHandleError
 from engine.grpc import GrpcServer
 from engine.grpc.v2 import definition_pb2 as pb
 from engine.grpc.v2 import service_pb2 as spb
 from engine.grpc.v2 import service_pb2_grpc as spb_grpc
+from engine.protocol.messages import message_group_queue
 from engine.protocol.rocketmq5 import (
     MAX_INVISIBLE_MS,
     ReceiptHandle,
@@ -19,6 +24,7 @@ from engine.protocol.rocketmq5 import (
     check_invisible_ms,
     check_tag,
     check_user_properties,
+    client_queue,
     long_polling_ms,
 )
 from engine.store import schemas
@@ -245,3 +251,126 @@ def test_a_client_silent_past_the_idle_time_is_forgotten_with_its_consumer(
     assert door.sweep(now_ms()) == 0 and door.consumer_keys() == [("g1", "test-client")]
     assert door.sweep(now_ms() + CLIENT_IDLE_MS) == 1
     assert door.consumer_keys() == [] and "test-client" not in door.clients
+
+
+def test_lite_consumers_are_told_no_lite_subscription_and_refused_as_the_proxy_refuses_them(
+    stub: spb_grpc.MessagingServiceStub, door: GrpcServer
+) -> None:
+    settings = pb.Settings(client_type=pb.LITE_SIMPLE_CONSUMER)
+    settings.subscription.group.name = "lite-group"
+    answer = door.settings_for(settings).subscription
+    assert (answer.lite_subscription_quota, answer.max_lite_topic_size) == (0, 64)
+    heartbeat = spb.HeartbeatRequest(client_type=pb.LITE_PUSH_CONSUMER)
+    heartbeat.group.name = "lite-group"
+    assert stub.Heartbeat(heartbeat, metadata=META).status.code == pb.UNRECOGNIZED_CLIENT_TYPE
+    heartbeat.client_type = pb.SIMPLE_CONSUMER
+    assert stub.Heartbeat(heartbeat, metadata=META).status.code == pb.OK
+    sync = spb.SyncLiteSubscriptionRequest(lite_topic_set=["lite-1"])
+    sync.topic.name, sync.group.name = "orders", "lite-group"
+    with pytest.raises(grpc.RpcError) as refused:
+        stub.SyncLiteSubscription(sync, metadata=META)
+    assert refused.value.code() == grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_a_send_goes_to_the_queue_the_client_chose_when_its_client_names_one(
+    stub: spb_grpc.MessagingServiceStub, store: Store
+) -> None:
+    def send(language: str, queue_id: int, uniq: str, group: str | None = None) -> int:
+        sent = message()
+        sent.system_properties.message_id = uniq
+        sent.system_properties.queue_id = queue_id
+        if group is not None:
+            sent.system_properties.message_group = group
+        metadata = (*META, ("x-mq-language", language))
+        return stub.SendMessage(spb.SendMessageRequest(messages=[sent]), metadata=metadata).status.code
+
+    group = next(g for g in (f"g{i}" for i in range(99)) if message_group_queue(g, 2) == 0)
+    # A Java client names its queue (for a message group, by its own hash): the door keeps it.
+    assert send("JAVA", 1, "java-1", group) == pb.OK
+    assert send("JAVA", 1, "java-2") == pb.OK
+    # The Python client names none (queue_id 0 unset): the door chooses, by the message group.
+    other = next(g for g in (f"h{i}" for i in range(99)) if message_group_queue(g, 2) == 1)
+    assert send("PYTHON", 0, "python-1", other) == pb.OK
+    before = store.version(schemas.COMMIT_LOG)
+    assert send("JAVA", 2, "java-bad") == pb.BAD_REQUEST  # not a queue of the topic
+    assert store.version(schemas.COMMIT_LOG) == before
+    stored = {r["uniq_key"]: r["queue_id"] for r in store.read(schemas.COMMIT_LOG).to_pylist()}
+    assert stored == {"java-1": 1, "java-2": 1, "python-1": 1}
+
+
+def test_client_queue_is_the_named_queue_of_clients_that_name_one() -> None:
+    assert client_queue("JAVA", 3, 4) == 3
+    assert client_queue("CPP", 0, 4) == 0
+    assert client_queue("PYTHON", 3, 4) is None
+    assert client_queue("GOLANG", 0, 4) is None
+    assert client_queue(None, 2, 4) is None
+    for bad in (-1, 4):
+        with pytest.raises(InvalidArgumentError) as refused:
+            client_queue("JAVA", bad, 4)
+        assert refused.value.context["status"] == "BAD_REQUEST"
+
+
+def test_a_receive_hands_out_only_the_topic_it_names(
+    stub: spb_grpc.MessagingServiceStub, store: Store
+) -> None:
+    Admin(store).create_topic("other", 1)
+    with Producer(store, "p") as producer:
+        for topic in ("orders", "other"):
+            for i in range(3):
+                producer.send(Message(topic, f"{topic}-{i}".encode()))
+
+    def receive(topic: str, n: int) -> list[str]:
+        request = spb.ReceiveMessageRequest(batch_size=n)
+        request.group.name = "g1"
+        request.message_queue.topic.name = topic
+        request.invisible_duration.FromSeconds(30)
+        request.long_polling_timeout.FromSeconds(5)
+        answers = stub.ReceiveMessage(request, metadata=META)
+        return [r.message.topic.name for r in answers if r.HasField("message")]
+
+    # The same client of the group receives from both topics; what it leased of one topic is never
+    # handed out to a receive of the other.
+    def receive_all(topic: str, want: int) -> list[str]:
+        got: list[str] = []
+        for _ in range(5):
+            got += receive(topic, 16)
+            if len(got) >= want:
+                break
+        return got
+
+    assert receive("orders", 1) == ["orders"]
+    assert receive_all("other", 3) == ["other"] * 3
+    assert receive_all("orders", 2) == ["orders"] * 2
+
+
+@pytest.mark.parametrize(
+    ("in_memory_max_bytes", "first"),
+    [
+        (0, ["old-2"]),  # an old queue (its first message out of "memory"): the last message
+        (4 * 1024**3, ["old-0", "old-1", "old-2"]),  # a young queue: from its first message
+    ],
+)
+def test_a_new_group_starts_where_rocketmq_5s_pop_starts_it(
+    tmp_path: Path, in_memory_max_bytes: int, first: list[str]
+) -> None:
+    store = Store.open(tmp_path / "mq", config=load_config(in_memory_max_bytes=in_memory_max_bytes))
+    Admin(store).create_topic("orders", 1)
+    with Producer(store, "p") as producer:
+        for i in range(3):
+            producer.send(Message("orders", f"old-{i}".encode()))
+    with GrpcServer(store, port=0) as door, grpc.insecure_channel(door.address) as channel:
+        messaging = spb_grpc.MessagingServiceStub(channel)
+
+        def receive() -> list[str]:
+            request = spb.ReceiveMessageRequest(batch_size=16)
+            request.group.name = "brand-new"
+            request.message_queue.topic.name = "orders"
+            request.invisible_duration.FromSeconds(30)
+            request.long_polling_timeout.FromSeconds(5)
+            answers = messaging.ReceiveMessage(request, metadata=META)
+            return [r.message.body.decode() for r in answers if r.HasField("message")]
+
+        assert receive() == first
+        with Producer(store, "p") as producer:
+            producer.send(Message("orders", b"new"))
+        assert receive() == ["new"]  # the group's start was recorded with its first receive

@@ -117,6 +117,8 @@ def test_the_java_producer_sends_and_its_simple_consumer_receives_and_acks_each_
     classpath: str, doors: Doors, topic: str, tmp_path: Path
 ) -> None:
     sent = produce(classpath, doors, tmp_path, topic, 4).of("sent")
+    stored = {m.msg_id: m.queue_id for m in pull_all(doors.store, topic)}
+    assert stored == {e["id"]: e["queue"] for e in sent}  # the queue each receipt names
     run = java5(classpath, doors, tmp_path, "simple", topic=topic, group="J5Simple", expect=4)
     received = run.of("received")
     assert ids(received) == ids(sent) == Counter({e["id"]: 1 for e in sent})
@@ -175,6 +177,9 @@ def test_a_fifo_message_group_goes_to_one_queue_in_send_order_and_comes_back_wit
     sent = produce(classpath, doors, tmp_path, topic, 6, kind="fifo", groups=2).of("sent")
     stored = {m.msg_id: m for m in pull_all(doors.store, topic)}
     assert sorted(stored) == sorted(e["id"] for e in sent)
+    # Each message is stored in the queue the client chose (SipHash of its group), the queue its
+    # receipt names.
+    assert {e["id"]: e["queue"] for e in sent} == {e["id"]: stored[e["id"]].queue_id for e in sent}
     for group in ("fifo-g0", "fifo-g1"):
         mine = [stored[e["id"]] for e in sent if e["group"] == group]
         assert len({m.queue_id for m in mine}) == 1

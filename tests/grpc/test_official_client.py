@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from engine import Admin, PullConsumer, Store
+from engine import Admin, PullConsumer, SimpleConsumer, Store
 from engine.broker.dispatch import dispatch_pending
 from engine.broker.retry import route_retries
 from engine.broker.transactions import check_transactions, undecided_halves
@@ -216,3 +216,48 @@ def test_a_message_never_acked_is_dead_lettered_after_the_max_attempts_the_setti
     dispatch_pending(store)
     [dead] = PullConsumer(store, "inspect").pull(dlq_topic("g1"), 0, 0).messages
     assert (dead.body, dead.reconsume_times) == (b"body-0", 3)
+
+
+def test_the_official_push_consumer_acks_successes_and_gets_a_failure_again_at_its_next_attempt(
+    door: GrpcServer, store: Store
+) -> None:
+    sent = client("send", door.address, "orders", 3)["ids"]
+    seen = client("push", door.address, "orders", "push-group", 3)["seen"]
+    succeeded = [s for s in seen if s["result"] == "SUCCESS"]
+    assert sorted(s["id"] for s in succeeded) == sorted(sent)
+    # body-1 failed at attempt 1 and came back at attempt 2 (its invisible time was set to the
+    # client's next delay); the others came once.
+    attempts = {s["body"]: [x["attempt"] for x in seen if x["body"] == s["body"]] for s in seen}
+    assert attempts == {"body-0": [1], "body-1": [1, 2], "body-2": [1]}
+    assert _nothing_left(store, "push-group")
+
+
+def test_a_fifo_groups_official_push_consumer_takes_each_message_group_in_order(
+    door: GrpcServer, store: Store
+) -> None:
+    Admin(store).update_group("fifo-push", fifo=True)
+    out = client("push_fifo", door.address, "orders", "fifo-push", 4)
+    seen = out["seen"]
+    for group in ("order-0", "order-1"):
+        bodies = [s["body"] for s in seen if s["group"] == group]
+        expected = [f"{group}:{i}" for i in range(4)]
+        if group == "order-0":  # failed once, consumed again before the next of its group
+            expected.insert(2, "order-0:1")
+        assert bodies == expected
+    assert [s["result"] for s in seen if s["body"] == "order-0:1"] == ["FAILURE", "SUCCESS"]
+    assert _nothing_left(store, "fifo-push")
+
+
+def _nothing_left(store: Store, group: str) -> bool:
+    """Every message of ``orders`` was acked by ``group``: another consumer of it finds none."""
+    with SimpleConsumer(store, group, "inspect") as consumer:
+        consumer.subscribe("orders")
+        return consumer.receive(16, 30_000) == []
+
+
+def test_the_official_lite_consumers_start_and_their_lite_subscriptions_are_refused(door: GrpcServer) -> None:
+    out = client("lite", door.address, "orders", "lite-group")
+    assert out == {
+        "simple": "LiteSubscriptionQuotaExceededException",
+        "push": "LiteSubscriptionQuotaExceededException",
+    }

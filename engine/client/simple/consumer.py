@@ -44,7 +44,7 @@ from engine.errors import (
 from engine.model import MessageExt
 from engine.protocol.actions import CHANGE_INVISIBLE, NACK
 from engine.protocol.delays import max_reconsume_times
-from engine.protocol.names import SYSTEM_TOPICS, validate_group_name
+from engine.protocol.names import RETRY_PREFIX, SYSTEM_TOPICS, validate_group_name
 from engine.protocol.permissions import is_readable
 from engine.protocol.selectors import MessageSelector
 from engine.store.consumer_offset import OffsetStore
@@ -220,7 +220,12 @@ class SimpleConsumer(Closing):
 
     # ----------------------------------------------------------------- receiving
     def receive(
-        self, max_nums: int = 16, invisible_ms: int | None = None, *, wait_ms: int = 0
+        self,
+        max_nums: int = 16,
+        invisible_ms: int | None = None,
+        *,
+        wait_ms: int = 0,
+        topic: str | None = None,
     ) -> list[ReceivedMessage]:
         """Up to ``max_nums`` messages visible to the group; they stay invisible to it until acked
         or until ``invisible_ms`` has passed.
@@ -236,13 +241,15 @@ class SimpleConsumer(Closing):
                 there are messages but other consumers of the group win the races for them, a
                 receive tries again after short jittered pauses, also with ``wait_ms=0`` (for up
                 to about 50 ms), rather than answer empty.
+            topic: only messages of this subscribed topic (and those of the group's retry topic
+                first sent to it), as a RocketMQ 5 receive names its topic; None: every subscription.
 
         Returns:
             The messages, each with ``reconsume_times`` counting earlier deliveries, its receipt
             handle and ``invisible_until_ms``.
 
         Raises:
-            ConsumerError: nothing is subscribed.
+            ConsumerError: nothing is subscribed, or not ``topic``.
             InvalidArgumentError: a bad argument.
             StoreError: reading or writing the store failed (nothing leased).
             ConsumerClosedError: the consumer is closed.
@@ -254,17 +261,21 @@ class SimpleConsumer(Closing):
         wait_ms = _int_arg("wait_ms", wait_ms, 0, self._store.config.long_poll_max_ms)
         if not self._subscriptions:
             raise ConsumerError("subscribe to a topic before receive()", group=self.group)
+        if topic is not None and topic not in self._subscriptions:
+            raise ConsumerError(f"topic {topic!r} is not subscribed", group=self.group, topic=topic)
         self._ensure_flusher()
         deadline = time.monotonic() + wait_ms / 1000
         interval = max(self._store.config.long_poll_interval_ms, 50) / 1000
         while True:
-            got = self._receive_once(max_nums, invisible, deadline)
+            got = self._receive_once(max_nums, invisible, deadline, topic)
             remaining = deadline - time.monotonic()
             if got or remaining <= 0:
                 return got
             time.sleep(min(interval, remaining))
 
-    def _receive_once(self, max_nums: int, invisible_ms: int, deadline: float) -> list[ReceivedMessage]:
+    def _receive_once(
+        self, max_nums: int, invisible_ms: int, deadline: float, topic: str | None = None
+    ) -> list[ReceivedMessage]:
         with self._lock:
             leases = self._leases
             leases.start()
@@ -274,16 +285,16 @@ class SimpleConsumer(Closing):
             room = min(max_nums, self.max_unacked - leases.unacked)
             if room <= 0:
                 return []
-            out = leases.take(room, invisible_ms)
+            out = leases.take(room, invisible_ms, topic=topic)
             if len(out) < room:
                 capacity = self.max_unacked - leases.unacked - leases.waiting
                 since = time.monotonic()
                 wanted = min(room - len(out), capacity)
                 if (
                     capacity > 0
-                    and leases.lease(self._sources(), wanted, invisible_ms, deadline=deadline) > 0
+                    and leases.lease(self._sources(topic), wanted, invisible_ms, deadline=deadline) > 0
                 ):
-                    out += leases.take(room - len(out), invisible_ms, leased_since=since)
+                    out += leases.take(room - len(out), invisible_ms, leased_since=since, topic=topic)
                 if self.fifo and leases.buffered_acks:
                     # Messages the selector filtered out finish the queue's range: now, not later.
                     with contextlib.suppress(MQError):
@@ -291,8 +302,27 @@ class SimpleConsumer(Closing):
             self._nudge_flusher()
         return out
 
-    def _sources(self) -> list[Source]:
-        return receive_sources(self._store, self.group, self._subscriptions)
+    def _sources(self, topic: str | None = None) -> list[Source]:
+        """What to receive from: every subscription, or ``topic`` and the group's retry topic."""
+        sources = receive_sources(self._store, self.group, self._subscriptions)
+        if topic is None:
+            return sources
+        return [s for s in sources if s[0] == topic or s[0].startswith(RETRY_PREFIX)]
+
+    def adopt(self, topic: str, queue_id: int, offset: int, receipt_handle: str) -> ReceivedMessage:
+        """Hold a message received through another process with this consumer id (a client that
+        reconnected elsewhere): the message at ``topic:queue_id@offset``, as :meth:`receive`
+        returned it there under ``receipt_handle``, to :meth:`ack`, :meth:`nack` or change here.
+
+        Raises:
+            InvalidReceiptHandleError: ``receipt_handle`` is not this id's live lease of the message
+                (its invisible time ended, it was delivered again or changed since, or it is acked).
+            StoreError: reading the action log failed.
+            ConsumerClosedError: the consumer is closed.
+        """
+        self._check_open()
+        with self._lock:
+            return self._leases.adopt(topic, queue_id, offset, receipt_handle)
 
     # ----------------------------------------------------------------- acknowledging
     def ack(self, message: ReceivedMessage) -> None:

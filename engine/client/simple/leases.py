@@ -83,6 +83,7 @@ from engine.model import MessageExt
 from engine.protocol import retry_topic
 from engine.protocol.actions import ACK, EXPIRED, OFFLINE, PULL, RELEASE, RESET
 from engine.protocol.lease_book import FIFO_AGAIN, FIFO_HELD, LeaseBook, ranges
+from engine.protocol.names import PROPERTY_RETRY_TOPIC, RETRY_PREFIX
 from engine.protocol.selectors import MessageSelector
 from engine.store import schemas
 from engine.store.action_log import ActionLogWriter
@@ -188,6 +189,14 @@ def _pause_after_lost(until: float, attempt: int) -> bool:
     return True
 
 
+def topic_of(message: MessageExt) -> str:
+    """The topic a received message is of: its own, or for a message of a group's retry topic the
+    topic it was first sent to."""
+    if message.topic.startswith(RETRY_PREFIX):
+        return message.properties.get(PROPERTY_RETRY_TOPIC) or message.topic
+    return message.topic
+
+
 def receive_sources(store: Store, group: str, subscriptions: dict[str, MessageSelector]) -> list[Source]:
     """Every (topic, queue, filter) to receive from: the subscriptions and the group's retry topic."""
     configs = store.topic_configs(refresh=True)
@@ -258,6 +267,10 @@ class Leases:
         # The routes every queue of which was found leased to its end (until the consume queue
         # moves or the next scan): receives do not try them again meanwhile.
         self._dry: list[tuple[str, int]] | None = None
+        # A FIFO group's: the routes whose every queue had nothing to lease, and this consumer's
+        # writes then (its own ack or lease frees a queue at once, not at the next scan).
+        self._fifo_dry: tuple[list[tuple[str, int]], int] | None = None
+        self._writes = 0  # commits of this consumer's rows (leases, decisions, acks)
         self.conflicts = 0  # lease commits that lost a race with another consumer of the same queue
 
     @property
@@ -322,6 +335,7 @@ class Leases:
             StoreError: the write failed; nothing was committed.
         """
         version, committed = self._writer.commit_lease(rows, topic, queue_id, frontier)
+        self._writes += 1
         if version == self._version + 1:
             self._book.apply(committed)
             self._version = version
@@ -374,6 +388,7 @@ class Leases:
         reset, self._resets = self._resets, {}
         self._scanned_at = time.monotonic()
         self._dry = None
+        self._fifo_dry = None
         now = now_ms()
         held = self._held
         for key in [k for k, h in held.items() if h.deadline_ms <= now]:
@@ -398,18 +413,31 @@ class Leases:
                 self._expired[(topic, queue_id)] = expired[:MAX_PREFETCH]
 
     # ----------------------------------------------------------------- handing out
-    def take(self, n: int, invisible_ms: int, *, leased_since: float | None = None) -> list[ReceivedMessage]:
+    def take(
+        self, n: int, invisible_ms: int, *, leased_since: float | None = None, topic: str | None = None
+    ) -> list[ReceivedMessage]:
         """Up to ``n`` buffered messages with about ``invisible_ms`` of their lease left (less at
         most LEASE_HOLD_MS or half of it; a recovered one: any time left), now held; the others are
         released to the group. Messages leased at or after ``leased_since`` (monotonic) were leased
-        for this very request and go out with any time left."""
+        for this very request and go out with any time left. With ``topic``, only messages of that
+        topic (:func:`topic_of`) go out; the others stay buffered for a receive of theirs (those
+        waiting longer than LEASE_HOLD_MS are released)."""
         now = now_ms()
         out: list[ReceivedMessage] = []
         held = self._held
         enough = invisible_ms - min(LEASE_HOLD_MS, invisible_ms // 2)
+        others: list[Leased] = []
         while self._buffer and len(out) < n:
             item = self._buffer.popleft()
             m = item.message
+            if topic is not None and topic_of(m) != topic:
+                if item.recovered or time.monotonic() - item.leased_at < LEASE_HOLD_MS / 1000:
+                    others.append(item)
+                elif item.deadline_ms > now:
+                    self._writer.buffer_ack(
+                        RELEASE, m.topic, m.queue_id, m.queue_offset, item.deadline_ms, now
+                    )
+                continue
             key = (m.topic, m.queue_id, m.queue_offset)
             if key in held and held[key].sequence == item.sequence:
                 continue  # recovered, and handed out already
@@ -433,6 +461,7 @@ class Leases:
                 {handle},
             )
             out.append(received_message(m, item.reconsume_times, handle, item.deadline_ms))
+        self._buffer.extendleft(reversed(others))
         if not self._buffer and self._drained_since is not None:
             if time.monotonic() - self._drained_since < LEASE_HOLD_MS / 2000:
                 # From what the last lease took (a receive's worth at first, not the prefetch of
@@ -527,8 +556,18 @@ class Leases:
     def _lease_fifo(self, sources: list[Source], n: int, invisible_ms: int, deadline: float | None) -> int:
         """:meth:`lease` for a FIFO group: per queue, the outstanding range again when it is free,
         else a fresh range when nothing is outstanding, else nothing (module docstring); exactly
-        ``n`` messages at most. Queues lost to a race are tried again on a fresh read of the log."""
-        self._index.refresh()
+        ``n`` messages at most. Queues lost to a race are tried again on a fresh read of the log.
+
+        As :meth:`lease`'s "nothing new" shortcut: when the last pass found nothing to lease in
+        any queue, and neither the consume queue nor this consumer's own writes moved since, the
+        action log is not read again until the next scan (:data:`SCAN_INTERVAL_MS`): an idle FIFO
+        consumer's long poll costs a look at the consume queue, not one at the log every pass. A
+        queue another consumer's ack frees is seen by that scan."""
+        routes = [(t, q) for t, q, _ in sources]
+        moved = self._index.refresh()
+        if not moved and self._fifo_dry == (routes, self._writes):
+            return 0
+        self._fifo_dry = None
         self._sync()
         turn = self._rotation
         self._rotation += 1
@@ -547,6 +586,8 @@ class Leases:
                 total += got
                 if total >= n:
                     return total
+            if not lost and total == 0:
+                self._fifo_dry = (routes, self._writes)
             if not lost or total > 0:
                 break
             tasks = lost
@@ -843,6 +884,67 @@ class Leases:
             )
         return key, held
 
+    def adopt(self, topic: str, queue_id: int, offset: int, handle: str) -> ReceivedMessage:
+        """Hold a delivery this consumer id got through another process with the same id (a client
+        that reconnected elsewhere): the message at ``offset`` as of the action log, held under
+        ``handle`` when that is the live lease of this id on it.
+
+        Raises:
+            InvalidReceiptHandleError: not a handle of this id, or its lease ended, was superseded
+                (delivered again, or changed under a newer handle) or the message is finished.
+        """
+        key = (topic, queue_id, offset)
+        where = f"{topic}:{queue_id}@{offset}"
+        owner, _, number = handle.rpartition("#")
+        if owner != self.consumer_id or not number.isdigit():
+            raise InvalidReceiptHandleError(
+                f"receipt handle {handle!r} is not one of consumer {self.consumer_id}",
+                topic=topic,
+                queue_id=queue_id,
+                offset=offset,
+            )
+        sequence = int(number)
+        self.start()
+        if self._writer.buffered_acks:  # an ack of it buffered here finishes it
+            self.flush()
+        self._sync()
+        lease = self._book.lease(key)
+        now = now_ms()
+        if (
+            lease is None
+            or lease.consumer_id != self.consumer_id
+            or lease.sequence != sequence
+            or now >= lease.deadline_ms
+            or self._book.is_done(key)
+        ):
+            raise InvalidReceiptHandleError(
+                f"receipt handle {handle!r} of message {where} is not the live lease of consumer "
+                f"{self.consumer_id}: its invisible time ended, it was delivered again or changed, "
+                "or the message was acked",
+                topic=topic,
+                queue_id=queue_id,
+                offset=offset,
+            )
+        self._index.refresh()
+        messages, _ = self._read(topic, queue_id, [offset], MATCH_ALL)
+        if not messages:
+            raise InvalidReceiptHandleError(f"message {where} is gone", topic=topic, queue_id=queue_id)
+        message = messages[0][1]
+        reconsume = message.reconsume_times + lease.deliveries - 1
+        held = self._held.get(key)
+        if held is None or held.sequence != sequence:
+            held = self._held[key] = Held(
+                sequence,
+                lease.deadline_ms,
+                reconsume,
+                message.msg_id,
+                message.physical_offset,
+                self._version,
+                set(),
+            )
+        held.handles.add(handle)
+        return received_message(message, held.reconsume_times, handle, held.deadline_ms)
+
     def ack(self, message: ReceivedMessage, attempts: int) -> None:
         """Acknowledge a held message: buffered, or committed at once less than a second before its
         deadline (under the queue's lease lock, so an ack never lands after another consumer's lease
@@ -981,4 +1083,7 @@ class Leases:
             if self._version < 0:
                 self._sync()  # this id's last sequence
             extra = [self._writer.row(OFFLINE, "", 0, 0, ts=now_ms())]
-        return self._writer.flush(extra)
+        done = self._writer.flush(extra)
+        if done or extra:
+            self._writes += 1
+        return done

@@ -8,6 +8,7 @@ import org.apache.rocketmq.client.apis.message.Message;
 import org.apache.rocketmq.client.apis.message.MessageBuilder;
 import org.apache.rocketmq.client.apis.producer.Producer;
 import org.apache.rocketmq.client.apis.producer.SendReceipt;
+import org.apache.rocketmq.client.java.impl.producer.SendReceiptImpl;
 import org.apache.rocketmq.client.apis.producer.Transaction;
 import org.apache.rocketmq.client.apis.producer.TransactionResolution;
 
@@ -61,7 +62,7 @@ final class Producers {
                 try {
                     SendReceipt receipt = producer.send(builder.build());
                     Out.emit("event", "sent", "id", receipt.getMessageId().toString(), "body", prefix + "-" + i,
-                            "index", i, "group", group, "delivery_ms", due);
+                            "index", i, "group", group, "delivery_ms", due, "queue", queueOf(receipt));
                 } catch (ClientException e) {
                     failed++;
                     Out.emit("event", "send_failed", "index", i, "error", String.valueOf(e));
@@ -120,5 +121,10 @@ final class Producers {
         }
         Out.emit("event", "done", "sent", count, "checked", checked.size(), "open", open);
         return 0;
+    }
+
+    /** The queue the client sent to, as its receipt names it (the client's own class has it). */
+    static int queueOf(SendReceipt receipt) {
+        return receipt instanceof SendReceiptImpl impl ? impl.getMessageQueue().getQueueId() : -1;
     }
 }

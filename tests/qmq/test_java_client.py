@@ -505,3 +505,51 @@ def test_a_broadcast_consumers_failed_message_comes_again_through_its_own_retry_
     )
     retry = qmq_retry_subject("qmq_broadcast_retry", qmq_store_group(name))
     assert sorted(m.keys[0] for m in PullConsumer(store, "reader").pull(retry, 0, 0).messages) == sorted(sent)
+
+
+def test_rocketmq_5_and_qmq_clients_read_what_the_other_sent(
+    store: Store, classpath: str, tmp_path: Path
+) -> None:
+    from engine.grpc import GrpcServer
+    from tests.grpc.official_client import run as rocketmq5
+
+    admin = Admin(store)
+    admin.create_topic("rmq5_to_qmq", 1)
+    admin.create_topic("qmq_to_rmq5", 1)
+    with (
+        QmqServer(store, http_port=0, meta_port=0, broker_port=0) as qmq,
+        GrpcServer(store, port=0) as grpc_door,
+    ):
+        qmq.subscribe("rmq5_to_qmq", "billing", "worker-1")  # as worker-1's registration does
+        sent = rocketmq5("send", grpc_door.address, "rmq5_to_qmq", 3)["ids"]
+        BrokerLoop(store).run_once(everything=False)
+        consumed = start_qmq_scenario(
+            classpath,
+            tmp_path / "consumer",
+            "consume",
+            meta=qmq.meta_server_url,
+            subject="rmq5_to_qmq",
+            group="billing",
+            client_id="worker-1",
+            count=3,
+            timeout_ms=120_000,
+        ).finish(300)
+        produced = start_qmq_scenario(
+            classpath,
+            tmp_path / "producer",
+            "produce",
+            meta=qmq.meta_server_url,
+            subject="qmq_to_rmq5",
+            count=3,
+            prefix="to5",
+        ).finish(300)
+        BrokerLoop(store).run_once(everything=False)
+        received = rocketmq5("receive_ack", grpc_door.address, "qmq_to_rmq5", "readers5", 3)["received"]
+    assert consumed.done()["complete"] and len(sent) == 3
+    assert {e["subject"] for e in consumed.of("received")} == {"rmq5_to_qmq"}
+    assert produced.done()["sent"] == 3
+    payloads = sorted(e["payload"] for e in produced.of("sent"))
+    # A QMQ message is its attributes: a 5.x consumer gets them as the body, keyed by QMQ's id.
+    assert sorted(codec.decode_attrs(m["body"].encode())["payload"] for m in received) == payloads
+    assert {m["keys"][0] for m in received} == {e["id"] for e in produced.of("sent")}
+    assert {m["topic"] for m in received} == {"qmq_to_rmq5"}

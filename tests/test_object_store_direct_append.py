@@ -181,9 +181,7 @@ def test_a_commit_put_that_cannot_be_resolved_is_unknown_not_failed(
         "max_retries": "1",
         "retry_timeout": "5s",
     }
-    quick = DirectAppender(
-        S3LogObjects(direct.uri, options), direct.name, direct.schema, direct.stats_columns
-    )
+    quick = DirectAppender(S3LogObjects(direct.uri, options), direct.name, direct.schema, direct.indexed)
     try:
         with pytest.raises(CommitStateUnknownError):
             quick.commit(version, add, {BATCH_KEY: "mine"})
@@ -201,9 +199,7 @@ def test_a_refused_commit_is_a_typed_failure_and_writes_nothing(
     add = direct.write_file(one_row(store))
     secret = "not-the-secret-" + uuid.uuid4().hex
     wrong = {**s3_server.storage_options(), "AWS_SECRET_ACCESS_KEY": secret}
-    refused = DirectAppender(
-        S3LogObjects(direct.uri, wrong), direct.name, direct.schema, direct.stats_columns
-    )
+    refused = DirectAppender(S3LogObjects(direct.uri, wrong), direct.name, direct.schema, direct.indexed)
     with pytest.raises(StoreAccessDeniedError) as denied:
         refused.commit(version, add, {BATCH_KEY: "mine"})
     assert secret not in str(denied.value)

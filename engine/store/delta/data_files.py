@@ -12,6 +12,7 @@ which order and what to delete is decided by :mod:`engine.broker.compaction` and
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import time
 import uuid
@@ -59,16 +60,21 @@ _CODECS = {"UNCOMPRESSED": "none", "LZ4_RAW": "lz4"}
 StatsColumns = int | tuple[str, ...]
 
 
-def file_stats(rows: pa.Table, indexed: StatsColumns) -> str:
-    """Delta add-action statistics of the ``indexed`` columns (the first N leaf columns, or the named
-    top-level columns), as delta-rs writes them."""
-    mins: dict[str, Any] = {}
-    maxs: dict[str, Any] = {}
-    nulls: dict[str, int] = {}
+MAX_STAT_STRING = 256
+"""Longest string whose min and max a file's statistics keep: longer values would bloat every commit
+and checkpoint, and a column without statistics is only scanned, never misread."""
+
+_SMALL = 64  # up to this many rows, min and max are taken in Python (cheaper than a kernel call)
+
+
+@functools.lru_cache(maxsize=64)
+def _stats_plan(schema: pa.Schema, indexed: StatsColumns) -> tuple[tuple[str, bool, bool], ...]:
+    """Per statistics column of ``schema``: its name, whether it gets min/max, whether they are dates."""
+    plan: list[tuple[str, bool, bool]] = []
     leaves = 0
     limit = indexed if isinstance(indexed, int) else None
     named = None if isinstance(indexed, int) else frozenset(indexed)
-    for f in rows.schema:
+    for f in schema:
         if limit is not None and leaves >= limit:
             break
         if named is not None and f.name not in named:
@@ -84,13 +90,42 @@ def file_stats(rows: pa.Table, indexed: StatsColumns) -> str:
             leaves += t.num_fields
             continue
         leaves += 1
-        col = rows[f.name]
-        nulls[f.name] = int(col.null_count)
-        simple = pa.types.is_integer(t) or pa.types.is_string(t) or pa.types.is_floating(t)
-        if simple and col.null_count < len(col):
+        dated = pa.types.is_date(t)
+        ranged = (
+            pa.types.is_integer(t)
+            or pa.types.is_floating(t)
+            or pa.types.is_string(t)
+            or pa.types.is_large_string(t)
+            or dated
+        )
+        plan.append((f.name, ranged, dated))
+    return tuple(plan)
+
+
+def file_stats(rows: pa.Table, indexed: StatsColumns) -> str:
+    """Delta add-action statistics of the ``indexed`` columns (the first N leaf columns, or the named
+    top-level columns), as delta-rs writes them: numRecords, and per column its null count and (for
+    numbers, dates and strings of at most :data:`MAX_STAT_STRING` characters) its min and max."""
+    mins: dict[str, Any] = {}
+    maxs: dict[str, Any] = {}
+    nulls: dict[str, int] = {}
+    small = rows.num_rows <= _SMALL
+    for name, ranged, dated in _stats_plan(rows.schema, indexed):
+        col = rows[name]
+        nulls[name] = int(col.null_count)
+        if not ranged or col.null_count == len(col):
+            continue
+        if small:
+            values = [v for v in col.to_pylist() if v is not None]
+            low, high = min(values), max(values)
+        else:
             mm = pc.min_max(col)
-            mins[f.name] = mm["min"].as_py()
-            maxs[f.name] = mm["max"].as_py()
+            low, high = mm["min"].as_py(), mm["max"].as_py()
+        if isinstance(low, str) and max(len(low), len(high)) > MAX_STAT_STRING:
+            continue
+        if dated:
+            low, high = str(low), str(high)  # ISO dates
+        mins[name], maxs[name] = low, high
     return json.dumps(
         {"numRecords": rows.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls},
         separators=(",", ":"),

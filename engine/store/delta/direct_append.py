@@ -53,7 +53,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from engine.errors import (
@@ -64,6 +63,7 @@ from engine.errors import (
     StoreError,
 )
 from engine.store.commit_markers import BATCH_KEY, COUNTS_KEY
+from engine.store.delta.data_files import StatsColumns, file_stats
 from engine.store.delta.log import last_checkpoint_version, parse_commit, probe_latest_version
 from engine.store.delta.objects import (
     get_object,
@@ -77,10 +77,6 @@ from engine.store.delta.snapshot import Snapshot
 
 DIRECT_ENV = "MQ_DIRECT_APPEND"
 ENGINE_INFO = "lakemq"
-# Longest string kept as a min/max statistic: longer values would bloat every commit and checkpoint,
-# and a column whose statistics are missing is only scanned, never misread.
-MAX_STAT_STRING = 256
-_STAT_TYPES = (pa.types.is_integer, pa.types.is_string, pa.types.is_large_string, pa.types.is_date)
 
 
 class LogCommit:
@@ -198,48 +194,19 @@ def direct_appender(
     objects: LogObjects = (
         LocalLogObjects(path) if path is not None else S3LogObjects(snapshot.uri, snapshot.storage_options)
     )
-    stats = _stats_columns(schema, snapshot.indexed_columns())
     return DirectAppender(
-        objects, snapshot.name, schema, stats, plain_columns=plain_columns, row_group_rows=row_group_rows
+        objects,
+        snapshot.name,
+        schema,
+        snapshot.indexed_columns(),
+        plain_columns=plain_columns,
+        row_group_rows=row_group_rows,
     )
 
 
 SMALL_FILE_ROWS = 64
 """Data files of fewer rows are written without dictionaries and with statistics of their integer
 columns only (the row-group pruning of point reads uses those)."""
-
-
-def _stats_columns(schema: pa.Schema, indexed: int | tuple[str, ...]) -> tuple[str, ...]:
-    """The top-level columns of ``schema`` that get statistics: those named (Delta's
-    ``dataSkippingStatsColumns``) or the first ``indexed``. Nested columns get none here."""
-    names = list(indexed) if isinstance(indexed, tuple) else schema.names[:indexed]
-    return tuple(n for n in names if n in schema.names and not pa.types.is_nested(schema.field(n).type))
-
-
-def file_stats(rows: pa.Table, columns: Sequence[str]) -> str:
-    """Delta's per-file statistics JSON of ``rows`` over ``columns``: numRecords, and for each
-    column its null count and (for numbers, dates and short strings) its min and max."""
-    mins: dict[str, Any] = {}
-    maxs: dict[str, Any] = {}
-    nulls: dict[str, int] = {}
-    for name in columns:
-        column = rows[name]
-        nulls[name] = column.null_count
-        if not any(test(column.type) for test in _STAT_TYPES) or column.null_count == len(column):
-            continue
-        values = [v for v in column.to_pylist() if v is not None] if len(column) <= 64 else None
-        if values is not None:
-            low, high = min(values), max(values)
-        else:
-            extremes = pc.min_max(column).as_py()
-            low, high = extremes["min"], extremes["max"]
-        if isinstance(low, str) and max(len(low), len(high)) > MAX_STAT_STRING:
-            continue
-        if not isinstance(low, (int, str)):
-            low, high = str(low), str(high)  # dates, as ISO strings
-        mins[name], maxs[name] = low, high
-    stats = {"numRecords": rows.num_rows, "minValues": mins, "maxValues": maxs, "nullCount": nulls}
-    return json.dumps(stats, separators=(",", ":"))
 
 
 def _parquet_bytes(rows: pa.Table, options: Mapping[str, Any]) -> pa.Buffer:
@@ -469,7 +436,7 @@ class DirectAppender:
         objects: where the table's files go (a local directory, or an S3 prefix).
         name: the table's name, for errors.
         schema: the rows' (and the table's) schema.
-        stats_columns: the columns that get file statistics.
+        indexed: which columns get file statistics (:meth:`Snapshot.indexed_columns`).
         plain_columns: columns the parquet writer neither dictionary-encodes nor keeps page
             statistics for (bodies: both cost CPU on every write and buy nothing).
         row_group_rows: rows per parquet row group.
@@ -480,7 +447,7 @@ class DirectAppender:
         objects: LogObjects,
         name: str,
         schema: pa.Schema,
-        stats_columns: Sequence[str],
+        indexed: StatsColumns,
         *,
         plain_columns: Sequence[str] = (),
         row_group_rows: int = 1 << 20,
@@ -488,7 +455,7 @@ class DirectAppender:
         self.objects = objects
         self.name = name
         self.schema = schema
-        self.stats_columns = tuple(stats_columns)
+        self.indexed = indexed
         encoded = [n for n in schema.names if n not in plain_columns]
         self._parquet_options: dict[str, Any] = {
             "row_group_size": row_group_rows,
@@ -604,7 +571,7 @@ class DirectAppender:
             "size": size,
             "modificationTime": int(time.time() * 1000),
             "dataChange": True,
-            "stats": file_stats(rows, self.stats_columns),
+            "stats": file_stats(rows, self.indexed),
         }
 
     def commit(

@@ -169,6 +169,17 @@ class QueueIndex:
                 return True
             return False
 
+    def is_current(self) -> bool:
+        """True when :meth:`refresh` would find nothing new: no consume-queue version and no
+        commit-log version past what this index has read. On a local store a file check per table,
+        no lock taken and nothing read, so an event loop may ask before answering from what it holds.
+        """
+        if self._cq is None:
+            return False
+        if self._store.latest_version_hint(schemas.CONSUME_QUEUE, self._version) > self._version:
+            return False
+        return self._tail.is_current(self._covered)
+
     def refresh_tail(self) -> bool:
         """Catch up with the commit-log versions the consume queue (as last refreshed) does not
         cover; True when what the reader sees changed."""

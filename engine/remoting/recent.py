@@ -22,6 +22,7 @@ now names another message, is forgotten. SQL92 subscriptions go through the engi
 
 from __future__ import annotations
 
+import asyncio
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -38,8 +39,11 @@ Queue = tuple[str, int]  # (topic, queue id)
 # What one held message costs beyond its encoding (the entry, the keys, the dictionaries' slots).
 ENTRY_OVERHEAD = 200
 # A read ahead takes at most this many entries and this many stored bytes (the first whatever its size).
-READ_AHEAD_ENTRIES = 256
-READ_AHEAD_BYTES = 4 * 1024 * 1024
+READ_AHEAD_ENTRIES = 1024
+READ_AHEAD_BYTES = 8 * 1024 * 1024
+# A pull answered with fewer than this many messages held past it starts the next read ahead, in the
+# background, so the queue's reader does not wait for it.
+READ_AHEAD_LOW = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +126,8 @@ class RecentMessages:
         self.bytes = 0
         self.hits = 0
         self.misses = 0
+        # Reads ahead under way, per queue (started and awaited by engine.remoting.handlers.pull).
+        self.reading: dict[Queue, asyncio.Task[None]] = {}
 
     @property
     def enabled(self) -> bool:
@@ -134,6 +140,16 @@ class RecentMessages:
         """Whether the message at ``offset`` of the queue is held."""
         held = self._queues.get((topic, queue_id))
         return held is not None and offset in held
+
+    def missing_from(self, topic: str, queue_id: int, offset: int, within: int) -> int | None:
+        """The first offset of ``offset <= o < offset + within`` not held, or None when all are."""
+        held = self._queues.get((topic, queue_id))
+        if held is None:
+            return offset
+        for at in range(offset, offset + within):
+            if at not in held:
+                return at
+        return None
 
     def put(self, topic: str, queue_id: int, items: list[tuple[int, Recent]]) -> None:
         """Hold messages of one queue ((queue offset, message) pairs), the oldest held going out

@@ -171,9 +171,28 @@ class QueueIndex:
 
     def is_current(self) -> bool:
         """True when :meth:`refresh` would find nothing new: no consume-queue version and no
-        commit-log version past what this index has read. On a local store a file check per table,
-        no lock taken and nothing read, so an event loop may ask before answering from what it holds.
+        commit-log version past what this index has read, and no refresh under way. On a local
+        store a file check per table; it never waits for a refresh (one under way: False), so an
+        event loop may ask before answering from what it holds.
         """
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            return self._current()
+        finally:
+            self._lock.release()
+
+    def current_bounds(self, topic: str, queue_id: int) -> tuple[int, int] | None:
+        """:meth:`bounds` of a queue when the index :meth:`is_current` (read under the same look,
+        so no refresh lands between), else None."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            return self.bounds(topic, queue_id) if self._current() else None
+        finally:
+            self._lock.release()
+
+    def _current(self) -> bool:
         if self._cq is None:
             return False
         if self._store.latest_version_hint(schemas.CONSUME_QUEUE, self._version) > self._version:

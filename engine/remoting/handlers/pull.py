@@ -7,6 +7,8 @@ PULL_OFFSET_MOVED; the offset corrections travel in nextBeginOffset / minOffset 
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 
 from engine.client.pull import PullConsumer
@@ -18,7 +20,9 @@ from engine.remoting.codes import PullSysFlag, RequestCode, ResponseCode
 from engine.remoting.context import BrokerContext, Connection, Handler
 from engine.remoting.frames import RemotingCommand
 from engine.remoting.headers import Header
-from engine.remoting.recent import PullAnswer, Recent, encode, read_ahead
+from engine.remoting.recent import READ_AHEAD_LOW, PullAnswer, Recent, encode, read_ahead
+
+_log = logging.getLogger(__name__)
 
 PULL_CODES = {
     PullStatus.FOUND: ResponseCode.SUCCESS,
@@ -106,21 +110,49 @@ async def read_pull(
     args = (topic, queue_id, offset, max_nums, selector, 0)
     if not recent.enabled or not (selector.matches_all or selector.type is ExpressionType.TAG):
         return await ctx.run(_engine_pull, ctx, puller, args, pull=True)
-    if ctx.store.is_local and ctx.index.is_current():
+    answer = None
+    bounds = ctx.index.current_bounds(topic, queue_id) if ctx.store.is_local else None
+    if bounds is not None:
         puller.check_queue(topic, queue_id)
-        low, high = ctx.index.bounds(topic, queue_id)
+        answer = recent.answer(topic, queue_id, offset, max_nums, selector, *bounds)
+    reading = recent.reading.get((topic, queue_id))
+    if answer is None and reading is not None and not recent.holds(topic, queue_id, offset):
+        await asyncio.shield(reading)  # the read under way may bring this pull's messages
+    if answer is None:
+        ahead = not recent.holds(topic, queue_id, offset)
+        low, high, items = await ctx.run(
+            _bounds_and_ahead, ctx, puller, topic, queue_id, offset, ahead, pull=True
+        )
+        recent.put(topic, queue_id, items)
         answer = recent.answer(topic, queue_id, offset, max_nums, selector, low, high)
-        if answer is not None:
-            return answer
-    ahead = not recent.holds(topic, queue_id, offset)
-    low, high, items = await ctx.run(
-        _bounds_and_ahead, ctx, puller, topic, queue_id, offset, ahead, pull=True
-    )
-    recent.put(topic, queue_id, items)
-    answer = recent.answer(topic, queue_id, offset, max_nums, selector, low, high)
-    if answer is not None:
-        return answer
-    return await ctx.run(_engine_pull, ctx, puller, args, pull=True)
+        if answer is None:
+            return await ctx.run(_engine_pull, ctx, puller, args, pull=True)
+    if answer.status is PullStatus.FOUND:
+        _read_on(ctx, topic, queue_id, answer.next_begin_offset, answer.max_offset)
+    return answer
+
+
+def _read_on(ctx: BrokerContext, topic: str, queue_id: int, offset: int, high: int) -> None:
+    """Start reading ahead of a queue's reader in the background when fewer than
+    :data:`READ_AHEAD_LOW` messages are held past ``offset`` (one read per queue at a time), so its
+    next pulls find their messages held."""
+    recent = ctx.recent
+    start = recent.missing_from(topic, queue_id, offset, READ_AHEAD_LOW)
+    if start is None or start >= high or (topic, queue_id) in recent.reading:
+        return
+    task = asyncio.get_running_loop().create_task(_read_ahead(ctx, topic, queue_id, start, high))
+    recent.reading[(topic, queue_id)] = task
+
+
+async def _read_ahead(ctx: BrokerContext, topic: str, queue_id: int, start: int, high: int) -> None:
+    try:
+        host = (ctx.host, ctx.port)
+        items = await ctx.run(read_ahead, ctx.index, host, topic, queue_id, start, high, pull=True)
+        ctx.recent.put(topic, queue_id, items)
+    except Exception as exc:  # the pulls read through the engine instead
+        _log.debug("reading ahead of %s:%s from %s failed: %s", topic, queue_id, start, exc)
+    finally:
+        ctx.recent.reading.pop((topic, queue_id), None)
 
 
 async def pull_message(ctx: BrokerContext, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:

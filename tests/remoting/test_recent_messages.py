@@ -4,6 +4,7 @@ pull the engine answers, and nothing the engine would not serve is served from m
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,7 +20,7 @@ from engine.protocol.selectors import MessageSelector
 from engine.remoting import RemotingServer
 from engine.remoting.codes import MessageSysFlag, RequestCode, ResponseCode
 from engine.remoting.frames import RemotingCommand, encode_command
-from engine.remoting.recent import ENTRY_OVERHEAD, Recent, RecentMessages
+from engine.remoting.recent import ENTRY_OVERHEAD, READ_AHEAD_ENTRIES, READ_AHEAD_LOW, Recent, RecentMessages
 from tests.remoting.helpers import FAR_FUTURE_MS
 from tests.remoting.wire_client import WireClient
 
@@ -222,3 +223,26 @@ def test_bounds_decide_before_what_is_held() -> None:
     # The queue's end went back (made again, truncated): nothing held of it is trusted.
     assert recent.answer("T", 0, 0, 32, select, 0, 1) is None and len(recent) == 0
     assert recent.answer("T", 0, 0, 32, MessageSelector.by_sql("a > 1"), 0, 4) is None
+
+
+def test_a_reader_nearing_the_end_of_what_is_held_has_the_next_messages_read_for_it(
+    served: tuple[Store, RemotingServer, WireClient],
+) -> None:
+    store, srv, client = served
+    with Producer(store) as producer:
+        producer.send_batch([Message("T", b"m%d" % i) for i in range(READ_AHEAD_ENTRIES + 100)], queue_id=1)
+    dispatch_pending(store)
+    recent = srv.ctx.recent
+    assert len(client.pull("G", "T", 1, 0)[1]) == 32  # a miss: reads ahead READ_AHEAD_ENTRIES
+    assert not recent.holds("T", 1, READ_AHEAD_ENTRIES)
+    response, messages = client.pull("G", "T", 1, READ_AHEAD_ENTRIES - READ_AHEAD_LOW)  # a hit
+    assert response.code == ResponseCode.SUCCESS and len(messages) == 32
+    deadline = time.monotonic() + 30
+    while not recent.holds("T", 1, READ_AHEAD_ENTRIES + 99):  # read in the background
+        assert time.monotonic() < deadline, "the next messages were not read ahead"
+        time.sleep(0.01)
+    hits = recent.hits
+    response, messages = client.pull("G", "T", 1, READ_AHEAD_ENTRIES + 90)
+    tail = range(READ_AHEAD_ENTRIES + 90, READ_AHEAD_ENTRIES + 100)
+    assert [m.body for m in messages] == [b"m%d" % i for i in tail]
+    assert recent.hits == hits + 1

@@ -44,6 +44,9 @@ READ_AHEAD_BYTES = 8 * 1024 * 1024
 # A pull answered with fewer than this many messages held past it starts the next read ahead, in the
 # background, so the queue's reader does not wait for it.
 READ_AHEAD_LOW = 512
+# What a pull that finds its first message not held reads before it answers (the rest is read in
+# the background): a reader starting far from the end of its queue does not wait for a long read.
+READ_ON_MISS = 128
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,17 +77,23 @@ def encode(m: MessageExt, store_host: tuple[str, int]) -> bytes:
 
 
 def read_ahead(
-    index: QueueIndex, store_host: tuple[str, int], topic: str, queue_id: int, start: int, end: int
+    index: QueueIndex,
+    store_host: tuple[str, int],
+    topic: str,
+    queue_id: int,
+    start: int,
+    end: int,
+    entries_limit: int = READ_AHEAD_ENTRIES,
 ) -> list[tuple[int, Recent]]:
     """The messages of queue offsets ``start <= offset < end`` as the engine reads them (entries,
-    then commit-log rows, through ``index``), at most :data:`READ_AHEAD_ENTRIES` and
+    then commit-log rows, through ``index``), at most ``entries_limit`` and
     :data:`READ_AHEAD_BYTES` of them, encoded: (queue offset, message) in offset order. Blocking
     (a pull thread's work).
 
     Raises:
         StoreError: an entry's message is not readable.
     """
-    end = min(end, start + READ_AHEAD_ENTRIES)
+    end = min(end, start + entries_limit)
     if end <= start:
         return []
     entries = index.entries(topic, queue_id, start, end)

@@ -20,7 +20,14 @@ from engine.protocol.selectors import MessageSelector
 from engine.remoting import RemotingServer
 from engine.remoting.codes import MessageSysFlag, RequestCode, ResponseCode
 from engine.remoting.frames import RemotingCommand, encode_command
-from engine.remoting.recent import ENTRY_OVERHEAD, READ_AHEAD_ENTRIES, READ_AHEAD_LOW, Recent, RecentMessages
+from engine.remoting.recent import (
+    ENTRY_OVERHEAD,
+    READ_AHEAD_ENTRIES,
+    READ_AHEAD_LOW,
+    READ_ON_MISS,
+    Recent,
+    RecentMessages,
+)
 from tests.remoting.helpers import FAR_FUTURE_MS
 from tests.remoting.wire_client import WireClient
 
@@ -225,24 +232,32 @@ def test_bounds_decide_before_what_is_held() -> None:
     assert recent.answer("T", 0, 0, 32, MessageSelector.by_sql("a > 1"), 0, 4) is None
 
 
-def test_a_reader_nearing_the_end_of_what_is_held_has_the_next_messages_read_for_it(
+def _until_held(recent: RecentMessages, queue_id: int, offset: int) -> None:
+    deadline = time.monotonic() + 30
+    while not recent.holds("T", queue_id, offset):  # read in the background
+        assert time.monotonic() < deadline, f"offset {offset} was not read ahead"
+        time.sleep(0.01)
+
+
+def test_a_reader_has_the_messages_past_what_it_pulled_read_for_it_in_the_background(
     served: tuple[Store, RemotingServer, WireClient],
 ) -> None:
     store, srv, client = served
+    total = READ_ON_MISS + READ_AHEAD_ENTRIES + 50
     with Producer(store) as producer:
-        producer.send_batch([Message("T", b"m%d" % i) for i in range(READ_AHEAD_ENTRIES + 100)], queue_id=1)
+        producer.send_batch([Message("T", b"m%d" % i) for i in range(total)], queue_id=1)
     dispatch_pending(store)
     recent = srv.ctx.recent
-    assert len(client.pull("G", "T", 1, 0)[1]) == 32  # a miss: reads ahead READ_AHEAD_ENTRIES
-    assert not recent.holds("T", 1, READ_AHEAD_ENTRIES)
-    response, messages = client.pull("G", "T", 1, READ_AHEAD_ENTRIES - READ_AHEAD_LOW)  # a hit
-    assert response.code == ResponseCode.SUCCESS and len(messages) == 32
-    deadline = time.monotonic() + 30
-    while not recent.holds("T", 1, READ_AHEAD_ENTRIES + 99):  # read in the background
-        assert time.monotonic() < deadline, "the next messages were not read ahead"
-        time.sleep(0.01)
+    # A miss reads READ_ON_MISS messages and answers; the next READ_AHEAD_ENTRIES follow.
+    assert len(client.pull("G", "T", 1, 0)[1]) == 32
+    _until_held(recent, 1, READ_ON_MISS + READ_AHEAD_ENTRIES - 1)
+    assert not recent.holds("T", 1, READ_ON_MISS + READ_AHEAD_ENTRIES)
+    # A pull with fewer than READ_AHEAD_LOW messages held past it starts the next read.
+    near = READ_ON_MISS + READ_AHEAD_ENTRIES - READ_AHEAD_LOW
     hits = recent.hits
-    response, messages = client.pull("G", "T", 1, READ_AHEAD_ENTRIES + 90)
-    tail = range(READ_AHEAD_ENTRIES + 90, READ_AHEAD_ENTRIES + 100)
-    assert [m.body for m in messages] == [b"m%d" % i for i in tail]
-    assert recent.hits == hits + 1
+    response, messages = client.pull("G", "T", 1, near)
+    assert response.code == ResponseCode.SUCCESS and len(messages) == 32 and recent.hits == hits + 1
+    _until_held(recent, 1, total - 1)
+    response, messages = client.pull("G", "T", 1, total - 10)
+    assert [m.body for m in messages] == [b"m%d" % i for i in range(total - 10, total)]
+    assert recent.hits == hits + 2

@@ -20,7 +20,7 @@ from engine.remoting.codes import PullSysFlag, RequestCode, ResponseCode
 from engine.remoting.context import BrokerContext, Connection, Handler
 from engine.remoting.frames import RemotingCommand
 from engine.remoting.headers import Header
-from engine.remoting.recent import READ_AHEAD_LOW, PullAnswer, Recent, encode, read_ahead
+from engine.remoting.recent import READ_AHEAD_LOW, READ_ON_MISS, PullAnswer, Recent, encode, read_ahead
 
 _log = logging.getLogger(__name__)
 
@@ -86,7 +86,8 @@ def _bounds_and_ahead(
     low, high = puller.bounds_now(topic, queue_id, offset)
     if not ahead or not low <= offset < high:
         return low, high, []
-    return low, high, read_ahead(ctx.index, (ctx.host, ctx.port), topic, queue_id, offset, high)
+    host = (ctx.host, ctx.port)
+    return low, high, read_ahead(ctx.index, host, topic, queue_id, offset, high, READ_ON_MISS)
 
 
 async def read_pull(

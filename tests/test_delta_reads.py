@@ -21,6 +21,7 @@ from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
 from engine.store.commit_log import writer as commit_log
 from engine.store.commit_log.stamping import PendingMessage
+from engine.store.delta.log import last_checkpoint_version
 from tests.test_native_delta import comparable, require_delta
 
 # Store time -> messages (queue id, body, tag), one commit-log commit (one file) each.
@@ -208,3 +209,18 @@ def test_delta_only_reads_refuse_a_session_without_delta(spark: Any, store: Stor
             register_tables(spark, store)
     finally:
         spark.conf.set(DELTA_READS, "true")
+
+
+def test_the_checkpoint_hint_is_read_again_once_it_changes(tmp_path: Path) -> None:
+    log = tmp_path / "_delta_log"
+    log.mkdir()
+    assert last_checkpoint_version(str(tmp_path)) is None
+    (log / "_last_checkpoint").write_text('{"version": 10, "size": 3}')
+    assert last_checkpoint_version(str(tmp_path)) == 10
+    assert last_checkpoint_version(str(tmp_path)) == 10  # unchanged: kept
+    replacement = log / "_last_checkpoint.tmp"
+    replacement.write_text('{"version": 2000, "size": 3}')
+    replacement.replace(log / "_last_checkpoint")  # as a checkpoint writes it
+    assert last_checkpoint_version(str(tmp_path)) == 2000
+    (log / "_last_checkpoint").unlink()
+    assert last_checkpoint_version(str(tmp_path)) is None

@@ -182,11 +182,29 @@ def last_checkpoint_version(table_dir: str) -> int | None:
     Raises:
         OSError, ValueError, KeyError, TypeError: the hint is unreadable or malformed.
     """
+    hint = os.path.join(table_dir, "_delta_log", "_last_checkpoint")
     try:
-        with open(os.path.join(table_dir, "_delta_log", "_last_checkpoint"), encoding="utf-8") as f:
-            return int(json.load(f)["version"])
+        stat = os.stat(hint)
     except FileNotFoundError:
         return None
+    # Long polling and every pull ask many times a second; the hint changes once per checkpoint.
+    key = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+    known = _CHECKPOINT_HINTS.get(hint)
+    if known is not None and known[0] == key:
+        return known[1]
+    try:
+        with open(hint, encoding="utf-8") as f:
+            version = int(json.load(f)["version"])
+    except FileNotFoundError:
+        return None
+    if len(_CHECKPOINT_HINTS) >= 1024:
+        _CHECKPOINT_HINTS.clear()
+    _CHECKPOINT_HINTS[hint] = (key, version)
+    return version
+
+
+# Per local ``_last_checkpoint`` file: (mtime, size, inode) when read -> the version it names.
+_CHECKPOINT_HINTS: dict[str, tuple[tuple[int, int, int], int]] = {}
 
 
 def probe_latest_version(

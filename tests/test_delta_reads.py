@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from chispa import assert_df_equality
 from deltalake import DeltaTable
@@ -21,7 +22,7 @@ from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
 from engine.store.commit_log import writer as commit_log
 from engine.store.commit_log.stamping import PendingMessage
-from engine.store.delta.log import last_checkpoint_version
+from engine.store.delta.log import last_checkpoint_version, read_versions
 from tests.test_native_delta import comparable, require_delta
 
 # Store time -> messages (queue id, body, tag), one commit-log commit (one file) each.
@@ -224,3 +225,18 @@ def test_the_checkpoint_hint_is_read_again_once_it_changes(tmp_path: Path) -> No
     assert last_checkpoint_version(str(tmp_path)) == 2000
     (log / "_last_checkpoint").unlink()
     assert last_checkpoint_version(str(tmp_path)) is None
+
+
+def test_a_read_of_some_columns_of_the_versions_is_the_same_rows_as_a_whole_read(store: Store) -> None:
+    Admin(store).create_topic("Cols", 2)
+    with Producer(store) as producer:
+        for i in range(5):
+            producer.send(Message("Cols", b"b%d" % i, tags="A", keys=[f"k{i}"]), queue_id=i % 2)
+    uri = store.uri(schemas.COMMIT_LOG)
+    latest = store.version(schemas.COMMIT_LOG)
+    names = ["queue_offset", "topic", "keys"]  # in another order than the file's
+    some = pa.schema([schemas.COMMIT_LOG_SCHEMA.field(n) for n in names])
+    whole = read_versions(uri, 0, latest, schemas.COMMIT_LOG_SCHEMA)
+    part = read_versions(uri, 0, latest, some)
+    assert part.schema.names == [*names, "_version"]
+    assert part.to_pylist() == whole.select([*names, "_version"]).to_pylist()

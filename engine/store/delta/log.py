@@ -424,9 +424,15 @@ def _read_local_file(
     # ParquetFile(...).read() costs about half of read_table's dataset machinery on the small files
     # of one commit (360 against 630 us), and the followers of a log read one or more per version;
     # a file of an older schema (a column added since) goes through read_table, which fills it in.
-    table = pq.ParquetFile(os.path.join(root, path)).read()
-    if table.schema.equals(schema, check_metadata=False):
-        return table
+    # A reader of some columns (the index and dispatch jobs) reads only those, as long as the file
+    # has them all with the wanted types; else (an older schema) the file is read again below.
+    file = pq.ParquetFile(os.path.join(root, path))
+    names = schema.names
+    have = file.schema_arrow
+    if all(have.get_field_index(n) >= 0 for n in names):
+        table = file.read(columns=names) if names != have.names else file.read()
+        if table.schema.equals(schema, check_metadata=False):
+            return table
     return pq.read_table(path, filesystem=table_filesystem(uri, storage_options), schema=schema)
 
 

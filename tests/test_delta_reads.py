@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from chispa import assert_df_equality
@@ -22,6 +23,7 @@ from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
 from engine.store.commit_log import writer as commit_log
 from engine.store.commit_log.stamping import PendingMessage
+from engine.store.delta import FileStats
 from engine.store.delta.log import last_checkpoint_version, read_versions
 from tests.test_native_delta import comparable, require_delta
 
@@ -240,3 +242,20 @@ def test_a_read_of_some_columns_of_the_versions_is_the_same_rows_as_a_whole_read
     part = read_versions(uri, 0, latest, some)
     assert part.schema.names == [*names, "_version"]
     assert part.to_pylist() == whole.select([*names, "_version"]).to_pylist()
+
+
+def test_file_statistics_name_only_the_files_whose_range_holds_a_wanted_offset() -> None:
+    # Four files of one physical-offset line; a queue's messages lie in the first and third.
+    stats = FileStats(
+        3,
+        ["a", "b", "c", "d", "unknown"],
+        {
+            "min.physical_offset": np.array([0, 32, 64, 96, np.iinfo(np.int64).min]),
+            "max.physical_offset": np.array([31, 63, 95, 127, np.iinfo(np.int64).max]),
+        },
+    )
+    wanted = np.array([5, 6, 70, 71])
+    assert stats.holding("physical_offset", wanted) == ["a", "c", "unknown"]
+    assert stats.overlapping("physical_offset", 5, 71) == ["a", "b", "c", "unknown"]
+    assert stats.holding("physical_offset", np.array([200])) == ["unknown"]
+    assert FileStats(3, ["a"]).holding("physical_offset", wanted) == ["a"]  # no statistics: kept

@@ -459,7 +459,7 @@ class _ShardLog:
             if attempt or (behind and not self._moved_on()):
                 self._refresh(reopen=attempt > 1)
             try:
-                paths = self._files.overlapping("physical_offset", int(unique[0]), int(unique[-1]))
+                paths = self._files.holding("physical_offset", unique)
                 parts = self._reader.rows_in(paths, "physical_offset", unique, schema)
             except (OSError, FileNotFoundError):
                 if attempt + 1 == _READ_ATTEMPTS:

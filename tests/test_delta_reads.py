@@ -4,6 +4,7 @@ the catalog helper; and the statistics the store keeps for skipping."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -259,3 +260,17 @@ def test_file_statistics_name_only_the_files_whose_range_holds_a_wanted_offset()
     assert stats.overlapping("physical_offset", 5, 71) == ["a", "b", "c", "unknown"]
     assert stats.holding("physical_offset", np.array([200])) == ["unknown"]
     assert FileStats(3, ["a"]).holding("physical_offset", wanted) == ["a"]  # no statistics: kept
+
+
+def test_versions_of_a_local_table_made_again_under_the_same_path_are_read_anew(tmp_path: Path) -> None:
+    bodies = []
+    for body in (b"first life", b"second life"):
+        store = Store.open(tmp_path / "again")
+        Admin(store).create_topic("Again", 1)
+        with Producer(store) as producer:
+            producer.send(Message("Again", body), queue_id=0)
+        uri = store.uri(schemas.COMMIT_LOG)
+        rows = read_versions(uri, 0, store.version(schemas.COMMIT_LOG), schemas.COMMIT_LOG_SCHEMA)
+        bodies.append(rows["body"].to_pylist())
+        shutil.rmtree(tmp_path / "again")
+    assert bodies == [[b"first life"], [b"second life"]]

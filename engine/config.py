@@ -79,6 +79,9 @@ class EngineConfig:
     long_poll_max_ms: int = 20_000
     # The wire doors create a topic a client asks the route of (RocketMQ's autoCreateTopicEnable).
     auto_create_topics: bool = True
+    # The RocketMQ door keeps the wire encoding of recently read messages, up to this many bytes, and
+    # answers a pull it holds whole from memory (engine.remoting.recent); 0 turns it off.
+    wire_recent_bytes: int = 256 * 1024**2
     dispatch_trigger_ms: int = 200
     checkpoint_dir: str = ""
     file_reserved_hours: int = 72
@@ -159,8 +162,11 @@ class EngineConfig:
             or self.long_poll_max_ms < 0
             or self.file_reserved_hours < 0
             or self.in_memory_max_bytes < 0
+            or self.wire_recent_bytes < 0
         ):
-            raise ConfigError("linger, long-poll, retention and in-memory-size settings must be >= 0")
+            raise ConfigError(
+                "linger, long-poll, retention, in-memory-size and wire-recent-size settings must be >= 0"
+            )
         if self.commit_log_shards > MAX_SHARDS:
             raise ConfigError(
                 f"config commit_log_shards must be at most {MAX_SHARDS}, got {self.commit_log_shards}",

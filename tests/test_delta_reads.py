@@ -4,9 +4,12 @@ the catalog helper; and the statistics the store keeps for skipping."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 import pytest
 from chispa import assert_df_equality
 from deltalake import DeltaTable
@@ -21,6 +24,8 @@ from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
 from engine.store.commit_log import writer as commit_log
 from engine.store.commit_log.stamping import PendingMessage
+from engine.store.delta import FileStats
+from engine.store.delta.log import last_checkpoint_version, read_versions
 from tests.test_native_delta import comparable, require_delta
 
 # Store time -> messages (queue id, body, tag), one commit-log commit (one file) each.
@@ -208,3 +213,64 @@ def test_delta_only_reads_refuse_a_session_without_delta(spark: Any, store: Stor
             register_tables(spark, store)
     finally:
         spark.conf.set(DELTA_READS, "true")
+
+
+def test_the_checkpoint_hint_is_read_again_once_it_changes(tmp_path: Path) -> None:
+    log = tmp_path / "_delta_log"
+    log.mkdir()
+    assert last_checkpoint_version(str(tmp_path)) is None
+    (log / "_last_checkpoint").write_text('{"version": 10, "size": 3}')
+    assert last_checkpoint_version(str(tmp_path)) == 10
+    assert last_checkpoint_version(str(tmp_path)) == 10  # unchanged: kept
+    replacement = log / "_last_checkpoint.tmp"
+    replacement.write_text('{"version": 2000, "size": 3}')
+    replacement.replace(log / "_last_checkpoint")  # as a checkpoint writes it
+    assert last_checkpoint_version(str(tmp_path)) == 2000
+    (log / "_last_checkpoint").unlink()
+    assert last_checkpoint_version(str(tmp_path)) is None
+
+
+def test_a_read_of_some_columns_of_the_versions_is_the_same_rows_as_a_whole_read(store: Store) -> None:
+    Admin(store).create_topic("Cols", 2)
+    with Producer(store) as producer:
+        for i in range(5):
+            producer.send(Message("Cols", b"b%d" % i, tags="A", keys=[f"k{i}"]), queue_id=i % 2)
+    uri = store.uri(schemas.COMMIT_LOG)
+    latest = store.version(schemas.COMMIT_LOG)
+    names = ["queue_offset", "topic", "keys"]  # in another order than the file's
+    some = pa.schema([schemas.COMMIT_LOG_SCHEMA.field(n) for n in names])
+    whole = read_versions(uri, 0, latest, schemas.COMMIT_LOG_SCHEMA)
+    part = read_versions(uri, 0, latest, some)
+    assert part.schema.names == [*names, "_version"]
+    assert part.to_pylist() == whole.select([*names, "_version"]).to_pylist()
+
+
+def test_file_statistics_name_only_the_files_whose_range_holds_a_wanted_offset() -> None:
+    # Four files of one physical-offset line; a queue's messages lie in the first and third.
+    stats = FileStats(
+        3,
+        ["a", "b", "c", "d", "unknown"],
+        {
+            "min.physical_offset": np.array([0, 32, 64, 96, np.iinfo(np.int64).min]),
+            "max.physical_offset": np.array([31, 63, 95, 127, np.iinfo(np.int64).max]),
+        },
+    )
+    wanted = np.array([5, 6, 70, 71])
+    assert stats.holding("physical_offset", wanted) == ["a", "c", "unknown"]
+    assert stats.overlapping("physical_offset", 5, 71) == ["a", "b", "c", "unknown"]
+    assert stats.holding("physical_offset", np.array([200])) == ["unknown"]
+    assert FileStats(3, ["a"]).holding("physical_offset", wanted) == ["a"]  # no statistics: kept
+
+
+def test_versions_of_a_local_table_made_again_under_the_same_path_are_read_anew(tmp_path: Path) -> None:
+    bodies = []
+    for body in (b"first life", b"second life"):
+        store = Store.open(tmp_path / "again")
+        Admin(store).create_topic("Again", 1)
+        with Producer(store) as producer:
+            producer.send(Message("Again", body), queue_id=0)
+        uri = store.uri(schemas.COMMIT_LOG)
+        rows = read_versions(uri, 0, store.version(schemas.COMMIT_LOG), schemas.COMMIT_LOG_SCHEMA)
+        bodies.append(rows["body"].to_pylist())
+        shutil.rmtree(tmp_path / "again")
+    assert bodies == [[b"first life"], [b"second life"]]

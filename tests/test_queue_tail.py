@@ -14,7 +14,7 @@ import engine.store.queue_entries as queue_entries
 from engine import Admin, Message, Producer, PullConsumer, PullStatus, SimpleConsumer, Store
 from engine.broker.dispatch import dispatch_pending
 from engine.config import load_config
-from engine.errors import StoreError
+from engine.errors import InvalidArgumentError, StoreError
 from engine.protocol.transactions import SysFlag
 from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
@@ -133,3 +133,31 @@ def test_the_tail_stops_its_read_a_bounded_way_past_a_stopped_dispatcher(
     dispatch_pending(store)
     assert PullConsumer(store, "g").pull(topic, 0, 0).max_offset == 5
     assert store.version(schemas.COMMIT_LOG) == dispatched_version(store)
+
+
+def test_an_index_is_current_until_a_send_or_a_dispatch_lands(store: Store, topic: str) -> None:
+    index = QueueIndex(store)
+    assert not index.is_current()  # nothing read yet
+    index.refresh()
+    assert index.is_current()
+    with Producer(store) as producer:
+        producer.send(Message(topic, b"m"), queue_id=0)
+    assert not index.is_current()  # a commit-log version past the tail
+    index.refresh()
+    assert index.is_current() and index.bounds(topic, 0) == (0, 1)
+    dispatch_pending(store)
+    assert not index.is_current()  # a consume-queue version
+    index.refresh()
+    assert index.is_current()
+
+
+def test_pull_consumers_sharing_an_index_read_each_version_once(store: Store, topic: str) -> None:
+    index = QueueIndex(store)
+    a, b = PullConsumer(store, "ga", index=index), PullConsumer(store, "gb", index=index)
+    with Producer(store) as producer:
+        producer.send(Message(topic, b"m"), queue_id=1)
+    assert a.bounds_now(topic, 1, 0) == (0, 1)
+    assert index.is_current()  # b's pull finds nothing new to read
+    assert [m.body for m in b.pull(topic, 1, 0).messages] == [b"m"]
+    with pytest.raises(InvalidArgumentError):
+        a.bounds_now(topic, 99, 0)

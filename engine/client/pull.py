@@ -20,13 +20,24 @@ class PullConsumer:
     Args:
         store: an open store.
         group: consumer group; offsets committed with :meth:`commit_offset` are the group's.
+        index: the queue index to read through (default: one of its own). A server that pulls for
+            many groups passes one index to all, so each new version is read once, not per group.
     """
 
-    def __init__(self, store: Store, group: str) -> None:
+    def __init__(self, store: Store, group: str, *, index: QueueIndex | None = None) -> None:
         self._store = store
         self.group = validate_group_name(group)
-        self._index = QueueIndex(store)
+        self._index = QueueIndex(store) if index is None else index
         self._offsets = OffsetStore(store, self.group)
+
+    def check_queue(self, topic: str, queue_id: int) -> None:
+        """Check a queue as :meth:`pull` does before reading.
+
+        Raises:
+            TopicNotFoundError: no such topic.
+            InvalidArgumentError: a queue id outside the topic's queues.
+        """
+        self._check_queue(topic, queue_id)
 
     def _check_queue(self, topic: str, queue_id: int) -> None:
         config = self._store.topic(topic)
@@ -83,10 +94,7 @@ class PullConsumer:
             )
         suspend_ms = min(suspend_ms, self._store.config.long_poll_max_ms)
         selector = MessageSelector.of(expression)
-        local = self._store.is_local
-        self._index.refresh(tail=local)
-        if not local and offset >= self._index.bounds(topic, queue_id)[1]:
-            self._index.refresh_tail()  # at the end of the queue: the commit-log versions not dispatched
+        self._catch_up(topic, queue_id, offset)
         result, examined = self._pull_once(topic, queue_id, offset, max_nums, selector)
         if (
             suspend_ms == 0
@@ -114,6 +122,24 @@ class PullConsumer:
             if result.status is not PullStatus.NO_NEW_MSG and result.status is not PullStatus.NO_MATCHED_MSG:
                 return result
         return result
+
+    def _catch_up(self, topic: str, queue_id: int, offset: int) -> None:
+        local = self._store.is_local
+        self._index.refresh(tail=local)
+        if not local and offset >= self._index.bounds(topic, queue_id)[1]:
+            self._index.refresh_tail()  # at the end of the queue: the commit-log versions not dispatched
+
+    def bounds_now(self, topic: str, queue_id: int, offset: int) -> tuple[int, int]:
+        """The (min_offset, max_offset) a :meth:`pull` from ``offset`` would read by, after the same
+        refresh it makes: what a reader holding messages of the queue checks before answering in its
+        place.
+
+        Raises:
+            TopicNotFoundError, InvalidArgumentError: bad arguments.
+        """
+        self._check_queue(topic, queue_id)
+        self._catch_up(topic, queue_id, offset)
+        return self._index.bounds(topic, queue_id)
 
     def _pull_once(
         self, topic: str, queue_id: int, offset: int, max_nums: int, selector: MessageSelector

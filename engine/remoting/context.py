@@ -19,6 +19,7 @@ from engine.protocol.topics import system_topic_config
 from engine.remoting.frames import RemotingCommand, encode_command
 from engine.remoting.offsets_batch import OffsetBatcher
 from engine.remoting.pull_hold import PullHold
+from engine.remoting.recent import RecentMessages
 from engine.remoting.reset_push import ResetTracker
 from engine.remoting.wire_producer import WireProducer
 from engine.store.action_log import ActionLogWriter
@@ -81,8 +82,12 @@ class BrokerContext:
         # No linger: a send waits only for the commit in progress; the sends that arrive meanwhile
         # make up the next commit (a group commit), so one client alone is not slowed down.
         self.producer = WireProducer(store, "LAKEMQ_WIRE", linger_ms=0)
+        # One index for the door's every read (pulls of all groups, parked pulls, look-ups): each new
+        # version of the queues is read once, not once per group.
         self.index = QueueIndex(store)
         self.hold = PullHold(self.index, self.run, store.config.long_poll_interval_ms / 1000)
+        # Recent messages in their wire encoding; the event loop's alone (engine.remoting.recent).
+        self.recent = RecentMessages(store.config.wire_recent_bytes, store.config)
         self.offsets = OffsetBatcher(store)
         self.resets = ResetTracker(store)
         self.connections: set[Connection] = set()
@@ -111,7 +116,7 @@ class BrokerContext:
         with self._lock:
             consumer = self._pullers.get(group)
             if consumer is None:
-                consumer = self._pullers[group] = PullConsumer(self.store, group)
+                consumer = self._pullers[group] = PullConsumer(self.store, group, index=self.index)
             return consumer
 
     def membership(

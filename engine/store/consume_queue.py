@@ -169,6 +169,36 @@ class QueueIndex:
                 return True
             return False
 
+    def is_current(self) -> bool:
+        """True when :meth:`refresh` would find nothing new: no consume-queue version and no
+        commit-log version past what this index has read, and no refresh under way. On a local
+        store a file check per table; it never waits for a refresh (one under way: False), so an
+        event loop may ask before answering from what it holds.
+        """
+        if not self._lock.acquire(blocking=False):
+            return False
+        try:
+            return self._current()
+        finally:
+            self._lock.release()
+
+    def current_bounds(self, topic: str, queue_id: int) -> tuple[int, int] | None:
+        """:meth:`bounds` of a queue when the index :meth:`is_current` (read under the same look,
+        so no refresh lands between), else None."""
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            return self.bounds(topic, queue_id) if self._current() else None
+        finally:
+            self._lock.release()
+
+    def _current(self) -> bool:
+        if self._cq is None:
+            return False
+        if self._store.latest_version_hint(schemas.CONSUME_QUEUE, self._version) > self._version:
+            return False
+        return self._tail.is_current(self._covered)
+
     def refresh_tail(self) -> bool:
         """Catch up with the commit-log versions the consume queue (as last refreshed) does not
         cover; True when what the reader sees changed."""
@@ -429,7 +459,7 @@ class _ShardLog:
             if attempt or (behind and not self._moved_on()):
                 self._refresh(reopen=attempt > 1)
             try:
-                paths = self._files.overlapping("physical_offset", int(unique[0]), int(unique[-1]))
+                paths = self._files.holding("physical_offset", unique)
                 parts = self._reader.rows_in(paths, "physical_offset", unique, schema)
             except (OSError, FileNotFoundError):
                 if attempt + 1 == _READ_ATTEMPTS:

@@ -154,6 +154,18 @@ class QueueTail:
             self._plan(covered, marks)
             return True
 
+    def is_current(self, covered: list[int]) -> bool:
+        """True when :meth:`advance` with the same ``covered`` would read nothing new (one look for
+        the next commit file of each shard; no lock, nothing read)."""
+        for shard, name in enumerate(self._store.commit_logs):
+            after = max(self._read_to[shard], covered[shard])
+            if self._read_to[shard] < after:
+                return False
+            latest = self._store.latest_version_hint(name, max(after, 0))
+            if min(latest, covered[shard] + TAIL_MAX_VERSIONS) > after:
+                return False
+        return True
+
     def _plan(self, covered: list[int], marks: QueueMarks) -> None:
         planned = marks.copy()
         parts, rows_kept = [], []

@@ -142,6 +142,8 @@ async def delete_topic(ctx: BrokerContext, conn: Connection, cmd: RemotingComman
         return cmd.response(
             ResponseCode.SYSTEM_ERROR, f"The topic[{topic}] is conflict with system topic. {exc}"
         )
+    finally:
+        ctx.recent.forget(topic)  # a topic made again numbers its queues from 0 again
     return cmd.response(ResponseCode.SUCCESS)
 
 

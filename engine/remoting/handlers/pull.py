@@ -7,18 +7,22 @@ PULL_OFFSET_MOVED; the offset corrections travel in nextBeginOffset / minOffset 
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 
+from engine.client.pull import PullConsumer
 from engine.errors import InvalidSelectorError
 from engine.model import PullResult, PullStatus
 from engine.protocol.pull import MAX_PULL_NUMS
-from engine.protocol.selectors import MessageSelector
+from engine.protocol.selectors import ExpressionType, MessageSelector
 from engine.remoting.codes import PullSysFlag, RequestCode, ResponseCode
 from engine.remoting.context import BrokerContext, Connection, Handler
 from engine.remoting.frames import RemotingCommand
 from engine.remoting.headers import Header
-from engine.remoting.message_layout import encode_stored
-from engine.remoting.wire_messages import to_wire
+from engine.remoting.recent import READ_AHEAD_LOW, READ_ON_MISS, PullAnswer, Recent, encode, read_ahead
+
+_log = logging.getLogger(__name__)
 
 PULL_CODES = {
     PullStatus.FOUND: ResponseCode.SUCCESS,
@@ -44,19 +48,112 @@ def selector_of(expression: str | None, expression_type: str | None) -> MessageS
     return MessageSelector.by_tag(expression or "*")
 
 
-def pull_response(ctx: BrokerContext, cmd: RemotingCommand, result: PullResult) -> RemotingCommand:
-    """The response to a pull: its status code, offsets and, when FOUND, the messages."""
+def engine_answer(store_host: tuple[str, int], result: PullResult) -> PullAnswer:
+    """A pull's answer from the engine's :class:`PullResult` (the messages in their wire encoding)."""
     body = b""
     if result.status is PullStatus.FOUND:
-        host = (ctx.host, ctx.port)
-        body = b"".join(encode_stored(to_wire(m, host)) for m in result.messages)
+        body = b"".join(encode(m, store_host) for m in result.messages)
+    return PullAnswer(result.status, body, result.next_begin_offset, result.min_offset, result.max_offset)
+
+
+def answer_response(cmd: RemotingCommand, answer: PullAnswer) -> RemotingCommand:
+    """The response to a pull: its status code, offsets and, when FOUND, the messages."""
     fields = {
         "suggestWhichBrokerId": 0,
-        "nextBeginOffset": result.next_begin_offset,
-        "minOffset": result.min_offset,
-        "maxOffset": result.max_offset,
+        "nextBeginOffset": answer.next_begin_offset,
+        "minOffset": answer.min_offset,
+        "maxOffset": answer.max_offset,
     }
-    return cmd.response(PULL_CODES[result.status], ext_fields=fields, body=body)
+    return cmd.response(PULL_CODES[answer.status], ext_fields=fields, body=answer.body)
+
+
+def pull_response(ctx: BrokerContext, cmd: RemotingCommand, result: PullResult) -> RemotingCommand:
+    """The response to a pull the engine answered with ``result``."""
+    return answer_response(cmd, engine_answer((ctx.host, ctx.port), result))
+
+
+def _engine_pull(
+    ctx: BrokerContext, puller: PullConsumer, args: tuple[str, int, int, int, MessageSelector, int]
+) -> PullAnswer:
+    return engine_answer((ctx.host, ctx.port), puller.pull(*args))
+
+
+def _bounds_and_ahead(
+    ctx: BrokerContext, puller: PullConsumer, topic: str, queue_id: int, offset: int, ahead: bool
+) -> tuple[int, int, list[tuple[int, Recent]]]:
+    """The queue's bounds as a pull refreshes them and, with ``ahead``, the messages from
+    ``offset`` on (:func:`read_ahead`). On a pull thread."""
+    low, high = puller.bounds_now(topic, queue_id, offset)
+    if not ahead or not low <= offset < high:
+        return low, high, []
+    host = (ctx.host, ctx.port)
+    return low, high, read_ahead(ctx.index, host, topic, queue_id, offset, high, READ_ON_MISS)
+
+
+async def read_pull(
+    ctx: BrokerContext,
+    puller: PullConsumer,
+    topic: str,
+    queue_id: int,
+    offset: int,
+    max_nums: int,
+    selector: MessageSelector,
+) -> PullAnswer:
+    """One read of a pull: from the recent messages (:mod:`engine.remoting.recent`) when they hold
+    its answer, else from the engine.
+
+    When the queue index has nothing new to read (a file check on a local store), the bounds are
+    the index's as they stand and a held answer is given on the event loop, without a thread hop.
+    Otherwise the index is refreshed on a pull thread, which also reads ahead from ``offset`` when
+    that message is not held, and the answer is given from what is held then. A pull that still
+    needs messages not held (a sparse tag filter, SQL92) is the engine's."""
+    recent = ctx.recent
+    args = (topic, queue_id, offset, max_nums, selector, 0)
+    if not recent.enabled or not (selector.matches_all or selector.type is ExpressionType.TAG):
+        return await ctx.run(_engine_pull, ctx, puller, args, pull=True)
+    answer = None
+    bounds = ctx.index.current_bounds(topic, queue_id) if ctx.store.is_local else None
+    if bounds is not None:
+        puller.check_queue(topic, queue_id)
+        answer = recent.answer(topic, queue_id, offset, max_nums, selector, *bounds)
+    reading = recent.reading.get((topic, queue_id))
+    if answer is None and reading is not None and not recent.holds(topic, queue_id, offset):
+        await asyncio.shield(reading)  # the read under way may bring this pull's messages
+    if answer is None:
+        ahead = not recent.holds(topic, queue_id, offset)
+        low, high, items = await ctx.run(
+            _bounds_and_ahead, ctx, puller, topic, queue_id, offset, ahead, pull=True
+        )
+        recent.put(topic, queue_id, items)
+        answer = recent.answer(topic, queue_id, offset, max_nums, selector, low, high)
+        if answer is None:
+            return await ctx.run(_engine_pull, ctx, puller, args, pull=True)
+    if answer.status is PullStatus.FOUND:
+        _read_on(ctx, topic, queue_id, answer.next_begin_offset, answer.max_offset)
+    return answer
+
+
+def _read_on(ctx: BrokerContext, topic: str, queue_id: int, offset: int, high: int) -> None:
+    """Start reading ahead of a queue's reader in the background when fewer than
+    :data:`READ_AHEAD_LOW` messages are held past ``offset`` (one read per queue at a time), so its
+    next pulls find their messages held."""
+    recent = ctx.recent
+    start = recent.missing_from(topic, queue_id, offset, READ_AHEAD_LOW)
+    if start is None or start >= high or (topic, queue_id) in recent.reading:
+        return
+    task = asyncio.get_running_loop().create_task(_read_ahead(ctx, topic, queue_id, start, high))
+    recent.reading[(topic, queue_id)] = task
+
+
+async def _read_ahead(ctx: BrokerContext, topic: str, queue_id: int, start: int, high: int) -> None:
+    try:
+        host = (ctx.host, ctx.port)
+        items = await ctx.run(read_ahead, ctx.index, host, topic, queue_id, start, high, pull=True)
+        ctx.recent.put(topic, queue_id, items)
+    except Exception as exc:  # the pulls read through the engine instead
+        _log.debug("reading ahead of %s:%s from %s failed: %s", topic, queue_id, start, exc)
+    finally:
+        ctx.recent.reading.pop((topic, queue_id), None)
 
 
 async def pull_message(ctx: BrokerContext, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
@@ -88,21 +185,25 @@ async def pull_message(ctx: BrokerContext, conn: Connection, cmd: RemotingComman
     puller = ctx.puller(group)
     if PullSysFlag.COMMIT_OFFSET in flags and commit_offset >= 0:
         # Kept before the long poll, as RocketMQ's broker does: a connection dropped while the
-        # pull is parked must not lose the consumer's progress.
-        await ctx.run(ctx.report_offset, puller.group, topic, queue_id, commit_offset)
+        # pull is parked must not lose the consumer's progress. Keeping it touches no file once the
+        # topic is known on a local store: then on the event loop, without a thread hop.
+        if ctx.store.is_local and topic in ctx.store.topic_configs():
+            ctx.report_offset(puller.group, topic, queue_id, commit_offset)
+        else:
+            await ctx.run(ctx.report_offset, puller.group, topic, queue_id, commit_offset)
     suspend_s = max(0, min(suspend_ms, ctx.store.config.long_poll_max_ms)) / 1000
     deadline = time.monotonic() + suspend_s
-    args = (topic, queue_id, offset, max_nums, selector, 0)
-    result = await ctx.run(puller.pull, *args, pull=True)
+    args = (puller, topic, queue_id, offset, max_nums, selector)
+    answer = await read_pull(ctx, *args)
     check = True
     # Long polling: parked on the event loop (not a thread) until this queue grows or time is up.
-    while result.status is PullStatus.NO_NEW_MSG and await ctx.hold.wait(
-        topic, queue_id, result.max_offset, deadline - time.monotonic(), check=check
+    while answer.status is PullStatus.NO_NEW_MSG and await ctx.hold.wait(
+        topic, queue_id, answer.max_offset, deadline - time.monotonic(), check=check
     ):
-        seen = result.max_offset
-        result = await ctx.run(puller.pull, *args, pull=True)
-        check = result.max_offset != seen
-    return pull_response(ctx, cmd, result)
+        seen = answer.max_offset
+        answer = await read_pull(ctx, *args)
+        check = answer.max_offset != seen
+    return answer_response(cmd, answer)
 
 
 HANDLERS: dict[int, Handler] = {RequestCode.PULL_MESSAGE: pull_message}

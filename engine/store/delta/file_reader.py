@@ -58,6 +58,20 @@ class FileStats:
                 mask &= maxs >= lo_v
         return [p for p, keep in zip(self.paths, mask, strict=True) if keep]
 
+    def holding(self, column: str, values: np.ndarray) -> list[str]:
+        """Files whose ``column`` range holds at least one of the sorted ``values`` (a file whose
+        range only spans between two of them is left out: another queue's file among a queue's
+        messages); files without statistics are kept."""
+        if not self.paths or not len(values):
+            return []
+        mins, maxs = self.columns.get(f"min.{column}"), self.columns.get(f"max.{column}")
+        if mins is None or maxs is None:
+            return self.overlapping(column, int(values[0]), int(values[-1]))
+        at = np.searchsorted(values, mins, "left")
+        inside = at < len(values)
+        inside[inside] = values[at[inside]] <= maxs[inside]
+        return [p for p, keep in zip(self.paths, inside, strict=True) if keep]
+
 
 _QueueIndex = tuple[np.ndarray, np.ndarray]  # sorted queue offsets, and the rows holding them
 # Files of one read fetched at once on an object store: each is a request of a round trip, and a

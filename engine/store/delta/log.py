@@ -182,11 +182,29 @@ def last_checkpoint_version(table_dir: str) -> int | None:
     Raises:
         OSError, ValueError, KeyError, TypeError: the hint is unreadable or malformed.
     """
+    hint = os.path.join(table_dir, "_delta_log", "_last_checkpoint")
     try:
-        with open(os.path.join(table_dir, "_delta_log", "_last_checkpoint"), encoding="utf-8") as f:
-            return int(json.load(f)["version"])
+        stat = os.stat(hint)
     except FileNotFoundError:
         return None
+    # Long polling and every pull ask many times a second; the hint changes once per checkpoint.
+    key = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+    known = _CHECKPOINT_HINTS.get(hint)
+    if known is not None and known[0] == key:
+        return known[1]
+    try:
+        with open(hint, encoding="utf-8") as f:
+            version = int(json.load(f)["version"])
+    except FileNotFoundError:
+        return None
+    if len(_CHECKPOINT_HINTS) >= 1024:
+        _CHECKPOINT_HINTS.clear()
+    _CHECKPOINT_HINTS[hint] = (key, version)
+    return version
+
+
+# Per local ``_last_checkpoint`` file: (mtime, size, inode) when read -> the version it names.
+_CHECKPOINT_HINTS: dict[str, tuple[tuple[int, int, int], int]] = {}
 
 
 def probe_latest_version(
@@ -235,13 +253,14 @@ def earliest_version(uri: str, storage_options: Mapping[str, str] | None = None)
     return min(versions, default=0)
 
 
-# Commit files read from an object store, by (table URI, version). A commit file never changes once
+# Commit files read, by (table URI, version). A commit file never changes once
 # written, and on an object store each read costs round trips (a HEAD and a GET): the broker jobs
 # read every new commit-log version for its rows, and again for the app transactions it records
-# (Snapshot.app_version), so each is fetched once. Local reads are not kept (a local table may be
-# removed and made again under the same path; a read costs no round trip).
+# (Snapshot.app_version), so each is fetched once. Local reads are kept by the commit file's
+# identity (inode, size, modification time): a local table may be removed and made again under the
+# same path, and the dispatch and index jobs and the pull path parse each new commit in turn.
 COMMIT_CACHE_SIZE = 1024
-_commits: OrderedDict[tuple[str, int], VersionFiles] = OrderedDict()
+_commits: OrderedDict[tuple[int | str, ...], VersionFiles] = OrderedDict()
 _commits_lock = threading.Lock()
 
 
@@ -268,16 +287,29 @@ def _version_if_there(
     uri: str, version: int, storage_options: Mapping[str, str] | None
 ) -> VersionFiles | None:
     """:func:`read_version`, or None when the commit file is not there (not kept: it may come)."""
-    remote = local_path(uri) is None
-    key = (uri.rstrip("/"), version)
-    if remote:
+    root = local_path(uri)
+    key: tuple[str, int] | tuple[str, int, int, int, int] = (uri.rstrip("/"), version)
+    if root is not None:
+        # A local commit file is known by its identity too: a table removed and made again under
+        # the same path is read anew, and a file still being written is not kept as it was.
+        try:
+            st = os.stat(os.path.join(root, _log_path(version)))
+        except FileNotFoundError:
+            return None
+        except OSError:
+            st = None
+        key = (*key, st.st_ino, st.st_size, st.st_mtime_ns) if st is not None else key
+        cacheable = st is not None
+    else:
+        cacheable = True
+    if cacheable:
         with _commits_lock:
             cached = _commits.get(key)
             if cached is not None:
                 _commits.move_to_end(key)
                 return cached
     parsed = _read_version(uri, version, storage_options)
-    if remote and parsed is not None:
+    if cacheable and parsed is not None:
         with _commits_lock:
             _commits[key] = parsed
             while len(_commits) > COMMIT_CACHE_SIZE:
@@ -400,15 +432,60 @@ def read_files(
     return table
 
 
+class _LocalFiles:
+    """Whole data files of local tables read lately, shared by every reader in the process (the
+    dispatch, index and schedule jobs and the pull path all read the newest commit-log versions),
+    the least recently used dropped past ``max_bytes``. An entry is known by the file's path and
+    identity (inode, size, modification time), so a table removed and made again under the same
+    path is read anew."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._tables: OrderedDict[tuple[str, int, int, int], pa.Table] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def read(self, full: str) -> pa.Table:
+        st = os.stat(full)
+        key = (full, st.st_ino, st.st_size, st.st_mtime_ns)
+        with self._lock:
+            table = self._tables.get(key)
+            if table is not None:
+                self._tables.move_to_end(key)
+                return table
+        table = pq.ParquetFile(full).read()
+        size = table.nbytes
+        if size <= self.max_bytes:
+            with self._lock:
+                if key not in self._tables:
+                    self._tables[key] = table
+                    self._bytes += size
+                while self._bytes > self.max_bytes:
+                    _, dropped = self._tables.popitem(last=False)
+                    self._bytes -= dropped.nbytes
+        return table
+
+
+LOCAL_FILES = _LocalFiles(64 << 20)
+"""Local data files read by :func:`read_versions` lately (:class:`_LocalFiles`, 64 MiB)."""
+
+
 def _read_local_file(
     root: str, path: str, schema: pa.Schema, uri: str, storage_options: Mapping[str, str] | None
 ) -> pa.Table:
     # ParquetFile(...).read() costs about half of read_table's dataset machinery on the small files
     # of one commit (360 against 630 us), and the followers of a log read one or more per version;
     # a file of an older schema (a column added since) goes through read_table, which fills it in.
-    table = pq.ParquetFile(os.path.join(root, path)).read()
+    # A reader of some columns (the index and dispatch jobs) takes them from the whole file, which
+    # the other readers of the same version share.
+    table = LOCAL_FILES.read(os.path.join(root, path))
     if table.schema.equals(schema, check_metadata=False):
         return table
+    names = schema.names
+    if all(table.schema.get_field_index(n) >= 0 for n in names):
+        part = table.select(names)
+        if part.schema.equals(schema, check_metadata=False):
+            return part
     return pq.read_table(path, filesystem=table_filesystem(uri, storage_options), schema=schema)
 
 

@@ -242,17 +242,20 @@ class LocalLogObjects:
             OSError, pyarrow.ArrowException: it could not be written (nothing is left behind).
         """
         path = self.where(name)
-        # Made in memory and written in one call: pyarrow's own file output costs as much again
-        # as the encoding for the small files of single sends.
-        data = _parquet_bytes(rows, options)
         try:
+            if rows.num_rows >= SMALL_FILE_ROWS:  # streamed to the file: no buffer to grow and copy
+                pq.write_table(rows, path, **options)
+                return os.stat(path).st_size
+            # Made in memory and written in one call: pyarrow's own file output costs as much again
+            # as the encoding for the small files of single sends.
+            data = _parquet_bytes(rows, options)
             with open(path, "xb") as f:
                 f.write(data)
-        except OSError:
+            return len(data)
+        except (OSError, pa.ArrowException):
             with contextlib.suppress(OSError):
                 os.unlink(path)
             raise
-        return len(data)
 
     def put_commit(self, version: int, text: str, table: str) -> None:
         """Put ``text`` as the commit file of ``version`` if it has none.

@@ -4,7 +4,9 @@ CONSUMER_SEND_MSG_BACK. Each goes through the engine's producer or consumer path
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from concurrent.futures import Future
+from typing import Any, TypeVar
 
 from engine.client.queries import view_message
 from engine.errors import InvalidMessageError, TopicNotFoundError
@@ -23,6 +25,8 @@ from engine.remoting.message_layout import decode_batch, decode_properties, offs
 from engine.remoting.retry_sends import is_retry_send, send_retry
 from engine.remoting.wire_messages import IncomingMessage, incoming, inflate
 from engine.store.store import now_ms
+
+T = TypeVar("T")
 
 # SendMessageRequestHeaderV2's one-letter names for SendMessageRequestHeader's.
 V2_ALIASES = {
@@ -131,21 +135,23 @@ async def send_message(ctx: BrokerContext, conn: Connection, cmd: RemotingComman
 
 
 async def _queue(ctx: BrokerContext, item: IncomingMessage, queue_id: int) -> Future[SendResult]:
-    """Queue a send for the next group commit. On a local store it is checked and queued on the
-    event loop (no I/O then: no thread hop each way); elsewhere a topic look-up may ask the object
-    store, so on a worker thread."""
-    if ctx.store.is_local:
-        return ctx.producer.send_wire_grouped(item, queue_id)
-    return await ctx.run(ctx.producer.send_wire_grouped, item, queue_id)
+    """Queue a send for the next group commit (:func:`_queued`)."""
+    return await _queued(ctx, ctx.producer.send_wire_grouped, item, queue_id)
 
 
 async def _queue_batch(
     ctx: BrokerContext, items: list[IncomingMessage], queue_id: int
 ) -> Future[list[SendResult]]:
-    """Queue a batch for the next group commit, as :func:`_queue` a single send."""
+    """Queue a batch for the next group commit, whole (:func:`_queued`)."""
+    return await _queued(ctx, ctx.producer.send_wire_batch, items, queue_id)
+
+
+async def _queued(ctx: BrokerContext, queue: Callable[..., Future[T]], *args: Any) -> Future[T]:
+    """``queue(*args)``: on a local store checked and queued on the event loop (no I/O then: no
+    thread hop each way); elsewhere a topic look-up may ask the object store, so on a worker thread."""
     if ctx.store.is_local:
-        return ctx.producer.send_wire_batch(items, queue_id)
-    return await ctx.run(ctx.producer.send_wire_batch, items, queue_id)
+        return queue(*args)
+    return await ctx.run(queue, *args)
 
 
 def _checked(body: bytes) -> bytes:

@@ -26,6 +26,7 @@ from bench.s3proxy import S3Proxy
 from engine import Admin, Message, Producer, PullConsumer, PullStatus, SimpleConsumer, Store
 from engine.broker.dispatch import dispatch_pending
 from engine.store.delta import file_reader
+from engine.store.delta.table_cache import TableCache
 
 pytestmark = pytest.mark.s3
 
@@ -165,7 +166,7 @@ def test_a_pull_from_many_files_reads_each_once(
 ) -> None:
     topic, consumer = pulled
     # row groups read by earlier pulls are kept (file_reader.ROW_GROUPS): start with none kept
-    monkeypatch.setattr(file_reader, "ROW_GROUPS", file_reader.RowGroupCache(64 << 20))
+    monkeypatch.setattr(file_reader, "ROW_GROUPS", TableCache(64 << 20))
     results = []
     count, seen = routed_requests(proxy, lambda: results.append(consumer.pull(topic, 1, 0, 32)))
     assert [m.body for m in results[0].messages] == [f"many {i}".encode() for i in range(32)]

@@ -13,7 +13,7 @@ import pytest
 from engine import Admin, Message, Producer, PullConsumer, Store
 from engine.broker.dispatch import dispatch_pending
 from engine.store.delta import file_reader
-from engine.store.delta.file_reader import RowGroupCache
+from engine.store.delta.table_cache import TableCache
 
 
 def _table(n: int, fill: str = "x") -> pa.Table:
@@ -22,7 +22,7 @@ def _table(n: int, fill: str = "x") -> pa.Table:
 
 def test_the_least_recently_used_groups_go_first_once_past_the_budget() -> None:
     a, b, c = _table(10, "a"), _table(10, "b"), _table(10, "c")
-    cache = RowGroupCache(max_bytes=a.nbytes + b.nbytes)
+    cache = TableCache(max_bytes=a.nbytes + b.nbytes)
     cache.put(("t", "f", 0), a)
     cache.put(("t", "f", 1), b)
     assert cache.get(("t", "f", 0)) is a  # now the most recently used
@@ -33,7 +33,7 @@ def test_the_least_recently_used_groups_go_first_once_past_the_budget() -> None:
 
 def test_a_group_larger_than_the_whole_budget_is_not_kept() -> None:
     big = _table(100)
-    cache = RowGroupCache(max_bytes=big.nbytes - 1)
+    cache = TableCache(max_bytes=big.nbytes - 1)
     cache.put(("t", "f", 0), big)
     assert cache.get(("t", "f", 0)) is None
 
@@ -41,7 +41,7 @@ def test_a_group_larger_than_the_whole_budget_is_not_kept() -> None:
 def test_a_second_group_pulling_the_same_messages_decodes_no_row_group(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(file_reader, "ROW_GROUPS", RowGroupCache(64 << 20))
+    monkeypatch.setattr(file_reader, "ROW_GROUPS", TableCache(64 << 20))
     Admin(store).create_topic("Hot", 1)
     with Producer(store) as producer:
         for i in range(4):

@@ -21,6 +21,7 @@ import pyarrow.parquet as pq
 from engine.store.delta.log import table_filesystem
 from engine.store.delta.objects import local_path
 from engine.store.delta.snapshot import Snapshot
+from engine.store.delta.table_cache import TableCache
 
 
 @dataclass
@@ -80,47 +81,12 @@ PARALLEL_READS = 16
 _POOL = ThreadPoolExecutor(PARALLEL_READS, thread_name_prefix="mq-file-reads")
 
 
-class RowGroupCache:
-    """Decoded row groups of data files, shared by every reader in the process, the least recently
-    used dropped past ``max_bytes``.
-
-    A consumer reading through a backlog pulls 32 messages at a time from row groups of hundreds:
-    without it every pull decoded its whole row group again (most of a pull's time), and every
-    group reading the same recent messages did too. Data files never change once written (and a
-    removed file's name is never used again), so an entry is never stale: what the broker's page
-    cache is to RocketMQ's commit log.
-    """
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self._groups: OrderedDict[tuple[str, str, int], pa.Table] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def get(self, key: tuple[str, str, int]) -> pa.Table | None:
-        with self._lock:
-            table = self._groups.get(key)
-            if table is not None:
-                self._groups.move_to_end(key)
-            return table
-
-    def put(self, key: tuple[str, str, int], table: pa.Table) -> None:
-        size = table.nbytes
-        if size > self.max_bytes:
-            return
-        with self._lock:
-            old = self._groups.pop(key, None)
-            if old is not None:
-                self._bytes -= old.nbytes
-            self._groups[key] = table
-            self._bytes += size
-            while self._bytes > self.max_bytes:
-                _, dropped = self._groups.popitem(last=False)
-                self._bytes -= dropped.nbytes
-
-
-ROW_GROUPS = RowGroupCache(64 << 20)
-"""The process's cache of decoded row groups (:class:`RowGroupCache`, 64 MiB)."""
+ROW_GROUPS = TableCache(64 << 20)
+"""The process's decoded row groups of data files (64 MiB). A consumer reading through a backlog
+pulls 32 messages at a time from row groups of hundreds: without it every pull decoded its whole row
+group again (most of a pull's time), and every group reading the same recent messages did too. Data
+files never change once written (and a removed file's name is never used again), so an entry is
+never stale: what the broker's page cache is to RocketMQ's commit log."""
 
 
 class FileReader:

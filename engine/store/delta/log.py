@@ -28,6 +28,7 @@ from deltalake.fs import DeltaStorageHandler
 from engine.errors import CommitTruncatedError, StoreError
 from engine.store.commit_markers import COUNTS_KEY
 from engine.store.delta.objects import get_object, list_objects, local_path
+from engine.store.delta.table_cache import TableCache
 
 VERSION_COLUMN = "_version"
 COMMIT_FILE = re.compile(r"^(\d{20})\.json$")  # a commit file's name in _delta_log; group 1: its version
@@ -432,42 +433,11 @@ def read_files(
     return table
 
 
-class _LocalFiles:
-    """Whole data files of local tables read lately, shared by every reader in the process (the
-    dispatch, index and schedule jobs and the pull path all read the newest commit-log versions),
-    the least recently used dropped past ``max_bytes``. An entry is known by the file's path and
-    identity (inode, size, modification time), so a table removed and made again under the same
-    path is read anew."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self._tables: OrderedDict[tuple[str, int, int, int], pa.Table] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def read(self, full: str) -> pa.Table:
-        st = os.stat(full)
-        key = (full, st.st_ino, st.st_size, st.st_mtime_ns)
-        with self._lock:
-            table = self._tables.get(key)
-            if table is not None:
-                self._tables.move_to_end(key)
-                return table
-        table = pq.ParquetFile(full).read()
-        size = table.nbytes
-        if size <= self.max_bytes:
-            with self._lock:
-                if key not in self._tables:
-                    self._tables[key] = table
-                    self._bytes += size
-                while self._bytes > self.max_bytes:
-                    _, dropped = self._tables.popitem(last=False)
-                    self._bytes -= dropped.nbytes
-        return table
-
-
-LOCAL_FILES = _LocalFiles(64 << 20)
-"""Local data files read by :func:`read_versions` lately (:class:`_LocalFiles`, 64 MiB)."""
+LOCAL_FILES = TableCache(64 << 20)
+"""Whole local data files read by :func:`read_versions` lately (64 MiB), shared by every reader in
+the process: the dispatch, index and schedule jobs and the pull path all read the newest
+commit-log versions. Known by the file's path and identity (inode, size, modification time), so a
+table removed and made again under the same path is read anew."""
 
 
 def _read_local_file(
@@ -478,7 +448,13 @@ def _read_local_file(
     # a file of an older schema (a column added since) goes through read_table, which fills it in.
     # A reader of some columns (the index and dispatch jobs) takes them from the whole file, which
     # the other readers of the same version share.
-    table = LOCAL_FILES.read(os.path.join(root, path))
+    full = os.path.join(root, path)
+    st = os.stat(full)
+    key = (full, st.st_ino, st.st_size, st.st_mtime_ns)
+    table = LOCAL_FILES.get(key)
+    if table is None:
+        table = pq.ParquetFile(full).read()
+        LOCAL_FILES.put(key, table)
     if table.schema.equals(schema, check_metadata=False):
         return table
     names = schema.names

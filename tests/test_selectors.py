@@ -14,7 +14,7 @@ import pytest
 
 from engine import ExpressionType, InvalidArgumentError, InvalidSelectorError, MessageSelector
 from engine.protocol import java_string_hashcode, parse_sql92
-from engine.protocol.pull import batch_stop
+from engine.protocol.pull import batch_full, batch_stop
 from engine.protocol.sql92_ast import Compare, Kind, Literal, Logic, Not, Property
 from engine.protocol.sql92_parser import tokenize
 from engine.store.schemas import COMMIT_LOG_SCHEMA
@@ -266,6 +266,21 @@ def test_batch_stop_is_rocketmqs_is_the_batch_full(
     matched: list[int], sizes: list[int], count: int, nbytes: int, stop: int
 ) -> None:
     assert batch_stop(np.array(matched, bool), np.array(sizes, np.int64), count, nbytes) == stop
+
+
+@pytest.mark.parametrize(("matched", "sizes", "count", "nbytes", "stop"), BATCHES)
+def test_batch_full_entry_by_entry_stops_where_batch_stop_does(
+    matched: list[int], sizes: list[int], count: int, nbytes: int, stop: int
+) -> None:
+    taken = taken_bytes = 0
+    at = len(matched)
+    for i, (hit, size) in enumerate(zip(matched, sizes, strict=True)):
+        if batch_full(taken, taken_bytes, size, count, nbytes):
+            at = i
+            break
+        if hit:
+            taken, taken_bytes = taken + 1, taken_bytes + size
+    assert at == stop
 
 
 def test_batch_stop_carries_what_earlier_windows_took() -> None:

@@ -39,6 +39,13 @@ def pull_status(offset: int, min_offset: int, max_offset: int) -> tuple[PullStat
     return None, offset
 
 
+def batch_full(count: int, taken_bytes: int, next_size: int, max_count: int, max_bytes: int) -> bool:
+    """RocketMQ's ``DefaultMessageStore.isTheBatchFull`` for one entry: whether a pull that took
+    ``count`` messages of ``taken_bytes`` stops before an entry of ``next_size`` bytes (the first
+    message is taken whatever its size). :func:`batch_stop` is the same rule over a window."""
+    return count > 0 and (count >= max_count or taken_bytes + next_size > max_bytes)
+
+
 def batch_stop(
     matched: np.ndarray, sizes: np.ndarray, max_count: int, max_bytes: int, count: int = 0, size: int = 0
 ) -> int:

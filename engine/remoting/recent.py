@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from engine.config import EngineConfig
 from engine.model import MessageExt, PullStatus
-from engine.protocol.pull import MAX_SCAN_ENTRIES, pull_status
+from engine.protocol.pull import MAX_SCAN_ENTRIES, batch_full, pull_status
 from engine.protocol.selectors import ExpressionType, MessageSelector
 from engine.remoting.message_layout import encode_stored
 from engine.remoting.wire_messages import to_wire
@@ -250,13 +250,12 @@ class RecentMessages:
         count = taken_bytes = 0
         parts: list[bytes] = []
         position = end
-        # RocketMQ's isTheBatchFull before each entry of the window (engine.protocol.pull.batch_stop).
         for at in range(offset, end):
             item = held.get(at)
             if item is None:
                 self.misses += 1
                 return None
-            if count and (count >= limit or taken_bytes + item.size > max_bytes):
+            if batch_full(count, taken_bytes, item.size, limit, max_bytes):
                 position = at
                 break
             if matches_all or (item.tags_code in codes and item.tags in names):

@@ -37,9 +37,6 @@ class PullConsumer:
             TopicNotFoundError: no such topic.
             InvalidArgumentError: a queue id outside the topic's queues.
         """
-        self._check_queue(topic, queue_id)
-
-    def _check_queue(self, topic: str, queue_id: int) -> None:
         config = self._store.topic(topic)
         if isinstance(queue_id, bool) or not isinstance(queue_id, int) or not 0 <= queue_id < config.queues:
             raise InvalidArgumentError(
@@ -83,7 +80,7 @@ class PullConsumer:
             TopicNotFoundError, InvalidArgumentError: bad arguments.
             InvalidSelectorError: a bad expression.
         """
-        self._check_queue(topic, queue_id)
+        self.check_queue(topic, queue_id)
         if isinstance(offset, bool) or not isinstance(offset, int):
             raise InvalidArgumentError(f"offset {offset!r} must be an int", offset=offset)
         if isinstance(max_nums, bool) or not isinstance(max_nums, int) or not 1 <= max_nums <= MAX_PULL_NUMS:
@@ -137,7 +134,7 @@ class PullConsumer:
         Raises:
             TopicNotFoundError, InvalidArgumentError: bad arguments.
         """
-        self._check_queue(topic, queue_id)
+        self.check_queue(topic, queue_id)
         self._catch_up(topic, queue_id, offset)
         return self._index.bounds(topic, queue_id)
 
@@ -166,22 +163,22 @@ class PullConsumer:
 
     def commit_offset(self, topic: str, queue_id: int, offset: int) -> None:
         """Record the group's consume progress of one queue (the next offset to consume)."""
-        self._check_queue(topic, queue_id)
+        self.check_queue(topic, queue_id)
         self._offsets.commit([(topic, queue_id, offset)])
 
     def committed_offset(self, topic: str, queue_id: int) -> int | None:
         """The group's last committed offset of one queue, or None if it never committed."""
-        self._check_queue(topic, queue_id)
+        self.check_queue(topic, queue_id)
         return self._offsets.read(topic).get((topic, queue_id))
 
     def max_offset(self, topic: str, queue_id: int) -> int:
         """Next offset to be dispatched in a queue."""
-        self._check_queue(topic, queue_id)
+        self.check_queue(topic, queue_id)
         self._index.refresh()
         return self._index.bounds(topic, queue_id)[1]
 
     def min_offset(self, topic: str, queue_id: int) -> int:
         """Smallest offset still stored in a queue."""
-        self._check_queue(topic, queue_id)
+        self.check_queue(topic, queue_id)
         self._index.refresh()
         return self._index.bounds(topic, queue_id)[0]

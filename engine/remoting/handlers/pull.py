@@ -67,11 +67,6 @@ def answer_response(cmd: RemotingCommand, answer: PullAnswer) -> RemotingCommand
     return cmd.response(PULL_CODES[answer.status], ext_fields=fields, body=answer.body)
 
 
-def pull_response(ctx: BrokerContext, cmd: RemotingCommand, result: PullResult) -> RemotingCommand:
-    """The response to a pull the engine answered with ``result``."""
-    return answer_response(cmd, engine_answer((ctx.host, ctx.port), result))
-
-
 def _engine_pull(
     ctx: BrokerContext, puller: PullConsumer, args: tuple[str, int, int, int, MessageSelector, int]
 ) -> PullAnswer:

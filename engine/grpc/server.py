@@ -426,17 +426,11 @@ class GrpcServer:
         Raises:
             InvalidMessageError, TopicNotFoundError, InvalidArgumentError: bad input.
         """
-        if queue_id is not None:  # the message group stays with it (incoming.broker_properties)
-            return self.producer.prepare(
-                incoming.message,
-                queue_id,
-                uniq_key=incoming.uniq_key,
-                born_ts_ms=incoming.born_ts_ms,
-                broker_properties=incoming.broker_properties or None,
-            )
         return self.producer.prepare(
             incoming.message,
-            message_group=incoming.message_group,
+            queue_id,
+            # with a queue named, the group stays with the message (incoming.broker_properties)
+            message_group=incoming.message_group if queue_id is None else None,
             uniq_key=incoming.uniq_key,
             born_ts_ms=incoming.born_ts_ms,
             broker_properties=incoming.broker_properties or None,

@@ -77,6 +77,7 @@ class SendResult:
     queue_id: int
     queue_offset: int
     physical_offset: int
+    store_ts_ms: int = 0  # when the store took it (the stored message's store timestamp; 0: not told)
 
     @property
     def uniq_key(self) -> str:

@@ -39,14 +39,22 @@ def send_results(stamped: StampedBatch) -> list[SendResult]:
         stamped.physical,
         strict=True,
     )
+    ts = stamped.store_ts_ms
     if not _FILL_DICT:  # pragma: no cover - a SendResult with slots
-        return [SendResult(_SEND_OK, u, m, t, q, o, p) for m, u, t, q, o, p in rows]
+        return [SendResult(_SEND_OK, u, m, t, q, o, p, ts) for m, u, t, q, o, p in rows]
     new = object.__new__
     out = []
     for m, u, t, q, o, p in rows:
         r = new(SendResult)
         r.__dict__.update(
-            status=_SEND_OK, msg_id=u, offset_msg_id=m, topic=t, queue_id=q, queue_offset=o, physical_offset=p
+            status=_SEND_OK,
+            msg_id=u,
+            offset_msg_id=m,
+            topic=t,
+            queue_id=q,
+            queue_offset=o,
+            physical_offset=p,
+            store_ts_ms=ts,
         )
         out.append(r)
     return out

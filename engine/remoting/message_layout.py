@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import functools
 import socket
 import struct
 import zlib
@@ -27,6 +28,11 @@ _HEAD = struct.Struct(
     ">iiiiiqqiq"
 )  # size, magic, body crc, queue id, flag, queue off, phys off, sysflag, born ts
 _BATCH_HEAD = struct.Struct(">iiiii")  # size, magic, body crc, flag, body length
+# A stored record up to its body: _HEAD, then born host (ip, port), store time, store host (ip, port),
+# reconsume times, prepared transaction offset, body length.
+_STORED_HEAD = struct.Struct(">iiiiiqqiq4siq4siiqi")
+_LENGTHS = struct.Struct(">b")
+_PROPS_LENGTH = struct.Struct(">h")
 
 
 def encode_properties(properties: Mapping[str, str]) -> str:
@@ -49,6 +55,7 @@ def body_crc(body: bytes) -> int:
     return zlib.crc32(body) & 0x7FFFFFFF
 
 
+@functools.lru_cache(maxsize=1024)
 def _ip4(host: str) -> bytes:
     try:
         return socket.inet_aton(host)
@@ -108,38 +115,76 @@ def encode_stored(m: WireMessage) -> bytes:
     Raises:
         RemotingProtocolError: a topic longer than 127 bytes or properties longer than 32,767.
     """
-    topic = m.topic.encode()
-    props = encode_properties(m.properties).encode()
+    return pack_stored(
+        m.topic.encode(),
+        encode_properties(m.properties).encode(),
+        m.body,
+        m.queue_id,
+        m.flag,
+        m.queue_offset,
+        m.physical_offset,
+        m.sys_flag,
+        m.born_ts_ms,
+        m.born_host,
+        m.store_ts_ms,
+        m.store_host,
+        m.reconsume_times,
+        m.prepared_transaction_offset,
+    )
+
+
+def pack_stored(
+    topic: bytes,
+    props: bytes,
+    body: bytes,
+    queue_id: int,
+    flag: int,
+    queue_offset: int,
+    physical_offset: int,
+    sys_flag: int,
+    born_ts_ms: int,
+    born_host: tuple[str, int],
+    store_ts_ms: int,
+    store_host: tuple[str, int],
+    reconsume_times: int,
+    prepared_transaction_offset: int = 0,
+) -> bytes:
+    """One record of the stored-message layout from its fields, the topic and the properties
+    already encoded (:func:`encode_stored`; the pull path's read ahead calls it row by row).
+
+    Raises:
+        RemotingProtocolError: a topic longer than 127 bytes or properties longer than 32,767.
+    """
     if len(topic) > MAX_TOPIC_BYTES or len(props) > MAX_PROPERTIES_BYTES:
         raise RemotingProtocolError(
             f"topic ({len(topic)} bytes) or properties ({len(props)} bytes) too long for the wire layout",
             field="properties",
         )
-    size = _HEAD.size + 8 + 8 + 8 + 4 + 8 + 4 + len(m.body) + 1 + len(topic) + 2 + len(props)
-    sys_flag = m.sys_flag & ~((1 << 4) | (1 << 5))  # IPv4 born and store hosts
     return b"".join(
         (
-            _HEAD.pack(
-                size,
+            _STORED_HEAD.pack(
+                _STORED_HEAD.size + len(body) + 1 + len(topic) + 2 + len(props),
                 MESSAGE_MAGIC_CODE,
-                body_crc(m.body),
-                m.queue_id,
-                m.flag,
-                m.queue_offset,
-                m.physical_offset,
-                sys_flag,
-                m.born_ts_ms,
+                body_crc(body),
+                queue_id,
+                flag,
+                queue_offset,
+                physical_offset,
+                sys_flag & ~((1 << 4) | (1 << 5)),  # IPv4 born and store hosts
+                born_ts_ms,
+                _ip4(born_host[0]),
+                born_host[1],
+                store_ts_ms,
+                _ip4(store_host[0]),
+                store_host[1],
+                reconsume_times,
+                prepared_transaction_offset,
+                len(body),
             ),
-            _ip4(m.born_host[0]),
-            struct.pack(">iq", m.born_host[1], m.store_ts_ms),
-            _ip4(m.store_host[0]),
-            struct.pack(
-                ">iiqi", m.store_host[1], m.reconsume_times, m.prepared_transaction_offset, len(m.body)
-            ),
-            m.body,
-            struct.pack(">b", len(topic)),
+            body,
+            _LENGTHS.pack(len(topic)),
             topic,
-            struct.pack(">h", len(props)),
+            _PROPS_LENGTH.pack(len(props)),
             props,
         )
     )

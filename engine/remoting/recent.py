@@ -24,14 +24,17 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from engine.client.sending import PreparedSend
 from engine.config import EngineConfig
-from engine.model import MessageExt, PullStatus
+from engine.model import MessageExt, PullStatus, SendResult
+from engine.protocol import record_size, tags_code
 from engine.protocol.pull import MAX_SCAN_ENTRIES, batch_full, pull_status
 from engine.protocol.selectors import ExpressionType, MessageSelector
 from engine.remoting.message_layout import encode_stored
-from engine.remoting.wire_messages import to_wire
+from engine.remoting.wire_messages import encode_row, encode_rows, to_wire
 from engine.store.consume_queue import QueueIndex
 
 Queue = tuple[str, int]  # (topic, queue id)
@@ -107,14 +110,57 @@ def read_ahead(
         taken += 1
         total += size
     entries = entries.slice(0, taken)
-    rows = index.messages(entries["physical_offset"].to_pylist()).to_pylist()
+    rows = index.messages(entries["physical_offset"].to_pylist())
+    return [
+        (offset, Recent(encoded, size, tags, code, physical))
+        for offset, size, code, encoded, tags, physical in zip(
+            entries["queue_offset"].to_pylist(),
+            sizes,
+            entries["tags_code"].to_pylist(),
+            encode_rows(rows, store_host),
+            rows["tags"].to_pylist(),
+            rows["physical_offset"].to_pylist(),
+            strict=True,
+        )
+    ]
+
+
+def sent(
+    messages: Sequence[PreparedSend], results: Sequence[SendResult], store_host: tuple[str, int]
+) -> list[tuple[int, Recent]]:
+    """Messages a wire client sent, as a pull answers them, from what was committed (``messages``,
+    in the order of their ``results``): held from their send on, a consumer that reads close
+    behind its producers is answered without reading them back. A send stored elsewhere than it
+    names (a delayed or timer message waits in the schedule topic) is left out.
+
+    Raises:
+        RemotingProtocolError: a topic or properties too long for the layout.
+    """
     out = []
-    for offset, size, code, row in zip(
-        entries["queue_offset"].to_pylist(), sizes, entries["tags_code"].to_pylist(), rows, strict=False
-    ):
-        m = MessageExt.from_row(row)
-        item = Recent(encode(m, store_host), int(size), m.tags, int(code), m.physical_offset)
-        out.append((int(offset), item))
+    for prepared, result in zip(messages, results, strict=True):
+        m = prepared.pending
+        if prepared.destination is not None or m.topic != result.topic:
+            continue
+        encoded = encode_row(
+            m.topic,
+            m.queue_id,
+            result.queue_offset,
+            result.physical_offset,
+            result.offset_msg_id,
+            m.uniq_key,
+            m.body,
+            m.tags,
+            m.keys,
+            m.properties,
+            m.born_ts_ms or result.store_ts_ms,
+            result.store_ts_ms,
+            m.reconsume_times,
+            m.sys_flag,
+            store_host=store_host,
+        )
+        size = record_size(m.topic, len(m.body), m.properties)
+        held = Recent(encoded, size, m.tags, tags_code(m.tags), result.physical_offset)
+        out.append((result.queue_offset, held))
     return out
 
 

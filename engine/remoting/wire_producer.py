@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from concurrent.futures import Future
+from typing import Generic, NamedTuple, TypeVar
 
 from engine.client.producer import Producer
 from engine.client.sending import PreparedSend, has_timer
@@ -17,6 +18,15 @@ from engine.store.store import Store
 from engine.store.transactions import Decision
 
 REASON_WIRE = "wire"  # a decision a wire producer sent (END_TRANSACTION)
+
+T = TypeVar("T")
+
+
+class Queued(NamedTuple, Generic[T]):
+    """A send or batch queued for a group commit: its future and what it stores, as prepared."""
+
+    future: Future[T]
+    prepared: tuple[PreparedSend, ...]
 
 
 class WireProducer(Closing):
@@ -52,19 +62,21 @@ class WireProducer(Closing):
             broker_properties=item.broker_properties,
         )
 
-    def send_wire_grouped(self, item: IncomingMessage, queue_id: int) -> Future[SendResult]:
-        """Queue one client message for a group commit; the future resolves once its commit lands.
+    def send_wire_grouped(self, item: IncomingMessage, queue_id: int) -> Queued[SendResult]:
+        """Queue one client message for a group commit: the future resolves once its commit lands.
 
         RocketMQ's broker acknowledges a synchronous send after the group commit that holds it;
         here the producer's async worker commits whatever sends are waiting in one Delta commit,
         so concurrent clients (and a client's threads) share commits instead of queueing for one
-        each. Checks run here, before anything is queued.
+        each. Checks run here, before anything is queued. Also returns the send as prepared (what
+        the commit stores).
 
         Raises:
             InvalidMessageError, TopicNotFoundError, InvalidArgumentError: bad input; nothing is queued.
             ProducerClosedError: the producer is closed.
         """
-        return self._producer.append_async(self._prepare(item, queue_id, item.delay_level))
+        prepared = self._prepare(item, queue_id, item.delay_level)
+        return Queued(self._producer.append_async(prepared), (prepared,))
 
     def append_prepared(self, prepared: PreparedSend) -> SendResult:
         """Commit a send the endpoint built itself (a retry send's copy), as :meth:`Producer.append`."""
@@ -88,11 +100,11 @@ class WireProducer(Closing):
         """Decide a half message as its producer said (commit re-puts it, rollback records it)."""
         return self._producer.end_transaction(half, state, reason=REASON_WIRE, check_times=check_times)
 
-    def send_wire_batch(self, items: Sequence[IncomingMessage], queue_id: int) -> Future[list[SendResult]]:
+    def send_wire_batch(self, items: Sequence[IncomingMessage], queue_id: int) -> Queued[list[SendResult]]:
         """Queue a client's batch for the next group commit: stored whole in one commit (one queue),
         as :meth:`Producer.send_batch` stores it, beside the other clients' sends and batches waiting
         then. The future resolves to the results in order once the commit lands. Checks run here,
-        before anything is queued.
+        before anything is queued. Also returns the sends as prepared.
 
         Raises:
             InvalidMessageError: no message, a delayed or timer message, or more than
@@ -118,7 +130,8 @@ class WireProducer(Closing):
                 f"batch takes {total} bytes (bodies and properties, tags and keys included); "
                 f"at most {limit} are allowed"
             )
-        return self._producer.append_batch_async([self._prepare(i, queue_id) for i in items])
+        prepared = tuple(self._prepare(i, queue_id) for i in items)
+        return Queued(self._producer.append_batch_async(prepared), prepared)
 
     def close(self) -> None:
         """Flush queued sends and stop, as :meth:`Producer.close`."""

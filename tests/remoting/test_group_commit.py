@@ -30,9 +30,11 @@ def test_sends_queued_during_a_commit_are_committed_together(store: Store) -> No
     writer.append_batch = held  # type: ignore[method-assign]
     before = store.version(schemas.COMMIT_LOG)
     try:
-        first = producer.send_wire_grouped(incoming("G", b"first", {}), 0)
+        first = producer.send_wire_grouped(incoming("G", b"first", {}), 0).future
         assert entered.wait(30)
-        rest = [producer.send_wire_grouped(incoming("G", f"m{i}".encode(), {}), i % 2) for i in range(6)]
+        rest = [
+            producer.send_wire_grouped(incoming("G", f"m{i}".encode(), {}), i % 2).future for i in range(6)
+        ]
         gate.set()
         results = [first.result(30), *(f.result(30) for f in rest)]
     finally:

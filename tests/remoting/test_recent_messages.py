@@ -15,11 +15,12 @@ from engine.broker.dispatch import dispatch_pending
 from engine.broker.retention import retain
 from engine.broker.schedule import deliver_due
 from engine.config import load_config
-from engine.model import PullStatus
+from engine.model import MessageExt, PullStatus
 from engine.protocol.selectors import MessageSelector
 from engine.remoting import RemotingServer
 from engine.remoting.codes import MessageSysFlag, RequestCode, ResponseCode
 from engine.remoting.frames import RemotingCommand, encode_command
+from engine.remoting.message_layout import decode_stored
 from engine.remoting.recent import (
     ENTRY_OVERHEAD,
     READ_AHEAD_ENTRIES,
@@ -27,7 +28,14 @@ from engine.remoting.recent import (
     READ_ON_MISS,
     Recent,
     RecentMessages,
+    encode,
+    read_ahead,
+    sent,
 )
+from engine.remoting.wire_messages import encode_rows, incoming
+from engine.remoting.wire_producer import WireProducer
+from engine.store import schemas
+from engine.store.consume_queue import QueueIndex
 from tests.remoting.helpers import FAR_FUTURE_MS
 from tests.remoting.wire_client import WireClient
 
@@ -261,3 +269,60 @@ def test_a_reader_has_the_messages_past_what_it_pulled_read_for_it_in_the_backgr
     response, messages = client.pull("G", "T", 1, total - 10)
     assert [m.body for m in messages] == [b"m%d" % i for i in range(total - 10, total)]
     assert recent.hits == hits + 2
+
+
+def test_rows_encode_column_by_column_as_each_message_does(tmp_path: Path) -> None:
+    """The read ahead's row encoder gives, byte for byte, what the door encodes a message it read
+    one by one gives: tags, keys, user properties, a wire client's born host and flag, a message
+    without tags, a reconsumed copy."""
+    store = _store(tmp_path)
+    _fill(store, 12)
+    wire = WireProducer(store)
+    try:
+        item = incoming(
+            "T", b"wire", {"TAGS": "W", "KEYS": "k1 k2", "a": "1"}, born_host=("10.1.2.3", 4567), flag=9
+        )
+        wire.send_wire_grouped(item, 1).future.result(timeout=30)
+    finally:
+        wire.close()
+    with Producer(store) as producer:
+        producer.send(Message("T", b"plain"), queue_id=0)
+    rows = store.read(schemas.COMMIT_LOG).select(schemas.COMMIT_LOG_SCHEMA.names)
+    host = ("127.0.0.1", 10911)
+    expected = [encode(MessageExt.from_row(r), host) for r in rows.to_pylist()]
+    assert encode_rows(rows, host) == expected
+    assert len({e for e in expected}) == rows.num_rows == 14
+    decoded = decode_stored(b"".join(expected))
+    wired = next(m for m in decoded if m.body == b"wire")
+    assert (wired.born_host, wired.flag) == (("10.1.2.3", 4567), 9)
+    assert wired.properties["KEYS"] == "k1 k2" and wired.properties["a"] == "1"
+
+
+def test_what_a_wire_client_sent_is_held_as_a_pull_reads_it_back(tmp_path: Path) -> None:
+    """Messages held at their send (engine.remoting.recent.sent) are byte for byte what a read ahead
+    of the stored rows holds, with the consume-queue entry's size and tags code; a delayed send,
+    stored in the schedule topic, is not held."""
+    store = _store(tmp_path)
+    host = ("127.0.0.1", 10911)
+    wire = WireProducer(store)
+    try:
+        single = wire.send_wire_grouped(
+            incoming("T", b"one", {"TAGS": "A", "KEYS": "k", "x": "y"}, born_host=("10.0.0.1", 1), flag=3), 1
+        )
+        batch = wire.send_wire_batch(
+            [incoming("T", f"b{i}".encode(), {"TAGS": "B"} if i % 2 else {}) for i in range(5)], 1
+        )
+        delayed = wire.send_wire_grouped(incoming("T", b"later", {"DELAY": "3"}), 1)
+        held = [
+            *sent(single.prepared, [single.future.result(30)], host),
+            *sent(batch.prepared, batch.future.result(30), host),
+            *sent(delayed.prepared, [delayed.future.result(30)], host),
+        ]
+    finally:
+        wire.close()
+    dispatch_pending(store)
+    assert [offset for offset, _ in held] == list(range(6))  # the delayed one is left out
+    index = QueueIndex(store)
+    index.refresh()
+    read = dict(read_ahead(index, host, "T", 1, 0, 6))
+    assert [(o, h) for o, h in held] == [(o, read[o]) for o, _ in held]

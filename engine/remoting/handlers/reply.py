@@ -82,7 +82,8 @@ async def send_reply(ctx: BrokerContext, conn: Connection, cmd: RemotingCommand)
             flag=header.int32("flag", 0),
             born_ts_ms=header.int64("bornTimestamp", 0),
         )
-        stored = await asyncio.wrap_future(await ctx.run(ctx.producer.send_wire_grouped, item, queue_id))
+        queued = await ctx.run(ctx.producer.send_wire_grouped, item, queue_id)
+        stored = await asyncio.wrap_future(queued.future)
     except Exception as exc:  # the reply reached its requester all the same
         _log.warning("reply to %s not stored: %s", topic, exc)
     if not pushed:

@@ -4,11 +4,11 @@ CONSUMER_SEND_MSG_BACK. Each goes through the engine's producer or consumer path
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from concurrent.futures import Future
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from engine.client.queries import view_message
+from engine.client.sending import PreparedSend
 from engine.errors import InvalidMessageError, TopicNotFoundError
 from engine.model import SendResult
 from engine.protocol.actions import NACK
@@ -22,8 +22,10 @@ from engine.remoting.frames import RemotingCommand
 from engine.remoting.handlers.namesrv import ensure_sent_topic
 from engine.remoting.headers import Header
 from engine.remoting.message_layout import decode_batch, decode_properties, offset_msg_id
+from engine.remoting.recent import sent
 from engine.remoting.retry_sends import is_retry_send, send_retry
 from engine.remoting.wire_messages import IncomingMessage, incoming, inflate
+from engine.remoting.wire_producer import Queued
 from engine.store.store import now_ms
 
 T = TypeVar("T")
@@ -94,7 +96,9 @@ async def send_message(ctx: BrokerContext, conn: Connection, cmd: RemotingComman
         ]
         if not items:
             raise InvalidMessageError("a batch holds at least one message", topic=topic)
-        results = await asyncio.wrap_future(await _queue_batch(ctx, items, queue_id))
+        queued_batch = await _queue_batch(ctx, items, queue_id)
+        results = await asyncio.wrap_future(queued_batch.future)
+        _hold(ctx, queued_batch.prepared, results)
         ctx.hold.arrived(topic, results[-1].queue_id, results[-1].queue_offset + 1)
         fields = _result_fields(ctx, results[0])
         fields["msgId"] = ",".join(offset_msg_id(ctx.host, ctx.port, r.physical_offset) for r in results)
@@ -128,25 +132,37 @@ async def send_message(ctx: BrokerContext, conn: Connection, cmd: RemotingComman
         ctx.sent_topics.discard(topic)
         await ctx.run(ensure_sent_topic, ctx, topic, header.int32("defaultTopicQueueNums", 4))
         queued = await _queue(ctx, item, queue_id)
-    result = await asyncio.wrap_future(queued)
+    result = await asyncio.wrap_future(queued.future)
+    _hold(ctx, queued.prepared, [result])
     # (a delayed message's wakes a pull for nothing: it reads, finds nothing yet, and parks again)
     ctx.hold.arrived(topic, result.queue_id, result.queue_offset + 1)
     return cmd.response(ResponseCode.SUCCESS, ext_fields=_result_fields(ctx, result))
 
 
-async def _queue(ctx: BrokerContext, item: IncomingMessage, queue_id: int) -> Future[SendResult]:
+async def _queue(ctx: BrokerContext, item: IncomingMessage, queue_id: int) -> Queued[SendResult]:
     """Queue a send for the next group commit (:func:`_queued`)."""
     return await _queued(ctx, ctx.producer.send_wire_grouped, item, queue_id)
 
 
 async def _queue_batch(
     ctx: BrokerContext, items: list[IncomingMessage], queue_id: int
-) -> Future[list[SendResult]]:
+) -> Queued[list[SendResult]]:
     """Queue a batch for the next group commit, whole (:func:`_queued`)."""
     return await _queued(ctx, ctx.producer.send_wire_batch, items, queue_id)
 
 
-async def _queued(ctx: BrokerContext, queue: Callable[..., Future[T]], *args: Any) -> Future[T]:
+def _hold(ctx: BrokerContext, prepared: Sequence[PreparedSend], results: Sequence[SendResult]) -> None:
+    """Keep what was just stored among the recent messages (:func:`engine.remoting.recent.sent`): on
+    the event loop, which alone changes them; a pull that reads close behind is answered from them."""
+    recent = ctx.recent
+    if not recent.enabled:
+        return
+    held = sent(prepared, results, (ctx.host, ctx.port))
+    if held:
+        recent.put(results[0].topic, results[0].queue_id, held)
+
+
+async def _queued(ctx: BrokerContext, queue: Callable[..., T], *args: Any) -> T:
     """``queue(*args)``: on a local store checked and queued on the event loop (no I/O then: no
     thread hop each way); elsewhere a topic look-up may ask the object store, so on a worker thread."""
     if ctx.store.is_local:

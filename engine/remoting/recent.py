@@ -4,20 +4,24 @@ them from its page cache.
 The RocketMQ door keeps, per (topic, queue id, queue offset), what a pull response's body holds for
 that message (:func:`encode`: the stored layout of :func:`~engine.remoting.wire_messages.to_wire`,
 stamped with this endpoint's address), with the consume-queue entry's stored size and tags code,
-up to ``wire_recent_bytes`` of the store's config (0: off; oldest first out). It is filled by reads
-ahead of a pull that missed (:func:`read_ahead`: one read of the queue's next entries instead of one
-per pull), on the pull threads, and kept on the event loop: :class:`RecentMessages` has one owner,
-the endpoint's loop, which alone reads and changes it.
+up to ``wire_recent_bytes`` of the store's config (0: off; oldest first out). It is filled by what
+the door's clients send, as their commits land (:func:`sent`: encoded when first pulled), and by
+reads ahead of a pull that missed (:func:`read_ahead`: one read of the queue's next entries instead
+of one per pull, for messages other doors stored or the door no longer holds), on the pull threads;
+it is kept on the event loop: :class:`RecentMessages` has one owner, the endpoint's loop, which
+alone reads and changes it.
 
 A pull answered from it answers exactly what :meth:`~engine.client.pull.PullConsumer.pull` answers
 for the same queue bounds (:meth:`RecentMessages.answer`): the bounds are the engine's own (its
 index, refreshed as a pull refreshes it), RocketMQ's status checks and offset corrections
 (:func:`~engine.protocol.pull.pull_status`), the same window, transfer limits and batch stop
 (:func:`~engine.protocol.pull.batch_stop`), the same tag filter (tags code, then the tag itself).
-What it holds came from the engine's reads, so nothing the engine would not serve (a half message, a
-delayed message before delivery) is in it; offsets below the queue's minimum (retention, a topic
-deleted and made again) are never answered from it, and a queue whose end went back, or whose offset
-now names another message, is forgotten. SQL92 subscriptions go through the engine.
+What it holds is what the engine read, or what a client sent and the engine stored in the queue it
+named, so nothing the engine would not serve (a half message, a delayed message before delivery) is
+in it, and nothing is answered past the queue's end as the engine's index has it; offsets below the
+queue's minimum (retention, a topic deleted and made again) are never answered from it, and a queue
+whose end went back, or whose offset now names another message, is forgotten. SQL92 subscriptions
+go through the engine.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import asyncio
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from engine.client.sending import PreparedSend
 from engine.config import EngineConfig
@@ -39,7 +44,7 @@ from engine.store.consume_queue import QueueIndex
 
 Queue = tuple[str, int]  # (topic, queue id)
 
-# What one held message costs beyond its encoding (the entry, the keys, the dictionaries' slots).
+# What one held message costs beyond its stored size (the entry, the keys, the dictionaries' slots).
 ENTRY_OVERHEAD = 200
 # A read ahead takes at most this many entries and this many stored bytes (the first whatever its size).
 READ_AHEAD_ENTRIES = 1024
@@ -52,15 +57,57 @@ READ_AHEAD_LOW = 512
 READ_ON_MISS = 128
 
 
-@dataclass(frozen=True, slots=True)
 class Recent:
-    """One message as a pull answers it: its wire encoding and its consume-queue entry's fields."""
+    """One message as a pull answers it: its wire encoding and its consume-queue entry's fields.
 
-    encoded: bytes
-    size: int  # the stored size (the consume queue's ``size``: the transfer limit counts it)
-    tags: str | None
-    tags_code: int
-    physical_offset: int
+    A message held at its send (:func:`sent`) keeps the fields of its row instead, and is encoded
+    when a pull first asks for it: the send pays for no encoding a consumer may never ask for.
+    Two are equal when they answer the same bytes for the same entry.
+    """
+
+    __slots__ = ("_encoded", "_row", "physical_offset", "size", "tags", "tags_code")
+
+    def __init__(
+        self,
+        encoded: bytes | None,
+        size: int,
+        tags: str | None,
+        tags_code: int,
+        physical_offset: int,
+        row: tuple[Any, ...] | None = None,
+    ) -> None:
+        if encoded is None and row is None:
+            raise ValueError("a held message needs its encoding or its row")
+        self._encoded = encoded
+        self._row = row  # encode_row's arguments, store host last
+        self.size = size  # the stored size (the consume queue's ``size``: the transfer limit counts it)
+        self.tags = tags
+        self.tags_code = tags_code
+        self.physical_offset = physical_offset
+
+    @property
+    def encoded(self) -> bytes:
+        if self._encoded is None:
+            assert self._row is not None
+            *fields, host = self._row
+            self._encoded, self._row = encode_row(*fields, store_host=host), None
+        return self._encoded
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Recent):
+            return NotImplemented
+        return (self.encoded, self.size, self.tags, self.tags_code, self.physical_offset) == (
+            other.encoded,
+            other.size,
+            other.tags,
+            other.tags_code,
+            other.physical_offset,
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        return f"Recent(size={self.size}, tags={self.tags!r}, physical_offset={self.physical_offset})"
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,15 +180,15 @@ def sent(
     behind its producers is answered without reading them back. A send stored elsewhere than it
     names (a delayed or timer message waits in the schedule topic) is left out.
 
-    Raises:
-        RemotingProtocolError: a topic or properties too long for the layout.
+    Nothing is encoded here (:class:`Recent`): a message whose encoding fails (a topic or
+    properties too long for the layout) fails the pull that asks for it, as a read would.
     """
     out = []
     for prepared, result in zip(messages, results, strict=True):
         m = prepared.pending
         if prepared.destination is not None or m.topic != result.topic:
             continue
-        encoded = encode_row(
+        row = (
             m.topic,
             m.queue_id,
             result.queue_offset,
@@ -156,10 +203,10 @@ def sent(
             result.store_ts_ms,
             m.reconsume_times,
             m.sys_flag,
-            store_host=store_host,
+            store_host,
         )
         size = record_size(m.topic, len(m.body), m.properties)
-        held = Recent(encoded, size, m.tags, tags_code(m.tags), result.physical_offset)
+        held = Recent(None, size, m.tags, tags_code(m.tags), result.physical_offset, row)
         out.append((result.queue_offset, held))
     return out
 
@@ -222,7 +269,7 @@ class RecentMessages:
                     held = None
             if held is None:
                 held = self._queues.setdefault(key, {})
-            cost = len(item.encoded) + ENTRY_OVERHEAD
+            cost = item.size + ENTRY_OVERHEAD  # (the stored size: about the encoding's, made or not)
             if offset in held:
                 continue
             held[offset] = item

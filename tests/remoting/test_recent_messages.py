@@ -20,7 +20,7 @@ from engine.protocol.selectors import MessageSelector
 from engine.remoting import RemotingServer
 from engine.remoting.codes import MessageSysFlag, RequestCode, ResponseCode
 from engine.remoting.frames import RemotingCommand, encode_command
-from engine.remoting.message_layout import decode_stored
+from engine.remoting.message_layout import BatchItem, decode_stored
 from engine.remoting.recent import (
     ENTRY_OVERHEAD,
     READ_AHEAD_ENTRIES,
@@ -122,6 +122,27 @@ def test_a_sql92_pull_is_the_engines(served: tuple[Store, RemotingServer, WireCl
     assert response.code == ResponseCode.SUCCESS
     assert [m.properties["n"] for m in messages] == ["5", "7", "9"]
     assert (srv.ctx.recent.hits, srv.ctx.recent.misses) == (hits, misses)
+
+
+def test_what_wire_clients_send_is_pulled_from_memory_without_a_read(
+    served: tuple[Store, RemotingServer, WireClient],
+) -> None:
+    store, srv, client = served
+    for i in range(3):
+        assert client.send("T", f"m{i}".encode(), properties={"TAGS": "A"}).code == ResponseCode.SUCCESS
+    batch = [BatchItem(f"b{i}".encode(), {}, 0) for i in range(4)]
+    assert client.send_batch("T", batch).code == ResponseCode.SUCCESS
+    recent = srv.ctx.recent
+    deadline = time.monotonic() + 10
+    while not recent.holds("T", 0, 6) and time.monotonic() < deadline:  # held once answered
+        time.sleep(0.01)
+    assert all(recent.holds("T", 0, o) for o in range(7))
+    hits, misses = recent.hits, recent.misses
+    dispatch_pending(store)
+    response, messages = client.pull("G", "T", 0, 0)
+    assert [m.body for m in messages] == [b"m0", b"m1", b"m2", b"b0", b"b1", b"b2", b"b3"]
+    assert (recent.hits, recent.misses) == (hits + 1, misses)  # answered from memory, nothing read
+    assert response.code == ResponseCode.SUCCESS and not recent.reading
 
 
 def test_a_message_the_python_api_sent_after_a_read_is_pulled(

@@ -98,7 +98,7 @@ async def send_message(ctx: BrokerContext, conn: Connection, cmd: RemotingComman
             raise InvalidMessageError("a batch holds at least one message", topic=topic)
         queued_batch = await _queue_batch(ctx, items, queue_id)
         results = await asyncio.wrap_future(queued_batch.future)
-        _hold(ctx, queued_batch.prepared, results)
+        _hold_soon(ctx, queued_batch.prepared, results)
         ctx.hold.arrived(topic, results[-1].queue_id, results[-1].queue_offset + 1)
         fields = _result_fields(ctx, results[0])
         fields["msgId"] = ",".join(offset_msg_id(ctx.host, ctx.port, r.physical_offset) for r in results)
@@ -133,7 +133,7 @@ async def send_message(ctx: BrokerContext, conn: Connection, cmd: RemotingComman
         await ctx.run(ensure_sent_topic, ctx, topic, header.int32("defaultTopicQueueNums", 4))
         queued = await _queue(ctx, item, queue_id)
     result = await asyncio.wrap_future(queued.future)
-    _hold(ctx, queued.prepared, [result])
+    _hold_soon(ctx, queued.prepared, [result])
     # (a delayed message's wakes a pull for nothing: it reads, finds nothing yet, and parks again)
     ctx.hold.arrived(topic, result.queue_id, result.queue_offset + 1)
     return cmd.response(ResponseCode.SUCCESS, ext_fields=_result_fields(ctx, result))
@@ -151,15 +151,18 @@ async def _queue_batch(
     return await _queued(ctx, ctx.producer.send_wire_batch, items, queue_id)
 
 
+def _hold_soon(ctx: BrokerContext, prepared: Sequence[PreparedSend], results: Sequence[SendResult]) -> None:
+    """Keep what was just stored among the recent messages (:func:`engine.remoting.recent.sent`), so
+    that a pull reading close behind is answered from them: on the event loop, which alone changes
+    them, once the send's response is on its way (a pull before that reads them, as before)."""
+    if ctx.recent.enabled:
+        asyncio.get_running_loop().call_soon(_hold, ctx, prepared, results)
+
+
 def _hold(ctx: BrokerContext, prepared: Sequence[PreparedSend], results: Sequence[SendResult]) -> None:
-    """Keep what was just stored among the recent messages (:func:`engine.remoting.recent.sent`): on
-    the event loop, which alone changes them; a pull that reads close behind is answered from them."""
-    recent = ctx.recent
-    if not recent.enabled:
-        return
     held = sent(prepared, results, (ctx.host, ctx.port))
     if held:
-        recent.put(results[0].topic, results[0].queue_id, held)
+        ctx.recent.put(results[0].topic, results[0].queue_id, held)
 
 
 async def _queued(ctx: BrokerContext, queue: Callable[..., T], *args: Any) -> T:

@@ -43,6 +43,15 @@ def test_send_returns_offsets_and_ids(store: Store, topic: str) -> None:
     assert dict(row["properties"])["a"] == "b"  # type: ignore[call-overload]
     assert dict(row["properties"])["KEYS"] == "k1"  # type: ignore[call-overload]
     assert row["msg_id"] == r.offset_msg_id and row["uniq_key"] == r.msg_id == r.uniq_key
+    assert r.store_ts_ms == row["store_ts_ms"] > 0
+
+
+def test_async_and_batch_results_carry_their_commits_store_time(store: Store, topic: str) -> None:
+    with Producer(store) as p:
+        single = p.send_async(Message(topic, b"a")).result(timeout=30)
+        batch = p.send_batch([Message(topic, b"b"), Message(topic, b"c")], queue_id=1)
+    stored = {row["msg_id"]: row["store_ts_ms"] for row in commit_log_rows(store)}
+    assert all(r.store_ts_ms == stored[r.offset_msg_id] > 0 for r in (single, *batch))
 
 
 def test_round_robin_spreads_over_queues(store: Store, topic: str) -> None:

@@ -164,7 +164,14 @@ def test_batch_results_are_ordinary_frozen_send_results(store: Store, topic: str
     rows: list[dict[str, Any]] = commit_log_rows(store)
     expected = [
         SendResult(
-            SendStatus.SEND_OK, r["uniq_key"], r["msg_id"], topic, 2, r["queue_offset"], r["physical_offset"]
+            SendStatus.SEND_OK,
+            r["uniq_key"],
+            r["msg_id"],
+            topic,
+            2,
+            r["queue_offset"],
+            r["physical_offset"],
+            r["store_ts_ms"],
         )
         for r in rows
     ]

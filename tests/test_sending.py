@@ -29,8 +29,8 @@ from engine.store.commit_log.stamping import StampedBatch
 def test_send_results_equal_results_built_by_their_constructor() -> None:
     stamped = StampedBatch(["m0", "m1"], ["u0", "u1"], ["T", "T"], [1, 2], [7, 0], [100, 180], 5)
     expected = [
-        SendResult(SendStatus.SEND_OK, "u0", "m0", "T", 1, 7, 100),
-        SendResult(SendStatus.SEND_OK, "u1", "m1", "T", 2, 0, 180),
+        SendResult(SendStatus.SEND_OK, "u0", "m0", "T", 1, 7, 100, 5),
+        SendResult(SendStatus.SEND_OK, "u1", "m1", "T", 2, 0, 180, 5),
     ]
     assert send_results(stamped) == expected
     assert [vars(r) for r in send_results(stamped)] == [vars(r) for r in expected]

@@ -186,7 +186,7 @@ def sent(
     out = []
     for prepared, result in zip(messages, results, strict=True):
         m = prepared.pending
-        if prepared.destination is not None or m.topic != result.topic:
+        if prepared.destination is not None:
             continue
         row = (
             m.topic,

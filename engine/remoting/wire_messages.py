@@ -261,7 +261,7 @@ def encode_row(
         encode_properties(props).encode(),
         body,
         queue_id,
-        flag_of(stored) if PROPERTY_FLAG in stored else 0,
+        flag_of(stored),
         queue_offset,
         physical_offset,
         sys_flag or 0,

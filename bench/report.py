@@ -31,13 +31,16 @@ class Condition:
     ``ratio:<system>`` (lakemq's headline number over that system's).
 
     With ``of`` = (workload, system, key), the limit is ``threshold`` times that figure measured in
-    the same run (a peer of another workload: RocketMQ's own sync send for lakemq's).
+    the same run (a peer of another workload: RocketMQ's own sync send for lakemq's). With ``rtts``,
+    the limit is ``threshold`` plus that many of the object store's round trips, as measured during
+    the workload itself (lakemq's ``rtt_ms``: the injected delay and the server's own time).
     """
 
     metric: str
     op: str
     threshold: float
     of: tuple[str, str, str] | None = None
+    rtts: float = 0.0
 
     def value(self, systems: Mapping[str, Mapping[str, Any]]) -> float | None:
         ours = systems.get(OURS)
@@ -48,8 +51,13 @@ class Condition:
         value = ours.get(self.metric)
         return None if value is None else float(value)
 
-    def limit(self, workloads: Mapping[str, Mapping[str, Any]]) -> float | None:
+    def limit(
+        self, workloads: Mapping[str, Mapping[str, Any]], systems: Mapping[str, Mapping[str, Any]]
+    ) -> float | None:
         """The threshold in this run (None: the figure it is relative to was not measured)."""
+        if self.rtts:
+            rtt_ms = (systems.get(OURS) or {}).get("rtt_ms")
+            return None if rtt_ms is None else self.threshold + self.rtts * float(rtt_ms)
         if self.of is None:
             return self.threshold
         workload, system, key = self.of
@@ -125,10 +133,10 @@ DESIGN_TARGETS: tuple[DesignRow, ...] = (
             ),
             Target("async with linger: >= 100k msg/s", "send_async", (Condition("msg_s", ">=", 100_000),)),
             Target(
-                f"object storage (issue 25's target beside §7): sync send p50 within 2 round trips + 10 ms "
-                f"({2 * _RTT + 10:g} ms)",
+                "object storage (issue 25's target beside §7): sync send p50 within 2 round trips + 10 ms "
+                f"(a round trip: {_RTT:g} ms injected plus the server's own time, measured)",
                 _s3("send_sync"),
-                (Condition("p50_ms", "<=", 2 * _RTT + 10),),
+                (Condition("p50_ms", "<=", 10, rtts=2),),
             ),
         ),
     ),
@@ -142,9 +150,10 @@ DESIGN_TARGETS: tuple[DesignRow, ...] = (
             _pull_part("random", "after"),
             _pull_part("tail", "after"),
             Target(
-                f"object storage: p50 <= 3 round trips ({3 * _RTT:g} ms)",
+                f"object storage: p50 <= 3 round trips ({_RTT:g} ms injected plus the server's own time, "
+                "measured)",
                 _s3("pull"),
-                (Condition("p50_ms", "<=", 3 * _RTT),),
+                (Condition("p50_ms", "<=", 0, rtts=3),),
             ),
         ),
     ),
@@ -345,12 +354,16 @@ def evaluate(target: Target, workloads: Mapping[str, Mapping[str, Any]]) -> tupl
         if value is None:
             peer = condition.metric.removeprefix("ratio:")
             return f"not measured: no {peer} figure in `{target.workload}`", None
-        limit = condition.limit(workloads)
+        limit = condition.limit(workloads, systems)
+        if limit is None and condition.rtts:
+            return f"not measured: no round trip measured in `{target.workload}`", None
         if limit is None:
             workload_id, system, _ = condition.of or ("", "", "")
             return f"not measured: no {system} figure (`{workload_id}`) in this run", None
         text = fmt_value(condition.metric, value)
-        if condition.of is not None:
+        if condition.rtts:
+            text += f" (round trip {fmt_ms(float(ours['rtt_ms']))}: limit {fmt_ms(limit)})"  # type: ignore[index]
+        elif condition.of is not None:
             text += f" ({condition.of[1]}: {fmt_value(condition.metric, limit / condition.threshold)})"
         parts.append(text)
         met = met and _OPS[condition.op](value, limit)
@@ -634,7 +647,9 @@ def object_storage_section(results: Mapping[str, Any]) -> list[str]:
         "lakemq on SeaweedFS's S3 gateway on 127.0.0.1, every request through a proxy that counts it and, in "
         f"the injected profile, holds it {INJECTED_RTT_MS:g} ms first (the round trip of a cloud object "
         "store); bare delta-rs on the same server through the same proxy. Latencies are also given in "
-        "injected round trips. The §7 object-storage targets are judged on the injected profile.",
+        "round trips: the median time the proxy took to answer the workload's own requests (the injected "
+        "delay plus SeaweedFS's own time), measured during it. The §7 object-storage targets are judged "
+        "on the injected profile.",
         "",
         "| workload | " + " | ".join(f"{p} lakemq | {p} bare delta-rs" for p in profiles) + " |",
         "|---|" + "---|---|" * len(profiles),

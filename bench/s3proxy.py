@@ -41,6 +41,7 @@ from urllib.parse import urlsplit
 ROOT = Path(__file__).resolve().parent.parent
 CONTROL = "/__s3proxy__/"
 
+_MAX_TIMED = 1_000_000  # requests whose round trip is kept between two readings
 _HOP_BY_HOP = {"connection", "keep-alive", "proxy-connection", "te", "trailer", "upgrade"}
 # Headers of the upstream answer the proxy writes itself.
 _REWRITTEN = {"content-length", "transfer-encoding", "server", "date"}
@@ -80,6 +81,9 @@ class _ProxyServer:
         self.rules: list[Rule] = []
         self.requests = 0
         self.seen: list[str] | None = None  # every request's "METHOD target" while recording
+        # how long each request took here, from its first byte read to its answer written (the delay
+        # and the server's own time included): the round trip a client of this store sees
+        self.round_trips_ms: list[float] = []
         self._lock = threading.Lock()
         self._local = threading.local()
         self._server: ThreadingHTTPServer | None = None
@@ -135,7 +139,8 @@ class _ProxyServer:
     def control(self, method: str, path: str, body: bytes) -> tuple[int, Any]:
         """A control request: ``POST rules`` (a rule as JSON; answers its index), ``GET rules/<i>``,
         ``POST clear``, ``GET stats``, ``POST delay`` (``{"delay_ms": ...}``), ``POST record``
-        (``{"on": bool}``; answers what was recorded since the last one)."""
+        (``{"on": bool}``; answers what was recorded since the last one), ``POST round-trips``
+        (answers each request's time in the proxy since the last one)."""
         what = path[len(CONTROL) :]
         with self._lock:
             if method == "POST" and what == "rules":
@@ -158,6 +163,9 @@ class _ProxyServer:
             if method == "POST" and what == "record":
                 seen, self.seen = self.seen or [], ([] if json.loads(body)["on"] else None)
                 return 200, {"seen": seen}
+            if method == "POST" and what == "round-trips":
+                taken, self.round_trips_ms = self.round_trips_ms, []
+                return 200, {"round_trips_ms": taken}
             if method == "GET" and what == "stats":
                 return 200, {"requests": self.requests, "delay_ms": self.delay_ms}
         return 404, {"error": f"unknown control request {method} {path}"}
@@ -189,6 +197,15 @@ class _ProxyServer:
                 return self.rfile.read(length) if length else b""
 
             def _handle(self) -> None:
+                began = time.perf_counter()
+                self._serve()
+                if not self.path.startswith(CONTROL):
+                    took_ms = (time.perf_counter() - began) * 1000
+                    with proxy._lock:
+                        if len(proxy.round_trips_ms) < _MAX_TIMED:
+                            proxy.round_trips_ms.append(took_ms)
+
+            def _serve(self) -> None:
                 body = self._body()
                 if self.path.startswith(CONTROL):
                     status, answer = proxy.control(self.command, self.path, body)
@@ -318,6 +335,12 @@ class S3Proxy:
         """Start (``on``) or stop recording every request as ``"METHOD target"``; returns what was
         recorded since the previous call."""
         return list(self._control("POST", "record", {"on": on})["seen"])
+
+    def round_trips(self) -> list[float]:
+        """How long each request took in the proxy since the previous call, in ms, from its first
+        byte read to its answer written: the injected delay plus the server's own time, the round
+        trip a client of this store sees (the loopback hops to and from the proxy apart)."""
+        return [float(ms) for ms in self._control("POST", "round-trips", {})["round_trips_ms"]]
 
     @property
     def requests(self) -> int:

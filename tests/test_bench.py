@@ -268,7 +268,7 @@ def _s3_workload(profile: str, what: str, kind: str, systems: dict[str, Any]) ->
 
 
 def test_object_storage_targets_are_judged_on_the_injected_profile_in_round_trips():
-    fast = {**latency([30.0] * 10), "requests_per_op": 2.0, "p50_rtts": 1.5, "p99_rtts": 1.5}
+    fast = {**latency([30.0] * 10), "requests_per_op": 2.0, "rtt_ms": 20.0, "p50_rtts": 1.5, "p99_rtts": 1.5}
     slow = {**latency([200.0] * 10), "requests_per_op": 9.0, "p50_rtts": 10.0, "p99_rtts": 10.0}
     one = {**rate(100, 1), "gave_up": 0, "failures": 0}
     four = {**rate(300, 1), "gave_up": 1, "failures": 0, "x_one_shard": 3.0}
@@ -278,7 +278,8 @@ def test_object_storage_targets_are_judged_on_the_injected_profile_in_round_trip
         _s3_workload("rtt20", "produce_batched", "rate", {OURS: rate(900, 1), BARE: rate(1000, 1)}),
         _s3_workload("rtt20", "writers_1", "rate", {OURS: one}),
         _s3_workload("rtt20", "writers_4", "rate", {OURS: four}),
-        _s3_workload("rtt20", "send_sync", "latency", {OURS: latency([45.0, 55.0, 40.0])}),
+        # p50 52 ms: the round trip measured during the sends was 22 ms (20 injected + the server's 2)
+        _s3_workload("rtt20", "send_sync", "latency", {OURS: {**latency([52.0, 55, 40]), "rtt_ms": 22.0}}),
     ]
     by_id = {w["id"]: w for w in workloads}
     verdicts = {t.workload: evaluate(t, by_id)[1] for t in TARGETS if (t.workload or "").startswith("s3_")}
@@ -288,8 +289,15 @@ def test_object_storage_targets_are_judged_on_the_injected_profile_in_round_trip
         "s3_rtt20_end_to_end": None,
         "s3_rtt20_writers_4": False,  # 3x one shard, but one writer gave up
         "s3_rtt20_writers_1": True,
-        "s3_rtt20_send_sync": True,  # 45 ms <= 2 x 20 ms + 10 ms
+        "s3_rtt20_send_sync": True,  # 52 ms <= 2 x 22 ms + 10 ms
     }
+    send_sync = next(t for t in TARGETS if t.workload == "s3_rtt20_send_sync")
+    assert evaluate(send_sync, by_id)[0] == "p50 52.0 ms (round trip 22.0 ms: limit 54.0 ms)"
+    by_id["s3_rtt20_send_sync"]["systems"][OURS]["rtt_ms"] = 20.0  # the same sends over a faster store
+    assert evaluate(send_sync, by_id) == ("p50 52.0 ms (round trip 20.0 ms: limit 50.0 ms)", False)
+    del by_id["s3_rtt20_send_sync"]["systems"][OURS]["rtt_ms"]
+    unmeasured = "not measured: no round trip measured in `s3_rtt20_send_sync`"
+    assert evaluate(send_sync, by_id) == (unmeasured, None)
     section = object_storage_section(_results(workloads))
     assert section[0] == "## Object storage"
     assert (

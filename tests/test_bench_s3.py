@@ -51,6 +51,8 @@ def test_tiny_s3_run_reports_both_profiles_in_requests_and_round_trips(
             assert sync[system]["n"] == TINY.s3_sync_sends, (profile, system, sync[system])
             assert sync[system]["requests_per_op"] >= 1  # a commit is at least one PUT
             assert ("p50_rtts" in sync[system]) is (delay_ms > 0)
+            # the round trip is measured: the injected delay and the server's own time
+            assert sync[system].get("rtt_ms", 0) >= delay_ms
         batch = by_id[s3_workload.workload_id(profile, "produce_batched")]["systems"]
         assert batch[OURS]["n"] == batch[BARE]["n"] == TINY.s3_batch_messages
     e2e = by_id[s3_workload.workload_id(s3_workload.INJECTED, "end_to_end")]["systems"][OURS]

@@ -33,6 +33,23 @@ def test_proxy_forwards_and_counts_requests(s3_server: Any, s3_bucket: str) -> N
         assert proxy.requests == 2
 
 
+def test_proxy_times_each_request_with_its_delay_and_the_servers_own_time(
+    s3_server: Any, s3_bucket: str
+) -> None:
+    with S3Proxy(s3_server.endpoint, delay_ms=30) as proxy:
+        client = s3_server.client(endpoint=proxy.endpoint)
+        client.put_object(Bucket=s3_bucket, Key="p/t", Body=b"x")
+        assert proxy.requests == 1  # control requests are neither counted nor timed
+        client.get_object(Bucket=s3_bucket, Key="p/t")
+        first = proxy.round_trips()
+        assert len(first) == 2 and all(ms >= 30 for ms in first), first
+        assert proxy.round_trips() == []  # each reading takes what came since the last one
+        proxy.delay_ms = 0
+        client.head_object(Bucket=s3_bucket, Key="p/t")
+        (head,) = proxy.round_trips()
+        assert 0 < head < 30
+
+
 def test_proxy_fails_before_forwarding_then_lets_requests_through(s3_server: Any, s3_bucket: str) -> None:
     from botocore.exceptions import ClientError
 

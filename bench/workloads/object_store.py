@@ -19,6 +19,7 @@ Workload ids are ``s3_<profile>_<what>``; a part that fails is reported unavaila
 from __future__ import annotations
 
 import os
+import statistics
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -100,25 +101,33 @@ class Bed:
         return self.proxy.requests
 
     @contextmanager
-    def counting(self, out: dict[str, int]) -> Iterator[None]:
-        """Put the requests made inside the block in ``out["requests"]``."""
+    def counting(self, out: dict[str, Any]) -> Iterator[None]:
+        """Put the requests made inside the block in ``out["requests"]`` and the median time the
+        proxy took to answer them (the store's round trip, the injected delay included) in
+        ``out["round_trip_ms"]`` (None when there was none)."""
         began = self.requests()
+        self.proxy.round_trips()  # drop what came before the block
         try:
             yield
         finally:
             out["requests"] = self.requests() - began
+            taken = self.proxy.round_trips()
+            out["round_trip_ms"] = statistics.median(taken) if taken else None
 
-    def round_trips(self, measure: Measure, requests: int, ops: int) -> Measure:
-        """``measure`` with requests per operation and, with an injected delay, its latencies in
-        round trips."""
+    def round_trips(self, measure: Measure, counted: dict[str, Any], ops: int) -> Measure:
+        """``measure`` with requests per operation and, with an injected delay, the store's round trip
+        measured during it (``rtt_ms``: the median request the workload made, as the proxy timed it)
+        and its latencies in those round trips."""
         if "unavailable" in measure:
             return measure
-        measure["requests_per_op"] = round(requests / max(ops, 1), 1)
-        if self.rtt_ms > 0:
-            measure["rtt_ms"] = self.rtt_ms
+        measure["requests_per_op"] = round(counted.get("requests", 0) / max(ops, 1), 1)
+        rtt_ms = counted.get("round_trip_ms")
+        if self.rtt_ms > 0 and rtt_ms:
+            measure["injected_ms"] = self.rtt_ms
+            measure["rtt_ms"] = round(rtt_ms, 2)
             for key in ("p50", "p99"):
                 if f"{key}_ms" in measure:
-                    measure[f"{key}_rtts"] = round(measure[f"{key}_ms"] / self.rtt_ms, 2)
+                    measure[f"{key}_rtts"] = round(measure[f"{key}_ms"] / rtt_ms, 2)
         return measure
 
 
@@ -155,20 +164,20 @@ def sync_send(bed: Bed, n: int, body_bytes: int) -> dict[str, Measure]:
     """``Producer.send`` one after another; bare: ``write_deltalake`` of one commit-log row per call."""
     store = bed.store("sync")
     body = os.urandom(body_bytes)
-    counted: dict[str, int] = {}
+    counted: dict[str, Any] = {}
     with Producer(store, "S3Sync") as producer:
         for _ in range(3):  # warm-up: first touches of the tables
             producer.send(Message(TOPIC, body, tags="TagA"))
         with bed.counting(counted):
             samples, failed, first = timed_calls(lambda i: producer.send(_tagged(body)), n)
-    ours = bed.round_trips(_with_failures(latency(samples), failed, first), counted["requests"], n)
+    ours = bed.round_trips(_with_failures(latency(samples), failed, first), counted, n)
     one_row = store.read(schemas.COMMIT_LOG).slice(0, 1)
     dt = peers.create_commit_log_like(bed.root("bare-sync"), bed.options())
     for _ in range(3):
         write_deltalake(dt, one_row, mode="append")
     with bed.counting(counted):
         samples, failed, first = timed_calls(lambda i: write_deltalake(dt, one_row, mode="append"), n)
-    bare = bed.round_trips(_with_failures(latency(samples), failed, first), counted["requests"], n)
+    bare = bed.round_trips(_with_failures(latency(samples), failed, first), counted, n)
     return {OURS: ours, BARE: bare}
 
 
@@ -177,7 +186,7 @@ def batched_produce(bed: Bed, per_batch: int, batches: int, body_bytes: int) -> 
     same batch sizes with ``write_deltalake``."""
     store = bed.store("batch")
     messages = random_messages(TOPIC, per_batch, body_bytes)
-    counted: dict[str, int] = {}
+    counted: dict[str, Any] = {}
     with Producer(store, "S3Batch") as producer:
         producer.send_batch(messages)  # warm-up, not timed (nor copied to the bare table)
         with bed.counting(counted):
@@ -185,14 +194,14 @@ def batched_produce(bed: Bed, per_batch: int, batches: int, body_bytes: int) -> 
             for _ in range(batches):
                 producer.send_batch(messages)
             ours_s = time.perf_counter() - began
-    ours = bed.round_trips(rate(per_batch * batches, ours_s), counted["requests"], batches)
+    ours = bed.round_trips(rate(per_batch * batches, ours_s), counted, batches)
     rows = store.read(schemas.COMMIT_LOG).sort_by("physical_offset").slice(per_batch)
     dt = peers.create_commit_log_like(bed.root("bare-batch"), bed.options())
     parts = peers.slices(rows, [per_batch] * batches)
     write_deltalake(dt, parts[0], mode="append")  # warm-up, as lakemq's
     with bed.counting(counted):
         bare_s = peers.append_slices(dt, parts)
-    bare = bed.round_trips(rate(per_batch * batches, bare_s), counted["requests"], batches)
+    bare = bed.round_trips(rate(per_batch * batches, bare_s), counted, batches)
     return {OURS: ours, BARE: bare}
 
 
@@ -200,7 +209,7 @@ def async_send(bed: Bed, n: int, body_bytes: int) -> tuple[Store, dict[str, Meas
     """``send_async`` of ``n`` messages then ``flush``; the store is kept for the pulls and acks."""
     store = bed.store("async")
     messages = random_messages(TOPIC, min(n, 1024), body_bytes)
-    counted: dict[str, int] = {}
+    counted: dict[str, Any] = {}
     with Producer(store, "S3Async") as producer:
         producer.send(messages[0])
         with bed.counting(counted):
@@ -230,10 +239,10 @@ def pulls(bed: Bed, store: Store, n: int) -> dict[str, Measure]:
         if result.status is not PullStatus.FOUND or len(result.messages) != PULL:
             raise RuntimeError(f"pull {qid}@{offset} returned {result.status} {len(result.messages)}")
 
-    counted: dict[str, int] = {}
+    counted: dict[str, Any] = {}
     with bed.counting(counted):
         samples, failed, first = timed_calls(pull, n)
-    return {OURS: bed.round_trips(_with_failures(latency(samples), failed, first), counted["requests"], n)}
+    return {OURS: bed.round_trips(_with_failures(latency(samples), failed, first), counted, n)}
 
 
 def receive_ack(bed: Bed, store: Store, count: int) -> dict[str, Measure]:
@@ -241,7 +250,7 @@ def receive_ack(bed: Bed, store: Store, count: int) -> dict[str, Measure]:
     consumer = SimpleConsumer(store, "S3Ack", "one")
     consumer.subscribe(TOPIC)
     done = 0
-    counted: dict[str, int] = {}
+    counted: dict[str, Any] = {}
     with bed.counting(counted):
         began = time.perf_counter()
         while done < count:
@@ -272,7 +281,7 @@ def end_to_end(bed: Bed, ctx: Context, seconds: float, send_rate: float) -> dict
     log = ctx.workdir / f"broker-{bed.profile}.log"
     count = max(1, int(seconds * send_rate))
     body_bytes = ctx.sizes.body_bytes
-    counted: dict[str, int] = {}
+    counted: dict[str, Any] = {}
     try:
         with (
             flow_workload.Broker(root, log, env=env) as broker,
@@ -304,14 +313,14 @@ def end_to_end(bed: Bed, ctx: Context, seconds: float, send_rate: float) -> dict
         lines = [line for line in str(exc).splitlines() if line.strip()]
         why = f"{_why(exc)} {lines[-1].strip()[:200]}" if len(lines) > 1 else _why(exc)
         return {OURS: unavailable(f"the broker on the S3 store: {why}")}
-    return {OURS: bed.round_trips(measure, counted.get("requests", 0), count)}
+    return {OURS: bed.round_trips(measure, counted, count)}
 
 
 def writers(bed: Bed, count: int, sends: int) -> tuple[Measure, Measure]:
     """``count`` spawned writer processes without the host lock, on 1 and on ``SHARDS`` shards."""
     out = []
     for shards in (1, SHARDS):
-        counted: dict[str, int] = {}
+        counted: dict[str, Any] = {}
         try:
             with bed.counting(counted):
                 measure = contention_workload.run(

@@ -3,6 +3,9 @@ broker app's ``--once`` and by the in-process loop of ``mq serve``."""
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -144,6 +147,28 @@ def test_the_loop_in_a_process_of_its_own_dispatches_and_stops(store: Store, top
     finally:
         loop.stop()
     assert not loop.alive
+
+
+def test_a_loop_process_that_dies_is_started_again_and_dispatches(
+    store: Store, topic: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    loop = BrokerProcess(store, dispatch_ms=10, restart_s=0.1).start()
+    try:
+        first = loop.pid
+        assert first is not None
+        with caplog.at_level(logging.WARNING, logger="engine.broker.loop"):
+            os.kill(first, signal.SIGKILL)
+            eventually(lambda: loop.restarts == 1 and loop.alive, timeout_s=60)
+        assert loop.pid != first
+        (record,) = [r for r in caplog.records if "exited" in r.getMessage()]
+        assert f"process {first} exited with code -9" in record.getMessage()
+        with Producer(store) as producer:  # sent after the death: only a new child dispatches it
+            producer.send(Message(topic, b"after"), queue_id=0)
+        eventually(lambda: store.read(CONSUME_QUEUE).num_rows == 1, timeout_s=60)
+    finally:
+        loop.stop()
+    assert not loop.alive
+    assert loop.restarts == 1  # a stop is not a death: nothing started again
 
 
 ROOT = Path(__file__).resolve().parent.parent

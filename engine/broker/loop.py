@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import multiprocessing.connection
 import signal
 import threading
 import time
@@ -138,6 +139,12 @@ class BrokerLoop:
             self.run_slow()
 
 
+# A child that lived this long before it died is restarted after the first pause again.
+_STEADY_S = 60.0
+# A child that died sooner than this after its start likely never ran a pass (the hint says why).
+_EARLY_S = 10.0
+
+
 class BrokerProcess:
     """A :class:`BrokerLoop` in a process of its own (``spawn``), with :class:`BrokerLoop`'s
     ``start``/``stop``: the broker's passes (dispatch, index, schedule …) then take no time from the
@@ -146,47 +153,101 @@ class BrokerProcess:
 
     Its life is the server's: it ignores SIGINT and SIGTERM (a Ctrl-C or a stop of the process
     group reaches the server, which stops it after the passes under way) and leaves on its own when
-    the server's end of their pipe closes (the server died).
+    the server's end of their pipe closes (the server died). A child that dies while the server
+    runs (killed, out of memory, a store it cannot open) is logged with its exit code and started
+    again after a pause, doubled at every death in a row up to ``max_restart_s`` (a child that ran
+    :data:`_STEADY_S` resets it): without it nothing would be dispatched and every consumer would
+    stall at the queue ends of its death.
 
     Args:
         store: the store (its root, storage options and config go to the child).
         dispatch_ms: as :class:`BrokerLoop`.
+        restart_s: the first pause before a dead child is started again.
+        max_restart_s: the longest pause.
     """
 
-    def __init__(self, store: Store, *, dispatch_ms: int = 20) -> None:
-        context = multiprocessing.get_context("spawn")  # delta-rs does not survive fork()
-        self._until, self._stopper = context.Pipe(duplex=False)
-        self._process = context.Process(
-            target=_serve_loop,
-            args=(store.root, store.storage_options, store.config, dispatch_ms, self._until),
-            name="mq-serve-broker-loop",
-            daemon=True,
-        )
+    def __init__(
+        self, store: Store, *, dispatch_ms: int = 20, restart_s: float = 1.0, max_restart_s: float = 30.0
+    ) -> None:
+        self._context = multiprocessing.get_context("spawn")  # delta-rs does not survive fork()
+        self._args = (store.root, store.storage_options, store.config, dispatch_ms)
+        self.restart_s = restart_s
+        self.max_restart_s = max_restart_s
+        self.restarts = 0  # children started again after a death
+        self._process: Any = None
+        self._stopper: Any = None
+        self._stopping = threading.Event()
+        self._lock = threading.Lock()  # the watch's restart against stop()
+        self._watch = threading.Thread(target=self._watch_child, name="mq-serve-broker-watch", daemon=True)
 
     def start(self) -> BrokerProcess:
-        """Start the process."""
-        self._process.start()
-        self._until.close()  # the child's end: its EOF is ours to give
+        """Start the process, and the thread that starts it again should it die."""
+        self._launch()
+        self._watch.start()
         return self
+
+    def _launch(self) -> None:
+        until, stopper = self._context.Pipe(duplex=False)
+        process = self._context.Process(
+            target=_serve_loop, args=(*self._args, until), name="mq-serve-broker-loop", daemon=True
+        )
+        process.start()
+        until.close()  # the child's end: its EOF is ours to give
+        self._process, self._stopper = process, stopper
+
+    def _watch_child(self) -> None:
+        pause = self.restart_s
+        while True:
+            process, began = self._process, time.monotonic()
+            multiprocessing.connection.wait([process.sentinel])
+            if self._stopping.is_set():
+                return
+            lived = time.monotonic() - began
+            if lived >= _STEADY_S:
+                pause = self.restart_s
+            hint = (
+                " (see its error above; a script that starts the server must do so under "
+                '`if __name__ == "__main__":`, since the broker\'s process is spawned and imports it)'
+                if lived < _EARLY_S
+                else ""
+            )
+            _log.warning(
+                "the broker loop's process %s exited with code %s after %.0f s%s; starting it again in %g s",
+                process.pid, process.exitcode, lived, hint, pause,
+            )  # fmt: skip
+            if self._stopping.wait(pause):
+                return
+            pause = min(pause * 2, self.max_restart_s)
+            with self._lock:
+                if self._stopping.is_set():
+                    return
+                self._stopper.close()
+                self._launch()
+                self.restarts += 1
 
     @property
     def alive(self) -> bool:
-        return self._process.is_alive()
+        return self._process is not None and self._process.is_alive()
 
     @property
     def pid(self) -> int | None:
-        """The process's id once started."""
-        return self._process.pid
+        """The running child's process id once started."""
+        return None if self._process is None else self._process.pid
 
     def stop(self, timeout: float = 30) -> None:
         """Stop after the passes under way (killed if it does not end within ``timeout``)."""
-        if self._process.pid is None:
+        self._stopping.set()
+        with self._lock:
+            process, stopper = self._process, self._stopper
+        if process is None:
             return
-        self._stopper.close()
-        self._process.join(timeout)
-        if self._process.is_alive():
-            self._process.kill()
-            self._process.join(5)
+        stopper.close()
+        process.join(timeout)
+        if process.is_alive():
+            process.kill()
+            process.join(5)
+        if self._watch.is_alive():
+            self._watch.join(5)
 
 
 def _serve_loop(

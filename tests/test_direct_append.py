@@ -7,6 +7,7 @@ import errno
 import json
 import os
 import threading
+import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -214,6 +215,30 @@ def test_the_writer_checkpoints_at_the_interval_with_the_marks_saved_first(store
     assert saved is not None and saved[0] == 100
     assert saved[1].to_json() == read_hwm(store.snapshot(schemas.COMMIT_LOG)).to_json()
     assert DeltaTable(store.uri(schemas.COMMIT_LOG)).to_pyarrow_table().num_rows == 100
+
+
+def test_a_checkpoint_due_too_soon_after_the_last_one_is_left_out(store: Store, topic: str) -> None:
+    writer = CommitLogWriter(store)
+    for i in range(100):
+        writer.append([_pending(topic, 0, b"%d" % i)])
+    assert background_checkpoints.wait(60)
+    assert writer._last_checkpoint is not None and writer._last_checkpoint[1] > 0  # timed
+    # The one at 100 began now and took an hour: the thread would spend it all on the commit log.
+    writer._last_checkpoint = (time.monotonic(), 3600.0)
+    for i in range(100):
+        writer.append([_pending(topic, 0, b"b%d" % i)])
+    assert background_checkpoints.wait(60)
+    assert writer.checkpoints_left_out == 1
+    assert json.loads((_log(store) / "_last_checkpoint").read_text())["version"] == 100
+    # Long enough ago for its duration: the next interval's is written.
+    writer._last_checkpoint = (time.monotonic() - 20, 1.0)
+    for i in range(100):
+        writer.append([_pending(topic, 0, b"c%d" % i)])
+    assert background_checkpoints.wait(60)
+    assert writer.checkpoints_left_out == 1
+    assert json.loads((_log(store) / "_last_checkpoint").read_text())["version"] == 300
+    assert DeltaTable(store.uri(schemas.COMMIT_LOG)).to_pyarrow_table().num_rows == 300
+    _assert_dense(store)
 
 
 def test_the_commit_that_makes_a_checkpoint_due_does_not_wait_for_it(

@@ -113,6 +113,14 @@ _WRITER_PROPERTIES = writer_properties(COMMIT_LOG_ROW_GROUP_ROWS, _PLAIN_COLUMNS
 # On an object store, a direct appender whose last look at the log is older than this looks again
 # before committing (see CommitLogWriter._behind); far below any log retention.
 STALE_LOOK_S = 60.0
+# A checkpoint of the commit log costs about 100 ms of CPU (a handle opened at its version, every live
+# file's add written), whatever the rate of commits; at hundreds of commits a second its interval
+# alone would spend a third of a core on it. A checkpoint that comes due sooner after the previous
+# one began than that one's duration over this share is left out: the checkpoint thread spends at
+# most about this share of its time on the commit log, and the next interval (or maintenance)
+# takes one. A checkpoint only speeds up loading the table (Delta readers replay the commits after
+# the last one; those of a busy writer come a few intervals apart).
+CHECKPOINT_SHARE = 0.1
 # A writer that fell behind by at most this many versions applies them to its marks one by one;
 # further behind, it rebuilds the marks (a walk back of about as many commit files).
 REPLAY_COMMITS = 256
@@ -185,6 +193,9 @@ class CommitLogWriter:
         # prefixes its batch ids, so that rivals can count the writers among the commits they missed.
         self._pacer = RacePacer()
         self._writer_id = uuid.uuid4().hex[:8]
+        # (began, seconds) of the last checkpoint written, on the monotonic clock (CHECKPOINT_SHARE)
+        self._last_checkpoint: tuple[float, float] | None = None
+        self.checkpoints_left_out = 0  # due but left out (CHECKPOINT_SHARE), for benchmarks and tests
 
     @property
     def direct(self) -> bool:
@@ -384,13 +395,19 @@ class CommitLogWriter:
         """Have the checkpoint Delta's post-commit hook would have written at ``version`` written on
         the checkpoint thread (:data:`background_checkpoints`), with the marks of ``version`` saved
         first (:func:`checkpoint_commit_log`): the send waits for its commit, not for the
-        checkpoint. Best effort (:func:`checkpoint_if_due`), on a handle opened at ``version``."""
+        checkpoint. Best effort (:func:`checkpoint_if_due`), on a handle opened at ``version``; left
+        out when the previous one began too recently (:data:`CHECKPOINT_SHARE`)."""
         dt, hwm = self._dt, self._hwm
         if dt is None or hwm is None or version <= 0 or version % checkpoint_interval(dt):
+            return
+        last = self._last_checkpoint
+        if last is not None and time.monotonic() - last[0] < last[1] / CHECKPOINT_SHARE:
+            self.checkpoints_left_out += 1
             return
         marks, store, table = hwm.copy(), self._store, self.table
 
         def write() -> None:
+            began = time.monotonic()
             try:
                 snapshot = store.snapshot(table, version)
             except StoreError:
@@ -398,6 +415,7 @@ class CommitLogWriter:
             checkpoint_if_due(
                 snapshot, version, lambda cleanup: checkpoint_commit_log(snapshot, marks, cleanup=cleanup)
             )
+            self._last_checkpoint = (began, time.monotonic() - began)
 
         background_checkpoints.submit(store.uri(table), write)
 

@@ -14,7 +14,7 @@ from deltalake import write_deltalake
 from engine import Admin, Message, MessageSelector, Producer, SimpleConsumer, Store
 from engine.broker.dispatch import dispatch_pending
 from engine.broker.pull_log import pull_rows
-from engine.client.simple.leases import topic_of
+from engine.client.simple.deliveries import topic_of
 from engine.config import load_config
 from engine.errors import ConsumerError, InvalidReceiptHandleError, ReceiptHandleExpiredError
 from engine.model import MessageExt

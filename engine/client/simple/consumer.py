@@ -32,7 +32,8 @@ import weakref
 
 from engine.client.membership import default_consumer_id
 from engine.client.offsets import ConsumeFrom
-from engine.client.simple.leases import Leases, ReceivedMessage, Source, receive_sources
+from engine.client.simple.deliveries import ReceivedMessage, Source, receive_sources
+from engine.client.simple.leases import Leases
 from engine.closing import Closing
 from engine.errors import (
     ConsumerClosedError,

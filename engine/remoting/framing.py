@@ -34,11 +34,15 @@ async def read_frames(
     unfinished for ``frame_timeout_s``, or sends a frame that ``check`` (its length) or ``decode``
     (its bytes) refuses: the caller then closes the connection. Never raises for what a peer sends.
     """
+    # asyncio.timeout, not wait_for: wait_for runs the read as a task of its own, which costs two
+    # more turns of the loop per read, and every turn lets the engine's threads take the GIL.
     while True:
         try:
-            head = await asyncio.wait_for(reader.readexactly(4), idle_timeout_s)
+            async with asyncio.timeout(idle_timeout_s):
+                head = await reader.readexactly(4)
             length = check(int.from_bytes(head, "big", signed=True))
-            payload = await asyncio.wait_for(reader.readexactly(length), frame_timeout_s)
+            async with asyncio.timeout(frame_timeout_s):
+                payload = await reader.readexactly(length)
             frame = decode(payload)
         except (asyncio.IncompleteReadError, TimeoutError, ConnectionError):
             return

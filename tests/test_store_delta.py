@@ -257,6 +257,29 @@ def test_a_refresh_that_cannot_read_the_log_for_another_reason_is_a_store_error(
         snap.refresh()
 
 
+def test_app_versions_asked_together_move_on_from_what_is_known_by_the_new_commits_alone(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    snap = store.snapshot(schemas.CONSUMER_OFFSET)
+    commit_next(snap, rows=_offsets(1), transactions=delta.app_transactions({"mq.a": 1}))
+    assert snap.app_versions(["mq.a", "mq.b"]) == {"mq.a": 1, "mq.b": -1}  # asked of delta-rs
+    asked: list[str] = []
+    real = snap._dt.transaction_version
+
+    def counted(app_id: str) -> int | None:
+        asked.append(app_id)
+        return real(app_id)
+
+    monkeypatch.setattr(snap._dt, "transaction_version", counted)
+    commit_next(snap, rows=_offsets(1, 1), transactions=delta.app_transactions({"mq.b": 7}))
+    commit_next(snap, rows=_offsets(1, 2), transactions=delta.app_transactions({"mq.a": 3}))
+    assert snap.app_versions(["mq.a", "mq.b", "mq.c"]) == {"mq.a": 3, "mq.b": 7, "mq.c": -1}
+    assert asked == ["mq.c"]  # the known two moved on by the two new commits, read once for both
+    assert [snap.app_version(a) for a in ("mq.a", "mq.b")] == [3, 7]
+    older = store.snapshot(schemas.CONSUMER_OFFSET, snap.version() - 1)
+    assert older.app_versions(["mq.a", "mq.b"]) == {"mq.a": 1, "mq.b": 7}  # known only as of later
+
+
 def test_an_app_version_read_whose_log_was_cleaned_up_reads_the_latest_version(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:

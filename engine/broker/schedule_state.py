@@ -120,7 +120,9 @@ def union_handled(
 def schedule_progress(store: Store) -> dict[int, int]:
     """Per schedule queue: last delivered offset (level queues) or handled prefix (timer queue)."""
     dt = store.shared(schemas.commit_log_table(home_shard(store)))
-    return {qid: dt.app_version(schedule_queue_app(qid)) for qid in (*LEVEL_QUEUES, TIMER_QUEUE_ID)}
+    queues = (*LEVEL_QUEUES, TIMER_QUEUE_ID)
+    versions = dt.app_versions([schedule_queue_app(q) for q in queues])
+    return {q: versions[schedule_queue_app(q)] for q in queues}
 
 
 def read_state(dt: Snapshot, cached: ScheduleState | None = None) -> ScheduleState:
@@ -132,9 +134,12 @@ def read_state(dt: Snapshot, cached: ScheduleState | None = None) -> ScheduleSta
     Raises:
         StoreError: the commit holding the timer runs is no longer in the history.
     """
-    seq = dt.app_version(SCHEDULE_APP)
-    delivered = tuple(dt.app_version(schedule_queue_app(q)) for q in LEVEL_QUEUES)
-    prefix = dt.app_version(schedule_queue_app(TIMER_QUEUE_ID))
+    versions = dt.app_versions(
+        [SCHEDULE_APP, *(schedule_queue_app(q) for q in (*LEVEL_QUEUES, TIMER_QUEUE_ID))]
+    )
+    seq = versions[SCHEDULE_APP]
+    delivered = tuple(versions[schedule_queue_app(q)] for q in LEVEL_QUEUES)
+    prefix = versions[schedule_queue_app(TIMER_QUEUE_ID)]
     if seq < 0:
         runs: tuple[HandledRun, ...] = ()
         version = -1

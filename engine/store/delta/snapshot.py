@@ -10,6 +10,7 @@ or fails, and maps delta-rs's errors onto the engine's. No delta-rs object leave
 
 from __future__ import annotations
 
+import functools
 import random
 import threading
 import time
@@ -58,12 +59,13 @@ def listing_pause(attempt: int) -> None:
     time.sleep(random.uniform(0.5, 1.0) * min(0.06, 0.005 * (attempt + 1)))
 
 
-# App versions on an object store, by (table URI, app id): (the version they are known as of, the
-# value). delta-rs's ``transaction_version`` replays every commit since the newest checkpoint on each
-# call (a GET per commit file: 6 GETs for 6 commits, each time), and the broker asks for about twenty
-# app ids per pass (the schedule's state) on a commit log that may be 100 commits past its
-# checkpoint: 234 requests per message sent, measured. Moving a known value on reads only the new
-# commit files, each once per process (engine.store.delta.log.read_version keeps them).
+# App versions, by (table URI, app id): (the version they are known as of, the value). delta-rs's
+# ``transaction_version`` replays every commit since the newest checkpoint on each call (on an object
+# store a GET per commit file: 6 GETs for 6 commits, each time; on a local disk about 5 ms on a
+# commit log 100 commits past its checkpoint), and the broker asks for about twenty app ids per pass
+# (the schedule's state): 234 requests per message sent on an object store, measured, and a fifth
+# of a core on a local disk. Moving a known value on reads only the new commit files, each once per
+# process (engine.store.delta.log.read_version keeps them), once for all the ids asked together.
 _APP_VERSIONS: dict[tuple[str, str], tuple[int, int]] = {}
 _APP_VERSIONS_LOCK = threading.Lock()
 # Most commits an app version is moved on by from what is known; further back, delta-rs replays.
@@ -318,48 +320,64 @@ class Snapshot:
         A snapshot whose commit files were cleaned up behind it (older than the log retention) cannot
         be read as of its version any more: it moves to the latest version and answers as of that.
         """
-        remote = self._remote and not app_id.startswith(EXPIRING_APP_PREFIX)
-        if remote:
-            known = self._app_version_known(app_id)
-            if known is not None:
-                return known
-        value = self._reloading(lambda: self._dt.transaction_version(app_id), "read")
-        answer = -1 if value is None else int(value)
-        if remote:
-            with _APP_VERSIONS_LOCK:
-                at = _APP_VERSIONS.get((self._key, app_id), (-1, -1))[0]
-                if self.version() >= at:
-                    _APP_VERSIONS[(self._key, app_id)] = (self.version(), answer)
-        return answer
+        return self.app_versions((app_id,))[app_id]
 
-    def _app_version_known(self, app_id: str) -> int | None:
-        """``app_id``'s version as of this snapshot from the value known for the table (moved on by
-        the app transactions of the commit files after it); None when it must be asked of delta-rs:
-        nothing known, known only as of a later version, too far behind, a commit file gone, or a
-        transaction that carries ``lastUpdated`` (it may expire: delta-rs applies the retention).
+    def app_versions(self, app_ids: Sequence[str]) -> dict[str, int]:
+        """:meth:`app_version` of each of ``app_ids``, the commit files after what is known read once
+        for all of them (:data:`_APP_VERSIONS`)."""
+        version = self.version()
+        answers = self._app_versions_known(app_ids, version)
+        for app_id in app_ids:
+            if app_id in answers:
+                continue
+            value = self._reloading(functools.partial(self._transaction_version, app_id), "read")
+            answers[app_id] = -1 if value is None else int(value)
+            if not app_id.startswith(EXPIRING_APP_PREFIX):
+                with _APP_VERSIONS_LOCK:
+                    if _APP_VERSIONS.get((self._key, app_id), (-1, -1))[0] <= self.version():
+                        _APP_VERSIONS[(self._key, app_id)] = (self.version(), answers[app_id])
+        return answers
+
+    def _transaction_version(self, app_id: str) -> int | None:
+        return self._dt.transaction_version(app_id)  # the handle as it is then: a reload replaces it
+
+    def _app_versions_known(self, app_ids: Sequence[str], version: int) -> dict[str, int]:
+        """The app versions as of ``version`` that follow from the values known for the table (moved
+        on by the app transactions of the commit files after them); an id is left out when it must
+        be asked of delta-rs: nothing known, known only as of a later version, too far behind, a
+        commit file gone, or a transaction that carries ``lastUpdated`` (it may expire: delta-rs
+        applies the retention).
 
         Ids of :data:`EXPIRING_APP_PREFIX` are never kept (they expire after the table's retention).
         """
         with _APP_VERSIONS_LOCK:
-            known = _APP_VERSIONS.get((self._key, app_id))
-        version = self.version()
-        if known is None or known[0] > version or version - known[0] > APP_VERSION_CATCH_UP:
-            return None
-        at, value = known
+            known = {
+                a: _APP_VERSIONS.get((self._key, a)) for a in app_ids if not a.startswith(EXPIRING_APP_PREFIX)
+            }
+        usable = {
+            a: k for a, k in known.items() if k is not None and 0 <= version - k[0] <= APP_VERSION_CATCH_UP
+        }
+        if not usable:
+            return {}
+        values = {a: k[1] for a, k in usable.items()}
         try:
-            for v in range(at + 1, version + 1):
-                found = read_version(self.uri, v, self.storage_options).transactions.get(app_id)
-                if found is not None:
+            for v in range(min(k[0] for k in usable.values()) + 1, version + 1):
+                transactions = read_version(self.uri, v, self.storage_options).transactions
+                for app_id in list(values):
+                    found = transactions.get(app_id)
+                    if found is None or v <= usable[app_id][0]:
+                        continue
                     if found[1] is not None:
-                        return None
-                    value = found[0]
+                        del values[app_id]
+                    else:
+                        values[app_id] = found[0]
         except StoreError:
-            return None  # cleaned up after a checkpoint: delta-rs reads the checkpoint
-        if version > at:
-            with _APP_VERSIONS_LOCK:
+            return {}  # cleaned up after a checkpoint: delta-rs reads the checkpoint
+        with _APP_VERSIONS_LOCK:
+            for app_id, value in values.items():
                 if _APP_VERSIONS.get((self._key, app_id), (-1, -1))[0] < version:
                     _APP_VERSIONS[(self._key, app_id)] = (version, value)
-        return value
+        return values
 
     def configuration(self) -> Mapping[str, str | None]:
         """The table's properties (``delta.*`` and others)."""

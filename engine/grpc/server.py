@@ -56,12 +56,7 @@ from engine.client.offsets import ConsumeFrom
 from engine.client.producer import Producer
 from engine.client.sending import PreparedSend
 from engine.client.simple import MAX_RECEIVE_NUMS, ReceivedMessage, SimpleConsumer
-from engine.errors import (
-    InvalidArgumentError,
-    InvalidReceiptHandleError,
-    InvalidTopicError,
-    MQError,
-)
+from engine.errors import InvalidArgumentError, InvalidReceiptHandleError, InvalidTopicError, MQError
 from engine.grpc.messages import ACCEPTED_TYPES, IncomingMessage, from_proto
 from engine.grpc.service import LITE_CLIENTS, Service
 from engine.grpc.telemetry import Streams
@@ -73,12 +68,7 @@ from engine.grpc.v2 import service_pb2_grpc as spb_grpc
 from engine.model import SendResult
 from engine.protocol.names import is_system_topic
 from engine.protocol.permissions import is_readable, is_writeable
-from engine.protocol.rocketmq5 import (
-    MAX_BODY_BYTES,
-    MAX_LONG_POLLING_MS,
-    ReceiptHandle,
-    client_queue,
-)
+from engine.protocol.rocketmq5 import MAX_BODY_BYTES, MAX_LONG_POLLING_MS, ReceiptHandle, client_queue
 from engine.protocol.selectors import MessageSelector
 from engine.protocol.topics import TopicConfig
 from engine.protocol.transactions import HalfMessage

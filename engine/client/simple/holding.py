@@ -12,14 +12,7 @@ from __future__ import annotations
 
 import time
 
-from engine.client.simple.deliveries import (
-    MATCH_ALL,
-    Held,
-    Key,
-    Leased,
-    ReceivedMessage,
-    received_message,
-)
+from engine.client.simple.deliveries import MATCH_ALL, Held, Key, Leased, ReceivedMessage, received_message
 from engine.client.simple.lease_state import LeaseState
 from engine.errors import (
     CommitConflictError,

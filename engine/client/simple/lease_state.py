@@ -19,14 +19,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.client.offsets import ConsumeFrom
-from engine.client.simple.deliveries import (
-    Held,
-    Key,
-    Leased,
-)
-from engine.errors import (
-    StoreError,
-)
+from engine.client.simple.deliveries import Held, Key, Leased
+from engine.errors import StoreError
 from engine.model import MessageExt
 from engine.protocol.actions import RESET
 from engine.protocol.lease_book import LeaseBook

@@ -68,14 +68,7 @@ import collections
 import time
 from collections.abc import Callable
 
-from engine.client.simple.deliveries import (
-    Held,
-    Leased,
-    ReceivedMessage,
-    Source,
-    received_message,
-    topic_of,
-)
+from engine.client.simple.deliveries import Held, Leased, ReceivedMessage, Source, received_message, topic_of
 from engine.client.simple.holding import Holding
 from engine.client.simple.leasing import LEASE_HOLD_MS, MAX_PREFETCH, Leasing
 from engine.protocol.actions import RELEASE

@@ -19,14 +19,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.client.offsets import start_offset
-from engine.client.simple.deliveries import (
-    Leased,
-    Source,
-)
+from engine.client.simple.deliveries import Leased, Source
 from engine.client.simple.lease_state import LeaseState
-from engine.errors import (
-    CommitConflictError,
-)
+from engine.errors import CommitConflictError
 from engine.model import MessageExt
 from engine.protocol.actions import ACK, EXPIRED, PULL, RELEASE
 from engine.protocol.lease_book import FIFO_AGAIN, FIFO_HELD, ranges

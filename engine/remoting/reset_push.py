@@ -8,9 +8,12 @@ connections as RESET_CONSUMER_CLIENT_OFFSET, one-way, as RocketMQ's broker does.
 
 A Java consumer that gets the push drops its queues, sleeps 10 s, then reports the reset offset
 itself; in that window its periodic offset report still carries the old offsets. So each reset
-queue is *guarded*: reports that differ from the reset offset are ignored until the client reports
-the reset offset (or :data:`GUARD_MS` passed, for a client that never follows the push), and the
-reset offset is reported again at once, so the table holds it whatever was pending.
+queue is *guarded*: reports that differ from the reset offset are ignored until the client shows it
+followed the reset (it reports the reset offset, or pulls the queue from exactly there) or
+:data:`GUARD_MS` passed (a client that never follows the push), and the reset offset is reported
+again at once, so the table holds it whatever was pending. The pull counts because a client that
+followed may never report the reset offset itself: one that consumes again before its next periodic
+report (every 5 s) reports past it, and a pull from offset 0 piggybacks no offset at all.
 """
 
 from __future__ import annotations
@@ -137,3 +140,14 @@ class ResetTracker:
                 del self._guards[key]
                 return True
             return False
+
+    def pulled(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """A client of ``group`` pulls the queue from ``offset``: from exactly a guarded queue's reset
+        offset, it followed the reset (the guard lifts)."""
+        if not self._guards:  # no reset guarded: nothing to look up (most pulls)
+            return
+        key = (group, topic, queue_id)
+        with self._lock:
+            guard = self._guards.get(key)
+            if guard is not None and guard[0] == offset:
+                del self._guards[key]

@@ -122,6 +122,34 @@ def test_invoke_reset_resets_the_store_pushes_the_reset_and_old_reports_do_not_o
     admin.close()
 
 
+def test_a_pull_from_the_reset_offset_shows_the_client_followed_the_reset(
+    store: Store, server: RemotingServer, broker: WireClient
+) -> None:
+    for i in range(3):
+        assert broker.send("T", b"m%d" % i, queue_id=0).code == ResponseCode.SUCCESS
+    dispatch_pending(store)
+    assert _heartbeat(broker, "10.0.0.1@a", "RG") == ResponseCode.SUCCESS
+    _report(broker, "RG", 0, 3)
+    server.ctx.offsets.flush()
+    admin = WireClient(server.broker_address)
+    fields = {"topic": "T", "group": "RG", "timestamp": 0, "isForce": "true"}
+    assert admin.call(RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, fields).code == ResponseCode.SUCCESS
+    _next_request(broker, RequestCode.RESET_CONSUMER_CLIENT_OFFSET)
+    broker.pull("RG", "T", 0, 2)  # not the reset offset: nothing shown
+    _report(broker, "RG", 0, 3)
+    server.ctx.offsets.flush()
+    assert _query(broker, "RG", 0) == 0
+    # The Java client pulls from the reset offset (0: no offset piggybacked), consumes again and
+    # reports where it got to, never the reset offset itself: that report counts.
+    response, messages = broker.pull("RG", "T", 0, 0)
+    assert response.code == ResponseCode.SUCCESS and len(messages) == 3
+    _report(broker, "RG", 0, 3)
+    server.ctx.offsets.flush()
+    assert _query(broker, "RG", 0) == 3
+    assert PullConsumer(store, "RG").committed_offset("T", 0) == 3
+    admin.close()
+
+
 def test_invoke_reset_without_force_only_moves_a_queue_back(
     store: Store, server: RemotingServer, broker: WireClient
 ) -> None:

@@ -178,6 +178,7 @@ async def pull_message(ctx: BrokerContext, conn: Connection, cmd: RemotingComman
             return cmd.response(ResponseCode.SUBSCRIPTION_NOT_EXIST, "the consumer's subscription not exist")
         selector = selector_of(*subs[topic])
     puller = ctx.puller(group)
+    ctx.resets.pulled(group, topic, queue_id, offset)
     if PullSysFlag.COMMIT_OFFSET in flags and commit_offset >= 0:
         # Kept before the long poll, as RocketMQ's broker does: a connection dropped while the
         # pull is parked must not lose the consumer's progress. Keeping it touches no file once the

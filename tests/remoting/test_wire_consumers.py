@@ -88,9 +88,9 @@ def test_reset_offset_body_is_fastjsons_messagequeue_keyed_map() -> None:
     )
 
 
-def test_invoke_reset_resets_the_store_pushes_the_reset_and_old_reports_do_not_overwrite_it(
-    store: Store, server: RemotingServer, broker: WireClient
-) -> None:
+def _consumed_three(store: Store, server: RemotingServer, broker: WireClient) -> WireClient:
+    """Three messages in queue 0 of ``T``, consumed by group ``RG`` (offset 3 committed); an admin
+    connection to the broker."""
     for i in range(3):
         assert broker.send("T", b"m%d" % i, queue_id=0).code == ResponseCode.SUCCESS
     dispatch_pending(store)
@@ -98,6 +98,13 @@ def test_invoke_reset_resets_the_store_pushes_the_reset_and_old_reports_do_not_o
     _report(broker, "RG", 0, 3)
     server.ctx.offsets.flush()
     admin = WireClient(server.broker_address)
+    return admin
+
+
+def test_invoke_reset_resets_the_store_pushes_the_reset_and_old_reports_do_not_overwrite_it(
+    store: Store, server: RemotingServer, broker: WireClient
+) -> None:
+    admin = _consumed_three(store, server, broker)
 
     fields = {"topic": "T", "group": "RG", "timestamp": 0, "isForce": "true"}
     answer = admin.call(RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, fields)
@@ -125,13 +132,7 @@ def test_invoke_reset_resets_the_store_pushes_the_reset_and_old_reports_do_not_o
 def test_a_pull_from_the_reset_offset_shows_the_client_followed_the_reset(
     store: Store, server: RemotingServer, broker: WireClient
 ) -> None:
-    for i in range(3):
-        assert broker.send("T", b"m%d" % i, queue_id=0).code == ResponseCode.SUCCESS
-    dispatch_pending(store)
-    assert _heartbeat(broker, "10.0.0.1@a", "RG") == ResponseCode.SUCCESS
-    _report(broker, "RG", 0, 3)
-    server.ctx.offsets.flush()
-    admin = WireClient(server.broker_address)
+    admin = _consumed_three(store, server, broker)
     fields = {"topic": "T", "group": "RG", "timestamp": 0, "isForce": "true"}
     assert admin.call(RequestCode.INVOKE_BROKER_TO_RESET_OFFSET, fields).code == ResponseCode.SUCCESS
     _next_request(broker, RequestCode.RESET_CONSUMER_CLIENT_OFFSET)

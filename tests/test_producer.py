@@ -369,6 +369,24 @@ def test_append_batch_async_keeps_a_batch_whole_and_shares_the_commit_with_other
     assert [bytes(r["body"]) for r in rows] == [b"single", b"b0", b"b1", b"b2", b"c"]
 
 
+def test_a_cancelled_async_send_fails_none_of_the_others_in_its_commit(store: Store, topic: str) -> None:
+    # A door cancels the future of a send whose client hung up; the message is in the commit all the
+    # same, and the others of that commit are stored and must be told so, not failed.
+    before = store.version(COMMIT_LOG)
+    with Producer(store, linger_ms=500, batch_size=100) as p:
+        first = p.append_async(p.prepare(Message(topic, b"a"), queue_id=0))
+        gone = p.append_async(p.prepare(Message(topic, b"b"), queue_id=0))
+        assert gone.cancel()
+        batch = p.append_batch_async([p.prepare(Message(topic, b"c"), queue_id=0)])
+        last = p.append_async(p.prepare(Message(topic, b"d"), queue_id=0))
+        assert first.result(30).queue_offset == 0
+        assert [r.queue_offset for r in batch.result(30)] == [2]
+        assert last.result(30).queue_offset == 3
+        p.flush(30)
+    assert store.version(COMMIT_LOG) == before + 1
+    assert sorted(bytes(r["body"]) for r in commit_log_rows(store)) == [b"a", b"b", b"c", b"d"]
+
+
 def test_append_batch_async_is_never_split_by_the_group_commit_size(store: Store, topic: str) -> None:
     before = store.version(COMMIT_LOG)
     with Producer(store, linger_ms=0, batch_size=2) as p:

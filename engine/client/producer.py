@@ -6,7 +6,7 @@ import queue
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +62,19 @@ class _Queued:
 
     def body_bytes(self) -> int:
         return sum(len(p.pending.body) for p in self.sends)
+
+
+def _settle(future: Future[Any], result: Any = None, *, error: BaseException | None = None) -> None:
+    """Resolve the future of a queued send, unless it is resolved already or its waiter cancelled it
+    (a door whose client hung up): the send is in the commit, or in none, all the same, and the
+    other sends of the commit are still told how theirs went."""
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+    except InvalidStateError:
+        pass
 
 
 def _checked(prepared: object) -> PreparedSend:
@@ -592,24 +605,22 @@ class Producer(Closing):
             for k, item in enumerate(batch):
                 end = start + len(item.sends)
                 if k in failed:
-                    item.future.set_exception(failed[k])
+                    _settle(item.future, error=failed[k])
                 else:
                     mine = [
                         sent_result(r, p.destination)
                         for r, p in zip(results[start:end], item.sends, strict=True)
                         if r is not None
                     ]
-                    item.future.set_result(mine[0] if item.single else mine)
+                    _settle(item.future, mine[0] if item.single else mine)
                 start = end
         except MQError as exc:
             for item in batch:
-                if not item.future.done():
-                    item.future.set_exception(exc)
+                _settle(item.future, error=exc)
         except Exception as exc:  # keep the worker alive; surface as a store error
             err = StoreError(f"async send failed: {exc}", cause=exc)
             for item in batch:
-                if not item.future.done():
-                    item.future.set_exception(err)
+                _settle(item.future, error=err)
         self._tasks_done(len(batch))
 
     def _tasks_done(self, n: int) -> None:

@@ -52,6 +52,7 @@ from engine.qmq.codec import Code, Frame, ProducerCode
 from engine.qmq.messages import from_store, message_tags, to_store
 from engine.qmq.pull_sequences import LEASE_MS, QmqConsumer
 from engine.remoting.framing import LoopThread, read_frames
+from engine.remoting.landing import Landings
 from engine.store.commit_log import PendingMessage
 from engine.store.consume_queue import QueueIndex
 from engine.store.store import Store, now_ms
@@ -149,6 +150,7 @@ class QmqServer:
         self.lease_ms = lease_ms
         self.clients: dict[tuple[int, str, str, str], ClientState] = {}
         self.producer = Producer(store, "QMQ_WIRE", linger_ms=0)
+        self._landings = Landings()  # a SEND_MESSAGE's sends share commits: one wake-up for them
         self._ids = UniqKeyGenerator()
         self.index = QueueIndex(store)
         self._consumers: dict[tuple[str, str, str], QmqConsumer] = {}
@@ -595,7 +597,7 @@ class QmqServer:
         storable = [m for m in messages if is_valid_topic_name(m.subject)]
         prepared = dict(zip(map(id, storable), await self._call(self._prepare_all, storable), strict=True))
         pending = {
-            id(m): asyncio.wrap_future(self.producer.append_async(p))
+            id(m): self._landings.wait(self.producer.append_async(p))
             for m in storable
             if isinstance(p := prepared[id(m)], PreparedSend)
         }

@@ -17,6 +17,7 @@ from engine.protocol.names import retry_topic
 from engine.protocol.rebalance import MessageModel
 from engine.protocol.topics import system_topic_config
 from engine.remoting.frames import RemotingCommand, encode_command
+from engine.remoting.landing import Landings
 from engine.remoting.offsets_batch import OffsetBatcher
 from engine.remoting.pull_hold import PullHold
 from engine.remoting.recent import RecentMessages
@@ -82,6 +83,8 @@ class BrokerContext:
         # No linger: a send waits only for the commit in progress; the sends that arrive meanwhile
         # make up the next commit (a group commit), so one client alone is not slowed down.
         self.producer = WireProducer(store, "LAKEMQ_WIRE", linger_ms=0)
+        # The sends of one group commit wake the event loop once, not once each.
+        self.landings = Landings()
         # One index for the door's every read (pulls of all groups, parked pulls, look-ups): each new
         # version of the queues is read once, not once per group.
         self.index = QueueIndex(store)

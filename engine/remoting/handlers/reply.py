@@ -12,7 +12,6 @@ reply topic too. The responder's send succeeds when the push did (else SYSTEM_ER
 
 from __future__ import annotations
 
-import asyncio
 import logging
 
 from engine.errors import InvalidMessageError
@@ -83,7 +82,7 @@ async def send_reply(ctx: BrokerContext, conn: Connection, cmd: RemotingCommand)
             born_ts_ms=header.int64("bornTimestamp", 0),
         )
         queued = await ctx.run(ctx.producer.send_wire_grouped, item, queue_id)
-        stored = await asyncio.wrap_future(queued.future)
+        stored = await ctx.landings.wait(queued.future)
     except Exception as exc:  # the reply reached its requester all the same
         _log.warning("reply to %s not stored: %s", topic, exc)
     if not pushed:

@@ -97,7 +97,7 @@ async def send_message(ctx: BrokerContext, conn: Connection, cmd: RemotingComman
         if not items:
             raise InvalidMessageError("a batch holds at least one message", topic=topic)
         queued_batch = await _queue_batch(ctx, items, queue_id)
-        results = await asyncio.wrap_future(queued_batch.future)
+        results = await ctx.landings.wait(queued_batch.future)
         _hold_soon(ctx, queued_batch.prepared, results)
         ctx.hold.arrived(topic, results[-1].queue_id, results[-1].queue_offset + 1)
         fields = _result_fields(ctx, results[0])
@@ -132,7 +132,7 @@ async def send_message(ctx: BrokerContext, conn: Connection, cmd: RemotingComman
         ctx.sent_topics.discard(topic)
         await ctx.run(ensure_sent_topic, ctx, topic, header.int32("defaultTopicQueueNums", 4))
         queued = await _queue(ctx, item, queue_id)
-    result = await asyncio.wrap_future(queued.future)
+    result = await ctx.landings.wait(queued.future)
     _hold_soon(ctx, queued.prepared, [result])
     # (a delayed message's wakes a pull for nothing: it reads, finds nothing yet, and parks again)
     ctx.hold.arrived(topic, result.queue_id, result.queue_offset + 1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections import Counter
 from typing import Any
 
@@ -385,6 +386,31 @@ def test_a_cancelled_async_send_fails_none_of_the_others_in_its_commit(store: St
         p.flush(30)
     assert store.version(COMMIT_LOG) == before + 1
     assert sorted(bytes(r["body"]) for r in commit_log_rows(store)) == [b"a", b"b", b"c", b"d"]
+
+
+def test_regroup_gathers_the_senders_of_the_last_commit_into_the_next(store: Store, topic: str) -> None:
+    # Two synchronous senders acknowledged by one commit: the first to send again waits (past
+    # linger_ms) for the other, and both land in one commit, as two threads of a Java client do.
+    with Producer(store, linger_ms=200, regroup_ms=60_000) as p:
+        first = [p.append_async(p.prepare(Message(topic, n), queue_id=0)) for n in (b"a1", b"b1")]
+        assert [f.result(30).queue_offset for f in first] == [0, 1]  # one group, by linger_ms
+        after_first = store.version(COMMIT_LOG)
+        a2 = p.append_async(p.prepare(Message(topic, b"a2"), queue_id=0))
+        time.sleep(0.5)  # past linger_ms: without regrouping a2 would be committed alone by now
+        assert not a2.done()
+        b2 = p.append_async(p.prepare(Message(topic, b"b2"), queue_id=0))
+        assert (a2.result(30).queue_offset, b2.result(30).queue_offset) == (2, 3)
+        assert store.version(COMMIT_LOG) == after_first + 1
+
+
+def test_regroup_never_holds_up_a_single_synchronous_sender(store: Store, topic: str) -> None:
+    # Alone, a sender is all its last commit carried: it never waits for anyone (a wait would
+    # outlast the 30 s result timeout).
+    with Producer(store, linger_ms=0, regroup_ms=600_000) as p:
+        offsets = [p.append_async(p.prepare(Message(topic, b"x"), queue_id=0)).result(30) for _ in range(3)]
+        assert [r.queue_offset for r in offsets] == [0, 1, 2]
+    with pytest.raises(InvalidArgumentError, match="regroup_ms"):
+        Producer(store, regroup_ms=-1)
 
 
 def test_append_batch_async_is_never_split_by_the_group_commit_size(store: Store, topic: str) -> None:

@@ -99,6 +99,13 @@ class Producer(Closing):
         linger_ms: how long :meth:`send_async` waits to fill a micro-batch.
         batch_size: most messages per async micro-batch (which also holds at most
             ``max_batch_bytes`` of bodies, as :meth:`send_batch`).
+        regroup_ms: how long the next micro-batch may wait, beyond ``linger_ms``, for the senders
+            of the last one to send again (0: not at all). A client that sends synchronously from
+            several threads has each thread's next send arrive just after its commit; committing
+            whatever waits at once splits those threads into two halves that take turns, each
+            commit carrying half of them. Waiting for as many sends as the last commit carried
+            plus those that arrived during it gathers them into one commit again: fewer, fuller
+            commits. A single synchronous sender never waits (it is all the last commit carried).
 
     A producer is thread-safe and may be used as a context manager; :meth:`close` flushes.
 
@@ -118,12 +125,18 @@ class Producer(Closing):
         *,
         linger_ms: int | None = None,
         batch_size: int | None = None,
+        regroup_ms: int = 0,
     ) -> None:
         self._store = store
         self.group = validate_group_name(group)
         self.linger_ms = store.config.producer_linger_ms if linger_ms is None else linger_ms
         self.batch_size = store.config.producer_batch_size if batch_size is None else batch_size
-        for name, value, low in (("linger_ms", self.linger_ms, 0), ("batch_size", self.batch_size, 1)):
+        self.regroup_ms = regroup_ms
+        for name, value, low in (
+            ("linger_ms", self.linger_ms, 0),
+            ("batch_size", self.batch_size, 1),
+            ("regroup_ms", regroup_ms, 0),
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise InvalidArgumentError(f"{name} {value!r} must be an int >= {low}", **{name: value})
         self._writer = CommitLogs(store)  # one sequencer per commit-log shard
@@ -548,6 +561,7 @@ class Producer(Closing):
         limit = self._store.config.max_batch_bytes
         carry: _Queued | None = None
         stop = False
+        expected = 0  # queued sends the next group waits for up to regroup_ms (see __init__)
         while not stop:
             item = carry if carry is not None else self._pending.get()
             carry = None
@@ -556,9 +570,11 @@ class Producer(Closing):
                 break
             batch = [item]
             count, size = len(item.sends), item.body_bytes()
-            deadline = time.monotonic() + self.linger_ms / 1000
+            began = time.monotonic()
+            deadline = began + self.linger_ms / 1000
+            regrouped = max(deadline, began + self.regroup_ms / 1000)
             while count < self.batch_size:
-                timeout = deadline - time.monotonic()
+                timeout = (deadline if len(batch) >= expected else regrouped) - time.monotonic()
                 try:
                     nxt = (
                         self._pending.get(timeout=max(timeout, 0))
@@ -578,6 +594,9 @@ class Producer(Closing):
                 batch.append(nxt)
                 count += len(nxt.sends)
             self._commit_async(batch)
+            if self.regroup_ms:
+                # Those of this commit may send again at once, beside those that came meanwhile.
+                expected = len(batch) + self._pending.qsize()
 
     def _commit_async(self, batch: list[_Queued]) -> None:
         """Commit a group of queued sends, one commit per commit-log shard their queues live in:

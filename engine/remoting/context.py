@@ -32,6 +32,9 @@ T = TypeVar("T")
 # Java clients heartbeat every 30 s; RocketMQ's broker drops a silent channel after 120 s.
 WIRE_MEMBER_TIMEOUT_MS = 120_000
 BROKER_NAME = "lakemq-broker-a"
+# How long a group commit may wait for the senders of the last one (Producer's regroup_ms): about
+# a client's turnaround from an acknowledgement to its next send.
+REGROUP_MS = 2
 
 
 @dataclass(eq=False)
@@ -81,8 +84,9 @@ class BrokerContext:
         # holds no thread (:class:`~engine.remoting.pull_hold.PullHold`).
         self.pull_executor = ThreadPoolExecutor(workers, thread_name_prefix="mq-remoting-pull")
         # No linger: a send waits only for the commit in progress; the sends that arrive meanwhile
-        # make up the next commit (a group commit), so one client alone is not slowed down.
-        self.producer = WireProducer(store, "LAKEMQ_WIRE", linger_ms=0)
+        # make up the next commit (a group commit), so one client alone is not slowed down. The
+        # threads of a synchronous client, acknowledged together, are gathered again for a moment.
+        self.producer = WireProducer(store, "LAKEMQ_WIRE", linger_ms=0, regroup_ms=REGROUP_MS)
         # The sends of one group commit wake the event loop once, not once each.
         self.landings = Landings()
         # One index for the door's every read (pulls of all groups, parked pulls, look-ups): each new

@@ -38,7 +38,7 @@ class WireProducer(Closing):
 
     Args:
         store: an open store.
-        group, linger_ms, batch_size: as :class:`Producer` (``linger_ms`` paces group commits).
+        group, linger_ms, batch_size, regroup_ms: as :class:`Producer` (they pace group commits).
     """
 
     def __init__(
@@ -48,8 +48,11 @@ class WireProducer(Closing):
         *,
         linger_ms: int | None = None,
         batch_size: int | None = None,
+        regroup_ms: int = 0,
     ) -> None:
-        self._producer = Producer(store, group, linger_ms=linger_ms, batch_size=batch_size)
+        self._producer = Producer(
+            store, group, linger_ms=linger_ms, batch_size=batch_size, regroup_ms=regroup_ms
+        )
         self._max_batch_bytes = store.config.max_batch_bytes
 
     def _prepare(self, item: IncomingMessage, queue_id: int, delay_level: int = 0) -> PreparedSend:

@@ -103,7 +103,8 @@ def incoming(
     """
     props = dict(properties)
     tags = props.pop(PROPERTY_TAGS, None) or None
-    keys = tuple(k for k in (props.pop(PROPERTY_KEYS, "") or "").split(" ") if k)
+    keys_text = props.pop(PROPERTY_KEYS, "")
+    keys = tuple(k for k in keys_text.split(" ") if k) if keys_text else ()
     uniq = props.pop(PROPERTY_UNIQ_KEY, None) or None
     delay_text = props.pop(PROPERTY_DELAY, None)
     try:
@@ -112,9 +113,20 @@ def incoming(
         raise InvalidMessageError(f"property DELAY {delay_text!r} is not an integer", topic=topic) from None
     transactional = (props.pop(PROPERTY_TRANSACTION_PREPARED, "") or "").lower() == "true"
     group = props.pop(PROPERTY_PRODUCER_GROUP, None)
-    user = {k: v for k, v in props.items() if k not in RESERVED_PROPERTIES or k in TIMER_REQUEST_PROPERTIES}
-    kept = {k: v for k, v in props.items() if k in REQUEST_REPLY_PROPERTIES}
-    dropped = {k: v for k, v in props.items() if k not in user and k not in kept}
+    # One pass (a message of a batch comes here 32 times a request): the user's own, those kept
+    # for a reply, and the rest (the broker's, which a client may not set) dropped.
+    user: dict[str, str] = {}
+    kept: dict[str, str] = {}
+    dropped: dict[str, str] = {}
+    for k, v in props.items():
+        users = k not in RESERVED_PROPERTIES or k in TIMER_REQUEST_PROPERTIES
+        if users:
+            user[k] = v
+        if k in REQUEST_REPLY_PROPERTIES:
+            kept[k] = v
+        elif not users:
+            dropped[k] = v
+    born = born_properties(born_host, flag)
     return IncomingMessage(
         Message(topic, body, tags=tags, keys=keys, properties=user),
         uniq_key=uniq,
@@ -123,7 +135,7 @@ def incoming(
         producer_group=group,
         extra=dropped,
         born_ts_ms=born_ts_ms if born_ts_ms > 0 else None,
-        broker_properties={**kept, **born_properties(born_host, flag)},
+        broker_properties={**kept, **born} if kept else born,
     )
 
 
@@ -139,13 +151,18 @@ def _ipv4(host: str) -> bool:
 
 def born_properties(born_host: tuple[str, int] | None, flag: int) -> dict[str, str]:
     """The broker-owned properties that keep a client message's born host (an IPv4 peer: the
-    stored layout has room for no other) and its flag (when not 0)."""
-    out: dict[str, str] = {}
+    stored layout has room for no other) and its flag (when not 0). A new dict each call."""
+    return dict(_born_properties(born_host, flag))
+
+
+@functools.lru_cache(maxsize=4096)
+def _born_properties(born_host: tuple[str, int] | None, flag: int) -> tuple[tuple[str, str], ...]:
+    out: list[tuple[str, str]] = []
     if born_host is not None and _ipv4(born_host[0]):
-        out[PROPERTY_BORN_HOST] = f"{born_host[0]}:{born_host[1]}"
+        out.append((PROPERTY_BORN_HOST, f"{born_host[0]}:{born_host[1]}"))
     if flag:
-        out[PROPERTY_FLAG] = str(flag)
-    return out
+        out.append((PROPERTY_FLAG, str(flag)))
+    return tuple(out)
 
 
 def born_host_of(properties: Mapping[str, str], default: tuple[str, int]) -> tuple[str, int]:

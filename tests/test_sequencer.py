@@ -430,6 +430,35 @@ def test_pending_batch_columns_match_each_message(topic: str) -> None:
     assert marks.queues == {topic: [0, 1, 1], "SCHEDULE_TOPIC_XXXX": [0, 0, 1]}
 
 
+@pytest.mark.parametrize("rows", [3, 40])
+def test_queue_offsets_are_the_same_in_a_loop_and_in_columns(
+    rows: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Few rows take a loop, many the columns (COLUMNAR_OFFSETS_ROWS): both give each queue's rows
+    # consecutive offsets in input order from the queue's next one, and the same marks.
+    import engine.store.commit_log.stamping as stamping
+
+    marks = HighWaterMarks()
+    marks.apply(stamp([PendingMessage("t", 1, b"x", "seed")], marks, "AB" * 8, 1)[2])
+    batch = PendingBatch.of(
+        [PendingMessage("t" if i % 3 else "u", i % 4, b"x", f"u{i}") for i in range(rows)]
+    )
+    found = []
+    for threshold in (0, 10**9):  # columns always, a loop always
+        monkeypatch.setattr(stamping, "COLUMNAR_OFFSETS_ROWS", threshold)
+        _, results, delta = stamp(batch, marks, "AB" * 8, 1000)
+        found.append((results.queue_offsets, delta.queues))
+    assert found[0] == found[1]
+    offsets, queues = found[0]
+    expected, seen = [], {("t", 1): 1}
+    for i in range(rows):
+        queue = ("t" if i % 3 else "u", i % 4)
+        expected.append(seen.get(queue, 0))
+        seen[queue] = expected[-1] + 1
+    assert offsets == expected
+    assert queues == {t: {q: n for (tt, q), n in seen.items() if tt == t} for t in ("t", "u")}
+
+
 def _count_commit_log_opens(store: Store, monkeypatch: pytest.MonkeyPatch, fail_at: int = -1) -> list[int]:
     """Spy on the store's commit-log handle opens; the ``fail_at``-th one (0-based) fails."""
     assert store.store_id  # cached from here on: its first look-up opens the commit log too

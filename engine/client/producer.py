@@ -64,6 +64,11 @@ class _Queued:
         return sum(len(p.pending.body) for p in self.sends)
 
 
+DOOR_REGROUP_MS = 2
+"""The ``regroup_ms`` of the doors' producers: about a client's turnaround from an acknowledgement to
+its next send, so a synchronous client's threads acknowledged by one commit share the next one."""
+
+
 def _settle(future: Future[Any], result: Any = None, *, error: BaseException | None = None) -> None:
     """Resolve the future of a queued send, unless it is resolved already or its waiter cancelled it
     (a door whose client hung up): the send is in the commit, or in none, all the same, and the

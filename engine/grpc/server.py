@@ -53,7 +53,7 @@ from typing import Any, TypeVar
 from grpc import aio
 
 from engine.client.offsets import ConsumeFrom
-from engine.client.producer import Producer
+from engine.client.producer import DOOR_REGROUP_MS, Producer
 from engine.client.sending import PreparedSend
 from engine.client.simple import MAX_RECEIVE_NUMS, ReceivedMessage, SimpleConsumer
 from engine.errors import InvalidArgumentError, InvalidReceiptHandleError, InvalidTopicError, MQError
@@ -135,7 +135,7 @@ class GrpcServer:
         self.host = host
         self.port = port
         self.advertised_host = advertised_host or host
-        self.producer = Producer(store, "GRPC_DOOR", linger_ms=0)
+        self.producer = Producer(store, "GRPC_DOOR", linger_ms=0, regroup_ms=DOOR_REGROUP_MS)
         self.clients: dict[str, ClientState] = {}
         self._consumers: dict[tuple[str, str], _Consumer] = {}
         self._lock = threading.Lock()

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from engine.client.admin import Admin
-from engine.client.producer import Producer
+from engine.client.producer import DOOR_REGROUP_MS, Producer
 from engine.client.sending import PreparedSend
 from engine.errors import InvalidArgumentError, MQError, RemotingProtocolError, TopicNotFoundError
 from engine.model import MessageExt
@@ -149,7 +149,7 @@ class QmqServer:
         self.retry_delay_ms = retry_delay_ms
         self.lease_ms = lease_ms
         self.clients: dict[tuple[int, str, str, str], ClientState] = {}
-        self.producer = Producer(store, "QMQ_WIRE", linger_ms=0)
+        self.producer = Producer(store, "QMQ_WIRE", linger_ms=0, regroup_ms=DOOR_REGROUP_MS)
         self._landings = Landings()  # a SEND_MESSAGE's sends share commits: one wake-up for them
         self._ids = UniqKeyGenerator()
         self.index = QueueIndex(store)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from engine.client.membership import GroupMembership
+from engine.client.producer import DOOR_REGROUP_MS
 from engine.client.pull import PullConsumer
 from engine.protocol.names import retry_topic
 from engine.protocol.rebalance import MessageModel
@@ -32,9 +33,6 @@ T = TypeVar("T")
 # Java clients heartbeat every 30 s; RocketMQ's broker drops a silent channel after 120 s.
 WIRE_MEMBER_TIMEOUT_MS = 120_000
 BROKER_NAME = "lakemq-broker-a"
-# How long a group commit may wait for the senders of the last one (Producer's regroup_ms): about
-# a client's turnaround from an acknowledgement to its next send.
-REGROUP_MS = 2
 
 
 @dataclass(eq=False)
@@ -86,7 +84,7 @@ class BrokerContext:
         # No linger: a send waits only for the commit in progress; the sends that arrive meanwhile
         # make up the next commit (a group commit), so one client alone is not slowed down. The
         # threads of a synchronous client, acknowledged together, are gathered again for a moment.
-        self.producer = WireProducer(store, "LAKEMQ_WIRE", linger_ms=0, regroup_ms=REGROUP_MS)
+        self.producer = WireProducer(store, "LAKEMQ_WIRE", linger_ms=0, regroup_ms=DOOR_REGROUP_MS)
         # The sends of one group commit wake the event loop once, not once each.
         self.landings = Landings()
         # One index for the door's every read (pulls of all groups, parked pulls, look-ups): each new

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import threading
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,8 +32,8 @@ from engine.protocol.pull import batch_stop
 from engine.protocol.selectors import ExpressionType, MessageSelector
 from engine.protocol.shards import SHARD_SHIFT
 from engine.store import schemas
-from engine.store.commit_markers import CQ_KEY, dispatch_app
-from engine.store.delta import FileReader, FileStats, Snapshot, read_version
+from engine.store.commit_markers import BATCH_KEY, CQ_KEY, dispatch_app
+from engine.store.delta import DirectAppender, FileReader, FileStats, Snapshot, landed, read_version
 from engine.store.queue_entries import QueueTail
 from engine.store.store import Store
 
@@ -125,6 +126,30 @@ def commit_entries(
         markers=markers,
         snapshot=snapshot,
     )
+
+
+def commit_entries_directly(
+    appender: DirectAppender, version: int, entries: pa.Table, covered: int, marks: QueueMarks, shard: int = 0
+) -> None:
+    """:func:`commit_entries` without delta-rs: the same commit (a file of ``entries``, none when
+    there are none, the app transaction recording ``covered``, the ``marks``) put at exactly
+    ``version`` by ``appender`` (:mod:`engine.store.delta.direct_append`).
+
+    Raises:
+        CommitConflictError: another writer took the version (plan again from a new snapshot).
+        CommitStateUnknownError: on an object store, the put failed and the commit is not there;
+            it may land yet.
+        StoreError: a file could not be written; nothing was committed.
+    """
+    add = appender.write_file(entries) if entries.num_rows else None
+    batch_id = uuid.uuid4().hex
+    markers = {CQ_KEY: marks.to_json(), BATCH_KEY: batch_id}
+    try:
+        appender.commit(version, add, markers, {dispatch_app(shard): covered})
+    except StoreError as exc:
+        # a link that failed after it was made (network file systems do that) landed all the same
+        if not (exc.context.get("linked") and landed(appender, version, batch_id, appender.name)):
+            raise
 
 
 _NO_BYTE_LIMIT = 1 << 62

@@ -77,6 +77,7 @@ from engine.store.delta import (
     LOCK_WAIT_S,
     NO_HOOKS,
     RENEW_HANDLE_COMMITS,
+    STALE_LOOK_S,
     DirectAppender,
     HostLock,
     LogCommit,
@@ -110,9 +111,6 @@ COMMIT_LOG_ROW_GROUP_ROWS = 256
 # them (both cost CPU on every write and buy nothing).
 _PLAIN_COLUMNS = ("body",)
 _WRITER_PROPERTIES = writer_properties(COMMIT_LOG_ROW_GROUP_ROWS, _PLAIN_COLUMNS)
-# On an object store, a direct appender whose last look at the log is older than this looks again
-# before committing (see CommitLogWriter._behind); far below any log retention.
-STALE_LOOK_S = 60.0
 # A checkpoint of the commit log costs about 100 ms of CPU (a handle opened at its version, every live
 # file's add written), whatever the rate of commits; at hundreds of commits a second its interval
 # alone would spend a third of a core on it. A checkpoint that comes due sooner after the previous

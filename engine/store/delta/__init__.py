@@ -40,7 +40,13 @@ from engine.store.delta.data_files import (
     rewrite_files,
     write_file,
 )
-from engine.store.delta.direct_append import DirectAppender, LogCommit, direct_append_enabled, direct_appender
+from engine.store.delta.direct_append import (
+    STALE_LOOK_S,
+    DirectAppender,
+    LogCommit,
+    direct_append_enabled,
+    direct_appender,
+)
 from engine.store.delta.durability import fsync_version
 from engine.store.delta.file_reader import FileReader, FileStats
 from engine.store.delta.followed_log import FollowedLog, follow_log
@@ -88,6 +94,7 @@ __all__ = [
     "MAX_WALK_BACK",
     "NO_HOOKS",
     "RENEW_HANDLE_COMMITS",
+    "STALE_LOOK_S",
     "VERSION_COLUMN",
     "Action",
     "BlindAppends",

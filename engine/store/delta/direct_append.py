@@ -77,6 +77,12 @@ from engine.store.delta.snapshot import Snapshot
 
 DIRECT_ENV = "MQ_DIRECT_APPEND"
 ENGINE_INFO = "lakemq"
+# A writer that found no commit after its version trusts that look this long (far below any log
+# retention, which is at least a minute): a commit file is only cleaned up once older than the log
+# retention, so a successor made after the look is still there while the look is younger than that.
+# An older look proves nothing (the successor may be gone, see the module docstring): look again
+# another way (a checkpoint past the version, or a snapshot opened anew).
+STALE_LOOK_S = 60.0
 
 
 class LogCommit:
@@ -580,13 +586,14 @@ class DirectAppender:
     def commit(
         self,
         version: int,
-        add: Mapping[str, Any],
+        add: Mapping[str, Any] | None,
         custom_metadata: Mapping[str, str],
         transactions: Mapping[str, int] | None = None,
     ) -> None:
         """Commit the file of ``add`` as exactly version ``version``, with ``custom_metadata`` in its
         commitInfo (as delta-rs places it) and a ``txn`` action for each of ``transactions`` (Delta
-        app transactions: app id -> version), which a writer of version 2 tables may write.
+        app transactions: app id -> version), which a writer of version 2 tables may write. Without
+        ``add`` the commit records only its metadata and transactions (no file).
 
         Raises:
             CommitConflictError: the version exists already: another writer took it (nothing was
@@ -606,8 +613,10 @@ class DirectAppender:
             "isBlindAppend": True,
             "engineInfo": ENGINE_INFO,
             **custom_metadata,
-            COUNTS_KEY: json.dumps({"txn": len(transactions or {}), "add": 1}, separators=(",", ":"))
-            if transactions
+            COUNTS_KEY: json.dumps(
+                {"txn": len(transactions or {}), "add": int(add is not None)}, separators=(",", ":")
+            )
+            if transactions or add is None
             else _COUNTS_ONE_ADD,
         }
         txns = [
@@ -615,7 +624,6 @@ class DirectAppender:
             for app, v in (transactions or {}).items()
         ]
         # one action a line and no newline after the last, as delta-rs writes them
-        text = "\n".join(
-            json.dumps(a, separators=(",", ":")) for a in ({"commitInfo": info}, *txns, {"add": add})
-        )
+        adds = () if add is None else ({"add": add},)
+        text = "\n".join(json.dumps(a, separators=(",", ":")) for a in ({"commitInfo": info}, *txns, *adds))
         self.objects.put_commit(version, text, self.name)

@@ -196,6 +196,24 @@ def test_close_gives_back_prefetched_messages_without_counting_a_delivery(
     assert all(m.reconsume_times == 0 for m in rest)
 
 
+def test_a_message_leased_for_a_receive_is_handed_out_even_if_its_lease_ran_out_first(
+    store: Store, one_queue: str, consumers: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import engine.client.simple.leases as leases_module
+
+    produce(store, 1)
+    consumer = consumers("c")
+    real = leases_module.now_ms
+    # the lease commit and the read took longer than the invisible time: it ran out before hand-out
+    monkeypatch.setattr(leases_module, "now_ms", lambda: real() + 60_000)
+    [late] = consumer.receive(1, invisible_ms=50)  # its delivery counts: the user sees it
+    assert (late.body, late.reconsume_times) == (b"m0", 0)
+    monkeypatch.setattr(leases_module, "now_ms", real)
+    [again] = eventually(lambda: consumer.receive(1, invisible_ms=60_000))
+    assert (again.body, again.reconsume_times) == (b"m0", 1)  # its second delivery, not its first
+    assert not read_actions(store, GROUP, RELEASE)
+
+
 # ----------------------------------------------------------------------------- where a group starts
 @pytest.mark.parametrize(
     ("setting", "consume_from", "expected"),

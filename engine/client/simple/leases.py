@@ -136,7 +136,10 @@ class Leases(Leasing, Holding):
         """Up to ``n`` buffered messages with about ``invisible_ms`` of their lease left (less at
         most LEASE_HOLD_MS or half of it; a recovered one: any time left), now held; the others are
         released to the group. Messages leased at or after ``leased_since`` (monotonic) were leased
-        for this very request and go out with any time left. With ``topic``, only messages of that
+        for this very request and go out whatever time their lease has left, even none: their
+        delivery is counted (the lease's end makes it a redelivery), so the user sees it, as a
+        RocketMQ POP hands out what it popped however long the pop took (an ack after the lease
+        ended is refused, as there). With ``topic``, only messages of that
         topic (:func:`topic_of`) go out; the others stay buffered for a receive of theirs (those
         waiting longer than LEASE_HOLD_MS are released)."""
         now = now_ms()
@@ -160,7 +163,7 @@ class Leases(Leasing, Holding):
                 continue  # recovered, and handed out already
             left = item.deadline_ms - now
             just_leased = leased_since is not None and item.leased_at >= leased_since
-            if left < (1 if item.recovered or just_leased else enough):
+            if not just_leased and left < (1 if item.recovered else enough):
                 if not item.recovered and left > 0:
                     self._writer.buffer_ack(
                         RELEASE, m.topic, m.queue_id, m.queue_offset, item.deadline_ms, now

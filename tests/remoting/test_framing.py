@@ -4,6 +4,7 @@ protocol or falls silent; nothing a peer sends escapes as an exception."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -25,13 +26,17 @@ def decode(payload: bytes) -> bytes:
     return payload
 
 
-def frames_of(data: bytes, *, eof: bool = True, idle_timeout_s: float = 30) -> list[bytes]:
+def frames_of(
+    data: bytes, *, eof: bool = True, idle_timeout_s: float = 30, frame_timeout_s: float = 30
+) -> list[bytes]:
     async def collect() -> list[bytes]:
         reader = asyncio.StreamReader()
         reader.feed_data(data)
         if eof:
             reader.feed_eof()
-        found = read_frames(reader, check, decode, idle_timeout_s=idle_timeout_s, frame_timeout_s=30)
+        found = read_frames(
+            reader, check, decode, idle_timeout_s=idle_timeout_s, frame_timeout_s=frame_timeout_s
+        )
         return [frame async for frame in found]
 
     return asyncio.run(collect())
@@ -55,6 +60,30 @@ def test_a_frame_refused_by_the_door_ends_the_connection_without_raising(bad: by
 
 def test_a_silent_peer_is_dropped_after_the_idle_timeout() -> None:
     assert frames_of(frame(b"ok"), eof=False, idle_timeout_s=0.01) == [b"ok"]
+
+
+def test_a_frame_left_unfinished_is_dropped_after_the_frame_timeout_not_the_idle_one() -> None:
+    started = time.monotonic()
+    assert frames_of(frame(b"ok") + b"\x00\x00\x00\x05ab", eof=False, frame_timeout_s=0.05) == [b"ok"]
+    assert time.monotonic() - started < 10  # the idle timeout (30 s) did not apply
+
+
+def test_a_peer_that_keeps_sending_outlives_the_idle_timeout() -> None:
+    async def collect() -> list[bytes]:
+        reader = asyncio.StreamReader()
+
+        async def send() -> None:
+            for i in range(6):  # 0.3 s in all, each gap within the idle timeout of 0.2 s
+                reader.feed_data(frame(b"%d" % i))
+                await asyncio.sleep(0.05)
+            reader.feed_eof()
+
+        feeding = asyncio.create_task(send())
+        found = [f async for f in read_frames(reader, check, decode, idle_timeout_s=0.2, frame_timeout_s=0.2)]
+        await feeding
+        return found
+
+    assert asyncio.run(collect()) == [b"%d" % i for i in range(6)]
 
 
 def test_a_loop_thread_starts_once_ready_and_ends_when_stopped() -> None:

@@ -16,6 +16,7 @@ from engine import (
     LocalTransactionState,
     Message,
     MessageExt,
+    Producer,
     PullConsumer,
     PullStatus,
     Store,
@@ -24,8 +25,9 @@ from engine import (
     TransactionError,
     TransactionProducer,
 )
+from engine.broker import transactions as transactions_module
 from engine.broker.dispatch import dispatch_pending
-from engine.broker.transactions import check_transactions, undecided_halves
+from engine.broker.transactions import TransactionCheck, check_transactions, undecided_halves
 from engine.protocol import (
     PROPERTY_REAL_QUEUE_ID,
     PROPERTY_REAL_TOPIC,
@@ -46,6 +48,7 @@ from engine.protocol.transactions import (
 )
 from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
+from engine.store.commit_log.stamping import PendingMessage
 from engine.store.commit_markers import transaction_app
 from engine.store.transactions import end_transaction, is_decided, load_half
 from tests.helpers import commit_log_rows, eventually, versions
@@ -406,3 +409,47 @@ def test_a_transactional_message_with_timer_properties_is_refused(
     with pytest.raises(InvalidMessageError, match="cannot be delayed"):
         producers().send_in_transaction(Message(topic, b"x", properties=timer), lambda m: COMMIT)
     assert versions(store) == before
+
+
+# ----------------------------------------------------------------------------- the loop's check
+def test_the_loops_check_reads_the_commit_log_only_while_a_half_may_be_undecided(
+    store: Store, topic: str, producers: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    whole: list[int] = []
+    real = transactions_module._check
+    monkeypatch.setattr(transactions_module, "_check", lambda *a, **k: whole.append(1) or real(*a, **k))
+    check = TransactionCheck(store)
+    assert check(FUTURE) == 0 and len(whole) == 1  # the first pass reads: it knows nothing yet
+    with Producer(store) as plain:
+        plain.send(Message(topic, b"plain"))
+    assert check(FUTURE) == 0 and len(whole) == 1  # the new version holds no half: nothing read
+    producer = producers(Checker(COMMIT), group="TXG")
+    result = producer.send_in_transaction(Message(topic, b"tx"), lambda m: UNKNOWN)
+    assert check(FUTURE) == 1 and len(whole) == 2  # a new half: read, and checked back
+    assert eventually(lambda: is_decided(store, result.physical_offset))
+    check(FUTURE)  # undecided at its last look: read again, and found decided
+    assert len(whole) == 3
+    assert check(FUTURE) == 0 and len(whole) == 3  # nothing undecided, nothing new
+    # one file spanning the half topic (a group commit of sends to two topics)
+    CommitLogWriter(store).append([PendingMessage("A", 0, b"a", "U-A"), PendingMessage("Z", 0, b"z", "U-Z")])
+    check(FUTURE)
+    assert len(whole) == 4  # its statistics cannot rule a half out
+
+
+@pytest.mark.parametrize(
+    ("stats", "may"),
+    [
+        (None, True),
+        ("not json", True),
+        ('{"numRecords":1}', True),
+        ('{"minValues":{"topic":"A"},"maxValues":{"topic":"B"}}', False),
+        ('{"minValues":{"topic":"A"},"maxValues":{"topic":"Z"}}', True),
+        (
+            '{"minValues":{"topic":"RMQ_SYS_TRANS_HALF_TOPIC"},"maxValues":{"topic":"RMQ_SYS_TRANS_HALF_TOPIC"}}',
+            True,
+        ),
+        ('{"minValues":{"topic":"A"},"maxValues":{"topic":"B' + "b" * 40 + '"}}', True),  # maybe cut short
+    ],
+)
+def test_a_file_may_hold_a_half_unless_its_topic_statistics_rule_it_out(stats: str | None, may: bool) -> None:
+    assert transactions_module._may_hold(stats, TRANS_HALF_TOPIC) is may

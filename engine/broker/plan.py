@@ -50,7 +50,7 @@ from engine.broker.maintenance import maintain
 from engine.broker.pull_log import build_pull_log
 from engine.broker.retry import RetryRouter, route_retries
 from engine.broker.schedule import Scheduler
-from engine.broker.transactions import check_transactions
+from engine.broker.transactions import TransactionCheck
 from engine.store import schemas
 from engine.store.store import Store
 
@@ -113,7 +113,7 @@ def _pull_log(store: Store) -> Pass:
 
 
 def _transaction_check(store: Store) -> Pass:
-    return partial(check_transactions, store)
+    return TransactionCheck(store)
 
 
 def _maintenance(store: Store) -> Pass:

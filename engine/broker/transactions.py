@@ -46,6 +46,7 @@ from typing import Any
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from engine.errors import StoreError
 from engine.model import SysFlag
 from engine.protocol.names import TRANS_CHECK_MAX_TIME_TOPIC, TRANS_HALF_TOPIC
 from engine.protocol.shards import shard_of_queue
@@ -68,7 +69,7 @@ from engine.protocol.transactions import (
 from engine.store import schemas
 from engine.store.commit_log import CommitLogs, CommitLogWriter
 from engine.store.commit_markers import TX_FLOOR_KEY, transaction_app
-from engine.store.delta import Snapshot
+from engine.store.delta import Snapshot, read_version
 from engine.store.store import Store, sql_literal
 from engine.store.store import now_ms as _clock_ms
 from engine.store.transactions import (
@@ -155,6 +156,19 @@ def check_transactions(
         InvalidArgumentError: a negative time or ``max_checks``.
         StoreError, CommitConflictError: a read or write failed.
     """
+    return _check(store, now_ms, timeout_ms, max_checks, check_interval_ms, writer=writer)[0]
+
+
+def _check(
+    store: Store,
+    now_ms: int | None,
+    timeout_ms: int,
+    max_checks: int,
+    check_interval_ms: int,
+    *,
+    writer: CommitLogWriter | CommitLogs | None,
+) -> tuple[int, int]:
+    """:func:`check_transactions`: (halves acted on, undecided halves found, due or not)."""
     now = check_int("now_ms", now_ms, 0) if now_ms is not None else _clock_ms()
     validate_check_settings(timeout_ms, max_checks, check_interval_ms)
     old_floor = check_floor(store)
@@ -196,4 +210,82 @@ def check_transactions(
                 check_times=times,
                 extra=[check_max_time_copy(full)],
             )
-    return len(requests) + len(rollbacks)
+    return len(requests) + len(rollbacks), len(halves)
+
+
+# Commit-log versions a :class:`TransactionCheck` looks through for a new half before it just runs
+# the whole check (a loop that fell far behind, or started on a long log).
+_LOOK_VERSIONS = 2000
+# A maximum string statistic this long may be a truncated one (Delta writers cut long strings):
+# then it bounds nothing.
+_CUT_STAT = 32
+
+
+def _may_hold(stats: str | None, topic: str) -> bool:
+    """Whether a data file whose Delta statistics are ``stats`` may hold rows of ``topic``."""
+    if stats is None:
+        return True
+    try:
+        parsed = json.loads(stats)
+        low, high = parsed["minValues"]["topic"], parsed["maxValues"]["topic"]
+    except (ValueError, KeyError, TypeError):
+        return True
+    if not (isinstance(low, str) and isinstance(high, str)) or len(high) >= _CUT_STAT:
+        return True
+    return low <= topic <= high
+
+
+class TransactionCheck:
+    """:func:`check_transactions` as the broker loop runs it, every round: the whole check (a read of
+    the commit log for halves, which catches its snapshot up through delta-rs) only while there are
+    undecided halves, or when a commit-log version since the last check may hold a new half (the
+    statistics of a file it added span the half topic). Otherwise a pass reads nothing but the new
+    commits' file lists, which dispatch has parsed already (:func:`read_version` keeps them).
+
+    A half becomes due with time only while it is undecided, so with none found, only a new half can
+    give the check work. Under load the whole check cost about 360 ms a round (the delta-rs catch-up
+    of some 250 commits), with no half anywhere.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        timeout_ms: int = DEFAULT_TIMEOUT_MS,
+        max_checks: int = DEFAULT_MAX_CHECKS,
+        check_interval_ms: int = DEFAULT_CHECK_INTERVAL_MS,
+    ) -> None:
+        validate_check_settings(timeout_ms, max_checks, check_interval_ms)
+        self._store = store
+        self._settings = (timeout_ms, max_checks, check_interval_ms)
+        self._seen = -1  # the commit-log version the last whole check read up to
+        self._undecided = True  # what that check found (before any: assume some)
+
+    def __call__(self, now_ms: int | None = None) -> int:
+        """One pass (the clock: ``now_ms``, default now); returns the halves acted on.
+
+        Raises:
+            StoreError, CommitConflictError: as :func:`check_transactions`.
+        """
+        store = self._store
+        table = schemas.commit_log_table(shard_of_queue(TRANS_HALF_TOPIC, 0, store.commit_log_shards))
+        latest = store.latest_version_hint(table, self._seen)
+        if not self._undecided and not self._maybe_new_half(table, latest):
+            self._seen = latest
+            return 0
+        acted, undecided = _check(store, now_ms, *self._settings, writer=None)
+        # the check read a snapshot at least as new as ``latest``: any half up to it was found
+        self._seen, self._undecided = latest, undecided > 0
+        return acted
+
+    def _maybe_new_half(self, table: str, latest: int) -> bool:
+        if self._seen < 0 or latest - self._seen > _LOOK_VERSIONS:
+            return True
+        uri, options = self._store.uri(table), self._store.storage_options
+        try:
+            for version in range(self._seen + 1, latest + 1):
+                added = read_version(uri, version, options)
+                if any(_may_hold(stats, TRANS_HALF_TOPIC) for stats in added.stats):
+                    return True
+        except StoreError:
+            return True  # a commit gone or unreadable: the whole check says what there is
+        return False

@@ -518,3 +518,26 @@ def test_a_running_schedule_job_delivers_at_the_due_time_within_its_tick_not_at_
     assert soon.calls[0] >= due  # it waited for the due time, then delivered, in this tick
     later = _Due(10_000)
     assert _deliver_within(later, trigger_ms=250) == 0 and later.calls == []  # a later tick's work
+
+
+# ----------------------------------------------------------------- passes with nothing to do
+def test_a_pass_with_nothing_new_and_nothing_due_reads_no_commit_log(
+    store: Store, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scheduler = Scheduler(store)
+    caught_up: list[int] = []  # the passes that caught the commit log up to read the state
+    real = scheduler._read_state
+    monkeypatch.setattr(scheduler, "_read_state", lambda dt: caught_up.append(dt.version()) or real(dt))
+    producer = Producer(store)
+    producer.send(Message(topic, b"level"), delay_level=1)
+    producer.send(Message(topic, b"timer", deliver_at_ms=now_ms() + 3_600_000))
+    level_due = min(int(r["deliver_at_ms"]) for r in commit_log_rows(store))  # type: ignore[call-overload]
+    assert deliver(store, level_due - 1, scheduler) == 0 and len(caught_up) == 1  # the first pass reads
+    assert deliver(store, level_due - 1, scheduler) == 0 and len(caught_up) == 1  # nothing new, nothing due
+    producer.send(Message(topic, b"plain"))  # a commit, but no schedule entry
+    assert deliver(store, level_due - 1, scheduler) == 0 and len(caught_up) == 1
+    assert deliver(store, level_due, scheduler) == 1 and len(caught_up) == 2  # the level message is due
+    producer.send(Message(topic, b"later"), delay_level=2)  # a new schedule entry: read again
+    assert deliver(store, level_due, scheduler) == 0 and len(caught_up) == 3
+    assert deliver(store, FAR_FUTURE, scheduler) == 2  # the second level message and the timer
+    assert sorted(m.body for m in pull_all(store)) == [b"later", b"level", b"plain", b"timer"]

@@ -286,9 +286,40 @@ class Scheduler:
         self._state = state = read_state(dt, self._state)
         return state
 
+    def _idle(self, now: int) -> bool:
+        """Whether a pass would find nothing to do, judged from the state of the last pass and the
+        consume queue (no read of the commit log: catching its snapshot up through delta-rs cost
+        about 200 ms a round under load, with no delayed message anywhere). Idle when no schedule
+        queue holds an entry that pass did not see, none it saw is due, and no restating commit is
+        owed. The state may be older than the log's (another scheduler delivered since): that only
+        makes less work, never more. Not judged on a store of several shards."""
+        state = self._state
+        if state is None or self._store.commit_log_shards > 1:
+            return False
+        for qid in LEVEL_QUEUES:
+            low, high = self._index.bounds(SCHEDULE_TOPIC, qid)
+            pos = max(state.delivered[qid] + 1, low)
+            head = self._heads.get(qid)
+            if pos < high and (head is None or head[0] != pos or head[1] <= now):
+                return False
+        cache = self._timers
+        if self._index.bounds(SCHEDULE_TOPIC, TIMER_QUEUE_ID)[1] > cache.scanned:
+            return False
+        if cache.dues.size:
+            waiting = ~handled_mask(state.timer_prefix, state.timer_runs, cache.offsets)
+            if bool(np.any(cache.dues[waiting] <= now)):
+                return False
+        if state.timer_runs and state.version >= 0:
+            latest = self._store.latest_version_hint(self._writer.table, state.version)
+            if latest - state.version > self._refresh_versions // 2:
+                return False  # let the pass see whether the state must be restated
+        return True
+
     def _pass(self, now: int) -> tuple[int, bool] | None:
         """One commit's worth: (delivered, maybe more due), or None when another writer won."""
         self._index.refresh()
+        if self._idle(now):
+            return 0, False
         self._dt = self._store.caught_up(self._writer.table, self._dt)
         dt = self._dt  # a private snapshot: every part of the state comes from one version
         state = self._read_state(dt)

@@ -26,6 +26,7 @@ from engine.store.delta import (
     read_version,
     read_versions,
 )
+from engine.store.delta import log as log_module
 
 pytestmark = pytest.mark.s3
 
@@ -249,3 +250,19 @@ def test_a_pull_of_new_messages_moves_its_commit_log_files_on_from_the_new_commi
     log = [r for r in seen if "commit_log" in r and ("_delta_log" in r or "list-type" in r)]
     assert not any("list-type" in r or "_last_checkpoint" in r for r in log), log
     assert len(log) <= 3 + 1, log  # each new commit file once (one GET), one look past them
+
+
+@pytest.mark.parametrize("small", [True, False], ids=["small-file", "large-file"])
+def test_a_version_reads_alike_as_a_small_or_a_large_file_and_an_older_schema_is_filled_in(
+    uri: str, options: dict[str, str], tmp_path: Any, monkeypatch: pytest.MonkeyPatch, small: bool
+) -> None:
+    if not small:  # every file read as a large one: pyarrow's threads and read-ahead
+        monkeypatch.setattr(log_module, "SMALL_FILE_BYTES", 0)
+    older = pa.schema([("a", pa.int64())])
+    newer = older.append(pa.field("b", pa.string()))  # a column added since the file was written
+    for where, opts in ((str(tmp_path / "t"), None), (uri, options)):
+        write_deltalake(where, pa.table({"a": [1, 2]}, schema=older), storage_options=opts)
+        rows = read_versions(where, 0, 0, older, opts)
+        assert rows.column("a").to_pylist() == [1, 2] and rows.column("_version").to_pylist() == [0, 0]
+        filled = read_versions(where, 0, 0, newer, opts)
+        assert filled.column("a").to_pylist() == [1, 2] and filled.column("b").to_pylist() == [None, None]

@@ -22,7 +22,7 @@ def _table(n: int, fill: str = "x") -> pa.Table:
 
 def test_the_least_recently_used_groups_go_first_once_past_the_budget() -> None:
     a, b, c = _table(10, "a"), _table(10, "b"), _table(10, "c")
-    cache = TableCache(max_bytes=a.nbytes + b.nbytes)
+    cache = TableCache(max_bytes=a.get_total_buffer_size() + b.get_total_buffer_size())
     cache.put(("t", "f", 0), a)
     cache.put(("t", "f", 1), b)
     assert cache.get(("t", "f", 0)) is a  # now the most recently used
@@ -33,7 +33,7 @@ def test_the_least_recently_used_groups_go_first_once_past_the_budget() -> None:
 
 def test_a_group_larger_than_the_whole_budget_is_not_kept() -> None:
     big = _table(100)
-    cache = TableCache(max_bytes=big.nbytes - 1)
+    cache = TableCache(max_bytes=big.get_total_buffer_size() - 1)
     cache.put(("t", "f", 0), big)
     assert cache.get(("t", "f", 0)) is None
 

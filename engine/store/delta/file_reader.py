@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from engine.store.delta.log import table_filesystem
+from engine.store.delta.log import read_whole, table_filesystem
 from engine.store.delta.objects import local_path
 from engine.store.delta.snapshot import Snapshot
 from engine.store.delta.table_cache import TableCache
@@ -118,7 +118,8 @@ class FileReader:
         if cached is None:
             # One chunk per column: ``take`` on a many-row-group (compacted) file would otherwise
             # concatenate every chunk again on each pull.
-            table = pq.read_table(path, filesystem=self._fs).combine_chunks()
+            with self._fs.open_input_file(path) as source:
+                table = read_whole(source, source.size()).combine_chunks()
             cached = (table, {})
             with self._lock:
                 self._tables[path] = cached

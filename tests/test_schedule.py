@@ -480,6 +480,7 @@ def test_next_due_is_the_earliest_waiting_message_still_ahead(store: Store, topi
     with Producer(store) as producer:
         producer.send(Message(topic, b"timer", deliver_at_ms=base + 50_000), queue_id=0)
         producer.send(Message(topic, b"level"), delay_level=3, queue_id=0)  # 10 s
+    dispatch_pending(store)  # a scheduler sees what dispatch committed
     scheduler = Scheduler(store)
     assert scheduler.next_due_ms() is None  # nothing seen before a pass
     assert scheduler.deliver_due(base) == 0

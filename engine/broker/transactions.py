@@ -69,7 +69,7 @@ from engine.protocol.transactions import (
 from engine.store import schemas
 from engine.store.commit_log import CommitLogs, CommitLogWriter
 from engine.store.commit_markers import TX_FLOOR_KEY, transaction_app
-from engine.store.delta import Snapshot, read_version
+from engine.store.delta import Snapshot, read_version, stats_range
 from engine.store.store import Store, sql_literal
 from engine.store.store import now_ms as _clock_ms
 from engine.store.transactions import (
@@ -223,13 +223,10 @@ _CUT_STAT = 32
 
 def _may_hold(stats: str | None, topic: str) -> bool:
     """Whether a data file whose Delta statistics are ``stats`` may hold rows of ``topic``."""
-    if stats is None:
+    found = stats_range(stats, "topic")
+    if found is None:
         return True
-    try:
-        parsed = json.loads(stats)
-        low, high = parsed["minValues"]["topic"], parsed["maxValues"]["topic"]
-    except (ValueError, KeyError, TypeError):
-        return True
+    low, high = found
     if not (isinstance(low, str) and isinstance(high, str)) or len(high) >= _CUT_STAT:
         return True
     return low <= topic <= high

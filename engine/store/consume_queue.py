@@ -33,7 +33,15 @@ from engine.protocol.selectors import ExpressionType, MessageSelector
 from engine.protocol.shards import SHARD_SHIFT
 from engine.store import schemas
 from engine.store.commit_markers import BATCH_KEY, CQ_KEY, dispatch_app
-from engine.store.delta import DirectAppender, FileReader, FileStats, Snapshot, landed, read_version
+from engine.store.delta import (
+    DirectAppender,
+    FileReader,
+    FileStats,
+    Snapshot,
+    landed,
+    read_version,
+    stats_range,
+)
 from engine.store.queue_entries import QueueTail
 from engine.store.store import Store
 
@@ -398,12 +406,10 @@ class QueueIndex:
 
 def _offset_bounds(stats: str | None) -> tuple[int, int] | None:
     """(min, max) ``physical_offset`` of a commit-log file by its Delta statistics; None without."""
-    if stats is None:
-        return None
+    found = stats_range(stats, "physical_offset")
     try:
-        parsed = json.loads(stats)
-        return int(parsed["minValues"]["physical_offset"]), int(parsed["maxValues"]["physical_offset"])
-    except (ValueError, KeyError, TypeError):
+        return None if found is None else (int(found[0]), int(found[1]))
+    except (ValueError, TypeError):
         return None
 
 

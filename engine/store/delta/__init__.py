@@ -38,6 +38,7 @@ from engine.store.delta.data_files import (
     read_file,
     remove_action,
     rewrite_files,
+    stats_range,
     write_file,
 )
 from engine.store.delta.direct_append import (
@@ -146,6 +147,7 @@ __all__ = [
     "remove_action",
     "repair_log",
     "rewrite_files",
+    "stats_range",
     "str_column",
     "table_filesystem",
     "write_file",

@@ -102,6 +102,18 @@ def _stats_plan(schema: pa.Schema, indexed: StatsColumns) -> tuple[tuple[str, bo
     return tuple(plan)
 
 
+def stats_range(stats: str | None, column: str) -> tuple[Any, Any] | None:
+    """(min, max) of ``column`` by a data file's Delta statistics (an add action's ``stats``); None
+    when they do not say (no statistics, none for the column, or not JSON)."""
+    if stats is None:
+        return None
+    try:
+        parsed = json.loads(stats)
+        return parsed["minValues"][column], parsed["maxValues"][column]
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 def file_stats(rows: pa.Table, indexed: StatsColumns) -> str:
     """Delta add-action statistics of the ``indexed`` columns (the first N leaf columns, or the named
     top-level columns), as delta-rs writes them: numRecords, and per column its null count and (for

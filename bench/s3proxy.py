@@ -85,6 +85,10 @@ class _ProxyServer:
         # and the server's own time included): the round trip a client of this store sees
         self.round_trips_ms: list[float] = []
         self._lock = threading.Lock()
+        # Requests being served: a reading of the round trips waits for them, since a client may
+        # have its answer (and ask for the reading) before the handler has noted the time.
+        self._serving = 0
+        self._served = threading.Condition(self._lock)
         self._local = threading.local()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -164,6 +168,7 @@ class _ProxyServer:
                 seen, self.seen = self.seen or [], ([] if json.loads(body)["on"] else None)
                 return 200, {"seen": seen}
             if method == "POST" and what == "round-trips":
+                self._served.wait_for(lambda: self._serving == 0, timeout=5)
                 taken, self.round_trips_ms = self.round_trips_ms, []
                 return 200, {"round_trips_ms": taken}
             if method == "GET" and what == "stats":
@@ -198,12 +203,20 @@ class _ProxyServer:
 
             def _handle(self) -> None:
                 began = time.perf_counter()
-                self._serve()
-                if not self.path.startswith(CONTROL):
+                if self.path.startswith(CONTROL):
+                    self._serve()
+                    return
+                with proxy._lock:
+                    proxy._serving += 1
+                try:
+                    self._serve()
+                finally:
                     took_ms = (time.perf_counter() - began) * 1000
                     with proxy._lock:
                         if len(proxy.round_trips_ms) < _MAX_TIMED:
                             proxy.round_trips_ms.append(took_ms)
+                        proxy._serving -= 1
+                        proxy._served.notify_all()
 
             def _serve(self) -> None:
                 body = self._body()

@@ -38,7 +38,7 @@ from engine.store.delta import (
     FileReader,
     FileStats,
     Snapshot,
-    landed,
+    failed_link_landed,
     read_version,
     stats_range,
 )
@@ -156,7 +156,7 @@ def commit_entries_directly(
         appender.commit(version, add, markers, {dispatch_app(shard): covered})
     except StoreError as exc:
         # a link that failed after it was made (network file systems do that) landed all the same
-        if not (exc.context.get("linked") and landed(appender, version, batch_id, appender.name)):
+        if not (failed_link_landed(exc, appender, version, batch_id, appender.name)):
             raise
 
 

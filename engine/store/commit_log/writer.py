@@ -88,6 +88,7 @@ from engine.store.delta import (
     commit_next,
     direct_append_enabled,
     direct_appender,
+    failed_link_landed,
     find_batch,
     fsync_version,
     host_lock_enabled,
@@ -516,7 +517,7 @@ class CommitLogWriter:
             CommitStateUnknownError: whether it was cannot be read back.
         """
         if direct is not None:  # a commit file is put whole or not at all
-            if exc.context.get("linked") and landed(direct, base + 1, batch_id, self.table):
+            if failed_link_landed(exc, direct, base + 1, batch_id, self.table):
                 return base + 1
             committed = None
         else:

@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from engine.errors import CommitConflictError, StoreError
 from engine.store.commit_markers import BATCH_KEY
-from engine.store.delta.commits import backoff, checkpoint_at_interval, landed
+from engine.store.delta.commits import backoff, checkpoint_at_interval, failed_link_landed
 from engine.store.delta.direct_append import DirectAppender, direct_appender
 from engine.store.delta.snapshot import Snapshot, checkpoint_interval
 
@@ -87,7 +87,7 @@ class BlindAppends:
                 if exc.context.get("links_unsupported"):
                     self._disable("the file system has no hard links")
                     return None
-                if not (exc.context.get("linked") and landed(appender, latest + 1, batch_id, self.name)):
+                if not (failed_link_landed(exc, appender, latest + 1, batch_id, self.name)):
                     raise
             self._checked = latest + 1
             checkpoint_at_interval(self._open, latest + 1, self._interval)

@@ -380,6 +380,18 @@ def landed(direct: DirectAppender, version: int, batch_id: str, table: str) -> b
     return commit is not None and commit.batch_id == batch_id
 
 
+def failed_link_landed(
+    failure: StoreError, direct: DirectAppender, version: int, batch_id: str, table: str
+) -> bool:
+    """Whether the commit of ``batch_id`` at ``version`` landed although putting it raised ``failure``:
+    only a link that was made before it failed (network file systems do that) can have.
+
+    Raises:
+        CommitStateUnknownError: the commit file cannot be read.
+    """
+    return bool(failure.context.get("linked")) and landed(direct, version, batch_id, table)
+
+
 def find_batch(
     open_latest: Callable[[], Snapshot], batch_id: str, base_version: int, table: str
 ) -> int | None:

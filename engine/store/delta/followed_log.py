@@ -27,7 +27,7 @@ import pyarrow as pa
 
 from engine.errors import CommitConflictError, StoreError
 from engine.store.commit_markers import BATCH_KEY
-from engine.store.delta.commits import backoff, checkpoint_at_interval, landed
+from engine.store.delta.commits import backoff, checkpoint_at_interval, failed_link_landed
 from engine.store.delta.direct_append import DirectAppender, direct_appender
 from engine.store.delta.snapshot import Snapshot, checkpoint_interval
 
@@ -132,7 +132,7 @@ class FollowedLog:
                 backoff(attempt)
                 continue
             except StoreError as exc:
-                if not (exc.context.get("linked") and landed(self._appender, target, batch_id, self.name)):
+                if not (failed_link_landed(exc, self._appender, target, batch_id, self.name)):
                     raise
             self.version = target
             self._apps[app_id] = app_version

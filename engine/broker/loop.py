@@ -22,6 +22,7 @@ from typing import Any
 from engine.broker.maintenance import DEFAULT_INTERVAL_S
 from engine.broker.plan import PLAN, Cadence, Pass, Step
 from engine.config import EngineConfig
+from engine.store.delta import FileFeed, FileIntake, feed_pair, local_path
 from engine.store.store import Store
 
 _log = logging.getLogger(__name__)
@@ -40,6 +41,8 @@ class BrokerLoop:
         maintenance_ms: pause between maintenance passes; the first comes one pause after
             :meth:`start`.
         plan: the steps (default the broker's :data:`~engine.broker.plan.PLAN`).
+        intake: files another process of the host wrote, taken before every tick (the server's
+            files for the loop of its broker process: see :class:`BrokerProcess`).
     """
 
     def __init__(
@@ -50,8 +53,10 @@ class BrokerLoop:
         other_ms: int = 500,
         maintenance_ms: int = int(DEFAULT_INTERVAL_S * 1000),
         plan: Sequence[Step] = PLAN,
+        intake: FileIntake | None = None,
     ) -> None:
         self.store = store
+        self.intake = intake
         self.dispatch_ms = dispatch_ms
         self.other_ms = other_ms
         self.maintenance_ms = maintenance_ms
@@ -106,6 +111,8 @@ class BrokerLoop:
     def run_once(self, *, everything: bool = True) -> None:
         """One tick: dispatch, and (``everything``) the plan's other steps of every round, in plan
         order (so dispatch runs again after schedule and retry and what they re-put is pullable)."""
+        if self.intake is not None:
+            self.intake.drain()
         self._run_steps(_ROUND if everything else _TICK)
         self.passes += 1
 
@@ -176,6 +183,10 @@ class BrokerProcess:
         self.restarts = 0  # children started again after a death
         self._process: Any = None
         self._stopper: Any = None
+        # The files this process writes, fed to the child (a local store only): its passes read
+        # every new commit-log version, which this process has just written.
+        self._local = local_path(store.root) is not None
+        self._feed: FileFeed | None = None
         self._stopping = threading.Event()
         self._lock = threading.Lock()  # the watch's restart against stop()
         self._watch = threading.Thread(target=self._watch_child, name="mq-serve-broker-watch", daemon=True)
@@ -188,11 +199,16 @@ class BrokerProcess:
 
     def _launch(self) -> None:
         until, stopper = self._context.Pipe(duplex=False)
+        if self._feed is not None:
+            self._feed.close()
+        self._feed, files = feed_pair() if self._local else (None, None)
         process = self._context.Process(
-            target=_serve_loop, args=(*self._args, until), name="mq-serve-broker-loop", daemon=True
+            target=_serve_loop, args=(*self._args, until, files), name="mq-serve-broker-loop", daemon=True
         )
         process.start()
         until.close()  # the child's end: its EOF is ours to give
+        if files is not None:
+            files.close()
         self._process, self._stopper = process, stopper
 
     def _watch_child(self) -> None:
@@ -242,6 +258,8 @@ class BrokerProcess:
         if process is None:
             return
         stopper.close()
+        if self._feed is not None:
+            self._feed.close()
         process.join(timeout)
         if process.is_alive():
             process.kill()
@@ -251,14 +269,23 @@ class BrokerProcess:
 
 
 def _serve_loop(
-    root: str, storage_options: dict[str, str] | None, config: EngineConfig, dispatch_ms: int, until: Any
+    root: str,
+    storage_options: dict[str, str] | None,
+    config: EngineConfig,
+    dispatch_ms: int,
+    until: Any,
+    files: Any = None,
 ) -> None:
-    """The child of :class:`BrokerProcess`: the loop until the server's end of ``until`` closes."""
+    """The child of :class:`BrokerProcess`: the loop until the server's end of ``until`` closes,
+    taking the files the server writes from ``files`` (a file feed's socket) meanwhile."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     store = Store.open(root, storage_options=storage_options, config=config)
-    loop = BrokerLoop(store, dispatch_ms=dispatch_ms).start()
+    intake = None if files is None else FileIntake(files)
+    loop = BrokerLoop(store, dispatch_ms=dispatch_ms, intake=intake).start()
     try:
         until.poll(None)  # returns at EOF: stopped, or the server is gone
     finally:
         loop.stop()
+        if intake is not None:
+            intake.close()

@@ -12,7 +12,8 @@ its owner moves) and see Arrow tables, plain values and the engine's errors.
 - direct appends (:mod:`.direct_append`, :mod:`.blind_appends`, :mod:`.followed_log`): commit files
   written by the engine itself on a local store, where delta-rs costs more than the commit;
 - data files (:mod:`.data_files`, :mod:`.file_reader`): written with Delta's statistics, read by
-  point reads on the pull path;
+  point reads on the pull path; those a process writes kept for its readers and fed to another
+  process of the host (:mod:`.file_feed`);
 - the store's side files, whole objects put, got, listed and deleted (:mod:`.objects`);
 - repair of a log torn by a crash (:mod:`.repair`), durability (:mod:`.durability`), the host lock
   (:mod:`.hostlock`).
@@ -50,6 +51,7 @@ from engine.store.delta.direct_append import (
     direct_appender,
 )
 from engine.store.delta.durability import fsync_version
+from engine.store.delta.file_feed import FileFeed, FileIntake, feed_pair
 from engine.store.delta.file_reader import FileReader, FileStats
 from engine.store.delta.followed_log import FollowedLog, follow_log
 from engine.store.delta.hostlock import LOCK_DIR, LOCK_WAIT_S, HostLock, host_lock_enabled
@@ -102,6 +104,8 @@ __all__ = [
     "BlindAppends",
     "DataFile",
     "DirectAppender",
+    "FileFeed",
+    "FileIntake",
     "FileReader",
     "FileStats",
     "FollowedLog",
@@ -126,6 +130,7 @@ __all__ = [
     "direct_appender",
     "earliest_version",
     "failed_link_landed",
+    "feed_pair",
     "find_batch",
     "follow_log",
     "fsync_version",

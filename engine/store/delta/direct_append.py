@@ -64,6 +64,7 @@ from engine.errors import (
 )
 from engine.store.commit_markers import BATCH_KEY, COUNTS_KEY
 from engine.store.delta.data_files import StatsColumns, file_stats
+from engine.store.delta.file_feed import wrote_local_file
 from engine.store.delta.log import last_checkpoint_version, parse_commit, probe_latest_version
 from engine.store.delta.objects import (
     get_object,
@@ -251,17 +252,20 @@ class LocalLogObjects:
         try:
             if rows.num_rows >= SMALL_FILE_ROWS:  # streamed to the file: no buffer to grow and copy
                 pq.write_table(rows, path, **options)
-                return os.stat(path).st_size
-            # Made in memory and written in one call: pyarrow's own file output costs as much again
-            # as the encoding for the small files of single sends.
-            data = _parquet_bytes(rows, options)
-            with open(path, "xb") as f:
-                f.write(data)
-            return len(data)
+                size = os.stat(path).st_size
+            else:
+                # Made in memory and written in one call: pyarrow's own file output costs as much
+                # again as the encoding for the small files of single sends.
+                data = _parquet_bytes(rows, options)
+                with open(path, "xb") as f:
+                    f.write(data)
+                size = len(data)
         except (OSError, pa.ArrowException):
             with contextlib.suppress(OSError):
                 os.unlink(path)
             raise
+        wrote_local_file(path, rows)  # before its commit: a reader of the version finds it kept
+        return size
 
     def put_commit(self, version: int, text: str, table: str) -> None:
         """Put ``text`` as the commit file of ``version`` if it has none.

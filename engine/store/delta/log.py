@@ -464,10 +464,16 @@ def read_files(
 
 
 LOCAL_FILES = TableCache(64 << 20)
-"""Whole local data files read by :func:`read_versions` lately (64 MiB), shared by every reader in
-the process: the dispatch, index and schedule jobs and the pull path all read the newest
-commit-log versions. Known by the file's path and identity (inode, size, modification time), so a
-table removed and made again under the same path is read anew."""
+"""Whole local data files read by :func:`read_versions` lately, or written by this process or fed
+to it (:mod:`~engine.store.delta.file_feed`), 64 MiB, shared by every reader in the process: the
+dispatch, index and schedule jobs and the pull path all read the newest commit-log versions. Known
+by the file's path and identity (inode, size, modification time), so a table removed and made again
+under the same path is read anew."""
+
+
+def local_file_key(path: str, st: os.stat_result) -> tuple[str, int, int, int]:
+    """The key of the local file ``path`` (``st``: its ``os.stat``) in :data:`LOCAL_FILES`."""
+    return (path, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def _read_local_file(
@@ -480,7 +486,7 @@ def _read_local_file(
     # the other readers of the same version share.
     full = os.path.join(root, path)
     st = os.stat(full)
-    key = (full, st.st_ino, st.st_size, st.st_mtime_ns)
+    key = local_file_key(full, st)
     table = LOCAL_FILES.get(key)
     if table is None:
         table = read_whole(full, st.st_size)

@@ -41,8 +41,6 @@ class BrokerLoop:
         maintenance_ms: pause between maintenance passes; the first comes one pause after
             :meth:`start`.
         plan: the steps (default the broker's :data:`~engine.broker.plan.PLAN`).
-        intake: files another process of the host wrote, taken before every tick (the server's
-            files for the loop of its broker process: see :class:`BrokerProcess`).
     """
 
     def __init__(
@@ -53,10 +51,8 @@ class BrokerLoop:
         other_ms: int = 500,
         maintenance_ms: int = int(DEFAULT_INTERVAL_S * 1000),
         plan: Sequence[Step] = PLAN,
-        intake: FileIntake | None = None,
     ) -> None:
         self.store = store
-        self.intake = intake
         self.dispatch_ms = dispatch_ms
         self.other_ms = other_ms
         self.maintenance_ms = maintenance_ms
@@ -111,8 +107,6 @@ class BrokerLoop:
     def run_once(self, *, everything: bool = True) -> None:
         """One tick: dispatch, and (``everything``) the plan's other steps of every round, in plan
         order (so dispatch runs again after schedule and retry and what they re-put is pullable)."""
-        if self.intake is not None:
-            self.intake.drain()
         self._run_steps(_ROUND if everything else _TICK)
         self.passes += 1
 
@@ -282,7 +276,7 @@ def _serve_loop(
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     store = Store.open(root, storage_options=storage_options, config=config)
     intake = None if files is None else FileIntake(files)
-    loop = BrokerLoop(store, dispatch_ms=dispatch_ms, intake=intake).start()
+    loop = BrokerLoop(store, dispatch_ms=dispatch_ms).start()
     try:
         until.poll(None)  # returns at EOF: stopped, or the server is gone
     finally:

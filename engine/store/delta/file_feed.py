@@ -27,7 +27,7 @@ import threading
 
 import pyarrow as pa
 
-from engine.store.delta.log import LOCAL_FILES, local_file_key
+from engine.store.delta.log import LOCAL_FILE_MISS_HOOKS, LOCAL_FILES, local_file_key
 
 _log = logging.getLogger(__name__)
 
@@ -118,15 +118,20 @@ def wrote_local_file(path: str, rows: pa.Table) -> None:
 
 class FileIntake:
     """The receiving end of a feed (the socket :func:`feed_pair` gave for the reader), drained by
-    the reader's own thread before it reads new versions: a thread of its own, woken for every
-    file and then waiting for the interpreter lock, cost the broker process as much as decoding
-    the files did."""
+    a reader of this process that does not find a local file in the cache, before it reads the
+    file: a thread of its own, woken for every file and then waiting for the interpreter lock, cost
+    the broker process as much as decoding the files did. A writer feeds a file before its commit
+    is there, so a reader that found the commit finds the file in the socket.
+
+    Thread-safe (each datagram is one file, taken whole by one reader).
+    """
 
     def __init__(self, sock: socket.socket) -> None:
         sock.setblocking(False)
         self._sock = sock
         self.received = 0  # files put in the cache
         self.malformed = 0
+        LOCAL_FILE_MISS_HOOKS.append(self.drain)
 
     def drain(self) -> int:
         """Put every file sent so far in this process's cache of local files; how many."""
@@ -150,5 +155,8 @@ class FileIntake:
             taken += 1
 
     def close(self) -> None:
+        """Take no more files."""
+        with contextlib.suppress(ValueError):
+            LOCAL_FILE_MISS_HOOKS.remove(self.drain)
         with contextlib.suppress(OSError):
             self._sock.close()

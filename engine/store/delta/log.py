@@ -13,7 +13,7 @@ import os
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -471,6 +471,12 @@ by the file's path and identity (inode, size, modification time), so a table rem
 under the same path is read anew."""
 
 
+LOCAL_FILE_MISS_HOOKS: list[Callable[[], object]] = []
+"""Called when a local file is not in :data:`LOCAL_FILES`, before it is read: a file feed's intake
+takes what was sent meanwhile (a file fed before its commit was there is in the feed's socket by
+the time a reader sees the commit)."""
+
+
 def local_file_key(path: str, st: os.stat_result) -> tuple[str, int, int, int]:
     """The key of the local file ``path`` (``st``: its ``os.stat``) in :data:`LOCAL_FILES`."""
     return (path, st.st_ino, st.st_size, st.st_mtime_ns)
@@ -488,6 +494,10 @@ def _read_local_file(
     st = os.stat(full)
     key = local_file_key(full, st)
     table = LOCAL_FILES.get(key)
+    if table is None and LOCAL_FILE_MISS_HOOKS:
+        for hook in list(LOCAL_FILE_MISS_HOOKS):
+            hook()
+        table = LOCAL_FILES.get(key)
     if table is None:
         table = read_whole(full, st.st_size)
         LOCAL_FILES.put(key, table)

@@ -17,6 +17,7 @@ from engine.broker.loop import BrokerLoop, BrokerProcess
 from engine.store import schemas
 from engine.store.consume_queue import dispatched_version
 from engine.store.delta import file_feed, read_version, read_versions
+from engine.store.delta import log as delta_log
 from engine.store.delta.file_feed import MAX_FEED_BYTES, FileIntake, feed_pair, stop_feeding, wrote_local_file
 from engine.store.delta.log import LOCAL_FILE_MISS_HOOKS, LOCAL_FILES, local_file_key, read_whole
 
@@ -26,6 +27,12 @@ def store(tmp_path) -> Store:
     store = Store.open(str(tmp_path / "s"))
     Admin(store).create_topic("T", 2)
     return store
+
+
+@pytest.fixture(autouse=True)
+def _reader(monkeypatch):
+    """This process reads local files (as a server or the broker process does)."""
+    monkeypatch.setattr(delta_log, "_local_files_read", True)
 
 
 @pytest.fixture(autouse=True)
@@ -71,6 +78,24 @@ def test_a_written_commit_log_file_is_kept_as_a_reader_would_read_it(store: Stor
     LOCAL_FILES._tables.clear()
     assert read_versions(uri, 1, latest, schemas.COMMIT_LOG_SCHEMA).equals(with_kept)
     assert with_kept.num_rows == 3
+
+
+def test_a_process_that_only_writes_keeps_nothing_but_still_feeds(store: Store, monkeypatch) -> None:
+    monkeypatch.setattr(delta_log, "_local_files_read", False)
+    feed, theirs = feed_pair()
+    intake = FileIntake(theirs)
+    try:
+        _send(store, 1)
+        path = _commit_log_file(store, store.version(schemas.COMMIT_LOG))
+        assert _cached(path) is None  # a producer has no use for what it wrote
+        assert feed.sent == 1
+        assert intake.drain() == 1
+        assert _cached(path) is not None
+    finally:
+        feed.close()
+        intake.close()
+    read_versions(store.uri(schemas.COMMIT_LOG), 1, 1, schemas.COMMIT_LOG_SCHEMA)
+    assert delta_log.local_files_read()  # a read makes it a reader
 
 
 def test_a_fed_file_reaches_the_other_end_whole(store: Store) -> None:

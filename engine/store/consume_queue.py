@@ -156,7 +156,7 @@ def commit_entries_directly(
         appender.commit(version, add, markers, {dispatch_app(shard): covered})
     except StoreError as exc:
         # a link that failed after it was made (network file systems do that) landed all the same
-        if not (failed_link_landed(exc, appender, version, batch_id, appender.name)):
+        if not failed_link_landed(exc, appender, version, batch_id, appender.name):
             raise
 
 

@@ -87,7 +87,7 @@ class BlindAppends:
                 if exc.context.get("links_unsupported"):
                     self._disable("the file system has no hard links")
                     return None
-                if not (failed_link_landed(exc, appender, latest + 1, batch_id, self.name)):
+                if not failed_link_landed(exc, appender, latest + 1, batch_id, self.name):
                     raise
             self._checked = latest + 1
             checkpoint_at_interval(self._open, latest + 1, self._interval)

@@ -6,7 +6,8 @@ a parquet decode of 300 to 700 us apiece, the largest part of the broker process
 the serving process then misses (on two cores any busy process slows the request path's hand-offs
 between threads). The writer holds those rows already. So a writer of a local table remembers what
 it wrote in the process's cache of whole local files (:data:`~engine.store.delta.log.LOCAL_FILES`,
-known by path and identity, as a reader finds them) and sends it through every open feed (one Arrow
+known by path and identity, as a reader finds them) when the process reads local files at all (a
+producer that only writes keeps nothing), and sends it through every open feed (one Arrow
 IPC datagram a file) to the process at the other end (``mq serve``'s broker process), which puts it
 in its own cache.
 
@@ -27,7 +28,7 @@ import threading
 
 import pyarrow as pa
 
-from engine.store.delta.log import LOCAL_FILE_MISS_HOOKS, LOCAL_FILES, local_file_key
+from engine.store.delta.log import LOCAL_FILE_MISS_HOOKS, LOCAL_FILES, local_file_key, local_files_read
 
 _log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ _IPC_OPTIONS = pa.ipc.IpcWriteOptions(use_threads=False)
 
 class FileFeed:
     """The sending end of a feed: a local datagram socket whose peer takes the files this process
-    writes (:func:`feed_pair` makes both ends, :func:`receive_files` reads the other).
+    writes (:func:`feed_pair` makes both ends, a :class:`FileIntake` reads the other).
 
     Attributes:
         sent: files sent.
@@ -103,15 +104,19 @@ def stop_feeding(feed: FileFeed) -> None:
 
 def wrote_local_file(path: str, rows: pa.Table) -> None:
     """``rows`` were written whole as the local file ``path`` and will not change: keep them for
-    this process's readers and send them through every open feed. Best effort (a file that cannot
-    be looked at is left to be read)."""
+    this process's readers, if it has any, and send them through every open feed. Best effort (a
+    file that cannot be looked at is left to be read)."""
+    kept = local_files_read()
+    with _feeds_lock:
+        feeds = list(_feeds)
+    if not (kept or feeds):
+        return
     try:
         key = local_file_key(path, os.stat(path))
     except OSError:
         return
-    LOCAL_FILES.put(key, rows)
-    with _feeds_lock:
-        feeds = list(_feeds)
+    if kept:
+        LOCAL_FILES.put(key, rows)
     for feed in feeds:
         feed.send(key, rows)
 

@@ -132,7 +132,7 @@ class FollowedLog:
                 backoff(attempt)
                 continue
             except StoreError as exc:
-                if not (failed_link_landed(exc, self._appender, target, batch_id, self.name)):
+                if not failed_link_landed(exc, self._appender, target, batch_id, self.name):
                     raise
             self.version = target
             self._apps[app_id] = app_version

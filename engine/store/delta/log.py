@@ -477,6 +477,15 @@ takes what was sent meanwhile (a file fed before its commit was there is in the 
 the time a reader sees the commit)."""
 
 
+_local_files_read = False  # a reader of this process has looked in LOCAL_FILES
+
+
+def local_files_read() -> bool:
+    """Whether this process reads local data files through :data:`LOCAL_FILES` (a producer that
+    only writes has no use for keeping what it wrote)."""
+    return _local_files_read
+
+
 def local_file_key(path: str, st: os.stat_result) -> tuple[str, int, int, int]:
     """The key of the local file ``path`` (``st``: its ``os.stat``) in :data:`LOCAL_FILES`."""
     return (path, st.st_ino, st.st_size, st.st_mtime_ns)
@@ -490,6 +499,8 @@ def _read_local_file(
     # a file of an older schema (a column added since) goes through read_table, which fills it in.
     # A reader of some columns (the index and dispatch jobs) takes them from the whole file, which
     # the other readers of the same version share.
+    global _local_files_read
+    _local_files_read = True
     full = os.path.join(root, path)
     st = os.stat(full)
     key = local_file_key(full, st)

@@ -19,10 +19,11 @@ from engine import (
     Producer,
     SendResult,
     Store,
+    StoreError,
     SysFlag,
     TopicNotFoundError,
 )
-from engine.broker.index import build_index, index_pending
+from engine.broker.index import Indexer, build_index, index_pending
 from engine.spark.jobs.index import IndexStats, run_index
 from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
@@ -78,6 +79,55 @@ def test_replayed_rows_are_not_indexed_twice(store: Store, topic: str) -> None:
     assert build_index(store, rows.slice(0, 1)) == 0  # a part of it
     assert store.read(schemas.INDEX).num_rows == 4
     assert store.app_version(schemas.INDEX, INDEX_APP) == store.version(schemas.COMMIT_LOG)
+
+
+def test_the_loops_indexer_keeps_its_snapshot_and_follows_another_indexer(
+    store: Store, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    indexer = Indexer(store)
+    _send(store, topic, [(b"a", ("k1",))])
+    assert indexer() == 2
+    opened = []
+    real_snapshot = store.snapshot
+    monkeypatch.setattr(store, "snapshot", lambda *a, **k: opened.append(a) or real_snapshot(*a, **k))
+    _send(store, topic, [(b"b", ("k2",))])
+    assert indexer() == 2
+    assert index_pending(store) == 0  # (another indexer, which opens its own)
+    _send(store, topic, [(b"c", ("k3",))])
+    assert index_pending(store) == 2  # another indexer indexes the newest message first
+    _send(store, topic, [(b"d", ("k4",))])
+    opened.clear()
+    assert indexer() == 2  # follows it: the newest one only, and without opening the index again
+    assert opened == []
+    rows = _index_rows(store)
+    assert sorted(r[2] for r in rows if r[1] == KIND_KEY) == ["k1", "k2", "k3", "k4"]
+    assert len(rows) == 8
+    assert indexed_version(store) == store.version(schemas.COMMIT_LOG)
+
+
+def test_a_failed_pass_of_the_indexer_forgets_its_snapshot(
+    store: Store, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import engine.broker.index as index_module
+
+    indexer = Indexer(store)
+    _send(store, topic, [(b"a", ("k1",))])
+    assert indexer() == 2
+    kept = indexer._snapshot
+    assert kept is not None
+
+    def fail(*args: Any, **kwargs: Any) -> None:
+        raise StoreError("disk gone")
+
+    monkeypatch.setattr(index_module, "commit_index", fail)
+    _send(store, topic, [(b"b", ("k2",))])
+    with pytest.raises(StoreError):
+        indexer()
+    assert indexer._snapshot is None
+    monkeypatch.undo()
+    assert indexer() == 2  # a new snapshot, and the pass goes on
+    assert indexer._snapshot is not kept
+    assert len(_index_rows(store)) == 4
 
 
 def test_transaction_halves_and_rollbacks_are_not_indexed(store: Store, topic: str) -> None:

@@ -14,19 +14,20 @@ nothing.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.errors import CommitConflictError, StoreError
 from engine.store import schemas
-from engine.store.delta import VERSION_COLUMN, read_versions
+from engine.store.delta import VERSION_COLUMN, Snapshot, read_versions
 from engine.store.index import (
     INDEX_SORT,
     KIND_KEY,
     KIND_UNIQ_KEY,
     commit_index,
     covered_version,
-    indexed_version,
 )
 from engine.store.queue_entries import visible_rows_after
 from engine.store.store import Store
@@ -90,7 +91,14 @@ def _entries(rows: pa.Table, keys: pa.Array | pa.ChunkedArray, kind: str) -> pa.
     )
 
 
-def build_index(store: Store, rows: pa.Table, attempts: int = 8, *, shard: int = 0) -> int:
+def build_index(
+    store: Store,
+    rows: pa.Table,
+    attempts: int = 8,
+    *,
+    shard: int = 0,
+    snapshot: Callable[[], Snapshot] | None = None,
+) -> int:
     """Append index rows for ``rows`` of commit-log shard ``shard`` carrying ``_version``; returns
     the rows added.
 
@@ -102,6 +110,8 @@ def build_index(store: Store, rows: pa.Table, attempts: int = 8, *, shard: int =
         store: the store.
         rows: commit-log rows with at least :data:`INDEX_SOURCE_COLUMNS` and ``_version``.
         attempts: races to lose before giving up.
+        snapshot: gives the caller's own private snapshot of the index caught up to the latest
+            version (default: a new one for every attempt).
 
     Raises:
         StoreError: a write failure (nothing was committed).
@@ -112,13 +122,13 @@ def build_index(store: Store, rows: pa.Table, attempts: int = 8, *, shard: int =
         raise StoreError(f"build_index needs commit-log columns {missing}", columns=missing)
     for _ in range(attempts):
         # A private snapshot: what is written is decided from exactly the version it commits after.
-        snapshot = store.snapshot(schemas.INDEX)
-        last = covered_version(snapshot, shard)
+        index = store.snapshot(schemas.INDEX) if snapshot is None else snapshot()
+        last = covered_version(index, shard)
         entries, covered = index_rows(rows, last)
         if covered <= last:
             return 0
         try:
-            commit_index(store, snapshot, entries, covered, shard)
+            commit_index(store, index, entries, covered, shard)
         except CommitConflictError:
             continue
         return int(entries.num_rows)
@@ -135,16 +145,54 @@ def unindexed_rows(store: Store, first: int, last: int, shard: int = 0) -> pa.Ta
     )
 
 
+class Indexer:
+    """:func:`index_pending` as a pass of the broker loop, with one private snapshot of the index
+    kept between passes and caught up at each: opening one for every commit, and moving the shared
+    one to learn the indexed versions, cost more than the indexing itself under steady sends. A
+    pass that fails forgets it (the next opens one anew).
+
+    Args:
+        store: the store.
+        max_versions: commit-log versions indexed in one commit at most.
+    """
+
+    def __init__(self, store: Store, max_versions: int = 1000) -> None:
+        self._store = store
+        self._max_versions = max_versions
+        self._snapshot: Snapshot | None = None
+
+    def _caught_up(self) -> Snapshot:
+        self._snapshot = self._store.caught_up(schemas.INDEX, self._snapshot)
+        return self._snapshot
+
+    def __call__(self) -> int:
+        """Index every committed commit-log version not indexed yet (of every shard); the number of
+        index rows added.
+
+        Raises:
+            StoreError, CommitConflictError: as :func:`build_index`.
+        """
+        store, added = self._store, 0
+        try:
+            for shard, table in enumerate(store.commit_logs):
+                covered = covered_version(self._caught_up(), shard)
+                chunks = store.versions_after(
+                    table, covered, INDEX_SOURCE_SCHEMA, max_versions=self._max_versions
+                )
+                added += sum(
+                    build_index(store, rows, shard=shard, snapshot=self._caught_up) for rows, _ in chunks
+                )
+        except Exception:
+            self._snapshot = None
+            raise
+        return added
+
+
 def index_pending(store: Store, max_versions: int = 1000) -> int:
     """Index every committed commit-log version not indexed yet (of every shard), without Spark.
 
     The Spark index job (``jobs/index.py``) is the production path; this is the same logic for tools,
-    notebooks and tests. Returns the number of index rows added.
+    notebooks and tests (the broker loop keeps an :class:`Indexer`). Returns the number of index
+    rows added.
     """
-    added = 0
-    for shard, table in enumerate(store.commit_logs):
-        chunks = store.versions_after(
-            table, indexed_version(store, shard), INDEX_SOURCE_SCHEMA, max_versions=max_versions
-        )
-        added += sum(build_index(store, rows, shard=shard) for rows, _ in chunks)
-    return added
+    return Indexer(store, max_versions)()

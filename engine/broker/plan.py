@@ -45,7 +45,7 @@ from functools import partial
 from typing import Literal
 
 from engine.broker.dispatch import dispatch_pending
-from engine.broker.index import index_pending
+from engine.broker.index import Indexer
 from engine.broker.maintenance import maintain
 from engine.broker.pull_log import build_pull_log
 from engine.broker.retry import RetryRouter, route_retries
@@ -97,7 +97,7 @@ def _dispatch(store: Store) -> Pass:
 
 
 def _index(store: Store) -> Pass:
-    return partial(index_pending, store)
+    return Indexer(store)
 
 
 def _schedule(store: Store) -> Pass:

@@ -43,6 +43,11 @@ class ClusterUnavailable(RuntimeError):
     """The cluster did not come up (its processes' log tails say why)."""
 
 
+class ForeignServer(OSError):
+    """Another server answers on the port chosen for the master's UI (it was taken between the
+    choice and the master's start)."""
+
+
 @dataclass
 class SparkCluster:
     """A standalone master and ``workers`` workers of ``cores`` cores and ``memory`` each.
@@ -82,13 +87,38 @@ class SparkCluster:
             )
         )
 
-    def start(self, timeout_s: float = 120) -> SparkCluster:
+    def start(self, timeout_s: float = 120, attempts: int = 3) -> SparkCluster:
         """Start the master, then the workers; return once every worker is ALIVE at the master.
+        Started again on other ports when another server answers on the master's UI port.
 
         Raises:
             ClusterUnavailable: not up within ``timeout_s``.
         """
         self.workdir.mkdir(parents=True, exist_ok=True)
+        deadline = time.monotonic() + timeout_s
+        for _ in range(attempts):
+            self._launch_all()
+            foreign = False
+            while time.monotonic() < deadline:
+                try:
+                    if len(self._alive(self.state())) >= self.workers:
+                        return self
+                except ForeignServer:
+                    foreign = True
+                    break
+                except OSError:
+                    pass  # not listening yet
+                if any(p.poll() is not None for p in self._procs):
+                    break
+                time.sleep(1)
+            if not foreign:
+                break
+            self.stop()
+        tails = {p.name: p.read_text(errors="replace")[-500:] for p in self.workdir.glob("*.log")}
+        self.stop()
+        raise ClusterUnavailable(f"the Spark cluster did not come up: {tails}")
+
+    def _launch_all(self) -> None:
         port, ui = free_port(7077), free_port()
         self.url, self.ui = f"spark://127.0.0.1:{port}", f"http://127.0.0.1:{ui}"
         self._launch(
@@ -103,28 +133,34 @@ class SparkCluster:
                 "--host", "127.0.0.1", "--cores", str(self.cores), "--memory", self.memory,
                 "--webui-port", str(free_port()), "--work-dir", str(work),
             )  # fmt: skip
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if len(self.alive_workers()) >= self.workers:
-                return self
-            if any(p.poll() is not None for p in self._procs):
-                break
-            time.sleep(1)
-        tails = {p.name: p.read_text(errors="replace")[-500:] for p in self.workdir.glob("*.log")}
-        self.stop()
-        raise ClusterUnavailable(f"the Spark cluster did not come up: {tails}")
 
     def state(self) -> dict[str, object]:
-        """The master's JSON state (workers, applications)."""
+        """The master's JSON state (workers, applications).
+
+        Raises:
+            OSError: the master does not answer.
+            ForeignServer: another server answers on its UI port.
+        """
         with urllib.request.urlopen(f"{self.ui}/json/", timeout=5) as answer:
-            return dict(json.loads(answer.read()))
+            text = answer.read()
+        try:
+            state = json.loads(text)
+        except ValueError:
+            raise ForeignServer(f"{self.ui} answers, but not as the master: {text[:80]!r}") from None
+        if not isinstance(state, dict) or state.get("url") != self.url:
+            raise ForeignServer(f"{self.ui} is the UI of another master ({str(state)[:80]})")
+        return state
+
+    @staticmethod
+    def _alive(state: dict[str, object]) -> list[dict[str, object]]:
+        workers = state.get("workers", [])
+        return [w for w in workers if isinstance(w, dict) and w.get("state") == "ALIVE"]  # type: ignore[union-attr]
 
     def alive_workers(self) -> list[dict[str, object]]:
         try:
-            workers = self.state().get("workers", [])
+            return self._alive(self.state())
         except OSError:
             return []
-        return [w for w in workers if isinstance(w, dict) and w.get("state") == "ALIVE"]  # type: ignore[union-attr]
 
     def executor_pids(self) -> list[int]:
         """Process ids of the executor JVMs running now (launched by this cluster's workers)."""

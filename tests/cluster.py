@@ -95,7 +95,13 @@ class SparkCluster:
             ClusterUnavailable: not up within ``timeout_s``.
         """
         self.workdir.mkdir(parents=True, exist_ok=True)
-        deadline = time.monotonic() + timeout_s
+        try:
+            return self._start(time.monotonic() + timeout_s, attempts)
+        except BaseException:
+            self.stop()  # an error of its own leaves no JVM behind (one left a master and two workers)
+            raise
+
+    def _start(self, deadline: float, attempts: int) -> SparkCluster:
         for _ in range(attempts):
             self._launch_all()
             foreign = False
@@ -115,7 +121,6 @@ class SparkCluster:
                 break
             self.stop()
         tails = {p.name: p.read_text(errors="replace")[-500:] for p in self.workdir.glob("*.log")}
-        self.stop()
         raise ClusterUnavailable(f"the Spark cluster did not come up: {tails}")
 
     def _launch_all(self) -> None:

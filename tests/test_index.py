@@ -82,8 +82,10 @@ def test_replayed_rows_are_not_indexed_twice(store: Store, topic: str) -> None:
 
 
 def test_the_loops_indexer_keeps_its_snapshot_and_follows_another_indexer(
-    store: Store, topic: str, monkeypatch: pytest.MonkeyPatch
+    any_store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    store, topic = any_store, "T"
+    Admin(store).create_topic(topic, 2)
     indexer = Indexer(store)
     _send(store, topic, [(b"a", ("k1",))])
     assert indexer() == 2
@@ -106,10 +108,12 @@ def test_the_loops_indexer_keeps_its_snapshot_and_follows_another_indexer(
 
 
 def test_a_failed_pass_of_the_indexer_forgets_its_snapshot(
-    store: Store, topic: str, monkeypatch: pytest.MonkeyPatch
+    any_store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import engine.broker.index as index_module
 
+    store, topic = any_store, "T"
+    Admin(store).create_topic(topic, 2)
     indexer = Indexer(store)
     _send(store, topic, [(b"a", ("k1",))])
     assert indexer() == 2

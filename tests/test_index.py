@@ -29,6 +29,7 @@ from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
 from engine.store.commit_log.stamping import PendingMessage
 from engine.store.commit_markers import INDEX_APP
+from engine.store.delta import RENEW_HANDLE_COMMITS
 from engine.store.delta.file_reader import FileReader
 from engine.store.delta.log import table_filesystem
 from engine.store.index import KIND_KEY, KIND_UNIQ_KEY, indexed_version
@@ -105,6 +106,22 @@ def test_the_loops_indexer_keeps_its_snapshot_and_follows_another_indexer(
     assert sorted(r[2] for r in rows if r[1] == KIND_KEY) == ["k1", "k2", "k3", "k4"]
     assert len(rows) == 8
     assert indexed_version(store) == store.version(schemas.COMMIT_LOG)
+
+
+def test_the_indexer_opens_its_snapshot_anew_once_it_has_aged(store: Store, topic: str) -> None:
+    indexer = Indexer(store)
+    _send(store, topic, [(b"a", ("k0",))])
+    indexer()
+    first = indexer._snapshot
+    assert first is not None
+    for i in range(1, RENEW_HANDLE_COMMITS + 2):
+        _send(store, topic, [(b"m", (f"k{i}",))])
+        indexer()
+        if indexer._snapshot is not first:
+            break
+    assert indexer._snapshot is not first, "a handle that moved on by its renewal bound is reopened"
+    assert first.moved_since_open > 0 and first.aged
+    assert len(_index_rows(store)) == 2 * (i + 1)
 
 
 def test_a_failed_pass_of_the_indexer_forgets_its_snapshot(

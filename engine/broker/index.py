@@ -148,8 +148,8 @@ def unindexed_rows(store: Store, first: int, last: int, shard: int = 0) -> pa.Ta
 class Indexer:
     """:func:`index_pending` as a pass of the broker loop, with one private snapshot of the index
     kept between passes and caught up at each: opening one for every commit, and moving the shared
-    one to learn the indexed versions, cost more than the indexing itself under steady sends. A
-    pass that fails forgets it (the next opens one anew).
+    one to learn the indexed versions, cost more than the indexing itself under steady sends. It is
+    opened anew once aged (:attr:`~engine.store.delta.Snapshot.aged`), and after a pass that failed.
 
     Args:
         store: the store.
@@ -162,7 +162,10 @@ class Indexer:
         self._snapshot: Snapshot | None = None
 
     def _caught_up(self) -> Snapshot:
-        self._snapshot = self._store.caught_up(schemas.INDEX, self._snapshot)
+        kept = self._snapshot
+        if kept is not None and kept.aged:
+            kept = None  # a handle that moved on far gets slower at every commit: open it anew
+        self._snapshot = self._store.caught_up(schemas.INDEX, kept)
         return self._snapshot
 
     def __call__(self) -> int:

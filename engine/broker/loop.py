@@ -210,6 +210,9 @@ class BrokerProcess:
         while True:
             process, began = self._process, time.monotonic()
             multiprocessing.connection.wait([process.sentinel])
+            # Its end of the sentinel closes as it exits, a moment before it can be reaped: wait
+            # for that, or its exit code reads None (a child killed at once was logged so).
+            process.join(5)
             if self._stopping.is_set():
                 return
             lived = time.monotonic() - began

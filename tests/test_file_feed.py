@@ -118,6 +118,24 @@ def test_a_fed_file_reaches_the_other_end_whole(store: Store) -> None:
         intake.close()
 
 
+def test_every_open_feed_gets_each_file(store: Store) -> None:
+    pairs = [feed_pair() for _ in range(2)]
+    intakes = [FileIntake(theirs) for _, theirs in pairs]
+    try:
+        _send(store, 1)
+        assert [feed.sent for feed, _ in pairs] == [1, 1]
+        path = _commit_log_file(store, store.version(schemas.COMMIT_LOG))
+        written = _cached(path)
+        for intake in intakes:
+            LOCAL_FILES._tables.clear()
+            assert intake.drain() == 1
+            assert _cached(path).equals(written)
+    finally:
+        for (feed, _), intake in zip(pairs, intakes, strict=True):
+            feed.close()
+            intake.close()
+
+
 def test_a_file_changed_after_it_was_fed_is_read_from_disk(store: Store, tmp_path) -> None:
     path = str(tmp_path / "f.parquet")
     old = pa.table({"x": [1, 2]})

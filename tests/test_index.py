@@ -82,14 +82,22 @@ def test_replayed_rows_are_not_indexed_twice(store: Store, topic: str) -> None:
     assert store.app_version(schemas.INDEX, INDEX_APP) == store.version(schemas.COMMIT_LOG)
 
 
-def test_the_loops_indexer_keeps_its_snapshot_and_follows_another_indexer(
-    any_store: Store, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    store, topic = any_store, "T"
-    Admin(store).create_topic(topic, 2)
-    indexer = Indexer(store)
-    _send(store, topic, [(b"a", ("k1",))])
+@pytest.fixture
+def indexed_once(any_store: Store) -> tuple[Store, str, Indexer]:
+    """A store of either kind with topic ``T``, one message sent with key ``k1``, and an
+    :class:`Indexer` that has indexed it (its snapshot kept)."""
+    Admin(any_store).create_topic("T", 2)
+    indexer = Indexer(any_store)
+    _send(any_store, "T", [(b"a", ("k1",))])
     assert indexer() == 2
+    assert indexer._snapshot is not None
+    return any_store, "T", indexer
+
+
+def test_the_loops_indexer_keeps_its_snapshot_and_follows_another_indexer(
+    indexed_once: tuple[Store, str, Indexer], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, topic, indexer = indexed_once
     opened = []
     real_snapshot = store.snapshot
     monkeypatch.setattr(store, "snapshot", lambda *a, **k: opened.append(a) or real_snapshot(*a, **k))
@@ -125,17 +133,12 @@ def test_the_indexer_opens_its_snapshot_anew_once_it_has_aged(store: Store, topi
 
 
 def test_a_failed_pass_of_the_indexer_forgets_its_snapshot(
-    any_store: Store, monkeypatch: pytest.MonkeyPatch
+    indexed_once: tuple[Store, str, Indexer], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import engine.broker.index as index_module
 
-    store, topic = any_store, "T"
-    Admin(store).create_topic(topic, 2)
-    indexer = Indexer(store)
-    _send(store, topic, [(b"a", ("k1",))])
-    assert indexer() == 2
+    store, topic, indexer = indexed_once
     kept = indexer._snapshot
-    assert kept is not None
 
     def fail(*args: Any, **kwargs: Any) -> None:
         raise StoreError("disk gone")

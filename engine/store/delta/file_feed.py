@@ -56,26 +56,40 @@ class FileFeed:
 
     def send(self, key: tuple[str, int, int, int], rows: pa.Table) -> None:
         """Send the rows of the file ``key`` names; never waits, never raises."""
+        self._put(_datagram(key, rows))
+
+    def _put(self, datagram: list[bytes | pa.Buffer] | None) -> None:
+        """Send one file's datagram (None: one that cannot be sent, counted as dropped)."""
+        if datagram is None:
+            self.dropped += 1
+            return
         try:
-            path = key[0].encode()
-            sink = pa.BufferOutputStream()
-            with pa.ipc.new_stream(sink, rows.schema, options=_IPC_OPTIONS) as writer:
-                writer.write_table(rows)
-            body = sink.getvalue()
-            if _HEADER.size + len(path) + body.size > MAX_FEED_BYTES:
-                self.dropped += 1
-                return
-            header = _HEADER.pack(len(path), key[1], key[2], key[3])
-            self._sock.sendmsg([header, path, body], [], socket.MSG_DONTWAIT)
+            self._sock.sendmsg(datagram, [], socket.MSG_DONTWAIT)
             self.sent += 1
-        except (OSError, pa.ArrowException, UnicodeError):
+        except OSError:
             self.dropped += 1  # full, closed, or the peer is gone: the reader decodes the file
 
     def close(self) -> None:
-        """Stop feeding (the peer's reader ends)."""
+        """Stop feeding: no more files are sent (the peer takes what it was sent already)."""
         stop_feeding(self)
         with contextlib.suppress(OSError):
             self._sock.close()
+
+
+def _datagram(key: tuple[str, int, int, int], rows: pa.Table) -> list[bytes | pa.Buffer] | None:
+    """The datagram that carries the rows of the file ``key`` names, or None when it would be over
+    :data:`MAX_FEED_BYTES` or cannot be made."""
+    try:
+        path = key[0].encode()
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, rows.schema, options=_IPC_OPTIONS) as writer:
+            writer.write_table(rows)
+        body = sink.getvalue()
+    except (pa.ArrowException, UnicodeError):
+        return None
+    if _HEADER.size + len(path) + body.size > MAX_FEED_BYTES:
+        return None
+    return [_HEADER.pack(len(path), key[1], key[2], key[3]), path, body]
 
 
 _feeds: list[FileFeed] = []
@@ -117,8 +131,10 @@ def wrote_local_file(path: str, rows: pa.Table) -> None:
         return
     if kept:
         LOCAL_FILES.put(key, rows)
-    for feed in feeds:
-        feed.send(key, rows)
+    if feeds:
+        datagram = _datagram(key, rows)  # made once for every feed
+        for feed in feeds:
+            feed._put(datagram)
 
 
 class FileIntake:

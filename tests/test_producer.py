@@ -529,3 +529,77 @@ def test_the_seam_refuses_what_prepare_did_not_make_and_writes_nothing(
         with pytest.raises(InvalidArgumentError):
             calls[step]()
         assert versions(store) == before
+
+
+def test_prepare_batch_prepares_as_prepare_does_for_one_topic_and_queue(store: Store, topic: str) -> None:
+    messages = [
+        Message(topic, b"a"),
+        Message(topic, b"b", tags="T", keys=("k1", "k2"), properties={"p": "1"}),
+        Message(topic, bytearray(b"c")),
+    ]
+    born = {"__BORNHOST": "127.0.0.1:5555"}
+    with Producer(store) as p:
+        batch = p.prepare_batch(
+            messages, 2, uniq_keys=["U1", None, "U3"], born_ts_ms=123, broker_properties=[born, {}, born]
+        )
+        one_by_one = [
+            p.prepare(m, 2, uniq_key=u, born_ts_ms=123, broker_properties=b)
+            for m, u, b in zip(messages, ["U1", "U2", "U3"], [born, {}, born], strict=True)
+        ]
+        results = p.append_batch(batch)
+    assert [s.pending._replace(uniq_key="") for s in batch] == [
+        s.pending._replace(uniq_key="", properties=dict(s.pending.properties)) for s in one_by_one
+    ]
+    assert batch[0].pending.uniq_key == "U1" and batch[2].pending.uniq_key == "U3"
+    assert len(batch[1].pending.uniq_key) == 32  # none given: a new one
+    assert all(s.destination is None for s in batch)
+    assert [(r.queue_id, r.queue_offset) for r in results] == [(2, 0), (2, 1), (2, 2)]
+    rows = commit_log_rows(store)
+    assert [r["body"] for r in rows] == [b"a", b"b", b"c"]
+    assert dict(rows[1]["properties"]) == {"p": "1", "KEYS": "k1 k2"}  # type: ignore[call-overload]
+    assert dict(rows[0]["properties"]) == born  # type: ignore[call-overload]
+    assert {r["born_ts_ms"] for r in rows} == {123}
+
+
+def test_prepare_batch_without_a_queue_chooses_one_for_all(store: Store, topic: str) -> None:
+    with Producer(store) as p:
+        first = p.prepare_batch([Message(topic, b"a"), Message(topic, b"b")])
+        second = p.prepare_batch([Message(topic, b"c")])
+    assert len({s.pending.queue_id for s in first}) == 1
+    assert first[0].pending.queue_id != second[0].pending.queue_id  # round robin, a batch a turn
+    assert all(s.pending.born_ts_ms > 0 for s in (*first, *second))
+
+
+@pytest.mark.parametrize(
+    ("messages", "kwargs", "error"),
+    [
+        ([], {}, InvalidMessageError),
+        (["not a message"], {}, InvalidMessageError),
+        ([Message("{topic}", b"a"), Message("other", b"b")], {}, InvalidMessageError),
+        ([Message("{topic}", b"a", deliver_at_ms=1)], {}, InvalidMessageError),
+        ([Message("{topic}", b"a", properties={"TIMER_DELAY_SEC": "5"})], {}, InvalidMessageError),
+        ([Message("{topic}", b"a", properties={"UNIQ_KEY": "x"})], {}, InvalidMessageError),
+        ([Message("{topic}", b"")], {}, InvalidMessageError),
+        ([Message("{topic}", b"a")], {"uniq_keys": []}, InvalidArgumentError),
+        ([Message("{topic}", b"a")], {"broker_properties": []}, InvalidArgumentError),
+        ([Message("{topic}", b"a")], {"uniq_keys": [7]}, InvalidArgumentError),
+        ([Message("{topic}", b"a")], {"queue_id": 99}, InvalidArgumentError),
+        ([Message("no-such-topic", b"a")], {}, TopicNotFoundError),
+    ],
+)
+def test_prepare_batch_refuses_bad_input_with_a_typed_error(
+    store: Store, topic: str, messages: list[Any], kwargs: dict[str, Any], error: type[Exception]
+) -> None:
+    messages = [
+        dataclasses.replace(m, topic=m.topic.format(topic=topic)) if isinstance(m, Message) else m
+        for m in messages
+    ]
+    with Producer(store) as p, pytest.raises(error):
+        p.prepare_batch(messages, **kwargs)
+
+
+def test_prepare_batch_on_a_closed_producer_raises(store: Store, topic: str) -> None:
+    p = Producer(store)
+    p.close()
+    with pytest.raises(ProducerClosedError):
+        p.prepare_batch([Message(topic, b"a")])

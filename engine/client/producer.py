@@ -292,6 +292,70 @@ class Producer(Closing):
         )
         return PreparedSend(pending, MessageQueue(topic.name, qid))
 
+    def prepare_batch(
+        self,
+        messages: Sequence[Message],
+        queue_id: int | None = None,
+        *,
+        uniq_keys: Sequence[str | None] | None = None,
+        born_ts_ms: int | None = None,
+        broker_properties: Sequence[Mapping[str, str]] | None = None,
+    ) -> tuple[PreparedSend, ...]:
+        """:meth:`prepare` for the messages of one batch: one topic, one queue, no delay or timer
+        (RocketMQ's batch send), each message checked as :meth:`prepare` checks it, but the topic
+        looked up and the queue chosen once for all (a wire batch of 32 asked them 32 times).
+
+        Args:
+            messages: the batch's messages, of one topic.
+            queue_id: the queue all of them go to; None: one chosen round robin.
+            uniq_keys, broker_properties: per message, as :meth:`prepare` takes them (None: none).
+            born_ts_ms: when the batch was born (a wire client's ``bornTimestamp``); None: now.
+
+        Raises:
+            ProducerClosedError: the producer is closed.
+            InvalidMessageError: no message, mixed topics, a delayed or timer message, or a bad one.
+            InvalidTopicError, TopicNotFoundError, InvalidArgumentError: bad input.
+        """
+        self._check_open()
+        if not messages:
+            raise InvalidMessageError("a batch holds at least one message")
+        n = len(messages)
+        uniq = [None] * n if uniq_keys is None else list(uniq_keys)
+        extra: Sequence[Mapping[str, str] | None] = (
+            [None] * n if broker_properties is None else broker_properties
+        )
+        if len(uniq) != n or len(extra) != n:
+            raise InvalidArgumentError("uniq_keys and broker_properties take one item per message")
+        first = messages[0]
+        for m in messages:
+            if not isinstance(m, Message):
+                raise InvalidMessageError(f"expected engine.Message, got {type(m).__name__}")
+            if m.topic != first.topic:
+                raise InvalidMessageError(
+                    f"a batch holds messages of exactly one topic, got {first.topic!r} and {m.topic!r}"
+                )
+            if m.deliver_at_ms is not None or has_timer(m.properties):
+                raise InvalidMessageError("a batch cannot hold delayed or timer messages", topic=m.topic)
+            if not is_plain(m):  # the full check names what is wrong
+                validate_message_fields(m.topic, m.body, m.tags, m.keys, m.properties)
+        for u in uniq:
+            if u is not None and type(u) is not str:
+                raise InvalidArgumentError(f"uniq_key {u!r} must be a string", uniq_key=u)
+        qid, topic = self._batch_queue(first.topic, queue_id)
+        born = now_ms() if born_ts_ms is None else born_ts_ms
+        out = []
+        for m, u, b in zip(messages, uniq, extra, strict=True):
+            keys = tuple(m.keys)
+            props = dict(m.properties)
+            if b:
+                props.update(b)
+            if keys:
+                props[PROPERTY_KEYS] = " ".join(keys)
+            uniq_key = u or self._ids.next()
+            pending = PendingMessage(topic, qid, bytes(m.body), uniq_key, m.tags, keys, props, born)
+            out.append(PreparedSend(pending))
+        return tuple(out)
+
     def _check_open(self) -> None:
         if self._closed:
             raise ProducerClosedError("producer is closed")

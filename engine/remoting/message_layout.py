@@ -15,6 +15,8 @@ import struct
 import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import NamedTuple
 
 from engine.errors import RemotingProtocolError
 
@@ -244,12 +246,12 @@ def decode_stored(data: bytes) -> list[WireMessage]:
     return out
 
 
-@dataclass(frozen=True)
-class BatchItem:
-    """One message of a SEND_BATCH_MESSAGE body: flag, body and properties."""
+class BatchItem(NamedTuple):
+    """One message of a SEND_BATCH_MESSAGE body: flag, body and properties (a tuple: a request
+    holds 32 of them)."""
 
     body: bytes
-    properties: Mapping[str, str] = field(default_factory=dict)
+    properties: Mapping[str, str] = MappingProxyType({})
     flag: int = 0
 
 

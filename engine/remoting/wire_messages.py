@@ -12,8 +12,8 @@ import functools
 import ipaddress
 import zlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from types import MappingProxyType
+from typing import TYPE_CHECKING, NamedTuple
 
 from engine.errors import InvalidMessageError
 from engine.model import Message, MessageExt
@@ -47,18 +47,21 @@ PROPERTY_PUSH_REPLY_TIME = "PUSH_REPLY_TIME"
 REQUEST_REPLY_PROPERTIES = frozenset({"CORRELATION_ID", PROPERTY_REPLY_TO_CLIENT, "TTL", "MSG_TYPE"})
 
 
-@dataclass(frozen=True)
-class IncomingMessage:
-    """A client's message, split into the engine's fields."""
+_NOTHING: Mapping[str, str] = MappingProxyType({})
+
+
+class IncomingMessage(NamedTuple):
+    """A client's message, split into the engine's fields (a tuple: a batch makes 32 a request, and
+    a frozen dataclass took a third of the door's work per message to build)."""
 
     message: Message
     uniq_key: str | None = None
     delay_level: int = 0
     transactional: bool = False
     producer_group: str | None = None
-    extra: Mapping[str, str] = field(default_factory=dict)
+    extra: Mapping[str, str] = _NOTHING
     born_ts_ms: int | None = None  # the client's bornTimestamp (None: unknown, the broker's now)
-    broker_properties: Mapping[str, str] = field(default_factory=dict)  # born host, flag
+    broker_properties: Mapping[str, str] = _NOTHING  # born host, flag
 
 
 def inflate(body: bytes, sys_flag: int) -> bytes:

@@ -117,13 +117,17 @@ class WireProducer(Closing):
         """
         if not items:
             raise InvalidMessageError("a batch holds at least one message")
-        if any(
-            i.delay_level or i.message.deliver_at_ms is not None or has_timer(i.message.properties)
-            for i in items
-        ):
+        if any(i.delay_level for i in items):
             raise InvalidMessageError(
                 "a batch cannot hold delayed or timer messages", topic=items[0].message.topic
             )
+        prepared = self._producer.prepare_batch(  # refuses timers and bad messages
+            [i.message for i in items],
+            queue_id,
+            uniq_keys=[i.uniq_key for i in items],
+            born_ts_ms=items[0].born_ts_ms,
+            broker_properties=[i.broker_properties for i in items],
+        )
         total = sum(
             batch_bytes(i.message.body, i.message.tags, i.message.properties, i.message.keys) for i in items
         )
@@ -133,7 +137,6 @@ class WireProducer(Closing):
                 f"batch takes {total} bytes (bodies and properties, tags and keys included); "
                 f"at most {limit} are allowed"
             )
-        prepared = tuple(self._prepare(i, queue_id) for i in items)
         return Queued(self._producer.append_batch_async(prepared), prepared)
 
     def close(self) -> None:

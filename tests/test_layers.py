@@ -34,7 +34,14 @@ _NOT_STORE = (
     "engine.grpc",
 )
 # Everything of the engine but the protocol and its errors.
-_ENGINE = ("engine.model", "engine.config", "engine.closing", "engine.store", *_NOT_STORE[1:])
+_ENGINE = (
+    "engine.model",
+    "engine.config",
+    "engine.closing",
+    "engine.collector",
+    "engine.store",
+    *_NOT_STORE[1:],
+)
 # The store's rooms other than its Delta kernel (every module and sub-package of engine/store): they
 # import the kernel's face, never its modules.
 _STORE_ROOMS = tuple(

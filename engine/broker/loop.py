@@ -21,6 +21,7 @@ from typing import Any
 
 from engine.broker.maintenance import DEFAULT_INTERVAL_S
 from engine.broker.plan import PLAN, Cadence, Pass, Step
+from engine.collector import tune_for_serving
 from engine.config import EngineConfig
 from engine.store.delta import FileFeed, FileIntake, feed_pair, local_path
 from engine.store.store import Store
@@ -280,6 +281,7 @@ def _serve_loop(
     store = Store.open(root, storage_options=storage_options, config=config)
     intake = None if files is None else FileIntake(files)
     loop = BrokerLoop(store, dispatch_ms=dispatch_ms).start()
+    tune_for_serving()  # a process of its own: its collector is the broker's
     try:
         until.poll(None)  # returns at EOF: stopped, or the server is gone
     finally:

@@ -11,6 +11,7 @@ import threading
 from typing import Any
 
 from engine.cli.common import EXIT_OK, Output, int_at_least, open_store
+from engine.collector import tune_for_serving
 
 
 def _serve(args: argparse.Namespace, out: Output) -> int:
@@ -74,6 +75,7 @@ def _serve(args: argparse.Namespace, out: Output) -> int:
     if grpc_door is not None:
         ready["grpc"] = grpc_door.address
         text += f"; RocketMQ 5 gRPC {grpc_door.address}"
+    tune_for_serving()  # started: what start-up made is kept out of every later collection
     out.emit(ready, f"{text} (store {store.root}); Ctrl-C stops it")
     done = threading.Event()
     if threading.current_thread() is threading.main_thread():

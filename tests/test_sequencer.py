@@ -3,6 +3,7 @@ conflicts and I/O failures."""
 
 from __future__ import annotations
 
+import fcntl
 import multiprocessing as mp
 import os
 import shutil
@@ -149,6 +150,50 @@ def test_writers_of_one_host_take_turns_on_the_lock(store: Store, topic: str) ->
     waiting.join(30)
     assert not waiting.is_alive()
     assert store.version(schemas.COMMIT_LOG) == 1
+
+
+def _open_descriptors() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_host_lock_keeps_one_descriptor_for_its_turns_and_lets_others_take_it_between(
+    tmp_path: Path,
+) -> None:
+    path = str(tmp_path / LOCK_DIR / "t.lock")
+    mine, other = HostLock(path), HostLock(path)
+
+    def held() -> bool:
+        fd = os.open(path, os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)  # (closing lets a lock taken here go)
+        return False
+
+    assert mine.acquire()
+    mine.release()
+    assert other.acquire()
+    other.release()
+    before = _open_descriptors()
+    for _ in range(50):
+        assert mine.acquire()
+        assert held()
+        mine.release()
+        assert not held()  # really let go, although its descriptor stays open
+        assert other.acquire()
+        other.release()
+    assert _open_descriptors() == before  # each kept one descriptor, reused turn after turn
+    mine.close()
+    other.close()
+    assert _open_descriptors() == before - 2
+    dropped = HostLock(path)
+    assert dropped.acquire()
+    dropped.release()
+    opened = _open_descriptors()
+    del dropped  # a lock nobody holds any more closes its descriptor
+    assert _open_descriptors() == opened - 1
 
 
 def test_a_stuck_lock_holder_delays_writers_only_up_to_the_lock_wait(store: Store, topic: str) -> None:

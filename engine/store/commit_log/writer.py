@@ -171,6 +171,8 @@ class CommitLogWriter:
         self._version = -1
         self._hwm: HighWaterMarks | None = None
         self._dt: Snapshot | None = None
+        self._interval = 0  # the checkpoint interval read from the handle _interval_of
+        self._interval_of: Snapshot | None = None
         self._direct_allowed = direct_append_enabled() if direct is None else direct
         self._direct: DirectAppender | None = None  # decided on every load of the handle
         self._looked_at = 0.0  # when the writer last found its version the latest (object stores)
@@ -390,6 +392,14 @@ class CommitLogWriter:
         except (StoreError, OSError):
             self._dt = None
 
+    def _checkpoint_interval(self, dt: Snapshot) -> int:
+        """The table's checkpoint interval, read once per handle (asking delta-rs for the table's
+        properties at every commit cost more than the rest of the checkpoint check): a changed
+        interval is seen once the handle is reopened (:meth:`_renew_if_aged`)."""
+        if self._interval_of is not dt:
+            self._interval, self._interval_of = checkpoint_interval(dt), dt
+        return self._interval
+
     def _checkpoint_if_due(self, version: int) -> None:
         """Have the checkpoint Delta's post-commit hook would have written at ``version`` written on
         the checkpoint thread (:data:`background_checkpoints`), with the marks of ``version`` saved
@@ -397,7 +407,7 @@ class CommitLogWriter:
         checkpoint. Best effort (:func:`checkpoint_if_due`), on a handle opened at ``version``; left
         out when the previous one began too recently (:data:`CHECKPOINT_SHARE`)."""
         dt, hwm = self._dt, self._hwm
-        if dt is None or hwm is None or version <= 0 or version % checkpoint_interval(dt):
+        if dt is None or hwm is None or version <= 0 or version % self._checkpoint_interval(dt):
             return
         last = self._last_checkpoint
         if last is not None and time.monotonic() - last[0] < last[1] / CHECKPOINT_SHARE:

@@ -7,6 +7,7 @@ guarantee), only fairness and wasted rewrites do.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import threading
@@ -62,6 +63,9 @@ class HostLock:
         self.wait_s = wait_s
         self.usable = True  # False once the lock file cannot be created or opened
         self._fd: int | None = None  # the descriptor holding the lock, while held
+        # The descriptor of the last turn taken at once, kept open (unlocked) for the next: opening
+        # the file for every turn cost a commit-log append more than the lock itself.
+        self._spare: int | None = None
 
     def _open(self) -> int | None:
         try:
@@ -73,9 +77,11 @@ class HostLock:
 
     def acquire(self) -> bool:
         """Take the lock, queueing at most ``wait_s``; False means go on without it."""
-        fd = self._open()
+        fd, self._spare = self._spare, None
         if fd is None:
-            return False
+            fd = self._open()
+            if fd is None:
+                return False
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -102,9 +108,26 @@ class HostLock:
         return False
 
     def release(self) -> None:
+        """Let the lock go; the descriptor is kept for the next turn."""
         if self._fd is not None:
             fd, self._fd = self._fd, None
-            _unlock(fd)
+            # Unlocked first: a child forked meanwhile shares the open file (see _unlock).
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            if self._spare is None:
+                self._spare = fd
+            else:  # pragma: no cover - one turn at a time
+                os.close(fd)
+
+    def close(self) -> None:
+        """Let the lock go and close the kept descriptor (also when the lock is dropped)."""
+        self.release()
+        if self._spare is not None:
+            fd, self._spare = self._spare, None
+            os.close(fd)
+
+    def __del__(self) -> None:
+        with contextlib.suppress(OSError, AttributeError):
+            self.close()
 
 
 def _unlock(fd: int) -> None:

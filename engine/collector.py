@@ -1,14 +1,14 @@
 """The garbage collector of a long-running server process (``mq serve`` and its broker process).
 
-CPython's default thresholds collect the youngest generation every 700 new container objects. A
-wire batch of 32 messages makes a few thousand (its messages, their properties, the columns of
-its commit), so the server collected several times a batch; with everything the server holds by
-then (recent messages, kept files, a Spark-less but large import graph) a collection costs more
-than the objects it frees, about a twentieth of the door's time under batch sends. Nearly all
-of those objects are freed by reference counting; only cycles need the collector, and a server
-makes few. :func:`tune_for_serving` collects the young generation every 20,000 objects instead
-and freezes what start-up made (imports, configuration, the store's first snapshots) out of every
-later collection.
+CPython's default thresholds collect the youngest generation every 700 new container objects, and
+every 100th collection walks everything the process holds (for a server: recent messages, kept
+files, all it imported). A wire batch of 32 messages makes a few thousand objects (its messages,
+their properties, the columns of its commit): in a wire run of sync and batch sends the server
+made 745 young, 67 middle and 6 full collections, 0.45 s of its time (about a twentieth). Nearly
+all of those objects are freed by reference counting; only cycles need the collector, and a
+server makes few. :func:`tune_for_serving` collects the young generation every 20,000 objects
+instead (that run: 14 collections, 0.06 s) and freezes what start-up made (imports,
+configuration, the store's first snapshots) out of every later collection.
 """
 
 from __future__ import annotations

@@ -196,6 +196,21 @@ def test_a_host_lock_keeps_one_descriptor_for_its_turns_and_lets_others_take_it_
     assert _open_descriptors() == opened - 1
 
 
+def test_a_host_lock_in_a_forked_process_opens_its_own_descriptor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lock = HostLock(str(tmp_path / LOCK_DIR / "t.lock"))
+    assert lock.acquire()
+    parents = lock._fd
+    lock.release()
+    monkeypatch.setattr("engine.store.delta.hostlock.os.getpid", lambda: -1)  # as in a fork's child
+    assert lock.acquire()
+    assert lock._fd is not None and lock._fd != parents  # the parent's open file is not shared
+    lock.close()
+    assert parents is not None
+    os.close(parents)  # (the parent's, in this one process)
+
+
 def test_a_stuck_lock_holder_delays_writers_only_up_to_the_lock_wait(store: Store, topic: str) -> None:
     holder = HostLock(os.path.join(store.root, LOCK_DIR, "commit_log.lock"))
     assert holder.acquire()  # and never lets go, as a stopped process

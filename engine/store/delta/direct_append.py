@@ -214,7 +214,7 @@ def direct_appender(
 SMALL_FILE_ROWS = 64
 """Data files of fewer rows are written without dictionaries and without parquet statistics: such a
 file is one row group, whose statistics would repeat the add action's, which readers skip files by
-(and building them was a sixth of writing the file of a single send)."""
+(and building them was about a tenth of writing the file of a single send)."""
 
 
 def _parquet_bytes(rows: pa.Table, options: Mapping[str, Any]) -> pa.Buffer:

@@ -63,9 +63,11 @@ class HostLock:
         self.wait_s = wait_s
         self.usable = True  # False once the lock file cannot be created or opened
         self._fd: int | None = None  # the descriptor holding the lock, while held
-        # The descriptor of the last turn taken at once, kept open (unlocked) for the next: opening
-        # the file for every turn cost a commit-log append more than the lock itself.
+        # The descriptor of the last turn, kept open (unlocked) for the next: opening the file for
+        # every turn cost a commit-log append more than the lock itself. A process forked since
+        # opens its own (flock belongs to the open file, which a fork shares).
         self._spare: int | None = None
+        self._spare_pid = 0
 
     def _open(self) -> int | None:
         try:
@@ -78,6 +80,8 @@ class HostLock:
     def acquire(self) -> bool:
         """Take the lock, queueing at most ``wait_s``; False means go on without it."""
         fd, self._spare = self._spare, None
+        if fd is not None and self._spare_pid != os.getpid():
+            fd = None  # the parent's, inherited by a fork: left to the parent
         if fd is None:
             fd = self._open()
             if fd is None:
@@ -114,7 +118,7 @@ class HostLock:
             # Unlocked first: a child forked meanwhile shares the open file (see _unlock).
             fcntl.flock(fd, fcntl.LOCK_UN)
             if self._spare is None:
-                self._spare = fd
+                self._spare, self._spare_pid = fd, os.getpid()
             else:  # pragma: no cover - one turn at a time
                 os.close(fd)
 

@@ -69,6 +69,20 @@ DOOR_REGROUP_MS = 2
 its next send, so a synchronous client's threads acknowledged by one commit share the next one."""
 
 
+def _stored_properties(
+    message: Message, broker_properties: Mapping[str, str] | None
+) -> tuple[tuple[str, ...], dict[str, str]]:
+    """A message's keys, and the properties it is stored with: its own, the broker's a door adds,
+    and its keys as ``KEYS`` (as RocketMQ's producer sends them)."""
+    props = dict(message.properties)
+    if broker_properties:
+        props.update(broker_properties)
+    keys = tuple(message.keys)
+    if keys:
+        props[PROPERTY_KEYS] = " ".join(keys)
+    return keys, props
+
+
 def _settle(future: Future[Any], result: Any = None, *, error: BaseException | None = None) -> None:
     """Resolve the future of a queued send, unless it is resolved already or its waiter cancelled it
     (a door whose client hung up): the send is in the commit, or in none, all the same, and the
@@ -254,12 +268,7 @@ class Producer(Closing):
                     born_ts_ms=now_ms() if born_ts_ms is None else born_ts_ms,
                 )
             )
-        props = dict(message.properties)
-        if broker_properties:
-            props.update(broker_properties)
-        keys = tuple(message.keys)
-        if keys:
-            props[PROPERTY_KEYS] = " ".join(keys)
+        keys, props = _stored_properties(message, broker_properties)
         now = now_ms()
         born = now if born_ts_ms is None else born_ts_ms
         uniq = uniq_key or self._ids.next()
@@ -345,12 +354,7 @@ class Producer(Closing):
         born = now_ms() if born_ts_ms is None else born_ts_ms
         out = []
         for m, u, b in zip(messages, uniq, extra, strict=True):
-            keys = tuple(m.keys)
-            props = dict(m.properties)
-            if b:
-                props.update(b)
-            if keys:
-                props[PROPERTY_KEYS] = " ".join(keys)
+            keys, props = _stored_properties(m, b)
             uniq_key = u or self._ids.next()
             pending = PendingMessage(topic, qid, bytes(m.body), uniq_key, m.tags, keys, props, born)
             out.append(PreparedSend(pending))

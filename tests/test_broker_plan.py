@@ -3,12 +3,14 @@ broker app's ``--once`` and by the in-process loop of ``mq serve``."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -169,6 +171,27 @@ def test_a_loop_process_that_dies_is_started_again_and_dispatches(
         loop.stop()
     assert not loop.alive
     assert loop.restarts == 1  # a stop is not a death: nothing started again
+
+
+def test_a_ctrl_c_in_the_loop_process_first_moments_neither_ends_it_nor_prints_a_traceback(
+    store: Store, topic: str, capfd: pytest.CaptureFixture[str]
+) -> None:
+    loop = BrokerProcess(store, dispatch_ms=10, restart_s=0.1).start()
+    try:
+        child = loop.pid
+        assert child is not None
+        for _ in range(20):  # from its start (while it imports) on, as a Ctrl-C reaches the group
+            with contextlib.suppress(ProcessLookupError):  # (a child they ended: the asserts say so)
+                os.kill(child, signal.SIGINT)
+                os.kill(child, signal.SIGTERM)
+            time.sleep(0.05)
+        with Producer(store) as producer:
+            producer.send(Message(topic, b"after the signals"), queue_id=0)
+        eventually(lambda: store.read(CONSUME_QUEUE).num_rows == 1, timeout_s=60)
+        assert loop.alive and loop.pid == child and loop.restarts == 0
+    finally:
+        loop.stop()
+    assert "KeyboardInterrupt" not in capfd.readouterr().err
 
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -141,6 +141,8 @@ class BrokerLoop:
             self.run_slow()
 
 
+# What the child ignores: the server's life is its life (BrokerProcess).
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
 # A child that lived this long before it died is restarted after the first pause again.
 _STEADY_S = 60.0
 # A child that died sooner than this after its start likely never ran a pass (the hint says why).
@@ -200,7 +202,15 @@ class BrokerProcess:
         process = self._context.Process(
             target=_serve_loop, args=(*self._args, until, files), name="mq-serve-broker-loop", daemon=True
         )
-        process.start()
+        # Started with SIGINT and SIGTERM blocked, a mask the child keeps: a Ctrl-C that reaches
+        # the process group while the child still imports (before it ignores them) does not end
+        # it with a traceback; the server stops it (a child started with Python's default
+        # handler printed a KeyboardInterrupt traceback when Ctrl-C came in its first second).
+        unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+        try:
+            process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, unblocked)
         until.close()  # the child's end: its EOF is ours to give
         if files is not None:
             files.close()
@@ -276,8 +286,9 @@ def _serve_loop(
 ) -> None:
     """The child of :class:`BrokerProcess`: the loop until the server's end of ``until`` closes,
     taking the files the server writes from ``files`` (a file feed's socket) meanwhile."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for ignored in _STOP_SIGNALS:
+        signal.signal(ignored, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)  # blocked at the start (_launch)
     store = Store.open(root, storage_options=storage_options, config=config)
     intake = None if files is None else FileIntake(files)
     loop = BrokerLoop(store, dispatch_ms=dispatch_ms).start()

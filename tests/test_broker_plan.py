@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -203,6 +204,30 @@ loop = BrokerProcess(Store.open(sys.argv[1])).start()
 print(loop.pid, flush=True)
 time.sleep(600)
 """
+
+
+_FIRST_SPAWN = """
+import sys
+from engine import Store
+from engine.broker.loop import BrokerProcess
+loop = BrokerProcess(Store.open(sys.argv[1])).start()  # this process's first multiprocessing use
+with open(f"/proc/{loop.pid}/status") as f:
+    print(" ".join(line.strip() for line in f if line.startswith(("SigBlk", "SigIgn"))), flush=True)
+loop.stop()
+"""
+
+
+def test_the_loops_process_never_meets_a_ctrl_c_unguarded_even_as_the_first_one_started(
+    store: Store,
+) -> None:
+    # Starting multiprocessing's resource tracker (the first process a process spawns) unblocks
+    # SIGINT and SIGTERM: a child spawned right after must still start with them blocked.
+    run = [sys.executable, "-c", _FIRST_SPAWN, store.root]
+    out = subprocess.run(run, capture_output=True, text=True, cwd=ROOT, timeout=120, check=True).stdout
+    masks = dict(re.findall(r"(SigBlk|SigIgn):\s*([0-9a-f]+)", out))
+    guarded = int(masks["SigBlk"], 16) | int(masks["SigIgn"], 16)  # blocked at first, then ignored
+    for stop in (signal.SIGINT, signal.SIGTERM):
+        assert guarded & (1 << (stop - 1)), (stop, masks)
 
 
 def test_the_loops_process_leaves_when_the_server_that_started_it_dies(store: Store) -> None:

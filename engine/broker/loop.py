@@ -17,6 +17,7 @@ import signal
 import threading
 import time
 from collections.abc import Sequence
+from multiprocessing import resource_tracker
 from typing import Any
 
 from engine.broker.maintenance import DEFAULT_INTERVAL_S
@@ -206,6 +207,8 @@ class BrokerProcess:
         # the process group while the child still imports (before it ignores them) does not end
         # it with a traceback; the server stops it (a child started with Python's default
         # handler printed a KeyboardInterrupt traceback when Ctrl-C came in its first second).
+        # Multiprocessing's resource tracker is started first: starting it unblocks both.
+        resource_tracker.ensure_running()
         unblocked = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
         try:
             process.start()

@@ -24,7 +24,7 @@ def test_tune_for_serving_sets_the_thresholds_and_freezes_what_lives() -> None:
     out = subprocess.run(probe, capture_output=True, text=True, timeout=120, check=True)
     seen = json.loads(out.stdout)
     (threshold_before, frozen_before), (threshold_after, frozen_after) = seen["before"], seen["after"]
-    assert tuple(threshold_before) == (700, 10, 10) and frozen_before == 0
+    assert tuple(threshold_before) != SERVING_THRESHOLDS and frozen_before == 0  # CPython's own
     assert tuple(threshold_after) == SERVING_THRESHOLDS
     assert frozen_after >= 1000  # the probe's own lists at least
     assert seen["tracked"] and seen["young"] < 100  # a full collection ran just before the freeze

@@ -3,6 +3,7 @@ conflicts and I/O failures."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import multiprocessing as mp
 import os
@@ -152,8 +153,13 @@ def test_writers_of_one_host_take_turns_on_the_lock(store: Store, topic: str) ->
     assert store.version(schemas.COMMIT_LOG) == 1
 
 
-def _open_descriptors() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def _open_descriptors(path: str) -> int:
+    """This process's open descriptors of the file ``path`` (other threads' files do not count)."""
+    opened = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):  # (one closed meanwhile)
+            opened += os.readlink(f"/proc/self/fd/{fd}") == path
+    return opened
 
 
 def test_a_host_lock_keeps_one_descriptor_for_its_turns_and_lets_others_take_it_between(
@@ -176,7 +182,7 @@ def test_a_host_lock_keeps_one_descriptor_for_its_turns_and_lets_others_take_it_
     mine.release()
     assert other.acquire()
     other.release()
-    before = _open_descriptors()
+    before = _open_descriptors(path)
     for _ in range(50):
         assert mine.acquire()
         assert held()
@@ -184,16 +190,16 @@ def test_a_host_lock_keeps_one_descriptor_for_its_turns_and_lets_others_take_it_
         assert not held()  # really let go, although its descriptor stays open
         assert other.acquire()
         other.release()
-    assert _open_descriptors() == before  # each kept one descriptor, reused turn after turn
+    assert _open_descriptors(path) == before == 2  # each kept one, reused turn after turn
     mine.close()
     other.close()
-    assert _open_descriptors() == before - 2
+    assert _open_descriptors(path) == 0
     dropped = HostLock(path)
     assert dropped.acquire()
     dropped.release()
-    opened = _open_descriptors()
+    assert _open_descriptors(path) == 1
     del dropped  # a lock nobody holds any more closes its descriptor
-    assert _open_descriptors() == opened - 1
+    assert _open_descriptors(path) == 0
 
 
 def test_a_host_lock_in_a_forked_process_opens_its_own_descriptor(

@@ -83,6 +83,29 @@ def _stored_properties(
     return keys, props
 
 
+def _checked_batch(messages: Sequence[Message]) -> str:
+    """The topic of a batch's messages, checked as a batch send checks them: all messages of one
+    valid topic, none delayed or timed, each message's own fields.
+
+    Raises:
+        InvalidMessageError, InvalidTopicError: what is wrong with them.
+    """
+    if not all(isinstance(m, Message) for m in messages):
+        kinds = sorted({type(m).__name__ for m in messages})
+        raise InvalidMessageError(f"a batch holds messages of exactly one topic, got items of types {kinds}")
+    first_topic = messages[0].topic
+    if any(type(m.topic) is not type(first_topic) or m.topic != first_topic for m in messages):
+        topics = sorted({repr(m.topic) for m in messages})
+        raise InvalidMessageError(f"a batch holds messages of exactly one topic, got {', '.join(topics)}")
+    validate_topic_name(first_topic)
+    if any(m.deliver_at_ms is not None or has_timer(m.properties) for m in messages):
+        raise InvalidMessageError("a batch cannot hold delayed or timer messages")
+    for m in messages:
+        if not is_plain(m):  # the full check names what is wrong
+            validate_message_fields(m.topic, m.body, m.tags, m.keys, m.properties)
+    return first_topic
+
+
 def _settle(future: Future[Any], result: Any = None, *, error: BaseException | None = None) -> None:
     """Resolve the future of a queued send, unless it is resolved already or its waiter cancelled it
     (a door whose client hung up): the send is in the commit, or in none, all the same, and the
@@ -335,22 +358,11 @@ class Producer(Closing):
         )
         if len(uniq) != n or len(extra) != n:
             raise InvalidArgumentError("uniq_keys and broker_properties take one item per message")
-        first = messages[0]
-        for m in messages:
-            if not isinstance(m, Message):
-                raise InvalidMessageError(f"expected engine.Message, got {type(m).__name__}")
-            if m.topic != first.topic:
-                raise InvalidMessageError(
-                    f"a batch holds messages of exactly one topic, got {first.topic!r} and {m.topic!r}"
-                )
-            if m.deliver_at_ms is not None or has_timer(m.properties):
-                raise InvalidMessageError("a batch cannot hold delayed or timer messages", topic=m.topic)
-            if not is_plain(m):  # the full check names what is wrong
-                validate_message_fields(m.topic, m.body, m.tags, m.keys, m.properties)
+        topic_name = _checked_batch(messages)
         for u in uniq:
             if u is not None and type(u) is not str:
                 raise InvalidArgumentError(f"uniq_key {u!r} must be a string", uniq_key=u)
-        qid, topic = self._batch_queue(first.topic, queue_id)
+        qid, topic = self._batch_queue(topic_name, queue_id)
         born = now_ms() if born_ts_ms is None else born_ts_ms
         out = []
         for m, u, b in zip(messages, uniq, extra, strict=True):
@@ -518,21 +530,7 @@ class Producer(Closing):
             and is_plain_batch(messages, first.topic)
         ):
             return self._send_plain_batch(first.topic, messages, queue_id)
-        if not all(isinstance(m, Message) for m in messages):
-            kinds = sorted({type(m).__name__ for m in messages})
-            raise InvalidMessageError(
-                f"a batch holds messages of exactly one topic, got items of types {kinds}"
-            )
-        first_topic = messages[0].topic
-        if any(type(m.topic) is not type(first_topic) or m.topic != first_topic for m in messages):
-            topics = sorted({repr(m.topic) for m in messages})
-            raise InvalidMessageError(f"a batch holds messages of exactly one topic, got {', '.join(topics)}")
-        validate_topic_name(first_topic)
-        if any(m.deliver_at_ms is not None or has_timer(m.properties) for m in messages):
-            raise InvalidMessageError("a batch cannot hold delayed or timer messages")
-        for m in messages:
-            if not is_plain(m):  # the full check names what is wrong
-                validate_message_fields(m.topic, m.body, m.tags, m.keys, m.properties)
+        first_topic = _checked_batch(messages)
         total = sum(batch_bytes(m.body, m.tags, m.properties, m.keys) for m in messages)
         limit = self._store.config.max_batch_bytes
         if total > limit:

@@ -413,6 +413,44 @@ def test_regroup_never_holds_up_a_single_synchronous_sender(store: Store, topic:
         Producer(store, regroup_ms=-1)
 
 
+def test_commit_groups_commits_every_group_in_one_commit_and_answers_each_in_order(
+    store: Store, topic: str
+) -> None:
+    before = store.version(COMMIT_LOG)
+    with Producer(store) as p:
+        one = [p.prepare(Message(topic, b"one"), queue_id=1)]
+        batch = [p.prepare(Message(topic, f"b{i}".encode()), queue_id=1) for i in range(3)]
+        delayed = [p.prepare(Message(topic, b"later"), queue_id=0, delay_level=2)]
+        outcomes = p.commit_groups([one, batch, delayed])
+        assert p.commit_groups([]) == []
+    assert store.version(COMMIT_LOG) == before + 1
+    first, second, third = outcomes
+    assert isinstance(first, list) and isinstance(second, list) and isinstance(third, list)
+    assert [(r.queue_id, r.queue_offset) for r in first + second] == [(1, 0), (1, 1), (1, 2), (1, 3)]
+    assert [r.msg_id for r in second] == [s.pending.uniq_key for s in batch]
+    # a delayed send is stored in the schedule topic and answered with the queue it was sent to
+    assert (third[0].topic, third[0].queue_id) == (topic, 0)
+
+
+def test_commit_groups_answers_a_failed_commit_with_its_error_and_a_closed_producer_raises(
+    store: Store, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    p = Producer(store)
+    groups = [[p.prepare(Message(topic, b"x"), queue_id=0)], [p.prepare(Message(topic, b"y"), queue_id=1)]]
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise StoreError("disk full")
+
+    with monkeypatch.context() as m:
+        m.setattr(CommitLogWriter, "append_batch", refuse)
+        outcomes = p.commit_groups(groups)
+    assert [type(o) for o in outcomes] == [StoreError, StoreError] and "disk full" in str(outcomes[0])
+    p.close()
+    with pytest.raises(ProducerClosedError):
+        p.commit_groups(groups)
+    assert commit_log_rows(store) == []
+
+
 def test_append_batch_async_is_never_split_by_the_group_commit_size(store: Store, topic: str) -> None:
     before = store.version(COMMIT_LOG)
     with Producer(store, linger_ms=0, batch_size=2) as p:
@@ -506,6 +544,9 @@ def test_a_closed_producer_refuses_every_step_of_the_seam(store: Store, topic: s
         "append_batch_async-messages",
         "append_half-message",
         "append_half-bad-group",
+        "commit_groups-empty-group",
+        "commit_groups-str",
+        "commit_groups-messages",
     ],
 )
 def test_the_seam_refuses_what_prepare_did_not_make_and_writes_nothing(
@@ -524,6 +565,9 @@ def test_the_seam_refuses_what_prepare_did_not_make_and_writes_nothing(
             "append_batch_async-messages": lambda: p.append_batch_async([prepared, message]),  # type: ignore[list-item]
             "append_half-message": lambda: p.append_half(message, "TxGroup"),  # type: ignore[arg-type]
             "append_half-bad-group": lambda: p.append_half(prepared, "bad group!"),
+            "commit_groups-empty-group": lambda: p.commit_groups([[prepared], []]),
+            "commit_groups-str": lambda: p.commit_groups(["xy"]),  # type: ignore[list-item]
+            "commit_groups-messages": lambda: p.commit_groups([[prepared], [message]]),  # type: ignore[list-item]
         }
         before = versions(store)
         with pytest.raises(InvalidArgumentError):

@@ -153,7 +153,8 @@ class Producer(Closing):
 
     Every send is "prepare, then append": :meth:`prepare` checks a message, chooses its queue and
     builds the row to store (and the schedule envelope of a delayed or timer message) without
-    writing; :meth:`append`, :meth:`append_batch` and :meth:`append_async` commit prepared sends;
+    writing; :meth:`append`, :meth:`append_batch`, :meth:`append_async` and :meth:`commit_groups`
+    commit prepared sends;
     :meth:`append_half` and :meth:`end_transaction` store and decide a transactional one. The
     ``send*`` methods are that seam with the checks a user's call needs; other senders (the wire
     protocol's producer, a DLQ resend) use the seam directly. For subclasses: ``_store`` is the
@@ -670,48 +671,80 @@ class Producer(Closing):
                 expected = len(batch) + self._pending.qsize()
 
     def _commit_async(self, batch: list[_Queued]) -> None:
-        """Commit a group of queued sends, one commit per commit-log shard their queues live in:
-        each shard's commit resolves the futures of its sends (stored, or failed and in no commit);
-        a queued batch spread over shards fails with the first failed shard's error."""
-        owner = [i for i, item in enumerate(batch) for _ in item.sends]
-        messages = [p.pending for item in batch for p in item.sends]
-        results: list[SendResult | None] = [None] * len(messages)
-        try:
-            if self._writer.shards == 1:  # one commit, whose error fails the whole group
-                stamped = self._writer.append_batch(messages)
-                parts = [ShardPart(0, list(range(len(messages))), stamped, None)]
+        """Commit a group of queued sends (:meth:`_commit_groups`) and settle their futures."""
+        for item, outcome in zip(batch, self._commit_groups([item.sends for item in batch]), strict=True):
+            if isinstance(outcome, MQError):
+                _settle(item.future, error=outcome)
             else:
-                parts = self._writer.commit_parts(messages)
-            failed: dict[int, MQError] = {}
-            for part in parts:
-                if part.error is not None:
-                    for i in part.positions:
-                        failed.setdefault(owner[i], part.error)
-                    continue
-                assert part.stamped is not None
-                for i, result in zip(part.positions, send_results(part.stamped), strict=True):
-                    results[i] = result
-            start = 0
-            for k, item in enumerate(batch):
-                end = start + len(item.sends)
-                if k in failed:
-                    _settle(item.future, error=failed[k])
-                else:
-                    mine = [
+                _settle(item.future, outcome[0] if item.single else outcome)
+        self._tasks_done(len(batch))
+
+    def commit_groups(self, groups: Sequence[Sequence[PreparedSend]]) -> list[list[SendResult] | MQError]:
+        """Commit groups of prepared sends now, on the calling thread, as the async worker commits
+        what is queued: together, one commit per commit-log shard their queues live in, a group
+        never split across commits of one shard. For a caller that gathers concurrent sends itself
+        (a door committing on its own event loop).
+
+        Returns:
+            For each group, in order: its results in input order, or the error that failed it
+            (then it is in no commit; in a store of several shards, a group spread over shards
+            fails with its first failed shard's error, and its other parts may be stored).
+
+        Raises:
+            ProducerClosedError: the producer is closed.
+            InvalidArgumentError: a group that is not a non-empty sequence of prepared sends;
+                nothing is committed.
+        """
+        self._check_open()
+        checked = []
+        for group in groups:
+            if isinstance(group, (str, bytes)) or not isinstance(group, Sequence) or not group:
+                raise InvalidArgumentError("commit_groups takes non-empty sequences of prepared sends")
+            checked.append(tuple(_checked(p) for p in group))
+        return self._commit_groups(checked) if checked else []
+
+    def _commit_groups(self, groups: Sequence[Sequence[PreparedSend]]) -> list[list[SendResult] | MQError]:
+        try:
+            return self._committed_groups(groups)
+        except MQError as exc:
+            return [exc] * len(groups)
+        except Exception as exc:  # surface as a store error (the async worker stays alive)
+            return [StoreError(f"async send failed: {exc}", cause=exc)] * len(groups)
+
+    def _committed_groups(self, groups: Sequence[Sequence[PreparedSend]]) -> list[list[SendResult] | MQError]:
+        owner = [i for i, sends in enumerate(groups) for _ in sends]
+        messages = [p.pending for sends in groups for p in sends]
+        if self._writer.shards == 1:  # one commit, whose error fails the whole group
+            parts = [ShardPart(0, list(range(len(messages))), self._writer.append_batch(messages), None)]
+        else:
+            parts = self._writer.commit_parts(messages)
+        results: list[SendResult | None] = [None] * len(messages)
+        failed: dict[int, MQError] = {}
+        for part in parts:
+            if part.error is not None:
+                for i in part.positions:
+                    failed.setdefault(owner[i], part.error)
+                continue
+            assert part.stamped is not None
+            for i, result in zip(part.positions, send_results(part.stamped), strict=True):
+                results[i] = result
+        outcomes: list[list[SendResult] | MQError] = []
+        start = 0
+        for k, sends in enumerate(groups):
+            end = start + len(sends)
+            error = failed.get(k)
+            if error is not None:
+                outcomes.append(error)
+            else:
+                outcomes.append(
+                    [
                         sent_result(r, p.destination)
-                        for r, p in zip(results[start:end], item.sends, strict=True)
+                        for r, p in zip(results[start:end], sends, strict=True)
                         if r is not None
                     ]
-                    _settle(item.future, mine[0] if item.single else mine)
-                start = end
-        except MQError as exc:
-            for item in batch:
-                _settle(item.future, error=exc)
-        except Exception as exc:  # keep the worker alive; surface as a store error
-            err = StoreError(f"async send failed: {exc}", cause=exc)
-            for item in batch:
-                _settle(item.future, error=err)
-        self._tasks_done(len(batch))
+                )
+            start = end
+        return outcomes
 
     def _tasks_done(self, n: int) -> None:
         """``task_done()`` ``n`` times under one lock acquisition (Queue's own counter and condition)."""

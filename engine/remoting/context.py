@@ -14,11 +14,13 @@ from typing import TypeVar
 from engine.client.membership import GroupMembership
 from engine.client.producer import DOOR_REGROUP_MS
 from engine.client.pull import PullConsumer
+from engine.config import SYNC_FLUSH
 from engine.protocol.names import retry_topic
 from engine.protocol.rebalance import MessageModel
 from engine.protocol.topics import system_topic_config
 from engine.remoting.frames import RemotingCommand, encode_command
 from engine.remoting.landing import Landings
+from engine.remoting.loop_commits import LoopCommits
 from engine.remoting.offsets_batch import OffsetBatcher
 from engine.remoting.pull_hold import PullHold
 from engine.remoting.recent import RecentMessages
@@ -87,6 +89,18 @@ class BrokerContext:
         self.producer = WireProducer(store, "LAKEMQ_WIRE", linger_ms=0, regroup_ms=DOOR_REGROUP_MS)
         # The sends of one group commit wake the event loop once, not once each.
         self.landings = Landings()
+        # On a local disk (async flush) sends are committed on the event loop itself
+        # (engine.remoting.loop_commits); elsewhere by the producer's worker thread.
+        self.commits = (
+            LoopCommits(
+                self.producer.commit_groups,
+                regroup_ms=DOOR_REGROUP_MS,
+                batch_size=store.config.producer_batch_size,
+                max_bytes=store.config.max_batch_bytes,
+            )
+            if store.is_local and store.config.flush_disk_type != SYNC_FLUSH
+            else None
+        )
         # One index for the door's every read (pulls of all groups, parked pulls, look-ups): each new
         # version of the queues is read once, not once per group.
         self.index = QueueIndex(store)

@@ -9,7 +9,7 @@ from typing import Generic, NamedTuple, TypeVar
 from engine.client.producer import Producer
 from engine.client.sending import PreparedSend, has_timer
 from engine.closing import Closing
-from engine.errors import InvalidMessageError
+from engine.errors import InvalidMessageError, MQError
 from engine.model import SendResult
 from engine.protocol.messages import batch_bytes
 from engine.protocol.transactions import HalfMessage, LocalTransactionState
@@ -78,8 +78,22 @@ class WireProducer(Closing):
             InvalidMessageError, TopicNotFoundError, InvalidArgumentError: bad input; nothing is queued.
             ProducerClosedError: the producer is closed.
         """
-        prepared = self._prepare(item, queue_id, item.delay_level)
+        prepared = self.prepare_wire(item, queue_id)
         return Queued(self._producer.append_async(prepared), (prepared,))
+
+    def prepare_wire(self, item: IncomingMessage, queue_id: int) -> PreparedSend:
+        """A client message checked and prepared for a commit (delay level and timers honoured), as
+        :meth:`send_wire_grouped` queues it; for :meth:`commit_groups`.
+
+        Raises:
+            InvalidMessageError, TopicNotFoundError, InvalidArgumentError: bad input.
+        """
+        return self._prepare(item, queue_id, item.delay_level)
+
+    def commit_groups(self, groups: Sequence[Sequence[PreparedSend]]) -> list[list[SendResult] | MQError]:
+        """Commit prepared sends and batches now, on the calling thread, as the producer's group
+        commit does (:meth:`Producer.commit_groups`): for each group its results, or its error."""
+        return self._producer.commit_groups(groups)
 
     def append_prepared(self, prepared: PreparedSend) -> SendResult:
         """Commit a send the endpoint built itself (a retry send's copy), as :meth:`Producer.append`."""
@@ -107,13 +121,24 @@ class WireProducer(Closing):
         """Queue a client's batch for the next group commit: stored whole in one commit (one queue),
         as :meth:`Producer.send_batch` stores it, beside the other clients' sends and batches waiting
         then. The future resolves to the results in order once the commit lands. Checks run here,
-        before anything is queued. Also returns the sends as prepared.
+        before anything is queued (:meth:`prepare_wire_batch`). Also returns the sends as prepared.
+
+        Raises:
+            InvalidMessageError, TopicNotFoundError, InvalidArgumentError: as
+                :meth:`prepare_wire_batch`; nothing is queued.
+            ProducerClosedError: the producer is closed.
+        """
+        prepared = self.prepare_wire_batch(items, queue_id)
+        return Queued(self._producer.append_batch_async(prepared), prepared)
+
+    def prepare_wire_batch(self, items: Sequence[IncomingMessage], queue_id: int) -> tuple[PreparedSend, ...]:
+        """A client's batch checked and prepared for one commit, whole, as :meth:`send_wire_batch`
+        queues it; for :meth:`commit_groups`.
 
         Raises:
             InvalidMessageError: no message, a delayed or timer message, or more than
-                ``max_batch_bytes``; nothing is queued.
-            TopicNotFoundError, InvalidArgumentError: bad input; nothing is queued.
-            ProducerClosedError: the producer is closed.
+                ``max_batch_bytes``.
+            TopicNotFoundError, InvalidArgumentError: bad input.
         """
         if not items:
             raise InvalidMessageError("a batch holds at least one message")
@@ -137,7 +162,7 @@ class WireProducer(Closing):
                 f"batch takes {total} bytes (bodies and properties, tags and keys included); "
                 f"at most {limit} are allowed"
             )
-        return Queued(self._producer.append_batch_async(prepared), prepared)
+        return tuple(prepared)
 
     def close(self) -> None:
         """Flush queued sends and stop, as :meth:`Producer.close`."""

@@ -25,7 +25,6 @@ from engine.remoting.message_layout import decode_batch, decode_properties, offs
 from engine.remoting.recent import sent
 from engine.remoting.retry_sends import is_retry_send, send_retry
 from engine.remoting.wire_messages import IncomingMessage, incoming, inflate
-from engine.remoting.wire_producer import Queued
 from engine.store.store import now_ms
 
 T = TypeVar("T")
@@ -96,9 +95,8 @@ async def send_message(ctx: BrokerContext, conn: Connection, cmd: RemotingComman
         ]
         if not items:
             raise InvalidMessageError("a batch holds at least one message", topic=topic)
-        queued_batch = await _queue_batch(ctx, items, queue_id)
-        results = await ctx.landings.wait(queued_batch.future)
-        _hold_soon(ctx, queued_batch.prepared, results)
+        stored, results = await _store_batch(ctx, items, queue_id)
+        _hold_soon(ctx, stored, results)
         ctx.hold.arrived(topic, results[-1].queue_id, results[-1].queue_offset + 1)
         fields = _result_fields(ctx, results[0])
         fields["msgId"] = ",".join(offset_msg_id(ctx.host, ctx.port, r.physical_offset) for r in results)
@@ -127,28 +125,38 @@ async def send_message(ctx: BrokerContext, conn: Connection, cmd: RemotingComman
         }
         return cmd.response(ResponseCode.SUCCESS, ext_fields=fields)
     try:
-        queued = await _queue(ctx, item, queue_id)
+        stored, results = await _store(ctx, item, queue_id)
     except TopicNotFoundError:  # deleted since a send found it: created again, as on a first send
         ctx.sent_topics.discard(topic)
         await ctx.run(ensure_sent_topic, ctx, topic, header.int32("defaultTopicQueueNums", 4))
-        queued = await _queue(ctx, item, queue_id)
-    result = await ctx.landings.wait(queued.future)
-    _hold_soon(ctx, queued.prepared, [result])
+        stored, results = await _store(ctx, item, queue_id)
+    result = results[0]
+    _hold_soon(ctx, stored, results)
     # (a delayed message's wakes a pull for nothing: it reads, finds nothing yet, and parks again)
     ctx.hold.arrived(topic, result.queue_id, result.queue_offset + 1)
     return cmd.response(ResponseCode.SUCCESS, ext_fields=_result_fields(ctx, result))
 
 
-async def _queue(ctx: BrokerContext, item: IncomingMessage, queue_id: int) -> Queued[SendResult]:
-    """Queue a send for the next group commit (:func:`_queued`)."""
-    return await _queued(ctx, ctx.producer.send_wire_grouped, item, queue_id)
+async def _store(
+    ctx: BrokerContext, item: IncomingMessage, queue_id: int
+) -> tuple[Sequence[PreparedSend], list[SendResult]]:
+    """Store one client message in the next group commit: what the commit stored, and its result."""
+    if ctx.commits is not None:  # checked and committed on the event loop
+        prepared = (ctx.producer.prepare_wire(item, queue_id),)
+        return prepared, await ctx.commits.submit(prepared)
+    queued = await _queued(ctx, ctx.producer.send_wire_grouped, item, queue_id)
+    return queued.prepared, [await ctx.landings.wait(queued.future)]
 
 
-async def _queue_batch(
+async def _store_batch(
     ctx: BrokerContext, items: list[IncomingMessage], queue_id: int
-) -> Queued[list[SendResult]]:
-    """Queue a batch for the next group commit, whole (:func:`_queued`)."""
-    return await _queued(ctx, ctx.producer.send_wire_batch, items, queue_id)
+) -> tuple[Sequence[PreparedSend], list[SendResult]]:
+    """Store a client's batch, whole, in the next group commit: what it stored, and the results."""
+    if ctx.commits is not None:  # checked and committed on the event loop
+        prepared = ctx.producer.prepare_wire_batch(items, queue_id)
+        return prepared, await ctx.commits.submit(prepared)
+    queued = await _queued(ctx, ctx.producer.send_wire_batch, items, queue_id)
+    return queued.prepared, await ctx.landings.wait(queued.future)
 
 
 def _hold_soon(ctx: BrokerContext, prepared: Sequence[PreparedSend], results: Sequence[SendResult]) -> None:

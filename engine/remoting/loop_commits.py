@@ -1,0 +1,106 @@
+"""Group commits made on the event loop's own thread, for a store on a local disk.
+
+A send of a RocketMQ client is acknowledged once the commit that holds it lands. Through the
+producer's async worker (a thread) every commit cost two hand-overs of the interpreter lock and a
+wake-up of the loop, and the loop and the commit thread took the lock from each other all the way
+through: profiled in ``mq serve``, a 4-send commit took about twice its time alone, and the loop's
+socket writes waited for the commit thread's turn. On a local disk a commit is a millisecond or
+two of work with little waiting in it, so :class:`LoopCommits` makes it where the sends arrive: the
+sends that reached the loop meanwhile are committed together in one call on the loop, and their
+handlers resume with the results. The loop answers nothing else during that call, as a single
+threaded server does; requests wait in their sockets meanwhile. On object storage a commit waits
+for round trips, so the doors keep the worker thread there (and with ``SYNC_FLUSH``, whose fsyncs
+wait on the disk).
+
+Grouping is the async worker's (:data:`~engine.client.producer.DOOR_REGROUP_MS`): a commit is made
+as soon as as many sends are waiting as the last commit held (its clients' next sends), or
+``regroup_ms`` after the first one arrived, whichever comes first; at most ``batch_size`` messages
+and ``max_batch_bytes`` of bodies go into one commit, the rest into the next.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+
+from engine.client.sending import PreparedSend
+from engine.errors import MQError
+from engine.model import SendResult
+
+Outcome = list[SendResult] | MQError
+Commit = Callable[[Sequence[Sequence[PreparedSend]]], list[Outcome]]
+
+
+class LoopCommits:
+    """Sends gathered on one event loop and committed there, together (see the module).
+
+    Args:
+        commit: commits groups of prepared sends and returns each group's results or error
+            (:meth:`~engine.remoting.wire_producer.WireProducer.commit_groups`).
+        regroup_ms: how long the first waiting send waits for the others expected.
+        batch_size: at most this many messages per commit.
+        max_bytes: at most this many body bytes per commit (a group bigger alone goes alone).
+    """
+
+    def __init__(self, commit: Commit, *, regroup_ms: int, batch_size: int, max_bytes: int) -> None:
+        self._commit = commit
+        self._regroup_s = regroup_ms / 1000
+        self._batch_size = batch_size
+        self._max_bytes = max_bytes
+        self._waiting: list[tuple[Sequence[PreparedSend], asyncio.Future[list[SendResult]]]] = []
+        self._expected = 0  # sends the next commit waits for (those of the last commit)
+        self._timer: asyncio.TimerHandle | None = None
+        self._soon = False
+        self.commits = 0  # commits made (tests and statistics)
+
+    def submit(self, sends: Sequence[PreparedSend]) -> asyncio.Future[list[SendResult]]:
+        """Queue prepared sends (one client send, or a batch that goes into one commit whole) for
+        the next commit on the running loop; the future resolves to their results in order, or to
+        the error that kept them out of every commit. Call it on the loop's thread only."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[list[SendResult]] = loop.create_future()
+        self._waiting.append((sends, future))
+        if self._soon:
+            return future
+        if len(self._waiting) >= self._expected:
+            self._commit_soon(loop)
+        elif self._timer is None:
+            self._timer = loop.call_later(self._regroup_s, self._commit_soon, loop)
+        return future
+
+    def _commit_soon(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Commit at the loop's next turn: the sends whose requests were read in this turn are
+        queued by then."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if not self._soon:
+            self._soon = True
+            loop.call_soon(self._commit_waiting, loop)
+
+    def _commit_waiting(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._soon = False
+        taken, count, size = 0, 0, 0
+        for sends, _ in self._waiting:
+            body = sum(len(p.pending.body) for p in sends)
+            if taken and (count + len(sends) > self._batch_size or size + body > self._max_bytes):
+                break
+            taken, count, size = taken + 1, count + len(sends), size + body
+        group, self._waiting = self._waiting[:taken], self._waiting[taken:]
+        live = [(sends, future) for sends, future in group if not future.cancelled()]
+        if live:
+            try:
+                outcomes = self._commit([sends for sends, _ in live])
+            except MQError as exc:  # a closed producer: nothing was stored
+                outcomes = [exc] * len(live)
+            self.commits += 1
+            for (_, future), outcome in zip(live, outcomes, strict=True):
+                if future.done():
+                    continue
+                if isinstance(outcome, MQError):
+                    future.set_exception(outcome)
+                else:
+                    future.set_result(outcome)
+        self._expected = taken
+        if self._waiting:  # what did not fit: the next commit, at the next turn
+            self._commit_soon(loop)

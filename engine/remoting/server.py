@@ -319,6 +319,7 @@ class RemotingServer:
             self.ctx.connections.discard(conn)
             for task in tasks:
                 task.cancel()
+            conn.flush()  # the responses of requests done before it closed
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()

@@ -46,7 +46,8 @@ class Connection:
     client_ids: set[str] = field(default_factory=set)
     producer_groups: set[str] = field(default_factory=set)
     consumer_groups: dict[str, str] = field(default_factory=dict)  # group -> client id
-    _out: list[bytes] = field(default_factory=list)  # frames for the write at the loop's next turn
+    # frames for the write at the loop's next turn (:meth:`send`)
+    _out: list[bytes] = field(default_factory=list, init=False, repr=False)
 
     @functools.cached_property
     def address(self) -> tuple[str, int] | None:

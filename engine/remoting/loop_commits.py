@@ -51,7 +51,7 @@ class LoopCommits:
         self._expected = 0  # sends the next commit waits for (those of the last commit)
         self._timer: asyncio.TimerHandle | None = None
         self._soon = False
-        self.commits = 0  # commits made (tests and statistics)
+        self.commits = 0  # commits asked of ``commit`` (tests and statistics)
 
     def submit(self, sends: Sequence[PreparedSend]) -> asyncio.Future[list[SendResult]]:
         """Queue prepared sends (one client send, or a batch that goes into one commit whole) for

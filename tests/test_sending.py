@@ -9,12 +9,15 @@ from engine import (
     InvalidMessageError,
     Message,
     MessageQueue,
+    Producer,
     SendResult,
     SendStatus,
     Store,
     TopicNotFoundError,
 )
 from engine.client.sending import (
+    PreparedSend,
+    bodies_bytes,
     has_timer,
     is_plain,
     is_plain_batch,
@@ -34,6 +37,17 @@ def test_send_results_equal_results_built_by_their_constructor() -> None:
     ]
     assert send_results(stamped) == expected
     assert [vars(r) for r in send_results(stamped)] == [vars(r) for r in expected]
+
+
+def test_bodies_bytes_counts_the_stored_bodies_only(store: Store) -> None:
+    Admin(store).create_topic("B", 1)
+    with Producer(store) as p:
+        sends: list[PreparedSend] = [
+            p.prepare(Message("B", b"abc", tags="T", properties={"k": "v" * 50})),
+            p.prepare(Message("B", b"\x00" * 10, keys=("key",))),
+        ]
+    assert bodies_bytes(sends) == 13
+    assert bodies_bytes([]) == 0
 
 
 def test_sent_result_names_the_destination_of_a_send_stored_in_the_schedule_topic() -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 from engine.client.sending import (
     PreparedSend,
+    bodies_bytes,
     has_timer,
     is_plain,
     is_plain_batch,
@@ -61,7 +62,7 @@ class _Queued:
     single: bool
 
     def body_bytes(self) -> int:
-        return sum(len(p.pending.body) for p in self.sends)
+        return bodies_bytes(self.sends)
 
 
 DOOR_REGROUP_MS = 2

@@ -74,6 +74,11 @@ class PreparedSend(NamedTuple):
     destination: MessageQueue | None = None
 
 
+def bodies_bytes(sends: Sequence[PreparedSend]) -> int:
+    """The bytes of prepared sends' bodies: what ``max_batch_bytes`` bounds in one group commit."""
+    return sum(len(p.pending.body) for p in sends)
+
+
 def sent_result(result: SendResult, destination: MessageQueue | None) -> SendResult:
     """The result a producer reports for a stored message: as stored, or, for a send stored in the
     schedule topic, naming the ``destination`` it was sent to (its queue offset stays the schedule

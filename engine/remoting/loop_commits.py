@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 
-from engine.client.sending import PreparedSend
+from engine.client.sending import PreparedSend, bodies_bytes
 from engine.errors import MQError
 from engine.model import SendResult
 
@@ -82,7 +82,7 @@ class LoopCommits:
         self._soon = False
         taken, count, size = 0, 0, 0
         for sends, _ in self._waiting:
-            body = sum(len(p.pending.body) for p in sends)
+            body = bodies_bytes(sends)
             if taken and (count + len(sends) > self._batch_size or size + body > self._max_bytes):
                 break
             taken, count, size = taken + 1, count + len(sends), size + body

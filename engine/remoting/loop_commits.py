@@ -8,7 +8,10 @@ socket writes waited for the commit thread's turn. On a local disk a commit is a
 two of work with little waiting in it, so :class:`LoopCommits` makes it where the sends arrive: the
 sends that reached the loop meanwhile are committed together in one call on the loop, and their
 handlers resume with the results. The loop answers nothing else during that call, as a single
-threaded server does; requests wait in their sockets meanwhile. On object storage a commit waits
+threaded server does; requests wait in their sockets meanwhile. That includes a wait for the host
+lock (:mod:`engine.store.delta.hostlock`): a writer of another process on the host holding it
+holds the loop up as long, a stopped one up to ``LOCK_WAIT_S`` per commit (through the thread only
+the sends waited). On object storage a commit waits
 for round trips, so the doors keep the worker thread there (and with ``SYNC_FLUSH``, whose fsyncs
 wait on the disk).
 

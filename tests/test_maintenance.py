@@ -50,6 +50,7 @@ from engine.store.consume_queue import queue_marks
 from engine.store.consumer_offset import OffsetStore
 from engine.store.delta.log import table_filesystem
 from engine.store.index import INDEX_SORT, KIND_KEY, KIND_UNIQ_KEY
+from tests.fault.procs import event_lines, reap, wait_until, worker
 from tests.helpers import commit_log_rows, versions
 
 HOUR_MS = 3_600_000
@@ -288,6 +289,45 @@ def test_compaction_concurrent_with_producers_dispatch_and_pulls_loses_nothing(
     _assert_disjoint(_ranges(store))
     pulled = _pull_all(PullConsumer(store, "g"), topic)
     assert sorted(m for q in pulled for m in q) == sorted(by_id)
+
+
+def test_commit_log_compaction_lands_beside_a_producer_process_that_never_stops(
+    store: Store, topic: str, tmp_path: Path
+) -> None:
+    # A producer of another process appends every few milliseconds (as a busy broker does). Racing
+    # it, a compaction lost every race once its refresh took longer than the pause between two
+    # appends, and the small files it left made every refresh slower: it never landed again.
+    producer = worker(
+        "producer",
+        "producer",
+        tmp_path,
+        store=store.root,
+        topic=topic,
+        history=tmp_path / "producer.jsonl",
+        prefix="p",
+        count=10**6,
+        batch=4,
+        pause_ms=5,
+    )
+    try:
+        wait_until(lambda: event_lines(tmp_path / "producer.jsonl") >= 50, 60, "the producer's appends")
+        for _ in range(4):
+            time.sleep(1.0)
+            dispatch_pending(store)
+            report = compact(store, schemas.COMMIT_LOG, min_files=2)[schemas.COMMIT_LOG]
+            assert report["version"] is not None, report
+            assert report["files_removed"] >= 2
+        counters = producer.stop()
+    finally:
+        reap()
+    assert counters.get("conflict_errors", 0) == 0, counters
+    dispatch_pending(store)
+    rows = commit_log_rows(store)
+    assert len({r["msg_id"] for r in rows}) == len(rows)
+    for q in range(4):
+        offsets = sorted(r["queue_offset"] for r in rows if r["queue_id"] == q)
+        assert offsets == list(range(len(offsets)))
+    _assert_disjoint(_ranges(store))
 
 
 def test_other_tables_are_bin_packed_while_appends_continue(store: Store, topic: str) -> None:

@@ -9,7 +9,8 @@ Every commit made through :func:`commit_planned` follows the sequencer's rules:
 - It is a delta-rs write transaction with automatic retries disabled (``max_commit_retries=0``): it
   lands exactly on the version after the one it was planned from, or fails and is planned again from
   the newer snapshot. A producer committing meanwhile either wins (the plan is made again) or loses
-  and is re-stamped by the sequencer; nothing is lost, no offset is given twice.
+  and is re-stamped by the sequencer; nothing is lost, no offset is given twice. On a local store a
+  commit-log commit takes its turn on the producers' host lock instead of racing them.
 - It carries the table's markers forward as of the version it was planned from (``mq.hwm`` on the
   commit log, ``mq.cq`` on the consume queue, ...), so marker readers find them on the newest commit
   even after the older commit files are cleaned up. Only a commit that cannot be retried onto a later
@@ -27,7 +28,7 @@ import pyarrow.fs as pa_fs
 
 from engine.errors import CommitConflictError, CommitStateUnknownError, InvalidArgumentError, StoreError
 from engine.store import schemas
-from engine.store.commit_log import checkpoint_commit_log, read_hwm
+from engine.store.commit_log import checkpoint_commit_log, read_hwm, writers_host_lock
 from engine.store.commit_markers import BATCH_KEY, HWM_KEY, MAINTENANCE_KEY, carried_markers
 from engine.store.delta import (
     Action,
@@ -183,6 +184,12 @@ def commit_planned(
         carried: the marker keys carried forward when the plan sets no markers of its own (default
             the table's, :func:`engine.store.commit_markers.carried_markers`).
 
+    On a local store, a commit on the commit log queues on the host lock of its writers
+    (:func:`~engine.store.commit_log.writers_host_lock`) from its last look at the log to its commit:
+    racing a steady producer instead, it lost every race once a refresh took longer than the pause
+    between two appends (a busy table: refreshes of 40-300 ms against appends every 7 ms), the small
+    files piled up and every refresh grew slower. Producers of the host wait that long once.
+
     A commit that failed because delta-rs listed the log while another writer's commit was being
     linked in (``listing_gap``: the outcome is unknown, the failure may come after the commit) is
     looked up by its id in the log loaded anew: found, it is the commit; not found, a lost race.
@@ -192,32 +199,40 @@ def commit_planned(
         CommitStateUnknownError: the commit failed mid-way and may have happened.
     """
     dt = store.snapshot(name)
+    lock = writers_host_lock(store, name) if schemas.kind_of(name) == schemas.COMMIT_LOG else None
     for attempt in range(COMMIT_ATTEMPTS):
         if attempt:
             backoff(attempt)
-            dt.refresh()
-        commit = plan(dt)
-        if commit is None:
-            return None
-        keys = carried_markers(name) if carried is None else carried
-        markers = current_markers(dt, keys) if commit.markers is None else commit.markers
-        base, commit_id = dt.version(), uuid.uuid4().hex
+        held = lock is not None and lock.acquire()
         try:
-            return commit_next(
-                dt,
-                actions=commit.actions,
-                custom_metadata={**markers, MAINTENANCE_KEY: operation, BATCH_KEY: commit_id},
-                on_error="unknown",
-            )
-        except CommitConflictError:
-            continue
-        except CommitStateUnknownError as exc:
-            if not listing_gap(exc.__cause__ or exc):
-                raise
-            landed = find_batch(lambda: store.snapshot(name), commit_id, base, name)
-            if landed is not None:
-                return landed
-            dt = store.snapshot(name)  # not committed: plan again on a handle loaded anew
+            if attempt or held:
+                dt.refresh()
+            commit = plan(dt)
+            if commit is None:
+                return None
+            keys = carried_markers(name) if carried is None else carried
+            markers = current_markers(dt, keys) if commit.markers is None else commit.markers
+            base, commit_id = dt.version(), uuid.uuid4().hex
+            try:
+                return commit_next(
+                    dt,
+                    actions=commit.actions,
+                    custom_metadata={**markers, MAINTENANCE_KEY: operation, BATCH_KEY: commit_id},
+                    on_error="unknown",
+                )
+            except CommitConflictError:
+                continue
+            except CommitStateUnknownError as exc:
+                if not listing_gap(exc.__cause__ or exc):
+                    raise
+                landed = find_batch(lambda: store.snapshot(name), commit_id, base, name)
+                if landed is not None:
+                    return landed
+                dt = store.snapshot(name)  # not committed: plan again on a handle loaded anew
+        finally:
+            if held:
+                assert lock is not None
+                lock.release()
     raise CommitConflictError(
         f"{operation} of {name} lost {COMMIT_ATTEMPTS} races in a row to other writers; retry later",
         table=name,

@@ -26,7 +26,7 @@ from engine.store.commit_log.stamping import (
     reput,
     row_properties,
 )
-from engine.store.commit_log.writer import COMMIT_LOG_ROW_GROUP_ROWS, CommitLogWriter
+from engine.store.commit_log.writer import COMMIT_LOG_ROW_GROUP_ROWS, CommitLogWriter, writers_host_lock
 
 __all__ = [
     "COMMIT_LOG_ROW_GROUP_ROWS",
@@ -44,4 +44,5 @@ __all__ = [
     "row_properties",
     "shared_commit_logs",
     "take_rows",
+    "writers_host_lock",
 ]

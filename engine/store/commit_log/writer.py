@@ -12,8 +12,8 @@ offsets stay dense, however many processes append.
 On a local store, writers of one host also queue on an advisory lock (``flock`` on
 ``<store>/_locks/commit_log.lock``) held from catch-up to commit, so they take turns instead of
 racing. The lock is only an optimization: the optimistic protocol above stays the correctness
-mechanism (writers on other hosts or object stores, maintenance commits, and ``MQ_SEQUENCER_LOCK=0``
-race and retry). A stopped holder delays the others at most ``LOCK_WAIT_S``
+mechanism (writers on other hosts or object stores and ``MQ_SEQUENCER_LOCK=0`` race and retry;
+maintenance commits on the commit log take their turn on the lock too). A stopped holder delays the others at most ``LOCK_WAIT_S``
 (:mod:`engine.store.delta.hostlock`).
 
 Without the lock, racing writers are paced so that they take turns (:mod:`engine.store.commit_log.pacing`):
@@ -125,6 +125,20 @@ CHECKPOINT_SHARE = 0.1
 REPLAY_COMMITS = 256
 
 
+def writers_host_lock(
+    store: Store, table: str, *, enabled: bool | None = None, wait_s: float = LOCK_WAIT_S
+) -> HostLock | None:
+    """The lock the commit-log writers of this host take turns on for ``table`` (a commit-log
+    shard), or None where there is none: an object store, or the lock turned off (``enabled``,
+    default ``MQ_SEQUENCER_LOCK``). Maintenance commits on the commit log queue on it too
+    (:func:`engine.store.maintenance.commit_planned`): racing a steady producer, they would lose.
+    """
+    use_lock = host_lock_enabled() if enabled is None else enabled
+    if not use_lock or not store.is_local:
+        return None
+    return HostLock(os.path.join(store.root, LOCK_DIR, f"{table}.lock"), wait_s)
+
+
 class CommitLogWriter:
     """Appends batches to one commit-log shard with sequenced offsets; one per process and shard is
     enough.
@@ -177,12 +191,7 @@ class CommitLogWriter:
         self._direct: DirectAppender | None = None  # decided on every load of the handle
         self._looked_at = 0.0  # when the writer last found its version the latest (object stores)
         self._lock = threading.Lock()
-        use_lock = host_lock_enabled() if host_lock is None else host_lock
-        self._host_lock = (
-            HostLock(os.path.join(store.root, LOCK_DIR, f"{self.table}.lock"), lock_wait_s)
-            if use_lock and store.is_local
-            else None
-        )
+        self._host_lock = writers_host_lock(store, self.table, enabled=host_lock, wait_s=lock_wait_s)
         self._log_dir = os.path.join(store.uri(self.table), "_delta_log") if store.is_local else None
         # SYNC_FLUSH on a local store: the table directory whose commits are fsynced before an append
         # returns (object stores are durable on put).

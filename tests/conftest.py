@@ -17,6 +17,9 @@ os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 from engine import Admin, Store
 from tests.helpers import start_seaweed
 
+# The fault suite's FAULTS.md report, a plugin so that it also runs in a pytest-xdist controller.
+pytest_plugins = ["tests.fault.report"]
+
 # The JVMs the tests start in other processes (mq sql, spark-submit jobs, notebook kernels) live for
 # seconds: with the JIT's first tier only they start and warm up about a fifth faster. A performance
 # setting only (no result depends on it); this process's own session keeps the default (see spark()).

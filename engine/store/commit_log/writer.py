@@ -13,8 +13,8 @@ On a local store, writers of one host also queue on an advisory lock (``flock`` 
 ``<store>/_locks/commit_log.lock``) held from catch-up to commit, so they take turns instead of
 racing. The lock is only an optimization: the optimistic protocol above stays the correctness
 mechanism (writers on other hosts or object stores and ``MQ_SEQUENCER_LOCK=0`` race and retry;
-maintenance commits on the commit log take their turn on the lock too). A stopped holder delays the others at most ``LOCK_WAIT_S``
-(:mod:`engine.store.delta.hostlock`).
+maintenance commits on the commit log take their turn on the lock too). A stopped holder delays
+the others at most ``LOCK_WAIT_S`` (:mod:`engine.store.delta.hostlock`).
 
 Without the lock, racing writers are paced so that they take turns (:mod:`engine.store.commit_log.pacing`):
 a loser first waits (a jittered pause of about one commit time per rival writer, halved for every

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +25,7 @@ from engine import (
     Store,
     TopicNotFoundError,
 )
+from engine.config import load_config
 from engine.errors import StoreError
 from engine.protocol import SCHEDULE_TOPIC, TRANS_HALF_TOPIC, parse_msg_id, record_size, select_queue_by_hash
 from engine.store.commit_log.writer import CommitLogWriter
@@ -411,6 +413,19 @@ def test_regroup_never_holds_up_a_single_synchronous_sender(store: Store, topic:
         assert [r.queue_offset for r in offsets] == [0, 1, 2]
     with pytest.raises(InvalidArgumentError, match="regroup_ms"):
         Producer(store, regroup_ms=-1)
+
+
+@pytest.mark.parametrize("bad", [-1, -0.5, float("nan"), "1", True, None])
+def test_a_bad_lock_wait_is_a_typed_error(store: Store, bad: object) -> None:
+    with pytest.raises(InvalidArgumentError, match="lock_wait_s"):
+        Producer(store, lock_wait_s=bad)  # type: ignore[arg-type]
+
+
+def test_the_lock_wait_reaches_every_shards_writer(tmp_path: Path) -> None:
+    store = Store.open(tmp_path / "sharded", config=load_config(commit_log_shards=2))
+    with Producer(store, lock_wait_s=0.25) as p:
+        locks = [p._writer.writer(shard)._host_lock for shard in range(2)]
+    assert [lock.wait_s if lock is not None else None for lock in locks] == [0.25, 0.25]
 
 
 def test_commit_groups_commits_every_group_in_one_commit_and_answers_each_in_order(

@@ -9,6 +9,7 @@ import multiprocessing as mp
 import os
 import shutil
 import threading
+import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -226,6 +227,27 @@ def test_a_stuck_lock_holder_delays_writers_only_up_to_the_lock_wait(store: Stor
     holder.release()
     assert writer.append([_pending(topic, 0, b"locked again")])[0].queue_offset == 3
     assert_invariants(_rows_with_versions(store))
+
+
+def test_a_stuck_lock_holder_is_waited_for_once_until_it_lets_go(tmp_path: Path) -> None:
+    path = str(tmp_path / LOCK_DIR / "t.lock")
+    holder, waiter = HostLock(path), HostLock(path, wait_s=0.1)
+    assert holder.acquire()  # and stops, holding it
+
+    def waiting() -> int:
+        return sum(t.name == "mq-lock-wait" and t.is_alive() for t in threading.enumerate())
+
+    assert [waiter.acquire() for _ in range(4)] == [False] * 4
+    assert waiting() == 1  # the first turn waited and gave up; the others went on at once
+    holder.release()
+    deadline = time.monotonic() + 30
+    while waiting() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert waiting() == 0  # the abandoned waiter got the lock and let it go
+    assert waiter.acquire()  # and turns wait again
+    waiter.close()
+    assert holder.acquire()
+    holder.close()
 
 
 def test_unusable_lock_file_falls_back_to_optimistic_sequencing(store: Store, topic: str) -> None:

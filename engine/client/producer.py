@@ -44,7 +44,7 @@ from engine.protocol.queue_choice import QueueChooser
 from engine.protocol.rebalance import MessageQueue
 from engine.protocol.schedule import TIMER_PROPERTIES, schedule_envelope, timer_deliver_ms
 from engine.protocol.transactions import HalfMessage, LocalTransactionState
-from engine.store.commit_log import CommitLogs, PendingBatch, PendingMessage, ShardPart
+from engine.store.commit_log import LOCK_WAIT_S, CommitLogs, PendingBatch, PendingMessage, ShardPart
 from engine.store.store import Store, now_ms
 from engine.store.transactions import Decision, end_transaction, half_message, half_writer, stored_half
 
@@ -149,6 +149,10 @@ class Producer(Closing):
             commit carrying half of them. Waiting for as many sends as the last commit carried
             plus those that arrived during it gathers them into one commit again: fewer, fuller
             commits. A single synchronous sender never waits (it is all the last commit carried).
+        lock_wait_s: on a local store, longest a commit queues for the host lock of the
+            commit-log writers before it goes on without it (optimistically, still correct);
+            default 10 s (:data:`~engine.store.commit_log.LOCK_WAIT_S`). A holder that stopped (SIGSTOP,
+            a debugger) delays the commits this long once, then not until it lets go.
 
     A producer is thread-safe and may be used as a context manager; :meth:`close` flushes.
 
@@ -170,6 +174,7 @@ class Producer(Closing):
         linger_ms: int | None = None,
         batch_size: int | None = None,
         regroup_ms: int = 0,
+        lock_wait_s: float = LOCK_WAIT_S,
     ) -> None:
         self._store = store
         self.group = validate_group_name(group)
@@ -183,7 +188,12 @@ class Producer(Closing):
         ):
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise InvalidArgumentError(f"{name} {value!r} must be an int >= {low}", **{name: value})
-        self._writer = CommitLogs(store)  # one sequencer per commit-log shard
+        if isinstance(lock_wait_s, bool) or not isinstance(lock_wait_s, int | float) or not lock_wait_s >= 0:
+            raise InvalidArgumentError(
+                f"lock_wait_s {lock_wait_s!r} must be a number of seconds >= 0", lock_wait_s=lock_wait_s
+            )
+        self.lock_wait_s = lock_wait_s
+        self._writer = CommitLogs(store, lock_wait_s=lock_wait_s)  # one sequencer per commit-log shard
         self._ids = UniqKeyGenerator()
         self._queues = QueueChooser(self._writer.shards, self._writer.shard_of, self._writer.lost_races)
         self._worker_lock = threading.Lock()

@@ -20,13 +20,14 @@ from engine.protocol.rebalance import MessageModel
 from engine.protocol.topics import system_topic_config
 from engine.remoting.frames import RemotingCommand, encode_command
 from engine.remoting.landing import Landings
-from engine.remoting.loop_commits import LoopCommits
+from engine.remoting.loop_commits import LOOP_LOCK_WAIT_S, LoopCommits
 from engine.remoting.offsets_batch import OffsetBatcher
 from engine.remoting.pull_hold import PullHold
 from engine.remoting.recent import RecentMessages
 from engine.remoting.reset_push import ResetTracker
 from engine.remoting.wire_producer import WireProducer
 from engine.store.action_log import ActionLogWriter
+from engine.store.commit_log import LOCK_WAIT_S
 from engine.store.consume_queue import QueueIndex
 from engine.store.store import Store, now_ms
 
@@ -103,11 +104,19 @@ class BrokerContext:
         # No linger: a send waits only for the commit in progress; the sends that arrive meanwhile
         # make up the next commit (a group commit), so one client alone is not slowed down. The
         # threads of a synchronous client, acknowledged together, are gathered again for a moment.
-        self.producer = WireProducer(store, "LAKEMQ_WIRE", linger_ms=0, regroup_ms=DOOR_REGROUP_MS)
+        # On a local disk (async flush) sends are committed on the event loop itself
+        # (engine.remoting.loop_commits), which waits for the host lock only briefly; elsewhere by
+        # the producer's worker thread.
+        on_loop = store.is_local and store.config.flush_disk_type != SYNC_FLUSH
+        self.producer = WireProducer(
+            store,
+            "LAKEMQ_WIRE",
+            linger_ms=0,
+            regroup_ms=DOOR_REGROUP_MS,
+            lock_wait_s=LOOP_LOCK_WAIT_S if on_loop else LOCK_WAIT_S,
+        )
         # The sends of one group commit wake the event loop once, not once each.
         self.landings = Landings()
-        # On a local disk (async flush) sends are committed on the event loop itself
-        # (engine.remoting.loop_commits); elsewhere by the producer's worker thread.
         self.commits = (
             LoopCommits(
                 self.producer.commit_groups,
@@ -115,7 +124,7 @@ class BrokerContext:
                 batch_size=store.config.producer_batch_size,
                 max_bytes=store.config.max_batch_bytes,
             )
-            if store.is_local and store.config.flush_disk_type != SYNC_FLUSH
+            if on_loop
             else None
         )
         # One index for the door's every read (pulls of all groups, parked pulls, look-ups): each new

@@ -9,11 +9,12 @@ two of work with little waiting in it, so :class:`LoopCommits` makes it where th
 sends that reached the loop meanwhile are committed together in one call on the loop, and their
 handlers resume with the results. The loop answers nothing else during that call, as a single
 threaded server does; requests wait in their sockets meanwhile. That includes a wait for the host
-lock (:mod:`engine.store.delta.hostlock`): a writer of another process on the host holding it
-holds the loop up as long, a stopped one up to ``LOCK_WAIT_S`` per commit (through the thread only
-the sends waited). On object storage a commit waits
-for round trips, so the doors keep the worker thread there (and with ``SYNC_FLUSH``, whose fsyncs
-wait on the disk).
+lock (:mod:`engine.store.delta.hostlock`): a writer of another process on the host holding it (a
+producer for a commit, a compaction for its refresh and commit) holds the loop up as long, so the
+door's producer queues for it at most :data:`LOOP_LOCK_WAIT_S` and then commits without it; a
+stopped holder holds the loop up that long once, and then not until it lets go. On object storage
+a commit waits for round trips, so the doors keep the worker thread there (and with
+``SYNC_FLUSH``, whose fsyncs wait on the disk).
 
 Grouping is the async worker's (:data:`~engine.client.producer.DOOR_REGROUP_MS`): a commit is made
 as soon as as many sends are waiting as the last commit held (its clients' next sends), or
@@ -31,6 +32,11 @@ from engine.errors import MQError
 from engine.model import SendResult
 
 Outcome = list[SendResult] | MQError
+
+# Longest a commit on the loop queues for the host lock before it commits without it (the
+# optimistic protocol, still correct): longer than a compaction's commit on a busy table holds it
+# (a refresh and a commit, up to a few hundred milliseconds), far below the 10 s other writers wait.
+LOOP_LOCK_WAIT_S = 0.5
 Commit = Callable[[Sequence[Sequence[PreparedSend]]], list[Outcome]]
 
 

@@ -14,6 +14,7 @@ from engine.model import SendResult
 from engine.protocol.messages import batch_bytes
 from engine.protocol.transactions import HalfMessage, LocalTransactionState
 from engine.remoting.wire_messages import IncomingMessage
+from engine.store.commit_log import LOCK_WAIT_S
 from engine.store.store import Store
 from engine.store.transactions import Decision
 
@@ -39,6 +40,7 @@ class WireProducer(Closing):
     Args:
         store: an open store.
         group, linger_ms, batch_size, regroup_ms: as :class:`Producer` (they pace group commits).
+        lock_wait_s: as :class:`Producer`: how long a commit queues for the host lock.
     """
 
     def __init__(
@@ -49,11 +51,22 @@ class WireProducer(Closing):
         linger_ms: int | None = None,
         batch_size: int | None = None,
         regroup_ms: int = 0,
+        lock_wait_s: float = LOCK_WAIT_S,
     ) -> None:
         self._producer = Producer(
-            store, group, linger_ms=linger_ms, batch_size=batch_size, regroup_ms=regroup_ms
+            store,
+            group,
+            linger_ms=linger_ms,
+            batch_size=batch_size,
+            regroup_ms=regroup_ms,
+            lock_wait_s=lock_wait_s,
         )
         self._max_batch_bytes = store.config.max_batch_bytes
+
+    @property
+    def lock_wait_s(self) -> float:
+        """How long a commit queues for the host lock (:class:`Producer`'s ``lock_wait_s``)."""
+        return self._producer.lock_wait_s
 
     def _prepare(self, item: IncomingMessage, queue_id: int, delay_level: int = 0) -> PreparedSend:
         return self._producer.prepare(

@@ -269,6 +269,12 @@ PRODUCER_CASES = [
         "producer-linger-str", lambda e: Producer(e.store, linger_ms="5"), InvalidArgumentError, "linger_ms"
     ),
     Case("producer-group-int", lambda e: Producer(e.store, group=5), InvalidArgumentError, "group"),
+    Case(
+        "producer-lock-wait-negative",
+        lambda e: Producer(e.store, lock_wait_s=-1),
+        InvalidArgumentError,
+        "lock_wait_s",
+    ),
     Case("flush-timeout-str", lambda e: e.producer.flush("1s"), InvalidArgumentError, "timeout"),
     Case("flush-timeout-negative", lambda e: e.producer.flush(-1), InvalidArgumentError, "timeout"),
     Case(

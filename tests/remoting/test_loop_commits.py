@@ -5,6 +5,7 @@ only."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 import pytest
@@ -16,11 +17,13 @@ from engine.errors import ProducerClosedError
 from engine.model import SendResult
 from engine.remoting import RemotingServer
 from engine.remoting.codes import ResponseCode
-from engine.remoting.loop_commits import LoopCommits
+from engine.remoting.loop_commits import LOOP_LOCK_WAIT_S, LoopCommits
 from engine.remoting.message_layout import BatchItem
 from engine.remoting.wire_messages import IncomingMessage, incoming
 from engine.remoting.wire_producer import WireProducer
 from engine.store import schemas
+from engine.store.commit_log import LOCK_WAIT_S, writers_host_lock
+from tests.fault.procs import wait_until
 from tests.remoting.wire_client import WireClient
 
 REGROUP_MS = 60_000  # longer than any test: a commit comes from the sends, never from the timer
@@ -178,6 +181,30 @@ def test_the_endpoint_commits_on_its_loop_on_a_local_disk(store: Store, server: 
     finally:
         client.close()
     assert commits.commits == 2
+
+
+def _lock_waiters() -> int:
+    return sum(t.name == "mq-lock-wait" and t.is_alive() for t in threading.enumerate())
+
+
+def test_a_stopped_host_lock_holder_holds_the_loop_up_once_not_once_per_commit(
+    store: Store, server: RemotingServer
+) -> None:
+    # Another writer of the host holds the commit log's lock and never lets go (a stopped process).
+    holder = writers_host_lock(store, schemas.COMMIT_LOG)
+    assert holder is not None and holder.acquire()
+    assert server.ctx.producer.lock_wait_s == LOOP_LOCK_WAIT_S < LOCK_WAIT_S
+    client = WireClient(server.broker_address)
+    try:
+        offsets = [client.send("T", f"m{i}".encode(), queue_id=2).ext_fields["queueOffset"] for i in range(5)]
+        # one wait given up on (its waiter still queued in flock), the other commits did not wait
+        assert offsets == ["0", "1", "2", "3", "4"] and _lock_waiters() == 1
+        holder.release()
+        wait_until(lambda: _lock_waiters() == 0, 30, "the abandoned waiter to get the lock and let go")
+        assert client.send("T", b"locked again", queue_id=2).ext_fields["queueOffset"] == "5"
+    finally:
+        client.close()
+        holder.close()
 
 
 def test_with_sync_flush_the_endpoint_commits_through_the_producers_worker(tmp_path: Path) -> None:

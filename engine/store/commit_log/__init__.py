@@ -27,9 +27,11 @@ from engine.store.commit_log.stamping import (
     row_properties,
 )
 from engine.store.commit_log.writer import COMMIT_LOG_ROW_GROUP_ROWS, CommitLogWriter, writers_host_lock
+from engine.store.delta import LOCK_WAIT_S
 
 __all__ = [
     "COMMIT_LOG_ROW_GROUP_ROWS",
+    "LOCK_WAIT_S",
     "CommitLogWriter",
     "CommitLogs",
     "PendingBatch",

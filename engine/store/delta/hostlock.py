@@ -55,7 +55,8 @@ class HostLock:
 
     Blocking ``flock`` lets the kernel queue the waiters: they are woken when the holder lets go,
     so writers take turns instead of polling. A process that dies holding it releases it at once;
-    one that stops holding it makes the others wait at most ``wait_s`` and go on without it.
+    one that stops holding it makes the others wait at most ``wait_s`` once and go on without it:
+    until the holder lets go, their later turns do not wait (nor leave one more thread waiting).
     """
 
     def __init__(self, path: str, wait_s: float = LOCK_WAIT_S) -> None:
@@ -68,6 +69,9 @@ class HostLock:
         # opens its own (flock belongs to the open file, which a fork shares).
         self._spare: int | None = None
         self._spare_pid = 0
+        # The last waiter given up on, while it still waits in flock: until it gets the lock (its
+        # holder let go), later turns do not wait at all.
+        self._abandoned: _LockWaiter | None = None
 
     def _open(self) -> int | None:
         try:
@@ -89,6 +93,12 @@ class HostLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            if self._abandoned is not None and self._abandoned.is_alive():
+                # the holder kept the last waiter waiting out wait_s and still has not let go: go on
+                # without the lock at once rather than wait again (and start one more waiter)
+                self._spare, self._spare_pid = fd, os.getpid()
+                return False
+            self._abandoned = None
             return self._wait(fd)
         except OSError:
             os.close(fd)
@@ -104,6 +114,7 @@ class HostLock:
         with waiter.mutex:
             if waiter.state == "waiting":
                 waiter.state = "abandoned"  # the waiter closes fd once it gets the lock
+                self._abandoned = waiter
                 return False
         if waiter.state == "acquired":
             self._fd = fd

@@ -11,6 +11,11 @@ from typing import Any
 
 import pytest
 
+# pytest-xdist's workers start with COLUMNS=80 in their environment (a plain run has none): the
+# CLI would then cut its tables at 80 columns in a worker only. Tests that mean a width set it.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.pop("COLUMNS", None)
+
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
 

@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 
 from engine import Message, Producer, PullConsumer, PullStatus, Store
-from engine.broker.loop import BrokerLoop, BrokerProcess
+from engine.broker.loop import BROKER_NICENESS, BrokerLoop, BrokerProcess
 from engine.broker.plan import PLAN, Pass, Step, plan_jobs
+from engine.errors import InvalidArgumentError
 from engine.protocol.actions import NACK
 from engine.spark.jobs import broker_app
 from engine.spark.jobs.registry import JOB_ORDER, JOBS, Job, job_named
@@ -150,6 +151,21 @@ def test_the_loop_in_a_process_of_its_own_dispatches_and_stops(store: Store, top
     finally:
         loop.stop()
     assert not loop.alive
+
+
+def test_the_loop_process_runs_below_the_servers_cpu_priority(store: Store, topic: str) -> None:
+    ours = os.getpriority(os.PRIO_PROCESS, 0)
+    for niceness, expected in ((BROKER_NICENESS, min(ours + BROKER_NICENESS, 19)), (0, ours)):
+        loop = BrokerProcess(store, dispatch_ms=10, niceness=niceness).start()
+        try:
+            child = loop.pid
+            assert child is not None
+            eventually(lambda c=child, e=expected: os.getpriority(os.PRIO_PROCESS, c) == e, timeout_s=60)
+        finally:
+            loop.stop()
+    for bad in (-1, 20, 2.5, True):
+        with pytest.raises(InvalidArgumentError, match="niceness"):
+            BrokerProcess(store, niceness=bad)  # type: ignore[arg-type]
 
 
 def test_a_loop_process_that_dies_is_started_again_and_dispatches(

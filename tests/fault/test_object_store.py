@@ -194,14 +194,18 @@ def test_injected_503s_and_slow_answers_lose_and_duplicate_nothing(
     Admin(store).create_topic(TOPIC, QUEUES)
     writers = _writers(s3_root, history_dir, logs, child_env(options), count=30, size=200)
     method, path, kind = INJECTED[fault]
-    rules = []
-    # Re-armed every 0.5 s while the writers run, so faults fall all through their sends.
+    rules: list[Any] = []
+    # Re-armed every 0.5 s while the writers run, so faults fall all through their sends; only once
+    # the last rule is used up, so that faults the writers have not met yet never pile up (rules
+    # added faster than requests came made every retry of a slow writer meet a 503: its store could
+    # not be opened in 10 retries over 16 s).
     while any(child.alive() for child in writers):
-        if kind == "fail":
-            rules.append(proxy.fail(path, method=method, status=503, times=2))
-        else:
-            hold = 400 if method == "PUT" else 300
-            rules.append(proxy.slow(path, hold, method=method, times=3))
+        if not rules or rules[-1].times == 0:
+            if kind == "fail":
+                rules.append(proxy.fail(path, method=method, status=503, times=2))
+            else:
+                hold = 400 if method == "PUT" else 300
+                rules.append(proxy.slow(path, hold, method=method, times=3))
         time.sleep(0.5)
     proxy.clear()
     outputs = [child.finish(timeout=300) for child in writers]

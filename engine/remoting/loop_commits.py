@@ -32,12 +32,12 @@ from engine.errors import MQError
 from engine.model import SendResult
 
 Outcome = list[SendResult] | MQError
+Commit = Callable[[Sequence[Sequence[PreparedSend]]], list[Outcome]]
 
 # Longest a commit on the loop queues for the host lock before it commits without it (the
 # optimistic protocol, still correct): longer than a compaction's commit on a busy table holds it
 # (a refresh and a commit, up to a few hundred milliseconds), far below the 10 s other writers wait.
 LOOP_LOCK_WAIT_S = 0.5
-Commit = Callable[[Sequence[Sequence[PreparedSend]]], list[Outcome]]
 
 
 class LoopCommits:

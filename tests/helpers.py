@@ -45,6 +45,12 @@ def eventually(condition: Callable[[], Any], timeout_s: float = 20.0) -> Any:
         time.sleep(0.05)
 
 
+def lock_waiters() -> int:
+    """Threads of this process still waiting in ``flock`` for a host lock their writer gave up on
+    (:class:`engine.store.delta.hostlock.HostLock`'s waiters)."""
+    return sum(t.name == "mq-lock-wait" and t.is_alive() for t in threading.enumerate())
+
+
 def run_in_threads(work: Callable[[int], None], count: int = 2) -> list[BaseException]:
     """Run ``work(0)`` ... ``work(count - 1)`` at once, one thread each; returns what they raised."""
     errors: list[BaseException] = []

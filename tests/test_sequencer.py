@@ -9,7 +9,6 @@ import multiprocessing as mp
 import os
 import shutil
 import threading
-import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
 from pathlib import Path
@@ -37,7 +36,7 @@ from engine.store.delta.hostlock import LOCK_DIR, LOCK_ENV, HostLock
 from engine.store.delta.log import read_versions
 from engine.store.store import now_ms
 from engine.store.table_properties import TXN_RETENTION
-from tests.helpers import versions
+from tests.helpers import eventually, lock_waiters, versions
 
 
 def _rows_with_versions(store: Store) -> list[dict[str, Any]]:
@@ -233,17 +232,10 @@ def test_a_stuck_lock_holder_is_waited_for_once_until_it_lets_go(tmp_path: Path)
     path = str(tmp_path / LOCK_DIR / "t.lock")
     holder, waiter = HostLock(path), HostLock(path, wait_s=0.1)
     assert holder.acquire()  # and stops, holding it
-
-    def waiting() -> int:
-        return sum(t.name == "mq-lock-wait" and t.is_alive() for t in threading.enumerate())
-
     assert [waiter.acquire() for _ in range(4)] == [False] * 4
-    assert waiting() == 1  # the first turn waited and gave up; the others went on at once
+    assert lock_waiters() == 1  # the first turn waited and gave up; the others went on at once
     holder.release()
-    deadline = time.monotonic() + 30
-    while waiting() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert waiting() == 0  # the abandoned waiter got the lock and let it go
+    assert eventually(lambda: lock_waiters() == 0, timeout_s=30)  # it got the lock and let it go
     assert waiter.acquire()  # and turns wait again
     waiter.close()
     assert holder.acquire()

@@ -5,7 +5,6 @@ only."""
 from __future__ import annotations
 
 import asyncio
-import threading
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,7 @@ from engine.remoting.wire_messages import IncomingMessage, incoming
 from engine.remoting.wire_producer import WireProducer
 from engine.store import schemas
 from engine.store.commit_log import LOCK_WAIT_S, writers_host_lock
-from tests.fault.procs import wait_until
+from tests.helpers import eventually, lock_waiters
 from tests.remoting.wire_client import WireClient
 
 REGROUP_MS = 60_000  # longer than any test: a commit comes from the sends, never from the timer
@@ -183,10 +182,6 @@ def test_the_endpoint_commits_on_its_loop_on_a_local_disk(store: Store, server: 
     assert commits.commits == 2
 
 
-def _lock_waiters() -> int:
-    return sum(t.name == "mq-lock-wait" and t.is_alive() for t in threading.enumerate())
-
-
 def test_a_stopped_host_lock_holder_holds_the_loop_up_once_not_once_per_commit(
     store: Store, server: RemotingServer
 ) -> None:
@@ -198,9 +193,9 @@ def test_a_stopped_host_lock_holder_holds_the_loop_up_once_not_once_per_commit(
     try:
         offsets = [client.send("T", f"m{i}".encode(), queue_id=2).ext_fields["queueOffset"] for i in range(5)]
         # one wait given up on (its waiter still queued in flock), the other commits did not wait
-        assert offsets == ["0", "1", "2", "3", "4"] and _lock_waiters() == 1
+        assert offsets == ["0", "1", "2", "3", "4"] and lock_waiters() == 1
         holder.release()
-        wait_until(lambda: _lock_waiters() == 0, 30, "the abandoned waiter to get the lock and let go")
+        assert eventually(lambda: lock_waiters() == 0, timeout_s=30)  # the abandoned waiter let go
         assert client.send("T", b"locked again", queue_id=2).ext_fields["queueOffset"] == "5"
     finally:
         client.close()

@@ -20,7 +20,7 @@ from engine import (
 from engine.broker.dispatch import dispatch_pending
 from engine.store import schemas
 from engine.store.commit_markers import CQ_KEY
-from engine.store.consume_queue import queue_marks
+from engine.store.consume_queue import QueueIndex, queue_marks
 from tests.helpers import versions
 
 
@@ -146,14 +146,35 @@ def test_a_parked_pull_wakes_even_when_another_pull_of_its_consumer_loaded_the_n
     store: Store, topic: str
 ) -> None:
     # One consumer, many parked pulls (the wire server's case): they share one index, and the pull
-    # that refreshes it first must not leave the others asleep until their deadline.
-    consumer = PullConsumer(store, "g")
+    # that refreshes it first must not leave the others asleep until their deadline. Once the pull is
+    # parked its refreshes wait at a gate while the new version lands, so the test's own refresh is
+    # the one that loads it, whatever the machine's timing.
+    refreshed = threading.Semaphore(0)
+    armed, at_gate, gate = threading.Event(), threading.Event(), threading.Event()
+    parked_thread: list[threading.Thread] = []
+
+    class GatedIndex(QueueIndex):
+        def refresh(self, *, tail: bool = True) -> bool:
+            if threading.current_thread() in parked_thread:
+                refreshed.release()
+                if armed.is_set():
+                    at_gate.set()
+                    gate.wait()
+            return super().refresh(tail=tail)
+
+    index = GatedIndex(store)
+    consumer = PullConsumer(store, "g", index=index)
     got: list[PullResult] = []
     parked = threading.Thread(target=lambda: got.append(consumer.pull(topic, 1, 0, suspend_ms=15_000)))
+    parked_thread.append(parked)
     parked.start()
-    time.sleep(0.3)
+    # the catch-up before the first read, then a refresh of the long poll: the pull is parked
+    assert refreshed.acquire(timeout=30) and refreshed.acquire(timeout=30) and not got
+    armed.set()
+    assert at_gate.wait(30)
     _fill(store, topic, 1, queue_id=1)
-    assert consumer._index.refresh()  # as another parked pull of the consumer would, before this one
+    assert index.refresh()  # as another parked pull of the consumer would, before this one
+    gate.set()
     parked.join(20)
     # a pull that slept to its deadline would return what it had: NO_NEW_MSG
     assert got and got[0].status is PullStatus.FOUND and got[0].messages[0].queue_id == 1

@@ -29,7 +29,7 @@ import pytest
 from bench.java_harness import ScenarioRun, harness_classpath, java, run_scenario, start_scenario
 from bench.lakemq_server import LakemqServer
 from bench.rocketmq_peer import RocketMQPeer
-from engine import Admin, Message, Producer, PullConsumer, PullStatus, Store
+from engine import Admin, Message, Producer, PullConsumer, PullStatus, Store, TopicNotFoundError
 from engine.protocol.names import retry_topic
 from engine.protocol.topics import system_topic_config
 from engine.store.store import now_ms
@@ -543,21 +543,37 @@ def test_a_producer_with_message_trace_on_stores_its_trace_records(
     classpath: str, broker: Broker, names: tuple[str, str], tmp_path: Path
 ) -> None:
     """``new DefaultMQProducer(group, true)``: the client sends a trace record of each send to
-    ``RMQ_SYS_TRACE_TOPIC``, whose route the server makes and whose sends it accepts."""
+    ``RMQ_SYS_TRACE_TOPIC``, whose route the server makes and whose sends it accepts. The producer
+    stays up while the test looks (its shutdown drops the trace sends still in flight, on RocketMQ's
+    broker too)."""
     if broker.store is None:
         pytest.skip("the trace records are read through lakemq's Python door")
     topic, _ = names
     broker.create_topic(topic)
-    sent = produce(classpath, broker, tmp_path, topic, "sync", 3, trace="true", prefix="traced").of("sent")
-    wanted = {e["key"] for e in sent}
-    assert len(wanted) == 3
-    reader = PullConsumer(broker.store, "TraceReader")
-    deadline = time.monotonic() + 60
-    found: set[str] = set()
-    while not wanted <= found and time.monotonic() < deadline:
-        result = reader.pull("RMQ_SYS_TRACE_TOPIC", 0, 0, max_nums=32)
-        messages = result.messages if result.status is PullStatus.FOUND else []
-        bodies = b"".join(m.body for m in messages)
-        found = {key for key in wanted if key.encode() in bodies}
-        time.sleep(0.2)
+    release = tmp_path / "release"
+    producing = start_scenario(
+        classpath, tmp_path / "java", "produce", mode="sync", namesrv=broker.namesrv, topic=topic, count=3,
+        trace="true", prefix="traced", hold_file=release,
+    )  # fmt: skip
+    try:
+        producing.wait_for("holding")
+        assert not [e for e in producing.events if e.get("event") == "send_failed"]
+        wanted = {e["key"] for e in producing.events if e.get("event") == "sent"}
+        assert len(wanted) == 3
+        reader = PullConsumer(broker.store, "TraceReader")
+        deadline = time.monotonic() + 60
+        found: set[str] = set()
+        while not wanted <= found and time.monotonic() < deadline:
+            try:
+                result = reader.pull("RMQ_SYS_TRACE_TOPIC", 0, 0, max_nums=32)
+            except TopicNotFoundError:  # made at the client's first route look-up of the topic
+                messages = []
+            else:
+                messages = result.messages if result.status is PullStatus.FOUND else []
+            bodies = b"".join(m.body for m in messages)
+            found = {key for key in wanted if key.encode() in bodies}
+            time.sleep(0.2)
+    finally:
+        release.touch()
+        producing.finish().done()
     assert found == wanted

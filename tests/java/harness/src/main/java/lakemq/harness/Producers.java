@@ -1,6 +1,8 @@
 package lakemq.harness;
 
 import java.nio.charset.StandardCharsets;
+import java.nio.file.Files;
+import java.nio.file.Path;
 import java.util.ArrayList;
 import java.util.List;
 import java.util.Map;
@@ -103,6 +105,23 @@ final class Producers {
         Out.emit("event", "send_failed", "key", key, "error", String.valueOf(error));
     }
 
+    /**
+     * --hold-file PATH: after its sends the producer stays up, as a long-running program does, until
+     * the file exists (or --timeout-ms): what the client still sends in the background (its message
+     * trace, whose sends its shutdown drops) reaches the server meanwhile. Prints "holding" first.
+     */
+    static void holdUntil(Args args) throws InterruptedException {
+        String hold = args.str("hold-file", "");
+        if (hold.isEmpty()) {
+            return;
+        }
+        Out.emit("event", "holding");
+        long deadline = System.currentTimeMillis() + args.integer("timeout-ms", 60_000);
+        while (!Files.exists(Path.of(hold)) && System.currentTimeMillis() < deadline) {
+            Thread.sleep(50);
+        }
+    }
+
     static int produce(Args args) throws Exception {
         String mode = args.str("mode", "sync");
         int count = args.integer("count", 10);
@@ -197,6 +216,7 @@ final class Producers {
                 }
                 default -> throw new IllegalArgumentException("unknown produce mode " + mode);
             }
+            holdUntil(args);
         } finally {
             producer.shutdown();
         }

@@ -16,7 +16,7 @@ from engine.errors import ProducerClosedError
 from engine.model import SendResult
 from engine.remoting import RemotingServer
 from engine.remoting.codes import ResponseCode
-from engine.remoting.loop_commits import LOOP_LOCK_WAIT_S, LoopCommits
+from engine.remoting.loop_commits import LOOP_LOCK_WAIT_S, REGROUP_COMMITS, LoopCommits
 from engine.remoting.message_layout import BatchItem
 from engine.remoting.wire_messages import IncomingMessage, incoming
 from engine.remoting.wire_producer import WireProducer
@@ -92,6 +92,36 @@ def test_the_next_commit_waits_for_as_many_sends_as_the_last_one_held(
     asyncio.run(run())
     producer.close()
     assert store.version(schemas.COMMIT_LOG) == before + 2
+
+
+def test_a_client_whose_threads_fell_into_two_halves_is_gathered_into_one_commit_again(
+    store: Store, producer: WireProducer
+) -> None:
+    # Four threads of a synchronous client: once a commit held two of them (the other two were still
+    # in their sockets), the next commits must not settle for two each, taking turns for ever; they
+    # wait for the four the fullest recent commit held, until REGROUP_COMMITS commits held fewer.
+    async def run() -> None:
+        commits = _commits(producer, regroup_ms=300)
+        await asyncio.gather(*(commits.submit(_one(producer, b"four")) for _ in range(4)))
+        await asyncio.gather(*(commits.submit(_one(producer, b"half")) for _ in range(2)))  # timer
+        assert commits.commits == 2
+        half = [commits.submit(_one(producer, b"other half")) for _ in range(2)]
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert commits.commits == 2 and not any(f.done() for f in half)  # waits for the four
+        rest = [commits.submit(_one(producer, b"first half")) for _ in range(2)]
+        await asyncio.gather(*half, *rest)
+        assert commits.commits == 3
+        for _ in range(REGROUP_COMMITS):  # a client with one thread left: waited for less and less
+            await commits.submit(_one(producer, b"alone"))
+        assert commits.commits == 3 + REGROUP_COMMITS
+        alone = commits.submit(_one(producer, b"alone"))  # the fours are forgotten: no wait
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert commits.commits == 4 + REGROUP_COMMITS and alone.done()
+
+    asyncio.run(run())
+    producer.close()
 
 
 def test_the_regroup_wait_ends_with_fewer_sends_than_expected(store: Store, producer: WireProducer) -> None:

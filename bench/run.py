@@ -129,7 +129,24 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         parser.error(f"unknown steps {sorted(unknown)}; steps: {', '.join(sorted(known))}")
     if args.messages is not None and args.messages < 1000:
         parser.error("--messages must be at least 1000")
+    if args.update:
+        missing = missing_steps(args.out, known)
+        if missing:
+            parser.error(
+                f"--update measures steps again in a full run's results, and {args.out} lacks "
+                f"{', '.join(missing)}: run the whole benchmark first (no --only)"
+            )
     return args
+
+
+def missing_steps(results_path: Path, steps: set[str]) -> list[str]:
+    """The ``steps`` a results file was not measured with (all of them if it is missing, unreadable
+    or older than the record of its steps): the base an ``--update`` would leave unmeasured."""
+    try:
+        recorded = json.loads(results_path.read_text()).get("steps")
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    return sorted(steps - set(recorded)) if isinstance(recorded, list) else sorted(steps)
 
 
 def context_note(load: Sequence[float], cores: int | None) -> str:
@@ -244,6 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         + (f" --messages {args.messages}" if args.messages is not None else ""),
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "mode": "quick" if args.quick else "full",
+        "steps": list(args.steps),
         "elapsed_s": round(time.monotonic() - began, 1),
         "machine": host,
         "versions": machine.versions(redis_binary),

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -347,6 +349,24 @@ def test_interleaved_rates_warm_every_case_once_then_alternate_them_round_by_rou
     assert all(m["runs"] == 3 and m["n"] == 10 and m["best_msg_s"] >= m["msg_s"] for m in measures.values())
     with pytest.raises(RuntimeError, match="read 10 rows, expected 11"):
         interleaved_rates({"a": case("a")}, 11, 1)
+
+
+def test_an_update_is_refused_unless_the_results_it_updates_are_a_full_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # An update of a partial run would write a report whose other targets read "not measured".
+    out = tmp_path / "latest.json"
+    every = parse_args([]).steps
+    for held in (None, "not json", {"workloads": []}, {"steps": ["wire"], "workloads": []}):
+        if held is None:
+            out.unlink(missing_ok=True)
+        else:
+            out.write_text(held if isinstance(held, str) else json.dumps(held))
+        with pytest.raises(SystemExit):
+            parse_args(["--update", "--only", "wire", "--out", str(out)])
+        assert "run the whole benchmark first" in capsys.readouterr().err
+    out.write_text(json.dumps({"steps": every, "workloads": []}))
+    assert parse_args(["--update", "--only", "wire", "--out", str(out)]).steps == ["wire"]
 
 
 def test_an_update_replaces_the_workloads_it_measured_again_and_the_report_says_so() -> None:

@@ -362,6 +362,31 @@ def test_other_tables_are_bin_packed_while_appends_continue(store: Store, topic:
     assert rows == 10 + len(extra)
 
 
+def test_compacting_every_table_goes_on_past_one_that_loses_every_race(
+    store: Store, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from engine.broker import compaction
+    from engine.errors import CommitConflictError
+
+    _fill(store, topic, 4)
+    real = compaction.commit_planned
+
+    def busy_commit_log(on: Store, name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == schemas.COMMIT_LOG:  # a steady producer wins every race on it
+            raise CommitConflictError("compact of commit_log lost 64 races", table=name)
+        return real(on, name, *args, **kwargs)
+
+    monkeypatch.setattr(compaction, "commit_planned", busy_commit_log)
+    with pytest.raises(CommitConflictError, match="compaction of commit_log lost every race") as caught:
+        compact(store, min_files=2)
+    assert caught.value.context["tables"] == [schemas.COMMIT_LOG]
+    compacted = caught.value.context["compacted"]
+    assert schemas.COMMIT_LOG not in compacted and compacted[schemas.CONSUME_QUEUE]["files_after"] == 1
+    assert len(_files(store, schemas.CONSUME_QUEUE)) == 1 and len(_files(store, schemas.COMMIT_LOG)) == 4
+    with pytest.raises(CommitConflictError, match="lost 64 races"):  # one table: its own error
+        compact(store, schemas.COMMIT_LOG, min_files=2)
+
+
 def test_index_compaction_keeps_one_key_sorted_file_per_kind(store: Store, topic: str) -> None:
     # Four index passes whose keys arrive in descending order: each writes a KEY and a UNIQ_KEY file.
     with Producer(store) as p:

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypedDict
 
-from engine.errors import CommitStateUnknownError, InvalidArgumentError
+from engine.errors import CommitConflictError, CommitStateUnknownError, InvalidArgumentError
 from engine.protocol.shards import SHARD_SPAN, shard_base
 from engine.store import schemas
 from engine.store.commit_log import COMMIT_LOG_ROW_GROUP_ROWS
@@ -307,11 +307,29 @@ def compact(
 
     Raises:
         InvalidArgumentError: an unknown table or a bad size; nothing was changed.
-        CommitConflictError: a table's compaction lost every race (retryable).
+        CommitConflictError: a table's compaction lost every race (retryable). Of several tables,
+            the others are compacted all the same: the error names the tables that lost
+            (context ``tables``) and holds the reports of the others (context ``compacted``).
         CommitStateUnknownError, StoreError: I/O failed.
     """
     names = table_names(store, table)
     check_int("min_files", min_files, 2)
     if target_file_size is not None:
         check_int("target_file_size", target_file_size, 1)
-    return {name: _compact_table(store, name, min_files, target_file_size) for name in names}
+    reports: dict[str, CompactionReport] = {}
+    lost: list[str] = []
+    for name in names:
+        try:
+            reports[name] = _compact_table(store, name, min_files, target_file_size)
+        except CommitConflictError:
+            if len(names) == 1:
+                raise
+            lost.append(name)  # a busy table: the others need not wait for it to be quieter
+    if lost:
+        raise CommitConflictError(
+            f"compaction of {', '.join(lost)} lost every race to other writers; retry later "
+            f"(the other {len(reports)} tables were compacted)",
+            tables=lost,
+            compacted=reports,
+        )
+    return reports

@@ -5,7 +5,8 @@ The client is the harness's ``bench`` scenario (``tests/java/harness``, rocketmq
 sends of 1 KiB from ``wire_threads`` threads (each send's latency), then batches of 32 from the same
 threads, then one push consumer reading every message back. RocketMQ (name server and broker from
 Maven, 512 MiB heap, async flush) runs first and is stopped before lakemq starts, so the two never
-share the CPU.
+share the CPU; before each, what the page cache holds dirty is written back
+(:func:`~bench.machine.settle_disk`), so neither pays for the other's writes.
 
 * ``wire_sync``: latency of one synchronous send; ``wire_sync_rate``: those sends' throughput;
 * ``wire_batch``: batched sends' throughput; ``wire_consume``: the push consumer's throughput.
@@ -18,6 +19,7 @@ from typing import Any
 
 from bench.java_harness import HarnessError, harness_classpath, run_scenario
 from bench.lakemq_server import LakemqServer
+from bench.machine import settle_disk
 from bench.rocketmq_peer import RocketMQPeer
 from bench.stats import Measure, latency, rate, unavailable
 from bench.workloads import OURS, ROCKETMQ, Context
@@ -95,8 +97,10 @@ def _lakemq(ctx: Context, classpath: str) -> dict[str, Measure]:
 def wire(ctx: Context) -> list[dict[str, Any]]:
     """The four wire workloads, lakemq and the real RocketMQ side by side."""
     classpath = harness_classpath()
+    ctx.log(f"disk settled before RocketMQ in {settle_disk():.1f} s")
     theirs, version = _rocketmq(ctx, classpath)
     ctx.log(f"RocketMQ {version}: {theirs}")
+    ctx.log(f"disk settled before lakemq in {settle_disk():.1f} s")
     ours = _lakemq(ctx, classpath)
     ctx.log(f"lakemq mq serve: {ours}")
     ctx.extra["rocketmq_broker"] = version or "not available"
@@ -107,7 +111,7 @@ def wire(ctx: Context) -> list[dict[str, Any]]:
         f"{s.wire_batch_messages:,} messages in batches of {BATCH}, {s.body_bytes} B bodies; lakemq is "
         "`mq serve` with its in-process broker loop over a local store; RocketMQ is the real name server "
         f"and broker {version or '(not available)'} started from Maven (512 MiB heap, async flush), not "
-        "sharing the CPU with lakemq."
+        "sharing the CPU with lakemq; the page cache's dirty pages are written back before each."
     )
     return [
         {

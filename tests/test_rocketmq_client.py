@@ -575,5 +575,6 @@ def test_a_producer_with_message_trace_on_stores_its_trace_records(
             time.sleep(0.2)
     finally:
         release.touch()
-        producing.finish().done()
+        ended = producing.finish()
     assert found == wanted
+    ended.done()  # the producer shut down cleanly once let go

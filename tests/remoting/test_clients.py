@@ -53,8 +53,11 @@ def test_heartbeats_register_members_that_the_consumer_list_serves(
     assert _heartbeat(other, "10.0.0.2@b") == ResponseCode.SUCCESS
     listed = broker.call(RequestCode.GET_CONSUMER_LIST_BY_GROUP, {"consumerGroup": "CG"})
     assert json.loads(listed.body)["consumerIdList"] == ["10.0.0.1@a", "10.0.0.2@b"]
-    # The first member is told to rebalance when the second joins.
-    assert broker.server_requests.get(timeout=30).code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED
+    # Every member is told to rebalance when one joins, the joiner too (RocketMQ's getAllChannel):
+    # the first member at its own join and at the second's, the second at its own.
+    codes = [broker.server_requests.get(timeout=30).code for _ in range(2)]
+    assert codes == [RequestCode.NOTIFY_CONSUMER_IDS_CHANGED] * 2
+    assert other.server_requests.get(timeout=30).code == RequestCode.NOTIFY_CONSUMER_IDS_CHANGED
     assert store.topic("%RETRY%CG").queues == 1
     unregister = {"clientID": "10.0.0.2@b", "consumerGroup": "CG"}
     assert other.call(RequestCode.UNREGISTER_CLIENT, unregister).code == ResponseCode.SUCCESS

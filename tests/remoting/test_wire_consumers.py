@@ -199,7 +199,10 @@ def test_a_dropped_connection_notifies_the_rest_of_the_group(
     other = WireClient(server.broker_address)
     _heartbeat(broker, "10.0.0.1@a", "DG")
     _heartbeat(other, "10.0.0.2@b", "DG")
-    _next_request(broker, RequestCode.NOTIFY_CONSUMER_IDS_CHANGED)  # the join
+    for _ in range(2):  # the joins: its own, then the other's (RocketMQ tells the joiner too)
+        _next_request(broker, RequestCode.NOTIFY_CONSUMER_IDS_CHANGED)
+    assert _next_request(other, RequestCode.NOTIFY_CONSUMER_IDS_CHANGED).ext_fields["consumerGroup"] == "DG"
+    assert _no_request(broker, RequestCode.NOTIFY_CONSUMER_IDS_CHANGED)
 
     other.close()  # no UNREGISTER: the connection just drops
 
@@ -211,7 +214,8 @@ def test_a_subscription_change_notifies_the_group(server: RemotingServer, broker
     other = WireClient(server.broker_address)
     _heartbeat(broker, "10.0.0.1@a", "CG2")
     _heartbeat(other, "10.0.0.2@b", "CG2")
-    _next_request(broker, RequestCode.NOTIFY_CONSUMER_IDS_CHANGED)  # the join
+    for _ in range(2):  # the joins: its own, then the other's
+        _next_request(broker, RequestCode.NOTIFY_CONSUMER_IDS_CHANGED)
     _heartbeat(other, "10.0.0.2@b", "CG2")
     assert _no_request(broker, RequestCode.NOTIFY_CONSUMER_IDS_CHANGED)  # same subscription: quiet
 

@@ -75,16 +75,18 @@ async def heartbeat(ctx: BrokerContext, conn: Connection, cmd: RemotingCommand) 
         ctx.subscriptions[group] = subs
         conn.consumer_groups[group] = client_id
     joined = await ctx.run(_heartbeat_sync, ctx, client_id, consumers)
-    # RocketMQ's ConsumerManager notifies the group when a channel joins or a subscription changes.
-    for group in sorted(changed - set(joined)):
+    # RocketMQ's ConsumerManager notifies every channel of the group, the joining one included
+    # (getAllChannel), when a channel joins or a subscription changes: a joiner whose first rebalance
+    # found the list without itself (it asked before its heartbeat counted, or the answer was late)
+    # rebalances again now rather than at its next round (20 s by default).
+    for group in sorted(changed | set(joined)):
         await notify_ids_changed(ctx, group)
-    for group in joined:
-        await notify_ids_changed(ctx, group, exclude=conn)
     return cmd.response(ResponseCode.SUCCESS)
 
 
 async def notify_ids_changed(ctx: BrokerContext, group: str, exclude: Connection | None = None) -> None:
-    """Tell the group's other connected consumers to rebalance now (NOTIFY_CONSUMER_IDS_CHANGED)."""
+    """Tell the group's connected consumers (but ``exclude``) to rebalance now
+    (NOTIFY_CONSUMER_IDS_CHANGED)."""
     for other in list(ctx.connections):
         if other is exclude or group not in other.consumer_groups:
             continue

@@ -43,6 +43,10 @@ class SeaweedUnavailable(RuntimeError):
     """SeaweedFS could not be built, started, or does not honour conditional writes."""
 
 
+class SeaweedExited(SeaweedUnavailable):
+    """``weed server`` exited before it answered (a port it was given was taken meanwhile)."""
+
+
 def build(timeout_s: float = 1800) -> Path:
     """The cached ``weed`` binary, building it first when missing (``bin/seaweedfs-build.sh``).
 
@@ -86,21 +90,42 @@ def _script_version() -> str:
     raise SeaweedUnavailable(f"{BUILD_SCRIPT} names no VERSION")
 
 
-def _free_port_pair() -> int:
-    """A loopback port ``p`` such that ``p`` and ``p + 10000`` (its gRPC twin) are both free."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = int(s.getsockname()[1])
-        if port + _GRPC_OFFSET > 65535:
-            continue
-        with socket.socket() as twin:
-            try:
-                twin.bind(("127.0.0.1", port + _GRPC_OFFSET))
-            except OSError:
-                continue
-        return port
-    raise SeaweedUnavailable("no free pair of loopback ports for SeaweedFS")
+_SERVERS = ("master", "volume", "filer", "s3")
+
+
+def _free_port_pairs(names: tuple[str, ...] = _SERVERS) -> dict[str, int]:
+    """A distinct loopback port ``p`` for each name such that ``p`` and ``p + 10000`` (its gRPC
+    twin) are free and differ from every other name's pair.
+
+    Every socket stays bound until all are chosen: ports freed one at a time can be handed out
+    again by the next ephemeral bind (a server once got one port for its master and its filer,
+    and exited).
+    """
+    held: list[socket.socket] = []
+    ports: dict[str, int] = {}
+    try:
+        for name in names:
+            for _ in range(200):
+                s = socket.socket()
+                held.append(s)
+                s.bind(("127.0.0.1", 0))
+                port = int(s.getsockname()[1])
+                if port + _GRPC_OFFSET > 65535:
+                    continue
+                twin = socket.socket()
+                held.append(twin)
+                try:
+                    twin.bind(("127.0.0.1", port + _GRPC_OFFSET))
+                except OSError:
+                    continue
+                ports[name] = port
+                break
+            else:
+                raise SeaweedUnavailable("no free pair of loopback ports for SeaweedFS")
+    finally:
+        for s in held:
+            s.close()
+    return ports
 
 
 @dataclass(frozen=True)
@@ -142,11 +167,19 @@ class SeaweedS3:
         data.mkdir(parents=True, exist_ok=True)
         config = self.workdir / "s3.json"
         config.write_text(json.dumps(self._identities()))
-        if not self.ports:
-            self.ports = {name: _free_port_pair() for name in ("master", "volume", "filer", "s3")}
-        self._launch(data, config)
-        self.endpoint = f"http://127.0.0.1:{self.ports['s3']}"
-        self._wait_ready(timeout_s)
+        chosen = not self.ports
+        for attempt in range(3):
+            if chosen:
+                self.ports = _free_port_pairs()
+            self._launch(data, config)
+            self.endpoint = f"http://127.0.0.1:{self.ports['s3']}"
+            try:
+                self._wait_ready(timeout_s)
+                break
+            except SeaweedExited:
+                # a port chosen free was taken before weed bound it: choose again
+                if not chosen or attempt == 2:
+                    raise
         self.probe_conditional_put()
         return self
 
@@ -205,7 +238,7 @@ class SeaweedS3:
         last: Exception | None = None
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
-                raise SeaweedUnavailable(f"weed server exited with {self.proc.returncode}: {self.log_tail()}")
+                raise SeaweedExited(f"weed server exited with {self.proc.returncode}: {self.log_tail()}")
             try:
                 client = self.client()
                 client.create_bucket(Bucket=bucket)

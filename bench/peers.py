@@ -22,11 +22,33 @@ from deltalake import DeltaTable, write_deltalake
 
 from engine.store import schemas
 
+_GIVEN: set[int] = set()
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+
+def free_port(preferred: int | None = None) -> int:
+    """A free port on 127.0.0.1: ``preferred`` when it is free, else one the kernel picks.
+
+    No port is handed out twice by one process: a port is free again once its probe socket is
+    closed, and the kernel gives a port closed a moment ago to the next ephemeral bind, so two
+    servers started together (a broker's two listeners) could otherwise be given the same one.
+    """
+    held: list[socket.socket] = []  # ports given already stay bound until one is found
+    try:
+        for port in ((preferred,) if preferred and preferred not in _GIVEN else ()) + (0,) * 50:
+            s = socket.socket()
+            held.append(s)
+            try:
+                s.bind(("127.0.0.1", port or 0))
+            except OSError:
+                continue
+            found = int(s.getsockname()[1])
+            if found not in _GIVEN:
+                _GIVEN.add(found)
+                return found
+    finally:
+        for s in held:
+            s.close()
+    raise OSError("no free port on 127.0.0.1")
 
 
 def stop_process_group(proc: subprocess.Popen[bytes], grace_s: float = 15) -> None:

@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -20,17 +19,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-
-def free_port(preferred: int | None = None) -> int:
-    """``preferred`` when it is free on 127.0.0.1, else a port the kernel picks."""
-    for port in (preferred, 0) if preferred else (0,):
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port or 0))
-            except OSError:
-                continue
-            return int(sock.getsockname()[1])
-    raise OSError("no free port on 127.0.0.1")
+from bench.peers import free_port
 
 
 def spark_home() -> Path:

@@ -1,4 +1,5 @@
-"""The test S3 server's start: its four servers' ports, and a start whose ports were taken."""
+"""Ports for the servers tests and benchmarks start: never one port for two servers, and the S3
+server's start when a port chosen free was taken before it bound it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bench import seaweedfs
+from bench import peers, seaweedfs
 from bench.seaweedfs import SeaweedS3
 
 
@@ -64,6 +65,19 @@ def test_the_four_servers_get_distinct_ports_and_grpc_twins_even_when_freed_port
     every = list(ports.values()) + [p + 10000 for p in ports.values()]
     assert len(set(every)) == 8, ports
     assert not kernel.bound  # every probe socket was closed
+
+
+def test_free_port_never_hands_out_a_port_twice_even_when_the_kernel_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    kernel = _Kernel()
+    monkeypatch.setattr(peers.socket, "socket", kernel.socket)
+    monkeypatch.setattr(peers, "_GIVEN", set())
+    ports = [peers.free_port() for _ in range(5)]
+    assert len(set(ports)) == 5, ports
+    assert peers.free_port(preferred=ports[0]) not in ports  # given already: not again
+    assert peers.free_port(preferred=40077) == 40077
+    assert not kernel.bound
 
 
 def test_a_server_whose_chosen_port_was_taken_meanwhile_starts_on_other_ports(

@@ -40,6 +40,8 @@ from engine.broker.maintenance import (
     retain,
     vacuum,
 )
+from engine.config import STORAGE_ENV_PREFIX
+from engine.store import maintenance as store_maintenance
 from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
 from engine.store.commit_log import writer as commit_log
@@ -70,7 +72,7 @@ def _fill(store: Store, topic: str, batches: int, per_batch: int = 16, queues: i
 
 def _files(store: Store, name: str) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = pa.table(
-        DeltaTable(store.uri(name)).get_add_actions(flatten=True)
+        DeltaTable(store.uri(name), storage_options=store.storage_options).get_add_actions(flatten=True)
     ).to_pylist()
     return rows
 
@@ -292,15 +294,20 @@ def test_compaction_concurrent_with_producers_dispatch_and_pulls_loses_nothing(
 
 
 def test_commit_log_compaction_lands_beside_a_producer_process_that_never_stops(
-    store: Store, topic: str, tmp_path: Path
+    any_store: Store, tmp_path: Path
 ) -> None:
     # A producer of another process appends every few milliseconds (as a busy broker does). Racing
     # it, a compaction lost every race once its refresh took longer than the pause between two
-    # appends, and the small files it left made every refresh slower: it never landed again.
+    # appends, and the small files it left made every refresh slower: it never landed again. On a
+    # local disk the compaction now queues on the writers' host lock; on S3 (no lock) a lost race
+    # follows the winners' commit files and lands after them (every pass lost 64 races before).
+    store, topic = any_store, "T"
+    Admin(store).create_topic(topic, 4)
     producer = worker(
         "producer",
         "producer",
         tmp_path,
+        {STORAGE_ENV_PREFIX + k: v for k, v in (store.storage_options or {}).items()},
         store=store.root,
         topic=topic,
         history=tmp_path / "producer.jsonl",
@@ -328,6 +335,108 @@ def test_commit_log_compaction_lands_beside_a_producer_process_that_never_stops(
         offsets = sorted(r["queue_offset"] for r in rows if r["queue_id"] == q)
         assert offsets == list(range(len(offsets)))
     _assert_disjoint(_ranges(store))
+
+
+def _race_the_plan(store: Store, monkeypatch: pytest.MonkeyPatch, rival: Any) -> list[int]:
+    """Run ``rival()`` between a maintenance commit's first plan and its commit (as a writer of
+    another host would, the host lock off); returns the versions each plan was made on."""
+    monkeypatch.setenv("MQ_SEQUENCER_LOCK", "0")
+    real = store_maintenance.current_markers
+    plans: list[int] = []
+
+    def winners_meanwhile(dt: Any, keys: Any) -> Any:
+        plans.append(dt.version())
+        if len(plans) == 1:
+            rival()
+        return real(dt, keys)
+
+    monkeypatch.setattr(store_maintenance, "current_markers", winners_meanwhile)
+    return plans
+
+
+def _four_small_files(store: Store, topic: str) -> None:
+    Admin(store).create_topic(topic, 2)
+    with Producer(store) as p:
+        for i in range(4):
+            p.send(Message(topic, f"m{i}".encode()), queue_id=i % 2)
+    dispatch_pending(store)
+
+
+def test_a_compaction_that_loses_its_race_lands_after_the_winners_with_the_marks_they_moved(
+    any_store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Three appends land between the compaction's plan and its commit: it reads their commit files
+    # and lands right after them, planned once, carrying the high-water marks their appends moved
+    # on (stale marks would give queue 0's next send an offset already taken).
+    store, topic = any_store, "T"
+    _four_small_files(store, topic)
+
+    def three_appends() -> None:
+        with Producer(store) as rival:
+            for i in range(3):
+                rival.send(Message(topic, f"r{i}".encode()), queue_id=0)
+
+    plans = _race_the_plan(store, monkeypatch, three_appends)
+    report = compact(store, schemas.COMMIT_LOG, min_files=2)[schemas.COMMIT_LOG]
+    assert len(plans) == 1
+    assert report["version"] == plans[0] + 4
+    assert report["files_removed"] == 4 and report["files_added"] == 1
+    snapshot = store.snapshot(schemas.COMMIT_LOG)
+    assert snapshot.version() == report["version"]
+    assert snapshot.commit_info(report["version"])[MAINTENANCE_KEY] == "compact"
+    marks = read_hwm(snapshot)
+    assert (marks.next_queue_offset(topic, 0), marks.next_queue_offset(topic, 1)) == (5, 2)
+    with Producer(store) as p:
+        assert p.send(Message(topic, b"after"), queue_id=0).queue_offset == 5
+    rows = commit_log_rows(store)
+    assert sorted(r["body"] for r in rows) == sorted(
+        [f"m{i}".encode() for i in range(4)] + [f"r{i}".encode() for i in range(3)] + [b"after"]
+    )
+    assert sorted(r["queue_offset"] for r in rows if r["queue_id"] == 0) == list(range(6))
+    checkpoint(store, schemas.COMMIT_LOG)  # delta-rs checkpoints a commit it did not write
+    assert store.snapshot(schemas.COMMIT_LOG).version() == report["version"] + 1
+    assert store.read(schemas.COMMIT_LOG).num_rows == 8
+
+
+def test_a_compaction_whose_files_a_winner_removed_is_planned_again_and_drops_them(
+    any_store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The winner is another compaction of the same files: following stops at its remove actions,
+    # the plan is made again on the new snapshot, finds its files gone and commits nothing.
+    store, topic = any_store, "T"
+    _four_small_files(store, topic)
+    before = {f["path"] for f in _files(store, schemas.COMMIT_LOG)}
+    inner: list[dict[str, Any]] = []
+    plans = _race_the_plan(
+        store, monkeypatch, lambda: inner.append(compact(store, schemas.COMMIT_LOG, min_files=2))
+    )
+    report = compact(store, schemas.COMMIT_LOG, min_files=2)[schemas.COMMIT_LOG]
+    assert inner[0][schemas.COMMIT_LOG]["version"] == plans[0] + 1
+    # (the outer plan made again finds its files gone: nothing to commit, no markers asked for)
+    assert report["version"] is None and len(plans) == 2
+    assert len(_files(store, schemas.COMMIT_LOG)) == 1
+    assert sorted(r["body"] for r in commit_log_rows(store)) == [f"m{i}".encode() for i in range(4)]
+    # the file the outer compaction wrote was deleted; the inner one's and the removed ones remain
+    live = {f["path"] for f in _files(store, schemas.COMMIT_LOG)}
+    assert store_maintenance.listing(store, schemas.COMMIT_LOG) == live | before
+
+
+def test_a_compaction_that_a_metadata_change_won_against_is_planned_again(
+    any_store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, topic = any_store, "T"
+    _four_small_files(store, topic)
+    plans = _race_the_plan(
+        store,
+        monkeypatch,
+        lambda: store.snapshot(schemas.COMMIT_LOG).set_properties({"delta.checkpointInterval": "50"}),
+    )
+    report = compact(store, schemas.COMMIT_LOG, min_files=2)[schemas.COMMIT_LOG]
+    assert len(plans) == 2 and plans[1] == plans[0] + 1
+    assert report["version"] == plans[1] + 1 and report["files_removed"] == 4
+    snapshot = store.snapshot(schemas.COMMIT_LOG)
+    assert snapshot.configuration()["delta.checkpointInterval"] == "50"
+    assert read_hwm(snapshot).next_queue_offset(topic, 0) == 2
 
 
 def test_other_tables_are_bin_packed_while_appends_continue(store: Store, topic: str) -> None:

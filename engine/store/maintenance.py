@@ -7,10 +7,13 @@ Mechanics only; :mod:`engine.broker.maintenance` (with :mod:`engine.broker.compa
 Every commit made through :func:`commit_planned` follows the sequencer's rules:
 
 - It is a delta-rs write transaction with automatic retries disabled (``max_commit_retries=0``): it
-  lands exactly on the version after the one it was planned from, or fails and is planned again from
-  the newer snapshot. A producer committing meanwhile either wins (the plan is made again) or loses
-  and is re-stamped by the sequencer; nothing is lost, no offset is given twice. On a local store a
-  commit-log commit takes its turn on the producers' host lock instead of racing them.
+  lands exactly on the version after the one it was planned from. A producer committing meanwhile
+  either loses (it is re-stamped by the sequencer) or wins: then the commit reads the winners' commit
+  files and is put at the next free version, its carried markers moved on over them
+  (:func:`~engine.store.delta.commit_following`), or, when a winner removed one of its files or
+  changed the table's protocol or metadata, it is planned again from a newer snapshot. Nothing is
+  lost, no offset is given twice. On a local store a commit-log commit takes its turn on the
+  producers' host lock instead of racing them.
 - It carries the table's markers forward as of the version it was planned from (``mq.hwm`` on the
   commit log, ``mq.cq`` on the consume queue, ...), so marker readers find them on the newest commit
   even after the older commit files are cleaned up. Only a commit that cannot be retried onto a later
@@ -21,20 +24,24 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow.fs as pa_fs
 
 from engine.errors import CommitConflictError, CommitStateUnknownError, InvalidArgumentError, StoreError
 from engine.store import schemas
-from engine.store.commit_log import checkpoint_commit_log, read_hwm, writers_host_lock
+from engine.store.commit_log import checkpoint_commit_log, marks_after, read_hwm, writers_host_lock
 from engine.store.commit_markers import BATCH_KEY, HWM_KEY, MAINTENANCE_KEY, carried_markers
 from engine.store.delta import (
     Action,
     Snapshot,
     backoff,
+    commit_following,
     commit_next,
+    direct_append_enabled,
+    direct_appender,
     find_batch,
     listing_gap,
     table_filesystem,
@@ -164,6 +171,48 @@ def current_markers(dt: Snapshot, keys: Sequence[str]) -> dict[str, str]:
     return out
 
 
+def _commit_following(
+    dt: Snapshot, name: str, commit: Commit, markers: dict[str, str], keys: Sequence[str], operation: str
+) -> int | None:
+    """After a lost race, ``commit`` put at the first free version after the winners, its carried
+    ``markers`` moved on over them (:func:`~engine.store.delta.commit_following`); None when the
+    table is not one the engine commits on directly, or following cannot do (plan again).
+
+    Raises:
+        CommitStateUnknownError: the commit failed mid-way and may have happened.
+        StoreError: it failed and nothing was committed.
+    """
+    if not direct_append_enabled():
+        return None
+    appender = direct_appender(dt, schemas.schema_of(name), on_s3=True)
+    if appender is None:
+        return None
+    moved = dict(markers)
+    seen: list[Mapping[str, Any]] = []  # the winners' commitInfos, oldest first
+    commit_id = uuid.uuid4().hex
+
+    def saw(info: Mapping[str, Any]) -> None:
+        seen.append(info)
+        for key in keys:
+            if key != HWM_KEY and key in info:
+                moved[key] = str(info[key])  # the newest value wins, as current_markers reads it
+
+    def metadata() -> dict[str, str]:
+        out = {**moved, MAINTENANCE_KEY: operation, BATCH_KEY: commit_id}
+        if HWM_KEY in moved:  # compact marks move the full ones on (parsed once a put)
+            out[HWM_KEY] = marks_after(moved[HWM_KEY], seen)
+        return out
+
+    return commit_following(
+        appender,
+        dt.version() + 1,
+        commit.actions,
+        metadata,
+        saw,
+        commit_id,
+    )
+
+
 def commit_planned(
     store: Store,
     name: str,
@@ -189,6 +238,10 @@ def commit_planned(
     racing a steady producer instead, it lost every race once a refresh took longer than the pause
     between two appends (a busy table: refreshes of 40-300 ms against appends every 7 ms), the small
     files piled up and every refresh grew slower. Producers of the host wait that long once.
+
+    On an object store (no host lock) a planned commit lost every race to a producer once a refresh
+    took longer than the pause between two appends; a lost race now follows the winners instead
+    (:func:`_commit_following`), so a plan is made again only when a winner changed what it planned.
 
     A commit that failed because delta-rs listed the log while another writer's commit was being
     linked in (``listing_gap``: the outcome is unknown, the failure may come after the commit) is
@@ -221,6 +274,10 @@ def commit_planned(
                     on_error="unknown",
                 )
             except CommitConflictError:
+                if commit.markers is None:  # carried markers can be moved on over the winners
+                    landed = _commit_following(dt, name, commit, markers, keys, operation)
+                    if landed is not None:
+                        return landed
                 continue
             except CommitStateUnknownError as exc:
                 if not listing_gap(exc.__cause__ or exc):

@@ -15,7 +15,7 @@ The rest of the engine uses the names below.
 
 from __future__ import annotations
 
-from engine.store.commit_log.hwm import checkpoint_commit_log, read_hwm
+from engine.store.commit_log.hwm import checkpoint_commit_log, marks_after, read_hwm
 from engine.store.commit_log.reads import read_commit_logs
 from engine.store.commit_log.shards import CommitLogs, ShardPart, shared_commit_logs, take_rows
 from engine.store.commit_log.stamping import (
@@ -40,6 +40,7 @@ __all__ = [
     "Stamped",
     "StampedBatch",
     "checkpoint_commit_log",
+    "marks_after",
     "read_commit_logs",
     "read_hwm",
     "reput",

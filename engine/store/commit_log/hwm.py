@@ -4,6 +4,9 @@ rebuilt from the rows; and the checkpoint that saves them first."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
+from typing import Any
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -38,6 +41,14 @@ def read_hwm(snapshot: Snapshot) -> HighWaterMarks:
     if marks is None:
         marks = _from_saved_marks(snapshot)
     return marks if marks is not None else recover_hwm_by_scan(snapshot)
+
+
+def marks_after(full: str, infos: Iterable[Mapping[str, Any]]) -> str:
+    """The full marks ``full`` (an ``mq.hwm`` value) moved on over the commitInfos of the commits
+    after them, oldest first: the marks a commit landing after those carries."""
+    hwm = HighWaterMarks.from_json(full)
+    replay(hwm, infos, HWM_KEY, MARKS_KEY)
+    return hwm.to_json()
 
 
 def _from_saved_marks(snapshot: Snapshot) -> HighWaterMarks | None:

@@ -75,6 +75,7 @@ from engine.store.delta.objects import (
     put_object,
 )
 from engine.store.delta.repair import commit_parses, repair_log
+from engine.store.delta.rewrite_commit import commit_following
 from engine.store.delta.snapshot import (
     MAX_WALK_BACK,
     RENEW_HANDLE_COMMITS,
@@ -119,6 +120,7 @@ __all__ = [
     "backoff",
     "checkpoint_if_due",
     "checkpoint_interval",
+    "commit_following",
     "commit_next",
     "commit_parses",
     "create_table",

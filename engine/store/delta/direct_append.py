@@ -54,6 +54,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from deltalake.transaction import AddAction, RemoveAction
 
 from engine.errors import (
     BucketNotFoundError,
@@ -629,4 +630,56 @@ class DirectAppender:
         # one action a line and no newline after the last, as delta-rs writes them
         adds = () if add is None else ({"add": add},)
         text = "\n".join(json.dumps(a, separators=(",", ":")) for a in ({"commitInfo": info}, *txns, *adds))
+        self.objects.put_commit(version, text, self.name)
+
+    def commit_rewrite(
+        self, version: int, actions: Sequence[AddAction | RemoveAction], custom_metadata: Mapping[str, str]
+    ) -> None:
+        """Commit a maintenance rewrite (files added and files removed, written already) as exactly
+        version ``version``, in the lines delta-rs writes for the same actions
+        (:func:`~engine.store.delta.commits.commit_next` with ``actions``): a ``commitInfo`` with
+        ``custom_metadata`` and the action counts, then the ``add`` and the ``remove`` actions.
+
+        Raises:
+            CommitConflictError, CommitStateUnknownError, StoreError: as :meth:`commit`.
+        """
+        adds = [a for a in actions if isinstance(a, AddAction)]
+        removes = [a for a in actions if isinstance(a, RemoveAction)]
+        info = {
+            "timestamp": int(time.time() * 1000),
+            "operation": "WRITE",
+            "operationParameters": {"mode": "Append", "partitionBy": "[]"},
+            "engineInfo": ENGINE_INFO,
+            **custom_metadata,
+            COUNTS_KEY: json.dumps(
+                {"txn": 0, "add": len(adds), "remove": len(removes)}, separators=(",", ":")
+            ),
+        }
+        lines: list[dict[str, Any]] = [{"commitInfo": info}]
+        lines += [
+            {
+                "add": {
+                    "path": a.path,
+                    "partitionValues": dict(a.partition_values),
+                    "size": a.size,
+                    "modificationTime": a.modification_time,
+                    "dataChange": a.data_change,
+                    "stats": a.stats,
+                }
+            }
+            for a in adds
+        ]
+        lines += [
+            {
+                "remove": {
+                    "path": r.path,
+                    "dataChange": r.data_change,
+                    "deletionTimestamp": r.deletion_timestamp,
+                    "extendedFileMetadata": False,
+                    "size": r.size,
+                }
+            }
+            for r in removes
+        ]
+        text = "\n".join(json.dumps(line, separators=(",", ":")) for line in lines)
         self.objects.put_commit(version, text, self.name)

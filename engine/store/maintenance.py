@@ -14,10 +14,11 @@ Every commit made through :func:`commit_planned` follows the sequencer's rules:
   changed the table's protocol or metadata, it is planned again from a newer snapshot. Nothing is
   lost, no offset is given twice. On a local store a commit-log commit takes its turn on the
   producers' host lock instead of racing them.
-- It carries the table's markers forward as of the version it was planned from (``mq.hwm`` on the
-  commit log, ``mq.cq`` on the consume queue, ...), so marker readers find them on the newest commit
-  even after the older commit files are cleaned up. Only a commit that cannot be retried onto a later
-  version may do that, which is why delta-rs's own ``optimize`` (automatic retries) is not used.
+- It carries the table's markers forward as of the version before the one it lands on (``mq.hwm``
+  on the commit log, ``mq.cq`` on the consume queue, ...), so marker readers find them on the newest
+  commit even after the older commit files are cleaned up. Only a commit that knows every commit
+  before its own may do that, which is why delta-rs's own ``optimize`` (automatic retries onto later
+  versions, unseen) is not used.
 """
 
 from __future__ import annotations

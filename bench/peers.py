@@ -22,33 +22,43 @@ from deltalake import DeltaTable, write_deltalake
 
 from engine.store import schemas
 
-_GIVEN: set[int] = set()
+
+class PortBook:
+    """Free ports on 127.0.0.1, never one handed out twice by one book (see :func:`free_port`)."""
+
+    def __init__(self) -> None:
+        self.given: set[int] = set()
+
+    def free_port(self, preferred: int | None = None) -> int:
+        """A free port on 127.0.0.1: ``preferred`` when it is free, else one the kernel picks.
+
+        No port is handed out twice: a port is free again once its probe socket is closed, and the
+        kernel gives a port closed a moment ago to the next ephemeral bind, so two servers started
+        together (a broker's two listeners) could otherwise be given the same one.
+        """
+        held: list[socket.socket] = []  # ports given already stay bound until one is found
+        try:
+            tries = ((preferred,) if preferred and preferred not in self.given else ()) + (0,) * 50
+            for port in tries:
+                s = socket.socket()
+                held.append(s)
+                try:
+                    s.bind(("127.0.0.1", port or 0))
+                except OSError:
+                    continue
+                found = int(s.getsockname()[1])
+                if found not in self.given:
+                    self.given.add(found)
+                    return found
+        finally:
+            for s in held:
+                s.close()
+        raise OSError("no free port on 127.0.0.1")
 
 
-def free_port(preferred: int | None = None) -> int:
-    """A free port on 127.0.0.1: ``preferred`` when it is free, else one the kernel picks.
-
-    No port is handed out twice by one process: a port is free again once its probe socket is
-    closed, and the kernel gives a port closed a moment ago to the next ephemeral bind, so two
-    servers started together (a broker's two listeners) could otherwise be given the same one.
-    """
-    held: list[socket.socket] = []  # ports given already stay bound until one is found
-    try:
-        for port in ((preferred,) if preferred and preferred not in _GIVEN else ()) + (0,) * 50:
-            s = socket.socket()
-            held.append(s)
-            try:
-                s.bind(("127.0.0.1", port or 0))
-            except OSError:
-                continue
-            found = int(s.getsockname()[1])
-            if found not in _GIVEN:
-                _GIVEN.add(found)
-                return found
-    finally:
-        for s in held:
-            s.close()
-    raise OSError("no free port on 127.0.0.1")
+PORTS = PortBook()
+"""The process's book of ports: every server a test or benchmark starts takes its ports here."""
+free_port = PORTS.free_port
 
 
 def stop_process_group(proc: subprocess.Popen[bytes], grace_s: float = 15) -> None:

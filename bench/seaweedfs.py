@@ -90,10 +90,10 @@ def _script_version() -> str:
     raise SeaweedUnavailable(f"{BUILD_SCRIPT} names no VERSION")
 
 
-_SERVERS = ("master", "volume", "filer", "s3")
+SERVERS = ("master", "volume", "filer", "s3")
 
 
-def _free_port_pairs(names: tuple[str, ...] = _SERVERS) -> dict[str, int]:
+def free_port_pairs(names: tuple[str, ...] = SERVERS) -> dict[str, int]:
     """A distinct loopback port ``p`` for each name such that ``p`` and ``p + 10000`` (its gRPC
     twin) are free and differ from every other name's pair.
 
@@ -170,7 +170,7 @@ class SeaweedS3:
         chosen = not self.ports
         for attempt in range(3):
             if chosen:
-                self.ports = _free_port_pairs()
+                self.ports = free_port_pairs()
             self._launch(data, config)
             self.endpoint = f"http://127.0.0.1:{self.ports['s3']}"
             try:

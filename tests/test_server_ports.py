@@ -60,7 +60,7 @@ def test_the_four_servers_get_distinct_ports_and_grpc_twins_even_when_freed_port
 ) -> None:
     kernel = _Kernel()
     monkeypatch.setattr(seaweedfs.socket, "socket", kernel.socket)
-    ports = seaweedfs._free_port_pairs()
+    ports = seaweedfs.free_port_pairs()
     assert set(ports) == {"master", "volume", "filer", "s3"}
     every = list(ports.values()) + [p + 10000 for p in ports.values()]
     assert len(set(every)) == 8, ports
@@ -72,11 +72,11 @@ def test_free_port_never_hands_out_a_port_twice_even_when_the_kernel_does(
 ) -> None:
     kernel = _Kernel()
     monkeypatch.setattr(peers.socket, "socket", kernel.socket)
-    monkeypatch.setattr(peers, "_GIVEN", set())
-    ports = [peers.free_port() for _ in range(5)]
+    book = peers.PortBook()
+    ports = [book.free_port() for _ in range(5)]
     assert len(set(ports)) == 5, ports
-    assert peers.free_port(preferred=ports[0]) not in ports  # given already: not again
-    assert peers.free_port(preferred=40077) == 40077
+    assert book.free_port(preferred=ports[0]) not in ports  # given already: not again
+    assert book.free_port(preferred=40077) == 40077
     assert not kernel.bound
 
 
@@ -89,17 +89,17 @@ def test_a_server_whose_chosen_port_was_taken_meanwhile_starts_on_other_ports(
     taker = socket.socket()
     taker.bind(("127.0.0.1", 0))
     taker.listen()
-    real = seaweedfs._free_port_pairs
+    real = seaweedfs.free_port_pairs
     given: list[dict[str, int]] = []
 
-    def first_with_a_taken_port(names: Any = seaweedfs._SERVERS) -> dict[str, int]:
+    def first_with_a_taken_port(names: Any = seaweedfs.SERVERS) -> dict[str, int]:
         ports = real(names)
         if not given:
             ports["filer"] = int(taker.getsockname()[1])
         given.append(dict(ports))
         return ports
 
-    monkeypatch.setattr(seaweedfs, "_free_port_pairs", first_with_a_taken_port)
+    monkeypatch.setattr(seaweedfs, "free_port_pairs", first_with_a_taken_port)
     server = SeaweedS3(tmp_path / "s3", binary=binary)
     try:
         server.start()

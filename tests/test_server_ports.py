@@ -55,11 +55,17 @@ class _Socket:
         self.close()
 
 
+@pytest.fixture
+def kernel(monkeypatch: pytest.MonkeyPatch) -> _Kernel:
+    """Every socket of the test made by a :class:`_Kernel`."""
+    fake = _Kernel()
+    monkeypatch.setattr(socket, "socket", fake.socket)
+    return fake
+
+
 def test_the_four_servers_get_distinct_ports_and_grpc_twins_even_when_freed_ports_are_handed_out_again(
-    monkeypatch: pytest.MonkeyPatch,
+    kernel: _Kernel,
 ) -> None:
-    kernel = _Kernel()
-    monkeypatch.setattr(seaweedfs.socket, "socket", kernel.socket)
     ports = seaweedfs.free_port_pairs()
     assert set(ports) == {"master", "volume", "filer", "s3"}
     every = list(ports.values()) + [p + 10000 for p in ports.values()]
@@ -67,11 +73,7 @@ def test_the_four_servers_get_distinct_ports_and_grpc_twins_even_when_freed_port
     assert not kernel.bound  # every probe socket was closed
 
 
-def test_free_port_never_hands_out_a_port_twice_even_when_the_kernel_does(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    kernel = _Kernel()
-    monkeypatch.setattr(peers.socket, "socket", kernel.socket)
+def test_free_port_never_hands_out_a_port_twice_even_when_the_kernel_does(kernel: _Kernel) -> None:
     book = peers.PortBook()
     ports = [book.free_port() for _ in range(5)]
     assert len(set(ports)) == 5, ports

@@ -202,9 +202,11 @@ def test_mq_serve_with_qmq_answers_the_locator_and_stops_on_sigterm(tmp_path: Pa
     ports = ["--namesrv-port", "0", "--broker-port", "0", "--qmq-http-port", "0"]
     ports += ["--qmq-meta-port", "0", "--qmq-broker-port", "0"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [*cmd, *ports], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-    )
+    # stderr to a file: a pipe nobody reads fills up and blocks the server (and its broker process)
+    # in a write; the file says what it printed if it does not stop
+    errors = tmp_path / "serve.err"
+    with errors.open("w") as err:
+        proc = subprocess.Popen([*cmd, *ports], stdout=subprocess.PIPE, stderr=err, text=True, env=env)
     try:
         assert proc.stdout is not None
         ready = json.loads(proc.stdout.readline())
@@ -216,8 +218,15 @@ def test_mq_serve_with_qmq_answers_the_locator_and_stops_on_sigterm(tmp_path: Pa
         assert codec.decode_send_results(answer.body) == [("id-0", codec.ProducerCode.SUCCESS, "")]
     finally:
         proc.send_signal(signal.SIGTERM)
-        code = proc.wait(60)
-    assert code == 0
+        try:
+            code = proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+            pytest.fail(
+                f"mq serve did not stop within 60 s of SIGTERM; its stderr: {errors.read_text()[-3000:]}"
+            )
+    assert code == 0, errors.read_text()[-3000:]
 
 
 def pull_after(wire: QmqWire, consumer: str, last: int, n: int = 10) -> tuple[int, list[str]]:

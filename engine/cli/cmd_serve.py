@@ -13,6 +13,9 @@ from typing import Any
 from engine.cli.common import EXIT_OK, Output, int_at_least, open_store
 from engine.collector import tune_for_serving
 
+SIGNAL_POLL_S = 0.5
+"""Longest a stop signal taken by another thread waits for the main thread to handle it."""
+
 
 def _serve(args: argparse.Namespace, out: Output) -> int:
     from engine.remoting import RemotingServer
@@ -81,7 +84,11 @@ def _serve(args: argparse.Namespace, out: Output) -> int:
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, lambda *_: done.set())
     try:
-        done.wait()
+        # Waited for in slices: a signal the kernel hands to another thread runs its Python handler
+        # (or raises KeyboardInterrupt) only once the main thread runs again, and a wait without a
+        # timeout never returned then (a SIGTERM left `mq serve` running until killed).
+        while not done.wait(SIGNAL_POLL_S):
+            pass
     except KeyboardInterrupt:
         pass
     finally:

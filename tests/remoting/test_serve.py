@@ -3,6 +3,7 @@ becomes pullable without starting anything else) and ``jobs/broker.py --serve``'
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import signal
@@ -48,6 +49,39 @@ def test_mq_serve_makes_a_wire_send_pullable_and_stops_on_sigterm(tmp_path: Path
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(60)
     assert code == 0
+
+
+def _threads(pid: int) -> list[int]:
+    return sorted(int(t) for t in os.listdir(f"/proc/{pid}/task"))
+
+
+def _blocks(tid: int, sig: int) -> bool:
+    status = Path(f"/proc/{tid}/status").read_text()
+    blocked = next(line.split()[1] for line in status.splitlines() if line.startswith("SigBlk:"))
+    return bool(int(blocked, 16) >> (sig - 1) & 1)
+
+
+def test_mq_serve_stops_on_a_sigterm_that_another_of_its_threads_takes(tmp_path: Path) -> None:
+    # The kernel hands a process's signal to any thread not blocking it; Python runs the handler in
+    # the main thread, which a wait without a timeout never woke: the server ran on, unstopped.
+    root = tmp_path / "served"
+    Admin(Store.open(root)).create_topic("T", 1)
+    cmd = [sys.executable, "-m", "engine.cli", "--store", str(root), "--json", "serve", "--no-broker-jobs"]
+    errors = tmp_path / "serve.err"
+    with errors.open("w") as err:
+        proc = subprocess.Popen(
+            [*cmd, "--namesrv-port", "0", "--broker-port", "0"], stdout=subprocess.PIPE, stderr=err, text=True
+        )
+    try:
+        assert proc.stdout is not None
+        json.loads(proc.stdout.readline())
+        tid = next(t for t in _threads(proc.pid) if t != proc.pid and not _blocks(t, signal.SIGTERM))
+        assert ctypes.CDLL(None, use_errno=True).tgkill(proc.pid, tid, signal.SIGTERM) == 0
+        assert proc.wait(60) == 0, errors.read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
 
 
 def test_broker_app_serve_options_are_split_off_and_store_kept() -> None:

@@ -19,7 +19,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -30,7 +29,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from bench.peers import stop_process_group
+from bench.peers import PORTS, PortBook, stop_process_group
 
 ROOT = Path(__file__).resolve().parent.parent
 BUILD_SCRIPT = ROOT / "bin" / "seaweedfs-build.sh"
@@ -93,38 +92,21 @@ def _script_version() -> str:
 SERVERS = ("master", "volume", "filer", "s3")
 
 
-def free_port_pairs(names: tuple[str, ...] = SERVERS) -> dict[str, int]:
-    """A distinct loopback port ``p`` for each name such that ``p`` and ``p + 10000`` (its gRPC
-    twin) are free and differ from every other name's pair.
-
-    Every socket stays bound until all are chosen: ports freed one at a time can be handed out
-    again by the next ephemeral bind (a server once got one port for its master and its filer,
-    and exited).
+def free_port_pairs(names: tuple[str, ...] = SERVERS, book: PortBook = PORTS) -> dict[str, int]:
+    """A loopback port ``p`` for each name such that ``p`` and ``p + 10000`` (its gRPC twin) are
+    free; taken from ``book``, which never hands out a port twice (a server once got one port for
+    its master and its filer, and exited), so no pair shares a port with another or with any other
+    server of the process.
     """
-    held: list[socket.socket] = []
     ports: dict[str, int] = {}
-    try:
-        for name in names:
-            for _ in range(200):
-                s = socket.socket()
-                held.append(s)
-                s.bind(("127.0.0.1", 0))
-                port = int(s.getsockname()[1])
-                if port + _GRPC_OFFSET > 65535:
-                    continue
-                twin = socket.socket()
-                held.append(twin)
-                try:
-                    twin.bind(("127.0.0.1", port + _GRPC_OFFSET))
-                except OSError:
-                    continue
+    for name in names:
+        for _ in range(200):
+            port = book.free_port()
+            if port + _GRPC_OFFSET <= 65535 and book.free_port(port + _GRPC_OFFSET) == port + _GRPC_OFFSET:
                 ports[name] = port
                 break
-            else:
-                raise SeaweedUnavailable("no free pair of loopback ports for SeaweedFS")
-    finally:
-        for s in held:
-            s.close()
+        else:
+            raise SeaweedUnavailable("no free pair of loopback ports for SeaweedFS")
     return ports
 
 

@@ -66,7 +66,7 @@ def kernel(monkeypatch: pytest.MonkeyPatch) -> _Kernel:
 def test_the_four_servers_get_distinct_ports_and_grpc_twins_even_when_freed_ports_are_handed_out_again(
     kernel: _Kernel,
 ) -> None:
-    ports = seaweedfs.free_port_pairs()
+    ports = seaweedfs.free_port_pairs(book=peers.PortBook())
     assert set(ports) == {"master", "volume", "filer", "s3"}
     every = list(ports.values()) + [p + 10000 for p in ports.values()]
     assert len(set(every)) == 8, ports

@@ -79,11 +79,13 @@ def _serve(args: argparse.Namespace, out: Output) -> int:
         ready["grpc"] = grpc_door.address
         text += f"; RocketMQ 5 gRPC {grpc_door.address}"
     tune_for_serving()  # started: what start-up made is kept out of every later collection
-    out.emit(ready, f"{text} (store {store.root}); Ctrl-C stops it")
     done = threading.Event()
     if threading.current_thread() is threading.main_thread():
+        # Before the ready line: a supervisor may send SIGTERM as soon as it reads it, and the
+        # default action would end the server without stopping the doors and the broker process.
         signal.signal(signal.SIGTERM, lambda *_: done.set())
     try:
+        out.emit(ready, f"{text} (store {store.root}); Ctrl-C stops it")  # a closed stdout stops it too
         # Waited for in slices: a signal the kernel hands to another thread runs its Python handler
         # (or raises KeyboardInterrupt) only once the main thread runs again, and a wait without a
         # timeout never returned then (a SIGTERM left `mq serve` running until killed).

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from engine import Admin, Store
 from engine.remoting.codes import PullSysFlag, RequestCode, ResponseCode
 from jobs.broker import serve_options
@@ -22,13 +24,15 @@ def test_mq_serve_makes_a_wire_send_pullable_and_stops_on_sigterm(tmp_path: Path
     Admin(Store.open(root)).create_topic("T", 2)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "engine.cli", "--store", str(root), "--json", "serve"]
-    proc = subprocess.Popen(
-        [*cmd, "--namesrv-port", "0", "--broker-port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-    )
+    errors = tmp_path / "serve.err"
+    with errors.open("w") as err:  # a file, not a pipe nobody reads: a full pipe blocks the server
+        proc = subprocess.Popen(
+            [*cmd, "--namesrv-port", "0", "--broker-port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            env=env,
+        )
     try:
         assert proc.stdout is not None
         ready = json.loads(proc.stdout.readline())
@@ -47,8 +51,41 @@ def test_mq_serve_makes_a_wire_send_pullable_and_stops_on_sigterm(tmp_path: Path
         client.close()
     finally:
         proc.send_signal(signal.SIGTERM)
-        code = proc.wait(60)
-    assert code == 0
+        try:
+            code = proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+            raise
+    assert code == 0, errors.read_text()[-3000:]
+
+
+def test_mq_serve_takes_sigterm_as_a_stop_from_the_moment_it_prints_ready(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A supervisor may send SIGTERM the moment it reads the ready line: the handler must already be
+    # there, or the default action ends the server without stopping its doors (CI met it: code -15).
+    from engine.cli.app import main
+    from engine.cli.common import Output
+
+    root = str(tmp_path / "s")
+    at_ready: list[object] = []
+
+    def emit(self: Output, data: object, *rest: object) -> None:
+        at_ready.append(signal.getsignal(signal.SIGTERM))
+        if at_ready[-1] in (signal.SIG_DFL, signal.SIG_IGN, None):
+            raise AssertionError("ready printed before SIGTERM stops the server")
+        signal.raise_signal(signal.SIGTERM)
+
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(Output, "emit", emit)
+    try:
+        code = main(
+            ["--store", root, "serve", "--no-broker-jobs", "--namesrv-port", "0", "--broker-port", "0"]
+        )
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert code == 0 and len(at_ready) == 1
 
 
 def _threads(pid: int) -> list[int]:

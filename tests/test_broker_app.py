@@ -272,29 +272,38 @@ def test_running_broker_serves_sends_until_stopped(spark: Any, store: Store, top
 @pytest.mark.slow
 def test_broker_process_stops_cleanly_on_sigterm(store: Store, tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen(
-        [sys.executable, str(ROOT / "jobs" / "broker.py"), "--store", store.root, "--jobs", "dispatch,index"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    errors = tmp_path / "broker.err"
+    with errors.open("w") as err:  # a file: nobody reads a pipe while the broker starts (Spark logs)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                str(ROOT / "jobs" / "broker.py"),
+                "--store",
+                store.root,
+                "--jobs",
+                "dispatch,index",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
     try:
         deadline = time.monotonic() + 120
         while True:
             statuses = {s.job: s for s in read_statuses(store)}
             if "broker" in statuses and statuses["broker"].state == "running":
                 break
-            assert proc.poll() is None, proc.communicate()[1][-2000:]
+            assert proc.poll() is None, errors.read_text()[-2000:]
             assert time.monotonic() < deadline, "the broker never reported running"
             time.sleep(0.5)
         proc.send_signal(signal.SIGTERM)
-        out, err = proc.communicate(timeout=120)
+        out, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
-    assert proc.returncode == 0, err[-2000:]
+    assert proc.returncode == 0, errors.read_text()[-2000:]
     assert "broker: ran dispatch, index" in out
     assert {s.job: s.state for s in read_statuses(store)}["dispatch"] == STOPPED

@@ -106,10 +106,12 @@ def test_the_sink_stays_exactly_once_when_an_executor_is_killed_mid_write(
     rows = 400
     script = tmp_path / "sink.py"
     script.write_text(_SINK_SCRIPT)
-    job = subprocess.Popen(
-        [sys.executable, str(script), root, spark_cluster.url, str(marks), str(rows), "6"],
-        cwd=ROOT, env=job_env(s3_server, tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    errors = tmp_path / "sink.err"
+    with errors.open("w") as err_file:  # a file: nobody reads a pipe while the job runs (Spark logs)
+        job = subprocess.Popen(
+            [sys.executable, str(script), root, spark_cluster.url, str(marks), str(rows), "6"],
+            cwd=ROOT, env=job_env(s3_server, tmp_path), stdout=subprocess.PIPE, stderr=err_file, text=True,
+        )  # fmt: skip
     killed = None
     try:
         deadline = time.monotonic() + 300
@@ -121,10 +123,11 @@ def test_the_sink_stays_exactly_once_when_an_executor_is_killed_mid_write(
                     os.kill(killed, signal.SIGKILL)  # a task of the write is running: kill its executor
                     break
             time.sleep(0.2)
-        out, err = job.communicate(timeout=600)
+        out, _ = job.communicate(timeout=600)
     finally:
         if job.poll() is None:
             job.kill()
+    err = errors.read_text()
     assert killed is not None, "no executor was running the write: " + err[-3000:]
     assert job.returncode == 0, err[-4000:]
     assert "WROTE" in out, out

@@ -221,18 +221,20 @@ def test_mq_dashboard_prints_its_address_and_token_and_serves(tmp_path: Path) ->
 
     root = str(tmp_path / "mq")
     Admin(Store.open(root)).create_topic("Shown", 1)
-    child = subprocess.Popen(
-        [sys.executable, "-m", "engine.cli", "dashboard", "--port", "0", "--store", root],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    errors = tmp_path / "dashboard.err"
+    with errors.open("w") as err:  # a file, not a pipe nobody reads: a full pipe blocks the server
+        child = subprocess.Popen(
+            [sys.executable, "-m", "engine.cli", "dashboard", "--port", "0", "--store", root],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
     try:
         assert child.stdout is not None
         address = child.stdout.readline()
         token = child.stdout.readline()
         match = re.search(r"http://127\.0\.0\.1:(\d+)/", address)
-        assert match, address + (child.stderr.read() if child.poll() is not None and child.stderr else "")
+        assert match, address + errors.read_text()[-3000:]
         assert re.fullmatch(r"resend token: \S{20,}\n", token)
         with urllib.request.urlopen(match.group(0), timeout=60) as response:
             assert "Shown" in response.read().decode()

@@ -131,17 +131,22 @@ def mq_serve_grpc(root: Path) -> Iterator[str]:
     cmd = [sys.executable, "-m", "engine.cli", "--store", str(root), "--json", "serve", "--grpc"]
     ports = ["--namesrv-port", "0", "--broker-port", "0", "--grpc-port", "0", "--no-broker-jobs"]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [*cmd, *ports], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-    )
+    errors = root.parent / f"{root.name}-serve.err"
+    with errors.open("w") as err:  # a file, not a pipe nobody reads: a full pipe blocks the server
+        proc = subprocess.Popen([*cmd, *ports], stdout=subprocess.PIPE, stderr=err, text=True, env=env)
     try:
         assert proc.stdout is not None
         ready = json.loads(proc.stdout.readline())
         yield ready["grpc"]
     finally:
         proc.send_signal(signal.SIGTERM)
-        code = proc.wait(60)
-    assert code == 0
+        try:
+            code = proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+            raise
+    assert code == 0, errors.read_text()[-3000:]
 
 
 def test_mq_serve_with_grpc_serves_the_official_client_and_stops_on_sigterm(tmp_path: Path) -> None:

@@ -71,6 +71,28 @@ def test_a_direct_append_carries_the_statistics_delta_readers_skip_files_by(stor
     _assert_dense(store)
 
 
+def test_a_file_of_one_row_group_is_written_plain_and_a_larger_one_with_dictionaries_and_statistics(
+    store: Store, topic: str
+) -> None:
+    import pyarrow.parquet as pq
+
+    writer = CommitLogWriter(store)
+    for rows in (direct_append.PLAIN_FILE_ROWS, direct_append.PLAIN_FILE_ROWS + 1):
+        writer.append([_pending(topic, 0, f"m{i}".encode(), "TagA") for i in range(rows)])
+    assert writer.direct
+    files = {}
+    for add in pa.table(DeltaTable(store.uri(schemas.COMMIT_LOG)).get_add_actions(flatten=True)).to_pylist():
+        meta = pq.ParquetFile(os.path.join(store.uri(schemas.COMMIT_LOG), add["path"])).metadata
+        files[add["num_records"]] = [meta.row_group(g).column(c) for g in range(meta.num_row_groups)
+                                     for c in range(meta.num_columns)]  # fmt: skip
+    plain, encoded = files[direct_append.PLAIN_FILE_ROWS], files[direct_append.PLAIN_FILE_ROWS + 1]
+    assert not any(c.is_stats_set or c.has_dictionary_page for c in plain)  # the add's stats suffice
+    topics = [c for c in encoded if c.path_in_schema == "topic"]
+    assert len(topics) == 2 and all(c.is_stats_set and c.has_dictionary_page for c in topics)  # 2 groups
+    assert not any(c.is_stats_set for c in encoded if c.path_in_schema == "body")
+    _assert_dense(store)
+
+
 def test_file_stats_count_nulls_and_leave_out_long_strings_and_nested_columns() -> None:
     rows = pa.table(
         {

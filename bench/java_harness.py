@@ -289,6 +289,11 @@ class Scenario:
         for line in self.proc.stderr:
             self._stderr.append(line)
 
+    def count(self, kind: str) -> int:
+        """How many events of ``kind`` the scenario has printed so far."""
+        with self._seen:
+            return sum(1 for e in self.events if e.get("event") == kind)
+
     def wait_for(self, kind: str, timeout_s: float = 120) -> dict[str, Any]:
         """The first event of ``kind``, waiting for it; raises HarnessError if the scenario ends first."""
         deadline = time.monotonic() + timeout_s

@@ -91,6 +91,11 @@ class LakemqServer:
         self.broker_port = broker_port
         return self
 
+    @property
+    def pids(self) -> list[int]:
+        """The server's process (its broker process descends from it); empty when not running."""
+        return [] if self._proc is None else [self._proc.pid]
+
     def output(self) -> str:
         """What the server printed so far."""
         return self.log.read_text(errors="replace") if self.log.exists() else ""

@@ -6,6 +6,8 @@ import os
 import platform
 import subprocess
 import time
+from collections import defaultdict
+from collections.abc import Iterable
 from importlib import metadata
 from typing import Any
 
@@ -49,6 +51,59 @@ def settle_disk() -> float:
     began = time.monotonic()
     os.sync()
     return time.monotonic() - began
+
+
+def _stat_fields(pid: int) -> list[str]:
+    """The fields of ``/proc/<pid>/stat`` after the command name (raises OSError once it is gone)."""
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()
+
+
+def process_tree(pids: Iterable[int]) -> list[int]:
+    """``pids`` and every live process descending from them."""
+    children: dict[int, list[int]] = defaultdict(list)
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                children[int(_stat_fields(int(entry))[1])].append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    out: list[int] = []
+    todo = list(pids)
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo.extend(children.get(pid, ()))
+    return out
+
+
+_TICKS_S = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pids: Iterable[int]) -> float | None:
+    """CPU time (user and system, every thread, and children already waited for) spent so far by
+    the processes ``pids`` and their live descendants; None when one of ``pids`` is gone."""
+    roots = list(pids)
+    total = 0
+    for pid in process_tree(roots):
+        try:
+            fields = _stat_fields(pid)
+        except OSError:
+            if pid in roots:
+                return None
+            continue  # a descendant that ended meanwhile: its time is its parent's once waited for
+        # utime, stime, cutime, cstime: fields 14-17 of stat, 12-15 after the command name
+        total += sum(int(v) for v in fields[11:15])
+    return total / _TICKS_S
+
+
+def machine_cpu_seconds() -> tuple[float, float]:
+    """CPU time the whole machine has been busy so far, summed over its cores (user, nice, system,
+    interrupts), and the time the hypervisor gave its cores to other machines (steal), in seconds."""
+    with open("/proc/stat") as f:
+        fields = [int(v) for v in f.readline().split()[1:9]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields
+    return (user + nice + system + irq + softirq) / _TICKS_S, steal / _TICKS_S
 
 
 def machine() -> dict[str, Any]:

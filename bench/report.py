@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.stats import is_available, ratio
+from bench.stats import cpu_ceiling, is_available, ratio
 from bench.workloads import BARE, OURS, PYTHON_API, REDIS, ROCKETMQ, ROCKETMQ5, SYSTEMS
 from bench.workloads.object_store import INJECTED, INJECTED_RTT_MS, SHARDS
 
@@ -471,7 +471,56 @@ def rocketmq_section(results: Mapping[str, Any]) -> list[str]:
     for workload in compared:
         ours, theirs = _measured_cell(workload, OURS), _measured_cell(workload, ROCKETMQ)
         out.append(f"| {workload['title']} | {ours} | {theirs} | {_ratio_cell(workload, ROCKETMQ)} |")
-    return [*out, ""]
+    return [*out, "", *wire_cpu_lines(compared, int(results["machine"].get("cores") or 1))]
+
+
+def _cpu_row(title: str, system: str, measure: Mapping[str, Any] | None, cores: int, vs: str) -> str | None:
+    """A wire phase's CPU per 1,000 messages for one system; None when it carries none."""
+    if measure is None or "server_cpu_ms_1k" not in measure:
+        return None
+
+    def ms(key: str) -> str:
+        value = measure.get(key)
+        return "—" if value is None else f"{value:,.1f}"
+
+    server, client = measure.get("server_cpu_ms_1k"), measure.get("client_cpu_ms_1k")
+    ceiling = "—" if client is None else f"{cpu_ceiling(server, client, cores):,.0f}"
+    return (
+        f"| {title} | {system} | {ms('server_cpu_ms_1k')} | {ms('client_cpu_ms_1k')} | "
+        f"{ms('others_cpu_ms_1k')} | {ms('steal_ms_1k')} | {ceiling} | {measure.get('msg_s', 0):,} | {vs} |"
+    )
+
+
+def wire_cpu_lines(workloads: Sequence[Mapping[str, Any]], cores: int) -> list[str]:
+    """What each wire phase cost in CPU per 1,000 messages, lakemq's run and RocketMQ's: the server,
+    its client, the rest of the machine and the hypervisor's steal, with the rate the server's and
+    the client's CPU leave room for on this machine's cores (the ceiling) beside the rate measured;
+    empty when no workload carries CPU figures."""
+    rows = []
+    for workload in workloads:
+        ours, theirs = workload["systems"].get(OURS), workload["systems"].get(ROCKETMQ)
+        vs = "—"
+        if ours and theirs and ours.get("server_cpu_ms_1k") and theirs.get("server_cpu_ms_1k"):
+            vs = f"{ours['server_cpu_ms_1k'] / theirs['server_cpu_ms_1k']:.1f}x"
+        for system, measure, versus in ((OURS, ours, vs), (ROCKETMQ, theirs, "")):
+            row = _cpu_row(workload["title"], system, measure, cores, versus)
+            if row is not None:
+                rows.append(row)
+    if not rows:
+        return []
+    return [
+        "CPU per 1,000 messages, in ms (user and system time of every thread; server: `mq serve` with its "
+        "broker process, or RocketMQ's name server and broker; client: the Java client's JVM, the sync "
+        "phase counted from its start; rest: everything else the machine ran meanwhile; steal: what the "
+        f"hypervisor gave to other machines). Client and server share this machine's {cores} cores, so a "
+        f"phase cannot run faster than {cores} x 1,000,000 / (server + client) msg/s: the ceiling.",
+        "",
+        "| phase | system | server | client | rest | steal | ceiling msg/s | measured msg/s | "
+        "server CPU vs RocketMQ's |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        *rows,
+        "",
+    ]
 
 
 GRPC_WORKLOADS = ("grpc_send", "grpc_send_rate", "grpc_receive_ack")

@@ -72,6 +72,11 @@ class RocketMQPeer:
         self.version = ""
         self._procs: list[subprocess.Popen[bytes]] = []
 
+    @property
+    def pids(self) -> list[int]:
+        """The name server's and the broker's processes (JVMs) started so far."""
+        return [p.pid for p in self._procs]
+
     def classpath(self) -> str:
         """The class path of the servers and of ``mqadmin`` (rocketmq-tools comes with the broker)."""
         return peer_classpath()

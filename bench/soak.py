@@ -37,6 +37,7 @@ from deltalake import DeltaTable  # noqa: E402
 from rich.console import Console  # noqa: E402
 
 from bench import report, soak_workers  # noqa: E402
+from bench.machine import process_tree  # noqa: E402
 from bench.workloads.flow import Broker  # noqa: E402
 from engine import Admin, Store  # noqa: E402
 
@@ -52,19 +53,8 @@ MAINTENANCE_INTERVAL_S = 300.0  # the broker's maintenance job: a pass every 5 m
 
 def rss_mib(pid: int) -> float:
     """Resident memory of ``pid`` and all its descendants (the broker's JVM), in MiB."""
-    children: dict[int, list[int]] = defaultdict(list)
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-                children[ppid].append(int(entry))
-            except (OSError, IndexError, ValueError):
-                continue
-    total, todo = 0, [pid]
-    while todo:
-        p = todo.pop()
-        todo.extend(children.get(p, ()))
+    total = 0
+    for p in process_tree([pid]):
         try:
             with open(f"/proc/{p}/status") as f:
                 for line in f:

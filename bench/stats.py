@@ -98,3 +98,10 @@ def ratio(ours: Mapping[str, Any], peer: Mapping[str, Any] | None) -> float | No
     if a is None or b is None or b == 0:
         return None
     return a / b
+
+
+def cpu_ceiling(server_ms_1k: float, client_ms_1k: float, cores: int) -> float:
+    """The highest rate (msg/s) at which a server and a client spending so much CPU per 1,000
+    messages could run on ``cores`` cores, busy all the time."""
+    spent = server_ms_1k + client_ms_1k
+    return cores * 1_000_000 / spent if spent > 0 else float("inf")

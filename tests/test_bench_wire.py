@@ -6,18 +6,23 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from bench.java_harness import HarnessError, ScenarioRun, options, sources_hash
+from bench.java_harness import HarnessError, ScenarioRun, harness_classpath, options, sources_hash
+from bench.lakemq_server import LakemqServer
+from bench.machine import cpu_seconds, machine_cpu_seconds, process_tree
 from bench.peers import stop_process_group
-from bench.report import render, rocketmq_section
+from bench.report import render, rocketmq_section, wire_cpu_lines
 from bench.rocketmq_peer import broker_port
+from bench.stats import cpu_ceiling
 from bench.workloads import OURS, ROCKETMQ
-from bench.workloads.wire import WORKLOADS, measures
+from bench.workloads.wire import WORKLOADS, CpuMark, measures, run_with_cpu
+from engine import Admin, Store
 
 
 def phases(consumed: int = 1050, failures: int = 0) -> list[dict[str, Any]]:
@@ -43,6 +48,115 @@ def test_measures_say_how_many_messages_the_consumer_never_saw_and_how_many_send
     got = measures(phases(consumed=1050, failures=3))
     assert got["wire_consume"]["missing"] == 4
     assert got["wire_sync"]["failures"] == got["wire_batch"]["failures"] == 3
+
+
+def test_measures_carry_each_phases_cpu_per_thousand_messages_for_the_sides_read_at_both_ends() -> None:
+    # marks: CPU seconds (server, client, machine, steal) at the scenario's start, at the end of its
+    # warm-up and at each phase's end; none at the batch's end
+    marks = {
+        0: CpuMark(0.0, 0.0, 0.0, 0.0),
+        1: CpuMark(1.0, 2.0, 10.0, 0.5),
+        2: CpuMark(1.02, 2.5, 10.6, 0.504),
+        4: CpuMark(3.0, None, 20.0, 1.0),
+    }
+    got = measures(phases(consumed=1054), marks)
+    assert got["wire_sync_rate"]["server_cpu_ms_1k"] == 5000.0  # 20 ms over 4 messages
+    assert got["wire_sync_rate"]["client_cpu_ms_1k"] == 125000.0
+    assert got["wire_sync_rate"]["others_cpu_ms_1k"] == 20000.0  # 600 ms busy, 520 of them theirs
+    assert got["wire_sync_rate"]["steal_ms_1k"] == 1000.0
+    assert "server_cpu_ms_1k" not in got["wire_batch"]  # its end was not read
+    assert "server_cpu_ms_1k" not in got["wire_consume"]  # nor its start
+    assert "server_cpu_ms_1k" not in got["wire_sync"]  # a latency carries none
+    client_gone = measures(phases(), {1: CpuMark(1.0, 2.0, 3.0, 0.0), 2: CpuMark(1.5, None, 4.0, 0.0)})
+    assert set(client_gone["wire_sync_rate"]) - {"msg_s", "n", "seconds"} == {
+        "server_cpu_ms_1k",
+        "steal_ms_1k",
+    }
+    assert "server_cpu_ms_1k" not in measures(phases())["wire_batch"]  # no marks at all
+
+
+def test_the_cpu_ceiling_is_the_rate_at_which_the_cores_would_be_busy_all_the_time() -> None:
+    assert cpu_ceiling(150.0, 50.0, 2) == 10_000
+    assert cpu_ceiling(30.0, 20.0, 1) == 20_000
+    assert cpu_ceiling(0.0, 0.0, 2) == float("inf")
+
+
+def test_the_wire_cpu_table_puts_each_phase_of_both_systems_beside_its_ceiling() -> None:
+    ours = {"msg_s": 9000, "server_cpu_ms_1k": 150.0, "client_cpu_ms_1k": 50.0, "others_cpu_ms_1k": 3.0,
+            "steal_ms_1k": 0.5}  # fmt: skip
+    theirs = {"msg_s": 30000, "server_cpu_ms_1k": 25.0, "client_cpu_ms_1k": 25.0, "others_cpu_ms_1k": 1.0,
+              "steal_ms_1k": 0.0}  # fmt: skip
+    batch = {"id": "wire_batch", "title": "batches", "kind": "rate", "notes": [],
+             "systems": {OURS: ours, ROCKETMQ: theirs}}  # fmt: skip
+    half = {"id": "wire_consume", "title": "consume", "kind": "rate", "notes": [],
+            "systems": {OURS: {"msg_s": 1, "server_cpu_ms_1k": 10.0, "steal_ms_1k": 0.0},
+                        ROCKETMQ: {"unavailable": "did not start"}}}  # fmt: skip
+    lines = wire_cpu_lines([batch, half], 2)
+    assert f"| batches | {OURS} | 150.0 | 50.0 | 3.0 | 0.5 | 10,000 | 9,000 | 6.0x |" in lines
+    assert f"| batches | {ROCKETMQ} | 25.0 | 25.0 | 1.0 | 0.0 | 40,000 | 30,000 |  |" in lines
+    assert f"| consume | {OURS} | 10.0 | — | — | 0.0 | — | 1 | — |" in lines  # its client was not read
+    assert not [line for line in lines if line.startswith(f"| consume | {ROCKETMQ}")]
+    assert "2 cores" in lines[0]
+    plain = {**batch, "systems": {OURS: {"msg_s": 9000}, ROCKETMQ: {"msg_s": 30000}}}
+    assert wire_cpu_lines([plain], 2) == []
+    assert f"| batches | {OURS} | 150.0" in "\n".join(rocketmq_section(_results([batch])))
+
+
+_BURN = """
+import os, subprocess, sys, time
+if sys.argv[1] == "parent":
+    child = subprocess.Popen([sys.executable, "-c", __doc__, "child"])
+while time.thread_time() < 0.4:
+    pass
+print("burnt", flush=True)
+time.sleep(60)
+"""
+
+
+def test_cpu_seconds_count_a_process_and_its_descendants_and_none_once_it_is_gone() -> None:
+    script = f'"""{_BURN}"""\n{_BURN}'
+    busy, steal = machine_cpu_seconds()
+    parent = subprocess.Popen([sys.executable, "-c", script, "parent"], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None
+        assert parent.stdout.readline() == "burnt\n" and parent.stdout.readline() == "burnt\n"
+        tree = process_tree([parent.pid])
+        assert len(tree) == 2 and tree[0] == parent.pid
+        alone = cpu_seconds([tree[1]])
+        both = cpu_seconds([parent.pid])
+        assert alone is not None and both is not None
+        assert alone >= 0.39 and both >= alone + 0.39  # each burnt 0.4 s of its own CPU, measured by itself
+        busy_after, steal_after = machine_cpu_seconds()
+        # the machine was busy with them at least (its count is sampled at ticks: a few may differ)
+        assert busy_after - busy >= both - 0.1 and steal_after >= steal
+    finally:
+        for pid in process_tree([parent.pid])[::-1]:
+            os.kill(pid, 9)
+        parent.wait(10)
+    assert cpu_seconds([parent.pid]) is None
+
+
+@pytest.mark.slow
+def test_a_bench_run_against_mq_serve_reads_the_cpu_of_the_server_and_the_client_at_each_phase(
+    tmp_path: Path,
+) -> None:
+    root = tmp_path / "store"
+    Admin(Store.open(root)).create_topic("CpuBench", 2)
+    with LakemqServer(root, tmp_path / "serve.log") as server:
+        assert server.namesrv, server.why
+        run, marks = run_with_cpu(
+            harness_classpath(), tmp_path / "client", server.pids, 300, namesrv=server.namesrv,
+            topic="CpuBench", group="CpuBenchGroup", threads=2, sync_messages=40, batch_messages=320,
+            batch_size=32, body_bytes=128, consume_timeout_ms=120_000,
+        )  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert sorted(marks)[:3] == [0, 1, 2]  # the start, the sync and the batch phases' ends at least
+    servers = [m.server for m in marks.values()]
+    assert all(s is not None for s in servers) and servers == sorted(servers)  # type: ignore[type-var]
+    got = measures(list(run.events), marks)
+    for workload in ("wire_sync_rate", "wire_batch"):
+        assert got[workload]["server_cpu_ms_1k"] > 0 and got[workload]["client_cpu_ms_1k"] > 0
+        assert got[workload]["others_cpu_ms_1k"] >= 0 and got[workload]["steal_ms_1k"] >= 0
 
 
 def test_measures_of_an_incomplete_run_are_unavailable_not_zero() -> None:

@@ -10,16 +10,25 @@ share the CPU; before each, what the page cache holds dirty is written back
 
 * ``wire_sync``: latency of one synchronous send; ``wire_sync_rate``: those sends' throughput;
 * ``wire_batch``: batched sends' throughput; ``wire_consume``: the push consumer's throughput.
+
+Each phase's CPU time per 1,000 messages is kept beside its rate, for the server (``mq serve`` and
+its broker process; RocketMQ's name server and broker) and for the client's JVM: the client and the
+server share the machine's cores, so what a message costs them bounds the rate either can reach,
+whatever the machine's speed that day (:func:`bench.stats.cpu_ceiling`). So is what everything else
+on the machine spent meanwhile, and what the hypervisor took from its cores (steal): a phase that
+ran slower than its CPU says was slowed by them.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
-from bench.java_harness import HarnessError, harness_classpath, run_scenario
+from bench.java_harness import HarnessError, ScenarioRun, harness_classpath, start_scenario
 from bench.lakemq_server import LakemqServer
-from bench.machine import settle_disk
+from bench.machine import cpu_seconds, machine_cpu_seconds, settle_disk
 from bench.rocketmq_peer import RocketMQPeer
 from bench.stats import Measure, latency, rate, unavailable
 from bench.workloads import OURS, ROCKETMQ, Context
@@ -38,9 +47,56 @@ WORKLOADS = (
 )
 
 
-def measures(events: list[dict[str, Any]]) -> dict[str, Measure]:
-    """The four measures of one system from the bench scenario's ``phase`` events."""
-    phases = {e["phase"]: e for e in events if e.get("event") == "phase"}
+PHASE_RATES = {"sync": "wire_sync_rate", "batch": "wire_batch", "consume": "wire_consume"}
+"""Each phase of the scenario and the workload that carries its rate (and its CPU)."""
+
+CPU_POLL_S = 0.01
+"""How often the run looks for the end of a phase, to read the CPU time spent until then."""
+
+
+class CpuMark(NamedTuple):
+    """CPU seconds spent so far by the server's processes and by the client's (None: not readable),
+    by the whole machine, and taken from it by the hypervisor (:func:`machine_cpu_seconds`)."""
+
+    server: float | None
+    client: float | None
+    machine: float
+    steal: float
+
+
+def cpu_mark(server_pids: Sequence[int], client_pids: Sequence[int]) -> CpuMark:
+    """The CPU spent so far by the server, the client and the machine."""
+    return CpuMark(cpu_seconds(server_pids), cpu_seconds(client_pids), *machine_cpu_seconds())
+
+
+def _cpu_per_1k(before: CpuMark | None, after: CpuMark | None, messages: int) -> dict[str, float]:
+    """The CPU per 1,000 messages between two marks: the server's and the client's when read at
+    both, the rest of the machine's (everything else that ran meanwhile) when both were, and the
+    time the hypervisor stole."""
+    if before is None or after is None or messages <= 0:
+        return {}
+
+    def per_1k(seconds: float) -> float:
+        return round(seconds * 1_000_000 / messages, 1)
+
+    out: dict[str, float] = {"steal_ms_1k": per_1k(after.steal - before.steal)}
+    spent = {}
+    for side in ("server", "client"):
+        start, end = getattr(before, side), getattr(after, side)
+        if start is not None and end is not None:
+            spent[side] = end - start
+            out[f"{side}_cpu_ms_1k"] = per_1k(spent[side])
+    if len(spent) == 2:
+        out["others_cpu_ms_1k"] = per_1k(max(after.machine - before.machine - sum(spent.values()), 0.0))
+    return out
+
+
+def measures(events: list[dict[str, Any]], cpu: Mapping[int, CpuMark] | None = None) -> dict[str, Measure]:
+    """The four measures of one system from the bench scenario's ``phase`` events; ``cpu`` holds
+    the CPU read at the scenario's start (0), once its warm-up is done and the first phase starts
+    (1), and at the end of each phase (2, 3, …): :func:`run_with_cpu`'s marks."""
+    phase_events = [e for e in events if e.get("event") == "phase"]
+    phases = {e["phase"]: e for e in phase_events}
     out: dict[str, Measure] = {}
     sync, batch, consume = phases.get("sync"), phases.get("batch"), phases.get("consume")
     if sync is None or batch is None or consume is None:
@@ -51,6 +107,10 @@ def measures(events: list[dict[str, Any]]) -> dict[str, Measure]:
     out["wire_sync_rate"] = rate(sync["messages"], sync["seconds"])
     out["wire_batch"] = rate(batch["messages"], batch["seconds"])
     out["wire_consume"] = rate(consume["messages"], consume["seconds"])
+    for index, event in enumerate(phase_events, start=1):
+        workload = PHASE_RATES.get(event["phase"])
+        if workload is not None and cpu is not None:
+            out[workload].update(_cpu_per_1k(cpu.get(index), cpu.get(index + 1), event["messages"]))
     missing = consume["expected"] - consume["messages"]
     if missing > 0:
         out["wire_consume"]["missing"] = missing
@@ -60,16 +120,36 @@ def measures(events: list[dict[str, Any]]) -> dict[str, Measure]:
     return out
 
 
-def _bench(ctx: Context, classpath: str, namesrv: str, log_dir: Path) -> dict[str, Measure]:
+def run_with_cpu(
+    classpath: str, log_dir: Path, server_pids: Sequence[int], timeout_s: float, **opts: object
+) -> tuple[ScenarioRun, dict[int, CpuMark]]:
+    """Run the ``bench`` scenario, reading the CPU of the server's processes and of the client at
+    its start (mark 0), at the end of its warm-up (mark 1, its ``warm`` event) and as each phase
+    ends (mark n + 1 at the n-th ``phase`` event)."""
+    scenario = start_scenario(classpath, log_dir, "bench", **opts)
+    client = [scenario.proc.pid]
+    marks = {0: cpu_mark(server_pids, client)}
+    deadline = time.monotonic() + timeout_s
+    while scenario.proc.poll() is None and time.monotonic() < deadline:
+        ended = scenario.count("warm") + scenario.count("phase")
+        if ended not in marks:  # (two ends within one poll: the first has no mark)
+            marks[ended] = cpu_mark(server_pids, client)
+        time.sleep(CPU_POLL_S)
+    return scenario.finish(max(deadline - time.monotonic(), 1)), marks
+
+
+def _bench(
+    ctx: Context, classpath: str, namesrv: str, log_dir: Path, server_pids: Sequence[int]
+) -> dict[str, Measure]:
     s = ctx.sizes
-    run = run_scenario(
-        classpath, log_dir, "bench", timeout_s=1800, namesrv=namesrv, topic=TOPIC, group=GROUP,
+    run, cpu = run_with_cpu(
+        classpath, log_dir, server_pids, 1800, namesrv=namesrv, topic=TOPIC, group=GROUP,
         threads=s.wire_threads, sync_messages=s.wire_sync_messages, batch_messages=s.wire_batch_messages,
         batch_size=BATCH, body_bytes=s.body_bytes, consume_timeout_ms=600_000,
     )  # fmt: skip
     if run.returncode != 0:
         raise HarnessError(f"bench scenario exit code {run.returncode}: {run.stderr[-2000:]}")
-    return measures(list(run.events))
+    return measures(list(run.events), cpu)
 
 
 def _rocketmq(ctx: Context, classpath: str) -> tuple[dict[str, Measure], str]:
@@ -78,7 +158,8 @@ def _rocketmq(ctx: Context, classpath: str) -> tuple[dict[str, Measure], str]:
             return {w[0]: unavailable(f"RocketMQ did not start: {peer.why[:200]}") for w in WORKLOADS}, ""
         try:
             peer.create_topic(TOPIC, QUEUES)
-            return _bench(ctx, classpath, peer.namesrv, ctx.workdir / "rocketmq-client"), peer.version
+            measured = _bench(ctx, classpath, peer.namesrv, ctx.workdir / "rocketmq-client", peer.pids)
+            return measured, peer.version
         except HarnessError as exc:
             return {
                 w[0]: unavailable(f"RocketMQ run failed: {str(exc)[:200]}") for w in WORKLOADS
@@ -91,7 +172,7 @@ def _lakemq(ctx: Context, classpath: str) -> dict[str, Measure]:
     with LakemqServer(root, ctx.workdir / "wire-serve.log") as server:
         if not server.namesrv:
             raise HarnessError(server.why)
-        return _bench(ctx, classpath, server.namesrv, ctx.workdir / "lakemq-client")
+        return _bench(ctx, classpath, server.namesrv, ctx.workdir / "lakemq-client", server.pids)
 
 
 def wire(ctx: Context) -> list[dict[str, Any]]:

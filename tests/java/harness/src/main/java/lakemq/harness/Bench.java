@@ -83,6 +83,8 @@ final class Bench {
             }
         }
         long sent = warmup;
+        Out.emit("event", "warm", "messages", warmup); // the measured phases start now
+
 
         ConcurrentLinkedQueue<Double> latencies = new ConcurrentLinkedQueue<>();
         AtomicLong failures = new AtomicLong();

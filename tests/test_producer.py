@@ -421,11 +421,24 @@ def test_a_bad_lock_wait_is_a_typed_error(store: Store, bad: object) -> None:
         Producer(store, lock_wait_s=bad)  # type: ignore[arg-type]
 
 
-def test_the_lock_wait_reaches_every_shards_writer(tmp_path: Path) -> None:
+def test_the_lock_wait_reaches_every_shards_writer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import engine.store.commit_log.writer as writer_module
+
+    made: dict[str, float | None] = {}
+    real = writer_module.writers_host_lock
+
+    def spy(store: Store, table: str, **options: Any) -> Any:
+        lock = real(store, table, **options)
+        made[table] = None if lock is None else lock.wait_s
+        return lock
+
+    monkeypatch.setattr(writer_module, "writers_host_lock", spy)
     store = Store.open(tmp_path / "sharded", config=load_config(commit_log_shards=2))
+    Admin(store).create_topic("Sharded", 4)
     with Producer(store, lock_wait_s=0.25) as p:
-        locks = [p._writer.writer(shard)._host_lock for shard in range(2)]
-    assert [lock.wait_s if lock is not None else None for lock in locks] == [0.25, 0.25]
+        for queue_id in range(4):  # queues of both shards
+            p.send(Message("Sharded", b"x"), queue_id=queue_id)
+    assert made == {"commit_log": 0.25, "commit_log_1": 0.25}
 
 
 def test_commit_groups_commits_every_group_in_one_commit_and_answers_each_in_order(

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
 import subprocess
 import sys
 import time
@@ -30,6 +28,7 @@ from engine.protocol.names import PROPERTY_REAL_TOPIC, PROPERTY_TIMER_DELIVER_MS
 from engine.store import schemas
 from tests.grpc.official_client import run as client
 from tests.grpc.official_client import start
+from tests.serve_process import mq_serve
 
 
 def test_the_official_producer_sends_and_its_simple_consumer_receives_and_acks(door: GrpcServer) -> None:
@@ -128,25 +127,9 @@ def test_a_client_that_shuts_down_leaves_no_consumer_behind(door: GrpcServer) ->
 def mq_serve_grpc(root: Path) -> Iterator[str]:
     """``mq serve --grpc`` on free ports over the store at ``root``; its gRPC address. Stopped with
     SIGTERM after, and it must exit 0."""
-    cmd = [sys.executable, "-m", "engine.cli", "--store", str(root), "--json", "serve", "--grpc"]
-    ports = ["--namesrv-port", "0", "--broker-port", "0", "--grpc-port", "0", "--no-broker-jobs"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    errors = root.parent / f"{root.name}-serve.err"
-    with errors.open("w") as err:  # a file, not a pipe nobody reads: a full pipe blocks the server
-        proc = subprocess.Popen([*cmd, *ports], stdout=subprocess.PIPE, stderr=err, text=True, env=env)
-    try:
-        assert proc.stdout is not None
-        ready = json.loads(proc.stdout.readline())
+    ports = ("--namesrv-port", "0", "--broker-port", "0", "--grpc-port", "0", "--no-broker-jobs")
+    with mq_serve(root, "--grpc", *ports, errors=root.parent / f"{root.name}-serve.err") as (_, ready):
         yield ready["grpc"]
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            code = proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-            raise
-    assert code == 0, errors.read_text()[-3000:]
 
 
 def test_mq_serve_with_grpc_serves_the_official_client_and_stops_on_sigterm(tmp_path: Path) -> None:

@@ -5,11 +5,6 @@ get an error answer; nothing breaks the server or writes a table."""
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,6 +28,7 @@ from engine.store.action_log import read_actions
 from engine.store.store import now_ms
 from tests.qmq.qmq_client import QmqWire, locate, register
 from tests.remoting.wire_client import WireClient
+from tests.serve_process import mq_serve
 
 
 @pytest.fixture
@@ -198,35 +194,15 @@ def test_a_bad_frame_closes_its_connection_and_the_server_serves_on(
 def test_mq_serve_with_qmq_answers_the_locator_and_stops_on_sigterm(tmp_path: Path) -> None:
     root = tmp_path / "served"
     Admin(Store.open(root)).create_topic("orders", 1)
-    cmd = [sys.executable, "-m", "engine.cli", "--store", str(root), "--json", "serve", "--qmq"]
     ports = ["--namesrv-port", "0", "--broker-port", "0", "--qmq-http-port", "0"]
     ports += ["--qmq-meta-port", "0", "--qmq-broker-port", "0"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    # stderr to a file: a pipe nobody reads fills up and blocks the server (and its broker process)
-    # in a write; the file says what it printed if it does not stop
-    errors = tmp_path / "serve.err"
-    with errors.open("w") as err:
-        proc = subprocess.Popen([*cmd, *ports], stdout=subprocess.PIPE, stderr=err, text=True, env=env)
-    try:
-        assert proc.stdout is not None
-        ready = json.loads(proc.stdout.readline())
+    with mq_serve(root, "--qmq", *ports, errors=tmp_path / "serve.err") as (_, ready):
         assert ready["qmq_meta_server"].startswith("http://127.0.0.1:")
         assert locate(ready["qmq_meta_server"]) == ready["qmq_meta"]
         with QmqWire(ready["qmq_broker"]) as wire:
             body = codec.encode_send_messages([qmq_message("orders", 0)])
             answer = wire.request(codec.Code.SEND_MESSAGE, body)
         assert codec.decode_send_results(answer.body) == [("id-0", codec.ProducerCode.SUCCESS, "")]
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            code = proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-            pytest.fail(
-                f"mq serve did not stop within 60 s of SIGTERM; its stderr: {errors.read_text()[-3000:]}"
-            )
-    assert code == 0, errors.read_text()[-3000:]
 
 
 def pull_after(wire: QmqWire, consumer: str, last: int, n: int = 10) -> tuple[int, list[str]]:

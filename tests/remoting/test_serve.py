@@ -4,11 +4,8 @@ becomes pullable without starting anything else) and ``jobs/broker.py --serve``'
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -17,25 +14,14 @@ from engine import Admin, Store
 from engine.remoting.codes import PullSysFlag, RequestCode, ResponseCode
 from jobs.broker import serve_options
 from tests.remoting.wire_client import WireClient
+from tests.serve_process import STOP_WAIT_S, mq_serve
 
 
 def test_mq_serve_makes_a_wire_send_pullable_and_stops_on_sigterm(tmp_path: Path) -> None:
     root = tmp_path / "served"
     Admin(Store.open(root)).create_topic("T", 2)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "engine.cli", "--store", str(root), "--json", "serve"]
-    errors = tmp_path / "serve.err"
-    with errors.open("w") as err:  # a file, not a pipe nobody reads: a full pipe blocks the server
-        proc = subprocess.Popen(
-            [*cmd, "--namesrv-port", "0", "--broker-port", "0"],
-            stdout=subprocess.PIPE,
-            stderr=err,
-            text=True,
-            env=env,
-        )
-    try:
-        assert proc.stdout is not None
-        ready = json.loads(proc.stdout.readline())
+    ports = ("--namesrv-port", "0", "--broker-port", "0")
+    with mq_serve(root, *ports, errors=tmp_path / "serve.err") as (_, ready):
         assert ready["broker_jobs"] is True and ready["namesrv"].startswith("127.0.0.1:")
         namesrv = WireClient(ready["namesrv"])
         assert namesrv.call(RequestCode.GET_ROUTEINFO_BY_TOPIC, {"topic": "T"}).code == ResponseCode.SUCCESS
@@ -49,15 +35,6 @@ def test_mq_serve_makes_a_wire_send_pullable_and_stops_on_sigterm(tmp_path: Path
             response, messages = client.pull("G", "T", 1, 0, sys_flag=flags, suspend_ms=20_000, timeout=60)
         assert response.code == ResponseCode.SUCCESS and [m.body for m in messages] == [b"served"]
         client.close()
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            code = proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-            raise
-    assert code == 0, errors.read_text()[-3000:]
 
 
 def test_mq_serve_takes_sigterm_as_a_stop_from_the_moment_it_prints_ready(
@@ -103,22 +80,11 @@ def test_mq_serve_stops_on_a_sigterm_that_another_of_its_threads_takes(tmp_path:
     # the main thread, which a wait without a timeout never woke: the server ran on, unstopped.
     root = tmp_path / "served"
     Admin(Store.open(root)).create_topic("T", 1)
-    cmd = [sys.executable, "-m", "engine.cli", "--store", str(root), "--json", "serve", "--no-broker-jobs"]
-    errors = tmp_path / "serve.err"
-    with errors.open("w") as err:
-        proc = subprocess.Popen(
-            [*cmd, "--namesrv-port", "0", "--broker-port", "0"], stdout=subprocess.PIPE, stderr=err, text=True
-        )
-    try:
-        assert proc.stdout is not None
-        json.loads(proc.stdout.readline())
+    options = ("--no-broker-jobs", "--namesrv-port", "0", "--broker-port", "0")
+    with mq_serve(root, *options, errors=tmp_path / "serve.err") as (proc, _):
         tid = next(t for t in _threads(proc.pid) if t != proc.pid and not _blocks(t, signal.SIGTERM))
         assert ctypes.CDLL(None, use_errno=True).tgkill(proc.pid, tid, signal.SIGTERM) == 0
-        assert proc.wait(60) == 0, errors.read_text()[-3000:]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        proc.wait(STOP_WAIT_S)  # stopped by the signal above (mq_serve sends none then), with code 0
 
 
 def test_broker_app_serve_options_are_split_off_and_store_kept() -> None:

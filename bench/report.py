@@ -510,10 +510,11 @@ def wire_cpu_lines(workloads: Sequence[Mapping[str, Any]], cores: int) -> list[s
         return []
     return [
         "CPU per 1,000 messages, in ms (user and system time of every thread; server: `mq serve` with its "
-        "broker process, or RocketMQ's name server and broker; client: the Java client's JVM, the sync "
-        "phase counted from its start; rest: everything else the machine ran meanwhile; steal: what the "
-        f"hypervisor gave to other machines). Client and server share this machine's {cores} cores, so a "
-        f"phase cannot run faster than {cores} x 1,000,000 / (server + client) msg/s: the ceiling.",
+        "broker process, or RocketMQ's name server and broker; client: the Java client's JVM; each phase "
+        "from its own start, the client's warm-up left out; rest: everything else the machine ran "
+        "meanwhile; steal: what the hypervisor gave to other machines). Client and server share this "
+        f"machine's {cores} cores, so a phase cannot run faster than {cores} x 1,000,000 / (server + client) "
+        "msg/s: the ceiling.",
         "",
         "| phase | system | server | client | rest | steal | ceiling msg/s | measured msg/s | "
         "server CPU vs RocketMQ's |",

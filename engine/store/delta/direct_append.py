@@ -213,7 +213,8 @@ def direct_appender(
 
 
 SMALL_FILE_ROWS = 64
-"""Data files of fewer rows are made in memory and written in one call (:meth:`LocalLogObjects.write_data`)."""
+"""Data files of fewer rows are made in memory and written in one call
+(:meth:`LocalLogObjects.write_data`)."""
 
 PLAIN_FILE_ROWS = 256
 """Data files of at most this many rows are written without dictionaries and without parquet

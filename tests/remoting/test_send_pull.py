@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import zlib
 from pathlib import Path
 
@@ -21,6 +22,7 @@ from engine.remoting.message_layout import (
     parse_offset_msg_id,
 )
 from engine.store import schemas
+from tests.helpers import eventually
 from tests.remoting.helpers import FAR_FUTURE_MS, versions
 from tests.remoting.wire_client import WireClient
 
@@ -287,6 +289,31 @@ def test_update_consumer_offset_one_way_then_query(
     assert broker.call(RequestCode.UPDATE_CONSUMER_OFFSET, fields).code == ResponseCode.SUCCESS
     server.ctx.offsets.flush()
     assert PullConsumer(store, "G2").committed_offset("T", 1) == 9
+
+
+def test_one_way_offset_reports_of_a_queue_are_kept_in_the_order_they_arrive(
+    server: RemotingServer, broker: WireClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A Java consumer reports a reset offset it followed and then its progress back to back: kept
+    # out of order (the first one slower to keep), the older report would win.
+    kept: list[int] = []
+    put = server.ctx.offsets.put
+
+    def slow_first(group: str, topic: str, queue_id: int, offset: int) -> bool:
+        if offset == 1:
+            time.sleep(0.3)
+        done = put(group, topic, queue_id, offset)
+        kept.append(offset)
+        return done
+
+    monkeypatch.setattr(server.ctx.offsets, "put", slow_first)
+    for offset in (1, 2):
+        fields = {"consumerGroup": "G3", "topic": "T", "queueId": 1, "commitOffset": offset}
+        broker.request(RequestCode.UPDATE_CONSUMER_OFFSET, fields, oneway=True)
+    eventually(lambda: len(kept) == 2)
+    assert kept == [1, 2]
+    query = {"consumerGroup": "G3", "topic": "T", "queueId": 1}
+    assert broker.call(RequestCode.QUERY_CONSUMER_OFFSET, query).ext_fields["offset"] == "2"
 
 
 def test_a_new_group_on_an_old_queue_gets_query_not_found(tmp_path: Path) -> None:

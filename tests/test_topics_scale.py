@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 from starlette.requests import Request
@@ -23,6 +24,7 @@ from engine.broker.dispatch import dispatch_pending
 from engine.cli import main as mq_main
 from engine.dashboard.app import TOPICS_PER_PAGE, create_app
 from engine.dashboard.sampler import Sampler
+from engine.protocol.topics import TopicConfig
 from engine.store import schemas
 from engine.store.commit_markers import MARKS_KEY
 from engine.store.topics import TopicCatalog
@@ -77,6 +79,39 @@ def test_a_catalog_follows_other_writers_commit_by_commit(store: Store, admin: A
     assert {n: c.queues for n, c in after.items()} == {"a": 5, "c": 1}
     assert sorted(seen) == ["a", "b"]  # a dictionary handed out is never changed afterwards
     assert TopicCatalog(store).configs() == after  # what a full read of the table folds to
+
+
+def test_a_look_up_does_not_wait_for_another_threads_commit_of_a_topic(
+    store: Store, admin: Admin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A door's event loop looks topics up; a topic being created (seconds on a slow store) held
+    # every look-up up to its commit.
+    admin.create_topic("known", 1)
+    catalog = TopicCatalog(store)
+    assert list(catalog.configs()) == ["known"]
+    committing, release = threading.Event(), threading.Event()
+    append = store.append
+
+    def slow_append(name: str, rows: Any, **options: Any) -> int:
+        if name == schemas.TOPICS:
+            committing.set()
+            release.wait(60)
+        return append(name, rows, **options)
+
+    monkeypatch.setattr(store, "append", slow_append)
+    writer = threading.Thread(target=catalog.put, args=(TopicConfig("new", 2), 0))
+    writer.start()
+    try:
+        assert committing.wait(30)
+        looked: list[list[str]] = []
+        reader = threading.Thread(target=lambda: looked.append(sorted(catalog.configs())))
+        reader.start()
+        reader.join(30)  # the commit is held until after this
+        assert looked == [["known"]]  # answered from what is known, not after the commit
+    finally:
+        release.set()
+        writer.join(30)
+    assert sorted(catalog.configs()) == ["known", "new"]
 
 
 def test_a_catalog_reads_the_whole_table_when_the_commits_since_its_version_are_gone(

@@ -40,7 +40,8 @@ class OffsetBatcher:
             InvalidArgumentError: a bad group, queue id or offset.
         """
         validate_group_name(group)
-        queues = self._store.topic(topic).queues
+        known = self._store.topic_configs().get(topic)  # (no wait, no file: kept on the event loop)
+        queues = (known or self._store.topic(topic)).queues
         if not 0 <= queue_id < queues:
             raise InvalidArgumentError(
                 f"queue_id {queue_id} is out of range; topic {topic!r} has queues 0..{queues - 1}",

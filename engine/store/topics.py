@@ -72,8 +72,14 @@ class TopicCatalog:
     def configs(self, *, refresh: bool = False) -> dict[str, TopicConfig]:
         """Every topic's latest configuration; ``refresh`` checks the table for a newer version.
 
-        The dictionary returned is never changed afterwards (a newer version makes a new one).
+        The dictionary returned is never changed afterwards (a newer version makes a new one), so
+        without ``refresh`` the one held is returned without the lock: a look-up never waits for
+        another thread's commit of a topic (the lock is held through it, seconds on a slow store,
+        and a door's event loop looks topics up).
         """
+        topics = self._topics
+        if topics is not None and not refresh and not self._stale:
+            return topics
         with self._lock:
             return self._configs(refresh)
 

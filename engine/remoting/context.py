@@ -214,6 +214,20 @@ class BrokerContext:
             return False
         return self.offsets.put(group, topic, queue_id, offset)
 
+    async def keep_offset(self, group: str, topic: str, queue_id: int, offset: int) -> bool:
+        """:meth:`report_offset`, in the order the reports arrive: on the event loop when keeping
+        it touches no file (a known topic of a local store), without a thread hop; elsewhere on a
+        worker thread. Through the worker threads two reports of one queue could be kept in either
+        order, and a Java consumer reports its queues back to back (the reset offsets it followed,
+        then its progress), so the older could win.
+
+        Raises:
+            As :meth:`report_offset`.
+        """
+        if self.store.is_local and topic in self.store.topic_configs():
+            return self.report_offset(group, topic, queue_id, offset)
+        return await self.run(self.report_offset, group, topic, queue_id, offset)
+
     def producers_of(self, group: str) -> list[Connection]:
         """Connections over which a producer of ``group`` registered."""
         return [c for c in self.connections if group in c.producer_groups]

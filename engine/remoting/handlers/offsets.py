@@ -55,20 +55,11 @@ async def query_consumer_offset(
 async def update_consumer_offset(
     ctx: BrokerContext, conn: Connection, cmd: RemotingCommand
 ) -> RemotingCommand:
-    """UPDATE_CONSUMER_OFFSET (clients send it one-way every 5 s); committed with the next flush.
-
-    Kept in the order the connection's reports arrive, as a pull's piggybacked offset is: on the
-    event loop when keeping it touches no file (a known topic of a local store). Through the worker
-    threads two reports of one queue could be kept in either order, and a Java consumer reports its
-    queues back to back (the reset offsets it followed, then its progress), so the older could win.
-    """
+    """UPDATE_CONSUMER_OFFSET (clients send it one-way every 5 s); committed with the next flush,
+    kept in the order the connection's reports arrive (:meth:`BrokerContext.keep_offset`)."""
     header = Header(cmd.ext_fields)
     group, topic, queue_id = header.text("consumerGroup"), header.text("topic"), header.int32("queueId")
-    offset = header.int64("commitOffset")
-    if ctx.store.is_local and topic in ctx.store.topic_configs():
-        ctx.report_offset(group, topic, queue_id, offset)
-    else:
-        await ctx.run(ctx.report_offset, group, topic, queue_id, offset)
+    await ctx.keep_offset(group, topic, queue_id, header.int64("commitOffset"))
     return cmd.response(ResponseCode.SUCCESS)
 
 

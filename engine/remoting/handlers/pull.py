@@ -181,12 +181,8 @@ async def pull_message(ctx: BrokerContext, conn: Connection, cmd: RemotingComman
     ctx.resets.pulled(group, topic, queue_id, offset)
     if PullSysFlag.COMMIT_OFFSET in flags and commit_offset >= 0:
         # Kept before the long poll, as RocketMQ's broker does: a connection dropped while the
-        # pull is parked must not lose the consumer's progress. Keeping it touches no file once the
-        # topic is known on a local store: then on the event loop, without a thread hop.
-        if ctx.store.is_local and topic in ctx.store.topic_configs():
-            ctx.report_offset(puller.group, topic, queue_id, commit_offset)
-        else:
-            await ctx.run(ctx.report_offset, puller.group, topic, queue_id, commit_offset)
+        # pull is parked must not lose the consumer's progress.
+        await ctx.keep_offset(puller.group, topic, queue_id, commit_offset)
     suspend_s = max(0, min(suspend_ms, ctx.store.config.long_poll_max_ms)) / 1000
     deadline = time.monotonic() + suspend_s
     args = (puller, topic, queue_id, offset, max_nums, selector)

@@ -485,7 +485,7 @@ class DirectAppender:
             "compression": "snappy",
         }
         # A file of a few rows gains nothing from dictionaries nor statistics (PLAIN_FILE_ROWS).
-        self._small_options = {**self._parquet_options, "use_dictionary": False, "write_statistics": False}
+        self._plain_options = {**self._parquet_options, "use_dictionary": False, "write_statistics": False}
         self._plain_rows = min(PLAIN_FILE_ROWS, row_group_rows)  # one row group: the add's stats say it all
 
     @property
@@ -579,7 +579,7 @@ class DirectAppender:
         """
         name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
         try:
-            options = self._small_options if rows.num_rows <= self._plain_rows else self._parquet_options
+            options = self._plain_options if rows.num_rows <= self._plain_rows else self._parquet_options
             size = self.objects.write_data(name, rows, options)
         except (StoreError, OSError, pa.ArrowException) as exc:
             raise StoreError(

@@ -20,6 +20,7 @@ from engine.broker.dispatch import dispatch_pending
 from engine.client.simple import leases as leases_module
 from engine.protocol.actions import ACK, OFFLINE, PULL, RESET
 from engine.protocol.lease_book import LeaseBook
+from engine.store import schemas
 from tests.helpers import eventually
 
 GROUP = "G"
@@ -254,18 +255,32 @@ def test_a_killed_consumers_messages_come_back_after_the_invisible_time(
 
 
 # ----------------------------------------------------------------------------- contention
+def unleased(store: Store, topic: str, queues: int) -> bool:
+    """Whether some message of ``topic`` was never leased by the group, as its action log says now
+    (no lease in these tests expires: what was unleased now was unleased at any time before)."""
+    from engine.store.consume_queue import QueueIndex
+
+    book = LeaseBook(GROUP)
+    book.bootstrap(store.dataset(schemas.ACTION_LOG).to_table().to_pylist())
+    index = QueueIndex(store)
+    index.refresh()
+    return any(book.queue(topic, q).frontier < index.bounds(topic, q)[1] for q in range(queues))
+
+
 @pytest.mark.parametrize("queues", [1, 4])
 def test_racing_consumers_ack_every_message_once_with_few_empty_receives(
     store: Store, admin: Admin, queues: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Four consumers of one group on one queue (more consumers than queues, as POP allows) and on
-    four: every message acked once, and empty receives only at the tail."""
+    four: every message acked once, and a receive answers empty while messages are left that no
+    consumer leased only seldom (a race lost on every try); the empty receives at the tail, while
+    the others ack what they leased, are as many as their acks take time and are not counted."""
     monkeypatch.setattr(leases_module, "SCAN_INTERVAL_MS", 100)  # scans meet leases in a short run
     admin.create_topic("T", queues)
     produce(store, "T", 2000)
     everything = stored(store, "T")
     acked: list[Key] = []
-    empties = Counter[str]()
+    empties = Counter[str]()  # empty receives while some message was left unleased
     receives = Counter[str]()
     lock = threading.Lock()
 
@@ -273,22 +288,24 @@ def test_racing_consumers_ack_every_message_once_with_few_empty_receives(
         own = Store.open(store.root)  # a process of its own, as far as the store goes
         with SimpleConsumer(own, GROUP, f"c{k}") as consumer:
             consumer.subscribe("T")
+            tail = 0
             while True:
                 with lock:
                     if len(acked) >= len(everything):
                         return
                 got = consumer.receive(max_nums=32, invisible_ms=LONG_MS)
                 receives[f"c{k}"] += 1
-                with lock:
-                    if not got and len(acked) < len(everything):
-                        empties[f"c{k}"] += 1
                 for m in got:
                     consumer.ack(m)
                     with lock:
                         acked.append((m.queue_id, m.queue_offset))
                 if not got:
+                    if unleased(own, "T", queues):
+                        empties[f"c{k}"] += 1
+                    else:
+                        tail += 1
                     time.sleep(0.01)
-                    if empties[f"c{k}"] > 2000:
+                    if empties[f"c{k}"] + tail > 2000:
                         return  # stuck: the assertions below say why
 
     threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
@@ -297,9 +314,9 @@ def test_racing_consumers_ack_every_message_once_with_few_empty_receives(
     for t in threads:
         t.join(120)
     assert Counter(acked) == Counter(everything)  # every message, once
-    # A consumer that loses a race, or finds the others leased the rest, answers empty only when
-    # nothing is left to lease: the tail, not the whole run.
-    assert sum(empties.values()) <= sum(receives.values()) // 4
+    # With the retries of a lost race: 0-3 of about 70 receives on one queue, on an idle machine and
+    # beside three busy processes alike; answering empty after one lost try: 5-10.
+    assert sum(empties.values()) <= sum(receives.values()) // 8, (empties, receives)
 
 
 def _race(root: str, consumer_id: str, scan_ms: int, start: Any, out: Any) -> None:

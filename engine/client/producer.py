@@ -2,17 +2,12 @@
 
 from __future__ import annotations
 
-import queue
-import threading
-import time
 from collections.abc import Mapping, Sequence
-from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass
-from typing import Any
+from concurrent.futures import Future
 
+from engine.client.async_commits import AsyncCommits
 from engine.client.sending import (
     PreparedSend,
-    bodies_bytes,
     has_timer,
     is_plain,
     is_plain_batch,
@@ -50,19 +45,6 @@ from engine.store.transactions import Decision, end_transaction, half_message, h
 
 # What a resent broker-side copy (a dead letter sent back) may carry besides a user's properties.
 _RESEND_ALLOWED = RESEND_PROPERTIES | TIMER_REQUEST_PROPERTIES
-
-
-@dataclass(frozen=True)
-class _Queued:
-    """What the async worker commits: one send (``single``: its future is the send's result) or a
-    batch that goes into one commit whole (its future is the list of results)."""
-
-    sends: tuple[PreparedSend, ...]
-    future: Future[Any]
-    single: bool
-
-    def body_bytes(self) -> int:
-        return bodies_bytes(self.sends)
 
 
 DOOR_REGROUP_MS = 2
@@ -105,19 +87,6 @@ def _checked_batch(messages: Sequence[Message]) -> str:
         if not is_plain(m):  # the full check names what is wrong
             validate_message_fields(m.topic, m.body, m.tags, m.keys, m.properties)
     return first_topic
-
-
-def _settle(future: Future[Any], result: Any = None, *, error: BaseException | None = None) -> None:
-    """Resolve the future of a queued send, unless it is resolved already or its waiter cancelled it
-    (a door whose client hung up): the send is in the commit, or in none, all the same, and the
-    other sends of the commit are still told how theirs went."""
-    try:
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)
-    except InvalidStateError:
-        pass
 
 
 def _checked(prepared: object) -> PreparedSend:
@@ -196,10 +165,14 @@ class Producer(Closing):
         self._writer = CommitLogs(store, lock_wait_s=lock_wait_s)  # one sequencer per commit-log shard
         self._ids = UniqKeyGenerator()
         self._queues = QueueChooser(self._writer.shards, self._writer.shard_of, self._writer.lost_races)
-        self._worker_lock = threading.Lock()
         self._closed = False
-        self._pending: queue.Queue[_Queued | None] = queue.Queue()
-        self._worker: threading.Thread | None = None
+        self._async = AsyncCommits(
+            self._commit_groups,
+            linger_ms=self.linger_ms,
+            batch_size=self.batch_size,
+            regroup_ms=regroup_ms,
+            max_bytes=store.config.max_batch_bytes,
+        )
 
     @property
     def lost_races(self) -> int:
@@ -609,9 +582,7 @@ class Producer(Closing):
 
     def _enqueue(self, prepared: PreparedSend) -> Future[SendResult]:
         """Hand a checked message to the async worker; the future resolves once its commit lands."""
-        future: Future[SendResult] = Future()
-        self._ensure_worker()
-        self._pending.put(_Queued((prepared,), future, True))
+        future: Future[SendResult] = self._async.put((prepared,), single=True)
         return future
 
     def append_batch_async(self, prepared: Sequence[PreparedSend]) -> Future[list[SendResult]]:
@@ -627,68 +598,8 @@ class Producer(Closing):
         self._check_open()
         if isinstance(prepared, (str, bytes)) or not isinstance(prepared, Sequence) or not prepared:
             raise InvalidArgumentError("append_batch_async takes a non-empty sequence of prepared sends")
-        sends = tuple(_checked(p) for p in prepared)
-        future: Future[list[SendResult]] = Future()
-        self._ensure_worker()
-        self._pending.put(_Queued(sends, future, False))
+        future: Future[list[SendResult]] = self._async.put(tuple(_checked(p) for p in prepared), single=False)
         return future
-
-    def _ensure_worker(self) -> None:
-        if self._worker is None:
-            with self._worker_lock:
-                if self._worker is None:
-                    self._worker = threading.Thread(target=self._run_async, name="mq-producer", daemon=True)
-                    self._worker.start()
-
-    def _run_async(self) -> None:
-        limit = self._store.config.max_batch_bytes
-        carry: _Queued | None = None
-        stop = False
-        expected = 0  # queued sends the next group waits for up to regroup_ms (see __init__)
-        while not stop:
-            item = carry if carry is not None else self._pending.get()
-            carry = None
-            if item is None:
-                self._pending.task_done()
-                break
-            batch = [item]
-            count, size = len(item.sends), item.body_bytes()
-            began = time.monotonic()
-            deadline = began + self.linger_ms / 1000
-            regrouped = max(deadline, began + self.regroup_ms / 1000)
-            while count < self.batch_size:
-                timeout = (deadline if len(batch) >= expected else regrouped) - time.monotonic()
-                try:
-                    nxt = (
-                        self._pending.get(timeout=max(timeout, 0))
-                        if timeout > 0
-                        else self._pending.get_nowait()
-                    )
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    self._pending.task_done()
-                    stop = True
-                    break
-                size += nxt.body_bytes()
-                if size > limit:  # as send_batch: at most max_batch_bytes of bodies per commit
-                    carry = nxt
-                    break
-                batch.append(nxt)
-                count += len(nxt.sends)
-            self._commit_async(batch)
-            if self.regroup_ms:
-                # Those of this commit may send again at once, beside those that came meanwhile.
-                expected = len(batch) + self._pending.qsize()
-
-    def _commit_async(self, batch: list[_Queued]) -> None:
-        """Commit a group of queued sends (:meth:`_commit_groups`) and settle their futures."""
-        for item, outcome in zip(batch, self._commit_groups([item.sends for item in batch]), strict=True):
-            if isinstance(outcome, MQError):
-                _settle(item.future, error=outcome)
-            else:
-                _settle(item.future, outcome[0] if item.single else outcome)
-        self._tasks_done(len(batch))
 
     def commit_groups(self, groups: Sequence[Sequence[PreparedSend]]) -> list[list[SendResult] | MQError]:
         """Commit groups of prepared sends now, on the calling thread, as the async worker commits
@@ -757,17 +668,6 @@ class Producer(Closing):
             start = end
         return outcomes
 
-    def _tasks_done(self, n: int) -> None:
-        """``task_done()`` ``n`` times under one lock acquisition (Queue's own counter and condition)."""
-        done = self._pending.all_tasks_done
-        with done:
-            unfinished = self._pending.unfinished_tasks - n
-            if unfinished < 0:  # pragma: no cover - as Queue.task_done
-                raise ValueError("task_done() called too many times")
-            self._pending.unfinished_tasks = unfinished
-            if unfinished == 0:
-                done.notify_all()
-
     def flush(self, timeout: float | None = None) -> None:
         """Wait until every message given to :meth:`send_async` is committed or failed.
 
@@ -775,22 +675,7 @@ class Producer(Closing):
             InvalidArgumentError: ``timeout`` is not a number of seconds >= 0.
             TimeoutError: sends are still in flight after ``timeout`` seconds.
         """
-        if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0
-        ):
-            raise InvalidArgumentError(
-                f"timeout {timeout!r} must be a number of seconds >= 0", timeout=timeout
-            )
-        if timeout is None:
-            self._pending.join()
-            return
-        end = time.monotonic() + timeout
-        with self._pending.all_tasks_done:
-            while self._pending.unfinished_tasks:
-                remaining = end - time.monotonic()
-                if remaining <= 0:
-                    raise TimeoutError(f"{self._pending.unfinished_tasks} async sends still in flight")
-                self._pending.all_tasks_done.wait(remaining)
+        self._async.flush(timeout)
 
     def close(self) -> None:
         """Flush pending async sends, let the commit-log checkpoint they made due be written, and
@@ -799,7 +684,5 @@ class Producer(Closing):
             return
         self.flush()
         self._closed = True
-        if self._worker is not None:
-            self._pending.put(None)
-            self._worker.join(timeout=10)
+        self._async.stop()
         self._writer.close()

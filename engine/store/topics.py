@@ -129,8 +129,21 @@ class TopicCatalog:
                 topics.pop(name, None)
         self._topics, self._version = topics, version
 
-    def _route_due(self) -> bool:
-        return self._checked is None or time.monotonic() - self._checked >= ROUTE_REFRESH_S
+    def _routed(self) -> dict[str, TopicConfig]:
+        """The configurations, checked for a newer version when :data:`ROUTE_REFRESH_S` has passed
+        since the last check, unless another thread holds the lock: its commit of a topic (or its
+        refresh) lasts seconds on a slow store, and the timed check is no reason to wait for it (the
+        next look-up checks again). An unknown name still waits (:meth:`get`)."""
+        topics = self._topics
+        due = self._checked is None or time.monotonic() - self._checked >= ROUTE_REFRESH_S
+        if topics is None or self._stale or not due:
+            return self.configs()
+        if not self._lock.acquire(blocking=False):
+            return topics
+        try:
+            return self._configs(True)
+        finally:
+            self._lock.release()
 
     def get(self, name: str) -> TopicConfig:
         """One topic's configuration, re-reading the table once if it is not known yet.
@@ -141,7 +154,7 @@ class TopicCatalog:
         """
         if not isinstance(name, str):
             raise InvalidTopicError(f"topic must be a non-empty string, got {name!r}", topic=name)
-        topic = self.configs(refresh=self._route_due()).get(name) or self.configs(refresh=True).get(name)
+        topic = self._routed().get(name) or self.configs(refresh=True).get(name)
         if topic is None:
             raise TopicNotFoundError(
                 f"topic {name!r} does not exist; create it with Admin.create_topic", topic=name

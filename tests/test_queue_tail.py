@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 import engine.store.queue_entries as queue_entries
@@ -19,7 +20,8 @@ from engine.protocol.transactions import SysFlag
 from engine.store import schemas
 from engine.store.commit_log import CommitLogWriter
 from engine.store.commit_log.stamping import PendingMessage
-from engine.store.consume_queue import QueueIndex, dispatched_version
+from engine.store.consume_queue import QueueIndex, QueueMarks, dispatched_version
+from engine.store.delta import VERSION_COLUMN
 
 
 def _entries(index: QueueIndex, topic: str, queue_id: int) -> list[tuple[int, int]]:
@@ -161,3 +163,70 @@ def test_pull_consumers_sharing_an_index_read_each_version_once(store: Store, to
     assert [m.body for m in b.pull(topic, 1, 0).messages] == [b"m"]
     with pytest.raises(InvalidArgumentError):
         a.bounds_now(topic, 99, 0)
+
+
+def _log_rows(*chunks: tuple[int, list[int]]) -> pa.Table:
+    """Commit-log rows as dispatch reads them: one chunk per version, ``(version, sys_flags)``; a
+    row's queue offset is its place in its version."""
+    return pa.concat_tables(
+        pa.table(
+            {
+                "queue_offset": pa.array(range(len(flags)), pa.int64()),
+                "sys_flag": pa.array(flags, pa.int32()),
+                VERSION_COLUMN: pa.array([version] * len(flags), pa.int64()),
+            }
+        )
+        for version, flags in chunks
+    )
+
+
+HALF, ROLLED_BACK = int(SysFlag.PREPARED), int(SysFlag.ROLLBACK)
+
+
+@pytest.mark.parametrize(
+    ("chunks", "last", "kept", "covered"),
+    [
+        ([(3, [0, 0]), (4, [0])], 2, [(3, 0, 0), (3, 1, 0), (4, 0, 0)], 4),  # every row kept
+        ([(3, [0, 0]), (4, [0])], 3, [(4, 0, 0)], 4),  # a version read again is dropped
+        ([(3, [0, 0]), (4, [0])], 4, [], 4),  # nothing newer: nothing for the caller to cover
+        ([(3, [0]), (4, [HALF, 0]), (5, [ROLLED_BACK])], 2, [(3, 0, 0), (4, 1, 0)], 5),
+    ],
+)
+def test_visible_rows_are_the_newer_versions_without_transaction_halves(
+    chunks: list[tuple[int, list[int]]], last: int, kept: list[tuple[int, int, int]], covered: int
+) -> None:
+    rows = _log_rows(*chunks)
+    got, got_covered = queue_entries.visible_rows_after(rows, last)
+    assert got.schema == rows.schema
+    assert [(r[VERSION_COLUMN], r["queue_offset"], r["sys_flag"]) for r in got.to_pylist()] == kept
+    assert got_covered == covered
+
+
+def _plannable(order: list[int]) -> pa.Table:
+    """Six commit-log rows of queue T:0 over three versions (two each, physical offsets rising), in
+    the given order of their positions."""
+    version = [1, 1, 2, 2, 3, 3]
+    columns = {
+        "topic": pa.array(["T"] * 6, pa.string()),
+        "queue_id": pa.array([0] * 6, pa.int32()),
+        "queue_offset": pa.array(range(6), pa.int64()),
+        "physical_offset": pa.array([100 * i for i in range(6)], pa.int64()),
+        "size": pa.array([100] * 6, pa.int32()),
+        "tags_code": pa.array([0] * 6, pa.int64()),
+        "store_ts_ms": pa.array([7] * 6, pa.int64()),
+        "sys_flag": pa.array([0] * 6, pa.int32()),
+        VERSION_COLUMN: pa.array(version, pa.int64()),
+    }
+    return pa.table(columns).take(pa.array(order))
+
+
+@pytest.mark.parametrize("order", [[0, 1, 2, 3, 4, 5], [5, 3, 4, 0, 2, 1], [1, 0, 3, 2, 5, 4]])
+def test_planned_entries_follow_the_log_order_whatever_order_the_rows_come_in(order: list[int]) -> None:
+    marks = QueueMarks()
+    marks.set_next("T", 0, 1)  # offset 0 was dispatched by an earlier pass over version 1
+    entries, covered = queue_entries.plan_entries(_plannable(order), 0, marks)
+    assert covered == 3
+    assert entries["queue_offset"].to_pylist() == [1, 2, 3, 4, 5]
+    assert entries["physical_offset"].to_pylist() == [100, 200, 300, 400, 500]
+    assert entries["log_version"].to_pylist() == [1, 2, 2, 3, 3]
+    assert marks.max_offset("T", 0) == 6 and marks.log_version == 3

@@ -36,20 +36,11 @@ from engine.store.delta import (
     direct_append_enabled,
     direct_appender,
 )
-from engine.store.queue_entries import plan_entries
+from engine.store.queue_entries import PLAN_COLUMNS, plan_entries
 from engine.store.store import Store
 
 # What dispatch needs from a commit-log row; bodies stay on disk.
-DISPATCH_COLUMNS = (
-    "topic",
-    "queue_id",
-    "queue_offset",
-    "physical_offset",
-    "size",
-    "tags_code",
-    "store_ts_ms",
-    "sys_flag",
-)
+DISPATCH_COLUMNS = PLAN_COLUMNS
 DISPATCH_SCHEMA = pa.schema([schemas.COMMIT_LOG_SCHEMA.field(c) for c in DISPATCH_COLUMNS])
 # Commit-log versions read and dispatched in one consume-queue commit (bounds a catch-up's memory).
 VERSIONS_PER_COMMIT = 1000

@@ -55,6 +55,8 @@ def index_rows(rows: pa.Table, after_version: int = -1) -> tuple[pa.Table, int]:
     rows, covered = visible_rows_after(rows, after_version)
     if covered == after_version:
         return schemas.INDEX_SCHEMA.empty_table(), after_version
+    # One chunk: what follows costs per chunk of its input, and the rows of each version read are one.
+    rows = rows.combine_chunks()
     parts = []
     if rows.num_rows:
         # One row per (message, key): flatten the keys and repeat the message's columns for each.

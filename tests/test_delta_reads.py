@@ -25,6 +25,7 @@ from engine.store.commit_log import CommitLogWriter
 from engine.store.commit_log import writer as commit_log
 from engine.store.commit_log.stamping import PendingMessage
 from engine.store.delta import FileStats
+from engine.store.delta import log as log_module
 from engine.store.delta.log import last_checkpoint_version, read_versions
 from tests.test_native_delta import comparable, require_delta
 
@@ -243,6 +244,23 @@ def test_a_read_of_some_columns_of_the_versions_is_the_same_rows_as_a_whole_read
     part = read_versions(uri, 0, latest, some)
     assert part.schema.names == [*names, "_version"]
     assert part.to_pylist() == whole.select([*names, "_version"]).to_pylist()
+
+
+def test_versions_read_come_in_one_chunk_unless_they_are_big(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Readers filter, take and sort what they read; each of those costs per chunk.
+    Admin(store).create_topic("Chunks", 1)
+    with Producer(store) as producer:
+        for i in range(5):
+            producer.send(Message("Chunks", b"b%d" % i))
+    uri, latest = store.uri(schemas.COMMIT_LOG), store.version(schemas.COMMIT_LOG)
+    rows = read_versions(uri, 0, latest, schemas.COMMIT_LOG_SCHEMA)
+    assert rows["body"].to_pylist() == [b"b%d" % i for i in range(5)]
+    assert {rows[c].num_chunks for c in rows.column_names} == {1}
+    monkeypatch.setattr(log_module, "ONE_CHUNK_BYTES", 0)  # bigger than that: left as read
+    chunked = read_versions(uri, 0, latest, schemas.COMMIT_LOG_SCHEMA)
+    assert chunked["body"].num_chunks == 5 and chunked.equals(rows)
 
 
 def test_file_statistics_name_only_the_files_whose_range_holds_a_wanted_offset() -> None:

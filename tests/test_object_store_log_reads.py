@@ -136,6 +136,7 @@ def test_versions_are_read_with_two_requests_per_file_in_commit_order(
     assert rows.column_names == ["a", VERSION_COLUMN]
     assert rows["a"].to_pylist() == [2, 3, 4, 5, 6]
     assert rows[VERSION_COLUMN].to_pylist() == [2, 3, 4, 5, 6]
+    assert rows["a"].num_chunks == 1  # readers' filters and takes cost per chunk
     # each commit file and each data file: one GET (no HEAD, no listing, no ranged footer reads)
     assert len(seen) == 2 * 5 and all(r.startswith("GET ") for r in seen), seen
     assert not any("list-type" in r for r in seen), seen

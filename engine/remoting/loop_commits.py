@@ -30,14 +30,12 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
+from engine.client.async_commits import Commit
 from engine.client.sending import PreparedSend, bodies_bytes
 from engine.errors import MQError
 from engine.model import SendResult
-
-Outcome = list[SendResult] | MQError
-Commit = Callable[[Sequence[Sequence[PreparedSend]]], list[Outcome]]
 
 # Longest a commit on the loop queues for the host lock before it commits without it (the
 # optimistic protocol, still correct): longer than a compaction's commit on a busy table holds it

@@ -51,8 +51,8 @@ def _versions_within(
     rows: pa.Table, after: int | None = None, upto: int | None = None
 ) -> tuple[pa.Table, int | None]:
     """The ``rows`` of versions in ``(after, upto]`` (None: unbounded), and the last version among
-    them (None: none), filtered only when some row is outside: a filter costs about 100 us per
-    chunk (one per version read) even when it keeps every row."""
+    them (None: none), filtered only when some row is outside: a filter costs tens of microseconds
+    per chunk (one per version read) even when it keeps every row."""
     if rows.num_rows == 0:
         return rows, None
     version = rows[VERSION_COLUMN]

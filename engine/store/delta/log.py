@@ -520,7 +520,7 @@ def _read_local_file(
 
 ONE_CHUNK_BYTES = 64 << 20
 """Rows read from several files are copied into one chunk up to this size: a filter, take or sort
-of a table costs per chunk (a filter about 100 us each), more than copying a small file's rows once.
+of a table costs per chunk (a filter of 65 chunks of 4 rows 1.4 ms, copying them into one 83 us).
 Bigger reads stay in chunks (a binary column of one chunk holds at most 2 GiB)."""
 
 

@@ -30,6 +30,7 @@ class OffsetBatcher:
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._pending: dict[Key, int] = {}
+        self._flushing: dict[Key, int] = {}  # taken by the flush under way, not committed yet
         self._flushed: dict[Key, int] = {}
 
     def put(self, group: str, topic: str, queue_id: int, offset: int) -> bool:
@@ -58,9 +59,12 @@ class OffsetBatcher:
             return True
 
     def pending(self, group: str, topic: str, queue_id: int) -> int | None:
-        """The offset reported for a queue and not committed yet, if any."""
+        """The offset reported for a queue and not committed yet, if any: reported since the last
+        flush, or taken by the flush under way (until its commit lands, the store does not have it)."""
+        key = (group, topic, queue_id)
         with self._lock:
-            return self._pending.get((group, topic, queue_id))
+            reported = self._pending.get(key)
+            return reported if reported is not None else self._flushing.get(key)
 
     def flush(self) -> int:
         """Commit every pending offset (one commit per group); returns how many were written.
@@ -72,20 +76,28 @@ class OffsetBatcher:
         with self._flush_lock:
             with self._lock:
                 batch, self._pending = self._pending, {}
-            by_group: dict[str, list[tuple[str, int, int]]] = {}
-            for (group, topic, queue_id), offset in sorted(batch.items()):
-                by_group.setdefault(group, []).append((topic, queue_id, offset))
-            written = 0
-            for group, entries in by_group.items():
-                try:
-                    OffsetStore(self._store, group).commit(entries)
-                except BaseException:
-                    with self._lock:
-                        for topic, queue_id, offset in entries:
-                            self._pending.setdefault((group, topic, queue_id), offset)
-                    raise
+                self._flushing = batch
+            try:
+                return self._commit(batch)
+            finally:
+                with self._lock:
+                    self._flushing = {}
+
+    def _commit(self, batch: dict[Key, int]) -> int:
+        by_group: dict[str, list[tuple[str, int, int]]] = {}
+        for (group, topic, queue_id), offset in sorted(batch.items()):
+            by_group.setdefault(group, []).append((topic, queue_id, offset))
+        written = 0
+        for group, entries in by_group.items():
+            try:
+                OffsetStore(self._store, group).commit(entries)
+            except BaseException:
                 with self._lock:
                     for topic, queue_id, offset in entries:
-                        self._flushed[(group, topic, queue_id)] = offset
-                written += len(entries)
-            return written
+                        self._pending.setdefault((group, topic, queue_id), offset)
+                raise
+            with self._lock:
+                for topic, queue_id, offset in entries:
+                    self._flushed[(group, topic, queue_id)] = offset
+            written += len(entries)
+        return written

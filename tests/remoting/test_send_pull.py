@@ -7,6 +7,7 @@ import threading
 import time
 import zlib
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,7 +15,7 @@ from engine import Admin, Message, Producer, PullConsumer, PullStatus, Store
 from engine.broker.dispatch import dispatch_pending
 from engine.broker.schedule import deliver_due
 from engine.config import load_config
-from engine.remoting import RemotingServer
+from engine.remoting import RemotingServer, offsets_batch
 from engine.remoting.codes import MessageSysFlag, PullSysFlag, RequestCode, ResponseCode
 from engine.remoting.message_layout import (
     BatchItem,
@@ -263,6 +264,34 @@ def test_the_offset_piggybacked_on_a_pull_is_seen_at_once_and_committed_by_the_f
     assert (response.code, response.ext_fields["offset"]) == (ResponseCode.SUCCESS, "3")
     server.ctx.offsets.flush()
     assert PullConsumer(store, "G").committed_offset("T", 0) == 3
+
+
+def test_a_query_while_the_flush_commits_an_offset_sees_that_offset(
+    server: RemotingServer, broker: WireClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The flush takes what was reported and then commits it: a query in between found it neither
+    # reported nor committed (CI: 0 for a reported 2).
+    committing, release = threading.Event(), threading.Event()
+    commit = offsets_batch.OffsetStore.commit
+
+    def held_commit(self: Any, entries: Any) -> Any:
+        committing.set()
+        release.wait(60)
+        return commit(self, entries)
+
+    fields = {"consumerGroup": "G4", "topic": "T", "queueId": 1, "commitOffset": 2}
+    assert broker.call(RequestCode.UPDATE_CONSUMER_OFFSET, fields).code == ResponseCode.SUCCESS
+    monkeypatch.setattr(offsets_batch.OffsetStore, "commit", held_commit)
+    flushing = threading.Thread(target=server.ctx.offsets.flush)
+    flushing.start()
+    query = {"consumerGroup": "G4", "topic": "T", "queueId": 1}
+    try:
+        assert committing.wait(30)
+        assert broker.call(RequestCode.QUERY_CONSUMER_OFFSET, query).ext_fields["offset"] == "2"
+    finally:
+        release.set()
+        flushing.join(30)
+    assert broker.call(RequestCode.QUERY_CONSUMER_OFFSET, query).ext_fields["offset"] == "2"
 
 
 def test_offsets_of_many_queues_are_one_commit_and_an_unchanged_one_none(

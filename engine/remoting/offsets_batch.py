@@ -53,7 +53,8 @@ class OffsetBatcher:
             raise InvalidArgumentError(f"offset {offset} must be >= 0", topic=topic, offset=offset)
         key = (group, topic, queue_id)
         with self._lock:
-            if key not in self._pending and self._flushed.get(key) == offset:
+            # (one in flight may differ: then this report must follow it, as a newer one)
+            if key not in self._pending and key not in self._flushing and self._flushed.get(key) == offset:
                 return False
             self._pending[key] = offset
             return True

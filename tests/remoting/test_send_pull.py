@@ -294,6 +294,37 @@ def test_a_query_while_the_flush_commits_an_offset_sees_that_offset(
     assert broker.call(RequestCode.QUERY_CONSUMER_OFFSET, query).ext_fields["offset"] == "2"
 
 
+def test_an_offset_reported_again_while_the_flush_commits_another_is_kept(
+    store: Store, server: RemotingServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Committed 5, then a reset's 0 is being committed when the client reports 5 again: 5 equals
+    # the last committed offset but not the one landing, so it must be kept (it was dropped).
+    offsets = server.ctx.offsets
+    with offsets._flush_lock:  # the server's own flusher stays out until the reports are in
+        assert offsets.put("G5", "T", 1, 5)
+    offsets.flush()
+    committing, release = threading.Event(), threading.Event()
+    commit = offsets_batch.OffsetStore.commit
+
+    def held_commit(self: Any, entries: Any) -> Any:
+        committing.set()
+        release.wait(60)
+        return commit(self, entries)
+
+    assert offsets.put("G5", "T", 1, 0)
+    monkeypatch.setattr(offsets_batch.OffsetStore, "commit", held_commit)
+    flushing = threading.Thread(target=offsets.flush)
+    flushing.start()
+    try:
+        assert committing.wait(30)
+        assert offsets.put("G5", "T", 1, 5)  # kept for the next flush
+    finally:
+        release.set()
+        flushing.join(30)
+    offsets.flush()
+    assert PullConsumer(store, "G5").committed_offset("T", 1) == 5
+
+
 def test_offsets_of_many_queues_are_one_commit_and_an_unchanged_one_none(
     store: Store, server: RemotingServer, broker: WireClient
 ) -> None:

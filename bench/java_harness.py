@@ -234,16 +234,27 @@ class ScenarioRun:
         return found[-1]
 
 
-def java_command(classpath: str, log_dir: Path, *args: str, heap_mb: int = 256) -> list[str]:
-    """The ``java`` command line of a harness scenario (client logs and local offsets in ``log_dir``)."""
+def java_command(
+    classpath: str,
+    log_dir: Path,
+    *args: str,
+    heap_mb: int = 256,
+    properties: Mapping[str, str] | None = None,
+) -> list[str]:
+    """The ``java`` command line of a harness scenario (client logs and local offsets in ``log_dir``);
+    ``properties``: system properties set after the defaults, so they override them
+    (``{"rocketmq.client.logLevel": "INFO"}``)."""
+    defaults = {
+        "rocketmq.client.logRoot": str(log_dir),
+        "rocketmq.client.logLevel": "WARN",
+        "rocketmq.client.localOffsetStoreDir": str(log_dir / "offsets"),
+        "user.home": str(log_dir),
+    }
     return [
         java(),
         f"-Xmx{heap_mb}m",
         "-XX:+UseSerialGC",
-        f"-Drocketmq.client.logRoot={log_dir}",
-        "-Drocketmq.client.logLevel=WARN",
-        f"-Drocketmq.client.localOffsetStoreDir={log_dir / 'offsets'}",
-        f"-Duser.home={log_dir}",
+        *(f"-D{name}={value}" for name, value in {**defaults, **(properties or {})}.items()),
         "-cp",
         classpath,
         MAIN_CLASS,
@@ -323,10 +334,18 @@ class Scenario:
         return ScenarioRun(tuple(self.events), self.proc.returncode, "".join(self._stderr) + note)
 
 
-def start_scenario(classpath: str, log_dir: Path, scenario: str, **opts: object) -> Scenario:
-    """Start a scenario in the background (see :meth:`Scenario.wait_for` and :meth:`Scenario.finish`)."""
+def start_scenario(
+    classpath: str,
+    log_dir: Path,
+    scenario: str,
+    *,
+    properties: Mapping[str, str] | None = None,
+    **opts: object,
+) -> Scenario:
+    """Start a scenario in the background (see :meth:`Scenario.wait_for` and :meth:`Scenario.finish`);
+    ``properties``: the JVM's system properties beyond the defaults (:func:`java_command`)."""
     log_dir.mkdir(parents=True, exist_ok=True)
-    return Scenario(java_command(classpath, log_dir, scenario, *options(opts)))
+    return Scenario(java_command(classpath, log_dir, scenario, *options(opts), properties=properties))
 
 
 def run_scenario(

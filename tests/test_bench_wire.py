@@ -13,7 +13,14 @@ from typing import Any
 
 import pytest
 
-from bench.java_harness import HarnessError, ScenarioRun, harness_classpath, options, sources_hash
+from bench.java_harness import (
+    HarnessError,
+    ScenarioRun,
+    harness_classpath,
+    java_command,
+    options,
+    sources_hash,
+)
 from bench.lakemq_server import LakemqServer
 from bench.machine import cpu_seconds, machine_cpu_seconds, process_tree
 from bench.peers import stop_process_group
@@ -216,6 +223,17 @@ def test_options_become_java_command_line_pairs() -> None:
         "--retry-delay-level",
         "1",
     ]
+
+
+def test_a_scenario_s_system_properties_override_the_defaults_once_each(tmp_path: Path) -> None:
+    cmd = java_command("cp.jar", tmp_path, "push", "--topic", "T",
+                       properties={"rocketmq.client.logLevel": "INFO", "a.b": "c"})  # fmt: skip
+    props = [a for a in cmd if a.startswith("-D")]
+    assert "-Drocketmq.client.logLevel=INFO" in props and "-Da.b=c" in props
+    assert not [a for a in props if a.startswith("-Drocketmq.client.logLevel=WARN")]
+    assert f"-Duser.home={tmp_path}" in props
+    assert cmd.index("-Da.b=c") < cmd.index("-cp") and cmd[-3:] == ["push", "--topic", "T"]
+    assert "-Drocketmq.client.logLevel=WARN" in java_command("cp.jar", tmp_path, "push")
 
 
 def test_the_harness_cache_key_changes_with_any_source_and_only_then(tmp_path: Path) -> None:

@@ -512,7 +512,16 @@ def test_a_group_reset_reaches_the_running_java_consumer_which_consumes_again(
 ) -> None:
     """``mq group reset`` (Admin.reset_offset_by_time) on the store a running ``mq serve`` serves:
     the server pushes RESET_CONSUMER_CLIENT_OFFSET, the Java push consumer consumes everything
-    again, and its offset reports from before the reset do not overwrite it."""
+    again, and its offset reports from before the reset do not overwrite it.
+
+    The client's periodic rebalance (every 20 s) is put off past the test: the client follows a
+    reset by sleeping 10 s and then rebalancing on the reset's thread (``MQClientInstance.resetOffset``,
+    ``resume``), which this test's timing lands about 20 s after the consumer's start, when the
+    periodic rebalance runs too; two rebalances adding a queue at once let the later one set the
+    queue's offset to what the broker held before the first one's consumption (``READ_FROM_STORE``
+    overwrites), and the queue ends where the reset left it, on RocketMQ's broker as well. A
+    rebalance the server wakes (NOTIFY_CONSUMER_IDS_CHANGED) still runs: the server must not
+    send one while the client follows a reset."""
     if broker.store is None:
         pytest.skip("the reset is made through lakemq's Python door")
     store = broker.store
@@ -522,9 +531,11 @@ def test_a_group_reset_reaches_the_running_java_consumer_which_consumes_again(
         placed = Counter(
             producer.send(Message(topic, f"body-{i}".encode(), keys=[f"r-{i}"])).queue_id for i in range(20)
         )
+    log_dir = tmp_path / "java"
     consumer = start_scenario(
-        classpath, tmp_path / "java", "push", namesrv=broker.namesrv, topic=topic, group=group, expect=40,
+        classpath, log_dir, "push", namesrv=broker.namesrv, topic=topic, group=group, expect=40,
         timeout_ms=120_000, linger_ms=2000,
+        properties={"rocketmq.client.rebalance.waitInterval": "600000", "rocketmq.client.logLevel": "INFO"},
     )  # fmt: skip
     try:
         wait_events(consumer, lambda ev: len([e for e in ev if e.get("event") == "received"]) >= 20)
@@ -536,7 +547,15 @@ def test_a_group_reset_reaches_the_running_java_consumer_which_consumes_again(
         consumer.proc.kill()
     assert run.done()["reached"], run.stderr[-2000:]
     assert keys(run.of("received")) == Counter({f"r-{i}": 2 for i in range(20)})
-    assert committed_offsets(store, topic, group, dict(placed)) == dict(placed)
+    assert committed_offsets(store, topic, group, dict(placed)) == dict(placed), rebalance_lines(log_dir)
+
+
+def rebalance_lines(log_dir: Path) -> str:
+    """The Java client's log lines on rebalances, resets and offsets (to tell a failure's cause)."""
+    wanted = ("doRebalance", "reset", "suspend", "resume", "notification", "persist", "already exists")
+    log = log_dir / "rocketmq_client.log"
+    lines = log.read_text(errors="replace").splitlines() if log.exists() else []
+    return "\n".join(line[:220] for line in lines if any(w in line for w in wanted))
 
 
 def test_a_producer_with_message_trace_on_stores_its_trace_records(

@@ -487,7 +487,8 @@ def _cpu_row(title: str, system: str, measure: Mapping[str, Any] | None, cores: 
     ceiling = "—" if client is None else f"{cpu_ceiling(server, client, cores):,.0f}"
     return (
         f"| {title} | {system} | {ms('server_cpu_ms_1k')} | {ms('client_cpu_ms_1k')} | "
-        f"{ms('others_cpu_ms_1k')} | {ms('steal_ms_1k')} | {ceiling} | {measure.get('msg_s', 0):,} | {vs} |"
+        f"{ms('others_cpu_ms_1k')} | {ms('steal_ms_1k')} | {ceiling} | {measure.get('msg_s', 0):,} | {vs} | "
+        f"{ms('messages_per_commit')} |"
     )
 
 
@@ -514,11 +515,13 @@ def wire_cpu_lines(workloads: Sequence[Mapping[str, Any]], cores: int) -> list[s
         "from its own start, the client's warm-up left out; rest: everything else the machine ran "
         "meanwhile; steal: what the hypervisor gave to other machines). Client and server share this "
         f"machine's {cores} cores, so a phase cannot run faster than {cores} x 1,000,000 / (server + client) "
-        "msg/s: the ceiling.",
+        "msg/s: the ceiling. Messages per commit: how many messages each of lakemq's commit-log commits "
+        "held in the phase (its group commits gather the sends that reach the server together; fewer "
+        "per commit, more commits per message).",
         "",
         "| phase | system | server | client | rest | steal | ceiling msg/s | measured msg/s | "
-        "server CPU vs RocketMQ's |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "server CPU vs RocketMQ's | messages per commit |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         *rows,
         "",
     ]

@@ -28,8 +28,8 @@ from bench.report import render, rocketmq_section, wire_cpu_lines
 from bench.rocketmq_peer import broker_port
 from bench.stats import cpu_ceiling
 from bench.workloads import OURS, ROCKETMQ
-from bench.workloads.wire import WORKLOADS, CpuMark, measures, run_with_cpu
-from engine import Admin, Store
+from bench.workloads.wire import WORKLOADS, CpuMark, commit_log_version, measures, run_with_cpu
+from engine import Admin, Message, Producer, Store
 
 
 def phases(consumed: int = 1050, failures: int = 0) -> list[dict[str, Any]]:
@@ -68,6 +68,7 @@ def test_measures_carry_each_phases_cpu_per_thousand_messages_for_the_sides_read
     }
     got = measures(phases(consumed=1054), marks)
     assert got["wire_sync_rate"]["server_cpu_ms_1k"] == 5000.0  # 20 ms over 4 messages
+    assert "messages_per_commit" not in got["wire_sync_rate"]  # no commits read
     assert got["wire_sync_rate"]["client_cpu_ms_1k"] == 125000.0
     assert got["wire_sync_rate"]["others_cpu_ms_1k"] == 20000.0  # 600 ms busy, 520 of them theirs
     assert got["wire_sync_rate"]["steal_ms_1k"] == 1000.0
@@ -82,6 +83,30 @@ def test_measures_carry_each_phases_cpu_per_thousand_messages_for_the_sides_read
     assert "server_cpu_ms_1k" not in measures(phases())["wire_batch"]  # no marks at all
 
 
+def test_measures_carry_each_phases_messages_per_commit_when_the_server_s_commits_were_read() -> None:
+    marks = {
+        1: CpuMark(1.0, 2.0, 10.0, 0.5, commits=10),
+        2: CpuMark(1.02, 2.5, 10.6, 0.504, commits=12),  # 4 sync sends in 2 commits
+        3: CpuMark(2.0, 3.0, 12.0, 0.6, commits=14),  # 1,000 batched in 2
+        4: CpuMark(3.0, 4.0, 20.0, 1.0, commits=14),  # consuming commits nothing to the commit log
+    }
+    got = measures(phases(consumed=1054), marks)
+    assert got["wire_sync_rate"]["messages_per_commit"] == 2.0
+    assert got["wire_batch"]["messages_per_commit"] == 500.0
+    assert "messages_per_commit" not in got["wire_consume"]
+
+
+def test_the_commit_count_of_a_store_is_its_commit_log_s_latest_version(tmp_path: Path) -> None:
+    store = Store.open(str(tmp_path / "s"))
+    Admin(store).create_topic("T", 1)
+    count = commit_log_version(tmp_path / "s")
+    before = count()
+    with Producer(store, "P") as producer:
+        producer.send(Message("T", b"a"))
+        producer.send(Message("T", b"b"))
+    assert before is not None and count() == before + 2
+
+
 def test_the_cpu_ceiling_is_the_rate_at_which_the_cores_would_be_busy_all_the_time() -> None:
     assert cpu_ceiling(150.0, 50.0, 2) == 10_000
     assert cpu_ceiling(30.0, 20.0, 1) == 20_000
@@ -90,7 +115,7 @@ def test_the_cpu_ceiling_is_the_rate_at_which_the_cores_would_be_busy_all_the_ti
 
 def test_the_wire_cpu_table_puts_each_phase_of_both_systems_beside_its_ceiling() -> None:
     ours = {"msg_s": 9000, "server_cpu_ms_1k": 150.0, "client_cpu_ms_1k": 50.0, "others_cpu_ms_1k": 3.0,
-            "steal_ms_1k": 0.5}  # fmt: skip
+            "steal_ms_1k": 0.5, "messages_per_commit": 96.0}  # fmt: skip
     theirs = {"msg_s": 30000, "server_cpu_ms_1k": 25.0, "client_cpu_ms_1k": 25.0, "others_cpu_ms_1k": 1.0,
               "steal_ms_1k": 0.0}  # fmt: skip
     batch = {"id": "wire_batch", "title": "batches", "kind": "rate", "notes": [],
@@ -99,9 +124,9 @@ def test_the_wire_cpu_table_puts_each_phase_of_both_systems_beside_its_ceiling()
             "systems": {OURS: {"msg_s": 1, "server_cpu_ms_1k": 10.0, "steal_ms_1k": 0.0},
                         ROCKETMQ: {"unavailable": "did not start"}}}  # fmt: skip
     lines = wire_cpu_lines([batch, half], 2)
-    assert f"| batches | {OURS} | 150.0 | 50.0 | 3.0 | 0.5 | 10,000 | 9,000 | 6.0x |" in lines
-    assert f"| batches | {ROCKETMQ} | 25.0 | 25.0 | 1.0 | 0.0 | 40,000 | 30,000 |  |" in lines
-    assert f"| consume | {OURS} | 10.0 | — | — | 0.0 | — | 1 | — |" in lines  # its client was not read
+    assert f"| batches | {OURS} | 150.0 | 50.0 | 3.0 | 0.5 | 10,000 | 9,000 | 6.0x | 96.0 |" in lines
+    assert f"| batches | {ROCKETMQ} | 25.0 | 25.0 | 1.0 | 0.0 | 40,000 | 30,000 |  | — |" in lines
+    assert f"| consume | {OURS} | 10.0 | — | — | 0.0 | — | 1 | — | — |" in lines  # its client was not read
     assert not [line for line in lines if line.startswith(f"| consume | {ROCKETMQ}")]
     assert "2 cores" in lines[0]
     plain = {**batch, "systems": {OURS: {"msg_s": 9000}, ROCKETMQ: {"msg_s": 30000}}}

@@ -22,7 +22,7 @@ ran slower than its CPU says was slowed by them.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -34,6 +34,8 @@ from bench.stats import Measure, latency, rate, unavailable
 from bench.workloads import OURS, ROCKETMQ, Context
 from bench.workloads.produce import open_store
 from engine import Admin
+from engine.store.delta.log import probe_latest_version
+from engine.store.schemas import COMMIT_LOG
 
 TOPIC = "WireBench"
 GROUP = "WireBenchGroup"
@@ -62,11 +64,24 @@ class CpuMark(NamedTuple):
     client: float | None
     machine: float
     steal: float
+    commits: int | None = None  # the server's commits so far (lakemq: the commit log's version)
 
 
-def cpu_mark(server_pids: Sequence[int], client_pids: Sequence[int]) -> CpuMark:
-    """The CPU spent so far by the server, the client and the machine."""
-    return CpuMark(cpu_seconds(server_pids), cpu_seconds(client_pids), *machine_cpu_seconds())
+def cpu_mark(
+    server_pids: Sequence[int], client_pids: Sequence[int], commits: Callable[[], int | None] | None = None
+) -> CpuMark:
+    """The CPU spent so far by the server, the client and the machine (and, given ``commits``, the
+    server's commits so far)."""
+    spent = (cpu_seconds(server_pids), cpu_seconds(client_pids), *machine_cpu_seconds())
+    return CpuMark(*spent, commits=None if commits is None else commits())
+
+
+def commit_log_version(store_root: Path) -> Callable[[], int | None]:
+    """How many commits a local store's commit log has had so far (its latest version), read from
+    its commit files: a group commit holds as many sends as reached the server meanwhile, so the
+    messages per commit of a phase tell how the server grouped its clients' sends."""
+    uri = str(store_root / COMMIT_LOG)
+    return lambda: probe_latest_version(uri)
 
 
 def _cpu_per_1k(before: CpuMark | None, after: CpuMark | None, messages: int) -> dict[str, float]:
@@ -88,6 +103,8 @@ def _cpu_per_1k(before: CpuMark | None, after: CpuMark | None, messages: int) ->
             out[f"{side}_cpu_ms_1k"] = per_1k(spent[side])
     if len(spent) == 2:
         out["others_cpu_ms_1k"] = per_1k(max(after.machine - before.machine - sum(spent.values()), 0.0))
+    if before.commits is not None and after.commits is not None and after.commits > before.commits:
+        out["messages_per_commit"] = round(messages / (after.commits - before.commits), 1)
     return out
 
 
@@ -121,29 +138,39 @@ def measures(events: list[dict[str, Any]], cpu: Mapping[int, CpuMark] | None = N
 
 
 def run_with_cpu(
-    classpath: str, log_dir: Path, server_pids: Sequence[int], timeout_s: float, **opts: object
+    classpath: str,
+    log_dir: Path,
+    server_pids: Sequence[int],
+    timeout_s: float,
+    commits: Callable[[], int | None] | None = None,
+    **opts: object,
 ) -> tuple[ScenarioRun, dict[int, CpuMark]]:
-    """Run the ``bench`` scenario, reading the CPU of the server's processes and of the client at
-    its start (mark 0), at the end of its warm-up (mark 1, its ``warm`` event) and as each phase
-    ends (mark n + 1 at the n-th ``phase`` event)."""
+    """Run the ``bench`` scenario, reading the CPU of the server's processes and of the client (and
+    the server's ``commits``, when given) at its start (mark 0), at the end of its warm-up (mark 1,
+    its ``warm`` event) and as each phase ends (mark n + 1 at the n-th ``phase`` event)."""
     scenario = start_scenario(classpath, log_dir, "bench", **opts)
     client = [scenario.proc.pid]
-    marks = {0: cpu_mark(server_pids, client)}
+    marks = {0: cpu_mark(server_pids, client, commits)}
     deadline = time.monotonic() + timeout_s
     while scenario.proc.poll() is None and time.monotonic() < deadline:
         ended = scenario.count("warm") + scenario.count("phase")
         if ended not in marks:  # (two ends within one poll: the first has no mark)
-            marks[ended] = cpu_mark(server_pids, client)
+            marks[ended] = cpu_mark(server_pids, client, commits)
         time.sleep(CPU_POLL_S)
     return scenario.finish(max(deadline - time.monotonic(), 1)), marks
 
 
 def _bench(
-    ctx: Context, classpath: str, namesrv: str, log_dir: Path, server_pids: Sequence[int]
+    ctx: Context,
+    classpath: str,
+    namesrv: str,
+    log_dir: Path,
+    server_pids: Sequence[int],
+    commits: Callable[[], int | None] | None = None,
 ) -> dict[str, Measure]:
     s = ctx.sizes
     run, cpu = run_with_cpu(
-        classpath, log_dir, server_pids, 1800, namesrv=namesrv, topic=TOPIC, group=GROUP,
+        classpath, log_dir, server_pids, 1800, commits, namesrv=namesrv, topic=TOPIC, group=GROUP,
         threads=s.wire_threads, sync_messages=s.wire_sync_messages, batch_messages=s.wire_batch_messages,
         batch_size=BATCH, body_bytes=s.body_bytes, consume_timeout_ms=600_000,
     )  # fmt: skip
@@ -172,7 +199,8 @@ def _lakemq(ctx: Context, classpath: str) -> dict[str, Measure]:
     with LakemqServer(root, ctx.workdir / "wire-serve.log") as server:
         if not server.namesrv:
             raise HarnessError(server.why)
-        return _bench(ctx, classpath, server.namesrv, ctx.workdir / "lakemq-client", server.pids)
+        client_dir = ctx.workdir / "lakemq-client"
+        return _bench(ctx, classpath, server.namesrv, client_dir, server.pids, commit_log_version(root))
 
 
 def wire(ctx: Context) -> list[dict[str, Any]]:

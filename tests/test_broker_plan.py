@@ -19,10 +19,11 @@ from typing import Any
 import pytest
 
 from engine import Message, Producer, PullConsumer, PullStatus, Store
-from engine.broker.loop import BROKER_NICENESS, BrokerLoop, BrokerProcess
+from engine.broker.loop import BROKER_NICENESS, SERVE_DISPATCH_MS, BrokerLoop, BrokerProcess
 from engine.broker.plan import PLAN, Pass, Step, plan_jobs
 from engine.errors import InvalidArgumentError
 from engine.protocol.actions import NACK
+from engine.remoting import RemotingServer
 from engine.spark.jobs import broker_app
 from engine.spark.jobs.registry import JOB_ORDER, JOBS, Job, job_named
 from engine.store.action_log import ActionLogWriter
@@ -151,6 +152,13 @@ def test_the_loop_in_a_process_of_its_own_dispatches_and_stops(store: Store, top
     finally:
         loop.stop()
     assert not loop.alive
+
+
+@pytest.mark.parametrize("own_process", [True, False])
+def test_mq_serve_s_broker_passes_dispatch_at_the_serving_pause(store: Store, own_process: bool) -> None:
+    server = RemotingServer(store, namesrv_port=0, broker_port=0, broker_jobs_process=own_process)
+    assert isinstance(server.loop_jobs, BrokerProcess if own_process else BrokerLoop)
+    assert server.loop_jobs.dispatch_ms == SERVE_DISPATCH_MS > BrokerLoop(store).dispatch_ms
 
 
 def test_the_loop_process_runs_below_the_servers_cpu_priority(store: Store, topic: str) -> None:

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from engine.broker.loop import BrokerLoop, BrokerProcess
+from engine.broker.loop import SERVE_DISPATCH_MS, BrokerLoop, BrokerProcess
 from engine.errors import (
     CommitConflictError,
     InvalidArgumentError,
@@ -174,7 +174,8 @@ class RemotingServer:
         self.ctx.check_back = self.checks  # type: ignore[attr-defined]
         self.loop_jobs: BrokerLoop | BrokerProcess | None = None
         if run_broker_jobs:
-            self.loop_jobs = BrokerProcess(store) if broker_jobs_process else BrokerLoop(store)
+            jobs = BrokerProcess if broker_jobs_process else BrokerLoop
+            self.loop_jobs = jobs(store, dispatch_ms=SERVE_DISPATCH_MS)
         self.namesrv_port = namesrv_port
         self.broker_port = broker_port
         self._serving = LoopThread("mq-remoting", self._main)

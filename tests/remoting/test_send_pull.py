@@ -266,11 +266,9 @@ def test_the_offset_piggybacked_on_a_pull_is_seen_at_once_and_committed_by_the_f
     assert PullConsumer(store, "G").committed_offset("T", 0) == 3
 
 
-def test_a_query_while_the_flush_commits_an_offset_sees_that_offset(
-    server: RemotingServer, broker: WireClient, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # The flush takes what was reported and then commits it: a query in between found it neither
-    # reported nor committed (CI: 0 for a reported 2).
+def _held_offset_commits(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """Make the wire offsets' commits wait: the first event is set as one starts, the second lets
+    it go on."""
     committing, release = threading.Event(), threading.Event()
     commit = offsets_batch.OffsetStore.commit
 
@@ -279,9 +277,18 @@ def test_a_query_while_the_flush_commits_an_offset_sees_that_offset(
         release.wait(60)
         return commit(self, entries)
 
+    monkeypatch.setattr(offsets_batch.OffsetStore, "commit", held_commit)
+    return committing, release
+
+
+def test_a_query_while_the_flush_commits_an_offset_sees_that_offset(
+    server: RemotingServer, broker: WireClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The flush takes what was reported and then commits it: a query in between found it neither
+    # reported nor committed (CI: 0 for a reported 2).
     fields = {"consumerGroup": "G4", "topic": "T", "queueId": 1, "commitOffset": 2}
     assert broker.call(RequestCode.UPDATE_CONSUMER_OFFSET, fields).code == ResponseCode.SUCCESS
-    monkeypatch.setattr(offsets_batch.OffsetStore, "commit", held_commit)
+    committing, release = _held_offset_commits(monkeypatch)
     flushing = threading.Thread(target=server.ctx.offsets.flush)
     flushing.start()
     query = {"consumerGroup": "G4", "topic": "T", "queueId": 1}
@@ -303,16 +310,8 @@ def test_an_offset_reported_again_while_the_flush_commits_another_is_kept(
     with offsets._flush_lock:  # the server's own flusher stays out until the reports are in
         assert offsets.put("G5", "T", 1, 5)
     offsets.flush()
-    committing, release = threading.Event(), threading.Event()
-    commit = offsets_batch.OffsetStore.commit
-
-    def held_commit(self: Any, entries: Any) -> Any:
-        committing.set()
-        release.wait(60)
-        return commit(self, entries)
-
     assert offsets.put("G5", "T", 1, 0)
-    monkeypatch.setattr(offsets_batch.OffsetStore, "commit", held_commit)
+    committing, release = _held_offset_commits(monkeypatch)
     flushing = threading.Thread(target=offsets.flush)
     flushing.start()
     try:

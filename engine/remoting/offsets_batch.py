@@ -71,8 +71,8 @@ class OffsetBatcher:
         """Commit every pending offset (one commit per group); returns how many were written.
 
         Raises:
-            StoreError, CommitConflictError: a commit failed; its offsets stay pending (unless a
-                newer one was reported meanwhile).
+            StoreError, CommitConflictError: a commit failed; its offsets and those of the groups
+                after it stay pending (unless a newer one was reported meanwhile).
         """
         with self._flush_lock:
             with self._lock:
@@ -89,13 +89,16 @@ class OffsetBatcher:
         for (group, topic, queue_id), offset in sorted(batch.items()):
             by_group.setdefault(group, []).append((topic, queue_id, offset))
         written = 0
-        for group, entries in by_group.items():
+        groups = list(by_group.items())
+        for index, (group, entries) in enumerate(groups):
             try:
                 OffsetStore(self._store, group).commit(entries)
             except BaseException:
+                # this group's offsets and those of the groups not tried yet wait for the next flush
                 with self._lock:
-                    for topic, queue_id, offset in entries:
-                        self._pending.setdefault((group, topic, queue_id), offset)
+                    for later, later_entries in groups[index:]:
+                        for topic, queue_id, offset in later_entries:
+                            self._pending.setdefault((later, topic, queue_id), offset)
                 raise
             with self._lock:
                 for topic, queue_id, offset in entries:

@@ -15,6 +15,7 @@ from engine import Admin, Message, Producer, PullConsumer, PullStatus, Store
 from engine.broker.dispatch import dispatch_pending
 from engine.broker.schedule import deliver_due
 from engine.config import load_config
+from engine.errors import StoreError
 from engine.remoting import RemotingServer, offsets_batch
 from engine.remoting.codes import MessageSysFlag, PullSysFlag, RequestCode, ResponseCode
 from engine.remoting.message_layout import (
@@ -279,6 +280,29 @@ def _held_offset_commits(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Eve
 
     monkeypatch.setattr(offsets_batch.OffsetStore, "commit", held_commit)
     return committing, release
+
+
+def test_a_failed_flush_keeps_the_offsets_of_the_groups_it_did_not_reach(
+    store: Store, server: RemotingServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    offsets = server.ctx.offsets
+    commit = offsets_batch.OffsetStore.commit
+
+    def failing_for_a(self: Any, entries: Any) -> Any:
+        if self.group == "GA":
+            raise StoreError("disk full")
+        return commit(self, entries)
+
+    with offsets._flush_lock:  # the server's own flusher stays out until the reports are in
+        assert offsets.put("GA", "T", 0, 3) and offsets.put("GB", "T", 0, 7)
+        monkeypatch.setattr(offsets_batch.OffsetStore, "commit", failing_for_a)
+    with pytest.raises(StoreError):
+        offsets.flush()  # groups go in order: GA fails first, GB is not tried
+    assert (offsets.pending("GA", "T", 0), offsets.pending("GB", "T", 0)) == (3, 7)
+    monkeypatch.setattr(offsets_batch.OffsetStore, "commit", commit)
+    offsets.flush()  # (or the server's own flusher, first)
+    assert PullConsumer(store, "GA").committed_offset("T", 0) == 3
+    assert PullConsumer(store, "GB").committed_offset("T", 0) == 7
 
 
 def test_a_query_while_the_flush_commits_an_offset_sees_that_offset(

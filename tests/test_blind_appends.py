@@ -138,8 +138,8 @@ def test_a_link_made_before_it_failed_is_acknowledged_once(
 ) -> None:
     real_link = os.link
 
-    def made_then_failed(source: str, target: str) -> None:
-        real_link(source, target)
+    def made_then_failed(source: str, target: str, **kwargs: Any) -> None:
+        real_link(source, target, **kwargs)
         raise OSError(errno.EIO, "Input/output error", target)
 
     before = store.version(TABLE)
@@ -151,7 +151,7 @@ def test_a_link_made_before_it_failed_is_acknowledged_once(
 
 
 def test_a_failed_link_commits_nothing(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
-    def failed(source: str, target: str) -> None:
+    def failed(source: str, target: str, **kwargs: Any) -> None:
         raise OSError(errno.EIO, "Input/output error", target)
 
     before = store.version(TABLE)
@@ -166,7 +166,7 @@ def test_a_failed_link_commits_nothing(store: Store, monkeypatch: pytest.MonkeyP
 def test_without_hard_links_appends_go_through_delta_rs(
     store: Store, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def no_links(source: str, target: str) -> None:
+    def no_links(source: str, target: str, **kwargs: Any) -> None:
         raise OSError(errno.EPERM, "Operation not permitted")
 
     monkeypatch.setattr(direct_append.os, "link", no_links)

@@ -126,6 +126,51 @@ def test_a_taken_version_is_a_conflict_and_leaves_neither_a_commit_nor_a_tempora
     assert open_snapshot(store.uri(schemas.COMMIT_LOG)).commit_info(1)["mq.test"] == "x"
 
 
+@pytest.mark.parametrize("unnamed", [True, False], ids=["unnamed-file", "named-staging-file"])
+def test_a_commit_file_is_linked_in_whole_and_no_staging_file_stays(
+    store: Store, topic: str, monkeypatch: pytest.MonkeyPatch, unnamed: bool
+) -> None:
+    monkeypatch.setattr(direct_append, "_unnamed_files", unnamed)
+    names: list[str] = []
+    real_link = os.link
+
+    def seen_link(source: str, target: str, **kwargs: Any) -> None:
+        names.append(source)
+        real_link(source, target, **kwargs)
+
+    monkeypatch.setattr(direct_append.os, "link", seen_link)
+    writer = CommitLogWriter(store)
+    for body in (b"a", b"b"):
+        writer.append([_pending(topic, 0, body)])
+    monkeypatch.undo()
+    # linked from the open file (/proc/self/fd/N) or from its staging name, which is then removed
+    assert [n.startswith("/proc/self/fd/") for n in names] == [unnamed, unnamed]
+    assert not list(_log(store).glob("_commit_*"))
+    assert [r["body"] for r in read_versions(store.uri(schemas.COMMIT_LOG), 1, 2, schemas.COMMIT_LOG_SCHEMA)
+            .to_pylist()] == [b"a", b"b"]  # fmt: skip
+
+
+def test_a_file_system_without_unnamed_files_falls_back_to_a_staging_name(
+    store: Store, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_open = os.open
+
+    def no_tmpfile(path: str, flags: int, *args: Any, **kwargs: Any) -> int:
+        if flags & os.O_TMPFILE == os.O_TMPFILE:
+            raise OSError(errno.EOPNOTSUPP, "Operation not supported", path)
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(direct_append, "_unnamed_files", True)
+    monkeypatch.setattr(direct_append.os, "open", no_tmpfile)
+    writer = CommitLogWriter(store)
+    [stamped] = writer.append([_pending(topic, 0, b"x")])
+    assert stamped.version == 1 and writer.direct
+    assert direct_append._unnamed_files is False  # asked once per process
+    monkeypatch.undo()
+    assert sorted(os.listdir(_log(store)))[-1] == f"{1:020d}.json"
+    assert not list(_log(store).glob("_commit_*"))
+
+
 def test_a_direct_commit_cut_at_a_line_break_is_detected(store: Store, topic: str) -> None:
     CommitLogWriter(store).append([_pending(topic, 0, b"x")])
     path = _log(store) / f"{1:020d}.json"
@@ -196,7 +241,7 @@ def test_a_writer_goes_through_delta_rs_once_the_table_asks_more(store: Store, t
 def test_without_hard_links_a_writer_goes_through_delta_rs(
     store: Store, topic: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def no_links(src: str, dst: str) -> None:
+    def no_links(src: str, dst: str, **kwargs: Any) -> None:
         raise OSError(errno.EPERM, "Operation not permitted")
 
     writer = CommitLogWriter(store)
@@ -294,8 +339,8 @@ def test_a_retried_link_that_finds_its_own_commit_is_acknowledged_once(
     # NFS retransmits a LINK whose reply was lost and answers EEXIST: the commit is the writer's own.
     real_link = os.link
 
-    def made_then_exists(source: str, target: str) -> None:
-        real_link(source, target)
+    def made_then_exists(source: str, target: str, **kwargs: Any) -> None:
+        real_link(source, target, **kwargs)
         raise FileExistsError(errno.EEXIST, "File exists", target)
 
     writer = CommitLogWriter(store)

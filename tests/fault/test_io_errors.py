@@ -195,8 +195,8 @@ def _answers_lost_after_commits(monkeypatch: pytest.MonkeyPatch, errno: int, rea
         lost.append(errno)
         raise OSError(errno, f"{reason} (after the commit was stored)")
 
-    def link_then_fail(source: str, target: str) -> None:  # a network file system's lost reply
-        real_link(source, target)
+    def link_then_fail(source: str, target: str, **kwargs: Any) -> None:  # a network file system's lost reply
+        real_link(source, target, **kwargs)
         if target.endswith(".json"):
             lost.append(errno)
             raise OSError(errno, f"{reason} (after the commit was stored)")
@@ -250,13 +250,21 @@ def test_a_commit_whose_outcome_cannot_be_read_back_is_unknown_and_the_next_send
     s.check_and_record(dispatched=True, recovery_s=recovery_s, unknown_outcomes=1)
 
 
-def test_commits_whose_staging_file_cannot_be_removed_are_acknowledged_and_leave_only_strays(
-    chattr_works: None, scenario: Scenario
+@pytest.mark.parametrize("unnamed", [True, False], ids=["unnamed-commit-files", "named-staging-files"])
+def test_commits_in_a_log_whose_files_cannot_be_removed_are_acknowledged_and_leave_only_strays(
+    chattr_works: None, scenario: Scenario, monkeypatch: pytest.MonkeyPatch, unnamed: bool
 ) -> None:
-    s = scenario.named("commit staging file not removable (append-only _delta_log)")
+    """A direct append writes its commit file without a name and links it in (nothing to remove);
+    where the file system has no unnamed files, under a staging name it then removes."""
+    if not unnamed:
+        monkeypatch.setattr(direct_append, "_unnamed_files", False)
+    s = scenario.named(
+        "commit files in an append-only _delta_log"
+        + ("" if unnamed else " (named staging files: not removable)")
+    )
     log_dir = s.log_dir(schemas.COMMIT_LOG)
     s.send(0)
-    with refused_writes(log_dir, "a"):  # the staging file is linked to NNN.json, then cannot be unlinked
+    with refused_writes(log_dir, "a"):  # files can be made and linked in, not removed
         s.send_each(4)
         s.send_batch(3, queue_id=1)
     # delta-rs stages NNN.json#1, a direct append _commit_<uuid>.json.tmp
@@ -266,7 +274,8 @@ def test_commits_whose_staging_file_cannot_be_removed_are_acknowledged_and_leave
     dispatch_pending(reopened)
     s.store = reopened  # checked as a new process sees it
     figures = s.check_and_record(dispatched=True, stray_files=len(strays))
-    assert len(strays) == 5  # one per commit made under the fault, each ignored by every reader
+    # a staging file per commit made under the fault, each ignored by every reader; none unnamed
+    assert len(strays) == (0 if unnamed else 5)
     assert figures.stored == figures.acknowledged == 9
 
 

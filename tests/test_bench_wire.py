@@ -22,7 +22,7 @@ from bench.java_harness import (
     sources_hash,
 )
 from bench.lakemq_server import LakemqServer
-from bench.machine import cpu_seconds, machine_cpu_seconds, process_tree
+from bench.machine import cpu_seconds, file_create_us, machine_cpu_seconds, process_tree
 from bench.peers import stop_process_group
 from bench.report import render, rocketmq_section, wire_cpu_lines
 from bench.rocketmq_peer import broker_port
@@ -225,6 +225,23 @@ def test_the_rocketmq_section_gives_each_wire_workload_lakemq_beside_rocketmq_wi
     assert "| batches | 2,500 msg/s | 5,000 msg/s | 50% |" in section
     assert "| one send | p50 12.0 ms, p99 40.0 ms | p50 3.00 ms, p99 9.00 ms | 4.0x slower |" in section
     assert "## lakemq vs the real RocketMQ broker" in render(_results([rate_w, latency_w]))
+
+
+def test_the_rocketmq_section_says_what_a_new_file_cost_before_each_system_when_the_run_read_it() -> None:
+    batches = {"id": "wire_batch", "title": "batches", "kind": "rate", "notes": [],
+               "systems": {OURS: {"msg_s": 2500, "n": 10, "seconds": 1},
+                           ROCKETMQ: {"msg_s": 5000, "n": 10, "seconds": 1}}}  # fmt: skip
+    results = _results([batches])
+    assert not any("A new 1 KiB file cost" in line for line in rocketmq_section(results))
+    results["extra"]["wire_file_create_us"] = {ROCKETMQ: 31.4, OURS: 812.0}
+    [line] = [line for line in rocketmq_section(results) if "A new 1 KiB file cost" in line]
+    assert f"before {ROCKETMQ} 31 us, before {OURS} 812 us of CPU" in line
+
+
+def test_the_file_create_probe_measures_new_files_and_leaves_none(tmp_path: Path) -> None:
+    cost = file_create_us(tmp_path, files=20)
+    assert 0 < cost < 1_000_000  # microseconds of CPU, not seconds or nanoseconds
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_rocketmq_section_names_why_rocketmq_was_not_measured_and_is_absent_without_wire_workloads() -> (

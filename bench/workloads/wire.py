@@ -6,7 +6,9 @@ sends of 1 KiB from ``wire_threads`` threads (each send's latency), then batches
 threads, then one push consumer reading every message back. RocketMQ (name server and broker from
 Maven, 512 MiB heap, async flush) runs first and is stopped before lakemq starts, so the two never
 share the CPU; before each, what the page cache holds dirty is written back
-(:func:`~bench.machine.settle_disk`), so neither pays for the other's writes.
+(:func:`~bench.machine.settle_disk`), so neither pays for the other's writes, and what a new file
+costs the CPU then is read (:func:`~bench.machine.file_create_us`: on the bench machine it varies
+thirtyfold with the state of the VM's memory).
 
 * ``wire_sync``: latency of one synchronous send; ``wire_sync_rate``: those sends' throughput;
 * ``wire_batch``: batched sends' throughput; ``wire_consume``: the push consumer's throughput.
@@ -28,7 +30,7 @@ from typing import Any, NamedTuple
 
 from bench.java_harness import HarnessError, ScenarioRun, harness_classpath, start_scenario
 from bench.lakemq_server import LakemqServer
-from bench.machine import cpu_seconds, machine_cpu_seconds, settle_disk
+from bench.machine import cpu_seconds, file_create_us, machine_cpu_seconds, settle_disk
 from bench.rocketmq_peer import RocketMQPeer
 from bench.stats import Measure, latency, rate, unavailable
 from bench.workloads import OURS, ROCKETMQ, Context
@@ -206,13 +208,21 @@ def _lakemq(ctx: Context, classpath: str) -> dict[str, Measure]:
 def wire(ctx: Context) -> list[dict[str, Any]]:
     """The four wire workloads, lakemq and the real RocketMQ side by side."""
     classpath = harness_classpath()
-    ctx.log(f"disk settled before RocketMQ in {settle_disk():.1f} s")
+    create_us: dict[str, float] = {}
+
+    def settle(system: str) -> None:
+        took = settle_disk()
+        create_us[system] = file_create_us(ctx.workdir)
+        ctx.log(f"disk settled before {system} in {took:.1f} s; a new file: {create_us[system]} us of CPU")
+
+    settle(ROCKETMQ)
     theirs, version = _rocketmq(ctx, classpath)
     ctx.log(f"RocketMQ {version}: {theirs}")
-    ctx.log(f"disk settled before lakemq in {settle_disk():.1f} s")
+    settle(OURS)
     ours = _lakemq(ctx, classpath)
     ctx.log(f"lakemq mq serve: {ours}")
     ctx.extra["rocketmq_broker"] = version or "not available"
+    ctx.extra["wire_file_create_us"] = create_us
     s = ctx.sizes
     note = (
         "Apache RocketMQ's Java client (rocketmq-client 4.9.8, unmodified) in one JVM, "

@@ -357,6 +357,10 @@ class Producer(Closing):
             out.append(PreparedSend(pending))
         return tuple(out)
 
+    def new_uniq_key(self) -> str:
+        """A new unique message id (``UNIQ_KEY``), as this producer gives a message sent without one."""
+        return self._ids.next()
+
     def _check_open(self) -> None:
         if self._closed:
             raise ProducerClosedError("producer is closed")

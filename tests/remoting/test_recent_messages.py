@@ -330,8 +330,10 @@ def test_what_a_wire_client_sent_is_held_as_a_pull_reads_it_back(tmp_path: Path)
         single = wire.send_wire_grouped(
             incoming("T", b"one", {"TAGS": "A", "KEYS": "k", "x": "y"}, born_host=("10.0.0.1", 1), flag=3), 1
         )
-        batch = wire.send_wire_batch(
-            [incoming("T", f"b{i}".encode(), {"TAGS": "B"} if i % 2 else {}) for i in range(5)], 1
+        batch = wire.queue_batch(
+            wire.prepare_client_batch(
+                "T", 1, [BatchItem(f"b{i}".encode(), {"TAGS": "B"} if i % 2 else {}) for i in range(5)]
+            )
         )
         delayed = wire.send_wire_grouped(incoming("T", b"later", {"DELAY": "3"}), 1)
         held = [

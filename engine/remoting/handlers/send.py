@@ -4,6 +4,7 @@ CONSUMER_SEND_MSG_BACK. Each goes through the engine's producer or consumer path
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -21,7 +22,7 @@ from engine.remoting.context import BrokerContext, Connection, Handler
 from engine.remoting.frames import RemotingCommand
 from engine.remoting.handlers.namesrv import ensure_sent_topic
 from engine.remoting.headers import Header
-from engine.remoting.message_layout import decode_batch, decode_properties, offset_msg_id
+from engine.remoting.message_layout import BatchItem, decode_batch, decode_properties, offset_msg_id
 from engine.remoting.recent import sent
 from engine.remoting.retry_sends import is_retry_send, send_retry
 from engine.remoting.wire_messages import IncomingMessage, incoming, inflate
@@ -87,15 +88,10 @@ async def send_message(ctx: BrokerContext, conn: Connection, cmd: RemotingComman
         await ctx.run(ensure_sent_topic, ctx, topic, header.int32("defaultTopicQueueNums", 4))
         ctx.sent_topics.add(topic)
     if batch:
-        items = [
-            incoming(
-                topic, _checked(i.body), i.properties, born_host=born_host, flag=i.flag, born_ts_ms=born_ts
-            )
-            for i in decode_batch(cmd.body)
-        ]
-        if not items:
-            raise InvalidMessageError("a batch holds at least one message", topic=topic)
-        stored, results = await _store_batch(ctx, items, queue_id)
+        items = decode_batch(cmd.body)
+        for i in items:
+            _check_body(i.body)
+        stored, results = await _store_batch(ctx, topic, queue_id, items, born_host, born_ts)
         _hold_soon(ctx, stored, results)
         ctx.hold.arrived(topic, results[-1].queue_id, results[-1].queue_offset + 1)
         fields = _result_fields(ctx, results[0])
@@ -149,13 +145,21 @@ async def _store(
 
 
 async def _store_batch(
-    ctx: BrokerContext, items: list[IncomingMessage], queue_id: int
+    ctx: BrokerContext,
+    topic: str,
+    queue_id: int,
+    items: list[BatchItem],
+    born_host: tuple[str, int] | None,
+    born_ts: int,
 ) -> tuple[Sequence[PreparedSend], list[SendResult]]:
     """Store a client's batch, whole, in the next group commit: what it stored, and the results."""
     if ctx.commits is not None:  # checked and committed on the event loop
-        prepared = ctx.producer.prepare_wire_batch(items, queue_id)
+        prepared = ctx.producer.prepare_client_batch(
+            topic, queue_id, items, born_host=born_host, born_ts_ms=born_ts
+        )
         return prepared, await ctx.commits.submit(prepared)
-    queued = await _queued(ctx, ctx.producer.send_wire_batch, items, queue_id)
+    prepare = functools.partial(ctx.producer.prepare_client_batch, born_host=born_host, born_ts_ms=born_ts)
+    queued = ctx.producer.queue_batch(await _queued(ctx, prepare, topic, queue_id, items))
     return queued.prepared, await ctx.landings.wait(queued.future)
 
 
@@ -179,11 +183,6 @@ async def _queued(ctx: BrokerContext, queue: Callable[..., T], *args: Any) -> T:
     if ctx.store.is_local:
         return queue(*args)
     return await ctx.run(queue, *args)
-
-
-def _checked(body: bytes) -> bytes:
-    _check_body(body)
-    return body
 
 
 def send_back_sync(

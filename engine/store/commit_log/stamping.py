@@ -145,10 +145,20 @@ class PendingBatch:
         header = {t: record_size(t, 0, _NO_PROPERTIES) for t in set(topics)}
         has_props = any(props)
         if has_props:
-            sizes = [
-                record_size(t, len(b), p) if p else header[t] + len(b)
-                for t, b, p in zip(topics, bodies, props, strict=True)
-            ]
+            # by the properties' identity too: the messages of a client's batch share one mapping
+            # (WireProducer.prepare_client_batch), encoded once here instead of once a message
+            sized: dict[tuple[str, int], int] = {}
+            sizes = []
+            for t, b, p in zip(topics, bodies, props, strict=True):
+                if not p:
+                    sizes.append(header[t] + len(b))
+                    continue
+                fixed = sized.get((t, id(p)))
+                if fixed is None:
+                    fixed = sized[(t, id(p))] = record_size(t, 0, p)
+                sizes.append(fixed + len(b))
+            pairs: dict[int, list[tuple[str, str]]] = {}
+            prop_lists = [pairs.get(id(p)) or pairs.setdefault(id(p), list(p.items())) for p in props]
         else:
             sizes = [header[t] + len(b) for t, b in zip(topics, bodies, strict=True)]
         if any(c is not None for c in codes):
@@ -163,9 +173,7 @@ class PendingBatch:
             "tags_code": pa.array(tag_codes, pa.int64()),
             "keys": pa.array(keys, pa.list_(pa.string())) if any(keys) else _empty_lists(n),
             "properties": (
-                pa.array([list(p.items()) for p in props], pa.map_(pa.string(), pa.string()))
-                if has_props
-                else _empty_maps(n)
+                pa.array(prop_lists, pa.map_(pa.string(), pa.string())) if has_props else _empty_maps(n)
             ),
             "body": pa.array(bodies, pa.binary()),
             "size": pa.array(sizes, pa.int32()),

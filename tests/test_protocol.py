@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 
 import pytest
 
+import engine.protocol.messages as messages
 from engine.errors import InvalidArgumentError, InvalidMessageError, InvalidTopicError
 from engine.protocol import (
+    RecordSizes,
     UniqKeyGenerator,
     is_system_topic,
     java_string_hashcode,
@@ -122,6 +125,25 @@ def test_record_size_counts_body_topic_and_properties() -> None:
     assert record_size("T", 11, {}) == base + 1
     assert record_size("TT", 10, {}) == base + 1
     assert record_size("T", 10, {"k": "v"}) == base + len("k\x01v\x02")
+
+
+def test_record_sizes_of_one_pass_are_record_size_with_each_mapping_encoded_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    shared, other = {"a": "1", "UNIQ": "x"}, {"a": "1", "UNIQ": "x"}
+    cases = [("T", 10, shared), ("T", 999, shared), ("TT", 10, shared), ("T", 10, other), ("T", 5, {})]
+    expected = [record_size(*c) for c in cases]
+    encoded: list[object] = []
+    real = messages.encode_properties
+
+    def counted(properties: Mapping[str, str]) -> bytes:
+        encoded.append(properties)
+        return real(properties)
+
+    monkeypatch.setattr(messages, "encode_properties", counted)
+    sizes = RecordSizes()
+    assert [sizes(*c) for c in cases] == expected
+    assert len(encoded) == 3  # shared once per topic (T, TT), other once; {} encodes nothing
 
 
 def test_sharding_key_hash_is_stable_and_in_range() -> None:

@@ -59,6 +59,7 @@ from engine.protocol.message_ids import (
 )
 from engine.protocol.messages import (
     MAX_BODY_BYTES,
+    RecordSizes,
     encode_properties,
     record_size,
     select_queue_by_hash,
@@ -194,6 +195,7 @@ __all__ = [
     "MessageSelector",
     "Perm",
     "RealDestination",
+    "RecordSizes",
     "ScheduleEnvelope",
     "StrategyName",
     "TagFilter",

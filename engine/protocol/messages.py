@@ -123,6 +123,22 @@ def record_size(topic: str, body_len: int, properties: Mapping[str, str]) -> int
     return _RECORD_HEADER_BYTES + body_len + len(topic.encode()) + props
 
 
+class RecordSizes:
+    """:func:`record_size` over the messages of one pass, each distinct properties mapping encoded
+    once (the messages of a client's batch share one: ``WireProducer.prepare_client_batch``). Keyed
+    by the mapping's identity: use one for messages that stay alive meanwhile, then drop it."""
+
+    def __init__(self) -> None:
+        self._fixed: dict[tuple[str, int], int] = {}
+
+    def __call__(self, topic: str, body_len: int, properties: Mapping[str, str]) -> int:
+        key = (topic, id(properties))
+        fixed = self._fixed.get(key)
+        if fixed is None:
+            fixed = self._fixed[key] = record_size(topic, 0, properties)
+        return fixed + body_len
+
+
 def select_queue_by_hash(sharding_key: str, queues: int) -> int:
     """Stable queue for a sharding key, as RocketMQ's ``SelectMessageQueueByHash``.
 

@@ -35,7 +35,7 @@ from typing import Any
 from engine.client.sending import PreparedSend
 from engine.config import EngineConfig
 from engine.model import MessageExt, PullStatus, SendResult
-from engine.protocol import record_size, tags_code
+from engine.protocol import RecordSizes, tags_code
 from engine.protocol.pull import MAX_SCAN_ENTRIES, batch_full, pull_status
 from engine.protocol.selectors import ExpressionType, MessageSelector
 from engine.remoting.message_layout import encode_stored
@@ -184,6 +184,8 @@ def sent(
     properties too long for the layout) fails the pull that asks for it, as a read would.
     """
     out = []
+    sized = RecordSizes()  # a client's batch shares one properties mapping: encoded once
+    codes: dict[str | None, int] = {}
     for prepared, result in zip(messages, results, strict=True):
         m = prepared.pending
         if prepared.destination is not None:
@@ -205,8 +207,12 @@ def sent(
             m.sys_flag,
             store_host,
         )
-        size = record_size(m.topic, len(m.body), m.properties)
-        held = Recent(None, size, m.tags, tags_code(m.tags), result.physical_offset, row)
+        code = codes.get(m.tags)
+        if code is None:
+            code = codes[m.tags] = tags_code(m.tags)
+        held = Recent(
+            None, sized(m.topic, len(m.body), m.properties), m.tags, code, result.physical_offset, row
+        )
         out.append((result.queue_offset, held))
     return out
 

@@ -24,7 +24,7 @@ import pyarrow.compute as pc
 
 from engine.errors import StoreError
 from engine.model import UNDISPATCHED_FLAGS
-from engine.protocol import record_size, tags_code
+from engine.protocol import RecordSizes, record_size, tags_code
 from engine.store import schemas
 from engine.store.commit_log.marks import HighWaterMarks, MarksDelta
 
@@ -145,18 +145,11 @@ class PendingBatch:
         header = {t: record_size(t, 0, _NO_PROPERTIES) for t in set(topics)}
         has_props = any(props)
         if has_props:
-            # by the properties' identity too: the messages of a client's batch share one mapping
-            # (WireProducer.prepare_client_batch), encoded once here instead of once a message
-            sized: dict[tuple[str, int], int] = {}
-            sizes = []
-            for t, b, p in zip(topics, bodies, props, strict=True):
-                if not p:
-                    sizes.append(header[t] + len(b))
-                    continue
-                fixed = sized.get((t, id(p)))
-                if fixed is None:
-                    fixed = sized[(t, id(p))] = record_size(t, 0, p)
-                sizes.append(fixed + len(b))
+            sized = RecordSizes()  # a client's batch shares one properties mapping: encoded once
+            sizes = [
+                sized(t, len(b), p) if p else header[t] + len(b)
+                for t, b, p in zip(topics, bodies, props, strict=True)
+            ]
             pairs: dict[int, list[tuple[str, str]]] = {}
             prop_lists = [pairs.get(id(p)) or pairs.setdefault(id(p), list(p.items())) for p in props]
         else:

@@ -266,13 +266,52 @@ def encode_batch(items: list[BatchItem]) -> bytes:
     return b"".join(parts)
 
 
+class BatchRecord(NamedTuple):
+    """One message of a SEND_BATCH_MESSAGE body as it came: its properties still encoded."""
+
+    body: bytes
+    properties: str
+    flag: int = 0
+
+
 def decode_batch(data: bytes) -> list[BatchItem]:
     """Inverse of :func:`encode_batch`.
 
     Raises:
         RemotingProtocolError: a truncated or inconsistent record.
     """
-    out: list[BatchItem] = []
+    return [BatchItem(r.body, decode_properties(r.properties), r.flag) for r in decode_batch_records(data)]
+
+
+def split_property(text: str, name: str) -> tuple[str | None, str] | None:
+    """The value of property ``name`` in the encoded ``text`` and ``text`` without that property,
+    without decoding the others: ``(None, text)`` when it is not there, and None when it is there
+    more than once (decode the text then: the last one holds)."""
+    head = name + NAME_VALUE_SEPARATOR
+    inner = PROPERTY_SEPARATOR + head
+    if text.startswith(head):
+        start = 0
+    else:
+        found = text.find(inner)
+        if found < 0:
+            return None, text
+        start = found + 1
+    if text.find(inner, start) >= 0:
+        return None
+    value_at = start + len(head)
+    end = text.find(PROPERTY_SEPARATOR, value_at)
+    if end < 0:
+        return text[value_at:], text[:start]
+    return text[value_at:end], text[:start] + text[end + 1 :]
+
+
+def decode_batch_records(data: bytes) -> list[BatchRecord]:
+    """The messages of a SEND_BATCH_MESSAGE body (:func:`encode_batch`), properties left encoded.
+
+    Raises:
+        RemotingProtocolError: a truncated or inconsistent record.
+    """
+    out: list[BatchRecord] = []
     pos = 0
     try:
         while pos < len(data):
@@ -285,13 +324,13 @@ def decode_batch(data: bytes) -> list[BatchItem]:
             (props_len,) = struct.unpack_from(">h", data, p)
             if props_len < 0 or p + 2 + props_len > len(data):
                 raise RemotingProtocolError(f"batch record at byte {pos} is truncated", field="body")
-            props = decode_properties(data[p + 2 : p + 2 + props_len].decode())
+            props = data[p + 2 : p + 2 + props_len].decode()
             end = p + 2 + props_len
             if size != end - pos:
                 raise RemotingProtocolError(
                     f"batch record at byte {pos} has an inconsistent size", field="body"
                 )
-            out.append(BatchItem(body, props, flag))
+            out.append(BatchRecord(body, props, flag))
             pos = end
     except (struct.error, UnicodeDecodeError) as exc:
         raise RemotingProtocolError(f"truncated batch record at byte {pos}: {exc}", field="body") from None

@@ -14,13 +14,21 @@ from engine.model import SendResult
 from engine.protocol.messages import batch_bytes
 from engine.protocol.names import PROPERTY_UNIQ_KEY
 from engine.protocol.transactions import HalfMessage, LocalTransactionState
-from engine.remoting.message_layout import BatchItem
+from engine.remoting.message_layout import BatchRecord, decode_properties, split_property
 from engine.remoting.wire_messages import IncomingMessage, incoming
 from engine.store.commit_log import LOCK_WAIT_S
+from engine.store.commit_log.stamping import PendingMessage
 from engine.store.store import Store
 from engine.store.transactions import Decision
 
 REASON_WIRE = "wire"  # a decision a wire producer sent (END_TRANSACTION)
+
+
+def _batch_bytes(item: IncomingMessage) -> int:
+    """What a message adds to a batch's size (RocketMQ's ``MessageBatch`` count)."""
+    m = item.message
+    return batch_bytes(m.body, m.tags, m.properties, m.keys)
+
 
 T = TypeVar("T")
 
@@ -136,7 +144,7 @@ class WireProducer(Closing):
         self,
         topic: str,
         queue_id: int,
-        items: Sequence[BatchItem],
+        items: Sequence[BatchRecord],
         *,
         born_host: tuple[str, int] | None = None,
         born_ts_ms: int = 0,
@@ -157,33 +165,34 @@ class WireProducer(Closing):
         """
         if not items:
             raise InvalidMessageError("a batch holds at least one message", topic=topic)
-        shapes: dict[tuple[int, tuple[tuple[str, str], ...]], int] = {}
+        shapes: dict[tuple[int, str], int] = {}
         firsts: list[IncomingMessage] = []
         plan: list[tuple[int, bytes, str | None]] = []  # each message: its shape, body, unique id
-        for item in items:
-            props = item.properties
-            shape = (item.flag, tuple(kv for kv in props.items() if kv[0] != PROPERTY_UNIQ_KEY))
-            index = shapes.get(shape)
+        for body, text, flag in items:
+            split = split_property(text, PROPERTY_UNIQ_KEY)
+            if split is None:  # UNIQ_KEY more than once: the decoded one (the last), a shape alone
+                uniq, rest = decode_properties(text).get(PROPERTY_UNIQ_KEY), text
+            else:
+                uniq, rest = split
+            index = shapes.get((flag, rest))
             if index is None:
-                index = shapes[shape] = len(firsts)
+                index = shapes[(flag, rest)] = len(firsts)
+                props = decode_properties(text)
                 firsts.append(
-                    incoming(
-                        topic, item.body, props, born_host=born_host, flag=item.flag, born_ts_ms=born_ts_ms
-                    )
+                    incoming(topic, body, props, born_host=born_host, flag=flag, born_ts_ms=born_ts_ms)
                 )
-            plan.append((index, item.body, props.get(PROPERTY_UNIQ_KEY) or None))
+            plan.append((index, body, uniq or None))
         checked = self.prepare_wire_batch(firsts, queue_id)
         if len(plan) == len(firsts):
             return checked
-        templates = [p.pending for p in checked]
-        # what each shape adds to the batch's size besides the body (RocketMQ's MessageBatch count)
-        extra = [
-            batch_bytes(m.body, m.tags, m.properties, m.keys) - len(m.body)
-            for m in (i.message for i in firsts)
-        ]
+        # each shape's row around the body and unique id, and what it adds to the batch's size
+        # besides the body (RocketMQ's MessageBatch count)
+        rows = [(p.pending[:2], p.pending[4:]) for p in checked]
+        extra = [_batch_bytes(i) - len(i.message.body) for i in firsts]
         new_key = self._producer.new_uniq_key
+        make = PendingMessage._make
         out = tuple(
-            PreparedSend(templates[index]._replace(body=body, uniq_key=uniq or new_key()))
+            PreparedSend(make((*rows[index][0], body, uniq or new_key(), *rows[index][1])))
             for index, body, uniq in plan
         )
         self._check_batch_bytes(sum(len(body) + extra[index] for index, body, _ in plan))
@@ -222,12 +231,7 @@ class WireProducer(Closing):
             born_ts_ms=items[0].born_ts_ms,
             broker_properties=[i.broker_properties for i in items],
         )
-        self._check_batch_bytes(
-            sum(
-                batch_bytes(i.message.body, i.message.tags, i.message.properties, i.message.keys)
-                for i in items
-            )
-        )
+        self._check_batch_bytes(sum(_batch_bytes(i) for i in items))
         return tuple(prepared)
 
     def _check_batch_bytes(self, total: int) -> None:

@@ -9,7 +9,7 @@ import pytest
 
 from engine import Admin, Store
 from engine.errors import InvalidMessageError
-from engine.remoting.message_layout import BatchItem
+from engine.remoting.message_layout import BatchRecord, decode_properties, encode_properties
 from engine.remoting.wire_messages import incoming
 from engine.remoting.wire_producer import WireProducer
 from engine.store.commit_log.stamping import PendingBatch, PendingMessage
@@ -26,7 +26,11 @@ def wire(store: Store) -> Iterator[WireProducer]:
     producer.close()
 
 
-def _items() -> list[BatchItem]:
+def _record(body: bytes, properties: dict[str, str], flag: int = 0) -> BatchRecord:
+    return BatchRecord(body, encode_properties(properties), flag)
+
+
+def _items() -> list[BatchRecord]:
     """Java's batches share all but the body and UNIQ_KEY; these mix shapes as a client may."""
     out = []
     for i in range(12):
@@ -37,12 +41,18 @@ def _items() -> list[BatchItem]:
             props["color"] = "red"  # a user property of one message
         if i == 7:
             del props["UNIQ_KEY"]  # a client that sent none: the producer gives one
-        out.append(BatchItem(f"body-{i}".encode() * (i + 1), props, 4 if i == 9 else 0))
+        if i == 11:  # twice (a hand-made client): the last one holds, as decoding says
+            out.append(BatchRecord(b"twice", encode_properties(props) + "UNIQ_KEY\x01LAST\x02"))
+            continue
+        out.append(_record(f"body-{i}".encode() * (i + 1), props, 4 if i == 9 else 0))
     return out
 
 
-def _one_by_one(wire: WireProducer, items: list[BatchItem]) -> list[PendingMessage]:
-    split = [incoming("B", i.body, i.properties, born_host=HOST, flag=i.flag, born_ts_ms=BORN) for i in items]
+def _one_by_one(wire: WireProducer, items: list[BatchRecord]) -> list[PendingMessage]:
+    split = [
+        incoming("B", i.body, decode_properties(i.properties), born_host=HOST, flag=i.flag, born_ts_ms=BORN)
+        for i in items
+    ]
     return [p.pending for p in wire.prepare_wire_batch(split, 1)]
 
 
@@ -58,7 +68,9 @@ def test_a_batch_prepared_by_shape_holds_the_rows_of_one_prepared_message_by_mes
             assert a.uniq_key and a.uniq_key != b.uniq_key
             a, b = a._replace(uniq_key=""), b._replace(uniq_key="")
         assert a == b, i
-    assert ours[0].uniq_key == "ID0000" and ours[9].properties["__FLAG"] == "4"
+    assert (
+        ours[0].uniq_key == "ID0000" and ours[9].properties["__FLAG"] == "4" and ours[11].uniq_key == "LAST"
+    )
     assert ours[5].properties["color"] == "red" and "color" not in ours[3].properties
     # and the commit stores them with the same record sizes (physical offsets)
     stored = PendingBatch.of(ours).columns.to_pylist()
@@ -67,7 +79,7 @@ def test_a_batch_prepared_by_shape_holds_the_rows_of_one_prepared_message_by_mes
 
 
 def test_messages_without_a_unique_id_each_get_their_own(wire: WireProducer) -> None:
-    items = [BatchItem(b"x", {"TAGS": "t"}) for _ in range(50)]
+    items = [_record(b"x", {"TAGS": "t"}) for _ in range(50)]
     ids = [p.pending.uniq_key for p in wire.prepare_client_batch("B", 0, items)]
     assert len(set(ids)) == 50 and all(ids)
 
@@ -76,10 +88,10 @@ def test_a_batch_over_max_batch_bytes_is_refused_though_each_shape_alone_fits(st
     Admin(store).create_topic("B", 2)
     small = WireProducer(Store.open(store.root, config=store.config.replace(max_batch_bytes=1_000)))
     try:
-        fits = [BatchItem(b"y" * 95, {"TAGS": "t", "UNIQ_KEY": f"U{i}"}) for i in range(9)]
+        fits = [_record(b"y" * 95, {"TAGS": "t", "UNIQ_KEY": f"U{i}"}) for i in range(9)]
         assert len(small.prepare_client_batch("B", 0, fits)) == 9  # 9 x (95 + 7 for TAGS) = 918 bytes
         with pytest.raises(InvalidMessageError, match="batch takes 1020 bytes"):
-            small.prepare_client_batch("B", 0, [*fits, BatchItem(b"y" * 95, {"TAGS": "t", "UNIQ_KEY": "U9"})])
+            small.prepare_client_batch("B", 0, [*fits, _record(b"y" * 95, {"TAGS": "t", "UNIQ_KEY": "U9"})])
     finally:
         small.close()
 
@@ -95,8 +107,8 @@ def test_a_batch_over_max_batch_bytes_is_refused_though_each_shape_alone_fits(st
 def test_a_bad_message_of_a_shape_refuses_the_whole_batch(
     wire: WireProducer, props: dict, error: str
 ) -> None:
-    items = [BatchItem(b"ok", {"TAGS": "t", "UNIQ_KEY": f"U{i}"}) for i in range(4)]
-    items.insert(2, BatchItem(b"bad", {**props, "UNIQ_KEY": "UB"}))
+    items = [_record(b"ok", {"TAGS": "t", "UNIQ_KEY": f"U{i}"}) for i in range(4)]
+    items.insert(2, _record(b"bad", {**props, "UNIQ_KEY": "UB"}))
     with pytest.raises(InvalidMessageError, match=error):
         wire.prepare_client_batch("B", 0, items)
 

@@ -10,9 +10,11 @@ from engine.errors import RemotingProtocolError
 from engine.remoting.message_layout import (
     MESSAGE_MAGIC_CODE,
     BatchItem,
+    BatchRecord,
     WireMessage,
     body_crc,
     decode_batch,
+    decode_batch_records,
     decode_properties,
     decode_stored,
     encode_batch,
@@ -20,6 +22,7 @@ from engine.remoting.message_layout import (
     encode_stored,
     offset_msg_id,
     parse_offset_msg_id,
+    split_property,
 )
 
 
@@ -87,6 +90,40 @@ def test_properties_are_name_sep1_value_sep2_pairs() -> None:
     assert encode_properties({"a": "1", "KEYS": "k1 k2"}) == "a\x011\x02KEYS\x01k1 k2\x02"
     assert decode_properties("a\x011\x02KEYS\x01k1 k2\x02") == {"a": "1", "KEYS": "k1 k2"}
     assert decode_properties("broken\x02b\x01\x02") == {"b": ""}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "UNIQ_KEY\x01A1\x02TAGS\x01t\x02",  # first
+        "TAGS\x01t\x02UNIQ_KEY\x01A1\x02WAIT\x01true\x02",  # between
+        "TAGS\x01t\x02UNIQ_KEY\x01A1",  # last, without its separator
+        "TAGS\x01t\x02UNIQ_KEY\x01\x02",  # empty
+        "TAGS\x01t\x02",  # absent
+        "XUNIQ_KEY\x01no\x02a\x01UNIQ_KEY\x01in a value\x02",  # only as part of another name or value
+        "broken\x02UNIQ_KEY\x01A1\x02b\x01\x02",  # beside pairs decoding skips
+    ],
+)
+def test_a_property_split_off_undecoded_is_what_decoding_finds(text: str) -> None:
+    split = split_property(text, "UNIQ_KEY")
+    assert split is not None
+    value, rest = split
+    decoded = decode_properties(text)
+    assert value == decoded.pop("UNIQ_KEY", None)
+    assert decode_properties(rest) == decoded
+
+
+def test_a_property_there_twice_is_left_to_decoding() -> None:
+    assert split_property("UNIQ_KEY\x01A\x02TAGS\x01t\x02UNIQ_KEY\x01B\x02", "UNIQ_KEY") is None
+
+
+def test_batch_records_keep_the_properties_encoded() -> None:
+    items = [BatchItem(b"one", {"TAGS": "t", "UNIQ_KEY": "U1"}, 3), BatchItem(b"two")]
+    records = decode_batch_records(encode_batch(items))
+    assert records == [
+        BatchRecord(b"one", "TAGS\x01t\x02UNIQ_KEY\x01U1\x02", 3),
+        BatchRecord(b"two", "", 0),
+    ]
 
 
 def test_body_crc_clears_the_sign_bit() -> None:

@@ -20,7 +20,7 @@ from engine.protocol.selectors import MessageSelector
 from engine.remoting import RemotingServer
 from engine.remoting.codes import MessageSysFlag, RequestCode, ResponseCode
 from engine.remoting.frames import RemotingCommand, encode_command
-from engine.remoting.message_layout import BatchItem, decode_stored
+from engine.remoting.message_layout import BatchItem, BatchRecord, decode_stored
 from engine.remoting.recent import (
     ENTRY_OVERHEAD,
     READ_AHEAD_ENTRIES,
@@ -332,7 +332,7 @@ def test_what_a_wire_client_sent_is_held_as_a_pull_reads_it_back(tmp_path: Path)
         )
         batch = wire.queue_batch(
             wire.prepare_client_batch(
-                "T", 1, [BatchItem(f"b{i}".encode(), {"TAGS": "B"} if i % 2 else {}) for i in range(5)]
+                "T", 1, [BatchRecord(f"b{i}".encode(), "TAGS\x01B\x02" if i % 2 else "") for i in range(5)]
             )
         )
         delayed = wire.send_wire_grouped(incoming("T", b"later", {"DELAY": "3"}), 1)

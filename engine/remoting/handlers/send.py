@@ -22,7 +22,7 @@ from engine.remoting.context import BrokerContext, Connection, Handler
 from engine.remoting.frames import RemotingCommand
 from engine.remoting.handlers.namesrv import ensure_sent_topic
 from engine.remoting.headers import Header
-from engine.remoting.message_layout import BatchItem, decode_batch, decode_properties, offset_msg_id
+from engine.remoting.message_layout import BatchRecord, decode_batch_records, decode_properties, offset_msg_id
 from engine.remoting.recent import sent
 from engine.remoting.retry_sends import is_retry_send, send_retry
 from engine.remoting.wire_messages import IncomingMessage, incoming, inflate
@@ -88,7 +88,7 @@ async def send_message(ctx: BrokerContext, conn: Connection, cmd: RemotingComman
         await ctx.run(ensure_sent_topic, ctx, topic, header.int32("defaultTopicQueueNums", 4))
         ctx.sent_topics.add(topic)
     if batch:
-        items = decode_batch(cmd.body)
+        items = decode_batch_records(cmd.body)
         for i in items:
             _check_body(i.body)
         stored, results = await _store_batch(ctx, topic, queue_id, items, born_host, born_ts)
@@ -148,7 +148,7 @@ async def _store_batch(
     ctx: BrokerContext,
     topic: str,
     queue_id: int,
-    items: list[BatchItem],
+    items: list[BatchRecord],
     born_host: tuple[str, int] | None,
     born_ts: int,
 ) -> tuple[Sequence[PreparedSend], list[SendResult]]:

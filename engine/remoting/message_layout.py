@@ -274,15 +274,6 @@ class BatchRecord(NamedTuple):
     flag: int = 0
 
 
-def decode_batch(data: bytes) -> list[BatchItem]:
-    """Inverse of :func:`encode_batch`.
-
-    Raises:
-        RemotingProtocolError: a truncated or inconsistent record.
-    """
-    return [BatchItem(r.body, decode_properties(r.properties), r.flag) for r in decode_batch_records(data)]
-
-
 def split_property(text: str, name: str) -> tuple[str | None, str] | None:
     """The value of property ``name`` in the encoded ``text`` and ``text`` without that property,
     without decoding the others: ``(None, text)`` when it is not there, and None when it is there
@@ -306,7 +297,8 @@ def split_property(text: str, name: str) -> tuple[str | None, str] | None:
 
 
 def decode_batch_records(data: bytes) -> list[BatchRecord]:
-    """The messages of a SEND_BATCH_MESSAGE body (:func:`encode_batch`), properties left encoded.
+    """The messages of a SEND_BATCH_MESSAGE body (inverse of :func:`encode_batch`), properties left
+    encoded (:func:`decode_properties` decodes them).
 
     Raises:
         RemotingProtocolError: a truncated or inconsistent record.

@@ -13,7 +13,6 @@ from engine.remoting.message_layout import (
     BatchRecord,
     WireMessage,
     body_crc,
-    decode_batch,
     decode_batch_records,
     decode_properties,
     decode_stored,
@@ -155,18 +154,18 @@ def test_batch_body_as_encode_messages_lays_it_out() -> None:
     by_hand += struct.pack(">iiiii", 20 + 3 + 2, 0, 0, 4, 3) + b"two" + struct.pack(">h", 0)
     items = [BatchItem(b"m1", {"TAGS": "A"}), BatchItem(b"two", {}, flag=4)]
     assert encode_batch(items) == by_hand
-    assert decode_batch(by_hand) == items
+    assert decode_batch_records(by_hand) == [BatchRecord(b"m1", "TAGS\x01A\x02"), BatchRecord(b"two", "", 4)]
 
 
 @pytest.mark.parametrize("cut", [1, 5, 21, 25])
 def test_truncated_batch_is_refused(cut: int) -> None:
     data = encode_batch([BatchItem(b"hello", {"a": "b"})])
     with pytest.raises(RemotingProtocolError):
-        decode_batch(data[:-cut])
+        decode_batch_records(data[:-cut])
 
 
 def test_batch_record_with_wrong_size_is_refused() -> None:
     data = bytearray(encode_batch([BatchItem(b"hello")]))
     data[3] += 1
     with pytest.raises(RemotingProtocolError, match="inconsistent size"):
-        decode_batch(bytes(data))
+        decode_batch_records(bytes(data))

@@ -15,6 +15,20 @@ MAX_BODY_BYTES = 4 * 1024 * 1024
 _RECORD_HEADER_BYTES = 4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + 8 + 8 + 8 + 4 + 8 + 4 + 1 + 2
 
 
+def check_body_size(size: int, topic: object = None) -> None:
+    """Refuse a body of ``size`` bytes that RocketMQ refuses: empty, or over 4 MiB.
+
+    Raises:
+        InvalidMessageError: it is.
+    """
+    if size == 0:
+        raise InvalidMessageError("body is empty; a message needs 1 byte to 4 MiB", topic=topic)
+    if size > MAX_BODY_BYTES:
+        raise InvalidMessageError(
+            f"body is {size} bytes; at most {MAX_BODY_BYTES} (4 MiB) are allowed", topic=topic
+        )
+
+
 def validate_message_fields(
     topic: object,
     body: object,
@@ -40,13 +54,7 @@ def validate_message_fields(
     validate_topic_name(topic)
     if type(body) is not bytes and not isinstance(body, bytearray | memoryview):
         raise InvalidMessageError("body must be bytes", topic=topic)
-    size = len(body)
-    if size == 0:
-        raise InvalidMessageError("body is empty; a message needs 1 byte to 4 MiB", topic=topic)
-    if size > MAX_BODY_BYTES:
-        raise InvalidMessageError(
-            f"body is {size} bytes; at most {MAX_BODY_BYTES} (4 MiB) are allowed", topic=topic
-        )
+    check_body_size(len(body), topic)
     if tags is not None:
         if not isinstance(tags, str) or not tags:
             raise InvalidMessageError("tags must be a non-empty string or None", topic=topic)

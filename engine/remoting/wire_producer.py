@@ -11,7 +11,7 @@ from engine.client.sending import PreparedSend, has_timer
 from engine.closing import Closing
 from engine.errors import InvalidMessageError, MQError
 from engine.model import SendResult
-from engine.protocol.messages import batch_bytes
+from engine.protocol.messages import batch_bytes, check_body_size
 from engine.protocol.names import PROPERTY_UNIQ_KEY
 from engine.protocol.transactions import HalfMessage, LocalTransactionState
 from engine.remoting.message_layout import BatchRecord, decode_properties, split_property
@@ -149,9 +149,9 @@ class WireProducer(Closing):
         born_host: tuple[str, int] | None = None,
         born_ts_ms: int = 0,
     ) -> tuple[PreparedSend, ...]:
-        """A client's SEND_BATCH_MESSAGE, as its messages came (decoded, bodies checked), checked and
-        prepared for one commit, whole: what :meth:`prepare_wire_batch` makes of them after
-        :func:`~engine.remoting.wire_messages.incoming` split each one.
+        """A client's SEND_BATCH_MESSAGE, as its messages came (records, properties still encoded),
+        checked and prepared for one commit, whole: what :meth:`prepare_wire_batch` makes of them
+        after :func:`~engine.remoting.wire_messages.incoming` split each one.
 
         The messages of a batch mostly differ only in their bodies and ``UNIQ_KEY``s (the Java
         client's batches share tags, keys and properties), so each distinct rest (the properties
@@ -169,6 +169,7 @@ class WireProducer(Closing):
         firsts: list[IncomingMessage] = []
         plan: list[tuple[int, bytes, str | None]] = []  # each message: its shape, body, unique id
         for body, text, flag in items:
+            check_body_size(len(body), topic)
             split = split_property(text, PROPERTY_UNIQ_KEY)
             if split is None:  # UNIQ_KEY more than once: the decoded one (the last), a shape alone
                 uniq, rest = decode_properties(text).get(PROPERTY_UNIQ_KEY), text
@@ -185,8 +186,9 @@ class WireProducer(Closing):
         checked = self.prepare_wire_batch(firsts, queue_id)
         if len(plan) == len(firsts):
             return checked
-        # each shape's row around the body and unique id, and what it adds to the batch's size
-        # besides the body (RocketMQ's MessageBatch count)
+        # each shape's row around the body and unique id (a PendingMessage is topic, queue_id, body,
+        # uniq_key, then the rest), and what it adds to the batch's size besides the body
+        # (RocketMQ's MessageBatch count)
         rows = [(p.pending[:2], p.pending[4:]) for p in checked]
         extra = [_batch_bytes(i) - len(i.message.body) for i in firsts]
         new_key = self._producer.new_uniq_key

@@ -9,6 +9,7 @@ import pytest
 
 from engine import Admin, Store
 from engine.errors import InvalidMessageError
+from engine.protocol.messages import MAX_BODY_BYTES
 from engine.remoting.message_layout import BatchRecord, decode_properties, encode_properties
 from engine.remoting.wire_messages import incoming
 from engine.remoting.wire_producer import WireProducer
@@ -109,6 +110,16 @@ def test_a_bad_message_of_a_shape_refuses_the_whole_batch(
 ) -> None:
     items = [_record(b"ok", {"TAGS": "t", "UNIQ_KEY": f"U{i}"}) for i in range(4)]
     items.insert(2, _record(b"bad", {**props, "UNIQ_KEY": "UB"}))
+    with pytest.raises(InvalidMessageError, match=error):
+        wire.prepare_client_batch("B", 0, items)
+
+
+@pytest.mark.parametrize(("body", "error"), [(b"", "is empty"), (b"z" * (MAX_BODY_BYTES + 1), "at most")])
+def test_a_bad_body_in_a_copy_of_a_shape_refuses_the_batch(
+    wire: WireProducer, body: bytes, error: str
+) -> None:
+    items = [_record(b"ok", {"TAGS": "t", "UNIQ_KEY": f"U{i}"}) for i in range(3)]
+    items.append(_record(body, {"TAGS": "t", "UNIQ_KEY": "U9"}))  # the shape was checked on the first
     with pytest.raises(InvalidMessageError, match=error):
         wire.prepare_client_batch("B", 0, items)
 

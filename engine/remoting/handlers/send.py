@@ -15,7 +15,7 @@ from engine.model import SendResult
 from engine.protocol.actions import NACK
 from engine.protocol.delays import nack_plan
 from engine.protocol.message_ids import make_msg_id
-from engine.protocol.messages import MAX_BODY_BYTES
+from engine.protocol.messages import MAX_BODY_BYTES, check_body_size
 from engine.protocol.names import validate_group_name
 from engine.remoting.codes import TRANSACTION_MASK, MessageSysFlag, RequestCode, ResponseCode
 from engine.remoting.context import BrokerContext, Connection, Handler
@@ -47,13 +47,6 @@ V2_ALIASES = {
     "m": "batch",
     "n": "brokerName",
 }
-
-
-def _check_body(body: bytes) -> None:
-    if not body:
-        raise InvalidMessageError("message body is empty")
-    if len(body) > MAX_BODY_BYTES:
-        raise InvalidMessageError(f"message body is {len(body)} bytes; at most {MAX_BODY_BYTES} are allowed")
 
 
 def _result_fields(ctx: BrokerContext, result: SendResult) -> dict[str, object]:
@@ -89,8 +82,6 @@ async def send_message(ctx: BrokerContext, conn: Connection, cmd: RemotingComman
         ctx.sent_topics.add(topic)
     if batch:
         items = decode_batch_records(cmd.body)
-        for i in items:
-            _check_body(i.body)
         stored, results = await _store_batch(ctx, topic, queue_id, items, born_host, born_ts)
         _hold_soon(ctx, stored, results)
         ctx.hold.arrived(topic, results[-1].queue_id, results[-1].queue_offset + 1)
@@ -98,7 +89,7 @@ async def send_message(ctx: BrokerContext, conn: Connection, cmd: RemotingComman
         fields["msgId"] = ",".join(offset_msg_id(ctx.host, ctx.port, r.physical_offset) for r in results)
         return cmd.response(ResponseCode.SUCCESS, ext_fields=fields)
     body = inflate(cmd.body, sys_flag)
-    _check_body(body)
+    check_body_size(len(body), topic)
     properties = decode_properties(header.text("properties", ""))
     flag = header.int32("flag", 0)
     item = incoming(topic, body, properties, born_host=born_host, flag=flag, born_ts_ms=born_ts)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import shutil
@@ -48,12 +49,20 @@ def load_average() -> list[float]:
 
 
 def settle_disk() -> float:
-    """Write back what earlier steps left dirty in the page cache (``sync``) before a system is
-    measured, and return the seconds it took: on the bench machine, with dirty pages waiting, making
-    a file cost 190-800 us of CPU, and 29 us right after a ``sync``, so a system measured right
-    after another one's 100 MB could pay for them. Both systems of a comparison are settled so."""
+    """Write back what earlier steps left dirty in the page cache (``sync``) and, where the run may
+    (as root), drop the clean page cache and the inode and dentry caches, before a system is
+    measured; return the seconds it took.
+
+    On the bench machine, with dirty pages waiting, making a file cost 190-800 us of CPU and 29 us
+    right after a ``sync``; late in a full run it cost 780-940 us with nothing dirty (2026-11-30,
+    the wire step; 23-30 us in a run of that step alone), and 60 us once the caches were dropped.
+    A system measured then pays for the memory state the earlier steps left, more the more files it
+    makes: both systems of a comparison are settled so, and what a file costs after it is read
+    (:func:`file_create_us`)."""
     began = time.monotonic()
     os.sync()
+    with contextlib.suppress(OSError), open("/proc/sys/vm/drop_caches", "w") as caches:
+        caches.write("3\n")
     return time.monotonic() - began
 
 

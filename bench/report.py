@@ -486,10 +486,10 @@ def file_create_lines(create_us: Mapping[str, float]) -> list[str]:
         return []
     each = ", ".join(f"before {system} {us:,.0f} us" for system, us in create_us.items())
     return [
-        f"A new 1 KiB file cost {each} of CPU (median of 200). On this virtual machine that cost is "
-        "not fixed: while the page cache grows into memory the host has not backed lately, each new page "
-        "costs about 20 us instead of 4, and a file up to 800 us instead of about 30; lakemq's commits "
-        "make files, RocketMQ's commit log is one mapped file.",
+        f"A new 1 KiB file cost {each} of CPU (median of 200), read after the page cache was written "
+        "back and the caches dropped. On this virtual machine that cost is not fixed: it was 23-30 us in "
+        "runs of the wire step alone and 780-940 us late in a full run without the drop (2026-11-30); "
+        "lakemq's commits make files, RocketMQ's commit log is one mapped file.",
         "",
     ]
 

@@ -5,10 +5,10 @@ The client is the harness's ``bench`` scenario (``tests/java/harness``, rocketmq
 sends of 1 KiB from ``wire_threads`` threads (each send's latency), then batches of 32 from the same
 threads, then one push consumer reading every message back. RocketMQ (name server and broker from
 Maven, 512 MiB heap, async flush) runs first and is stopped before lakemq starts, so the two never
-share the CPU; before each, what the page cache holds dirty is written back
-(:func:`~bench.machine.settle_disk`), so neither pays for the other's writes, and what a new file
-costs the CPU then is read (:func:`~bench.machine.file_create_us`: on the bench machine it varies
-thirtyfold with the state of the VM's memory).
+share the CPU; before each, what the page cache holds dirty is written back and the caches are
+dropped (:func:`~bench.machine.settle_disk`), so neither pays for the other's writes nor for the
+memory state earlier steps left, and what a new file costs the CPU then is read
+(:func:`~bench.machine.file_create_us`: on the bench machine it varies thirtyfold with that state).
 
 * ``wire_sync``: latency of one synchronous send; ``wire_sync_rate``: those sends' throughput;
 * ``wire_batch``: batched sends' throughput; ``wire_consume``: the push consumer's throughput.
@@ -230,7 +230,8 @@ def wire(ctx: Context) -> list[dict[str, Any]]:
         f"{s.wire_batch_messages:,} messages in batches of {BATCH}, {s.body_bytes} B bodies; lakemq is "
         "`mq serve` with its in-process broker loop over a local store; RocketMQ is the real name server "
         f"and broker {version or '(not available)'} started from Maven (512 MiB heap, async flush), not "
-        "sharing the CPU with lakemq; the page cache's dirty pages are written back before each."
+        "sharing the CPU with lakemq; before each, the page cache's dirty pages are written back and the "
+        "caches dropped."
     )
     return [
         {

@@ -73,13 +73,11 @@ def file_create_us(directory: Path, files: int = FILE_PROBE_FILES) -> float:
     """The CPU a new 1 KiB file costs in ``directory`` now (made, written, closed), in microseconds,
     a median over ``files`` of them (removed after).
 
-    What it costs is not fixed on the bench machine: a Firecracker VM whose memory the host backs on
-    first touch (and takes back once freed, through free page reporting). While the page cache grows
-    into memory not touched lately, a new page costs about 20 us to fault in against 4 once touched,
-    and a file made then cost 800 us of CPU against 26 us after the cache was dropped (measured
-    2026-11-30). A system that writes many small files (lakemq's commits) pays more for that than one
-    that writes into a big mapped file (RocketMQ's commit log), so the run reads this before each
-    system it measures.
+    Not fixed on the bench machine (a Firecracker VM): 23-30 us in a run of the wire step alone,
+    780-940 us late in a full run, 60 us once the caches were dropped (:func:`settle_disk`); the
+    cause of the slow state was not found. A system that makes many small files (lakemq's commits)
+    pays more for it than one that writes into a big mapped file (RocketMQ's commit log), so the run
+    reads this before each system it measures.
     """
     probe = Path(tempfile.mkdtemp(prefix="create-probe-", dir=directory))
     data = b"x" * 1024

@@ -208,7 +208,9 @@ def test_every_message_handed_out_and_not_acked_comes_back_after_the_invisible_t
     for p in procs:
         p.join(60)
     acked = [tuple(k) for r in results for k in r[0]]
-    kept = {tuple(k) for r in results for k in r[1]}
+    # a kept message whose 2 s ran out while the processes still received is handed out again
+    handouts = Counter(tuple(k) for r in results for k in r[1])
+    kept = set(handouts)
     assert len(acked) == len(set(acked))
     all_keys = stored(store, "T")
     assert set(acked) | kept == all_keys  # between them they received everything
@@ -223,7 +225,8 @@ def test_every_message_handed_out_and_not_acked_comes_back_after_the_invisible_t
 
     eventually(more, timeout_s=60)
     assert Counter((m.queue_id, m.queue_offset) for m in back) == Counter(kept)  # no acked one
-    assert all(m.reconsume_times == 1 for m in back)
+    # each earlier hand-out not acked counts once
+    assert {(m.queue_id, m.queue_offset): m.reconsume_times for m in back} == dict(handouts)
 
 
 def _receive_then_wait(root: str, out: Any) -> None:

@@ -23,6 +23,7 @@ from engine.remoting.landing import Landings
 from engine.remoting.loop_commits import LOOP_LOCK_WAIT_S, LoopCommits
 from engine.remoting.offsets_batch import OffsetBatcher
 from engine.remoting.pull_hold import PullHold
+from engine.remoting.put_stats import PutStats
 from engine.remoting.recent import RecentMessages
 from engine.remoting.reset_push import ResetTracker
 from engine.remoting.wire_producer import WireProducer
@@ -134,6 +135,7 @@ class BrokerContext:
         # Recent messages in their wire encoding; the event loop's alone (engine.remoting.recent).
         self.recent = RecentMessages(store.config.wire_recent_bytes, store.config)
         self.offsets = OffsetBatcher(store)
+        self.put_stats = PutStats()  # how long the sends' puts took (brokerStatus's putMessage rows)
         self.resets = ResetTracker(store)
         self.connections: set[Connection] = set()
         self.subscriptions: dict[str, dict[str, tuple[str, str]]] = {}  # group -> topic -> (expr, type)

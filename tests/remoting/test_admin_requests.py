@@ -15,6 +15,7 @@ from engine.remoting.codes import RPC_RESPONSE, RequestCode, ResponseCode
 from engine.remoting.frames import RemotingCommand, encode_command
 from engine.remoting.handlers.admin import Keyed, fastjson, message_queue
 from engine.remoting.handlers.admin_stats import _human
+from engine.remoting.message_layout import BatchItem, encode_batch
 from engine.store.consumer_offset import OffsetStore
 from tests.remoting.helpers import versions
 from tests.remoting.wire_client import WireClient
@@ -200,6 +201,21 @@ def test_runtime_info_and_stats_count_the_stored_messages(store: Store, broker: 
         broker.call(RequestCode.VIEW_BROKER_STATS_DATA, {"statsName": "TOPIC_PUT_NUMS", "statsKey": "T"}).body
     )
     assert stats["statsMinute"]["sum"] == 5 and stats["statsDay"]["sum"] == 5
+    assert table["putMessageTimesTotal"] == "0"  # the door's puts: none came through it
+
+
+def test_runtime_info_times_the_puts_that_came_through_the_door(store: Store, broker: WireClient) -> None:
+    assert broker.send("T", b"x" * 100).code == ResponseCode.SUCCESS
+    batch = [BatchItem(f"b{i}".encode()) for i in range(3)]
+    assert broker.send_batch("T", batch, queue_id=1).code == ResponseCode.SUCCESS
+    table = json.loads(broker.call(RequestCode.GET_BROKER_RUNTIME_INFO).body)["table"]
+    assert table["putMessageTimesTotal"] == "4"
+    body_bytes = 100 + len(encode_batch(batch))
+    assert table["putMessageSizeTotal"] == str(body_bytes)
+    assert float(table["putMessageAverageSize"]) == body_bytes / 4
+    spread = dict(part.split(":") for part in table["putMessageDistributeTime"].split())
+    assert sum(int(n) for n in spread.values()) == 2  # two puts: the send, and the batch whole
+    assert int(table["putMessageEntireTimeMax"]) >= 0
 
 
 def test_namesrv_deletes_a_topic_and_answers_its_config(store: Store, namesrv: WireClient) -> None:

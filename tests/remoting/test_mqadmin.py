@@ -253,6 +253,8 @@ def test_topic_route_cluster_and_broker_status(served: Served) -> None:
     table = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
     table = {k.strip(): v.strip() for k, v in table.items()}
     assert table["brokerVersionDesc"] == "V4_9_8", status
+    assert table["putMessageTimesTotal"].isdigit(), status
+    assert "[0~10ms]:" in table["putMessageDistributeTime"], status
     reader = PullConsumer(served.store, "AdmWaiter")
     configs = served.store.topic_configs(refresh=True).values()
     total = sum(reader.max_offset(c.name, q) for c in configs for q in range(c.queues))

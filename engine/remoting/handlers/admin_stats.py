@@ -195,6 +195,7 @@ def broker_stats_sync(ctx: BrokerContext, name: str, key: str) -> dict[str, obje
 async def broker_runtime_info(ctx: BrokerContext, conn: Connection, cmd: RemotingCommand) -> RemotingCommand:
     """GET_BROKER_RUNTIME_INFO: the runtime table ``clusterList`` and ``brokerStatus`` print."""
     table = await ctx.run(runtime_info_sync, ctx)
+    table.update(ctx.put_stats.runtime_fields())  # the event loop's own counters, read on it
     return cmd.response(ResponseCode.SUCCESS, body=json_bytes({"table": table}))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -82,7 +83,9 @@ async def send_message(ctx: BrokerContext, conn: Connection, cmd: RemotingComman
         ctx.sent_topics.add(topic)
     if batch:
         items = decode_batch_records(cmd.body)
+        began = time.monotonic()
         stored, results = await _store_batch(ctx, topic, queue_id, items, born_host, born_ts)
+        ctx.put_stats.record(time.monotonic() - began, len(results), len(cmd.body))
         _hold_soon(ctx, stored, results)
         ctx.hold.arrived(topic, results[-1].queue_id, results[-1].queue_offset + 1)
         fields = _result_fields(ctx, results[0])
@@ -96,12 +99,15 @@ async def send_message(ctx: BrokerContext, conn: Connection, cmd: RemotingComman
     if is_retry_send(topic):
         times, limit = header.int32("reconsumeTimes", 0), header.int32("maxReconsumeTimes", -1)
         args = (ctx.store, ctx.producer, topic, item, times, limit, born_ts)
-        return cmd.response(
-            ResponseCode.SUCCESS, ext_fields=_result_fields(ctx, await ctx.run(send_retry, *args))
-        )
+        began = time.monotonic()
+        retried = await ctx.run(send_retry, *args)
+        ctx.put_stats.record(time.monotonic() - began, 1, len(body))
+        return cmd.response(ResponseCode.SUCCESS, ext_fields=_result_fields(ctx, retried))
     prepared = (sys_flag & TRANSACTION_MASK) == MessageSysFlag.TRANSACTION_PREPARED
     if item.transactional or prepared:
+        began = time.monotonic()
         half = await ctx.run(ctx.producer.send_half, item, queue_id, item.producer_group or group)
+        ctx.put_stats.record(time.monotonic() - began, 1, len(body))
         fields = {
             "msgId": offset_msg_id(ctx.host, ctx.port, half.physical_offset),
             "queueId": queue_id,
@@ -111,12 +117,15 @@ async def send_message(ctx: BrokerContext, conn: Connection, cmd: RemotingComman
             "TRACE_ON": "true",
         }
         return cmd.response(ResponseCode.SUCCESS, ext_fields=fields)
+    began = time.monotonic()
     try:
         stored, results = await _store(ctx, item, queue_id)
     except TopicNotFoundError:  # deleted since a send found it: created again, as on a first send
         ctx.sent_topics.discard(topic)
         await ctx.run(ensure_sent_topic, ctx, topic, header.int32("defaultTopicQueueNums", 4))
+        began = time.monotonic()
         stored, results = await _store(ctx, item, queue_id)
+    ctx.put_stats.record(time.monotonic() - began, 1, len(body))
     result = results[0]
     _hold_soon(ctx, stored, results)
     # (a delayed message's wakes a pull for nothing: it reads, finds nothing yet, and parks again)

@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable
 
 _BOUNDS_MS = (0, 10, 50, 100, 200, 500, 1000, 2000, 3000, 4000, 5000, 10000)
-"""The upper ends of RocketMQ's ranges (``<= 0`` ms, then ``< 10`` ms, ``< 50`` ms … ``< 10`` s):
-a put of ``t`` whole milliseconds falls in the first range whose end is at least ``t`` (``<=``
-for the first, ``<`` after it); above the last, in ``[10s~]``."""
+"""The ends of RocketMQ's ranges: ``<= 0`` ms, then ``< 10`` ms, ``< 50`` ms … ``< 10`` s; a put of
+``t`` whole milliseconds (``t`` > 0) falls in the first range whose end is above ``t``, from 10 s on
+in ``[10s~]``."""
 
 RANGES = (
     "[<=0ms]", "[0~10ms]", "[10~50ms]", "[50~100ms]", "[100~200ms]", "[200~500ms]", "[500ms~1s]",

@@ -57,6 +57,38 @@ def is_available(measure: Mapping[str, Any] | None) -> bool:
     return measure is not None and "unavailable" not in measure
 
 
+_SUMMED = ("n", "seconds", "failures", "missing")
+"""What the runs of one measurement add up to: samples, messages, time, sends failed, messages
+missed (every other number of a measurement is the runs' median)."""
+
+
+def median_measure(runs: Sequence[Measure]) -> Measure:
+    """One measurement of several runs of it: each figure the median of the runs that were taken
+    (``n``, ``seconds``, ``failures`` and ``missing`` their sum), and ``runs`` how many; the first
+    run's reason when none was taken.
+
+    Raises:
+        ValueError: no runs.
+    """
+    if not runs:
+        raise ValueError("a median of no runs")
+    taken = [m for m in runs if is_available(m)]
+    if not taken:
+        return dict(runs[0])
+    out: Measure = {}
+    for key in dict.fromkeys(k for m in taken for k in m):
+        values = [m[key] for m in taken if key in m]
+        if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+            out[key] = values[0]
+        elif key in _SUMMED:
+            out[key] = round(sum(values), 3)
+        else:
+            middle = statistics.median(values)
+            out[key] = round(middle, 3) if isinstance(middle, float) else middle
+    out["runs"] = len(taken)
+    return out
+
+
 def timed_ms(
     fn: Callable[[int], Any], n: int, budget_s: float | None = None, min_samples: int = 20
 ) -> list[float]:

@@ -26,7 +26,7 @@ from bench.report import (
     workload_table,
 )
 from bench.run import context_note, parse_args
-from bench.stats import latency, percentile, rate, ratio, timed_ms, unavailable
+from bench.stats import latency, median_measure, percentile, rate, ratio, timed_ms, unavailable
 from bench.workloads import BARE, OURS, REDIS, ROCKETMQ
 from bench.workloads.flow import decode, delays_of, encode
 from bench.workloads.produce import batch_sizes
@@ -390,3 +390,27 @@ def test_an_update_replaces_the_workloads_it_measured_again_and_the_report_says_
     assert merged["date"] == "D0" and merged["errors"] == ["ack: something"]
     text = render(merged)
     assert "Steps measured again on D1 (`--update`, 1-min load average 0.3 at its start, 12 s): ack" in text
+
+
+def test_the_median_of_runs_takes_each_figures_median_and_adds_up_samples_and_time() -> None:
+    runs = [
+        {"msg_s": 600, "n": 4000, "seconds": 6.6, "server_cpu_ms_1k": 1750.0, "failures": 1},
+        {"msg_s": 450, "n": 4000, "seconds": 8.9, "server_cpu_ms_1k": 2470.0},
+        unavailable("RocketMQ did not start"),
+        {"msg_s": 650, "n": 4000, "seconds": 6.1, "server_cpu_ms_1k": 1630.0, "note": "x"},
+    ]
+    assert median_measure(runs) == {
+        "msg_s": 600,
+        "n": 12000,
+        "seconds": 21.6,
+        "server_cpu_ms_1k": 1750.0,
+        "failures": 1,
+        "note": "x",
+        "runs": 3,
+    }
+    latencies = [latency([1.0, 2.0, 9.0]), latency([4.0, 5.0, 6.0])]
+    merged = median_measure(latencies)
+    assert merged["p50_ms"] == 3.5 and merged["n"] == 6 and merged["runs"] == 2  # two runs: the mean
+    assert median_measure([unavailable("a"), unavailable("b")]) == unavailable("a")
+    with pytest.raises(ValueError, match="no runs"):
+        median_measure([])

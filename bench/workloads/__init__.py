@@ -48,6 +48,7 @@ class Sizes:
     wire_threads: int = 4
     wire_sync_messages: int = 4_000
     wire_batch_messages: int = 100_000
+    wire_rounds: int = 3  # RocketMQ then lakemq, this many times in turn: each figure the median
     # the official RocketMQ 5 Python client through lakemq's gRPC door and the RocketMQ 5 proxy
     grpc_messages: int = 2_000
     # writer processes racing for one commit log (bench/workloads/contention.py)
@@ -82,6 +83,7 @@ class Sizes:
             topic_creates=20,
             wire_sync_messages=1_000,
             wire_batch_messages=10_000,
+            wire_rounds=1,
             grpc_messages=300,
             contention_sends=20,
             s3_sync_sends=30,

@@ -9,6 +9,9 @@ share the CPU; before each, what the page cache holds dirty is written back and 
 dropped (:func:`~bench.machine.settle_disk`), so neither pays for the other's writes nor for the
 memory state earlier steps left, and what a new file costs the CPU then is read
 (:func:`~bench.machine.file_create_us`: on the bench machine it varies thirtyfold with that state).
+The pair runs ``wire_rounds`` times in turn (3 in the full run) and each figure is the median of
+its runs (:func:`~bench.stats.median_measure`): on the bench machine, runs of lakemq's side alone
+minutes apart gave 443-651 sync sends/s and 7,953-13,927 batched msg/s (2026-11-30).
 
 * ``wire_sync``: latency of one synchronous send; ``wire_sync_rate``: those sends' throughput;
 * ``wire_batch``: batched sends' throughput; ``wire_consume``: the push consumer's throughput.
@@ -23,6 +26,7 @@ ran slower than its CPU says was slowed by them.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -32,7 +36,7 @@ from bench.java_harness import HarnessError, ScenarioRun, harness_classpath, sta
 from bench.lakemq_server import LakemqServer
 from bench.machine import cpu_seconds, file_create_us, machine_cpu_seconds, settle_disk
 from bench.rocketmq_peer import RocketMQPeer
-from bench.stats import Measure, latency, rate, unavailable
+from bench.stats import Measure, latency, median_measure, rate, unavailable
 from bench.workloads import OURS, ROCKETMQ, Context
 from bench.workloads.produce import open_store
 from engine import Admin
@@ -208,26 +212,36 @@ def _lakemq(ctx: Context, classpath: str) -> dict[str, Measure]:
 def wire(ctx: Context) -> list[dict[str, Any]]:
     """The four wire workloads, lakemq and the real RocketMQ side by side."""
     classpath = harness_classpath()
-    create_us: dict[str, float] = {}
+    s = ctx.sizes
+    create_us: dict[str, list[float]] = {ROCKETMQ: [], OURS: []}
+    runs: dict[str, list[dict[str, Measure]]] = {ROCKETMQ: [], OURS: []}
+    version = ""
 
     def settle(system: str) -> None:
         took = settle_disk()
-        create_us[system] = file_create_us(ctx.workdir)
-        ctx.log(f"disk settled before {system} in {took:.1f} s; a new file: {create_us[system]} us of CPU")
+        create_us[system].append(file_create_us(ctx.workdir))
+        cost = create_us[system][-1]
+        ctx.log(f"disk settled before {system} in {took:.1f} s; a new file: {cost} us of CPU")
 
-    settle(ROCKETMQ)
-    theirs, version = _rocketmq(ctx, classpath)
-    ctx.log(f"RocketMQ {version}: {theirs}")
-    settle(OURS)
-    ours = _lakemq(ctx, classpath)
-    ctx.log(f"lakemq mq serve: {ours}")
+    for round_no in range(1, s.wire_rounds + 1):
+        settle(ROCKETMQ)
+        theirs, version = _rocketmq(ctx, classpath)
+        runs[ROCKETMQ].append(theirs)
+        ctx.log(f"round {round_no}: RocketMQ {version}: {theirs}")
+        settle(OURS)
+        runs[OURS].append(_lakemq(ctx, classpath))
+        ctx.log(f"round {round_no}: lakemq mq serve: {runs[OURS][-1]}")
+    ours, theirs = (
+        {wid: median_measure([run[wid] for run in runs[side]]) for wid, _, _ in WORKLOADS}
+        for side in (OURS, ROCKETMQ)
+    )
     ctx.extra["rocketmq_broker"] = version or "not available"
-    ctx.extra["wire_file_create_us"] = create_us
-    s = ctx.sizes
+    ctx.extra["wire_file_create_us"] = {side: statistics.median(us) for side, us in create_us.items()}
     note = (
         "Apache RocketMQ's Java client (rocketmq-client 4.9.8, unmodified) in one JVM, "
         f"{s.wire_threads} sending threads, {s.wire_sync_messages:,} sync sends then "
-        f"{s.wire_batch_messages:,} messages in batches of {BATCH}, {s.body_bytes} B bodies; lakemq is "
+        f"{s.wire_batch_messages:,} messages in batches of {BATCH}, {s.body_bytes} B bodies, RocketMQ then "
+        f"lakemq {s.wire_rounds} time(s) in turn, each figure the median of the runs; lakemq is "
         "`mq serve` with its in-process broker loop over a local store; RocketMQ is the real name server "
         f"and broker {version or '(not available)'} started from Maven (512 MiB heap, async flush), not "
         "sharing the CPU with lakemq; before each, the page cache's dirty pages are written back and the "

@@ -162,9 +162,15 @@ def context_note(load: Sequence[float], cores: int | None) -> str:
 def updated(base: dict[str, Any], new: dict[str, Any], steps: Sequence[str]) -> dict[str, Any]:
     """``base`` results with the workloads of ``new`` (a run of ``steps``) in place of those of the
     same ids, and the run recorded under ``updates`` (its date, steps, load and errors): a report of
-    a full run with some steps measured again later, which says so."""
+    a full run with some steps measured again later, which says so. An earlier update keeps only the
+    steps measured again by none after it (none left: it is dropped)."""
     fresh = {w["id"] for w in new["workloads"]}
     kept = [w for w in base["workloads"] if w["id"] not in fresh]
+    earlier = [
+        {**u, "steps": left}
+        for u in base.get("updates", [])
+        if (left := [s for s in u["steps"] if s not in steps])
+    ]
     update = {
         "date": new["date"],
         "steps": list(steps),
@@ -174,7 +180,7 @@ def updated(base: dict[str, Any], new: dict[str, Any], steps: Sequence[str]) -> 
     return {
         **base,
         "workloads": kept + new["workloads"],
-        "updates": [*base.get("updates", []), update],
+        "updates": [*earlier, update],
         "errors": [*base.get("errors", []), *new["errors"]],
         "extra": {**base.get("extra", {}), **new.get("extra", {})},
     }

@@ -390,6 +390,11 @@ def test_an_update_replaces_the_workloads_it_measured_again_and_the_report_says_
     assert merged["date"] == "D0" and merged["errors"] == ["ack: something"]
     text = render(merged)
     assert "Steps measured again on D1 (`--update`, 1-min load average 0.3 at its start, 12 s): ack" in text
+    # measured again: the earlier update keeps only the steps the later one did not measure
+    merged["updates"][0]["steps"] = ["ack", "pull"]
+    later = updated(merged, {**again, "date": "D2"}, ["ack"])
+    assert [(u["date"], u["steps"]) for u in later["updates"]] == [("D1", ["pull"]), ("D2", ["ack"])]
+    assert [u["date"] for u in updated(later, {**again, "date": "D3"}, ["ack", "pull"])["updates"]] == ["D3"]
 
 
 def test_the_median_of_runs_takes_each_figures_median_and_adds_up_samples_and_time() -> None:

@@ -185,13 +185,13 @@ def _bench(
     return measures(list(run.events), cpu)
 
 
-def _rocketmq(ctx: Context, classpath: str) -> tuple[dict[str, Measure], str]:
-    with RocketMQPeer(ctx.workdir / "rocketmq") as peer:
+def _rocketmq(ctx: Context, classpath: str, run: Path) -> tuple[dict[str, Measure], str]:
+    with RocketMQPeer(run / "rocketmq") as peer:
         if not peer.namesrv:
             return {w[0]: unavailable(f"RocketMQ did not start: {peer.why[:200]}") for w in WORKLOADS}, ""
         try:
             peer.create_topic(TOPIC, QUEUES)
-            measured = _bench(ctx, classpath, peer.namesrv, ctx.workdir / "rocketmq-client", peer.pids)
+            measured = _bench(ctx, classpath, peer.namesrv, run / "rocketmq-client", peer.pids)
             return measured, peer.version
         except HarnessError as exc:
             return {
@@ -199,13 +199,13 @@ def _rocketmq(ctx: Context, classpath: str) -> tuple[dict[str, Measure], str]:
             }, peer.version
 
 
-def _lakemq(ctx: Context, classpath: str) -> dict[str, Measure]:
-    root = ctx.workdir / "wire-store"
+def _lakemq(ctx: Context, classpath: str, run: Path) -> dict[str, Measure]:
+    root = run / "wire-store"
     Admin(open_store(root)).create_topic(TOPIC, QUEUES)
-    with LakemqServer(root, ctx.workdir / "wire-serve.log") as server:
+    with LakemqServer(root, run / "wire-serve.log") as server:
         if not server.namesrv:
             raise HarnessError(server.why)
-        client_dir = ctx.workdir / "lakemq-client"
+        client_dir = run / "lakemq-client"
         return _bench(ctx, classpath, server.namesrv, client_dir, server.pids, commit_log_version(root))
 
 
@@ -224,12 +224,14 @@ def wire(ctx: Context) -> list[dict[str, Any]]:
         ctx.log(f"disk settled before {system} in {took:.1f} s; a new file: {cost} us of CPU")
 
     for round_no in range(1, s.wire_rounds + 1):
+        run = ctx.workdir / f"wire-{round_no}"  # each round from nothing: new stores, new logs
         settle(ROCKETMQ)
-        theirs, version = _rocketmq(ctx, classpath)
+        theirs, started = _rocketmq(ctx, classpath, run)
+        version = version or started
         runs[ROCKETMQ].append(theirs)
-        ctx.log(f"round {round_no}: RocketMQ {version}: {theirs}")
+        ctx.log(f"round {round_no}: RocketMQ {started}: {theirs}")
         settle(OURS)
-        runs[OURS].append(_lakemq(ctx, classpath))
+        runs[OURS].append(_lakemq(ctx, classpath, run))
         ctx.log(f"round {round_no}: lakemq mq serve: {runs[OURS][-1]}")
     ours, theirs = (
         {wid: median_measure([run[wid] for run in runs[side]]) for wid, _, _ in WORKLOADS}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from engine.client.queries import view_message
@@ -83,9 +83,8 @@ async def send_message(ctx: BrokerContext, conn: Connection, cmd: RemotingComman
         ctx.sent_topics.add(topic)
     if batch:
         items = decode_batch_records(cmd.body)
-        began = time.monotonic()
-        stored, results = await _store_batch(ctx, topic, queue_id, items, born_host, born_ts)
-        ctx.put_stats.record(time.monotonic() - began, len(results), len(cmd.body))
+        put = _store_batch(ctx, topic, queue_id, items, born_host, born_ts)
+        stored, results = await _timed(ctx, put, len(items), len(cmd.body))
         _hold_soon(ctx, stored, results)
         ctx.hold.arrived(topic, results[-1].queue_id, results[-1].queue_offset + 1)
         fields = _result_fields(ctx, results[0])
@@ -99,15 +98,12 @@ async def send_message(ctx: BrokerContext, conn: Connection, cmd: RemotingComman
     if is_retry_send(topic):
         times, limit = header.int32("reconsumeTimes", 0), header.int32("maxReconsumeTimes", -1)
         args = (ctx.store, ctx.producer, topic, item, times, limit, born_ts)
-        began = time.monotonic()
-        retried = await ctx.run(send_retry, *args)
-        ctx.put_stats.record(time.monotonic() - began, 1, len(body))
+        retried = await _timed(ctx, ctx.run(send_retry, *args), 1, len(body))
         return cmd.response(ResponseCode.SUCCESS, ext_fields=_result_fields(ctx, retried))
     prepared = (sys_flag & TRANSACTION_MASK) == MessageSysFlag.TRANSACTION_PREPARED
     if item.transactional or prepared:
-        began = time.monotonic()
-        half = await ctx.run(ctx.producer.send_half, item, queue_id, item.producer_group or group)
-        ctx.put_stats.record(time.monotonic() - began, 1, len(body))
+        put_half = ctx.run(ctx.producer.send_half, item, queue_id, item.producer_group or group)
+        half = await _timed(ctx, put_half, 1, len(body))
         fields = {
             "msgId": offset_msg_id(ctx.host, ctx.port, half.physical_offset),
             "queueId": queue_id,
@@ -117,20 +113,26 @@ async def send_message(ctx: BrokerContext, conn: Connection, cmd: RemotingComman
             "TRACE_ON": "true",
         }
         return cmd.response(ResponseCode.SUCCESS, ext_fields=fields)
-    began = time.monotonic()
     try:
-        stored, results = await _store(ctx, item, queue_id)
+        stored, results = await _timed(ctx, _store(ctx, item, queue_id), 1, len(body))
     except TopicNotFoundError:  # deleted since a send found it: created again, as on a first send
         ctx.sent_topics.discard(topic)
         await ctx.run(ensure_sent_topic, ctx, topic, header.int32("defaultTopicQueueNums", 4))
-        began = time.monotonic()
-        stored, results = await _store(ctx, item, queue_id)
-    ctx.put_stats.record(time.monotonic() - began, 1, len(body))
+        stored, results = await _timed(ctx, _store(ctx, item, queue_id), 1, len(body))
     result = results[0]
     _hold_soon(ctx, stored, results)
     # (a delayed message's wakes a pull for nothing: it reads, finds nothing yet, and parks again)
     ctx.hold.arrived(topic, result.queue_id, result.queue_offset + 1)
     return cmd.response(ResponseCode.SUCCESS, ext_fields=_result_fields(ctx, result))
+
+
+async def _timed(ctx: BrokerContext, put: Awaitable[T], messages: int, body_bytes: int) -> T:
+    """Await a put of ``messages`` messages of ``body_bytes`` bytes, counted in the broker's put
+    statistics once it landed (:class:`~engine.remoting.put_stats.PutStats`)."""
+    began = time.monotonic()
+    landed = await put
+    ctx.put_stats.record(time.monotonic() - began, messages, body_bytes)
+    return landed
 
 
 async def _store(

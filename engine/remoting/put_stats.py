@@ -81,12 +81,12 @@ class PutStats:
     def runtime_fields(self) -> dict[str, str]:
         """The rows RocketMQ's ``getRuntimeInfo`` gives the puts, formatted as it does (the average
         size as Java prints a double; "NaN" before the first put)."""
-        average = self.size_total / self.times_total if self.times_total else float("nan")
+        average = repr(self.size_total / self.times_total) if self.times_total else "NaN"
         spread = " ".join(f"{name}:{count}" for name, count in zip(RANGES, self.distribution(), strict=True))
         return {
             "putMessageEntireTimeMax": str(self.entire_time_max_ms),
             "putMessageTimesTotal": str(self.times_total),
             "putMessageSizeTotal": str(self.size_total),
-            "putMessageAverageSize": "NaN" if average != average else repr(average),
+            "putMessageAverageSize": average,
             "putMessageDistributeTime": spread + " ",
         }

@@ -111,6 +111,14 @@ def test_file_stats_count_nulls_and_leave_out_long_strings_and_nested_columns() 
     assert json.loads(file_stats(big, ("n",)))["minValues"] == {"n": 0}
     assert json.loads(file_stats(big, ("n",)))["maxValues"] == {"n": 999}
     assert json.loads(file_stats(rows, 2))["minValues"] == {"n": 1, "s": "a"}  # the first 2 leaves
+    many = pa.concat_tables([rows] * 30)  # above the small-table size: the same stats from kernels
+    wide = json.loads(file_stats(many, ("n", "s", "long", "none", "l")))
+    assert wide["nullCount"] == {k: v * 30 for k, v in stats["nullCount"].items()}
+    assert (wide["minValues"], wide["maxValues"]) == (stats["minValues"], stats["maxValues"])
+    # a schema of the same names and other types has a plan of its own
+    other = pa.table({"n": pa.array(["9", "10"]), "s": pa.array([b"x", b"y"])})
+    again = json.loads(file_stats(other, ("n", "s", "long", "none", "l")))
+    assert again["minValues"] == {"n": "10"} and again["nullCount"] == {"n": 0, "s": 0}
 
 
 def test_a_taken_version_is_a_conflict_and_leaves_neither_a_commit_nor_a_temporary_file(store: Store) -> None:

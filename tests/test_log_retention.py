@@ -81,3 +81,16 @@ def test_young_log_files_stay_whatever_the_checkpoints(tmp_path: Path):
 def test_a_log_retention_that_is_not_positive_is_refused(bad: int):
     with pytest.raises(ConfigError, match="log_retention_minutes"):
         load_config(log_retention_minutes=bad)
+
+
+def test_a_handles_properties_follow_its_version(store: Store):
+    # read once per version of the handle: a change through the handle itself, and one by another
+    # handle the first one catches up with, are both seen
+    mine = store.snapshot(schemas.COMMIT_LOG)
+    assert mine.configuration()[LOG_RETENTION_KEY] == "interval 10080 minutes"
+    mine.set_properties({LOG_RETENTION_KEY: "interval 60 minutes"})
+    assert mine.configuration()[LOG_RETENTION_KEY] == "interval 60 minutes"
+    store.snapshot(schemas.COMMIT_LOG).set_properties({"delta.checkpointInterval": "7"})
+    assert mine.configuration().get("delta.checkpointInterval") != "7"  # not caught up yet
+    assert mine.refresh().configuration()["delta.checkpointInterval"] == "7"
+    assert mine.configuration()[LOG_RETENTION_KEY] == "interval 60 minutes"

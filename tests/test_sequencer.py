@@ -510,6 +510,51 @@ def test_pending_batch_columns_match_each_message(topic: str) -> None:
     assert marks.queues == {topic: [0, 1, 1], "SCHEDULE_TOPIC_XXXX": [0, 0, 1]}
 
 
+def _assorted(topic: str, n: int) -> list[PendingMessage]:
+    """``n`` messages of every kind a commit holds: plain, keyed, with properties (some sharing one
+    mapping), delayed, half, born unset, tags unset or overridden, of several queues and topics."""
+    shared = {"a": "1", "b": "2"}
+    kinds = [
+        lambda i: PendingMessage(topic, i % 3, b"plain%d" % i, f"p{i}", tags="A", born_ts_ms=7),
+        lambda i: PendingMessage(topic, 1, b"k", f"k{i}", keys=("k", "j"), properties={"KEYS": "k j"}),
+        lambda i: PendingMessage(topic, 2, b"s" * i, f"s{i}", tags=None, properties=shared, born_ts_ms=9),
+        lambda i: PendingMessage(
+            "SCHEDULE_TOPIC_XXXX", 2, b"later", f"d{i}", delay_level=3, deliver_at_ms=99, tags_code=99
+        ),
+        lambda i: PendingMessage(
+            topic, 0, b"half", f"h{i}", sys_flag=int(SysFlag.PREPARED), reconsume_times=2
+        ),
+        lambda i: PendingMessage("other", i % 2, "ü".encode() * i, f"o{i}", tags="é", properties={"é": "ü"}),
+    ]
+    return [kinds[i % len(kinds)](i) for i in range(n)]
+
+
+@pytest.mark.parametrize("rows", [1, 6, 40, 257])
+def test_rows_and_columns_stamp_the_same_commit(
+    rows: int, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A batch given one by one is stamped row-wise up to ROW_BATCH_ROWS messages and column-wise
+    # above: the commit's rows, the results and the marks are the same either way.
+    import engine.store.commit_log.stamping as stamping
+
+    messages = _assorted(topic, rows)
+    marks = HighWaterMarks()
+    marks.apply(stamp([PendingMessage(topic, 1, b"x", "seed")], marks, "AB" * 8, 1)[2])
+    found = []
+    for limit in (10**9, 0):  # rows always, columns always
+        monkeypatch.setattr(stamping, "ROW_BATCH_ROWS", limit)
+        batch = PendingBatch.of(messages)
+        assert (batch.offset_free is None) == (limit > 0)
+        table, results, delta = stamp(batch, marks, "AB" * 8, 1000)
+        assert table.schema.equals(schemas.COMMIT_LOG_SCHEMA)
+        found.append((table, results, delta, batch.columns, batch.take([rows - 1, 0]).columns))
+    (rows_table, *rest), (columns_table, *others) = found
+    assert rows_table.equals(columns_table), (rows_table.to_pylist()[:2], columns_table.to_pylist()[:2])
+    assert rest[:2] == others[:2]
+    assert rest[2].equals(others[2]) and rest[3].equals(others[3])  # columns built on demand
+    assert rows_table["born_ts_ms"].to_pylist()[:3] == [7, 1000, 9][:rows]  # unset born times: the store's
+
+
 @pytest.mark.parametrize("rows", [3, 40])
 def test_queue_offsets_are_the_same_in_a_loop_and_in_columns(
     rows: int, monkeypatch: pytest.MonkeyPatch
@@ -520,9 +565,11 @@ def test_queue_offsets_are_the_same_in_a_loop_and_in_columns(
 
     marks = HighWaterMarks()
     marks.apply(stamp([PendingMessage("t", 1, b"x", "seed")], marks, "AB" * 8, 1)[2])
+    monkeypatch.setattr(stamping, "ROW_BATCH_ROWS", 0)  # in columns: rows always take the loop
     batch = PendingBatch.of(
         [PendingMessage("t" if i % 3 else "u", i % 4, b"x", f"u{i}") for i in range(rows)]
     )
+    assert batch.offset_free is not None
     found = []
     for threshold in (0, 10**9):  # columns always, a loop always
         monkeypatch.setattr(stamping, "COLUMNAR_OFFSETS_ROWS", threshold)

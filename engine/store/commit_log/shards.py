@@ -20,8 +20,6 @@ from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-import pyarrow as pa
-
 from engine.errors import InvalidArgumentError, MQError
 from engine.protocol.shards import shard_of_queue
 from engine.store.commit_log.stamping import NOTHING, PendingBatch, PendingMessage, Stamped, StampedBatch
@@ -43,14 +41,7 @@ class ShardPart:
 
 def take_rows(batch: PendingBatch, positions: list[int]) -> PendingBatch:
     """The rows of ``batch`` at ``positions``, in that order."""
-    return PendingBatch(
-        batch.columns.take(pa.array(positions, pa.int64())),
-        [batch.topics[i] for i in positions],
-        [batch.queue_ids[i] for i in positions],
-        [batch.dispatched[i] for i in positions],
-        [batch.uniq_keys[i] for i in positions],
-        batch.born_unset,
-    )
+    return batch.take(positions)
 
 
 def _merge(parts: Sequence[ShardPart], n: int) -> StampedBatch:

@@ -12,7 +12,6 @@ which order and what to delete is decided by :mod:`engine.broker.compaction` and
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import time
 import uuid
@@ -67,14 +66,31 @@ and checkpoint, and a column without statistics is only scanned, never misread."
 _SMALL = 64  # up to this many rows, min and max are taken in Python (cheaper than a kernel call)
 
 
-@functools.lru_cache(maxsize=64)
-def _stats_plan(schema: pa.Schema, indexed: StatsColumns) -> tuple[tuple[str, bool, bool], ...]:
-    """Per statistics column of ``schema``: its name, whether it gets min/max, whether they are dates."""
-    plan: list[tuple[str, bool, bool]] = []
+_Plan = tuple[tuple[int, str, bool, bool], ...]
+_PLANS: dict[StatsColumns, list[tuple[pa.Schema, _Plan]]] = {}
+_PLANS_KEPT = 16  # schemas kept per set of indexed columns (a process writes a few tables)
+
+
+def _stats_plan(schema: pa.Schema, indexed: StatsColumns) -> _Plan:
+    """Per statistics column of ``schema``: its position and name, whether it gets min/max, whether
+    they are dates. Kept per schema (found by comparing: hashing a schema costs more than a small
+    commit's statistics)."""
+    known = _PLANS.setdefault(indexed, [])
+    for seen, plan in known:
+        if seen.equals(schema):
+            return plan
+    made = _make_plan(schema, indexed)
+    known.insert(0, (schema, made))
+    del known[_PLANS_KEPT:]
+    return made
+
+
+def _make_plan(schema: pa.Schema, indexed: StatsColumns) -> _Plan:
+    plan: list[tuple[int, str, bool, bool]] = []
     leaves = 0
     limit = indexed if isinstance(indexed, int) else None
     named = None if isinstance(indexed, int) else frozenset(indexed)
-    for f in schema:
+    for index, f in enumerate(schema):
         if limit is not None and leaves >= limit:
             break
         if named is not None and f.name not in named:
@@ -98,7 +114,7 @@ def _stats_plan(schema: pa.Schema, indexed: StatsColumns) -> tuple[tuple[str, bo
             or pa.types.is_large_string(t)
             or dated
         )
-        plan.append((f.name, ranged, dated))
+        plan.append((index, f.name, ranged, dated))
     return tuple(plan)
 
 
@@ -122,15 +138,19 @@ def file_stats(rows: pa.Table, indexed: StatsColumns) -> str:
     maxs: dict[str, Any] = {}
     nulls: dict[str, int] = {}
     small = rows.num_rows <= _SMALL
-    for name, ranged, dated in _stats_plan(rows.schema, indexed):
-        col = rows[name]
-        nulls[name] = int(col.null_count)
-        if not ranged or col.null_count == len(col):
-            continue
-        if small:
-            values = [v for v in col.to_pylist() if v is not None]
+    for index, name, ranged, dated in _stats_plan(rows.schema, indexed):
+        col = rows.column(index)
+        if small and ranged:
+            listed = col.to_pylist()
+            values = [v for v in listed if v is not None]
+            nulls[name] = len(listed) - len(values)
+            if not values:
+                continue
             low, high = min(values), max(values)
         else:
+            nulls[name] = int(col.null_count)
+            if not ranged or col.null_count == len(col):
+                continue
             mm = pc.min_max(col)
             low, high = mm["min"].as_py(), mm["max"].as_py()
         if isinstance(low, str) and max(len(low), len(high)) > MAX_STAT_STRING:

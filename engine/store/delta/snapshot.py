@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -211,6 +212,7 @@ class Snapshot:
         self._key = self.uri.rstrip("/")
         self._remote = local_path(self._key) is None
         self._listed_at = time.monotonic()  # when delta-rs last read the log for this handle
+        self._configuration: tuple[int, Mapping[str, str | None]] | None = None  # (version, properties)
 
     # ------------------------------------------------------------------ where and when
     @property
@@ -380,8 +382,13 @@ class Snapshot:
         return values
 
     def configuration(self) -> Mapping[str, str | None]:
-        """The table's properties (``delta.*`` and others)."""
-        return dict(self._dt.metadata().configuration)
+        """The table's properties (``delta.*`` and others), read once per version of the handle (a
+        writer asks at every commit whether its handle has aged, which depends on one of them)."""
+        version = self.version()
+        known = self._configuration
+        if known is None or known[0] != version:
+            known = self._configuration = (version, MappingProxyType(dict(self._dt.metadata().configuration)))
+        return known[1]
 
     @property
     def table_id(self) -> str:

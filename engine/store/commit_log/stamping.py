@@ -393,7 +393,7 @@ def stamp(
         queue_offsets: list[int] = list(range(first, first + n))
     elif n > COLUMNAR_OFFSETS_ROWS and not rowwise and all(batch.dispatched):
         queue_offsets = _queue_offsets(batch, hwm, changed).tolist()
-    else:  # few rows (a group commit of single sends): a loop beats the columns' fixed cost
+    else:  # few rows, or a batch kept row-wise (a group commit of sends): a loop, no columns
         queue_offsets = []
         for topic, qid, dispatched in zip(topics, qids, batch.dispatched, strict=True):
             if not dispatched:

@@ -13,7 +13,7 @@ import functools
 import socket
 import struct
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import NamedTuple
@@ -68,6 +68,12 @@ def _ip4(host: str) -> bytes:
 def offset_msg_id(host: str, port: int, physical_offset: int) -> str:
     """The offset message id of a stored message: ip (4 bytes), port (4), physical offset (8), hex."""
     return (_ip4(host) + struct.pack(">iq", port, physical_offset)).hex().upper()
+
+
+def offset_msg_ids(host: str, port: int, physical_offsets: Iterable[int]) -> list[str]:
+    """:func:`offset_msg_id` of each physical offset (a batch's answer names every message)."""
+    prefix = (_ip4(host) + struct.pack(">i", port)).hex().upper()
+    return [f"{prefix}{p & 0xFFFFFFFFFFFFFFFF:016X}" for p in physical_offsets]
 
 
 def parse_offset_msg_id(msg_id: str) -> tuple[str, int, int]:

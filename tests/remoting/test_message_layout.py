@@ -20,6 +20,7 @@ from engine.remoting.message_layout import (
     encode_properties,
     encode_stored,
     offset_msg_id,
+    offset_msg_ids,
     parse_offset_msg_id,
     split_property,
 )
@@ -77,6 +78,10 @@ def test_msg_id_is_store_host_and_physical_offset() -> None:
     assert _message().msg_id == "7F00000100002A9F0000000000001234"
     assert offset_msg_id("127.0.0.1", 20911, 0x73) == "7F000001000051AF0000000000000073"
     assert parse_offset_msg_id("7F000001000051AF0000000000000073") == ("127.0.0.1", 20911, 0x73)
+    offsets = [0, 0x73, 2**40 + 5, 2**63 - 1]  # a batch's ids: each as offset_msg_id makes it
+    assert offset_msg_ids("10.1.2.3", 10911, offsets) == [
+        offset_msg_id("10.1.2.3", 10911, p) for p in offsets
+    ]
 
 
 @pytest.mark.parametrize("bad", ["", "XYZ", "7F000001000051AF00000000000000", "zz" * 16])

@@ -23,7 +23,13 @@ from engine.remoting.context import BrokerContext, Connection, Handler
 from engine.remoting.frames import RemotingCommand
 from engine.remoting.handlers.namesrv import ensure_sent_topic
 from engine.remoting.headers import Header
-from engine.remoting.message_layout import BatchRecord, decode_batch_records, decode_properties, offset_msg_id
+from engine.remoting.message_layout import (
+    BatchRecord,
+    decode_batch_records,
+    decode_properties,
+    offset_msg_id,
+    offset_msg_ids,
+)
 from engine.remoting.recent import sent
 from engine.remoting.retry_sends import is_retry_send, send_retry
 from engine.remoting.wire_messages import IncomingMessage, incoming, inflate
@@ -88,7 +94,7 @@ async def send_message(ctx: BrokerContext, conn: Connection, cmd: RemotingComman
         _hold_soon(ctx, stored, results)
         ctx.hold.arrived(topic, results[-1].queue_id, results[-1].queue_offset + 1)
         fields = _result_fields(ctx, results[0])
-        fields["msgId"] = ",".join(offset_msg_id(ctx.host, ctx.port, r.physical_offset) for r in results)
+        fields["msgId"] = ",".join(offset_msg_ids(ctx.host, ctx.port, (r.physical_offset for r in results)))
         return cmd.response(ResponseCode.SUCCESS, ext_fields=fields)
     body = inflate(cmd.body, sys_flag)
     check_body_size(len(body), topic)

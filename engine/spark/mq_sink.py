@@ -62,7 +62,7 @@ from pyspark.sql.types import (
 from engine.errors import InvalidArgumentError
 from engine.spark.mq_options import WriteOptions
 from engine.spark.sink_rows import ROWS_SCHEMA, normalize_rows, pending_batch, writable_topics
-from engine.store.commit_log import CommitLogs, PendingBatch, Stamped, take_rows
+from engine.store.commit_log import CommitLogs, PendingBatch, Stamped
 from engine.store.staging import drop_write, new_write_id, read_staged, stage
 from engine.store.store import Store
 
@@ -188,7 +188,7 @@ def commit_rows(store: Store, rows: pa.Table, app_id: str | None, batch_id: int 
     # Exactly once per shard: each shard's part commits with the sink's marker on that shard.
     stored: list[tuple[int, Stamped]] = []
     for shard, positions in logs.split(batch).items():
-        part = batch if len(positions) == batch.num_rows else take_rows(batch, positions)
+        part = batch if len(positions) == batch.num_rows else batch.take(positions)
         stamped = logs.writer(shard).append(part, app_transactions=txns)
         stored.extend(zip(positions, stamped, strict=False))
     return [s for _, s in sorted(stored, key=lambda item: item[0])]
@@ -242,7 +242,7 @@ def commit_staged(
                 txns = {partition_app(app_id, part.partition): batch_id}
                 if i == len(todo) - 1:
                     txns[app_id] = batch_id  # the batch is complete (on this shard) with its last partition
-            rows = batch if len(positions) == batch.num_rows else take_rows(batch, positions)
+            rows = batch if len(positions) == batch.num_rows else batch.take(positions)
             stamped = logs.writer(shard).append_batch(rows, app_transactions=txns)
             written.add(shard)
             if stamped.version >= 0:

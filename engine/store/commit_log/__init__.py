@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from engine.store.commit_log.hwm import checkpoint_commit_log, marks_after, read_hwm
 from engine.store.commit_log.reads import read_commit_logs
-from engine.store.commit_log.shards import CommitLogs, ShardPart, shared_commit_logs, take_rows
+from engine.store.commit_log.shards import CommitLogs, ShardPart, shared_commit_logs
 from engine.store.commit_log.stamping import (
     PendingBatch,
     PendingMessage,
@@ -46,6 +46,5 @@ __all__ = [
     "reput",
     "row_properties",
     "shared_commit_logs",
-    "take_rows",
     "writers_host_lock",
 ]

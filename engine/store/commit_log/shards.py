@@ -39,11 +39,6 @@ class ShardPart:
     error: MQError | None
 
 
-def take_rows(batch: PendingBatch, positions: list[int]) -> PendingBatch:
-    """The rows of ``batch`` at ``positions``, in that order."""
-    return batch.take(positions)
-
-
 def _merge(parts: Sequence[ShardPart], n: int) -> StampedBatch:
     """The offsets of committed ``parts`` scattered back to input order (``version`` is the commit's
     when there is one part, else -1: each shard committed its own version)."""
@@ -156,7 +151,7 @@ class CommitLogs:
             shard, positions = item
             try:
                 return ShardPart(
-                    shard, positions, self.writer(shard).append_batch(take_rows(batch, positions)), None
+                    shard, positions, self.writer(shard).append_batch(batch.take(positions)), None
                 )
             except MQError as exc:
                 return ShardPart(shard, positions, None, exc)

@@ -107,9 +107,13 @@ def _empty_maps(n: int) -> pa.Array:
     return pa.MapArray.from_arrays(pa.array(np.zeros(n + 1, dtype=np.int32)), _EMPTY_STRINGS, _EMPTY_STRINGS)
 
 
-def _tags_codes(tags: Sequence[str | None]) -> list[int]:
+def _tags_codes(tags: Sequence[str | None], overrides: Sequence[int | None] | None = None) -> list[int]:
+    """Each message's tags code: its override when it has one (``PendingMessage.tags_code``), else
+    its tags' hash."""
     codes = {t: tags_code(t) for t in set(tags)}  # a batch has few distinct tags
-    return [codes[t] for t in tags]
+    if overrides is None:
+        return [codes[t] for t in tags]
+    return [codes[t] if c is None else c for t, c in zip(tags, overrides, strict=True)]
 
 
 @dataclass(frozen=True)
@@ -325,16 +329,12 @@ def _columns(columns: list[list[Any]], sizes: list[int]) -> dict[str, pa.Array]:
     """The offset-free commit-log columns of messages transposed by :func:`_transposed`."""
     (topics, qids, bodies, uniq, tags, keys, props, born, flags, levels, deliver, reconsume, codes) = columns
     n = len(topics)
-    if any(c is not None for c in codes):
-        tag_codes = [c if c is not None else tags_code(t) for c, t in zip(codes, tags, strict=True)]
-    else:
-        tag_codes = _tags_codes(tags)
     return {
         "topic": pa.array(topics, pa.string()),
         "queue_id": pa.array(qids, pa.int32()),
         "uniq_key": pa.array(uniq, pa.string()),
         "tags": pa.array(tags, pa.string()),
-        "tags_code": pa.array(tag_codes, pa.int64()),
+        "tags_code": pa.array(_tags_codes(tags, codes), pa.int64()),
         "keys": pa.array(keys, pa.list_(pa.string())) if any(keys) else _empty_lists(n),
         "properties": (
             pa.array(_pairs(props), pa.map_(pa.string(), pa.string())) if any(props) else _empty_maps(n)
@@ -438,17 +438,13 @@ def _stamped_rows(
     batch: PendingBatch, physical: list[int], queue_offsets: list[int], msg_ids: list[str], store_ts: int
 ) -> pa.Table:
     """The commit-log rows of a batch kept row-wise, with their offsets: one conversion."""
-    codes: dict[str | None, int] = {}
-    listed = _pairs([m.properties for m in batch.rows])
+    messages = batch.rows
+    listed = _pairs([m.properties for m in messages])
+    codes = _tags_codes([m.tags for m in messages], [m.tags_code for m in messages])
     rows = []
-    for m, p, q, msg_id, size, pairs in zip(
-        batch.rows, physical, queue_offsets, msg_ids, batch.sizes, listed, strict=True
+    for m, p, q, msg_id, size, pairs, code in zip(
+        messages, physical, queue_offsets, msg_ids, batch.sizes, listed, codes, strict=True
     ):
-        code = m.tags_code
-        if code is None:
-            code = codes.get(m.tags)
-            if code is None:
-                code = codes[m.tags] = tags_code(m.tags)
         rows.append(
             (
                 p,

@@ -93,6 +93,25 @@ def test_a_file_of_one_row_group_is_written_plain_and_a_larger_one_with_dictiona
     _assert_dense(store)
 
 
+@pytest.mark.parametrize("in_memory_bytes", [0, direct_append.IN_MEMORY_FILE_BYTES])
+def test_a_data_file_made_in_memory_or_streamed_holds_the_rows_and_its_size_is_the_files(
+    store: Store, topic: str, monkeypatch: pytest.MonkeyPatch, in_memory_bytes: int
+) -> None:
+    import pyarrow.parquet as pq
+
+    monkeypatch.setattr(direct_append, "IN_MEMORY_FILE_BYTES", in_memory_bytes)
+    writer = CommitLogWriter(store)
+    sent = [_pending(topic, i % 3, f"m{i}".encode() * 50, "TagA") for i in range(300)]
+    writer.append(sent)
+    assert writer.direct
+    (add,) = pa.table(DeltaTable(store.uri(schemas.COMMIT_LOG)).get_add_actions(flatten=True)).to_pylist()
+    path = os.path.join(store.uri(schemas.COMMIT_LOG), add["path"])
+    assert add["size_bytes"] == os.path.getsize(path)
+    assert pq.read_table(path).column("body").to_pylist() == [m.body for m in sent]
+    assert not [p.name for p in Path(path).parent.iterdir() if p.name.startswith(".")]  # nothing staged
+    _assert_dense(store)
+
+
 def test_file_stats_count_nulls_and_leave_out_long_strings_and_nested_columns() -> None:
     rows = pa.table(
         {

@@ -11,6 +11,7 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+import engine.store.consume_queue as consume_queue
 import engine.store.queue_entries as queue_entries
 from engine import Admin, Message, Producer, PullConsumer, PullStatus, SimpleConsumer, Store
 from engine.broker.dispatch import dispatch_pending
@@ -153,6 +154,35 @@ def test_an_index_is_current_until_a_send_or_a_dispatch_lands(store: Store, topi
     assert index.is_current()
 
 
+def test_a_topic_moved_when_the_newest_consume_queue_commit_gives_it_other_bounds(
+    store: Store, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    Admin(store).create_topic("Other", 2)
+    index = QueueIndex(store)
+    assert index.topic_moved(topic)  # nothing read yet
+    index.refresh(tail=False)
+    assert not index.topic_moved(topic) and not index.topic_moved("Other")  # no newer version
+    with Producer(store) as producer:
+        producer.send(Message("Other", b"m"), queue_id=1)
+        dispatch_pending(store)
+        assert index.topic_moved("Other") and not index.topic_moved(topic)
+        producer.send(Message(topic, b"m"), queue_id=0)
+        dispatch_pending(store)
+    assert index.topic_moved(topic)
+    assert index.bounds(topic, 0) == (0, 0)  # only a look: the index itself did not move
+    index.refresh(tail=False)
+    assert not index.topic_moved(topic) and index.bounds(topic, 0) == (0, 1)
+    with Producer(store) as producer:
+        producer.send(Message("Other", b"n"), queue_id=0)
+    dispatch_pending(store)
+
+    def unreadable(*args: object, **kwargs: object) -> object:
+        raise StoreError("gone")
+
+    monkeypatch.setattr(consume_queue, "read_version", unreadable)
+    assert index.topic_moved(topic)  # the newest commit cannot be read: refresh to know
+
+
 def test_pull_consumers_sharing_an_index_read_each_version_once(store: Store, topic: str) -> None:
     index = QueueIndex(store)
     a, b = PullConsumer(store, "ga", index=index), PullConsumer(store, "gb", index=index)
@@ -230,3 +260,66 @@ def test_planned_entries_follow_the_log_order_whatever_order_the_rows_come_in(or
     assert entries["physical_offset"].to_pylist() == [100, 200, 300, 400, 500]
     assert entries["log_version"].to_pylist() == [1, 2, 2, 3, 3]
     assert marks.max_offset("T", 0) == 6 and marks.log_version == 3
+
+
+def _queues_rows(queues: list[tuple[str, int, int]]) -> pa.Table:
+    """One commit-log row per ``(topic, queue_id, queue_offset)``, in that (log) order, one version."""
+    n = len(queues)
+    return pa.table(
+        {
+            "topic": pa.array([t for t, _, _ in queues], pa.string()),
+            "queue_id": pa.array([q for _, q, _ in queues], pa.int32()),
+            "queue_offset": pa.array([o for _, _, o in queues], pa.int64()),
+            "physical_offset": pa.array([100 * i for i in range(n)], pa.int64()),
+            "size": pa.array([100] * n, pa.int32()),
+            "tags_code": pa.array([0] * n, pa.int64()),
+            "store_ts_ms": pa.array([7] * n, pa.int64()),
+            "sys_flag": pa.array([0] * n, pa.int32()),
+            VERSION_COLUMN: pa.array([1] * n, pa.int64()),
+        }
+    )
+
+
+def _marks(next_offsets: dict[tuple[str, int], int]) -> QueueMarks:
+    marks = QueueMarks()
+    for (topic, qid), value in next_offsets.items():
+        marks.set_next(topic, qid, value)
+    return marks
+
+
+def test_rows_of_several_queues_that_continue_each_one_are_all_planned_and_move_each_queue_on() -> None:
+    start = {("A", 0): 5, ("A", 2): 0, ("B", 1): 9}
+    log = [("A", 0, 5), ("B", 1, 9), ("A", 2, 0), ("A", 0, 6), ("B", 1, 10), ("A", 0, 7), ("C", 3, 0)]
+    marks = _marks(start)
+    entries, covered = queue_entries.plan_entries(_queues_rows(log), 0, marks)
+    assert covered == 1
+    got = list(
+        zip(
+            entries["topic"].to_pylist(),
+            entries["queue_id"].to_pylist(),
+            entries["queue_offset"].to_pylist(),
+            strict=True,
+        )
+    )
+    assert got == log  # every row, in log order
+    assert entries["physical_offset"].to_pylist() == [100 * i for i in range(len(log))]
+    after = {(t, q): marks.max_offset(t, q) for t, q in [("A", 0), ("A", 2), ("B", 1), ("C", 3)]}
+    assert after == {("A", 0): 8, ("A", 2): 1, ("B", 1): 11, ("C", 3): 1}
+
+
+def test_rows_some_queues_had_dispatched_already_leave_those_out() -> None:
+    marks = _marks({("A", 0): 6, ("B", 1): 9})  # A:0's offset 5 was dispatched by an earlier pass
+    log = [("A", 0, 5), ("B", 1, 9), ("A", 0, 6)]
+    entries, _ = queue_entries.plan_entries(_queues_rows(log), 0, marks)
+    assert entries["queue_offset"].to_pylist() == [9, 6]
+    assert entries["physical_offset"].to_pylist() == [100, 200]
+    assert (marks.max_offset("A", 0), marks.max_offset("B", 1)) == (7, 10)
+
+
+@pytest.mark.parametrize(
+    "log", [[("A", 0, 5), ("B", 1, 10)], [("A", 0, 5), ("A", 0, 7)], [("B", 1, 9), ("A", 0, 6)]]
+)
+def test_rows_that_skip_a_queue_offset_are_refused_as_a_gap(log: list[tuple[str, int, int]]) -> None:
+    marks = _marks({("A", 0): 5, ("B", 1): 9})
+    with pytest.raises(StoreError, match="gap"):
+        queue_entries.plan_entries(_queues_rows(log), 0, marks)

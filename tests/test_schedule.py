@@ -529,14 +529,20 @@ def test_a_pass_with_nothing_new_and_nothing_due_reads_no_commit_log(
     caught_up: list[int] = []  # the passes that caught the commit log up to read the state
     real = scheduler._read_state
     monkeypatch.setattr(scheduler, "_read_state", lambda dt: caught_up.append(dt.version()) or real(dt))
+    refreshed: list[int] = []  # the passes that caught the whole consume queue up
+    index = scheduler._index
+    real_refresh = index.refresh
+    monkeypatch.setattr(index, "refresh", lambda **kw: refreshed.append(1) or real_refresh(**kw))
     producer = Producer(store)
     producer.send(Message(topic, b"level"), delay_level=1)
     producer.send(Message(topic, b"timer", deliver_at_ms=now_ms() + 3_600_000))
     level_due = min(int(r["deliver_at_ms"]) for r in commit_log_rows(store))  # type: ignore[call-overload]
     assert deliver(store, level_due - 1, scheduler) == 0 and len(caught_up) == 1  # the first pass reads
     assert deliver(store, level_due - 1, scheduler) == 0 and len(caught_up) == 1  # nothing new, nothing due
+    assert len(refreshed) == 1
     producer.send(Message(topic, b"plain"))  # a commit, but no schedule entry
     assert deliver(store, level_due - 1, scheduler) == 0 and len(caught_up) == 1
+    assert len(refreshed) == 1  # the newest consume-queue commit leaves the schedule topic as it was
     assert deliver(store, level_due, scheduler) == 1 and len(caught_up) == 2  # the level message is due
     producer.send(Message(topic, b"later"), delay_level=2)  # a new schedule entry: read again
     assert deliver(store, level_due, scheduler) == 0 and len(caught_up) == 3

@@ -320,6 +320,10 @@ class Scheduler:
         # What dispatch committed (the store's contract above), not the commit-log versions after
         # it: planning those cost a re-read of every new commit-log version each pass (a fifth of
         # the broker loop's CPU under load), and what they hold is delivered once dispatched.
+        # The whole consume queue is caught up only when the schedule topic's bounds moved, or
+        # when the index as it stands says there is work (what that work reads must be there).
+        if not self._index.topic_moved(SCHEDULE_TOPIC) and self._idle(now):
+            return 0, False
         self._index.refresh(tail=False)
         if self._idle(now):
             return 0, False

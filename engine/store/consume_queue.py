@@ -202,6 +202,32 @@ class QueueIndex:
                 return True
             return False
 
+    def topic_moved(self, topic: str) -> bool:
+        """Whether the consume queue's newest version may give ``topic``'s queues other bounds than
+        this index has (:meth:`refresh` without its tail would move them). Judged from the newest
+        commit's marks, read from its commit file: no delta-rs refresh of the whole table, whose
+        replay cost a scheduler that only watches the schedule topic a fifth of the broker
+        process's CPU under steady sends. True when that commit records no marks (a compaction's)
+        or cannot be read, and before the first refresh.
+        """
+        with self._lock:
+            if self._cq is None:
+                return True
+            latest = self._store.latest_version_hint(schemas.CONSUME_QUEUE, self._version)
+            if latest <= self._version:
+                return False
+            uri, options = self._store.uri(schemas.CONSUME_QUEUE), self._store.storage_options
+            try:
+                text = read_version(uri, latest, options).commit_info.get(CQ_KEY)
+            except StoreError:
+                return True
+            if not isinstance(text, str):
+                return True
+            newest = QueueMarks.from_json(text)
+            return newest.next.get(topic) != self._marks.next.get(topic) or newest.min.get(
+                topic
+            ) != self._marks.min.get(topic)
+
     def is_current(self) -> bool:
         """True when :meth:`refresh` would find nothing new: no consume-queue version and no
         commit-log version past what this index has read, and no refresh under way. On a local

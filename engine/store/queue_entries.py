@@ -26,7 +26,6 @@ from engine.errors import StoreError
 from engine.model import UNDISPATCHED_FLAGS
 from engine.store import schemas
 from engine.store.delta import VERSION_COLUMN
-from engine.store.queue_runs import queue_runs
 from engine.store.store import Store
 
 if TYPE_CHECKING:  # the consume queue's reader holds a tail: its module imports this one
@@ -94,28 +93,22 @@ def _in_log_order(rows: pa.Table) -> bool:
     return bool(np.all(later | (same & (physical[1:] >= physical[:-1]))))
 
 
-def _continue_densely(rows: pa.Table, marks: QueueMarks) -> bool:
-    """When the rows of every queue continue it densely (its next offset in ``marks``, then one
-    more per row, in log order: what a dispatcher sees unless an earlier one dispatched some of
-    them), advance ``marks`` past them and return True; else change nothing and return False."""
-    qids = rows["queue_id"].to_numpy()
-    if not len(qids) or qids.min() < 0:
-        return not len(qids)
-    runs = queue_runs(rows["topic"], qids)
-    base = np.array([marks.max_offset(topic, qid) for topic, qid in runs.queues], dtype=np.int64)
-    if not np.array_equal(rows["queue_offset"].to_numpy(), base[runs.group] + runs.rank):
-        return False
-    for (topic, qid), first, count in zip(runs.queues, base.tolist(), runs.counts, strict=True):
-        marks.set_next(topic, qid, first + count)
-    return True
-
-
-def _planned_row_by_row(rows: pa.Table, marks: QueueMarks) -> pa.Table:
-    """The ``rows`` whose entries are not dispatched yet, one by one, ``marks`` advanced past them.
+def plan_entries(rows: pa.Table, last: int, marks: QueueMarks) -> tuple[pa.Table, int]:
+    """Consume-queue entries for the commit-log ``rows`` (carrying ``_version``) of versions after
+    ``last``, and the last version they cover; ``marks`` (the queues' next offsets as of the same
+    consume-queue version as ``last``) is advanced in place. Pure.
 
     Raises:
-        StoreError: a queue-offset gap.
+        StoreError: a queue-offset gap (entries must continue each queue densely).
     """
+    # The columns planned from, in one chunk: what follows costs per chunk (one per version read),
+    # and a reader's rows carry bodies, which are neither copied nor needed here.
+    rows, covered = visible_rows_after(rows.select([*PLAN_COLUMNS, VERSION_COLUMN]), last)
+    if covered == last:
+        return schemas.CONSUME_QUEUE_SCHEMA.empty_table(), last
+    rows = rows.combine_chunks()
+    if not _in_log_order(rows):  # as read, they are (a sort costs as much as the filters above)
+        rows = rows.sort_by([(VERSION_COLUMN, "ascending"), ("physical_offset", "ascending")])
     topics = rows["topic"].to_pylist()
     qids = rows["queue_id"].to_pylist()
     offsets = rows["queue_offset"].to_pylist()
@@ -135,27 +128,6 @@ def _planned_row_by_row(rows: pa.Table, marks: QueueMarks) -> pa.Table:
         keep.append(i)
     if len(keep) < rows.num_rows:
         rows = rows.take(pa.array(keep, pa.int64()))
-    return rows
-
-
-def plan_entries(rows: pa.Table, last: int, marks: QueueMarks) -> tuple[pa.Table, int]:
-    """Consume-queue entries for the commit-log ``rows`` (carrying ``_version``) of versions after
-    ``last``, and the last version they cover; ``marks`` (the queues' next offsets as of the same
-    consume-queue version as ``last``) is advanced in place. Pure.
-
-    Raises:
-        StoreError: a queue-offset gap (entries must continue each queue densely).
-    """
-    # The columns planned from, in one chunk: what follows costs per chunk (one per version read),
-    # and a reader's rows carry bodies, which are neither copied nor needed here.
-    rows, covered = visible_rows_after(rows.select([*PLAN_COLUMNS, VERSION_COLUMN]), last)
-    if covered == last:
-        return schemas.CONSUME_QUEUE_SCHEMA.empty_table(), last
-    rows = rows.combine_chunks()
-    if not _in_log_order(rows):  # as read, they are (a sort costs as much as the filters above)
-        rows = rows.sort_by([(VERSION_COLUMN, "ascending"), ("physical_offset", "ascending")])
-    if not _continue_densely(rows, marks):
-        rows = _planned_row_by_row(rows, marks)
     marks.log_version = covered
     entries = pa.table(
         {

@@ -29,7 +29,6 @@ from engine.model import UNDISPATCHED_FLAGS
 from engine.protocol import RecordSizes, record_size, tags_code
 from engine.store import schemas
 from engine.store.commit_log.marks import HighWaterMarks, MarksDelta
-from engine.store.queue_runs import queue_runs
 
 _NO_PROPERTIES: Mapping[str, str] = MappingProxyType({})
 
@@ -477,11 +476,24 @@ def _queue_offsets(
     """Queue offsets of a batch whose messages are all dispatched, in input order, column-wise
     (the rows of each queue get consecutive offsets in input order, from its next offset in
     ``hwm``); records each queue's next offset after the batch in ``changed``."""
-    runs = queue_runs(batch.columns["topic"], np.asarray(batch.queue_ids, dtype=np.int64))
-    base = np.array([hwm.next_queue_offset(topic, qid) for topic, qid in runs.queues], dtype=np.int64)
-    for (topic, qid), first, count in zip(runs.queues, base.tolist(), runs.counts, strict=True):
-        changed.setdefault(topic, {})[qid] = first + count
-    offsets_out: np.ndarray = base[runs.group] + runs.rank
+    topic_column = batch.columns["topic"].combine_chunks()
+    encoded = pc.dictionary_encode(topic_column)
+    names = encoded.dictionary.to_pylist()
+    topic_ids = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    qids = np.asarray(batch.queue_ids, dtype=np.int64)
+    width = int(qids.max()) + 1
+    key = topic_ids * width + qids
+    order = np.argsort(key, kind="stable")
+    ordered = key[order]
+    rank = np.empty(len(key), dtype=np.int64)
+    rank[order] = np.arange(len(key)) - np.searchsorted(ordered, ordered, side="left")
+    groups, counts = np.unique(key, return_counts=True)
+    base = np.empty(len(groups), dtype=np.int64)
+    for i, (group, count) in enumerate(zip(groups.tolist(), counts.tolist(), strict=True)):
+        topic, qid = names[group // width], group % width
+        base[i] = hwm.next_queue_offset(topic, qid)
+        changed.setdefault(topic, {})[qid] = int(base[i]) + count
+    offsets_out: np.ndarray = base[np.searchsorted(groups, key)] + rank
     return offsets_out
 
 

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
@@ -30,11 +32,16 @@ from engine.store.commit_log import CommitLogWriter
 from engine.store.commit_log.stamping import PendingMessage
 from engine.store.commit_markers import INDEX_APP
 from engine.store.delta import RENEW_HANDLE_COMMITS
+from engine.store.delta.direct_append import DIRECT_ENV, ENGINE_INFO
 from engine.store.delta.file_reader import FileReader
 from engine.store.delta.log import table_filesystem
 from engine.store.index import KIND_KEY, KIND_UNIQ_KEY, indexed_version
 
 FAR_FUTURE = 2**62
+
+
+def _commit_file(store: Store, version: int) -> Path:
+    return Path(store.uri(schemas.INDEX)) / "_delta_log" / f"{version:020d}.json"
 
 
 def _send(store: Store, topic: str, bodies_keys: list[tuple[bytes, tuple[str, ...]]]) -> list[SendResult]:
@@ -90,8 +97,14 @@ def indexed_once(any_store: Store) -> tuple[Store, str, Indexer]:
     indexer = Indexer(any_store)
     _send(any_store, "T", [(b"a", ("k1",))])
     assert indexer() == 2
-    assert indexer._snapshot is not None
+    assert _view(indexer) is not None
     return any_store, "T", indexer
+
+
+def _view(indexer: Indexer) -> object:
+    """What an indexer keeps of the index between passes: its followed log on a local store (direct
+    commits), its own snapshot elsewhere."""
+    return indexer._log if indexer._log is not None else indexer._snapshot
 
 
 def test_the_loops_indexer_keeps_its_snapshot_and_follows_another_indexer(
@@ -116,7 +129,10 @@ def test_the_loops_indexer_keeps_its_snapshot_and_follows_another_indexer(
     assert indexed_version(store) == store.version(schemas.COMMIT_LOG)
 
 
-def test_the_indexer_opens_its_snapshot_anew_once_it_has_aged(store: Store, topic: str) -> None:
+def test_the_indexer_opens_its_snapshot_anew_once_it_has_aged(
+    store: Store, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(DIRECT_ENV, "0")  # commits through delta-rs, on the indexer's own snapshot
     indexer = Indexer(store)
     _send(store, topic, [(b"a", ("k0",))])
     indexer()
@@ -138,20 +154,94 @@ def test_a_failed_pass_of_the_indexer_forgets_its_snapshot(
     import engine.broker.index as index_module
 
     store, topic, indexer = indexed_once
-    kept = indexer._snapshot
+    kept = _view(indexer)
 
     def fail(*args: Any, **kwargs: Any) -> None:
         raise StoreError("disk gone")
 
     monkeypatch.setattr(index_module, "commit_index", fail)
+    monkeypatch.setattr(index_module, "commit_index_directly", fail)
     _send(store, topic, [(b"b", ("k2",))])
     with pytest.raises(StoreError):
         indexer()
-    assert indexer._snapshot is None
+    assert indexer._snapshot is None and indexer._log is None
     monkeypatch.undo()
-    assert indexer() == 2  # a new snapshot, and the pass goes on
-    assert indexer._snapshot is not kept
+    assert indexer() == 2  # a new view of the index, and the pass goes on
+    assert _view(indexer) is not kept
     assert len(_index_rows(store)) == 4
+
+
+def test_on_a_local_store_the_indexer_commits_directly_a_file_per_kind_with_its_covered_version(
+    store: Store, topic: str
+) -> None:
+    indexer = Indexer(store)
+    sent = _send(store, topic, [(b"a", ("k1", "k2")), (b"b", ())])
+    assert indexer() == 4
+    assert indexer._log is not None and indexer._snapshot is None  # no delta-rs handle kept
+    version = store.version(schemas.INDEX)
+    actions = [json.loads(line) for line in _commit_file(store, version).read_text().splitlines()]
+    info = next(a["commitInfo"] for a in actions if "commitInfo" in a)
+    assert info["engineInfo"] == ENGINE_INFO
+    adds = [a["add"] for a in actions if "add" in a]
+    assert sorted(json.loads(a["stats"])["minValues"]["kind"] for a in adds) == [KIND_KEY, KIND_UNIQ_KEY]
+    (txn,) = [a["txn"] for a in actions if "txn" in a]
+    assert (txn["appId"], txn["version"]) == (INDEX_APP, store.version(schemas.COMMIT_LOG))
+    assert indexed_version(store) == store.version(schemas.COMMIT_LOG)  # as delta-rs reads it
+    assert sorted(r[2] for r in _index_rows(store)) == sorted(["k1", "k2", sent[0].msg_id, sent[1].msg_id])
+    assert index_pending(store) == 0 and store.version(schemas.INDEX) == version  # nothing left to index
+
+
+@pytest.mark.parametrize("other", ["direct", "delta-rs"])
+def test_a_direct_indexer_that_another_indexer_overtook_adds_nothing_twice(
+    store: Store, topic: str, monkeypatch: pytest.MonkeyPatch, other: str
+) -> None:
+    import engine.broker.index as index_module
+    from engine.broker.index import unindexed_rows
+
+    def another_indexer() -> int:
+        if other == "direct":
+            return index_pending(store)  # another loop's indexer
+        # the Spark index job's commit, through delta-rs
+        return build_index(store, unindexed_rows(store, 0, store.version(schemas.COMMIT_LOG)))
+
+    indexer = Indexer(store)
+    _send(store, topic, [(b"a", ("k1",))])
+    assert indexer() == 2
+    real = index_module.commit_index_directly
+    overtaken: list[int] = []
+
+    def overtaken_first(*args: Any, **kwargs: Any) -> int | None:
+        if not overtaken:
+            overtaken.append(-1)
+            overtaken[0] = another_indexer()  # it commits between this indexer's plan and commit
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(index_module, "commit_index_directly", overtaken_first)
+    _send(store, topic, [(b"b", ("k2",)), (b"c", ("k3",))])
+    assert indexer() == 0 and overtaken == [4]  # the race is lost, the plan made again: all indexed
+    _send(store, topic, [(b"d", ("k4",))])
+    assert indexer() == 2  # and it goes on directly
+    rows = _index_rows(store)
+    assert sorted(r[2] for r in rows if r[1] == KIND_KEY) == ["k1", "k2", "k3", "k4"]
+    assert len(rows) == 8
+    assert indexed_version(store) == store.version(schemas.COMMIT_LOG)
+
+
+def test_a_direct_indexer_follows_the_index_anew_after_a_change_of_its_metadata(
+    store: Store, topic: str
+) -> None:
+    from deltalake import DeltaTable
+
+    indexer = Indexer(store)
+    _send(store, topic, [(b"a", ("k1",))])
+    assert indexer() == 2
+    followed = indexer._log
+    DeltaTable(store.uri(schemas.INDEX)).alter.set_table_properties({"delta.checkpointInterval": "5"})
+    _send(store, topic, [(b"b", ("k2",))])
+    assert indexer() == 2
+    assert indexer._log is not None and indexer._log is not followed  # a log it could not follow further
+    assert sorted(r[2] for r in _index_rows(store) if r[1] == KIND_KEY) == ["k1", "k2"]
+    assert indexed_version(store) == store.version(schemas.COMMIT_LOG)
 
 
 def test_transaction_halves_and_rollbacks_are_not_indexed(store: Store, topic: str) -> None:

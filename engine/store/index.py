@@ -24,10 +24,13 @@ from engine.store import schemas
 from engine.store.commit_markers import index_app
 from engine.store.delta import (
     Action,
+    FollowedLog,
     Snapshot,
     app_transactions,
     commit_next,
     delete_files,
+    direct_append_enabled,
+    follow_log,
     table_filesystem,
     write_file,
 )
@@ -54,6 +57,40 @@ def covered_version(snapshot: Snapshot, shard: int = 0) -> int:
     return snapshot.app_version(index_app(shard))
 
 
+def _by_kind(entries: pa.Table) -> list[pa.Table]:
+    """The index rows of each kind present, kind by kind: a commit's files."""
+    parts = (entries.filter(pc.equal(entries["kind"], kind)) for kind in (KIND_KEY, KIND_UNIQ_KEY))
+    return [rows for rows in parts if rows.num_rows]
+
+
+def commit_index_directly(log: FollowedLog, entries: pa.Table, covered: int, shard: int = 0) -> int | None:
+    """:func:`commit_index` without delta-rs, through the indexer's own view of the local index
+    table (:func:`follow_index`): the same files (one per kind) and app transaction, linked in at
+    the version after the newest one ``log`` read. Returns that version, or None when the log can
+    no longer be followed (nothing was committed: follow it anew, plan again).
+
+    Raises:
+        CommitConflictError: another indexer recorded the shard's covered version first (nothing
+            was committed; the log has read it: plan again from ``log.app_version``).
+        CommitStateUnknownError, StoreError: as :meth:`FollowedLog.commit`.
+    """
+    return log.commit(_by_kind(entries), index_app(shard), covered)
+
+
+def follow_index(store: Store) -> FollowedLog | None:
+    """The indexer's own view of the index table, followed through its commit files, for
+    :func:`commit_index_directly`; None where commits go through delta-rs (an object store, a table
+    that asks more than a blind append, ``MQ_DIRECT_APPEND=0``)."""
+    if not direct_append_enabled():
+        return None
+    return follow_log(
+        store.snapshot(schemas.INDEX),
+        schemas.INDEX_SCHEMA,
+        lambda version: store.snapshot(schemas.INDEX, version),
+        row_group_rows=INDEX_ROW_GROUP_ROWS,
+    )
+
+
 def commit_index(store: Store, snapshot: Snapshot, entries: pa.Table, covered: int, shard: int = 0) -> None:
     """Commit ``entries`` (sorted by :data:`INDEX_SORT`) and the covered version of commit-log shard
     ``shard`` as exactly the version after ``snapshot``, or fail.
@@ -66,12 +103,8 @@ def commit_index(store: Store, snapshot: Snapshot, entries: pa.Table, covered: i
     fs = table_filesystem(store.uri(schemas.INDEX), store.storage_options)
     adds: list[Action] = []
     try:
-        for kind in (KIND_KEY, KIND_UNIQ_KEY):
-            rows = entries.filter(pc.equal(entries["kind"], kind))
-            if rows.num_rows:
-                adds.append(
-                    write_file(fs, rows, "SNAPPY", INDEX_ROW_GROUP_ROWS, _EVERY_COLUMN, data_change=True)
-                )
+        for rows in _by_kind(entries):
+            adds.append(write_file(fs, rows, "SNAPPY", INDEX_ROW_GROUP_ROWS, _EVERY_COLUMN, data_change=True))
     except StoreError:
         delete_files(fs, [a.path for a in adds])
         raise

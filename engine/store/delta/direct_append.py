@@ -675,14 +675,15 @@ class DirectAppender:
     def commit(
         self,
         version: int,
-        add: Mapping[str, Any] | None,
+        add: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None,
         custom_metadata: Mapping[str, str],
         transactions: Mapping[str, int] | None = None,
     ) -> None:
-        """Commit the file of ``add`` as exactly version ``version``, with ``custom_metadata`` in its
-        commitInfo (as delta-rs places it) and a ``txn`` action for each of ``transactions`` (Delta
-        app transactions: app id -> version), which a writer of version 2 tables may write. Without
-        ``add`` the commit records only its metadata and transactions (no file).
+        """Commit the file of ``add`` (or the files of a sequence of adds) as exactly version
+        ``version``, with ``custom_metadata`` in its commitInfo (as delta-rs places it) and a ``txn``
+        action for each of ``transactions`` (Delta app transactions: app id -> version), which a
+        writer of version 2 tables may write. Without ``add`` (None, or no adds) the commit records
+        only its metadata and transactions (no file).
 
         Raises:
             CommitConflictError: the version exists already: another writer took it (nothing was
@@ -695,6 +696,7 @@ class DirectAppender:
                 error came from the link itself (context ``linked``): a network file system may
                 have made it before failing. :meth:`read_commit` tells.
         """
+        files = () if add is None else (add,) if isinstance(add, Mapping) else tuple(add)
         info = {
             "timestamp": int(time.time() * 1000),
             "operation": "WRITE",
@@ -702,10 +704,8 @@ class DirectAppender:
             "isBlindAppend": True,
             "engineInfo": ENGINE_INFO,
             **custom_metadata,
-            COUNTS_KEY: json.dumps(
-                {"txn": len(transactions or {}), "add": int(add is not None)}, separators=(",", ":")
-            )
-            if transactions or add is None
+            COUNTS_KEY: json.dumps({"txn": len(transactions or {}), "add": len(files)}, separators=(",", ":"))
+            if transactions or len(files) != 1
             else _COUNTS_ONE_ADD,
         }
         txns = [
@@ -713,7 +713,7 @@ class DirectAppender:
             for app, v in (transactions or {}).items()
         ]
         # one action a line and no newline after the last, as delta-rs writes them
-        adds = () if add is None else ({"add": add},)
+        adds = [{"add": a} for a in files]
         text = "\n".join(json.dumps(a, separators=(",", ":")) for a in ({"commitInfo": info}, *txns, *adds))
         self.objects.put_commit(version, text, self.name)
 

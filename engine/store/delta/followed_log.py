@@ -21,7 +21,7 @@ writer, ends the following: the caller makes a new one from a fresh snapshot.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import pyarrow as pa
 
@@ -94,17 +94,18 @@ class FollowedLog:
 
     def commit(
         self,
-        rows: pa.Table,
+        rows: pa.Table | Sequence[pa.Table],
         app_id: str,
         app_version: int,
         custom_metadata: Mapping[str, str] | None = None,
         *,
         attempts: int = 32,
     ) -> int | None:
-        """Commit ``rows`` with app transaction ``app_id`` = ``app_version``, decided as of
-        :attr:`version`, as the version after it, or after the commits that land meanwhile as long
-        as none of them records ``app_id``. Returns the version, or None when the log could not be
-        followed (nothing was committed: make a new one, read again and decide again).
+        """Commit ``rows`` (one data file, or one per table of a sequence of them; none for an empty
+        sequence) with app transaction ``app_id`` = ``app_version``, decided as of :attr:`version`,
+        as the version after it, or after the commits that land meanwhile as long as none of them
+        records ``app_id``. Returns the version, or None when the log could not be followed
+        (nothing was committed: make a new one, read again and decide again).
 
         Raises:
             CommitConflictError: a commit recording ``app_id`` landed first, or the commit lost
@@ -112,7 +113,8 @@ class FollowedLog:
             CommitStateUnknownError: the link failed and its outcome cannot be read back.
             StoreError: a file could not be written or read; nothing was committed.
         """
-        add = self._appender.write_file(rows)
+        parts = [rows] if isinstance(rows, pa.Table) else rows
+        add = [self._appender.write_file(part) for part in parts]
         batch_id = uuid.uuid4().hex
         metadata = {**(custom_metadata or {}), BATCH_KEY: batch_id}
         for attempt in range(attempts):
@@ -144,10 +146,14 @@ class FollowedLog:
 
 
 def follow_log(
-    snapshot: Snapshot, schema: pa.Schema, open_snapshot: Callable[[int], Snapshot]
+    snapshot: Snapshot,
+    schema: pa.Schema,
+    open_snapshot: Callable[[int], Snapshot],
+    *,
+    row_group_rows: int = 1 << 20,
 ) -> FollowedLog | None:
-    """A :class:`FollowedLog` of ``snapshot``'s table from its version, for rows of ``schema``; None
-    when the table cannot be committed to directly (an object store, or a table that asks more than
-    a version 2 writer)."""
-    appender = direct_appender(snapshot, schema)
+    """A :class:`FollowedLog` of ``snapshot``'s table from its version, for rows of ``schema``
+    (written in row groups of ``row_group_rows``); None when the table cannot be committed to
+    directly (an object store, or a table that asks more than a version 2 writer)."""
+    appender = direct_appender(snapshot, schema, row_group_rows=row_group_rows)
     return None if appender is None else FollowedLog(snapshot, appender, open_snapshot)

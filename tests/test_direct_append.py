@@ -325,7 +325,7 @@ def test_a_checkpoint_due_too_soon_after_the_last_one_is_left_out(store: Store, 
     assert writer.checkpoints_left_out == 1
     assert json.loads((_log(store) / "_last_checkpoint").read_text())["version"] == 100
     # Long enough ago for its duration: the next interval's is written.
-    writer._last_checkpoint = (time.monotonic() - 20, 1.0)
+    writer._last_checkpoint = (time.monotonic() - 2 / writer_module.CHECKPOINT_SHARE, 1.0)
     for i in range(100):
         writer.append([_pending(topic, 0, b"c%d" % i)])
     assert background_checkpoints.wait(60)

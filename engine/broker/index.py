@@ -226,8 +226,9 @@ class Indexer:
             log = self._followed()
             if log is None:  # the table now takes delta-rs commits only
                 return build_index(self._store, rows, shard=shard, snapshot=self._caught_up)
-            entries, covered = index_rows(rows, log.app_version(index_app(shard)))
-            if covered <= log.app_version(index_app(shard)):
+            last = log.app_version(index_app(shard))
+            entries, covered = index_rows(rows, last)
+            if covered <= last:
                 return 0
             try:
                 if commit_index_directly(log, entries, covered, shard) is None:

@@ -223,10 +223,11 @@ class QueueIndex:
                 return True
             if not isinstance(text, str):
                 return True
-            newest = QueueMarks.from_json(text)
-            return newest.next.get(topic) != self._marks.next.get(topic) or newest.min.get(
-                topic
-            ) != self._marks.min.get(topic)
+            newest, mine = QueueMarks.from_json(text), self._marks
+            return (newest.next.get(topic), newest.min.get(topic)) != (
+                mine.next.get(topic),
+                mine.min.get(topic),
+            )
 
     def is_current(self) -> bool:
         """True when :meth:`refresh` would find nothing new: no consume-queue version and no

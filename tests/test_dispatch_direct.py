@@ -144,17 +144,22 @@ def test_direct_and_delta_rs_dispatch_commits_interleave(
 
 
 def test_the_dispatcher_checkpoints_the_consume_queue_at_its_interval(store: Store, topic: str) -> None:
-    for i in range(12):
+    for i in range(22):
         _send(store, topic, [b"%d" % i])
         dispatch_pending(store)
-    assert object_exists(
-        store.uri(schemas.CONSUME_QUEUE), f"_delta_log/{10:020d}.checkpoint.parquet", store.storage_options
-    )
+    for version in (10, 20):  # the second on the dispatcher's snapshot moved on from the first
+        assert object_exists(
+            store.uri(schemas.CONSUME_QUEUE),
+            f"_delta_log/{version:020d}.checkpoint.parquet",
+            store.storage_options,
+        )
     last = _log_object(store, "_last_checkpoint")
-    assert last is not None and json.loads(last)["version"] == 10
+    assert last is not None and json.loads(last)["version"] == 20
     fresh = _fresh(store)
     assert fresh.app_version(DISPATCH_APP) == store.version(schemas.COMMIT_LOG)
-    assert len(_entries(store, topic)) == 12
+    assert len(_entries(store, topic)) == 22
+    at_20 = open_snapshot(store.uri(schemas.CONSUME_QUEUE), store.storage_options, 20)  # from its checkpoint
+    assert at_20.dataset().count_rows() == 20  # version 0 made the table, each later one added an entry
 
 
 def test_an_idle_dispatcher_whose_next_commit_was_cleaned_up_does_not_commit_behind_the_log(

@@ -12,6 +12,21 @@ from engine.errors import InvalidArgumentError
 from engine.store import schemas
 from engine.store.store import Store, now_ms, sql_literal
 
+_ts_lock = threading.Lock()
+_last_ts = 0
+
+
+def _commit_ts() -> int:
+    """The time a committed offset is stamped with: the clock's, but later than every earlier one
+    of this process, whichever :class:`OffsetStore` stamped it. The latest row of a queue wins by
+    this time, so two commits of one queue within a millisecond (a reset, then a consumer's report,
+    flushed by the door's batcher, which makes an :class:`OffsetStore` per commit) must not tie:
+    a tie was decided by the order the table's files were read in."""
+    global _last_ts
+    with _ts_lock:
+        _last_ts = max(now_ms(), _last_ts + 1)
+        return _last_ts
+
 
 class OffsetStore:
     """Reads and writes one group's committed offsets.
@@ -24,13 +39,6 @@ class OffsetStore:
         self._store = store
         self.group = group
         self.consumer_id = consumer_id
-        self._last_ts = 0
-        self._lock = threading.Lock()
-
-    def _ts(self) -> int:
-        with self._lock:
-            self._last_ts = max(now_ms(), self._last_ts + 1)
-            return self._last_ts
 
     def commit(self, entries: Iterable[tuple[str, int, int]]) -> None:
         """Commit ``(topic, queue_id, offset)`` entries in one Delta commit."""
@@ -46,7 +54,7 @@ class OffsetStore:
                     "topic": topic,
                     "queue_id": queue_id,
                     "offset": offset,
-                    "ts_ms": self._ts(),
+                    "ts_ms": _commit_ts(),
                     "consumer_id": self.consumer_id,
                 }
             )

@@ -18,8 +18,12 @@ from engine.config import EngineConfig, load_config
 from engine.errors import ConfigError
 from engine.remoting import RemotingServer
 from engine.remoting.codes import RequestCode, ResponseCode
+from engine.store import schemas
+from engine.store.commit_log.reads import log_end
+from engine.store.commit_markers import MARKS_KEY
 from engine.store.consume_queue import QueueIndex
 from engine.store.consumer_offset import OffsetStore
+from engine.store.delta.commits import commit_next
 from engine.store.store import now_ms
 from tests.remoting.wire_client import WireClient
 
@@ -106,11 +110,13 @@ def test_the_threshold_is_inclusive_of_exactly_what_was_written_since(
     index = QueueIndex(store)
     index.refresh()
     first = int(index.entries("T", 0, 0, 1)["physical_offset"][0].as_py())
-    newest = int(index.entries("T", 1, 0, 1)["physical_offset"][0].as_py())  # the newest message
-    exact = store.config.replace(in_memory_max_bytes=newest - first)
+    newest = index.entries("T", 1, 0, 1)  # the newest message: RocketMQ counts it whole (maxOffsetPy)
+    end = int(newest["physical_offset"][0].as_py()) + int(newest["size"][0].as_py())
+    assert log_end(store, schemas.COMMIT_LOG) == end
+    exact = store.config.replace(in_memory_max_bytes=end - first)
     monkeypatch.setattr(store, "config", exact)
     assert is_young(store, index, "T", 0)
-    monkeypatch.setattr(store, "config", exact.replace(in_memory_max_bytes=newest - first - 1))
+    monkeypatch.setattr(store, "config", exact.replace(in_memory_max_bytes=end - first - 1))
     assert not is_young(store, index, "T", 0)
     monkeypatch.setattr(store, "config", exact.replace(in_memory_max_bytes=0))  # 0: never young
     assert not is_young(store, index, "T", 0)
@@ -125,6 +131,28 @@ def test_an_empty_queue_is_young_unless_disabled(
     assert is_young(store, index, topic, 0)
     monkeypatch.setattr(store, "config", store.config.replace(in_memory_max_bytes=0))
     assert not is_young(store, index, topic, 0)
+
+
+def test_the_log_end_is_where_the_next_message_goes_whatever_commits_and_their_files_say(
+    store: Store, topic: str
+) -> None:
+    assert log_end(store, schemas.COMMIT_LOG) == 0  # an empty log
+    with Producer(store) as p:
+        p.send_batch([Message(topic, b"x" * 100) for _ in range(3)], queue_id=0)
+        sent = p.send(Message(topic, b"last"), queue_id=1)
+    rows = store.read(schemas.COMMIT_LOG)
+    newest = max(rows.to_pylist(), key=lambda r: int(r["physical_offset"]))  # type: ignore[arg-type]
+    end = int(newest["physical_offset"]) + int(newest["size"])
+    assert newest["physical_offset"] == sent.physical_offset
+    assert log_end(store, schemas.COMMIT_LOG) == end
+    # a commit that moves no mark (as maintenance's): the newest one that does tells
+    commit_next(store.snapshot(schemas.COMMIT_LOG), custom_metadata={"note": "no marks"})
+    assert MARKS_KEY not in store.snapshot(schemas.COMMIT_LOG).commit_info(store.version(schemas.COMMIT_LOG))
+    assert log_end(store, schemas.COMMIT_LOG) == end
+    with Producer(store) as p:
+        more = p.send(Message(topic, b"more"), queue_id=0)
+    assert more.physical_offset == end  # where the end said the next message goes
+    assert log_end(store, schemas.COMMIT_LOG) > end
 
 
 def test_the_default_threshold_is_4_gib_and_documented_in_engine_toml() -> None:

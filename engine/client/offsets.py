@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 
-from engine.store.commit_log.reads import commit_log_of_offset
+from engine.store.commit_log.reads import commit_log_of_offset, log_end
 from engine.store.consume_queue import QueueIndex
 from engine.store.store import Store
 
@@ -48,9 +48,9 @@ def is_young(store: Store, index: QueueIndex, topic: str, queue_id: int) -> bool
     latest"). An empty queue that never lost a message is young.
 
     The size comes from what the store records: the first entry's physical offset (a byte offset
-    into its shard) and the newest physical offset in the shard's file statistics; the last
-    message's own size is not counted. No clock is involved: a week-old queue of a quiet store is
-    young. The caller refreshes ``index``.
+    into its shard) and where the shard stores its next message (:func:`log_end`, RocketMQ's
+    ``maxOffsetPy``: the newest message's own size is counted, as there). No clock is involved: a
+    week-old queue of a quiet store is young. The caller refreshes ``index``.
     """
     limit = store.config.in_memory_max_bytes
     lo, hi = index.bounds(topic, queue_id)
@@ -62,8 +62,7 @@ def is_young(store: Store, index: QueueIndex, topic: str, queue_id: int) -> bool
     if first.num_rows == 0:
         return False  # retention took it meanwhile
     physical = int(first["physical_offset"][0].as_py())
-    head = store.shared(commit_log_of_offset(store, physical)).column_max("physical_offset")
-    return head - physical <= limit
+    return log_end(store, commit_log_of_offset(store, physical)) - physical <= limit
 
 
 def start_offset(

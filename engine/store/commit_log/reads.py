@@ -8,15 +8,19 @@ one shard these are exactly the reads of ``commit_log``.
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Iterable
 
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from engine.errors import MessageNotFoundError
+from engine.errors import CommitTruncatedError, MessageNotFoundError, StoreError
 from engine.protocol.shards import shard_of_offset
 from engine.store import schemas
+from engine.store.commit_log.hwm import read_hwm
+from engine.store.commit_markers import HWM_KEY, MARKS_KEY
+from engine.store.delta import MAX_WALK_BACK, probe_latest_version, read_version
 from engine.store.store import Store
 
 
@@ -36,6 +40,36 @@ def commit_log_of_offset(store: Store, physical_offset: int) -> str:
             shard=shard,
         )
     return schemas.commit_log_table(shard)
+
+
+def log_end(store: Store, table: str) -> int:
+    """Where commit-log ``table`` stores its next message: RocketMQ's ``CommitLog.getMaxOffset()``
+    (0, or the shard's base, for an empty log).
+
+    Read from the marks of its newest commit that carries them (a compaction's carries none), from
+    the commit files: not from the table's file list, which delta-rs reads whole (on the bench
+    machine a few milliseconds per thousand files, whether the handle is opened or moved on by one
+    version). Where the newest commits tell nothing (an object store's log, one cleaned up past
+    them, an empty one), the marks are read through the store's shared snapshot (:func:`read_hwm`).
+
+    Raises:
+        StoreError: the log cannot be read.
+    """
+    uri, options = store.uri(table), store.storage_options
+    latest = probe_latest_version(uri, -1, options)
+    if latest is not None:
+        for version in range(latest, max(latest - MAX_WALK_BACK, -1), -1):
+            try:
+                info = read_version(uri, version, options).commit_info
+            except CommitTruncatedError:
+                raise
+            except StoreError:
+                break  # cleaned up after a checkpoint
+            for key in (MARKS_KEY, HWM_KEY):
+                text = info.get(key)
+                if isinstance(text, str):
+                    return int(json.loads(text)["p"])
+    return read_hwm(store.shared(table)).physical
 
 
 def offsets_by_shard(store: Store, physical_offsets: Iterable[int]) -> tuple[dict[int, list[int]], list[int]]:

@@ -121,8 +121,12 @@ _WRITER_PROPERTIES = writer_properties(COMMIT_LOG_ROW_GROUP_ROWS, _PLAIN_COLUMNS
 # the last one; those of a busy writer come a few intervals apart). At a tenth, `mq serve` under
 # synchronous wire sends (about 150 commits a second, each checkpoint slower as the table's files
 # add up between compactions) still spent 0.2 ms of CPU per send on them, in delta-rs's threads:
-# at 0.03 its CPU per send fell by 10-13 % (3 paired runs of the Java client, 2026-12-01).
-CHECKPOINT_SHARE = 0.03
+# at 0.03 its CPU per send fell by 10-13 % (3 paired runs of the Java client, 2026-12-01). A
+# checkpoint's delta-rs work runs on several threads at once, so its share of the CPU is a few
+# times its share of the thread's time: at 0.01 `mq serve` under batched wire sends spent 29 us of
+# CPU per message instead of 33-35 and took 35,400-35,800 in place of 33,000-33,400 a second (3
+# paired runs, 2026-12-01).
+CHECKPOINT_SHARE = 0.01
 # A writer that fell behind by at most this many versions applies them to its marks one by one;
 # further behind, it rebuilds the marks (a walk back of about as many commit files).
 REPLAY_COMMITS = 256

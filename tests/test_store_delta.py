@@ -25,7 +25,7 @@ from engine.store.commit_markers import (
     carried_markers,
     transaction_app,
 )
-from engine.store.delta import open_snapshot
+from engine.store.delta import local_path, open_snapshot
 from engine.store.delta.commits import commit_next
 from engine.store.table_properties import CHECKPOINT_INTERVAL
 from tests.helpers import age_and_clean_log
@@ -413,3 +413,19 @@ def test_a_local_refresh_loads_exactly_the_newest_commit_file_and_lists_nothing_
         store.append(schemas.CONSUMER_OFFSET, _offsets(1, start=i))
     assert snap.refresh().version() == 3 and loaded == [3]
     assert store.snapshot(schemas.CONSUMER_OFFSET).version() == 3
+
+
+def test_local_paths_of_absolute_relative_file_and_object_store_uris(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    real = str((tmp_path / "real").resolve())
+    assert local_path(str(tmp_path / "link")) == real  # an absolute path, its links resolved
+    assert local_path(f"{tmp_path}/real/../link") == real
+    monkeypatch.chdir(tmp_path)
+    assert local_path("link") == real  # a relative one from the working directory of the moment
+    monkeypatch.chdir(tmp_path / "real")
+    assert local_path("link") == str(Path(real, "link"))
+    assert local_path(f"file://{tmp_path}/real/") == f"{tmp_path}/real"
+    assert local_path("s3://bucket/store/commit_log") is None

@@ -59,7 +59,11 @@ def local_path(uri: str) -> str | None:
     """The directory of a table (or store) on the local filesystem, or None for an object-store URI."""
     if uri.startswith("file://"):
         return unquote(uri.removeprefix("file://")).rstrip("/") or "/"
-    return None if "://" in uri else _resolved(uri, os.getcwd())
+    if "://" in uri:
+        return None
+    # (an absolute path resolves the same from anywhere: no working directory to ask the kernel for;
+    # the broker process's dispatch asked for it a few thousand times a second under sync sends)
+    return _resolved(uri, "/" if os.path.isabs(uri) else os.getcwd())
 
 
 @lru_cache(maxsize=256)

@@ -8,7 +8,6 @@ one shard these are exactly the reads of ``commit_log``.
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Iterable
 
@@ -19,6 +18,7 @@ from engine.errors import CommitTruncatedError, MessageNotFoundError, StoreError
 from engine.protocol.shards import shard_of_offset
 from engine.store import schemas
 from engine.store.commit_log.hwm import read_hwm
+from engine.store.commit_log.marks import HighWaterMarks, MarksDelta
 from engine.store.commit_markers import HWM_KEY, MARKS_KEY
 from engine.store.delta import MAX_WALK_BACK, probe_latest_version, read_version
 from engine.store.store import Store
@@ -65,10 +65,11 @@ def log_end(store: Store, table: str) -> int:
                 raise
             except StoreError:
                 break  # cleaned up after a checkpoint
-            for key in (MARKS_KEY, HWM_KEY):
-                text = info.get(key)
-                if isinstance(text, str):
-                    return int(json.loads(text)["p"])
+            compact, full = info.get(MARKS_KEY), info.get(HWM_KEY)
+            if isinstance(compact, str):
+                return MarksDelta.from_compact_json(compact)[0].physical
+            if isinstance(full, str):
+                return HighWaterMarks.from_json(full).physical
     return read_hwm(store.shared(table)).physical
 
 

@@ -147,7 +147,7 @@ def test_the_dispatcher_checkpoints_the_consume_queue_at_its_interval(store: Sto
     for i in range(22):
         _send(store, topic, [b"%d" % i])
         dispatch_pending(store)
-    for version in (10, 20):  # the second on the dispatcher's snapshot moved on from the first
+    for version in (10, 20):  # each on a snapshot opened at its version, the second too
         assert object_exists(
             store.uri(schemas.CONSUME_QUEUE),
             f"_delta_log/{version:020d}.checkpoint.parquet",
